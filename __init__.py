@@ -1,0 +1,3 @@
+"""policyc: a declarative policy engine for serving ML models at scale."""
+
+__version__ = "0.1.0"

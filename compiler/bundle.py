@@ -1,0 +1,360 @@
+"""The bundle: the one artifact between compile time and run time.
+
+Everything the runtime (matcher, placer, server, enforcer, audit) knows about policy comes
+from here, never from `.contract` source. The models are the versioned schema of that
+artifact *and* the compiler's lowered IR: keeping one definition avoids a second,
+drifting copy of the same shapes. Quantities are SI floats (seconds, bytes/s, FLOPs,
+fractions in [0, 1]); every entity keeps the `SourceRef` it came from so that solver
+verdicts, decisions and audit records can point at `file:line:col`.
+
+Canonical form: `canonical_bytes()` is compact JSON with sorted keys over everything but
+`content_hash` and `signature`; its sha256 is the content hash. Loading verifies the
+schema version and the hash (see `compiler/bundle_io.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "policyc.bundle/v1"
+
+Cmp = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in"]
+ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "name", "string", "bool"]
+SecurityAttr = Literal["tpm", "memory_encryption", "hardware_firewall", "tee"]
+SECURITY_ATTRS: tuple[str, ...] = ("tpm", "memory_encryption", "hardware_firewall", "tee")
+Scalar = Union[bool, float, str]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SourceRef(Frozen):
+    """Where a bundle entity came from; `file` is relative to the compile root."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+# --------------------------------------------------------------------------- contracts
+
+
+class Interval(Frozen):
+    lo: float
+    hi: float
+
+
+class Compute(Frozen):
+    """FLOPs per request at `tokens` tokens (or per token); efficiency is the share of the
+    GPU's peak the model reaches, used for SLO-aware GPU-share bounds."""
+
+    flops: Interval
+    per: Literal["request", "token"]
+    tokens: int
+    precision: str = "fp16"
+    efficiency: float = 0.5
+
+    def request_flops(self) -> Interval:
+        """FLOPs of one request at the contract's token count."""
+        k = self.tokens if self.per == "token" else 1
+        return Interval(lo=self.flops.lo * k, hi=self.flops.hi * k)
+
+
+class Memory(Frozen):
+    bandwidth_min: float  # bytes/s sustained
+    burst_max: float  # seconds
+
+
+class VersionBound(Frozen):
+    op: Literal["<", "<=", ">", ">=", "=="]
+    version: str
+
+
+class ServiceDependency(Frozen):
+    name: str
+    kind: str  # redis, postgres, http, grpc, s3, ...
+    p99: float  # seconds
+    proxy: Literal["none", "shared", "dedicated"] = "none"
+    origin: SourceRef
+
+
+class Dependencies(Frozen):
+    services: tuple[ServiceDependency, ...] = ()
+    async_callbacks: bool = False
+    cuda: tuple[VersionBound, ...] = ()
+    libraries: tuple[str, ...] = ()
+
+
+class Slo(Frozen):
+    latency: float  # seconds, upper bound
+    allowance: float = 0.0  # seconds of network + queueing reserved out of `latency`
+
+
+class Session(Frozen):
+    state: Literal["nvme", "host_memory", "remote"]
+    colocate: Literal["same_numa", "same_host", "none"] = "none"
+
+
+class GpuShare(Frozen):
+    """The solver's SLO-aware lower bound on the share of one GPU class a request needs.
+
+    `min_share` is in (0, 1] when feasible; `binding` names the constraint that decided
+    (compute, bandwidth, memory, architecture, slo) so an operator sees why.
+    """
+
+    gpu: str
+    feasible: bool
+    min_share: float | None = None
+    binding: str
+    detail: str
+
+
+class Contract(Frozen):
+    name: str
+    version: str
+    compute: Compute
+    memory: Memory
+    dependencies: Dependencies
+    slo: Slo | None = None
+    regions: tuple[str, ...] = ()  # allowed data regions (empty: any)
+    gpu_arch: tuple[str, ...] = ()  # allowed architectures (empty: any)
+    security: tuple[SecurityAttr, ...] = ()  # attributes the deployment must provide
+    session: Session | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    origin: SourceRef
+    field_origins: tuple[tuple[str, SourceRef], ...] = ()  # "compute.flops" -> span
+    gpu_shares: tuple[GpuShare, ...] = ()  # filled by the solver
+
+    def span_of(self, field: str) -> SourceRef:
+        """The span of a field such as `compute.flops`, or the contract's own span."""
+        for name, ref in self.field_origins:
+            if name == field:
+                return ref
+        return self.origin
+
+
+# --------------------------------------------------------------------------- GPU catalog
+
+
+class GpuClass(Frozen):
+    name: str  # A100-80G, H100, L4, ...
+    arch: str  # ampere, hopper, ada, ...
+    peak_flops: tuple[tuple[str, float], ...]  # precision -> FLOP/s (dense)
+    hbm_bandwidth: float  # bytes/s
+    memory: float  # bytes
+    origin: SourceRef
+
+    def peak(self, precision: str) -> float | None:
+        for p, v in self.peak_flops:
+            if p == precision:
+                return v
+        return None
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class HeaderMapping(Frozen):
+    """How one request header becomes a typed request variable, and what a missing or
+    malformed value means (declared by the author, never implicit)."""
+
+    header: str  # as written, matched case-insensitively
+    var: str
+    type: ValueType
+    range: Interval | None = None  # allowed range for quantities, SI
+    values: tuple[str, ...] = ()  # allowed names (empty: any well-formed name)
+    on_missing: Literal["reject", "ignore", "default"]
+    default: Scalar | None = None
+    on_malformed: Literal["reject", "ignore"] = "reject"
+    origin: SourceRef
+
+
+class Tenant(Frozen):
+    name: str
+    tenant_class: str
+    origin: SourceRef
+
+
+class Const(Frozen):
+    kind: Literal["const"] = "const"
+    value: Scalar | tuple[Scalar, ...]
+
+
+class Var(Frozen):
+    """A request variable (from a header mapping, or `tenant` / `tenant_class`)."""
+
+    kind: Literal["var"] = "var"
+    name: str
+
+
+Operand = Annotated[Union[Const, Var], Field(discriminator="kind")]
+
+
+class Atom(Frozen):
+    """`instance.attr cmp operand`: the unit the matcher indexes."""
+
+    op: Literal["atom"] = "atom"
+    attr: str
+    cmp: Cmp
+    operand: Operand
+    origin: SourceRef
+
+
+class Test(Frozen):
+    """`request.var cmp const` (or presence when cmp is None): guards over the request."""
+
+    op: Literal["test"] = "test"
+    var: str
+    cmp: Cmp | None = None
+    operand: Const | None = None
+    origin: SourceRef
+
+
+class And(Frozen):
+    op: Literal["and"] = "and"
+    args: tuple["Expr", ...]
+
+
+class Or(Frozen):
+    op: Literal["or"] = "or"
+    args: tuple["Expr", ...]
+
+
+class Not(Frozen):
+    op: Literal["not"] = "not"
+    arg: "Expr"
+
+
+Expr = Annotated[Union[Atom, Test, And, Or, Not], Field(discriminator="op")]
+
+
+class RequestRule(Frozen):
+    """When `guard` holds for the request, every admitted instance must satisfy `require`."""
+
+    id: str  # "<policy>.<rule>"
+    policy: str
+    guard: Expr | None = None
+    require: Expr
+    origin: SourceRef
+
+
+class IndexedAttribute(Frozen):
+    """The index plan for one instance attribute."""
+
+    attr: str
+    kind: Literal["equality", "set", "range", "boolean"]
+    type: ValueType
+    fed_by: tuple[str, ...] = ()  # headers whose values reach this attribute
+    used_by: tuple[str, ...] = ()  # rule ids
+
+
+# --------------------------------------------------------------------------- circuit breakers
+
+
+class SignalCondition(Frozen):
+    """`signal cmp value`; with `of`, value is a fraction of that contract quantity
+    (e.g. elapsed >= 0.925 of slo)."""
+
+    signal: str
+    cmp: Literal["<", "<=", ">", ">="]
+    value: float
+    of: Literal["slo"] | None = None
+    origin: SourceRef
+
+
+class CancelStream(Frozen):
+    kind: Literal["cancel_stream"] = "cancel_stream"
+
+
+class Redirect(Frozen):
+    kind: Literal["redirect"] = "redirect"
+    backup: str  # contract name of the backup model
+    variant: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class Quarantine(Frozen):
+    kind: Literal["quarantine"] = "quarantine"
+    duration: float  # seconds, doubled on each repeat up to max_duration
+    max_duration: float
+    max_share: float  # at most this fraction of backends quarantined at once
+
+
+class ReportAnomaly(Frozen):
+    kind: Literal["report_anomaly"] = "report_anomaly"
+
+
+class SelfHeal(Frozen):
+    kind: Literal["self_heal"] = "self_heal"
+    steps: tuple[Literal["gpu_reset", "rdma_link_refresh", "rebalance"], ...]
+
+
+Action = Annotated[
+    Union[CancelStream, Redirect, Quarantine, ReportAnomaly, SelfHeal], Field(discriminator="kind")
+]
+
+
+class Breaker(Frozen):
+    """One circuit-break rule as a table row: all conditions must hold `consecutive`
+    times in a row within `scope`, then the actions run in order."""
+
+    name: str
+    scope: Literal["request", "gpu", "backend", "connection"]
+    models: tuple[str, ...] = ()  # empty: every contract
+    conditions: tuple[SignalCondition, ...]
+    consecutive: int = 1
+    classify: str | None = None  # e.g. client_network, model_fault
+    retry_budget: float = 0.2  # retries never exceed this share of active requests
+    actions: tuple[Action, ...]
+    origin: SourceRef
+
+
+# --------------------------------------------------------------------------- the bundle
+
+
+class Diagnostic(Frozen):
+    """A warning the compiler chose to keep in the bundle (e.g. a shadowed rule)."""
+
+    code: str
+    severity: Literal["warning"]
+    message: str
+    origin: SourceRef
+
+
+class Signature(Frozen):
+    alg: Literal["ed25519"] = "ed25519"
+    public_key: str  # hex, for identification; verification uses the caller's key
+    value: str  # hex signature over the content hash
+
+
+class Bundle(Frozen):
+    schema_version: Literal["policyc.bundle/v1"] = SCHEMA_VERSION
+    compiler_version: str
+    contracts: tuple[Contract, ...] = ()
+    gpu_catalog: tuple[GpuClass, ...] = ()
+    headers: tuple[HeaderMapping, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    rules: tuple[RequestRule, ...] = ()
+    index_plan: tuple[IndexedAttribute, ...] = ()
+    breakers: tuple[Breaker, ...] = ()
+    warnings: tuple[Diagnostic, ...] = ()
+    content_hash: str = ""
+    signature: Signature | None = None
+
+    def contract(self, name: str) -> Contract | None:
+        for c in self.contracts:
+            if c.name == name:
+                return c
+        return None
+
+    def gpu(self, name: str) -> GpuClass | None:
+        for g in self.gpu_catalog:
+            if g.name == name:
+                return g
+        return None

@@ -1,0 +1,102 @@
+"""Canonical bytes, content hash, signing, and verified loading of bundles.
+
+Same input → same bytes: the canonical form is compact JSON with sorted keys. The file on
+disk is the same JSON indented for people; the hash is always taken over the compact form,
+so reformatting a bundle file does not change its identity but editing any value does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import ValidationError
+
+from .bundle import SCHEMA_VERSION, Bundle, Signature
+
+
+class BundleError(Exception):
+    """A bundle that cannot be trusted or read; the message names the place and problem."""
+
+
+def _payload(bundle: Bundle) -> dict:
+    return bundle.model_dump(mode="json", exclude={"content_hash", "signature"})
+
+
+def canonical_bytes(bundle: Bundle) -> bytes:
+    return json.dumps(_payload(bundle), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def content_hash(bundle: Bundle) -> str:
+    return "sha256:" + hashlib.sha256(canonical_bytes(bundle)).hexdigest()
+
+
+def seal(bundle: Bundle) -> Bundle:
+    """Return the bundle with its content hash filled in (and any old signature dropped)."""
+    return bundle.model_copy(update={"content_hash": content_hash(bundle), "signature": None})
+
+
+def sign(bundle: Bundle, private_key: Ed25519PrivateKey) -> Bundle:
+    sealed = seal(bundle)
+    pub = private_key.public_key().public_bytes_raw().hex()
+    sig = private_key.sign(sealed.content_hash.encode()).hex()
+    return sealed.model_copy(update={"signature": Signature(public_key=pub, value=sig)})
+
+
+def dumps(bundle: Bundle) -> str:
+    """The file form: the canonical JSON, indented, with hash and signature."""
+    return json.dumps(bundle.model_dump(mode="json"), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def write(bundle: Bundle, path: str | Path) -> None:
+    Path(path).write_text(dumps(bundle), encoding="utf-8")
+
+
+def loads(text: str, *, origin: str = "<bundle>", public_key: Ed25519PublicKey | None = None) -> Bundle:
+    """Parse and verify a bundle: JSON, schema version, schema, hash, and (when a public
+    key is given) an ed25519 signature. Raises BundleError naming what is wrong."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{origin}:{e.lineno}:{e.colno}: not a bundle: invalid JSON ({e.msg})") from None
+    if not isinstance(raw, dict):
+        raise BundleError(f"{origin}: not a bundle: expected a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(
+            f"{origin}: unsupported bundle schema `{version}`; this policyc reads `{SCHEMA_VERSION}`"
+        )
+    try:
+        bundle = Bundle.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BundleError(f"{origin}: invalid bundle at `{where}`: {first['msg']} ({e.error_count()} problem(s))") from None
+    expected = content_hash(bundle)
+    if bundle.content_hash != expected:
+        raise BundleError(
+            f"{origin}: bundle content does not match its hash (recorded {bundle.content_hash or 'none'}, "
+            f"computed {expected}): the bundle was modified after compilation"
+        )
+    if public_key is not None:
+        if bundle.signature is None:
+            raise BundleError(f"{origin}: bundle is not signed, and a public key was given")
+        try:
+            public_key.verify(bytes.fromhex(bundle.signature.value), bundle.content_hash.encode())
+        except (InvalidSignature, ValueError):
+            raise BundleError(f"{origin}: bundle signature does not verify with the given public key") from None
+    return bundle
+
+
+def load(path: str | Path, *, public_key: Ed25519PublicKey | None = None) -> Bundle:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise BundleError(f"{p}: cannot read bundle: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BundleError(f"{p}: not a bundle: not UTF-8 text") from None
+    return loads(text, origin=str(p), public_key=public_key)

@@ -1,0 +1,106 @@
+"""A model instance: a contract from the bundle plus the facts of its deployment.
+
+The contract says what the model *requires*; `Deployment` says what the place it runs
+*provides*. Registering an instance whose deployment does not satisfy its contract is
+refused (`admission_problems`). Requests are matched against `attributes()`, the flat
+view named by `policyc.compiler.attributes.INSTANCE_ATTRIBUTES`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policyc.compiler.bundle import Bundle, Contract, Scalar
+
+
+class Deployment(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str
+    gpu: str  # GPU id within the host, e.g. "gpu3"
+    gpu_model: str  # catalog class, e.g. "A100-80G"
+    region: str
+    numa_node: int = 0
+    tpm: bool = False
+    memory_encryption: bool = False
+    hardware_firewall: bool = False
+    tee: bool = False
+    session_state: str = "remote"  # nvme | host_memory | remote
+    cuda: str = "12.4"
+
+
+class Instance(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    model: str  # contract name in the bundle
+    deployment: Deployment
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".") if p.isdigit())
+
+
+def admission_problems(instance: Instance, bundle: Bundle) -> list[str]:
+    """Why this instance may not be registered under this bundle (empty: it may)."""
+    contract = bundle.contract(instance.model)
+    if contract is None:
+        return [f"unknown model `{instance.model}`: the bundle has no contract of that name"]
+    d = instance.deployment
+    problems: list[str] = []
+    gpu = bundle.gpu(d.gpu_model)
+    if gpu is None:
+        problems.append(f"unknown GPU class `{d.gpu_model}`: not in the bundle's GPU catalog")
+    if contract.regions and d.region not in contract.regions:
+        problems.append(f"region `{d.region}` is not allowed by contract `{contract.name}` ({', '.join(contract.regions)})")
+    if gpu is not None and contract.gpu_arch and gpu.arch not in contract.gpu_arch:
+        problems.append(f"GPU architecture `{gpu.arch}` is not allowed by contract `{contract.name}` ({', '.join(contract.gpu_arch)})")
+    for attr in contract.security:
+        if not getattr(d, attr):
+            problems.append(f"contract `{contract.name}` requires `{attr}`, which the deployment does not provide")
+    if gpu is not None and gpu.hbm_bandwidth < contract.memory.bandwidth_min:
+        problems.append(
+            f"GPU `{gpu.name}` offers {gpu.hbm_bandwidth / 1e9:g} GB/s, below the contract's {contract.memory.bandwidth_min / 1e9:g} GB/s"
+        )
+    if contract.session is not None and contract.session.state != "remote" and d.session_state != contract.session.state:
+        problems.append(f"contract `{contract.name}` keeps session state on `{contract.session.state}`, deployment has `{d.session_state}`")
+    have = _version_tuple(d.cuda)
+    for b in contract.dependencies.cuda:
+        want = _version_tuple(b.version)
+        ok = {"<": have < want, "<=": have <= want, ">": have > want, ">=": have >= want, "==": have == want}[b.op]
+        if not ok:
+            problems.append(f"CUDA {d.cuda} does not satisfy the contract's `cuda {b.op} {b.version}`")
+    return problems
+
+
+def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[str, Scalar]:
+    """The flat attribute view that request rules are evaluated against (SI units)."""
+    d = instance.deployment
+    gpu = bundle.gpu(d.gpu_model)
+    flops = contract.compute.request_flops()
+    attrs: dict[str, Scalar] = {
+        "model": contract.name,
+        "version": contract.version,
+        "region": d.region,
+        "gpu_model": d.gpu_model,
+        "gpu_arch": gpu.arch if gpu else "unknown",
+        "host": d.host,
+        "tpm": d.tpm,
+        "memory_encryption": d.memory_encryption,
+        "hardware_firewall": d.hardware_firewall,
+        "tee": d.tee,
+        "numa_node": float(d.numa_node),
+        "session_state": d.session_state,
+        "slo_latency": contract.slo.latency if contract.slo else math.inf,
+        "flops_min": flops.lo,
+        "flops_max": flops.hi,
+        "bandwidth": contract.memory.bandwidth_min,
+    }
+    for k, v in contract.labels:
+        attrs["labels." + k] = v
+    for k, v in instance.labels.items():
+        attrs["labels." + k] = v
+    return attrs

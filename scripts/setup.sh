@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One-time set-up of a fresh machine: system packages for the eBPF kernel plane (when root),
+# then a virtual environment with policyc and its test dependencies. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if ! dpkg -s python3-bpfcc bpftool linux-headers-amd64 iproute2 >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-bpfcc bpftool linux-headers-amd64 iproute2 >/dev/null
+  fi
+  # bcc compiles against kernel headers; the running kernel has no package of its own, and
+  # Debian's newest headers serve for programs that use only stable public types.
+  H=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -1 || true)
+  K=/lib/modules/$(uname -r)
+  if [ -n "$H" ] && [ ! -e "$K/build/include" ]; then
+    mkdir -p "$K" && ln -sfn "$H" "$K/build" && ln -sfn "${H%-amd64}-common" "$K/source"
+  fi
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e '.[dev]'
+
+# bcc is not on PyPI: expose only Debian's bcc package to the venv (not all of dist-packages,
+# whose old libraries would shadow the venv's).
+if [ -d /usr/lib/python3/dist-packages/bcc ]; then
+  mkdir -p .venv/bcc-shim && ln -sfn /usr/lib/python3/dist-packages/bcc .venv/bcc-shim/bcc
+  purelib=$(.venv/bin/python -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+  echo "$PWD/.venv/bcc-shim" > "$purelib/bcc-shim.pth"
+fi
+
+# gRPC stubs are generated from the checked-in .proto by the build.
+if [ -f server/decision.proto ]; then .venv/bin/python -m policyc.server.protogen; fi
+touch .venv/.ready
