@@ -1,0 +1,55 @@
+"""`policyc`: one entry point, one module per subcommand.
+
+Each `cli/cmd_<name>.py` exposes `register(subparsers)` that adds its parser and sets
+`func` to a function taking the parsed args and returning an exit code. Modules are found
+by name, so adding a command is adding a file. Exit codes: 0 ok, 1 policy errors (or a
+failed gate), 2 usage errors; commands may document more (diff uses 3 and 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from policyc import __version__
+
+EXIT_OK, EXIT_POLICY, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # usage errors exit 2 with a one-line reason
+        self.print_usage(sys.stderr)
+        print(f"policyc: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="policyc", description="Declarative policy engine for serving ML models.")
+    parser.add_argument("--version", action="version", version=f"policyc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    import policyc.cli as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"policyc.cli.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
