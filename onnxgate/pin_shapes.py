@@ -1,0 +1,125 @@
+"""Pinning a model's inputs to one request and resolving every tensor's shape.
+
+A contract states FLOPs at a token count; the graph's inputs are usually dynamic
+(`batch`, `sequence`). We pin them to batch 1 and the contract's length, then run ONNX
+shape inference (with data propagation, so `Shape → Gather → Reshape` chains resolve). For
+graphs with onnxruntime contrib ops (`com.microsoft`), which ONNX inference does not know,
+onnxruntime's symbolic shape inference runs as well. Only dims, never weight values, are
+read: initializers keep their shapes even when their data lives elsewhere.
+
+Pinning convention, per dynamic dim of a graph input: an explicit `dims` override by name
+wins; a dim named like `batch` (or the unnamed first dim) is the batch (1); every other
+dynamic dim is the token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import onnx
+import onnx.inliner
+from onnx import shape_inference
+
+from .errors import CountError
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeMap:
+    """Concrete shapes by tensor name; a name absent or None is unresolved."""
+
+    shapes: Mapping[str, Shape | None]
+
+    def get(self, name: str) -> Shape | None:
+        return self.shapes.get(name) if name else None
+
+
+def _dim_value(dim_param: str, index: int, tokens: int, batch: int, dims: Mapping[str, int]) -> int:
+    if dim_param in dims:
+        return dims[dim_param]
+    if "batch" in dim_param.lower() or (index == 0 and not dim_param):
+        return batch
+    return tokens
+
+
+def pin_inputs(model: onnx.ModelProto, tokens: int, *, batch: int = 1, dims: Mapping[str, int] | None = None) -> onnx.ModelProto:
+    """A copy of `model` with local functions inlined and every dynamic input dim fixed."""
+    dims = dict(dims or {})
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if out.functions:
+        out = onnx.inliner.inline_local_functions(out)
+    initializers = {i.name for i in out.graph.initializer}
+    for inp in out.graph.input:
+        if inp.name in initializers or not inp.type.HasField("tensor_type"):
+            continue
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            value = _dim_value(d.dim_param, i, tokens, batch, dims)
+            d.Clear()
+            d.dim_value = value
+    return out
+
+
+def _shape_of(vi: onnx.ValueInfoProto) -> Shape | None:
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    out: list[int] = []
+    for d in vi.type.tensor_type.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        out.append(d.dim_value)
+    return tuple(out)
+
+
+def _collect(model: onnx.ModelProto) -> dict[str, Shape | None]:
+    g = model.graph
+    shapes: dict[str, Shape | None] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        s = _shape_of(vi)
+        if s is not None or vi.name not in shapes:
+            shapes[vi.name] = s
+    for init in g.initializer:
+        shapes[init.name] = tuple(init.dims)
+    for node in g.node:  # Constant nodes carry their shape in the attribute
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    shapes[node.output[0]] = tuple(a.t.dims)
+    return shapes
+
+
+def _uses_contrib_ops(model: onnx.ModelProto) -> bool:
+    return any(n.domain == "com.microsoft" for n in model.graph.node)
+
+
+def _symbolic_infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    except Exception:  # noqa: BLE001 - a failed fallback leaves shapes unresolved, which fails closed later
+        return None
+
+
+def infer_shapes(pinned: onnx.ModelProto) -> ShapeMap:
+    """Concrete shapes of every tensor the inference can resolve in a pinned model."""
+    try:
+        inferred = shape_inference.infer_shapes(pinned, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CountError([f"shape inference failed with the pinned inputs: {first}"]) from None
+    shapes = _collect(inferred)
+    if _uses_contrib_ops(pinned):
+        sym = _symbolic_infer(inferred)
+        if sym is not None:
+            for name, s in _collect(sym).items():
+                if s is not None and shapes.get(name) is None:
+                    shapes[name] = s
+    return ShapeMap(shapes)
