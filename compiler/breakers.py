@@ -1,0 +1,134 @@
+"""Lower `breaker` blocks to circuit-break rule tables (`bundle.Breaker`).
+
+A breaker is a row an enforcer loads without parsing anything: a conjunction of signal
+conditions, how many consecutive observations make it fire, the scope it counts in, and
+the actions — as data — in the order to run them. Dangerous actions (self-heal) are data
+too; the enforcer's executor decides whether they run for real.
+"""
+
+from __future__ import annotations
+
+from policyc.dsl import ast
+from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error
+
+from . import units
+from .bundle import Action, Breaker, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal, SignalCondition
+from .fields import BlockReader, ref, shape
+
+SIGNALS: dict[str, str] = {
+    "elapsed": "time",  # time a request has spent so far (may be written as a fraction `of slo`)
+    "sm_utilization": "ratio",
+    "tls_handshake": "time",
+    "connect_time": "time",
+    "rdma_watermark": "ratio",
+    "pcie_utilization": "ratio",
+    "error_rate": "ratio",
+    "gpu_memory_free": "size",
+}
+ACTIONS = ("cancel_stream", "redirect", "quarantine", "report_anomaly", "self_heal")
+HEAL_STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
+FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
+    if len(block.labels) != 1:
+        diags.append(error("E207", "a breaker is written `breaker NAME { … }`", block.kind_span))
+        return None
+    name = block.labels[0].text
+    n_before = len(diags)
+    r = BlockReader(block, f"breaker `{name}`", diags,
+                    fields=("scope", "when", "consecutive", "classify", "models", "retry_budget", "actions"),
+                    blocks=("redirect", "quarantine", "self_heal"))
+    scope = r.name("scope", ("request", "gpu", "backend", "connection"), required=True)
+    when = r.single("when", required=True)
+    conditions = _conditions(when, diags) if when is not None else None
+    consecutive = r.integer("consecutive") or 1
+    classify = r.name("classify")
+    models = r.names("models") or ()
+    retry_budget = r.quantity("retry_budget", "ratio")
+    action_names = r.names("actions", ACTIONS, required=True)
+    actions: list[Action] = []
+    for a in action_names or ():
+        cfg = r.block_one(a) if a in ("redirect", "quarantine", "self_heal") else None
+        if a in ("redirect", "quarantine", "self_heal") and cfg is None:
+            r.err("E211", f"breaker `{name}` lists `{a}` but has no `{a} {{ … }}` block", r.fields["actions"].span)
+            continue
+        if a == "cancel_stream":
+            actions.append(CancelStream())
+        elif a == "report_anomaly":
+            actions.append(ReportAnomaly())
+        elif a == "redirect":
+            cr = BlockReader(cfg, f"`redirect` of breaker `{name}`", diags, fields=("backup", "variant"), blocks=("headers",))
+            backup = cr.name("backup", required=True)
+            variant = cr.name("variant")
+            headers: list[tuple[str, str]] = []
+            if (hb := cr.block_one("headers")) is not None:
+                hr = BlockReader(hb, "`headers`", diags, fields=[f.key for f in hb.fields()])
+                for key in hr.fields:
+                    value = hr.string(key)
+                    if value is not None:
+                        headers.append((key, value))
+            if backup is not None:
+                actions.append(Redirect(backup=backup, variant=variant, headers=tuple(headers)))
+        elif a == "quarantine":
+            cr = BlockReader(cfg, f"`quarantine` of breaker `{name}`", diags, fields=("duration", "max_duration", "max_share"))
+            duration = cr.quantity("duration", "time", required=True)
+            max_duration = cr.quantity("max_duration", "time")
+            max_share = cr.quantity("max_share", "ratio")
+            if duration is not None:
+                actions.append(Quarantine(duration=duration, max_duration=max_duration or duration * 16,
+                                          max_share=min(max_share or 0.2, 1.0)))
+        elif a == "self_heal":
+            cr = BlockReader(cfg, f"`self_heal` of breaker `{name}`", diags, fields=("steps",))
+            steps = cr.names("steps", HEAL_STEPS, required=True)
+            if steps:
+                actions.append(SelfHeal(steps=steps))  # type: ignore[arg-type]
+    for kind, blocks in r.blocks.items():
+        if action_names is not None and kind not in action_names:
+            r.err("E212", f"`{kind}` is configured but not listed in `actions`", blocks[0].kind_span,
+                  f"add `{kind}` to `actions`, or remove the block")
+    if len(diags) > n_before or scope is None or conditions is None or not actions:
+        return None
+    return Breaker(name=name, scope=scope, models=models, conditions=conditions, consecutive=consecutive,  # type: ignore[arg-type]
+                   classify=classify, retry_budget=retry_budget if retry_budget is not None else 0.2,
+                   actions=tuple(actions), origin=ref(block.span))
+
+
+def _conditions(v: ast.Value, diags: list[Diagnostic]) -> tuple[SignalCondition, ...] | None:
+    parts = v.args if isinstance(v, ast.And) else (v,)
+    out: list[SignalCondition] = []
+    for p in parts:
+        c = _condition(p, diags)
+        if c is None:
+            return None
+        out.append(c)
+    return tuple(out)
+
+
+def _condition(p: ast.Value, diags: list[Diagnostic]) -> SignalCondition | None:
+    if not isinstance(p, ast.Compare) or p.op not in FLIP:
+        diags.append(error("E323", "a breaker condition compares a signal with a quantity, e.g. `elapsed >= 185 ms`",
+                           p.span, "conditions are joined with `and`; `or` and `not` are not allowed here"))
+        return None
+    left, op, right = p.left, p.op, p.right
+    if not isinstance(left, ast.Name) and isinstance(right, ast.Name):
+        left, right, op = right, left, FLIP[op]
+    if not isinstance(left, ast.Name) or left.dotted not in SIGNALS:
+        word = left.dotted if isinstance(left, ast.Name) else shape(left)
+        diags.append(error("E412", f"unknown signal `{word}`", left.span,
+                           did_you_mean(word, SIGNALS) or f"signals: {', '.join(SIGNALS)}"))
+        return None
+    signal, t = left.dotted, SIGNALS[left.dotted]
+    if not isinstance(right, ast.Quantity):
+        diags.append(error("E301", f"`{signal}` is compared with {units.describe(t)}, found {shape(right)}", right.span))
+        return None
+    if right.of is not None:
+        if signal != "elapsed" or right.of.dotted != "slo" or right.unit != "%":
+            diags.append(error("E324", "only `elapsed` may be written as a share of the SLO: `elapsed >= 92.5 % of slo`", right.span))
+            return None
+        return SignalCondition(signal=signal, cmp=op, value=right.number / 100, of="slo", origin=ref(p.span))  # type: ignore[arg-type]
+    si = units.to_si(right.number, right.unit, t)
+    if si is None:
+        diags.append(error("E303", f"`{signal}` is {units.describe(t)}, found {units.describe(units.quantity_type(right.unit))}", right.span))
+        return None
+    return SignalCondition(signal=signal, cmp=op, value=si, origin=ref(p.span))  # type: ignore[arg-type]

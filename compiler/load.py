@@ -1,0 +1,64 @@
+"""Finding and reading policy files.
+
+A directory argument means the `.contract` files directly in it, in name order (areas such
+as `policies/broken/` are compiled only when named). File names are kept as the user gave
+them, relative when possible, so bundles and diagnostics carry no absolute paths.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from policyc.dsl.diagnostics import Diagnostic, error
+from policyc.dsl.source import Source, Span
+
+EXTENSION = ".contract"
+
+
+def display_name(path: Path) -> str:
+    try:
+        rel = Path(os.path.relpath(path.resolve(), Path.cwd()))
+        return rel.as_posix() if not rel.as_posix().startswith("../..") else path.as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
+    files: list[Path] = []
+    diags: list[Diagnostic] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.suffix == EXTENSION and q.is_file())
+            if not found:
+                diags.append(error("E003", f"no `{EXTENSION}` files in `{p.as_posix()}`", None))
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            diags.append(error("E001", f"no such file or directory `{p.as_posix()}`", None))
+    unique: list[Path] = []
+    seen: set[Path] = set()
+    for f in files:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            unique.append(f)
+    return unique, diags
+
+
+def read(path: Path) -> tuple[Source | None, list[Diagnostic]]:
+    name = display_name(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return None, [error("E001", f"cannot read `{name}`: {e.strerror}", None)]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start]
+        line = before.count(b"\n") + 1
+        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        return None, [error("E002", f"`{name}` is not UTF-8 text (byte 0x{data[e.start]:02x})", Span.point(name, line, col))]
+    return Source(name, text), []
