@@ -1,0 +1,86 @@
+"""The one executor for dangerous self-heal steps: records everything, dry-runs by default.
+
+GPU reset and RDMA link refresh touch hardware; they run only when an operator opted in
+(`allow_real=True`) and a command is configured for the step. Rebalance is a placement
+decision, not a hardware act: it always calls the rebalance hook. Every step, real or
+not, becomes an audit record.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
+
+Step = Literal["gpu_reset", "rdma_link_refresh", "rebalance"]
+HARDWARE_STEPS: frozenset[str] = frozenset({"gpu_reset", "rdma_link_refresh"})
+
+# Default command templates; `{gpu_index}` and `{rdma_link}` come from the target's facts.
+DEFAULT_COMMANDS: Mapping[str, Sequence[str]] = {
+    "gpu_reset": ("nvidia-smi", "--gpu-reset", "-i", "{gpu_index}"),
+    "rdma_link_refresh": ("rdma", "link", "set", "{rdma_link}", "down"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HealTarget:
+    gpu_key: str  # "host/gpu3"
+    node: str  # host whose instances are rebalanced
+    gpu_index: str = "0"
+    rdma_link: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step: str
+    outcome: Outcome
+    detail: str
+
+
+@dataclass
+class ActionExecutor:
+    audit: Callable[[ActionRecord], None]
+    rebalance: Callable[[str], None]
+    allow_real: bool = False
+    commands: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_COMMANDS))
+    timeout_s: float = 60.0
+
+    def run(self, steps: Sequence[str], target: HealTarget, rule: str) -> list[StepResult]:
+        """Run the steps in order; a failed hardware step stops the rest (no rebalance onto a broken GPU)."""
+        results: list[StepResult] = []
+        for step in steps:
+            result = self._one(step, target)
+            results.append(result)
+            self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",
+                                    rule=rule, outcome=result.outcome, dry_run=result.outcome is Outcome.DRY_RUN,
+                                    detail=result.detail, source="executor"))
+            if result.outcome is Outcome.FAILED:
+                break
+        return results
+
+    def _one(self, step: str, target: HealTarget) -> StepResult:
+        if step == "rebalance":
+            try:
+                self.rebalance(target.node)
+            except Exception as exc:  # the hook is someone else's code: record, never crash the guardian
+                return StepResult(step, Outcome.FAILED, f"rebalance hook failed: {exc}")
+            return StepResult(step, Outcome.DONE, f"rebalanced instances of node {target.node}")
+        if step not in HARDWARE_STEPS:
+            return StepResult(step, Outcome.FAILED, f"unknown self-heal step `{step}`")
+        template = self.commands.get(step)
+        if template is None:
+            return StepResult(step, Outcome.FAILED, f"no command configured for `{step}`")
+        argv = [part.format(gpu_index=target.gpu_index, rdma_link=target.rdma_link) for part in template]
+        if not self.allow_real:
+            return StepResult(step, Outcome.DRY_RUN, "would run: " + " ".join(argv))
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return StepResult(step, Outcome.FAILED, f"{argv[0]}: {exc}")
+        if out.returncode != 0:
+            return StepResult(step, Outcome.FAILED, f"{' '.join(argv)} exited {out.returncode}: {out.stderr.strip()[:200]}")
+        return StepResult(step, Outcome.DONE, " ".join(argv))

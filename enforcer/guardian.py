@@ -1,0 +1,351 @@
+"""The guardian: carries out compiled circuit-break rules where per-request decisions belong.
+
+- Request budgets: each request's deadline comes from its contract's SLO and the bundle's
+  budget rule; when it passes, that one stream is cancelled (never its connection), the
+  request is redirected to the rule's backup with `X-Retry-Count: 1` and its variant, and the
+  GPU's anomaly goes to the placer.
+- GPU rules: consecutive-anomaly streaks per GPU, cross-layer classification first (a
+  client-network cause does not blame the GPU), then anomaly reports and self-heal through
+  the one executor.
+- Backend rules: quarantine through the plane, capped, expiring and backing off.
+Every act is an `ActionRecord` in the audit sink.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from policyc.compiler.bundle import Breaker, Bundle, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal
+from policyc.enforcer.budget_watch import BudgetWatch
+from policyc.enforcer.collaborators import AnomalySink, AuditSink, StreamHandle
+from policyc.enforcer.correlate import Classification, classify
+from policyc.enforcer.endpoint import Endpoint
+from policyc.enforcer.executor import ActionExecutor, HealTarget, StepResult
+from policyc.enforcer.plane import EnforcementPlane
+from policyc.enforcer.quarantine_book import QuarantineBook
+from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
+from policyc.enforcer.retry_budget import RetryBudget
+from policyc.enforcer.rule_table import ELAPSED, BudgetRule, RuleTable, all_hold, build_rule_table
+
+RETRY_HEADER = "x-retry-count"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPlan:
+    """What the caller re-issues after a break: same request, backup model, these headers."""
+
+    request_id: str
+    backup: str
+    variant: str | None
+    headers: tuple[tuple[str, str], ...]
+    rule: str
+
+
+@dataclass(slots=True)
+class _Ticket:
+    request_id: str
+    model: str
+    started: float
+    stream: StreamHandle
+    gpu_key: str
+    backend: Endpoint | None
+    on_redirect: Callable[[RetryPlan], None] | None
+    retry_count: int
+    budget: BudgetRule | None
+    token: int = 0
+    holds_retry_slot: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BreakTiming:
+    """Seconds from the budget crossing to the stream's cancel and to the kernel map update."""
+
+    cancel_s: float
+    map_update_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    classification: Classification | None
+    fired: tuple[str, ...]  # names of rules whose actions ran
+    heal: tuple[StepResult, ...] = ()
+
+
+@dataclass
+class _Streaks:
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class Guardian:
+    def __init__(
+        self,
+        bundle: Bundle,
+        *,
+        plane: EnforcementPlane,
+        anomalies: AnomalySink,
+        audit: AuditSink,
+        executor: ActionExecutor,
+        clock: Callable[[], float] = time.monotonic,
+        min_retry_concurrency: int = 1,
+        heal_targets: Mapping[str, HealTarget] | None = None,
+    ) -> None:
+        self._plane = plane
+        self._anomalies = anomalies
+        self._audit = audit
+        self._executor = executor
+        self._clock = clock
+        self._watch = BudgetWatch(clock)
+        self._lock = threading.RLock()
+        self._tickets: dict[str, _Ticket] = {}
+        self._streaks = _Streaks()
+        self._book = QuarantineBook()
+        self._backups: dict[Endpoint, Endpoint] = {}
+        self._backend_ids: dict[Endpoint, int] = {}
+        self._heal_targets = dict(heal_targets or {})
+        self._min_retry = min_retry_concurrency
+        self._retry: dict[str, RetryBudget] = {}
+        self._pending_slots: dict[str, str] = {}
+        self.break_timings: list[BreakTiming] = []
+        if not plane.kernel_enforcement:
+            self._record(ActionKind.CLASSIFY, "enforcer", "", Outcome.OBSERVED, "kernel enforcement is OFF: user-space plane in use")
+        self.table: RuleTable = build_rule_table(bundle)
+        self._plane.apply_rules(self.table.kernel_rules())
+
+    # ----------------------------------------------------------------- bundle
+
+    def load_bundle(self, bundle: Bundle) -> None:
+        """Swap rule tables; the kernel plane's maps change, its programs stay attached."""
+        table = build_rule_table(bundle)  # raises before anything changes
+        with self._lock:
+            self.table = table
+            self._retry.clear()
+        self._plane.apply_rules(table.kernel_rules())
+
+    def _budget_of(self, rule: Breaker) -> RetryBudget:
+        b = self._retry.get(rule.name)
+        if b is None:
+            b = self._retry[rule.name] = RetryBudget(rule.retry_budget, self._min_retry)
+            for t in self._tickets.values():
+                if t.budget is not None and t.budget.breaker.name == rule.name:
+                    b.request_started()
+        return b
+
+    # ----------------------------------------------------------------- requests
+
+    def begin(
+        self,
+        request_id: str,
+        model: str,
+        stream: StreamHandle,
+        *,
+        gpu_key: str = "",
+        backend: Endpoint | None = None,
+        on_redirect: Callable[[RetryPlan], None] | None = None,
+        retry_count: int = 0,
+        started: float | None = None,
+    ) -> float | None:
+        """Track a request; returns its break deadline on the guardian's clock (None: no budget)."""
+        start = self._clock() if started is None else started
+        with self._lock:
+            budget = self.table.budget_for(model)
+            t = _Ticket(request_id, model, start, stream, gpu_key, backend, on_redirect, retry_count, budget)
+            if request_id in self._tickets:
+                raise ValueError(f"request `{request_id}` is already tracked")
+            self._tickets[request_id] = t
+            if budget is None:
+                return None
+            rb = self._budget_of(budget.breaker)
+            rb.request_started()
+            if retry_count > 0 and self._pending_slots.pop(request_id, None) is not None:
+                t.holds_retry_slot = True
+            deadline = start + budget.budget
+            t.token = self._watch.arm(deadline, lambda late, rid=request_id: self._crossed(rid, late))
+            return deadline
+
+    def finish(self, request_id: str) -> None:
+        """The request ended (answered, failed or cancelled by someone else)."""
+        with self._lock:
+            t = self._tickets.pop(request_id, None)
+            if t is None or t.budget is None:
+                return
+            self._watch.disarm(t.token)
+            rb = self._budget_of(t.budget.breaker)
+            rb.request_finished()
+            if t.holds_retry_slot:
+                rb.release()
+
+    def active(self) -> int:
+        return len(self._tickets)
+
+    def _crossed(self, request_id: str, lateness: float) -> None:
+        crossed_at = self._clock() - lateness
+        with self._lock:
+            t = self._tickets.get(request_id)
+        if t is None or t.budget is None:
+            return
+        rule = t.budget.breaker
+        elapsed = self._clock() - t.started
+        cancel_s: float | None = None
+        map_s: float | None = None
+        for action in rule.actions:
+            if isinstance(action, CancelStream):
+                try:
+                    t.stream.cancel()
+                    outcome, detail = Outcome.DONE, f"budget {t.budget.budget * 1e3:.1f} ms crossed at {elapsed * 1e3:.1f} ms"
+                except Exception as exc:  # a stream that is already gone cannot be cancelled: record it
+                    outcome, detail = Outcome.FAILED, f"cancel failed: {exc}"
+                cancel_s = self._clock() - crossed_at
+                self._record(ActionKind.CANCEL_STREAM, f"request {request_id}", rule.name, outcome, detail)
+            elif isinstance(action, Redirect):
+                self._redirect(t, rule, action)
+            elif isinstance(action, ReportAnomaly):
+                if t.gpu_key:
+                    self._anomalies.report_anomaly(t.gpu_key, ELAPSED, elapsed)
+                    self._record(ActionKind.REPORT_ANOMALY, t.gpu_key, rule.name, Outcome.DONE, f"{ELAPSED}={elapsed:.4f}s")
+                else:
+                    self._record(ActionKind.REPORT_ANOMALY, f"request {request_id}", rule.name, Outcome.REFUSED, "request has no GPU to report")
+            elif isinstance(action, Quarantine) and t.backend is not None:
+                self._quarantine(t.backend, rule, action)
+                map_s = self._clock() - crossed_at
+        if cancel_s is not None:
+            self.break_timings.append(BreakTiming(cancel_s, map_s))
+        with self._lock:
+            if request_id in self._tickets:
+                self._tickets[request_id].token = 0
+
+    def _redirect(self, t: _Ticket, rule: Breaker, action: Redirect) -> None:
+        target = f"request {t.request_id}"
+        if t.retry_count >= 1:
+            self._record(ActionKind.REDIRECT, target, rule.name, Outcome.REFUSED, "already a retry: never retried twice")
+            return
+        rb = self._budget_of(rule)
+        if not rb.try_acquire():
+            self._record(ActionKind.REDIRECT, target, rule.name, Outcome.REFUSED,
+                         f"retry budget exhausted: {rb.retries_in_flight} retries in flight, {rb.allowed()} allowed")
+            return
+        headers = dict((k.lower(), v) for k, v in action.headers)
+        headers[RETRY_HEADER] = str(t.retry_count + 1)
+        plan = RetryPlan(t.request_id, action.backup, action.variant, tuple(sorted(headers.items())), rule.name)
+        self._record(ActionKind.REDIRECT, target, rule.name, Outcome.DONE,
+                     f"to `{action.backup}` variant `{action.variant}` with {RETRY_HEADER}: {headers[RETRY_HEADER]}")
+        if t.on_redirect is None:
+            rb.release()
+            return
+        # The slot passes to the retry: `begin(request_id, ..., retry_count=1)` takes it over and
+        # its `finish` gives it back.
+        with self._lock:
+            self._pending_slots[t.request_id] = rule.name
+        t.on_redirect(plan)
+
+    # ----------------------------------------------------------------- backends
+
+    def register_backend(self, backend: Endpoint, backup: Endpoint) -> None:
+        with self._lock:
+            backend_id = self._backend_ids.setdefault(backend, len(self._backend_ids) + 1)
+            self._backups[backend] = backup
+            self._book.add_backend(backend)
+        self._plane.register_backend(backend, backend_id)
+
+    def observe_backend(self, backend: Endpoint, signals: Mapping[str, float]) -> tuple[str, ...]:
+        """Feed one observation of a backend; returns the rules that fired."""
+        fired: list[str] = []
+        for rule in self.table.backend_rules:
+            if not self._streak(rule, str(backend), all_hold(rule, signals)):
+                continue
+            fired.append(rule.name)
+            for action in rule.actions:
+                if isinstance(action, Quarantine):
+                    self._quarantine(backend, rule, action)
+                elif isinstance(action, ReportAnomaly):
+                    self._record(ActionKind.REPORT_ANOMALY, str(backend), rule.name, Outcome.OBSERVED, "backend anomaly")
+        return tuple(fired)
+
+    def _quarantine(self, backend: Endpoint, rule: Breaker, action: Quarantine) -> bool:
+        now = self._clock()
+        with self._lock:
+            backup = self._backups.get(backend)
+            decision = self._book.decide(backend, now, action.duration, action.max_duration, action.max_share)
+            if backup is None:
+                decision = type(decision)(False, 0.0, f"{backend} has no backup registered")
+            if decision.allowed:
+                self._book.record(backend, now, decision.duration, action.max_duration)
+        if not decision.allowed:
+            self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.REFUSED, decision.reason)
+            return False
+        assert backup is not None
+        deadline_ns = time.monotonic_ns() + int(decision.duration * 1e9)
+        self._plane.quarantine(backend, backup, self.table.ids.get(rule.name, 0), deadline_ns)
+        self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.DONE, f"to {backup} for {decision.duration:g} s")
+        killed = self._plane.end_connections(backend)
+        self._record(ActionKind.END_CONNECTIONS, str(backend), rule.name, Outcome.DONE, f"{killed} connection(s) ended; clients reconnect")
+        return True
+
+    def tick(self) -> list[Endpoint]:
+        """Release quarantines that have expired (the kernel already ignores them)."""
+        now = self._clock()
+        with self._lock:
+            due = self._book.expired(now)
+            for b in due:
+                self._book.released(b)
+        for b in due:
+            self._plane.release(b)
+            self._record(ActionKind.RELEASE, str(b), "", Outcome.DONE, "quarantine expired")
+        return due
+
+    # ----------------------------------------------------------------- GPUs
+
+    def observe_gpu(self, gpu_key: str, signals: Mapping[str, float]) -> GpuVerdict:
+        """One telemetry sample for a GPU, all layers merged (SM util, TLS time, gRPC errors...)."""
+        all_rules = self.table.gpu_rules + self.table.request_rules + self.table.backend_rules + self.table.connection_rules
+        cls = classify(all_rules, signals)
+        fault_rules = [r for r in self.table.gpu_rules if not r.classify]
+        if cls is not None:
+            self._record(ActionKind.CLASSIFY, gpu_key, cls.rule, Outcome.OBSERVED,
+                         f"cause {cls.cause}: " + ", ".join(f"{k}={v:g}" for k, v in cls.signals))
+            if not cls.blames_gpu:
+                for r in fault_rules:
+                    self._streaks.counts[(r.name, gpu_key)] = 0
+                return GpuVerdict(cls, ())
+        fired: list[str] = []
+        heal: list[StepResult] = []
+        for rule in fault_rules:
+            if not self._streak(rule, gpu_key, all_hold(rule, signals)):
+                continue
+            fired.append(rule.name)
+            for action in rule.actions:
+                if isinstance(action, ReportAnomaly):
+                    sig = rule.conditions[0].signal
+                    value = signals.get(sig, float("nan"))
+                    self._anomalies.report_anomaly(gpu_key, sig, value)
+                    self._record(ActionKind.REPORT_ANOMALY, gpu_key, rule.name, Outcome.DONE, f"{sig}={value:g}")
+                elif isinstance(action, SelfHeal):
+                    target = self._heal_targets.get(gpu_key) or HealTarget(gpu_key, gpu_key.split("/")[0])
+                    heal.extend(self._executor.run(action.steps, target, rule.name))
+        return GpuVerdict(cls, tuple(fired), tuple(heal))
+
+    def set_heal_target(self, target: HealTarget) -> None:
+        self._heal_targets[target.gpu_key] = target
+
+    def _streak(self, rule: Breaker, key: str, holds: bool) -> bool:
+        """Advance the rule's streak on `key`; True (and reset) when it reaches `consecutive`."""
+        k = (rule.name, key)
+        with self._lock:
+            n = self._streaks.counts.get(k, 0) + 1 if holds else 0
+            if n >= rule.consecutive:
+                self._streaks.counts[k] = 0
+                return True
+            self._streaks.counts[k] = n
+            return False
+
+    # ----------------------------------------------------------------- misc
+
+    def _record(self, kind: ActionKind, target: str, rule: str, outcome: Outcome, detail: str) -> None:
+        self._audit(ActionRecord(time=time.time(), kind=kind, target=target, rule=rule, outcome=outcome,
+                                 dry_run=outcome is Outcome.DRY_RUN, detail=detail,
+                                 source="guardian" if self._plane.kernel_enforcement else "userspace"))
+
+    def close(self) -> None:
+        self._watch.close()
