@@ -1,0 +1,157 @@
+"""The audit record schemas: the versioned contract between the decision service, the
+enforcer and auditors.
+
+A record is what an auditor gets for one model call (`DecisionRecord`) or one enforcement /
+self-heal step (`ActionRecord`). Records are frozen pydantic models because they cross an
+edge: they are serialised once, hashed into the chain, and read back years later by a
+different policyc. Every resource figure says whether it was *measured* (NVML, kernel
+per-flow counters) or *estimated* (from the contract and placement), because auditors accept
+the two as different kinds of evidence.
+
+Times are UTC Unix seconds (floats); durations are seconds; sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policyc.compiler.bundle import SourceRef
+
+DECISION_SCHEMA = "policyc.audit.decision/v1"
+ACTION_SCHEMA = "policyc.audit.action/v1"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Source(str, Enum):
+    """Where a resource figure comes from."""
+
+    MEASURED = "measured"
+    ESTIMATED = "estimated"
+
+
+class Figure(_Frozen):
+    """One resource quantity with its provenance. `method` says how it was obtained
+    (`nvml`, `kernel_flow_counters`, `contract_flops/peak`...) so an auditor can weigh it;
+    `low`/`high` bound an estimate when the contract gives a range."""
+
+    value: float = Field(ge=0)
+    source: Source
+    method: str
+    low: float | None = None
+    high: float | None = None
+
+
+class Resources(_Frozen):
+    """What one call consumed. A figure is None only when nothing could measure or estimate
+    it (e.g. network bytes with no enforcer and no payload sizes): absent, never invented."""
+
+    gpu_seconds: Figure | None = None  # GPU-equivalent seconds (share x wall time)
+    memory_bytes: Figure | None = None  # bytes moved over GPU memory (HBM)
+    network_bytes: Figure | None = None  # bytes on the wire, both directions
+
+
+class MatchedRule(_Frozen):
+    """A request rule that applied to the decision, with where it was written."""
+
+    id: str  # "<policy>.<rule>" as in the bundle
+    origin: SourceRef
+
+    def where(self) -> str:
+        return f"{self.origin.file}:{self.origin.line}"
+
+
+class Placement(_Frozen):
+    """Where the call was placed (None fields: not decided, e.g. for a rejection)."""
+
+    instance: str | None = None
+    host: str | None = None
+    gpu: str | None = None
+    gpu_model: str | None = None
+    region: str | None = None
+    share: float | None = Field(default=None, gt=0, le=1)  # fraction of the GPU reserved
+    predicted_latency: float | None = None  # seconds
+
+
+class Latency(_Frozen):
+    """How long the decision took, in seconds, by stage (e.g. match, place, solve)."""
+
+    total: float = Field(ge=0)
+    stages: dict[str, float] = Field(default_factory=dict)
+
+
+Outcome = Literal["admitted", "rejected", "failed"]
+
+
+class DecisionRecord(_Frozen):
+    """One model call's decision: what was decided, under which bundle, why, what it cost.
+
+    `request` holds the request's headers and typed variables; the log redacts configured
+    header names (and any copy of their values anywhere in the record) before hashing.
+    """
+
+    schema_version: Literal["policyc.audit.decision/v1"] = DECISION_SCHEMA
+    time: float
+    decision_id: str = Field(min_length=1)
+    tenant: str
+    model: str | None = None  # contract name the request asked for or was matched to
+    request: dict[str, str] = Field(default_factory=dict)  # headers, after redaction
+    variables: dict[str, str | float | bool] = Field(default_factory=dict)
+    bundle_hash: str
+    outcome: Outcome
+    reason: str | None = None  # one line, for rejections and failures
+    matched_rules: tuple[MatchedRule, ...] = ()
+    placement: Placement | None = None
+    latency: Latency
+    resources: Resources = Resources()
+
+
+ActionKind = Literal[
+    "cancel_stream",
+    "redirect",
+    "quarantine",
+    "release",
+    "report_anomaly",
+    "gpu_reset",
+    "rdma_link_refresh",
+    "rebalance",
+    "log_recovered",
+]
+ActionOutcome = Literal["done", "dry_run", "failed", "skipped"]
+
+
+class ActionRecord(_Frozen):
+    """One enforcement or self-heal step. Dangerous steps are dry-run by default; `dry_run`
+    and `outcome` say which happened. `rule` names the breaker that fired (None for actions
+    the system took on its own, such as recovering this log)."""
+
+    schema_version: Literal["policyc.audit.action/v1"] = ACTION_SCHEMA
+    time: float
+    kind: ActionKind
+    target: str  # gpu, backend, connection, stream or instance acted on
+    rule: str | None = None
+    rule_origin: SourceRef | None = None
+    outcome: ActionOutcome
+    dry_run: bool
+    decision_id: str | None = None  # the call that triggered it, when there is one
+    detail: str = ""
+
+
+class EntryKind(str, Enum):
+    DECISION = "decision"
+    ACTION = "action"
+
+
+class Entry(_Frozen):
+    """A record as stored in the chain: its position, its link and its own hash."""
+
+    seq: int
+    kind: EntryKind
+    prev_hash: str  # hex
+    hash: str  # hex
+    record: DecisionRecord | ActionRecord

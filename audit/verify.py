@@ -1,0 +1,226 @@
+"""`verify`: check a whole log and name the first entry that is wrong, and how.
+
+The walk (`verify_chain.walk`) says *where* the chain stops checking out; this module says
+*what happened there* — an entry edited, deleted, inserted, moved, or the tail cut off — by
+looking at the entries around the break: every entry's hash covers its seq and its
+predecessor's hash, so a moved entry still hashes under its original seq, and an entry
+still links to the hash of the one that originally preceded it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from .chain import COLUMNS, digest, genesis
+from .checkpoints import Checkpoint, signature_valid
+from .store import ENTRY_SELECT, connect_reader, log_id
+from .verify_chain import Break, WalkProblem, walk
+from .wal import WalTail, inspect_wal
+
+_N = len(COLUMNS)
+_SEARCH = 1024  # how far from its position a moved entry is looked for
+
+
+class ProblemKind(str, Enum):
+    EDITED = "edited"
+    DELETED = "deleted"
+    INSERTED = "inserted"
+    REORDERED = "reordered"
+    TRUNCATED = "truncated"
+    RESEALED = "rewritten"  # consistent chain that no longer matches a checkpoint
+    BAD_SIGNATURE = "bad_signature"
+    UNSIGNED = "unsigned"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    seq: int
+    kind: ProblemKind
+    message: str
+
+    def __str__(self) -> str:
+        return f"entry {self.seq}: {self.kind.value}: {self.message}"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    path: str
+    entries: int = 0
+    last_seq: int = 0
+    last_hash: str = ""
+    checkpoints: int = 0
+    signatures_checked: bool = False
+    sealed_seq: int = 0  # last seq covered by a checkpoint that checked out
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    wal: WalTail | None = None
+    last_checkpoint: Checkpoint | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first_bad(self) -> Problem | None:
+        return min(self.problems, key=lambda p: p.seq) if self.problems else None
+
+
+def _load_checkpoints(conn: sqlite3.Connection) -> list[Checkpoint]:
+    out = []
+    for id_, seq, h, t, final, pub, sig in conn.execute("SELECT id, seq, hash, time, final, public_key, signature FROM checkpoints ORDER BY id"):
+        out.append(Checkpoint(id=id_, seq=seq, hash=h.hex() if isinstance(h, bytes) else str(h), time=t, final=bool(final), public_key=pub, signature=sig))
+    return out
+
+
+def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None = None, anchor: Checkpoint | None = None) -> VerifyReport:
+    """Verify the log at `path`. With `public_key`, every checkpoint must carry a valid
+    signature by it. `anchor` is a checkpoint the auditor kept from an earlier run (or
+    received from the operator): the log must still contain it, which catches a truncation
+    that also removed the later checkpoints."""
+    report = VerifyReport(path=str(path), wal=inspect_wal(path))
+    conn = connect_reader(path)
+    try:
+        lid = log_id(conn)
+        cps = _load_checkpoints(conn)
+        report.checkpoints = len(cps)
+        report.signatures_checked = public_key is not None
+        want = frozenset([c.seq for c in cps] + ([anchor.seq] if anchor else []))
+        result = walk(conn.execute(ENTRY_SELECT + " ORDER BY seq"), genesis(lid), 1, want)
+        report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
+        if result.problem is not None:
+            report.problems.append(_diagnose(conn, result.problem, result.last_hash))
+            walked_to = result.last_seq
+        else:
+            walked_to = result.last_seq
+            report.entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+        _check_checkpoints(report, cps, result.hashes_at, walked_to, result.problem is None, public_key, lid)
+        if anchor is not None:
+            _check_anchor(report, anchor, result.hashes_at, walked_to, result.problem is None)
+    finally:
+        conn.close()
+    if report.wal is not None and report.wal.torn:
+        report.notes.append(
+            f"the write-ahead log has a torn tail ({report.wal.reason}, {report.wal.torn_bytes} bytes never acknowledged); "
+            "it is discarded, and the repair recorded, when the log is next opened for writing"
+        )
+    return report
+
+
+def _check_checkpoints(
+    report: VerifyReport,
+    cps: list[Checkpoint],
+    hashes_at: dict[int, bytes],
+    walked_to: int,
+    complete: bool,
+    public_key: Ed25519PublicKey | None,
+    lid: str,
+) -> None:
+    prev_ok = 0
+    for cp in cps:
+        if public_key is not None:
+            if cp.signature is None:
+                report.problems.append(Problem(cp.seq, ProblemKind.UNSIGNED, f"checkpoint #{cp.id} is not signed, but a public key was given"))
+                continue
+            if not signature_valid(public_key, lid, cp):
+                report.problems.append(Problem(cp.seq, ProblemKind.BAD_SIGNATURE, f"checkpoint #{cp.id} does not verify with the given public key (forged or altered seal)"))
+                continue
+        if cp.seq > walked_to:
+            if complete:
+                report.problems.append(
+                    Problem(walked_to + 1, ProblemKind.TRUNCATED, f"the log ends at entry {walked_to}, but checkpoint #{cp.id} sealed entries up to {cp.seq}: entries {walked_to + 1}..{cp.seq} were removed")
+                )
+            continue
+        h = hashes_at.get(cp.seq)
+        if h is None or h.hex() != cp.hash:
+            lo = prev_ok + 1
+            report.problems.append(
+                Problem(lo, ProblemKind.RESEALED, f"entries {lo}..{cp.seq} no longer match checkpoint #{cp.id}: the chain was rewritten and re-hashed (the first altered entry lies in that range)")
+            )
+            continue
+        prev_ok = max(prev_ok, cp.seq)
+        report.sealed_seq = max(report.sealed_seq, cp.seq)
+        report.last_checkpoint = cp
+    if public_key is None and cps:
+        report.notes.append("checkpoint signatures were not checked (no public key given)")
+    if not cps:
+        report.notes.append("the log has no checkpoint: truncation of its tail cannot be detected")
+    elif complete and report.sealed_seq < walked_to:
+        report.notes.append(f"entries {report.sealed_seq + 1}..{walked_to} are not yet sealed by a checkpoint")
+    if report.last_checkpoint is not None and report.last_checkpoint.final and report.last_checkpoint.seq == walked_to:
+        report.notes.append("the log was closed cleanly (final checkpoint at its last entry)")
+
+
+def _check_anchor(report: VerifyReport, anchor: Checkpoint, hashes_at: dict[int, bytes], walked_to: int, complete: bool) -> None:
+    if anchor.seq > walked_to:
+        if complete:
+            report.problems.append(Problem(walked_to + 1, ProblemKind.TRUNCATED, f"the log ends at entry {walked_to}, but the anchor checkpoint covers entries up to {anchor.seq}"))
+        return
+    h = hashes_at.get(anchor.seq)
+    if h is None or h.hex() != anchor.hash:
+        report.problems.append(Problem(anchor.seq, ProblemKind.RESEALED, f"entry {anchor.seq} no longer has the hash recorded in the anchor checkpoint"))
+
+
+# ---------------------------------------------------------------------- diagnosis
+
+
+def _row(conn: sqlite3.Connection, seq: int) -> tuple | None:
+    return conn.execute(ENTRY_SELECT + " WHERE seq = ?", (seq,)).fetchone()
+
+
+def _original_seq(row: tuple) -> int | None:
+    """The seq this entry was written under, if it still hashes under one nearby."""
+    seq, cols, body, p, h = row[0], row[1 : _N + 1], row[_N + 1], row[_N + 2], row[_N + 3]
+    if not isinstance(p, bytes) or not isinstance(body, str):
+        return None
+    for d in range(1, _SEARCH + 1):
+        for cand in (seq + d, seq - d):
+            if cand > 0 and digest(p, cand, cols, body) == h:
+                return cand
+    return None
+
+
+def _seq_with_hash(conn: sqlite3.Connection, h: object) -> int | None:
+    row = conn.execute("SELECT seq FROM entries WHERE hash = ? LIMIT 1", (h,)).fetchone()
+    return row[0] if row else None
+
+
+def _diagnose(conn: sqlite3.Connection, wp: WalkProblem, prev: bytes) -> Problem:
+    s = wp.seq
+    if wp.kind is Break.GAP:
+        if wp.found_seq > s:
+            n = wp.found_seq - s
+            return Problem(s, ProblemKind.DELETED, f"entr{'y' if n == 1 else 'ies'} {s}{'' if n == 1 else f'..{wp.found_seq - 1}'} missing: deleted from the log")
+        return Problem(s, ProblemKind.EDITED, f"found seq {wp.found_seq} where {s} was expected")
+    row = _row(conn, s)
+    assert row is not None
+    p = row[_N + 2]
+    if wp.kind is Break.HASH:
+        nxt = _row(conn, s + 1)
+        if nxt is not None and nxt[_N + 2] == p and p == prev:
+            return Problem(s, ProblemKind.INSERTED, f"entry {s} was inserted: the entry after it links to the same predecessor")
+        orig = _original_seq(row)
+        if orig is None:
+            if p == prev:
+                return Problem(s, ProblemKind.EDITED, "its content or index columns were changed after it was written")
+            return Problem(s, ProblemKind.EDITED, "it was altered: neither its content nor its link to the previous entry check out")
+        if orig < s:
+            return Problem(orig, ProblemKind.INSERTED, f"entr{'y' if s - orig == 1 else 'ies'} {orig}..{s - 1} were inserted: entry {s} was written as entry {orig}")
+        pred = _seq_with_hash(conn, p)
+        if pred is not None and pred > s:
+            return Problem(s, ProblemKind.REORDERED, f"entry {s} was written as entry {orig}; the entry that preceded it is now at {pred}")
+        return Problem(s, ProblemKind.DELETED, f"entr{'y' if orig - s == 1 else 'ies'} written as {s}..{orig - 1} were deleted and later entries renumbered: entry {s} was written as entry {orig}")
+    # Break.LINK: the entry itself hashes, but its predecessor is not the one it names.
+    pred = _seq_with_hash(conn, p)
+    if pred is None:
+        if s == 1:
+            return Problem(1, ProblemKind.EDITED, "entry 1 does not link to this log's genesis: the log id was changed or entry 1 replaced")
+        return Problem(s - 1, ProblemKind.EDITED, f"entry {s - 1} was altered and re-hashed: entry {s} still links to its original hash")
+    if pred > s:
+        return Problem(s, ProblemKind.REORDERED, f"entry {s} follows entry {pred}, which now comes after it")
+    return Problem(pred + 1, ProblemKind.INSERTED, f"entries {pred + 1}..{s - 1} were inserted between entry {pred} and the entry written after it")

@@ -1,0 +1,85 @@
+"""The inner loop of verification: walk stored entries in seq order and re-hash each.
+
+Kept apart from the diagnosis (`verify.py`) because it is the hot path of `verify` over a
+million entries and of the tail check on open, and because it must stay a plain loop that
+stops at the first entry that does not check out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Sequence
+
+from .chain import COLUMNS
+
+_N = len(COLUMNS)
+_pack_seq = struct.Struct(">Q").pack
+_sha = hashlib.sha256
+
+
+class Break(str, Enum):
+    """How the walk found an entry wrong (before any diagnosis)."""
+
+    GAP = "gap"  # the next stored seq is not the expected one
+    HASH = "hash"  # the entry does not hash to its stored hash
+    LINK = "link"  # the entry hashes, but does not link to the entry before it
+
+
+@dataclass(frozen=True, slots=True)
+class WalkProblem:
+    seq: int  # the expected seq where the walk stopped
+    found_seq: int  # the stored seq of the entry it stopped at
+    kind: Break
+    message: str
+
+
+@dataclass(slots=True)
+class WalkResult:
+    last_seq: int
+    last_hash: bytes
+    count: int
+    problem: WalkProblem | None = None
+    hashes_at: dict[int, bytes] = field(default_factory=dict)
+
+
+def _col(v: object) -> str:
+    if v is None:
+        return "\x00"
+    if type(v) is float:
+        return repr(v)
+    return str(v)
+
+
+def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: frozenset[int] = frozenset()) -> WalkResult:
+    """Check rows `(seq, *COLUMNS, body, prev_hash, hash)` against the chain starting with
+    `prev` at seq `expect`. Collects the hash of every seq in `collect` (checkpoint seqs)."""
+    result = WalkResult(expect - 1, prev, 0)
+    hashes_at = result.hashes_at
+    join = "\x1f".join
+    count = 0
+    for row in rows:
+        seq = row[0]
+        if seq != expect:
+            result.problem = WalkProblem(expect, seq, Break.GAP, f"expected entry {expect}, found {seq}")  # type: ignore[arg-type]
+            break
+        body, p, h = row[_N + 1], row[_N + 2], row[_N + 3]
+        try:
+            computed = _sha(p + _pack_seq(seq) + join(map(_col, row[1 : _N + 1])).encode() + b"\x1e" + body.encode()).digest()  # type: ignore[operator,union-attr]
+        except (TypeError, AttributeError):
+            computed = b""
+        if computed != h:
+            result.problem = WalkProblem(expect, seq, Break.HASH, "its content does not match its hash")  # type: ignore[arg-type]
+            break
+        if p != prev:
+            result.problem = WalkProblem(expect, seq, Break.LINK, "it does not link to the entry before it")  # type: ignore[arg-type]
+            break
+        if seq in collect:
+            hashes_at[seq] = h  # type: ignore[assignment]
+        prev = h  # type: ignore[assignment]
+        expect += 1
+        count += 1
+    result.last_seq, result.last_hash, result.count = expect - 1, prev, count
+    return result
