@@ -1,0 +1,102 @@
+"""`policyc embed MODEL.onnx --contract FILE --name NAME -o OUT.onnx`: ship the contract inside the model.
+
+FILE is a `.contract` source (compiled here) or a compiled bundle (`.json`). The contract
+named NAME is stored, normalised, in the model's `metadata_props` with its sha256; other
+metadata properties are kept. The output still passes `onnx.checker`. Exit 0 ok, 1 for a
+contract that does not compile, an unknown NAME or a bad model, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from policyc.compiler.bundle import Contract
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Failure(Exception):
+    pass
+
+
+def _contracts_from_source(path: Path) -> tuple[Contract, ...]:
+    try:
+        from policyc.compiler.pipeline import compile_paths
+    except ImportError as e:  # the compiler is part of the same distribution; guard anyway
+        raise _Failure(f"cannot compile `{path}`: the compiler is unavailable ({e})") from None
+    result = compile_paths([path])
+    errors = [d for d in result.diagnostics if getattr(d, "is_error", True)]
+    if errors or result.bundle is None:
+        try:
+            from policyc.dsl.diagnostics import render_text
+
+            text = render_text(errors, result.sources)
+        except (ImportError, TypeError, AttributeError):
+            text = "\n".join(str(d) for d in errors)
+        raise _Failure(f"{path}: the contract does not compile:\n{text}")
+    return result.bundle.contracts
+
+
+def _contracts_from_bundle(path: Path) -> tuple[Contract, ...]:
+    from policyc.compiler.bundle_io import BundleError, load
+
+    try:
+        return load(path).contracts
+    except BundleError as e:
+        raise _Failure(str(e)) from None
+
+
+def select_contract(path: Path, name: str) -> Contract:
+    if not path.is_file():
+        raise _Failure(f"{path}: no such contract file")
+    contracts = _contracts_from_bundle(path) if path.suffix == ".json" else _contracts_from_source(path)
+    for c in contracts:
+        if c.name == name:
+            return c
+    have = ", ".join(f"`{c.name}`" for c in contracts) or "none"
+    raise _Failure(f"{path}: no contract named `{name}` (contracts found: {have})")
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnx
+
+    from policyc.onnxgate.contract_metadata import CONTRACT_KEY, canonical_json, contract_hash, embed_contract
+    from policyc.onnxgate.errors import ModelFileError
+    from policyc.onnxgate.model_file import read_model
+
+    try:
+        contract = select_contract(Path(args.contract), args.name)
+        model = read_model(args.model)
+    except (_Failure, ModelFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    out = embed_contract(model, contract)
+    try:
+        onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as e:
+        print(f"error: {args.model}: the model does not pass onnx.checker: {str(e).splitlines()[0]}", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        Path(args.output).write_bytes(out.SerializeToString())
+    except OSError as e:
+        print(f"error: {args.output}: cannot write: {e.strerror}", file=sys.stderr)
+        return EXIT_FAIL
+    digest = contract_hash(canonical_json(contract))
+    if args.format == "json":
+        print(json.dumps({"ok": True, "model": args.output, "contract": contract.name, "key": CONTRACT_KEY, "sha256": digest}, sort_keys=True))
+    else:
+        print(f"embedded contract `{contract.name}` {contract.version} into {args.output} ({digest})")
+    return EXIT_OK
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("embed", help="store a contract in an ONNX model's metadata", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="the ONNX model to read")
+    p.add_argument("--contract", required=True, metavar="FILE", help="a .contract source or a compiled bundle .json")
+    p.add_argument("--name", required=True, help="the contract to embed")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the model with its contract")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=run)
