@@ -18,11 +18,11 @@ from policyc.enforcer.rule_table import all_hold
 MODEL_FAULT = "model_fault"
 
 # Signal names the enforcer understands; rules may name others, which then must be supplied.
-SM_UTIL = "sm_util"  # fraction [0, 1]
+SM_UTIL = "sm_utilization"  # fraction [0, 1]
 TLS_HANDSHAKE = "tls_handshake"  # seconds
 CONNECT_TIME = "connect_time"  # seconds
 STREAM_TIME = "stream_time"  # seconds, from the kernel's HTTP/2 walker
-GRPC_ERROR_RATE = "grpc_error_rate"  # fraction of calls with a non-OK status
+ERROR_RATE = "error_rate"  # fraction of calls with a non-OK status
 RDMA_WATERMARK = "rdma_watermark"  # fraction of the port buffer
 
 
@@ -38,8 +38,11 @@ class Classification:
 
 
 def classify(rules: tuple[Breaker, ...], signals: Mapping[str, float]) -> Classification | None:
-    """The first classifying rule whose conditions all hold, most specific (most conditions) first."""
-    candidates = sorted((r for r in rules if r.classify), key=lambda r: -len(r.conditions))
+    """The first non-model-fault classifying rule whose conditions all hold, most specific first.
+
+    `model_fault` rules are the GPU fault rules themselves; they apply when nothing else explains
+    the signals."""
+    candidates = sorted((r for r in rules if r.classify and r.classify != MODEL_FAULT), key=lambda r: -len(r.conditions))
     for rule in candidates:
         if all_hold(rule, signals):
             used = tuple((c.signal, signals[c.signal]) for c in rule.conditions)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from policyc.compiler.bundle import Breaker, Bundle, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal
 from policyc.enforcer.budget_watch import BudgetWatch
 from policyc.enforcer.collaborators import AnomalySink, AuditSink, StreamHandle
-from policyc.enforcer.correlate import Classification, classify
+from policyc.enforcer.correlate import MODEL_FAULT, Classification, classify
 from policyc.enforcer.endpoint import Endpoint
 from policyc.enforcer.executor import ActionExecutor, HealTarget, StepResult
 from policyc.enforcer.plane import EnforcementPlane
@@ -301,14 +301,21 @@ class Guardian:
         """One telemetry sample for a GPU, all layers merged (SM util, TLS time, gRPC errors...)."""
         all_rules = self.table.gpu_rules + self.table.request_rules + self.table.backend_rules + self.table.connection_rules
         cls = classify(all_rules, signals)
-        fault_rules = [r for r in self.table.gpu_rules if not r.classify]
-        if cls is not None:
+        fault_rules = [r for r in self.table.gpu_rules if r.classify in (None, MODEL_FAULT)]
+        if cls is not None and not cls.blames_gpu:
+            # Not the GPU's fault: its fault streaks restart, and the classifying rule's own
+            # actions go to the audit log, never to the placer (the GPU's health stays).
             self._record(ActionKind.CLASSIFY, gpu_key, cls.rule, Outcome.OBSERVED,
                          f"cause {cls.cause}: " + ", ".join(f"{k}={v:g}" for k, v in cls.signals))
-            if not cls.blames_gpu:
-                for r in fault_rules:
-                    self._streaks.counts[(r.name, gpu_key)] = 0
-                return GpuVerdict(cls, ())
+            for r in fault_rules:
+                self._streaks.counts[(r.name, gpu_key)] = 0
+            rule = next(r for r in all_rules if r.name == cls.rule)
+            fired_cls: tuple[str, ...] = ()
+            if self._streak(rule, gpu_key, True):
+                fired_cls = (rule.name,)
+                self._record(ActionKind.REPORT_ANOMALY, gpu_key, rule.name, Outcome.OBSERVED,
+                             f"{cls.cause} held {rule.consecutive} times in a row; GPU not blamed")
+            return GpuVerdict(cls, fired_cls)
         fired: list[str] = []
         heal: list[StepResult] = []
         for rule in fault_rules:
