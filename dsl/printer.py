@@ -1,6 +1,7 @@
 """Canonical layout for `policyc fmt`.
 
-One item per line, two-space indentation, one space around binary operators, blocks always
+One item per line, two-space indentation, at most one blank line kept where the author
+put blank lines, one space around binary operators, blocks always
 open on their header line. Comments are kept: a comment on the line where a field starts
 stays at the end of that field's line; any other comment is printed on its own line before
 the next item that followed it in the source. Idempotent: fmt(fmt(x)) == fmt(x).
@@ -57,13 +58,26 @@ def _label(label: ast.Label) -> str:
 
 
 class _Printer:
+    """Emits lines; keeps one blank line wherever the source had one or more between two
+    elements (items or comments), never directly after `{` or before `}`."""
+
     def __init__(self, comments: tuple[ast.Comment, ...]) -> None:
         self.pending = sorted(comments, key=lambda c: c.line)
         self.lines: list[str] = []
+        self.last_line = 0  # source line of the last element emitted
+        self.opened = True  # at the start of the file or just after a `{`
+
+    def _emit(self, src_line: int, text: str) -> None:
+        if not self.opened and src_line > self.last_line + 1:
+            self.lines.append("")
+        self.lines.append(text)
+        self.opened = False
 
     def _leading(self, before_line: int, indent: str) -> None:
         while self.pending and self.pending[0].line < before_line:
-            self.lines.append(indent + self.pending.pop(0).text)
+            c = self.pending.pop(0)
+            self._emit(c.line, indent + c.text)
+            self.last_line = c.line
 
     def _trailing(self, line: int) -> str:
         if self.pending and self.pending[0].line == line:
@@ -72,31 +86,27 @@ class _Printer:
 
     def items(self, items: tuple[ast.Item, ...], depth: int) -> None:
         indent = "  " * depth
-        prev_block = False
-        for n, item in enumerate(items):
-            is_block = isinstance(item, ast.Block)
-            if n and depth == 0 or n and (is_block or prev_block):
-                self.lines.append("")
+        for item in items:
             self._leading(item.span.line, indent)
-            if is_block:
+            if isinstance(item, ast.Block):
                 head = " ".join([item.kind, *(_label(lab) for lab in item.labels)])
-                self.lines.append(f"{indent}{head} {{" + self._trailing(item.span.line))
+                self._emit(item.span.line, f"{indent}{head} {{" + self._trailing(item.span.line))
+                self.last_line, self.opened = item.span.line, True
                 self.items(item.items, depth + 1)
                 self._leading(item.span.end_line, indent + "  ")
                 self.lines.append(f"{indent}}}" + self._trailing(item.span.end_line))
+                self.opened = False
             else:
                 import json
 
                 key = json.dumps(item.key, ensure_ascii=False) if item.quoted else item.key
                 values = ", ".join(format_value(v) for v in item.values)
-                self.lines.append(f"{indent}{key}: {values}" + self._trailing(item.span.line))
-            prev_block = is_block
+                self._emit(item.span.line, f"{indent}{key}: {values}" + self._trailing(item.span.line))
+            self.last_line = item.span.end_line
 
 
 def format_file(f: ast.File) -> str:
     p = _Printer(f.comments)
     p.items(f.items, 0)
     p._leading(10**9, "")
-    while p.lines and not p.lines[0]:
-        p.lines.pop(0)
     return "\n".join(p.lines) + "\n" if p.lines else ""
