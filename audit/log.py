@@ -101,6 +101,7 @@ class AuditLog:
         self._pending = _Batch()
         self._closing = False
         self._closed = False
+        self.commits = 0  # transactions committed by this writer (group commit: < records)
         self._writer = threading.Thread(target=self._run, name=f"audit-writer:{path.name}", daemon=True)
         self._writer.start()
 
@@ -246,36 +247,48 @@ class AuditLog:
         transaction; returns the first seq. The head advances only after the commit."""
         seq, prev = self._seq, self._head
         rows = []
+        seals: list[tuple[int, bytes, bool]] = []  # (seq, hash, final)
+        sealed = self._sealed_seq
         for cols, body in items:
             seq += 1
             h = digest(prev, seq, cols, body)
             rows.append((seq, *cols, body, prev, h))
             prev = h
+            if seq - sealed >= self._every:
+                seals.append((seq, h, False))
+                sealed = seq
         now = time.monotonic()
-        seal = seq > 0 and (final or seq - self._sealed_seq >= self._every or (seq > self._sealed_seq and now - self._sealed_time >= self._interval))
-        if not rows and not seal:
+        if seq > 0 and (final or (seq > sealed and now - self._sealed_time >= self._interval)):
+            seals.append((seq, prev, final))
+            sealed = seq
+        if not rows and not seals:
             return seq + 1
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             if rows:
                 conn.executemany(ENTRY_INSERT, rows)
-            if seal:
+            if seals:
                 wall = time.time()
-                pub, sig = checkpoints.sign(self._key, self._log_id, seq, prev.hex(), wall, final) if self._key else (None, None)
-                conn.execute(
+                conn.executemany(
                     "INSERT INTO checkpoints (seq, hash, time, final, public_key, signature) VALUES (?, ?, ?, ?, ?, ?)",
-                    (seq, prev, wall, int(final), pub, sig),
+                    [(s, h, wall, int(f), *self._sign(s, h, wall, f)) for s, h, f in seals],
                 )
             conn.execute("COMMIT")
+            self.commits += 1
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         first = self._seq + 1
         self._seq, self._head = seq, prev
-        if seal:
-            self._sealed_seq, self._sealed_time = seq, now
+        if seals:
+            self._sealed_seq, self._sealed_time = sealed, now
         return first
+
+    def _sign(self, seq: int, h: bytes, wall: float, final: bool) -> tuple[str | None, str | None]:
+        if self._key is None:
+            return None, None
+        return checkpoints.sign(self._key, self._log_id, seq, h.hex(), wall, final)
 
     # ------------------------------------------------------------------ closing
 

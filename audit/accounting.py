@@ -1,0 +1,76 @@
+"""Per-call resource accounting: what one model call consumed, and how we know.
+
+Where something measured a quantity (NVML for GPU time, the enforcer's kernel per-flow
+counters for network bytes), the caller passes the figure in and it is labelled
+`measured`. Otherwise GPU time and memory traffic are estimated from the contract and the
+placement: a request of F FLOPs on a GPU whose peak at the contract's precision is P, at the
+contract's efficiency e, occupies F / (P * e) GPU-seconds; on a share s of the GPU it runs
+for that divided by s; at the contract's sustained bandwidth B it moves B times that many
+bytes. Estimates carry the low/high ends from the contract's FLOPs range.
+Network bytes are never estimated: without a measurement the figure is absent.
+"""
+
+from __future__ import annotations
+
+from policyc.compiler.bundle import Contract, GpuClass
+
+from .records import Figure, Resources, Source
+
+
+def measured(value: float, method: str) -> Figure:
+    """A figure something measured (e.g. `measured(0.031, "nvml")`)."""
+    return Figure(value=value, source=Source.MEASURED, method=method)
+
+
+def estimate_resources(
+    contract: Contract,
+    gpu: GpuClass,
+    share: float,
+    *,
+    tokens: int | None = None,
+    gpu_seconds: Figure | None = None,
+    memory_bytes: Figure | None = None,
+    network_bytes: Figure | None = None,
+) -> Resources:
+    """Resources of one call of `contract` on `share` (0 < share <= 1) of a `gpu`.
+
+    `tokens`: the call's token count when known (scales the contract's FLOPs, which are
+    stated per request at the contract's token count, or per token). Figures passed in
+    (measured) replace the corresponding estimate. A quantity that cannot be estimated
+    (the GPU class lists no peak at the contract's precision) is absent, not guessed.
+    """
+    if not 0 < share <= 1:
+        raise ValueError(f"GPU share must be in (0, 1], got {share}")
+    if tokens is not None and tokens <= 0:
+        raise ValueError(f"token count must be positive, got {tokens}")
+    c = contract.compute
+    flops = c.request_flops()
+    scale = 1.0
+    if tokens is not None and c.tokens > 0:
+        scale = tokens / c.tokens  # FLOPs grow linearly with tokens, per request or per token
+    lo, hi = flops.lo * scale, flops.hi * scale
+    peak = gpu.peak(c.precision)
+    est_gpu = est_mem = None
+    if peak is not None and peak > 0 and c.efficiency > 0:
+        rate = peak * c.efficiency
+        g_lo, g_hi = lo / rate, hi / rate
+        est_gpu = Figure(
+            value=(g_lo + g_hi) / 2,
+            source=Source.ESTIMATED,
+            method=f"contract FLOPs / ({gpu.name} peak {c.precision} x efficiency {c.efficiency:g})",
+            low=g_lo,
+            high=g_hi,
+        )
+        bw = contract.memory.bandwidth_min
+        est_mem = Figure(
+            value=bw * (g_lo + g_hi) / 2 / share,
+            source=Source.ESTIMATED,
+            method=f"contract bandwidth_min x estimated duration on a {share:g} share",
+            low=bw * g_lo / share,
+            high=bw * g_hi / share,
+        )
+    return Resources(
+        gpu_seconds=gpu_seconds if gpu_seconds is not None else est_gpu,
+        memory_bytes=memory_bytes if memory_bytes is not None else est_mem,
+        network_bytes=network_bytes,
+    )

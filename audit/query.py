@@ -1,0 +1,179 @@
+"""Read-only queries for auditors: one decision with its actions, entries in a time range,
+and aggregate reports. The gRPC auditor role and `policyc audit report|explain` both call
+these; nothing here can write to the log.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from .chain import COLUMNS
+from .checkpoints import Checkpoint
+from .errors import AuditInputError, AuditLogCorrupt
+from .records import ActionRecord, DecisionRecord, Entry, EntryKind
+from .store import ENTRY_SELECT, connect_reader
+
+GroupBy = Literal["model", "tenant", "region"]
+GROUP_BY: tuple[str, ...] = ("model", "tenant", "region")
+_N = len(COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    """Totals for one group. Measured and estimated figures are summed apart: an auditor
+    must be able to tell evidence from model."""
+
+    key: str
+    decisions: int
+    admitted: int
+    rejected: int
+    failed: int
+    gpu_seconds_measured: float
+    gpu_seconds_estimated: float
+    memory_bytes_measured: float
+    memory_bytes_estimated: float
+    network_bytes_measured: float
+    network_bytes_estimated: float
+    unaccounted: int  # decisions with at least one resource figure absent
+    latency_mean: float
+    latency_max: float
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    start: float | None
+    end: float | None
+    by: GroupBy
+    rows: tuple[ReportRow, ...]
+    total: ReportRow
+    actions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """A decision, the actions it triggered, and the checkpoint that seals it (if any yet)."""
+
+    entry: Entry
+    actions: tuple[Entry, ...]
+    sealed_by: Checkpoint | None
+
+
+def _range(start: float | None, end: float | None) -> tuple[str, list[float]]:
+    if start is not None and end is not None and end < start:
+        raise AuditInputError(f"time range is empty: end ({end}) is before start ({start})")
+    where, args = [], []
+    if start is not None:
+        where.append("time >= ?")
+        args.append(start)
+    if end is not None:
+        where.append("time < ?")
+        args.append(end)
+    return (" AND " + " AND ".join(where)) if where else "", args
+
+
+class AuditReader:
+    """A read-only view of a log (safe while the writer is appending)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> AuditReader:
+        return cls(connect_reader(path), str(path))
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> AuditReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _entry(self, row: tuple) -> Entry:
+        seq, kind, body = row[0], row[1], row[_N + 1]
+        try:
+            rec = DecisionRecord.model_validate_json(body) if kind == EntryKind.DECISION.value else ActionRecord.model_validate_json(body)
+        except (ValidationError, TypeError) as e:
+            raise AuditLogCorrupt(f"{self.path}: entry {seq} is not a valid {kind} record ({e.__class__.__name__}); run `policyc audit verify`") from None
+        p, h = row[_N + 2], row[_N + 3]
+        return Entry(seq=seq, kind=EntryKind(kind), prev_hash=bytes(p).hex(), hash=bytes(h).hex(), record=rec)
+
+    def decision(self, decision_id: str) -> Entry | None:
+        """The decision entry with this id (None if there is none)."""
+        row = self._conn.execute(ENTRY_SELECT + " WHERE decision_id = ? AND kind = 'decision' ORDER BY seq LIMIT 1", (decision_id,)).fetchone()
+        return self._entry(row) if row else None
+
+    def actions_for(self, decision_id: str) -> list[Entry]:
+        rows = self._conn.execute(ENTRY_SELECT + " WHERE decision_id = ? AND kind = 'action' ORDER BY seq", (decision_id,))
+        return [self._entry(r) for r in rows]
+
+    def sealed_by(self, seq: int) -> Checkpoint | None:
+        """The first checkpoint covering entry `seq`."""
+        row = self._conn.execute("SELECT id, seq, hash, time, final, public_key, signature FROM checkpoints WHERE seq >= ? ORDER BY seq LIMIT 1", (seq,)).fetchone()
+        if row is None:
+            return None
+        return Checkpoint(id=row[0], seq=row[1], hash=bytes(row[2]).hex(), time=row[3], final=bool(row[4]), public_key=row[5], signature=row[6])
+
+    def explain(self, decision_id: str) -> Explanation | None:
+        entry = self.decision(decision_id)
+        if entry is None:
+            return None
+        return Explanation(entry, tuple(self.actions_for(decision_id)), self.sealed_by(entry.seq))
+
+    def entries(self, *, start: float | None = None, end: float | None = None, kind: EntryKind | None = None, after_seq: int = 0, limit: int = 1000) -> list[Entry]:
+        """Entries with start <= time < end, in seq order, `limit` at a time; page with
+        `after_seq` = the last seq of the previous page."""
+        where, args = _range(start, end)
+        if kind is not None:
+            where += " AND kind = ?"
+            args.append(kind.value)  # type: ignore[arg-type]
+        rows = self._conn.execute(ENTRY_SELECT + f" WHERE seq > ?{where} ORDER BY seq LIMIT ?", (after_seq, *args, limit))
+        return [self._entry(r) for r in rows]
+
+    def report(self, *, by: GroupBy, start: float | None = None, end: float | None = None) -> Report:
+        """Decisions and resources per model, tenant or region over [start, end)."""
+        if by not in GROUP_BY:
+            raise AuditInputError(f"cannot group by `{by}`: choose one of {', '.join(GROUP_BY)}")
+        where, args = _range(start, end)
+        sql = f"""
+            SELECT coalesce({by}, '(none)'), count(*),
+                   sum(outcome = 'admitted'), sum(outcome = 'rejected'), sum(outcome = 'failed'),
+                   total(CASE WHEN gpu_src = 'measured' THEN gpu_s END),
+                   total(CASE WHEN gpu_src = 'estimated' THEN gpu_s END),
+                   total(CASE WHEN mem_src = 'measured' THEN mem_b END),
+                   total(CASE WHEN mem_src = 'estimated' THEN mem_b END),
+                   total(CASE WHEN net_src = 'measured' THEN net_b END),
+                   total(CASE WHEN net_src = 'estimated' THEN net_b END),
+                   sum(gpu_src IS NULL OR mem_src IS NULL OR net_src IS NULL),
+                   total(latency_s) / max(count(*), 1), coalesce(max(latency_s), 0)
+            FROM entries WHERE kind = 'decision'{where} GROUP BY 1 ORDER BY 1"""
+        rows = tuple(ReportRow(*r) for r in self._conn.execute(sql, args))
+        actions = self._conn.execute(f"SELECT count(*) FROM entries WHERE kind = 'action'{where}", args).fetchone()[0]
+        return Report(start, end, by, rows, _total(rows), actions)
+
+
+def _total(rows: tuple[ReportRow, ...]) -> ReportRow:
+    n = sum(r.decisions for r in rows)
+    return ReportRow(
+        "total",
+        n,
+        sum(r.admitted for r in rows),
+        sum(r.rejected for r in rows),
+        sum(r.failed for r in rows),
+        sum(r.gpu_seconds_measured for r in rows),
+        sum(r.gpu_seconds_estimated for r in rows),
+        sum(r.memory_bytes_measured for r in rows),
+        sum(r.memory_bytes_estimated for r in rows),
+        sum(r.network_bytes_measured for r in rows),
+        sum(r.network_bytes_estimated for r in rows),
+        sum(r.unaccounted for r in rows),
+        sum(r.latency_mean * r.decisions for r in rows) / n if n else 0.0,
+        max((r.latency_max for r in rows), default=0.0),
+    )

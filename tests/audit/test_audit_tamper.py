@@ -1,0 +1,193 @@
+"""Each kind of tampering is detected, and `verify` names the first bad entry and the kind.
+
+The attacker here has full write access to the database file but not the signing key.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from audit_helpers import fill
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from policyc.audit import checkpoints
+from policyc.audit.chain import COLUMNS, digest
+from policyc.audit.store import ENTRY_INSERT, ENTRY_SELECT
+from policyc.audit.verify import ProblemKind, verify
+
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+N_ENTRIES = 220  # 200 decisions + 20 actions
+_N = len(COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("audit") / "audit.db"
+    fill(path, 200, key=KEY)
+    return path
+
+
+@pytest.fixture
+def log(pristine: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "audit.db"
+    shutil.copy(pristine, dst)
+    return dst
+
+
+def _rows(db: sqlite3.Connection, where: str = "", args: tuple = ()) -> list[list]:
+    return [list(r) for r in db.execute(ENTRY_SELECT + f" {where} ORDER BY seq", args)]
+
+
+def _rehash_from(db: sqlite3.Connection, seq: int) -> None:
+    """What an attacker without the key does to hide an edit: recompute every hash from `seq` on."""
+    prev_row = db.execute("SELECT hash FROM entries WHERE seq < ? ORDER BY seq DESC LIMIT 1", (seq,)).fetchone()
+    prev = prev_row[0]
+    for r in _rows(db, "WHERE seq >= ?", (seq,)):
+        h = digest(prev, r[0], tuple(r[1 : _N + 1]), r[_N + 1])
+        db.execute("UPDATE entries SET prev_hash = ?, hash = ? WHERE seq = ?", (prev, h, r[0]))
+        prev = h
+
+
+def _edit_body(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE entries SET body = replace(body, '\"outcome\":\"rejected\"', '\"outcome\":\"admitted\"') WHERE seq = 61")
+
+
+def _edit_column(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE entries SET gpu_s = gpu_s / 10 WHERE seq = 61")
+
+
+def _edit_and_rehash_one(db: sqlite3.Connection) -> None:
+    _edit_body(db)
+    r = _rows(db, "WHERE seq = 61")[0]
+    db.execute("UPDATE entries SET hash = ? WHERE seq = 61", (digest(r[_N + 2], 61, tuple(r[1 : _N + 1]), r[_N + 1]),))
+
+
+def _edit_and_rehash_rest(db: sqlite3.Connection) -> None:
+    _edit_body(db)
+    _rehash_from(db, 61)
+
+
+def _edit_rehash_and_resign_with_own_key(db: sqlite3.Connection) -> None:
+    _edit_and_rehash_rest(db)
+    forger = Ed25519PrivateKey.generate()
+    lid = db.execute("SELECT value FROM meta WHERE key = 'log_id'").fetchone()[0]
+    for cid, seq, t, final in db.execute("SELECT id, seq, time, final FROM checkpoints").fetchall():
+        h = db.execute("SELECT hash FROM entries WHERE seq = ?", (seq,)).fetchone()[0]
+        pub, sig = checkpoints.sign(forger, lid, seq, h.hex(), t, bool(final))
+        db.execute("UPDATE checkpoints SET hash = ?, public_key = ?, signature = ? WHERE id = ?", (h, pub, sig, cid))
+
+
+def _delete(db: sqlite3.Connection) -> None:
+    db.execute("DELETE FROM entries WHERE seq IN (61, 62)")
+
+
+def _delete_and_renumber(db: sqlite3.Connection) -> None:
+    db.execute("DELETE FROM entries WHERE seq = 61")
+    for (seq,) in db.execute("SELECT seq FROM entries WHERE seq > 61 ORDER BY seq").fetchall():
+        db.execute("UPDATE entries SET seq = ? WHERE seq = ?", (seq - 1, seq))
+
+
+def _reorder(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE entries SET seq = -1 WHERE seq = 61")
+    db.execute("UPDATE entries SET seq = 61 WHERE seq = 62")
+    db.execute("UPDATE entries SET seq = 62 WHERE seq = -1")
+
+
+def _insert(db: sqlite3.Connection, *, consistent: bool) -> None:
+    """Shift entries >= 61 up by one and put a forged decision at 61."""
+    for (seq,) in db.execute("SELECT seq FROM entries WHERE seq >= 61 ORDER BY seq DESC").fetchall():
+        db.execute("UPDATE entries SET seq = ? WHERE seq = ?", (seq + 1, seq))
+    forged = _rows(db, "WHERE seq = 62")[0]
+    forged[0] = 61
+    forged[_N + 1] = forged[_N + 1].replace("dec-", "forged-")
+    prev = db.execute("SELECT hash FROM entries WHERE seq = 60").fetchone()[0]
+    forged[_N + 2] = prev
+    forged[_N + 3] = digest(prev, 61, tuple(forged[1 : _N + 1]), forged[_N + 1]) if consistent else bytes(32)
+    db.execute(ENTRY_INSERT, forged)
+
+
+def _truncate(db: sqlite3.Connection) -> None:
+    db.execute("DELETE FROM entries WHERE seq > 210")
+
+
+def _torn_body(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE entries SET body = substr(body, 1, 40) WHERE seq = 61")
+
+
+def _forge_signature(db: sqlite3.Connection) -> None:
+    db.execute("UPDATE checkpoints SET signature = ? WHERE id = 2", ("00" * 64,))
+
+
+CASES: list[tuple[str, Callable[[sqlite3.Connection], None], int, ProblemKind]] = [
+    ("edited body", _edit_body, 61, ProblemKind.EDITED),
+    ("edited index column", _edit_column, 61, ProblemKind.EDITED),
+    ("edited and re-hashed", _edit_and_rehash_one, 61, ProblemKind.EDITED),
+    ("torn record", _torn_body, 61, ProblemKind.EDITED),
+    ("deleted", _delete, 61, ProblemKind.DELETED),
+    ("deleted and renumbered", _delete_and_renumber, 61, ProblemKind.DELETED),
+    ("reordered", _reorder, 61, ProblemKind.REORDERED),
+    ("inserted (consistent hash)", lambda db: _insert(db, consistent=True), 61, ProblemKind.INSERTED),
+    ("inserted (bad hash)", lambda db: _insert(db, consistent=False), 61, ProblemKind.INSERTED),
+    ("truncated", _truncate, 211, ProblemKind.TRUNCATED),
+    ("forged checkpoint signature", _forge_signature, 100, ProblemKind.BAD_SIGNATURE),
+]
+
+
+def test_untouched_log_verifies(log: Path) -> None:
+    report = verify(log, public_key=KEY.public_key())
+    assert report.ok, report.problems
+    assert report.entries == N_ENTRIES and report.sealed_seq == N_ENTRIES
+    assert report.checkpoints >= 5
+
+
+@pytest.mark.parametrize(("name", "tamper", "seq", "kind"), CASES, ids=[c[0] for c in CASES])
+def test_tampering_is_detected_and_named(log: Path, name: str, tamper: Callable[[sqlite3.Connection], None], seq: int, kind: ProblemKind) -> None:
+    with sqlite3.connect(log) as db:
+        tamper(db)
+    report = verify(log, public_key=KEY.public_key())
+    assert not report.ok
+    first = report.first_bad
+    assert first is not None
+    assert (first.seq, first.kind) == (seq, kind), str(first)
+    # the hash chain alone (no key) catches it too, except a forged signature
+    if kind is not ProblemKind.BAD_SIGNATURE:
+        assert not verify(log).ok
+
+
+def test_rewritten_chain_is_caught_by_checkpoints(log: Path) -> None:
+    with sqlite3.connect(log) as db:
+        _edit_and_rehash_rest(db)
+    first = verify(log).first_bad
+    assert first is not None and first.kind is ProblemKind.RESEALED
+    assert first.seq <= 61 <= 100  # the altered entry lies between the last good seal and this one
+
+
+def test_resigning_with_another_key_is_caught(log: Path) -> None:
+    with sqlite3.connect(log) as db:
+        _edit_rehash_and_resign_with_own_key(db)
+    report = verify(log, public_key=KEY.public_key())
+    assert {p.kind for p in report.problems} == {ProblemKind.BAD_SIGNATURE}
+    assert verify(log).ok  # without the operator's key a full rewrite is indistinguishable: that is what keys are for
+
+
+def test_truncation_that_also_removes_checkpoints_needs_an_anchor(log: Path) -> None:
+    anchor = verify(log).last_checkpoint
+    assert anchor is not None and anchor.final
+    with sqlite3.connect(log) as db:
+        db.execute("DELETE FROM entries WHERE seq > 180")
+        db.execute("DELETE FROM checkpoints WHERE seq > 180")
+    plain = verify(log)
+    assert plain.ok  # undetectable from the log alone, but verify says what is unsealed
+    assert any("151..180" in n and "not yet sealed" in n for n in plain.notes), plain.notes
+    anchored = verify(log, anchor=anchor)
+    first = anchored.first_bad
+    assert first is not None and (first.seq, first.kind) == (181, ProblemKind.TRUNCATED)
+
+
+def test_wrong_public_key_fails(log: Path) -> None:
+    report = verify(log, public_key=Ed25519PrivateKey.generate().public_key())
+    assert {p.kind for p in report.problems} == {ProblemKind.BAD_SIGNATURE}
