@@ -1,0 +1,165 @@
+"""Evaluate a request's candidate GPUs against one snapshot, all at once.
+
+For each candidate: the share the solver requires, health, free share, PCIe, session
+store, both host-local paths (through the port on the GPU's NUMA node, or across the
+socket to another port) finished onto the fabric distances the refresher precomputed,
+each declared dependency bound to its best endpoint, and the predicted latency with its
+spread. Every candidate keeps the *first* constraint it failed, in the order below, so a
+refusal can name what bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policyc.compiler.bundle import Contract, GpuClass
+
+from .latency import CROSS_NUMA_PENALTY, gpu_queue, pcie_delay
+from .plan import Constraint, DependencyBinding
+from .shares import ShareBound
+from .snapshot import Snapshot
+from .thresholds import Thresholds
+from .topology import EndpointRole
+
+ORDER: tuple[Constraint, ...] = (
+    Constraint.GPU_CLASS, Constraint.HEALTH, Constraint.GPU_SHARE, Constraint.PCIE, Constraint.SESSION_STORE,
+    Constraint.PORT, Constraint.NETWORK, Constraint.DEPENDENCY, Constraint.LATENCY_BUDGET,
+)
+_CODE = {c: i for i, c in enumerate(ORDER)}
+PROXY_ROLE = {"none": EndpointRole.DIRECT, "shared": EndpointRole.SHARED_PROXY, "dedicated": EndpointRole.DEDICATED_PROXY}
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluation:
+    gpus: np.ndarray  # topology GPU index per row
+    fail: np.ndarray  # index into ORDER, -1 when feasible
+    min_share: np.ndarray
+    port: np.ndarray  # chosen port per row (-1: none)
+    network: np.ndarray
+    queueing: np.ndarray
+    compute: np.ndarray
+    dependencies: np.ndarray
+    sigma: np.ndarray
+    rank: np.ndarray  # predicted + k * sigma: lower is better
+    raw_total: np.ndarray  # prediction ignoring port thresholds (for explaining refusals)
+    bindings: tuple[tuple[DependencyBinding, ...], ...]  # per row
+    dep_detail: tuple[str, ...]  # per row, why a dependency failed ("" otherwise)
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.network + self.queueing + self.compute + self.dependencies
+
+    def failed(self, row: int) -> Constraint | None:
+        code = int(self.fail[row])
+        return None if code < 0 else ORDER[code]
+
+
+def evaluate(
+    snap: Snapshot, th: Thresholds, gpus: np.ndarray, bounds: dict[str, ShareBound], catalog: dict[str, GpuClass],
+    contract: Contract, budget: float, ingress_rows: np.ndarray, reserved: np.ndarray,
+) -> Evaluation:
+    t, f = snap.topology, snap.frame
+    n = len(gpus)
+    fail = np.full(n, -1, dtype=np.int64)
+
+    def mark(mask: np.ndarray, c: Constraint) -> None:
+        fail[(fail < 0) & mask] = _CODE[c]
+
+    models = [t.gpus[i].model for i in gpus.tolist()]
+    sb = [bounds[m] for m in models]
+    min_share = np.array([b.min_share for b in sb], dtype=np.float64)
+    mark(~np.array([b.feasible for b in sb], dtype=bool), Constraint.GPU_CLASS)
+    prec = contract.compute.precision
+    peaks = {m: (catalog[m].peak(prec) if m in catalog else None) for m in set(models)}
+    peak = np.array([peaks[m] or np.nan for m in models], dtype=np.float64)
+    mark(np.isnan(peak), Constraint.GPU_CLASS)
+
+    mark(snap.gpu_health[gpus] < th.min_health, Constraint.HEALTH)
+    free = snap.gpu_free[gpus] - reserved
+    mark(free < min_share, Constraint.GPU_SHARE)
+    pcie = f.gpu_pcie_util[gpus]
+    mark(pcie > th.max_pcie_util, Constraint.PCIE)
+    sess = contract.session
+    if sess is not None and sess.state != "remote" and sess.colocate == "same_numa":
+        stores = np.array([t.numa[t.gpus[i].numa].store.value for i in gpus.tolist()])
+        mark(stores != sess.state, Constraint.SESSION_STORE)
+
+    share_used = np.clip(np.maximum(free, min_share), 1e-6, 1.0)
+    flops = contract.compute.request_flops().hi
+    compute = np.where(np.isnan(peak), np.inf, flops / (np.nan_to_num(peak, nan=1.0) * contract.compute.efficiency * share_used))
+    queueing = gpu_queue(1.0 - free)
+    k = th.stability_weight
+
+    # the two host-local ways onto the fabric, finished onto the precomputed distances
+    local, remote = t.gpu_ports
+    best_net = np.full(n, np.inf)
+    best_var = np.zeros(n)
+    best_port = np.full(n, -1, dtype=np.int64)
+    best_rank = np.full(n, np.inf)
+    raw_net = np.full(n, np.inf)
+    any_port_ok = np.zeros(n, dtype=bool)
+    host_pcie = pcie_delay(pcie)
+    for ports, extra in ((local[gpus], 0.0), (remote[gpus], CROSS_NUMA_PENALTY)):
+        valid = ports >= 0
+        if not valid.any():
+            continue
+        pp = np.where(valid, ports, 0)
+        up = valid & f.port_up[pp]
+        ok = up & (f.port_watermark[pp] <= th.max_port_watermark) & (f.port_util[pp] <= th.max_port_util)
+        any_port_ok |= ok
+        leaf = t.port_switch[pp]
+        d = snap.fabric_dist[ingress_rows, leaf]
+        v = snap.fabric_var[ingress_rows, leaf]
+        net = 2.0 * (d + snap.port_delay[pp] + host_pcie + extra)
+        var = 2.0 * (v + snap.port_sigma[pp] ** 2)
+        raw_net = np.where(up, np.minimum(raw_net, net), raw_net)
+        r = np.where(ok, net + k * np.sqrt(var), np.inf)
+        better = r < best_rank
+        best_rank = np.where(better, r, best_rank)
+        best_net = np.where(better, net, best_net)
+        best_var = np.where(better, var, best_var)
+        best_port = np.where(better, ports, best_port)
+    mark(~any_port_ok, Constraint.PORT)
+    mark(~np.isfinite(best_net), Constraint.NETWORK)
+
+    deps = np.zeros(n)
+    bindings: list[list[DependencyBinding]] = [[] for _ in range(n)]
+    dep_detail = [""] * n
+    chosen = np.where(best_port >= 0, best_port, 0)
+    leaf = t.port_switch[chosen] if len(t.ports) else np.zeros(n, dtype=np.int64)
+    for svc in contract.dependencies.services:
+        role = PROXY_ROLE[svc.proxy]
+        eps = [e for e in t.endpoints if e.kind == svc.kind and e.role is role]
+        if not eps:
+            mark(np.ones(n, dtype=bool), Constraint.DEPENDENCY)
+            for r in range(n):
+                dep_detail[r] = dep_detail[r] or f"no {role.value} `{svc.kind}` endpoint in the topology for dependency `{svc.name}`"
+            continue
+        rows = np.array([snap.fabric_rows[e.node] for e in t.endpoints if e.kind == svc.kind and e.role is role])
+        p99 = np.array([f.endpoint_p99[t.endpoint_index[e.name]] for e in eps])
+        lat = 2.0 * (snap.fabric_dist[rows][:, leaf] + snap.port_delay[chosen]) + p99[:, None]  # E x n
+        bi = np.argmin(lat, axis=0)
+        bl = lat[bi, np.arange(n)]
+        bad = bl > svc.p99
+        mark(bad, Constraint.DEPENDENCY)
+        deps = deps + np.where(np.isfinite(bl), bl, 0.0)
+        for r in range(n):
+            e = eps[int(bi[r])]
+            if bad[r]:
+                dep_detail[r] = dep_detail[r] or (
+                    f"dependency `{svc.name}` ({svc.kind}, p99 ≤ {svc.p99 * 1e3:g} ms): best {role.value} endpoint "
+                    f"`{e.name}` answers in {bl[r] * 1e3:.1f} ms")
+            else:
+                bindings[r].append(DependencyBinding(svc.name, svc.kind, e.name, role.value, float(bl[r]), svc.p99))
+
+    total = best_net + queueing + compute + deps
+    sigma = np.sqrt(best_var + snap.gpu_sigma[gpus] ** 2)
+    mark(~(total <= budget * th.budget_fraction), Constraint.LATENCY_BUDGET)
+    return Evaluation(
+        gpus=gpus, fail=fail, min_share=min_share, port=best_port, network=best_net, queueing=queueing,
+        compute=compute, dependencies=deps, sigma=sigma, rank=total + k * sigma,
+        raw_total=raw_net + queueing + compute + deps, bindings=tuple(tuple(b) for b in bindings),
+        dep_detail=tuple(dep_detail),
+    )

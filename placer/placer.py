@@ -1,0 +1,320 @@
+"""Contract-aware placement: choose the GPU for one request, say why, never raise.
+
+The placer keeps three small pieces of state between requests:
+- reservations made on the current snapshot (so a burst within one tick spreads instead
+  of piling onto the GPU that looked best when the tick began);
+- sticky choices per affinity key (hysteresis: the previous GPU stays while it is feasible
+  and within a margin of the best, so placements do not flap between ticks);
+- sessions: a session stays on its GPU (next to its state store) until that placement
+  becomes infeasible; a move prefers the same NUMA node, then the same host, and is
+  reported in the plan.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from typing import Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from policyc.compiler.bundle import Contract, GpuClass
+from policyc.matcher.instance import Instance
+
+from .catalog import DEFAULT_CATALOG
+from .evaluate import Evaluation, evaluate
+from .plan import (
+    Constraint, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove, ShareSource,
+)
+from .shares import share_bounds
+from .snapshot import Snapshot
+
+MAX_REJECTIONS = 20
+MSG_BYTES = 4096  # RDMA message size the queue depth is sized for
+
+
+class SnapshotProvider(Protocol):
+    def current(self) -> Snapshot: ...
+
+    def report_anomaly(self, host: str, gpu: str, signal: str, value: float) -> bool: ...
+
+
+class Placer:
+    """`Placer(refresher)`: `place(...)`, `report_anomaly(...)`, `rebalance(host)`."""
+
+    def __init__(
+        self, snapshots: SnapshotProvider, catalog: Iterable[GpuClass] = DEFAULT_CATALOG, *,
+        hysteresis: float = 0.05, hysteresis_abs: float = 2e-3, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._snapshots = snapshots
+        self._catalog = {g.name: g for g in catalog}
+        self._hyst = hysteresis
+        self._hyst_abs = hysteresis_abs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._reserved: dict[int, float] = {}
+        self._reserved_version = -1
+        self._sticky: dict[str, int] = {}
+        self._sessions: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    def place(
+        self, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None = None, *,
+        ingress: str | None = None, affinity_key: str | None = None,
+    ) -> PlacementPlan | NoPlacement:
+        """Choose a GPU among `candidates` for one request with `budget` seconds end to end.
+
+        `ingress` names the fabric node the request enters at (default: the gateway of each
+        candidate's region). `affinity_key` groups requests for hysteresis (default: the
+        contract name and ingress). Never raises: every failure is a `NoPlacement`.
+        """
+        snap: Snapshot | None = None
+        try:
+            snap = self._snapshots.current()
+            return self._place(snap, candidates, budget, contract, session, ingress, affinity_key)
+        except Exception as e:  # the contract is "never raises": a bug becomes a refusal that says so
+            return NoPlacement(Constraint.INTERNAL, f"placer error: {type(e).__name__}: {e}", False,
+                               snap.version if snap is not None else -1)
+
+    def report_anomaly(self, gpu: str | tuple[str, str], signal: str, value: float) -> bool:
+        """Lower a GPU's health (`host/gpuN` or (host, gpu)); visible on the next tick."""
+        host, g = gpu if isinstance(gpu, tuple) else (gpu.rpartition("/")[0], gpu.rpartition("/")[2])
+        return self._snapshots.report_anomaly(host, g, signal, value)
+
+    def rebalance(self, host: str) -> RebalanceReport:
+        """Self-heal: release every session and sticky placement on `host`, so the next
+        request of each is placed afresh (and a session's move is reported then)."""
+        snap = self._snapshots.current()
+        t = snap.topology
+        hi = t.host_index.get(host)
+        with self._lock:
+            if hi is None:
+                return RebalanceReport(host, (), 0)
+            on_host = lambda g: t.gpus[g].host == hi  # noqa: E731
+            sessions = tuple(sorted(s for s, g in self._sessions.items() if on_host(g)))
+            for s in sessions:
+                del self._sessions[s]
+            keys = [k for k, g in self._sticky.items() if on_host(g)]
+            for k in keys:
+                del self._sticky[k]
+        return RebalanceReport(host, sessions, len(keys))
+
+    def session_gpu(self, session: str) -> str | None:
+        g = self._sessions.get(session)
+        return None if g is None else self._snapshots.current().topology.gpu_key(g)
+
+    # ------------------------------------------------------------------ internals
+
+    def _place(
+        self, snap: Snapshot, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None,
+        ingress: str | None, affinity_key: str | None,
+    ) -> PlacementPlan | NoPlacement:
+        t = snap.topology
+        stale = snap.is_stale(self._clock())
+        th = snap.thresholds.conservative() if stale else snap.thresholds
+        reasons: list[str] = []
+        if stale:
+            reasons.append(f"snapshot {snap.version} is stale ({snap.age(self._clock()) * 1e3:.0f} ms old, limit "
+                           f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
+                           f"{th.budget_fraction:.0%} of the budget, rank by predicted + {th.stability_weight:g}σ)")
+        refuse = lambda c, msg, rej=(): NoPlacement(c, msg, stale, snap.version, tuple(reasons), tuple(rej))  # noqa: E731
+        if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+            return refuse(Constraint.INPUT, f"latency budget must be a positive number of seconds, got {budget!r}")
+        if not candidates:
+            return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
+
+        rejected: list[Rejection] = []
+        rows: list[int] = []
+        inst_of: list[Instance] = []
+        for inst in candidates:
+            i = t.gpu_index.get((inst.deployment.host, inst.deployment.gpu))
+            if i is None:
+                rejected.append(Rejection(inst.id, Constraint.UNKNOWN_GPU,
+                                          f"`{inst.deployment.host}/{inst.deployment.gpu}` is not in the topology"))
+            else:
+                rows.append(i)
+                inst_of.append(inst)
+        if not rows:
+            return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", rejected[:MAX_REJECTIONS])
+
+        if ingress is not None:
+            node = t.fabric_index.get(ingress)
+            if node is None or node not in snap.fabric_rows:
+                known = ", ".join(t.fabric_nodes[n] for n in t.ingress.values())
+                return refuse(Constraint.INPUT, f"unknown ingress `{ingress}` (known: {known})")
+            ingress_rows = np.full(len(rows), snap.fabric_rows[node], dtype=np.int64)
+        else:
+            fallback = next(iter(t.ingress.values()))
+            ingress_rows = np.array([snap.fabric_rows[t.ingress.get(t.hosts[t.gpus[i].host].region, fallback)] for i in rows],
+                                    dtype=np.int64)
+
+        gpus = np.array(rows, dtype=np.int64)
+        bounds = share_bounds(contract, {t.gpus[i].model for i in rows}, self._catalog, budget)
+        with self._lock:
+            if self._reserved_version != snap.version:
+                self._reserved, self._reserved_version = {}, snap.version
+            reserved = np.array([self._reserved.get(i, 0.0) for i in rows])
+        ev = evaluate(snap, th, gpus, bounds, self._catalog, contract, budget, ingress_rows, reserved)
+
+        feasible = np.nonzero(ev.fail < 0)[0]
+        for r in np.nonzero(ev.fail >= 0)[0].tolist():
+            rejected.append(Rejection(t.gpu_key(int(gpus[r])), ev.failed(r), self._detail(snap, th, ev, r, bounds, budget)))
+        if len(feasible) == 0:
+            return self._refusal(snap, stale, reasons, rejected, ev, budget)
+
+        best = int(feasible[np.argmin(ev.rank[feasible])])
+        choice, move = best, None
+        key = affinity_key or f"{contract.name}@{ingress or '*'}"
+        with self._lock:
+            if session is not None:
+                choice, move, why = self._session_choice(t, session, ev, feasible, best, contract)
+                reasons.append(why)
+            else:
+                prev = self._sticky.get(key)
+                hit = np.nonzero(ev.gpus[feasible] == prev)[0] if prev is not None else ()
+                if len(hit):
+                    r = int(feasible[hit[0]])
+                    if r != best and ev.rank[r] <= ev.rank[best] * (1 + self._hyst) + self._hyst_abs:
+                        choice = r
+                        reasons.append(f"kept {t.gpu_key(prev)} (hysteresis: within {self._hyst:.0%} + "
+                                       f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(int(gpus[best]))})")
+                self._sticky[key] = int(gpus[choice])
+            g = int(gpus[choice])
+            share = float(ev.min_share[choice])
+            self._reserved[g] = self._reserved.get(g, 0.0) + share
+        return self._plan(snap, stale, inst_of[choice], ev, choice, feasible, bounds, share, move, reasons, rejected)
+
+    def _session_choice(
+        self, t, session: str, ev: Evaluation, feasible: np.ndarray, best: int, contract: Contract,
+    ) -> tuple[int, SessionMove | None, str]:
+        prev = self._sessions.get(session)
+        feas_gpus = ev.gpus[feasible]
+        if prev is not None:
+            hit = np.nonzero(feas_gpus == prev)[0]
+            if len(hit):
+                return int(feasible[hit[0]]), None, f"session `{session}` stays on {t.gpu_key(prev)} (affinity to its state store)"
+            rows = np.nonzero(ev.gpus == prev)[0]
+            why = (f"{t.gpu_key(prev)} is no longer feasible ({ev.failed(int(rows[0])).value})" if len(rows)
+                   else f"{t.gpu_key(prev)} is no longer a candidate")
+            # prefer the state store's NUMA node, then its host, then the best anywhere
+            numa, host = t.gpus[prev].numa, t.gpus[prev].host
+            for level, same in (("NUMA node", t.gpu_numa[feas_gpus] == numa), ("host", t.gpu_host[feas_gpus] == host)):
+                if same.any():
+                    opts = feasible[same]
+                    choice = int(opts[np.argmin(ev.rank[opts])])
+                    break
+            else:
+                level, choice = "cluster", best
+            to = int(ev.gpus[choice])
+            self._sessions[session] = to
+            move = SessionMove(session, t.gpu_key(prev), t.gpu_key(to), f"{why}; moved within the same {level}")
+            return choice, move, f"session `{session}` moved: {move.reason}"
+        choice = best
+        state = contract.session.state if contract.session is not None else None
+        if state is not None and state != "remote":
+            stores = np.array([t.numa[t.gpus[int(g)].numa].store.value for g in feas_gpus])
+            near = feasible[stores == state]
+            if len(near):
+                choice = int(near[np.argmin(ev.rank[near])])
+        self._sessions[session] = int(ev.gpus[choice])
+        return choice, None, f"session `{session}` starts on {t.gpu_key(int(ev.gpus[choice]))}" + (
+            f" (next to its {state} state store)" if state and state != "remote" else "")
+
+    def _plan(
+        self, snap: Snapshot, stale: bool, inst: Instance, ev: Evaluation, r: int, feasible: np.ndarray, bounds, share: float,
+        move: SessionMove | None, reasons: list[str], rejected: list[Rejection],
+    ) -> PlacementPlan:
+        t, f = snap.topology, snap.frame
+        g = int(ev.gpus[r])
+        gi = t.gpus[g]
+        numa = t.numa[gi.numa]
+        port = int(ev.port[r])
+        lat = LatencyBreakdown(float(ev.network[r]), float(ev.queueing[r]), float(ev.compute[r]),
+                               float(ev.dependencies[r]), float(ev.sigma[r]))
+        wm = float(f.port_watermark[port]) if port >= 0 else 0.0
+        depth = 16
+        if port >= 0:
+            rtt = 2.0 * (float(snap.port_delay[port]) + 50e-6)
+            inflight = t.ports[port].bandwidth * (1.0 - float(f.port_util[port])) * rtt / MSG_BYTES * (1.0 - wm)
+            depth = int(min(1024, max(16, 2 ** math.ceil(math.log2(max(inflight, 1.0))))))
+        probes = ["gpu_sm_util", "e2e_latency"]
+        th = snap.thresholds
+        if port >= 0 and wm > 0.5 * th.max_port_watermark:
+            probes.append(f"rdma_watermark:{t.port_key(port)}")
+        if float(f.gpu_pcie_util[g]) > 0.5 * th.max_pcie_util:
+            probes.append("pcie_util")
+        probes += [f"dependency_p99:{b.endpoint}" for b in ev.bindings[r]]
+        if stale:
+            probes.append("telemetry_staleness")
+        b = bounds[gi.model]
+        others = feasible[feasible != r]
+        runner = int(others[np.argmin(ev.rank[others])]) if len(others) else None
+        msg = (f"chose {t.gpu_key(g)} ({gi.model}): predicted {lat.describe()}, rank {ev.rank[r] * 1e3:.1f} ms "
+               f"(predicted + {snap.thresholds.conservative().stability_weight if stale else th.stability_weight:g}σ)")
+        if runner is not None:
+            msg += (f"; runner-up {t.gpu_key(int(ev.gpus[runner]))} predicted {ev.total[runner] * 1e3:.1f} ms "
+                    f"± {ev.sigma[runner] * 1e3:.1f} ms, rank {ev.rank[runner] * 1e3:.1f} ms")
+        reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
+                   + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *reasons]
+        for d in ev.bindings[r]:
+            reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
+                           f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
+        counts = Counter(x.constraint.value for x in rejected)
+        if counts:
+            reasons.append("rejected: " + ", ".join(f"{n} by {c}" for c, n in counts.most_common()))
+        return PlacementPlan(
+            instance_id=inst.id, host=t.hosts[gi.host].name, gpu=gi.gpu_id, gpu_model=gi.model, numa_node=numa.node,
+            cpus=numa.cpus, rdma_port=t.port_key(port) if port >= 0 else None, queue_depth=depth, probes=tuple(probes),
+            latency=lat, share=share, share_source=b.source, dependencies=ev.bindings[r], session_move=move,
+            stale=stale, snapshot_version=snap.version, reasons=tuple(reasons), rejected=tuple(rejected[:MAX_REJECTIONS]),
+        )
+
+    def _detail(self, snap: Snapshot, th, ev: Evaluation, r: int, bounds, budget: float) -> str:
+        t, f = snap.topology, snap.frame
+        g = int(ev.gpus[r])
+        c = ev.failed(r)
+        raw = ev.raw_total[r]
+        would = f" (would predict {raw * 1e3:.1f} ms)" if math.isfinite(raw) else ""
+        if c is Constraint.GPU_CLASS:
+            return bounds[t.gpus[g].model].detail
+        if c is Constraint.HEALTH:
+            why = "SM throughput collapsed" if snap.gpu_collapsed[g] else "reported health"
+            return f"health {snap.gpu_health[g]:.2f} < {th.min_health:.2f} ({why}, SM utilisation {f.gpu_sm_util[g]:.0%})"
+        if c is Constraint.GPU_SHARE:
+            return f"free share {snap.gpu_free[g]:.3f} < required {ev.min_share[r]:.3f}"
+        if c is Constraint.PCIE:
+            return f"PCIe utilisation {f.gpu_pcie_util[g]:.0%} > {th.max_pcie_util:.0%}"
+        if c is Constraint.SESSION_STORE:
+            return f"NUMA node has a `{t.numa[t.gpus[g].numa].store.value}` session store, the contract needs it colocated"
+        if c is Constraint.PORT:
+            local, remote = t.gpu_ports
+            parts = []
+            for p in (int(local[g]), int(remote[g])):
+                if p >= 0:
+                    state = ("down" if not f.port_up[p] else
+                             f"watermark {f.port_watermark[p]:.0%} > {th.max_port_watermark:.0%}" if f.port_watermark[p] > th.max_port_watermark
+                             else f"utilisation {f.port_util[p]:.0%} > {th.max_port_util:.0%}")
+                    parts.append(f"{t.port_key(p)} {state}")
+            return "RDMA port " + "; ".join(parts) + would
+        if c is Constraint.NETWORK:
+            return "no path from the ingress without crossing a congested or failed hop" + would
+        if c is Constraint.DEPENDENCY:
+            return ev.dep_detail[r]
+        if c is Constraint.LATENCY_BUDGET:
+            return f"predicted {ev.total[r] * 1e3:.1f} ms > budget {budget * th.budget_fraction * 1e3:.1f} ms"
+        return c.value if c else ""
+
+    def _refusal(self, snap: Snapshot, stale: bool, reasons: list[str], rejected: list[Rejection], ev: Evaluation,
+                 budget: float) -> NoPlacement:
+        counts = Counter(x.constraint for x in rejected)
+        binding, n = counts.most_common(1)[0]
+        example = next(x for x in rejected if x.constraint is binding)
+        msg = f"no feasible GPU among {len(rejected)} candidate(s): {binding.value} ruled out {n} ({example.gpu}: {example.detail})"
+        if binding is Constraint.LATENCY_BUDGET:
+            i = int(np.argmin(ev.total))
+            msg = (f"no feasible GPU: latency budget {budget * 1e3:g} ms binds; the best candidate "
+                   f"{snap.topology.gpu_key(int(ev.gpus[i]))} predicts {ev.total[i] * 1e3:.1f} ms")
+        return NoPlacement(binding, msg, stale, snap.version, tuple(reasons), tuple(rejected[:MAX_REJECTIONS]))

@@ -1,0 +1,123 @@
+"""What a placement returns: a plan with its predicted latency and reasons, or a refusal
+that names the binding constraint. Frozen data, safe to log, audit and send on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Constraint(str, Enum):
+    """Why a candidate GPU was not chosen (and, for a refusal, what bound)."""
+
+    INPUT = "input"  # the request itself is unusable (budget, ingress)
+    NO_CANDIDATES = "no_candidates"
+    UNKNOWN_GPU = "unknown_gpu"  # the instance's GPU is not in the topology
+    GPU_CLASS = "gpu_class"  # the solver (or the catalog) rules the class out
+    HEALTH = "health"  # failed, anomalous, or SM throughput collapsed
+    GPU_SHARE = "gpu_share"  # not enough free share for the solver's lower bound
+    PCIE = "pcie"
+    PORT = "port"  # RDMA port down or over its watermark / utilisation threshold
+    NETWORK = "network"  # no path from the ingress without crossing a congested hop
+    DEPENDENCY = "dependency"  # a declared service not reachable within its p99 bound
+    SESSION_STORE = "session_store"
+    LATENCY_BUDGET = "latency_budget"
+    INTERNAL = "internal"
+
+
+class ShareSource(str, Enum):
+    SOLVER = "solver"
+    CATALOG = "catalog"  # computed here: the bundle had no solver entry for the class
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyBreakdown:
+    """Predicted end-to-end seconds. `network` is the round trip from the ingress,
+    including switch and port buffers; `queueing` the wait at the GPU; `dependencies` the
+    declared services' calls; `sigma` the predicted spread (one standard deviation)."""
+
+    network: float
+    queueing: float
+    compute: float
+    dependencies: float
+    sigma: float
+
+    @property
+    def total(self) -> float:
+        return self.network + self.queueing + self.compute + self.dependencies
+
+    def describe(self) -> str:
+        ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+        return (f"{ms(self.total)} ± {ms(self.sigma)} (network {ms(self.network)}, queueing {ms(self.queueing)}, "
+                f"compute {ms(self.compute)}, dependencies {ms(self.dependencies)})")
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyBinding:
+    service: str  # the contract's dependency name
+    kind: str
+    endpoint: str  # the endpoint the plan binds it to
+    role: str  # direct | shared | dedicated
+    predicted: float  # seconds: round trip + endpoint p99
+    bound: float  # the contract's p99 bound
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMove:
+    session: str
+    from_gpu: str
+    to_gpu: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    gpu: str  # host/gpuN (or the instance id when the GPU is unknown)
+    constraint: Constraint
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPlan:
+    instance_id: str
+    host: str
+    gpu: str
+    gpu_model: str
+    numa_node: int
+    cpus: tuple[int, ...]
+    rdma_port: str | None
+    queue_depth: int
+    probes: tuple[str, ...]
+    latency: LatencyBreakdown
+    share: float  # the GPU share reserved for the request
+    share_source: ShareSource
+    dependencies: tuple[DependencyBinding, ...]
+    session_move: SessionMove | None
+    stale: bool
+    snapshot_version: int
+    reasons: tuple[str, ...]
+    rejected: tuple[Rejection, ...] = ()
+    feasible: bool = True
+
+    @property
+    def gpu_key(self) -> str:
+        return f"{self.host}/{self.gpu}"
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlacement:
+    binding: Constraint
+    message: str
+    stale: bool
+    snapshot_version: int
+    reasons: tuple[str, ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    feasible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceReport:
+    host: str
+    sessions_released: tuple[str, ...]
+    placements_released: int
