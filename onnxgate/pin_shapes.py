@@ -22,6 +22,7 @@ import onnx.inliner
 from onnx import shape_inference
 
 from .errors import CountError
+from .fold_shapes import fold_pass, known_constants, with_constants
 
 Shape = tuple[int, ...]
 
@@ -99,25 +100,62 @@ def _uses_contrib_ops(model: onnx.ModelProto) -> bool:
     return any(n.domain == "com.microsoft" for n in model.graph.node)
 
 
+def _without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Initializers whose data is external become shaped graph inputs: onnxruntime's
+    symbolic inference then needs their shapes only, never their bytes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = []
+    for init in out.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            out.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            keep.append(init)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(keep)
+    return out
+
+
 def _symbolic_infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        return SymbolicShapeInference.infer_shapes(_without_weight_data(model), auto_merge=True, guess_output_rank=False)
     except Exception:  # noqa: BLE001 - a failed fallback leaves shapes unresolved, which fails closed later
         return None
 
 
-def infer_shapes(pinned: onnx.ModelProto) -> ShapeMap:
-    """Concrete shapes of every tensor the inference can resolve in a pinned model."""
+def _onnx_infer(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        inferred = shape_inference.infer_shapes(pinned, strict_mode=True, data_prop=True)
+        return shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CountError([f"shape inference failed with the pinned inputs: {first}"]) from None
-    shapes = _collect(inferred)
+
+
+MAX_FOLD_ROUNDS = 8
+
+
+def infer_shapes(pinned: onnx.ModelProto) -> ShapeMap:
+    """Concrete shapes of every tensor the inference can resolve in a pinned model.
+
+    Rounds of ONNX inference and folding of shape arithmetic (`fold_shapes`) alternate
+    until no new value is found; folded values keep their shapes in the map.
+    """
+    known = known_constants(pinned)
+    work = pinned
+    shapes = _collect(_onnx_infer(work))
+    for _ in range(MAX_FOLD_ROUNDS):
+        if not fold_pass(work, shapes.get, known):
+            break
+        work = with_constants(pinned, known)
+        shapes = _collect(_onnx_infer(work))
+    for name, value in known.items():
+        shapes.setdefault(name, tuple(value.shape))
+        if shapes[name] is None:
+            shapes[name] = tuple(value.shape)
     if _uses_contrib_ops(pinned):
-        sym = _symbolic_infer(inferred)
+        sym = _symbolic_infer(work)
         if sym is not None:
             for name, s in _collect(sym).items():
                 if s is not None and shapes.get(name) is None:

@@ -1,0 +1,121 @@
+"""Folding shape arithmetic into constants, so shape inference can see through it.
+
+Exporters compute sizes at run time (`Shape → Slice → Concat → Reshape`, position ids via
+`Shape → Range`). ONNX inference propagates such values only partly, and onnxruntime's
+symbolic inference reads every initializer's data, which defeats counting without weights.
+With the inputs pinned, these values are constants: we evaluate small integer-valued nodes
+with the ONNX reference implementation, turn them into initializers, and infer again until
+nothing changes. Only nodes whose inputs are known small tensors are evaluated; weights
+are never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+FOLDABLE: frozenset[str] = frozenset(
+    {
+        "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add", "Sub",
+        "Mul", "Div", "Mod", "Neg", "Equal", "Less", "Greater", "Not", "Where", "Range", "Identity",
+        "Reshape", "Min", "Max", "ReduceProd", "ReduceSum", "Abs", "Sqrt", "Floor", "Ceil",
+        "ConstantOfShape", "Expand", "Tile", "Constant",
+    }
+)
+MAX_ELEMENTS = 1 << 16  # shape values are small; anything larger is data, not a size
+
+
+def known_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Small initializers stored inline (never external data)."""
+    out: dict[str, np.ndarray] = {}
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or int(np.prod(init.dims)) > MAX_ELEMENTS:
+            continue
+        out[init.name] = numpy_helper.to_array(init)
+    return out
+
+
+def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [n for n in node.input]
+    graph_inputs = [
+        numpy_helper.from_array(a, n) for n, a in zip(names, inputs) if n and a is not None
+    ]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o]
+    graph = helper.make_graph([node], "fold", [], outs, graph_inputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        result = ReferenceEvaluator(model).run(None, {})
+    except Exception:  # noqa: BLE001 - an op we cannot fold stays in the graph
+        return None
+    arrays = [np.asarray(r) for r in result]
+    if any(a.size > MAX_ELEMENTS for a in arrays):
+        return None
+    return arrays
+
+
+def fold_pass(
+    model: onnx.ModelProto, shape_of: Callable[[str], tuple[int, ...] | None], known: dict[str, np.ndarray]
+) -> bool:
+    """Evaluate every foldable node whose inputs are known; record outputs in `known`."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    changed = False
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in FOLDABLE:
+            continue
+        if all(o in known for o in node.output if o):
+            continue
+        if node.op_type == "Shape":
+            s = shape_of(node.input[0])
+            if s is None:
+                continue
+            attrs = {a.name: a.i for a in node.attribute}
+            start, end = attrs.get("start", 0), attrs.get("end", len(s))
+            known[node.output[0]] = np.array(s[start:end] if end is not None else s[start:], dtype=np.int64)
+            changed = True
+            continue
+        if node.op_type == "Size":
+            s = shape_of(node.input[0])
+            if s is not None:
+                known[node.output[0]] = np.array(int(np.prod(s)), dtype=np.int64)
+                changed = True
+            continue
+        if not all((not n) or n in known for n in node.input):
+            continue
+        result = _evaluate(node, [known.get(n) if n else None for n in node.input], opset)
+        if result is None:
+            continue
+        for name, value in zip([o for o in node.output if o], result):
+            known[name] = value
+        changed = True
+    return changed
+
+
+def with_constants(model: onnx.ModelProto, known: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy where nodes whose outputs are all known become initializers."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    existing = {i.name for i in out.graph.initializer}
+    keep: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        outs = [o for o in node.output if o]
+        if outs and all(o in known for o in outs) and node.op_type in FOLDABLE:
+            for o in outs:
+                if o not in existing:
+                    out.graph.initializer.append(numpy_helper.from_array(known[o], o))
+                    existing.add(o)
+            continue
+        keep.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    graph_outputs = {o.name for o in out.graph.output}
+    # a folded graph output must still be produced by something: keep it as Identity of itself
+    for name in graph_outputs & {n for n in known}:
+        if not any(name in n.output for n in keep):
+            out.graph.initializer[:] = [i for i in out.graph.initializer if i.name != name]
+            out.graph.node.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(known[name], name)))
+    return out
