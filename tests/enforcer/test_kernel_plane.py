@@ -165,3 +165,22 @@ def test_tc_drop_of_traffic_to_quarantined_backend_is_audited(
     assert _wait_for(lambda: any(r.kind is ActionKind.KERNEL_DROP for r in kernel_audit.records[before:]))
     for s in (cli, conn, srv):
         s.close()
+
+
+def test_new_bundle_updates_rule_maps_without_reloading(kernel_plane: KernelPlane, kernel_audit: MemoryAudit) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import make_bundle
+
+    from policyc.enforcer.rule_table import build_rule_table
+
+    prog_fd = kernel_plane._fn_egress.fd  # the attached program must stay the same object
+    kernel_plane.apply_rules(build_rule_table(make_bundle(slo=0.2)).kernel_rules())
+    assert kernel_plane.rule_budgets() == {1: 185_000_000}
+    before = len(kernel_audit.records)
+    kernel_plane.apply_rules(build_rule_table(make_bundle(slo=0.4)).kernel_rules())
+    assert kernel_plane.rule_budgets() == {1: 370_000_000}
+    assert kernel_plane._fn_egress.fd == prog_fd
+    kernel_plane.drain()
+    assert _wait_for(lambda: any(r.kind is ActionKind.MAP_CHANGE and "rule_set" in r.target for r in kernel_audit.records[before:]))
