@@ -170,7 +170,14 @@ class AuditLog:
         head = self._conn.execute("SELECT max(seq) FROM entries").fetchone()[0]
         if head is None:
             return 0, genesis(self._log_id)
-        cp = self._conn.execute("SELECT seq FROM checkpoints WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (head,)).fetchone()
+        cp = self._conn.execute("SELECT seq, hash FROM checkpoints WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (head,)).fetchone()
+        if cp is not None:
+            stored = self._conn.execute("SELECT hash FROM entries WHERE seq = ?", (cp[0],)).fetchone()
+            if stored is None or stored[0] != cp[1]:
+                raise AuditLogCorrupt(
+                    f"{self.path}: entry {cp[0]} no longer has the hash its last checkpoint sealed; refusing to append. "
+                    f"Run `policyc audit verify {self.path}`"
+                )
         start = max(cp[0] if cp else 0, head - 2 * self._every)
         if start == 0:
             prev = genesis(self._log_id)
