@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -108,6 +109,7 @@ class Guardian:
         self._min_retry = min_retry_concurrency
         self._retry: dict[str, RetryBudget] = {}
         self._pending_slots: dict[str, str] = {}
+        self._slow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="policyc-guardian")
         self.break_timings: list[BreakTiming] = []
         if not plane.kernel_enforcement:
             self._record(ActionKind.CLASSIFY, "enforcer", "", Outcome.OBSERVED, "kernel enforcement is OFF: user-space plane in use")
@@ -279,9 +281,17 @@ class Guardian:
         deadline_ns = time.monotonic_ns() + int(decision.duration * 1e9)
         self._plane.quarantine(backend, backup, self.table.ids.get(rule.name, 0), deadline_ns)
         self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.DONE, f"to {backup} for {decision.duration:g} s")
-        killed = self._plane.end_connections(backend)
-        self._record(ActionKind.END_CONNECTIONS, str(backend), rule.name, Outcome.DONE, f"{killed} connection(s) ended; clients reconnect")
+        # Ending sockets spawns `ss -K`: off the budget thread, so other breaks are not delayed.
+        self._slow.submit(self._end_connections, backend, rule.name)
         return True
+
+    def _end_connections(self, backend: Endpoint, rule: str) -> None:
+        try:
+            killed = self._plane.end_connections(backend)
+        except Exception as exc:  # recorded, never raised into the worker
+            self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.FAILED, str(exc))
+            return
+        self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.DONE, f"{killed} connection(s) ended; clients reconnect")
 
     def tick(self) -> list[Endpoint]:
         """Release quarantines that have expired (the kernel already ignores them)."""
@@ -356,3 +366,4 @@ class Guardian:
 
     def close(self) -> None:
         self._watch.close()
+        self._slow.shutdown(wait=True)
