@@ -27,7 +27,7 @@ def _contracts_from_source(path: Path) -> tuple[Contract, ...]:
         from policyc.compiler.pipeline import compile_paths
     except ImportError as e:  # the compiler is part of the same distribution; guard anyway
         raise _Failure(f"cannot compile `{path}`: the compiler is unavailable ({e})") from None
-    result = compile_paths([path])
+    result = compile_paths([path], analyse=False)  # the contract as written; solver bounds are not needed here
     errors = [d for d in result.diagnostics if getattr(d, "is_error", True)]
     if errors or result.bundle is None:
         try:

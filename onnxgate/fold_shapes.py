@@ -5,8 +5,8 @@ Exporters compute sizes at run time (`Shape → Slice → Concat → Reshape`, p
 symbolic inference reads every initializer's data, which defeats counting without weights.
 With the inputs pinned, these values are constants: we evaluate small integer-valued nodes
 with the ONNX reference implementation, turn them into initializers, and infer again until
-nothing changes. Only nodes whose inputs are known small tensors are evaluated; weights
-are never read.
+nothing changes. Only nodes whose inputs are known small tensors are evaluated, and only
+integer results are kept (sizes, not data); weights are never read.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int)
     except Exception:  # noqa: BLE001 - an op we cannot fold stays in the graph
         return None
     arrays = [np.asarray(r) for r in result]
-    if any(a.size > MAX_ELEMENTS for a in arrays):
+    # sizes are integers: a float result (a weight made by ConstantOfShape, a mask) is data
+    if any(a.size > MAX_ELEMENTS or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_) for a in arrays):
         return None
     return arrays
 
@@ -106,7 +107,10 @@ def with_constants(model: onnx.ModelProto, known: dict[str, np.ndarray]) -> onnx
         if outs and all(o in known for o in outs) and node.op_type in FOLDABLE:
             for o in outs:
                 if o not in existing:
-                    out.graph.initializer.append(numpy_helper.from_array(known[o], o))
+                    tensor = numpy_helper.from_array(known[o], o)
+                    out.graph.initializer.append(tensor)
+                    if out.ir_version < 4:  # before IR 4 every initializer is also a graph input
+                        out.graph.input.append(helper.make_tensor_value_info(o, tensor.data_type, list(tensor.dims)))
                     existing.add(o)
             continue
         keep.append(node)
