@@ -1,18 +1,34 @@
 """The compiler's analysis stage: everything the solver adds to a bundle.
 
-Called by `compiler/pipeline.py` after the index plan is built; returns the bundle with
-per-contract GPU-share bounds filled in, and the diagnostics the analyses produced.
+Called by `compiler/pipeline.py` after the index plan is built. Runs, in order: contract
+feasibility (E501, cores mapped to spans), SLO-aware GPU-share bounds per contract and GPU
+class (stored in the bundle for the placer), and request-rule analyses (E502 unsatisfiable,
+W501 shadowed, W503 never rejects). Warnings are also kept in `Bundle.warnings` so that
+runtime tools can show them without the source.
 """
 
 from __future__ import annotations
 
 from policyc.compiler.bundle import Bundle
+from policyc.compiler.bundle import Diagnostic as KeptWarning
+from policyc.compiler.bundle import SourceRef
 from policyc.dsl.diagnostics import Diagnostic
 
+from .contract_check import check_contract
+from .rule_check import check_rules
 from .shares import gpu_shares
 
 
 def analyse(bundle: Bundle) -> tuple[Bundle, list[Diagnostic]]:
     diags: list[Diagnostic] = []
+    for c in bundle.contracts:
+        diags.extend(check_contract(c, bundle.gpu_catalog))
     contracts = tuple(c.model_copy(update={"gpu_shares": gpu_shares(c, bundle.gpu_catalog)}) for c in bundle.contracts)
-    return bundle.model_copy(update={"contracts": contracts}), diags
+    bundle = bundle.model_copy(update={"contracts": contracts})
+    diags.extend(check_rules(bundle))
+    kept = tuple(
+        KeptWarning(code=d.code, severity="warning", message=d.message,
+                    origin=SourceRef(file=d.span.file, line=d.span.line, col=d.span.col))
+        for d in diags if not d.is_error and d.span is not None
+    )
+    return bundle.model_copy(update={"warnings": bundle.warnings + kept}), diags

@@ -1,0 +1,161 @@
+"""Request rules, request domains and instance domains as Z3 formulas over a `Space`.
+
+The encoding mirrors `semantics.py` clause by clause (that module is the reference the
+tests replay witnesses through). `leaf` lets a caller replace each Atom/Test by a tracked
+literal, so an unsat core names the conditions (with their spans) that conflict.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import z3
+
+from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Test
+
+from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
+from .space import Slot, Space, real
+
+Leaf = Callable[[Atom | Test, z3.BoolRef], z3.BoolRef]
+
+
+def _cmp(cmp: str, left: z3.ExprRef, right: z3.ExprRef) -> z3.BoolRef:
+    return {"==": lambda: left == right, "!=": lambda: left != right, "<": lambda: left < right,
+            "<=": lambda: left <= right, ">": lambda: left > right, ">=": lambda: left >= right}[cmp]()
+
+
+def compare(space: Space, slot: Slot, cmp: str, right: z3.ExprRef | tuple[z3.ExprRef, ...]) -> z3.BoolRef:
+    """`slot cmp right`, with absent labels and an infinite SLO handled as in semantics."""
+    if cmp in ("in", "not_in"):
+        inside = z3.Or([slot.value == r for r in right]) if right else z3.BoolVal(False)  # type: ignore[union-attr]
+        body = inside if cmp == "in" else z3.Not(inside)
+    else:
+        body = _cmp(cmp, slot.value, right)  # type: ignore[arg-type]
+    if slot.infinite is not None:  # inf compares greater than every real
+        body = z3.If(slot.infinite, z3.BoolVal(cmp in ("!=", ">", ">=")), body)
+    if slot.present is not None:
+        body = z3.And(slot.present, body) if cmp not in ("!=", "not_in") else z3.Or(z3.Not(slot.present), body)
+    return body
+
+
+class RuleEncoder:
+    def __init__(self, space: Space, dom: Domains) -> None:
+        self.space = space
+        self.dom = dom
+
+    def _req_slot(self, var: str) -> Slot:
+        return self.space.var(var, self.dom.vars[var].type)
+
+    def leaf_formula(self, e: Atom | Test) -> z3.BoolRef:
+        sp = self.space
+        if isinstance(e, Test):
+            slot = self._req_slot(e.var)
+            if e.cmp is None:
+                return slot.present  # type: ignore[return-value]
+            v = e.operand.value  # type: ignore[union-attr]
+            right = tuple(sp.const(slot.kind, x) for x in v) if isinstance(v, tuple) else sp.const(slot.kind, v)
+            return compare(sp, Slot(slot.kind, slot.value), e.cmp, right)
+        slot = sp.attr(e.attr)
+        if e.operand.kind == "var":
+            right = self._req_slot(e.operand.name).value
+        else:
+            v = e.operand.value
+            right = tuple(sp.const(slot.kind, x) for x in v) if isinstance(v, tuple) else sp.const(slot.kind, v)
+        return compare(sp, slot, e.cmp, right)
+
+    def expr(self, e: Expr, leaf: Leaf | None = None) -> z3.BoolRef:
+        if e.op == "and":
+            return z3.And([self.expr(a, leaf) for a in e.args])  # type: ignore[union-attr]
+        if e.op == "or":
+            return z3.Or([self.expr(a, leaf) for a in e.args])  # type: ignore[union-attr]
+        if e.op == "not":
+            return z3.Not(self.expr(e.arg, leaf))  # type: ignore[union-attr]
+        f = self.leaf_formula(e)  # type: ignore[arg-type]
+        return leaf(e, f) if leaf else f  # type: ignore[arg-type]
+
+    def applies(self, rule: RequestRule, leaf: Leaf | None = None) -> z3.BoolRef:
+        parts = [self._req_slot(v).present for v in sorted(reads(rule))]
+        if rule.guard is not None:
+            parts.append(self.expr(rule.guard, leaf))
+        return z3.And(parts) if parts else z3.BoolVal(True)
+
+    def require(self, rule: RequestRule, leaf: Leaf | None = None) -> z3.BoolRef:
+        return self.expr(rule.require, leaf)
+
+    def rule_holds(self, rule: RequestRule) -> z3.BoolRef:
+        return z3.Implies(self.applies(rule), self.require(rule))
+
+    # ------------------------------------------------------------------ domains
+    def request_domain(self) -> z3.BoolRef:
+        sp, dom = self.space, self.dom
+        out: list[z3.BoolRef] = []
+        for name, vd in sorted(dom.vars.items()):
+            if name == "tenant_class":
+                continue
+            slot = sp.var(name, vd.type)
+            if vd.always_present:
+                out.append(slot.present)  # type: ignore[arg-type]
+            cond: list[z3.BoolRef] = []
+            if vd.type in QUANTITY_TYPES:
+                cond.append(slot.value >= 0)
+                if vd.range is not None:
+                    cond += [slot.value >= real(vd.range.lo), slot.value <= real(vd.range.hi)]
+            elif vd.values is not None:
+                cond.append(z3.Or([slot.value == sp.code(v) for v in vd.values]))
+            if cond:
+                out.append(z3.Implies(slot.present, z3.And(cond)))  # type: ignore[arg-type]
+        tenant = sp.var("tenant", dom.vars["tenant"].type)
+        tclass = sp.var("tenant_class", "name")
+        known = [tenant.value == sp.code(t) for t in sorted(dom.tenants)]
+        out.append(tclass.present == z3.And(tenant.present, z3.Or(known) if known else z3.BoolVal(False)))  # type: ignore[arg-type]
+        for t, cls in sorted(dom.tenants.items()):
+            out.append(z3.Implies(z3.And(tenant.present, tenant.value == sp.code(t)), tclass.value == sp.code(cls)))  # type: ignore[arg-type]
+        return z3.And(out)
+
+    def contract_domain(self, c: Contract) -> z3.BoolRef:
+        sp, dom = self.space, self.dom
+        a = sp.attr
+        rf = c.compute.request_flops()
+        out: list[z3.BoolRef] = [
+            a("model").value == sp.code(c.name),
+            a("version").value == sp.code(c.version),
+            a("flops_min").value == real(rf.lo),
+            a("flops_max").value == real(rf.hi),
+            a("bandwidth").value == real(c.memory.bandwidth_min),
+        ]
+        slo = a("slo_latency")
+        out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency)) if c.slo else slo.infinite)  # type: ignore[arg-type]
+        regions = contract_regions(c, dom)
+        if regions is not None:
+            out.append(z3.Or([a("region").value == sp.code(r) for r in regions]))
+        if dom.gpus:
+            gm, ga = a("gpu_model").value, a("gpu_arch").value
+            out.append(z3.Or([z3.And(gm == sp.code(g), ga == sp.code(dom.gpus[g][0])) for g in usable_gpus(c, dom)]
+                             or [z3.BoolVal(False)]))
+        elif c.gpu_arch:
+            out.append(z3.Or([a("gpu_arch").value == sp.code(x) for x in c.gpu_arch]))
+        for s in c.security:
+            out.append(a(s).value)  # type: ignore[arg-type]
+        if c.session is not None and c.session.state != "remote":
+            out.append(a("session_state").value == sp.code(c.session.state))
+        labels = dict(c.labels)
+        for k in dom.label_keys:
+            if k in labels:
+                ls = a("labels." + k)
+                out.append(z3.And(ls.present, ls.value == sp.code(labels[k])))  # type: ignore[arg-type]
+        return z3.And(out)
+
+    def instance_frame(self) -> z3.BoolRef:
+        """What holds of every instance whatever its contract."""
+        sp = self.space
+        numa = sp.attr("numa_node").value
+        state = sp.attr("session_state").value
+        return z3.And(numa >= 0, z3.IsInt(numa), z3.Or([state == sp.code(s) for s in SESSION_STATES]))
+
+    def instance_domain(self, bundle: Bundle) -> z3.BoolRef:
+        cs = [self.contract_domain(c) for c in bundle.contracts]
+        return z3.And(self.instance_frame(), z3.Or(cs) if cs else z3.BoolVal(False))
+
+    def admits(self, bundle: Bundle) -> z3.BoolRef:
+        """The whole meaning of a bundle: this request may be served by this instance."""
+        return z3.And(self.request_domain(), self.instance_domain(bundle), *[self.rule_holds(r) for r in bundle.rules])

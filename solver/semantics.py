@@ -1,0 +1,126 @@
+"""The reference evaluator of request semantics, in plain Python.
+
+It defines what "admitted" means, and every Z3 verdict is replayed through it in tests:
+a rule applies when the request has every variable the rule reads and its guard holds; an
+instance may serve the request iff every applicable rule's requirement holds on the
+instance's attributes. A missing label compares unequal to everything (`==`/`in` false,
+`!=`/`not in` true). Requests and instances outside the declared domains are not admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Scalar, Test
+
+from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
+
+Request = Mapping[str, Scalar]
+Attrs = Mapping[str, Scalar]
+_MISSING = object()
+
+
+def compare(cmp: str, left: object, right: object) -> bool:
+    if left is _MISSING:
+        return cmp in ("!=", "not_in")
+    if cmp == "==":
+        return left == right
+    if cmp == "!=":
+        return left != right
+    if cmp == "in":
+        return left in right  # type: ignore[operator]
+    if cmp == "not_in":
+        return left not in right  # type: ignore[operator]
+    return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[cmp]  # type: ignore[operator]
+
+
+def holds(e: Expr, req: Request, attrs: Attrs) -> bool:
+    """The expression's truth on a request that has every variable it reads."""
+    if e.op == "and":
+        return all(holds(a, req, attrs) for a in e.args)  # type: ignore[union-attr]
+    if e.op == "or":
+        return any(holds(a, req, attrs) for a in e.args)  # type: ignore[union-attr]
+    if e.op == "not":
+        return not holds(e.arg, req, attrs)  # type: ignore[union-attr]
+    if isinstance(e, Test):
+        if e.cmp is None:
+            return e.var in req
+        return compare(e.cmp, req[e.var], e.operand.value)  # type: ignore[union-attr]
+    assert isinstance(e, Atom)
+    right = req[e.operand.name] if e.operand.kind == "var" else e.operand.value
+    return compare(e.cmp, attrs.get(e.attr, _MISSING), right)
+
+
+def applies(rule: RequestRule, req: Request) -> bool:
+    return all(v in req for v in reads(rule)) and (rule.guard is None or holds(rule.guard, req, {}))
+
+
+def rules_admit(rules: tuple[RequestRule, ...], req: Request, attrs: Attrs) -> bool:
+    return all(not applies(r, req) or holds(r.require, req, attrs) for r in rules)
+
+
+def request_in_domain(dom: Domains, req: Request) -> bool:
+    for name, vd in dom.vars.items():
+        if name == "tenant_class":
+            continue
+        if name not in req:
+            if vd.always_present:
+                return False
+            continue
+        v = req[name]
+        if vd.type in QUANTITY_TYPES:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                return False
+            if vd.range is not None and not (vd.range.lo <= v <= vd.range.hi):
+                return False
+        elif vd.type == "bool":
+            if not isinstance(v, bool):
+                return False
+        elif not isinstance(v, str) or (vd.values is not None and v not in vd.values):
+            return False
+    tenant = req.get("tenant")
+    if isinstance(tenant, str) and tenant in dom.tenants:
+        return req.get("tenant_class") == dom.tenants[tenant]
+    return "tenant_class" not in req
+
+
+def contract_admits(contract: Contract, dom: Domains, attrs: Attrs) -> bool:
+    """Whether these attributes describe a possible instance of this contract."""
+    rf = contract.compute.request_flops()
+    slo = contract.slo.latency if contract.slo else math.inf
+    fixed = {"model": contract.name, "version": contract.version, "slo_latency": slo,
+             "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": contract.memory.bandwidth_min}
+    if any(attrs.get(k) != v for k, v in fixed.items()):
+        return False
+    regions = contract_regions(contract, dom)
+    if regions is not None and attrs.get("region") not in regions:
+        return False
+    gpu = attrs.get("gpu_model")
+    if dom.gpus:
+        if gpu not in usable_gpus(contract, dom) or attrs.get("gpu_arch") != dom.gpus[gpu][0]:  # type: ignore[index]
+            return False
+    elif contract.gpu_arch and attrs.get("gpu_arch") not in contract.gpu_arch:
+        return False
+    if any(attrs.get(s) is not True for s in contract.security):
+        return False
+    state = attrs.get("session_state")
+    if state not in SESSION_STATES:
+        return False
+    if contract.session is not None and contract.session.state != "remote" and state != contract.session.state:
+        return False
+    numa = attrs.get("numa_node")
+    if not isinstance(numa, (int, float)) or numa < 0 or numa != int(numa):
+        return False
+    labels = dict(contract.labels)
+    return all(attrs.get("labels." + k) == labels[k] for k in dom.label_keys if k in labels)
+
+
+def instance_in_domain(bundle: Bundle, dom: Domains, attrs: Attrs) -> bool:
+    c = bundle.contract(str(attrs.get("model")))
+    return c is not None and contract_admits(c, dom, attrs)
+
+
+def admitted(bundle: Bundle, dom: Domains, req: Request, attrs: Attrs) -> bool:
+    """The meaning of a bundle: may this instance serve this request?"""
+    return request_in_domain(dom, req) and instance_in_domain(bundle, dom, attrs) and rules_admit(bundle.rules, req, attrs)
