@@ -42,7 +42,7 @@ def _plane(audit: MemoryAudit) -> UserSpacePlane:
 
 
 def _reference_bundle():  # type: ignore[no-untyped-def]
-    result = compile_paths(sorted((ROOT / "policies").glob("*.contract")))
+    result = compile_paths(sorted((ROOT / "policies").glob("*.contract")), analyse=False)
     assert not [d for d in result.diagnostics if getattr(d, "severity", "error") == "error"]
     return result.bundle
 
