@@ -59,7 +59,7 @@ def signature_valid(key: Ed25519PublicKey, log_id: str, cp: Checkpoint) -> bool:
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    """An ed25519 private key from a PEM file (PKCS8) or a file holding 32 bytes in hex."""
+    """An ed25519 private key from a PEM file (PKCS8, as `policyc keygen` writes) or 32 bytes in hex."""
     data = _read(path, "signing key")
     try:
         if data.lstrip().startswith(b"-----BEGIN"):
@@ -86,22 +86,6 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise AuditInputError(f"{path}: not an ed25519 public key")
     return key
-
-
-def write_keypair(prefix: str | Path) -> tuple[Path, Path]:
-    """Create `<prefix>.key` (private, PEM, mode 0600) and `<prefix>.pub` (public, PEM)."""
-    key = Ed25519PrivateKey.generate()
-    priv, pub = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
-    for p in (priv, pub):
-        if p.exists():
-            raise AuditInputError(f"{p}: already exists; refusing to overwrite a key")
-    try:
-        priv.touch(mode=0o600)
-        priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-        pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    except OSError as e:
-        raise AuditInputError(f"{e.filename}: cannot write key: {e.strerror}") from None
-    return priv, pub
 
 
 def _read(path: str | Path, what: str) -> bytes:
