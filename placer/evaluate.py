@@ -44,12 +44,32 @@ class Evaluation:
     sigma: np.ndarray
     rank: np.ndarray  # predicted + k * sigma: lower is better
     raw_total: np.ndarray  # prediction ignoring port thresholds (for explaining refusals)
-    bindings: tuple[tuple[DependencyBinding, ...], ...]  # per row
-    dep_detail: tuple[str, ...]  # per row, why a dependency failed ("" otherwise)
+    dep_best: tuple[tuple, ...]  # per declared service: (service, endpoints, best endpoint per row, its latency)
 
     @property
     def total(self) -> np.ndarray:
         return self.network + self.queueing + self.compute + self.dependencies
+
+    def bindings(self, row: int) -> tuple[DependencyBinding, ...]:
+        """The endpoint each declared service binds to for this row (feasible ones only)."""
+        out = []
+        for svc, eps, bi, bl in self.dep_best:
+            if eps and bl[row] <= svc.p99:
+                e = eps[int(bi[row])]
+                out.append(DependencyBinding(svc.name, svc.kind, e.name, e.role.value, float(bl[row]), svc.p99))
+        return tuple(out)
+
+    def dependency_problem(self, row: int) -> str:
+        """Why this row's first failing dependency fails ("" when none does)."""
+        for svc, eps, bi, bl in self.dep_best:
+            role = PROXY_ROLE[svc.proxy].value
+            if not eps:
+                return f"no {role} `{svc.kind}` endpoint in the topology for dependency `{svc.name}`"
+            if bl[row] > svc.p99:
+                e = eps[int(bi[row])]
+                return (f"dependency `{svc.name}` ({svc.kind}, p99 ≤ {svc.p99 * 1e3:g} ms): best {role} endpoint "
+                        f"`{e.name}` answers in {bl[row] * 1e3:.1f} ms")
+        return ""
 
     def failed(self, row: int) -> Constraint | None:
         code = int(self.fail[row])
@@ -125,8 +145,7 @@ def evaluate(
     mark(~np.isfinite(best_net), Constraint.NETWORK)
 
     deps = np.zeros(n)
-    bindings: list[list[DependencyBinding]] = [[] for _ in range(n)]
-    dep_detail = [""] * n
+    dep_best: list[tuple[object, list, np.ndarray, np.ndarray]] = []  # (service, endpoints, best index, latency)
     chosen = np.where(best_port >= 0, best_port, 0)
     leaf = t.port_switch[chosen] if len(t.ports) else np.zeros(n, dtype=np.int64)
     for svc in contract.dependencies.services:
@@ -134,25 +153,16 @@ def evaluate(
         eps = [e for e in t.endpoints if e.kind == svc.kind and e.role is role]
         if not eps:
             mark(np.ones(n, dtype=bool), Constraint.DEPENDENCY)
-            for r in range(n):
-                dep_detail[r] = dep_detail[r] or f"no {role.value} `{svc.kind}` endpoint in the topology for dependency `{svc.name}`"
+            dep_best.append((svc, eps, np.zeros(n, dtype=np.int64), np.full(n, np.inf)))
             continue
-        rows = np.array([snap.fabric_rows[e.node] for e in t.endpoints if e.kind == svc.kind and e.role is role])
+        rows = np.array([snap.fabric_rows[e.node] for e in eps])
         p99 = np.array([f.endpoint_p99[t.endpoint_index[e.name]] for e in eps])
         lat = 2.0 * (snap.fabric_dist[rows][:, leaf] + snap.port_delay[chosen]) + p99[:, None]  # E x n
         bi = np.argmin(lat, axis=0)
         bl = lat[bi, np.arange(n)]
-        bad = bl > svc.p99
-        mark(bad, Constraint.DEPENDENCY)
+        mark(bl > svc.p99, Constraint.DEPENDENCY)
         deps = deps + np.where(np.isfinite(bl), bl, 0.0)
-        for r in range(n):
-            e = eps[int(bi[r])]
-            if bad[r]:
-                dep_detail[r] = dep_detail[r] or (
-                    f"dependency `{svc.name}` ({svc.kind}, p99 ≤ {svc.p99 * 1e3:g} ms): best {role.value} endpoint "
-                    f"`{e.name}` answers in {bl[r] * 1e3:.1f} ms")
-            else:
-                bindings[r].append(DependencyBinding(svc.name, svc.kind, e.name, role.value, float(bl[r]), svc.p99))
+        dep_best.append((svc, eps, bi, bl))
 
     total = best_net + queueing + compute + deps
     sigma = np.sqrt(best_var + snap.gpu_sigma[gpus] ** 2)
@@ -160,6 +170,5 @@ def evaluate(
     return Evaluation(
         gpus=gpus, fail=fail, min_share=min_share, port=best_port, network=best_net, queueing=queueing,
         compute=compute, dependencies=deps, sigma=sigma, rank=total + k * sigma,
-        raw_total=raw_net + queueing + compute + deps, bindings=tuple(tuple(b) for b in bindings),
-        dep_detail=tuple(dep_detail),
+        raw_total=raw_net + queueing + compute + deps, dep_best=tuple(dep_best),
     )

@@ -24,7 +24,7 @@ from policyc.compiler.bundle import Contract, GpuClass
 from policyc.matcher.instance import Instance
 
 from .catalog import DEFAULT_CATALOG
-from .evaluate import Evaluation, evaluate
+from .evaluate import ORDER, Evaluation, evaluate
 from .plan import (
     Constraint, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove, ShareSource,
 )
@@ -32,6 +32,7 @@ from .shares import share_bounds
 from .snapshot import Snapshot
 
 MAX_REJECTIONS = 20
+MAX_REJECTIONS_IN_PLAN = 8  # a plan lists a few; a refusal lists more, binding constraint first
 MSG_BYTES = 4096  # RDMA message size the queue depth is sized for
 
 
@@ -58,6 +59,7 @@ class Placer:
         self._reserved_version = -1
         self._sticky: dict[str, int] = {}
         self._sessions: dict[str, int] = {}
+        self._bounds_cache: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -108,6 +110,19 @@ class Placer:
 
     # ------------------------------------------------------------------ internals
 
+    def _bounds(self, contract: Contract, classes: set[str], budget: float) -> dict:
+        """Share bounds per class, cached per contract object (and budget when the contract
+        has no SLO, since the budget then sets the window)."""
+        key = (id(contract), None if contract.slo is not None else budget)
+        hit = self._bounds_cache.get(key)
+        if hit is None or hit[0] is not contract or not classes <= hit[1].keys():
+            known = dict(hit[1]) if hit is not None and hit[0] is contract else {}
+            known.update(share_bounds(contract, classes - known.keys(), self._catalog, budget))
+            if len(self._bounds_cache) > 256:
+                self._bounds_cache.clear()
+            self._bounds_cache[key] = hit = (contract, known)
+        return hit[1]
+
     def _place(
         self, snap: Snapshot, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None,
         ingress: str | None, affinity_key: str | None,
@@ -152,7 +167,7 @@ class Placer:
                                     dtype=np.int64)
 
         gpus = np.array(rows, dtype=np.int64)
-        bounds = share_bounds(contract, {t.gpus[i].model for i in rows}, self._catalog, budget)
+        bounds = self._bounds(contract, {t.gpus[i].model for i in rows}, budget)
         with self._lock:
             if self._reserved_version != snap.version:
                 self._reserved, self._reserved_version = {}, snap.version
@@ -160,10 +175,21 @@ class Placer:
         ev = evaluate(snap, th, gpus, bounds, self._catalog, contract, budget, ingress_rows, reserved)
 
         feasible = np.nonzero(ev.fail < 0)[0]
-        for r in np.nonzero(ev.fail >= 0)[0].tolist():
+        failed = np.nonzero(ev.fail >= 0)[0]
+        counts = Counter({c: n for c, n in Counter(x.constraint for x in rejected).items()})
+        for code, n in enumerate(np.bincount(ev.fail[failed], minlength=len(ORDER)).tolist()):
+            if n:
+                counts[ORDER[code]] += n
+        if len(feasible) == 0:  # explain each constraint's first victims, the binding one first
+            binding = counts.most_common(1)[0][0]
+            order = sorted(failed.tolist(), key=lambda r: ev.failed(r) is not binding)
+        else:
+            order = failed.tolist()
+        limit = MAX_REJECTIONS if len(feasible) == 0 else MAX_REJECTIONS_IN_PLAN
+        for r in order[: max(0, limit - len(rejected))]:
             rejected.append(Rejection(t.gpu_key(int(gpus[r])), ev.failed(r), self._detail(snap, th, ev, r, bounds, budget)))
         if len(feasible) == 0:
-            return self._refusal(snap, stale, reasons, rejected, ev, budget)
+            return self._refusal(snap, stale, reasons, rejected, counts, ev, budget)
 
         best = int(feasible[np.argmin(ev.rank[feasible])])
         choice, move = best, None
@@ -185,7 +211,7 @@ class Placer:
             g = int(gpus[choice])
             share = float(ev.min_share[choice])
             self._reserved[g] = self._reserved.get(g, 0.0) + share
-        return self._plan(snap, stale, inst_of[choice], ev, choice, feasible, bounds, share, move, reasons, rejected)
+        return self._plan(snap, stale, inst_of[choice], ev, choice, feasible, bounds, share, move, reasons, rejected, counts)
 
     def _session_choice(
         self, t, session: str, ev: Evaluation, feasible: np.ndarray, best: int, contract: Contract,
@@ -225,7 +251,7 @@ class Placer:
 
     def _plan(
         self, snap: Snapshot, stale: bool, inst: Instance, ev: Evaluation, r: int, feasible: np.ndarray, bounds, share: float,
-        move: SessionMove | None, reasons: list[str], rejected: list[Rejection],
+        move: SessionMove | None, reasons: list[str], rejected: list[Rejection], counts: Counter,
     ) -> PlacementPlan:
         t, f = snap.topology, snap.frame
         g = int(ev.gpus[r])
@@ -246,7 +272,7 @@ class Placer:
             probes.append(f"rdma_watermark:{t.port_key(port)}")
         if float(f.gpu_pcie_util[g]) > 0.5 * th.max_pcie_util:
             probes.append("pcie_util")
-        probes += [f"dependency_p99:{b.endpoint}" for b in ev.bindings[r]]
+        probes += [f"dependency_p99:{b.endpoint}" for b in ev.bindings(r)]
         if stale:
             probes.append("telemetry_staleness")
         b = bounds[gi.model]
@@ -259,16 +285,15 @@ class Placer:
                     f"± {ev.sigma[runner] * 1e3:.1f} ms, rank {ev.rank[runner] * 1e3:.1f} ms")
         reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
                    + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *reasons]
-        for d in ev.bindings[r]:
+        for d in ev.bindings(r):
             reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
                            f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
-        counts = Counter(x.constraint.value for x in rejected)
         if counts:
-            reasons.append("rejected: " + ", ".join(f"{n} by {c}" for c, n in counts.most_common()))
+            reasons.append("rejected: " + ", ".join(f"{n} by {c.value}" for c, n in counts.most_common()))
         return PlacementPlan(
             instance_id=inst.id, host=t.hosts[gi.host].name, gpu=gi.gpu_id, gpu_model=gi.model, numa_node=numa.node,
             cpus=numa.cpus, rdma_port=t.port_key(port) if port >= 0 else None, queue_depth=depth, probes=tuple(probes),
-            latency=lat, share=share, share_source=b.source, dependencies=ev.bindings[r], session_move=move,
+            latency=lat, share=share, share_source=b.source, dependencies=ev.bindings(r), session_move=move,
             stale=stale, snapshot_version=snap.version, reasons=tuple(reasons), rejected=tuple(rejected[:MAX_REJECTIONS]),
         )
 
@@ -302,17 +327,17 @@ class Placer:
         if c is Constraint.NETWORK:
             return "no path from the ingress without crossing a congested or failed hop" + would
         if c is Constraint.DEPENDENCY:
-            return ev.dep_detail[r]
+            return ev.dependency_problem(r)
         if c is Constraint.LATENCY_BUDGET:
             return f"predicted {ev.total[r] * 1e3:.1f} ms > budget {budget * th.budget_fraction * 1e3:.1f} ms"
         return c.value if c else ""
 
-    def _refusal(self, snap: Snapshot, stale: bool, reasons: list[str], rejected: list[Rejection], ev: Evaluation,
-                 budget: float) -> NoPlacement:
-        counts = Counter(x.constraint for x in rejected)
+    def _refusal(self, snap: Snapshot, stale: bool, reasons: list[str], rejected: list[Rejection], counts: Counter,
+                 ev: Evaluation, budget: float) -> NoPlacement:
         binding, n = counts.most_common(1)[0]
         example = next(x for x in rejected if x.constraint is binding)
-        msg = f"no feasible GPU among {len(rejected)} candidate(s): {binding.value} ruled out {n} ({example.gpu}: {example.detail})"
+        msg = (f"no feasible GPU among {sum(counts.values())} candidate(s): {binding.value} ruled out {n} "
+               f"({example.gpu}: {example.detail})")
         if binding is Constraint.LATENCY_BUDGET:
             i = int(np.argmin(ev.total))
             msg = (f"no feasible GPU: latency budget {budget * 1e3:g} ms binds; the best candidate "
