@@ -1,1 +1,22 @@
+"""matcher: the live instance registry and indexed contract matching.
 
+Public API (for the decision service, the CLI and tests):
+`Registry(bundle)` with add / add_many / remove / update / set_score / swap_bundle,
+parse_request / match / explain; `Request`, `RequestError`, `MatchResult`, `Explanation`;
+`naive_match` (the reference scan the index must agree with).
+"""
+
+from __future__ import annotations
+
+from .errors import AdmissionError, HeaderProblem, RegistryError, RequestError, UnknownInstanceError
+from .instance import Deployment, Instance, admission_problems, attributes
+from .naive import NaiveAnswer, naive_match
+from .registry import Registry
+from .request import Request
+from .result import AppliedRule, Explanation, MatchResult, PredicateCount, RuleExplanation, Scored
+
+__all__ = [
+    "AdmissionError", "AppliedRule", "Deployment", "Explanation", "HeaderProblem", "Instance", "MatchResult",
+    "NaiveAnswer", "PredicateCount", "Registry", "RegistryError", "Request", "RequestError", "RuleExplanation",
+    "Scored", "UnknownInstanceError", "admission_problems", "attributes", "naive_match",
+]

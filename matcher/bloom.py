@@ -1,0 +1,100 @@
+"""Bit-sliced counting Bloom filters, one per shard of instance slots.
+
+The fleet is cut into shards of `SHARD_SIZE` consecutive slots; slots are handed out so
+that a shard holds instances of one (model, region) group (see `slots.py`), which is what
+lets a filter say "this shard has no `model == fraud-scorer`" and skip it whole. Instead of
+one bit array per shard, the filters are stored *sliced*: for each of the `m` bit positions,
+a bitmap of the shards that have that bit set. Probing one key across every shard is then
+`k` bitmap intersections, not one probe per shard.
+
+Per-shard counters make it a counting Bloom filter: a key leaving a shard clears its bits
+exactly when no other key in that shard still needs them, so removals never leave stale
+bits behind. A Bloom filter never answers "absent" wrongly, so skipping by it never drops
+a match; its false positives only cost the exact check some work.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Hashable, Iterable
+
+from pyroaring import BitMap
+
+SHARD_SIZE = 256
+BloomKey = tuple[str, Hashable]  # (attribute, value)
+
+
+class ShardBloom:
+    def __init__(self, m: int = 512, k: int = 3) -> None:
+        self.m = m
+        self.k = k
+        self.slices: list[BitMap] = [BitMap() for _ in range(m)]
+        self.keys: dict[int, Counter[BloomKey]] = {}  # shard -> key -> instances
+        self.bits: dict[int, Counter[int]] = {}  # shard -> bit position -> distinct keys
+        self._positions: dict[BloomKey, tuple[int, ...]] = {}
+        self.shards = BitMap()  # shards holding at least one instance
+
+    def positions(self, key: BloomKey) -> tuple[int, ...]:
+        p = self._positions.get(key)
+        if p is None:
+            h = hash(key) & 0xFFFFFFFFFFFFFFFF
+            h2 = (hash((key, 0x9E3779B97F4A7C15)) & 0xFFFFFFFF) | 1
+            p = tuple(sorted({(h + i * h2) % self.m for i in range(self.k)}))
+            self._positions[key] = p
+        return p
+
+    def add(self, shard: int, keys: Iterable[BloomKey]) -> None:
+        counts = self.keys.get(shard)
+        if counts is None:
+            counts = self.keys[shard] = Counter()
+            self.bits[shard] = Counter()
+            self.shards.add(shard)
+        bits = self.bits[shard]
+        for key in keys:
+            counts[key] += 1
+            if counts[key] == 1:
+                for p in self.positions(key):
+                    bits[p] += 1
+                    if bits[p] == 1:
+                        self.slices[p].add(shard)
+
+    def remove(self, shard: int, keys: Iterable[BloomKey]) -> None:
+        counts, bits = self.keys[shard], self.bits[shard]
+        for key in keys:
+            counts[key] -= 1
+            if counts[key] == 0:
+                del counts[key]
+                for p in self.positions(key):
+                    bits[p] -= 1
+                    if bits[p] == 0:
+                        del bits[p]
+                        self.slices[p].discard(shard)
+        if not counts:
+            del self.keys[shard], self.bits[shard]
+            self.shards.discard(shard)
+
+    # ------------------------------------------------------------------ queries
+    def maybe(self, key: BloomKey) -> BitMap:
+        """Shards that may hold an instance with this key (a superset of those that do)."""
+        s = self.slices
+        return BitMap.intersection(*[s[p] for p in self.positions(key)])
+
+    def surviving(self, clauses: list[frozenset[BloomKey]]) -> BitMap:
+        """Shards that may hold an instance satisfying every clause (each clause: at least
+        one of its keys)."""
+        out: BitMap | None = None
+        for clause in clauses:
+            keys = list(clause)
+            if not keys:
+                return BitMap()
+            bm = self.maybe(keys[0])
+            for key in keys[1:]:
+                bm = bm | self.maybe(key)
+            out = bm if out is None else out & bm
+            if not out:
+                return out
+        return self.shards if out is None else out & self.shards
+
+    def holds_exactly(self, shard: int, key: BloomKey) -> bool:
+        """The exact answer (from the counters), for measuring the filter's false positives."""
+        return key in self.keys.get(shard, ())

@@ -1,0 +1,253 @@
+"""The fleet index for one bundle: postings per attribute, shard Bloom filters, and the
+request rules compiled to bitmap algebra over them.
+
+Following the bundle's index plan: equality / set / boolean attributes get inverted
+postings (and feed the shard Bloom filters); range attributes also keep their sorted
+distinct values. A request is answered in two steps, Bloom first and index second: the
+keys every admitted instance must carry (a conjunction of any-of clauses drawn from the
+applicable requirements) are probed in the sliced Bloom filters, which may rule out whole
+shards (or everything: an empty answer without touching the postings); then each applicable
+rule's requirement is evaluated as bitmap algebra (`And` ∩, `Or` ∪, `Not` and `!=`
+complement against the live set) and intersected.
+
+Not thread-safe by itself: `Registry` serialises writers and readers around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from pyroaring import BitMap
+
+from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
+
+from .attribute_index import EMPTY, AttributeIndex, union
+from .bloom import SHARD_SIZE, BloomKey, ShardBloom
+from .evaluate import guard_holds, value_reads
+from .result import AppliedRule
+
+Vars = Mapping[str, Scalar]
+BitmapFn = Callable[[Vars], BitMap]
+MASK_LIMIT = 32  # build a shard mask from at most this many shard ranges
+BLOOM_KINDS = ("equality", "set", "boolean")
+ORDERINGS = ("<", "<=", ">", ">=")
+
+
+@dataclass(frozen=True, slots=True)
+class _VarRef:
+    name: str
+
+
+ClauseTemplate = tuple[tuple[str, Any], ...]  # alternatives (attr, const value | _VarRef)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    rule: RequestRule
+    applied: AppliedRule
+    reads: frozenset[str]
+    require: BitmapFn
+    clauses: tuple[ClauseTemplate, ...]
+
+
+@dataclass(slots=True)
+class BloomStats:
+    requests: int = 0  # requests that had keys to probe
+    shards_probed: int = 0
+    shards_skipped: int = 0
+    masked: int = 0  # requests where the skip was applied as a mask
+    emptied: int = 0  # requests answered empty by the filters alone
+
+
+def render(a: Atom) -> str:
+    right = f"request.{a.operand.name}" if a.operand.kind == "var" else a.operand.value  # type: ignore[union-attr]
+    if isinstance(right, bool):
+        right = "yes" if right else "no"
+    elif isinstance(right, tuple):
+        right = "[" + ", ".join(str(v) for v in right) + "]"
+    return f"{a.attr} {a.cmp.replace('_', ' ')} {right}"
+
+
+class FleetIndex:
+    def __init__(self, bundle: Bundle, shard_size: int = SHARD_SIZE) -> None:
+        self.bundle = bundle
+        self.shard_size = shard_size
+        kinds: dict[str, str] = {ia.attr: ia.kind for ia in bundle.index_plan}
+        for rule in bundle.rules:  # the plan covers every atom; be safe if a bundle's does not
+            for a in _atoms(rule.require):
+                kinds.setdefault(a.attr, "range" if a.cmp in ORDERINGS else "equality")
+        self.attr_index = {a: AttributeIndex(a, ordered=(k == "range")) for a, k in sorted(kinds.items())}
+        self.bloom_attrs = tuple(a for a, k in sorted(kinds.items()) if k in BLOOM_KINDS)
+        self.bloom = ShardBloom()
+        self.live = BitMap()
+        self.attrs: dict[int, Mapping[str, Scalar]] = {}
+        self.stats = BloomStats()
+        self.rules = tuple(self._compile_rule(r) for r in bundle.rules)
+
+    # ------------------------------------------------------------------ updates
+    def _bloom_keys(self, attrs: Mapping[str, Scalar]) -> list[BloomKey]:
+        return [(a, attrs[a]) for a in self.bloom_attrs if a in attrs]
+
+    def insert(self, slot: int, attrs: Mapping[str, Scalar]) -> None:
+        for a, idx in self.attr_index.items():
+            v = attrs.get(a)
+            if v is not None:
+                idx.add(slot, v)
+        self.bloom.add(slot // self.shard_size, self._bloom_keys(attrs))
+        self.attrs[slot] = attrs
+        self.live.add(slot)
+
+    def delete(self, slot: int) -> None:
+        attrs = self.attrs.pop(slot)
+        self.live.discard(slot)
+        for a, idx in self.attr_index.items():
+            v = attrs.get(a)
+            if v is not None:
+                idx.remove(slot, v)
+        self.bloom.remove(slot // self.shard_size, self._bloom_keys(attrs))
+
+    def bulk(self, items: list[tuple[int, Mapping[str, Scalar]]]) -> None:
+        """Fill an empty index at once: each postings bitmap is built once from a list."""
+        if self.attrs:
+            raise ValueError("bulk() fills an empty index")
+        for a, idx in self.attr_index.items():
+            idx.bulk((s, v) for s, attrs in items if (v := attrs.get(a)) is not None)
+        by_shard: dict[int, list[BloomKey]] = {}
+        for slot, attrs in items:
+            by_shard.setdefault(slot // self.shard_size, []).extend(self._bloom_keys(attrs))
+        for shard, keys in by_shard.items():
+            self.bloom.add(shard, keys)
+        self.attrs = dict(items)
+        self.live = BitMap(self.attrs)
+
+    # ------------------------------------------------------------------ compiling rules
+    def _compile_rule(self, rule: RequestRule) -> CompiledRule:
+        return CompiledRule(
+            rule=rule, applied=AppliedRule(rule.id, rule.origin),
+            reads=frozenset(value_reads(rule.guard) | value_reads(rule.require)),
+            require=self._compile(rule.require), clauses=tuple(self._necessary(rule.require)),
+        )
+
+    def _compile(self, e: Expr) -> BitmapFn:
+        if e.op == "atom":
+            return self._compile_atom(e)  # type: ignore[arg-type]
+        if e.op == "and":
+            fns = [self._compile(a) for a in e.args]  # type: ignore[union-attr]
+
+            def conj(v: Vars) -> BitMap:
+                out = fns[0](v)
+                for f in fns[1:]:
+                    if not out:
+                        return out
+                    out = out & f(v)
+                return out
+            return conj
+        if e.op == "or":
+            fns = [self._compile(a) for a in e.args]  # type: ignore[union-attr]
+            return lambda v: union([f(v) for f in fns])
+        if e.op == "not":
+            inner = self._compile(e.arg)  # type: ignore[union-attr]
+            return lambda v: self.live - inner(v)
+        raise ValueError(f"a request test inside a requirement: {e}")
+
+    def _compile_atom(self, a: Atom) -> BitmapFn:
+        idx, cmp = self.attr_index[a.attr], a.cmp
+        if cmp == "==":
+            op: Callable[[Any], BitMap] = idx.eq
+        elif cmp == "!=":
+            def op(x: Any) -> BitMap:
+                return self.live - idx.eq(x)
+        elif cmp == "in":
+            op = idx.any_of
+        elif cmp == "not_in":
+            def op(x: Any) -> BitMap:
+                return self.live - idx.any_of(x)
+        else:
+            def op(x: Any) -> BitMap:
+                return idx.order(cmp, x)
+        if a.operand.kind == "var":
+            name = a.operand.name  # type: ignore[union-attr]
+            return lambda v: op(v[name])
+        const = a.operand.value  # type: ignore[union-attr]
+        return lambda v: op(const)
+
+    def _necessary(self, e: Expr) -> list[ClauseTemplate]:
+        """Key clauses every instance satisfying `e` must meet (used only to skip shards,
+        so leaving a condition out is always safe)."""
+        if e.op == "atom":
+            a: Atom = e  # type: ignore[assignment]
+            if a.attr not in self.bloom_attrs:
+                return []
+            if a.cmp == "==":
+                val = _VarRef(a.operand.name) if a.operand.kind == "var" else a.operand.value  # type: ignore[union-attr]
+                return [((a.attr, val),)]
+            if a.cmp == "in" and a.operand.kind == "const":
+                return [tuple((a.attr, v) for v in a.operand.value)]  # type: ignore[union-attr]
+            return []
+        if e.op == "and":
+            return [c for arg in e.args for c in self._necessary(arg)]  # type: ignore[union-attr]
+        if e.op == "or":
+            firsts = []
+            for arg in e.args:  # type: ignore[union-attr]
+                cs = self._necessary(arg)
+                if not cs:
+                    return []
+                firsts.append(cs[0])
+            return [tuple(alt for c in firsts for alt in c)]
+        return []
+
+    # ------------------------------------------------------------------ answering
+    def applicable(self, vars: Vars) -> list[CompiledRule]:
+        return [cr for cr in self.rules
+                if cr.reads.issubset(vars) and (cr.rule.guard is None or guard_holds(cr.rule.guard, vars))]
+
+    def shard_survivors(self, rules: Iterable[CompiledRule], vars: Vars) -> BitMap | None:
+        """Shards the Bloom filters cannot rule out, or None when no rule gives keys."""
+        clauses: list[frozenset[BloomKey]] = []
+        for cr in rules:
+            for tmpl in cr.clauses:
+                clauses.append(frozenset((attr, vars[v.name] if isinstance(v, _VarRef) else v) for attr, v in tmpl))
+        if not clauses:
+            return None
+        return self.bloom.surviving(clauses)
+
+    def evaluate(self, vars: Vars) -> tuple[BitMap, list[CompiledRule]]:
+        """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""
+        rules = self.applicable(vars)
+        if not rules:
+            return self.live, rules
+        survivors = self.shard_survivors(rules, vars)
+        cand = self.live
+        if survivors is not None:
+            st = self.stats
+            total = len(self.bloom.shards)
+            st.requests += 1
+            st.shards_probed += total
+            kept = len(survivors)
+            st.shards_skipped += total - kept
+            if kept == 0:
+                st.emptied += 1
+                return EMPTY, rules
+            if kept < total and kept <= MASK_LIMIT:
+                st.masked += 1
+                mask = BitMap()
+                size = self.shard_size
+                for s in survivors:
+                    mask.add_range(s * size, (s + 1) * size)
+                cand = mask
+        for cr in rules:
+            cand = cand & cr.require(vars)
+            if not cand:
+                return cand, rules
+        return cand, rules
+
+
+def _atoms(e: Expr) -> list[Atom]:
+    if e.op == "atom":
+        return [e]  # type: ignore[list-item]
+    if e.op in ("and", "or"):
+        return [x for a in e.args for x in _atoms(a)]  # type: ignore[union-attr]
+    if e.op == "not":
+        return _atoms(e.arg)  # type: ignore[union-attr]
+    return []
