@@ -20,6 +20,7 @@ from policyc.compiler.bundle import Bundle, Scalar
 
 from .errors import AdmissionError, RegistryError, UnknownInstanceError
 from .explain import explain as _explain
+from .bloom import SHARD_SIZE
 from .index import FleetIndex
 from .instance import Instance, admission_problems, attributes
 from .parse import RequestParser
@@ -43,12 +44,12 @@ def _group(instance: Instance) -> tuple[str, str]:
 
 class Registry:
     def __init__(self, bundle: Bundle, instances: Iterable[Instance] = (),
-                 scores: Mapping[str, float] | None = None) -> None:
+                 scores: Mapping[str, float] | None = None, *, shard_size: int = SHARD_SIZE) -> None:
         self._read = threading.Lock()
         self._write = threading.Lock()
         self._bundle = bundle
         self._parser = RequestParser(bundle)
-        self._index = FleetIndex(bundle)
+        self._index = FleetIndex(bundle, shard_size)
         self._slots = SlotAllocator(self._index.shard_size)
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
