@@ -14,8 +14,12 @@ from typing import Union
 from .source import Span
 
 
+NO_SPAN = Span("<generated>", 0, 0, 0, 0)
+
+
 def _span() -> Span:
-    return field(compare=False, hash=False, repr=False)  # type: ignore[return-value]
+    """Spans never take part in equality; nodes built by code (not parsed) get NO_SPAN."""
+    return field(default=NO_SPAN, compare=False, hash=False, repr=False)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)

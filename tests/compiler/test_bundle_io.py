@@ -1,0 +1,82 @@
+"""Loading refuses tampered, foreign-schema, unsigned and wrongly signed bundles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from policyc.compiler import bundle_io
+from policyc.compiler.bundle_io import BundleError
+from policyc.compiler.pipeline import compile_paths
+
+
+@pytest.fixture(scope="module")
+def bundle(repo_root=None):
+    from conftest import REPO
+
+    result = compile_paths([REPO / "policies"])
+    assert result.ok
+    return result.bundle
+
+
+def test_roundtrip(bundle):
+    again = bundle_io.loads(bundle_io.dumps(bundle))
+    assert again == bundle
+
+
+def test_edited_value_is_refused(bundle):
+    raw = json.loads(bundle_io.dumps(bundle))
+    raw["contracts"][0]["compute"]["flops"]["hi"] *= 0.5
+    with pytest.raises(BundleError, match="does not match its hash"):
+        bundle_io.loads(json.dumps(raw))
+
+
+def test_reformatting_keeps_identity(bundle):
+    raw = json.loads(bundle_io.dumps(bundle))
+    assert bundle_io.loads(json.dumps(raw, indent=4)) == bundle
+
+
+def test_foreign_schema_version(bundle):
+    raw = json.loads(bundle_io.dumps(bundle))
+    raw["schema_version"] = "policyc.bundle/v0"
+    with pytest.raises(BundleError, match="unsupported bundle schema `policyc.bundle/v0`"):
+        bundle_io.loads(json.dumps(raw))
+
+
+def test_schema_violation_names_the_field(bundle):
+    raw = json.loads(bundle_io.dumps(bundle))
+    del raw["contracts"][0]["memory"]
+    with pytest.raises(BundleError, match=r"contracts\.0\.memory"):
+        bundle_io.loads(json.dumps(raw))
+
+
+def test_not_json():
+    with pytest.raises(BundleError, match=r"<bundle>:1:1: not a bundle: invalid JSON"):
+        bundle_io.loads("contract x {")
+
+
+def test_signed_bundle_verifies_and_wrong_key_is_refused(bundle):
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    signed = bundle_io.sign(bundle, key)
+    text = bundle_io.dumps(signed)
+    assert bundle_io.loads(text, public_key=key.public_key()).signature is not None
+    with pytest.raises(BundleError, match="signature does not verify"):
+        bundle_io.loads(text, public_key=other.public_key())
+
+
+def test_unsigned_bundle_refused_when_a_key_is_given(bundle):
+    with pytest.raises(BundleError, match="not signed"):
+        bundle_io.loads(bundle_io.dumps(bundle), public_key=Ed25519PrivateKey.generate().public_key())
+
+
+def test_signature_cannot_be_moved_to_another_bundle(bundle):
+    key = Ed25519PrivateKey.generate()
+    signed = json.loads(bundle_io.dumps(bundle_io.sign(bundle, key)))
+    signed["rules"] = signed["rules"][:-1]
+    forged = bundle_io.seal(bundle_io.Bundle.model_validate({**signed, "signature": None}))
+    raw = json.loads(bundle_io.dumps(forged))
+    raw["signature"] = signed["signature"]
+    with pytest.raises(BundleError, match="signature does not verify"):
+        bundle_io.loads(json.dumps(raw), public_key=key.public_key())
