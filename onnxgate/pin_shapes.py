@@ -45,11 +45,54 @@ def _dim_value(dim_param: str, index: int, tokens: int, batch: int, dims: Mappin
     return tokens
 
 
-def pin_inputs(model: onnx.ModelProto, tokens: int, *, batch: int = 1, dims: Mapping[str, int] | None = None) -> onnx.ModelProto:
-    """A copy of `model` with local functions inlined and every dynamic input dim fixed."""
-    dims = dict(dims or {})
+STUB_ABOVE = 1 << 16  # elements; larger initializers are weights, kept as shapes only
+
+
+def strip_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose large initializers keep name, type and dims but no bytes.
+
+    Counting needs shapes only; copying and re-serialising hundreds of megabytes of
+    weights through every inference round is what made inline-weight models slow.
+    """
     out = onnx.ModelProto()
-    out.CopyFrom(model)
+    for fd, value in model.ListFields():
+        if fd.name == "graph":
+            continue
+        if fd.label == fd.LABEL_REPEATED:
+            getattr(out, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(out, fd.name).CopyFrom(value)
+        else:
+            setattr(out, fd.name, value)
+    g, src = out.graph, model.graph
+    g.name, g.doc_string = src.name, src.doc_string
+    for name in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation", "metadata_props"):
+        getattr(g, name).extend(getattr(src, name))
+    for init in src.initializer:
+        n = 1
+        for d in init.dims:
+            n *= d
+        if n <= STUB_ABOVE or init.data_location == onnx.TensorProto.EXTERNAL:
+            g.initializer.append(init)
+            continue
+        stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims))
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value="policyc.stripped")
+        g.initializer.append(stub)
+    return out
+
+
+def pin_inputs(
+    model: onnx.ModelProto, tokens: int, *, batch: int = 1, dims: Mapping[str, int] | None = None, keep_weights: bool = False
+) -> onnx.ModelProto:
+    """A copy of `model` with local functions inlined and every dynamic input dim fixed;
+    weights are left out unless `keep_weights` (to execute the model)."""
+    dims = dict(dims or {})
+    if keep_weights:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        out = strip_weight_data(model)
     if out.functions:
         out = onnx.inliner.inline_local_functions(out)
     initializers = {i.name for i in out.graph.initializer}

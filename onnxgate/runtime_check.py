@@ -23,7 +23,7 @@ from onnx import helper
 from .count import count_pinned, count_views, node_label
 from .errors import GateError
 from .node_view import NodeView
-from .pin_shapes import infer_shapes, pin_inputs
+from .pin_shapes import infer_shapes, pin_inputs, strip_weight_data
 
 RUN_TOKENS = 100
 
@@ -132,8 +132,8 @@ def _profile(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> tuple[l
 
 def run_check(model_with_weights: onnx.ModelProto, *, tokens: int = RUN_TOKENS, dims: Mapping[str, int] | None = None) -> RuntimeCheck:
     """Execute the model once at `tokens` and compare the profiled recount to the static one."""
-    pinned = _named(pin_inputs(model_with_weights, tokens, dims=dims))
-    static = count_pinned(pinned, infer_shapes(pinned), tokens, 1)
+    pinned = _named(pin_inputs(model_with_weights, tokens, dims=dims, keep_weights=True))
+    static = count_pinned(pinned, infer_shapes(strip_weight_data(pinned)), tokens, 1)
     events, elapsed = _profile(pinned, _dummy_inputs(pinned))
     by_name = {n.name: n for n in pinned.graph.node}
     init_dims = {i.name: tuple(i.dims) for i in pinned.graph.initializer}
