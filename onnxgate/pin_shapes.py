@@ -58,7 +58,7 @@ def strip_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
     for fd, value in model.ListFields():
         if fd.name == "graph":
             continue
-        if fd.label == fd.LABEL_REPEATED:
+        if hasattr(value, "extend"):  # repeated field
             getattr(out, fd.name).extend(value)
         elif fd.message_type is not None:
             getattr(out, fd.name).CopyFrom(value)
