@@ -15,7 +15,7 @@ from policyc.solver.rule_check import RuleAnalysis, RuleUnsat
 from policyc.solver.semantics import admitted, applies, holds, instance_in_domain, request_in_domain, rules_admit
 from policyc.solver.verdict import Verdict
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
