@@ -24,12 +24,15 @@ from policyc.compiler.bundle import Contract, GpuClass
 from policyc.matcher.instance import Instance
 
 from .catalog import DEFAULT_CATALOG
-from .evaluate import ORDER, Evaluation, evaluate
+from .contract_table import ContractTable, contract_table
+from .evaluate import ORDER, Evaluation
+from .lookup import lookup
 from .plan import (
-    Constraint, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove, ShareSource,
+    Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
+    ShareSource,
 )
-from .shares import share_bounds
 from .snapshot import Snapshot
+from .thresholds import Thresholds
 
 MAX_REJECTIONS = 20
 MAX_REJECTIONS_IN_PLAN = 8  # a plan lists a few; a refusal lists more, binding constraint first
@@ -55,11 +58,11 @@ class Placer:
         self._hyst_abs = hysteresis_abs
         self._clock = clock
         self._lock = threading.Lock()
-        self._reserved: dict[int, float] = {}
+        self._reserved = np.zeros(0)  # share reserved per GPU on the current snapshot
         self._reserved_version = -1
         self._sticky: dict[str, int] = {}
         self._sessions: dict[str, int] = {}
-        self._bounds_cache: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, ContractTable] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -110,29 +113,28 @@ class Placer:
 
     # ------------------------------------------------------------------ internals
 
-    def _bounds(self, contract: Contract, classes: set[str], budget: float) -> dict:
-        """Share bounds per class, cached per contract object (and budget when the contract
-        has no SLO, since the budget then sets the window)."""
+    def _contract_table(self, contract: Contract, topology, budget: float) -> ContractTable:
+        """The contract's table for this topology, cached per contract object (and per
+        budget when the contract has no SLO, since the budget then sets the share window)."""
         key = (id(contract), None if contract.slo is not None else budget)
-        hit = self._bounds_cache.get(key)
-        if hit is None or hit[0] is not contract or not classes <= hit[1].keys():
-            known = dict(hit[1]) if hit is not None and hit[0] is contract else {}
-            known.update(share_bounds(contract, classes - known.keys(), self._catalog, budget))
-            if len(self._bounds_cache) > 256:
-                self._bounds_cache.clear()
-            self._bounds_cache[key] = hit = (contract, known)
-        return hit[1]
+        hit = self._tables.get(key)
+        if hit is None or hit.contract is not contract or hit.topology is not topology:
+            if len(self._tables) > 256:
+                self._tables.clear()
+            hit = self._tables[key] = contract_table(contract, topology, self._catalog, budget)
+        return hit
 
     def _place(
         self, snap: Snapshot, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None,
         ingress: str | None, affinity_key: str | None,
     ) -> PlacementPlan | NoPlacement:
         t = snap.topology
-        stale = snap.is_stale(self._clock())
+        now = self._clock()
+        stale = snap.is_stale(now)
         th = snap.thresholds.conservative() if stale else snap.thresholds
         reasons: list[str] = []
         if stale:
-            reasons.append(f"snapshot {snap.version} is stale ({snap.age(self._clock()) * 1e3:.0f} ms old, limit "
+            reasons.append(f"snapshot {snap.version} is stale ({snap.age(now) * 1e3:.0f} ms old, limit "
                            f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
                            f"{th.budget_fraction:.0%} of the budget, rank by predicted + {th.stability_weight:g}σ)")
         refuse = lambda c, msg, rej=(): NoPlacement(c, msg, stale, snap.version, tuple(reasons), tuple(rej))  # noqa: E731
@@ -141,55 +143,41 @@ class Placer:
         if not candidates:
             return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
 
-        rejected: list[Rejection] = []
+        unknown: list[Rejection] = []
         rows: list[int] = []
         inst_of: list[Instance] = []
+        index = t.gpu_index
         for inst in candidates:
-            i = t.gpu_index.get((inst.deployment.host, inst.deployment.gpu))
+            d = inst.deployment
+            i = index.get((d.host, d.gpu))
             if i is None:
-                rejected.append(Rejection(inst.id, Constraint.UNKNOWN_GPU,
-                                          f"`{inst.deployment.host}/{inst.deployment.gpu}` is not in the topology"))
+                unknown.append(Rejection(inst.id, Constraint.UNKNOWN_GPU, f"`{d.host}/{d.gpu}` is not in the topology"))
             else:
                 rows.append(i)
                 inst_of.append(inst)
         if not rows:
-            return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", rejected[:MAX_REJECTIONS])
+            return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", unknown[:MAX_REJECTIONS])
 
+        node: int | None = None
         if ingress is not None:
             node = t.fabric_index.get(ingress)
             if node is None or node not in snap.fabric_rows:
                 known = ", ".join(t.fabric_nodes[n] for n in t.ingress.values())
                 return refuse(Constraint.INPUT, f"unknown ingress `{ingress}` (known: {known})")
-            ingress_rows = np.full(len(rows), snap.fabric_rows[node], dtype=np.int64)
-        else:
-            fallback = next(iter(t.ingress.values()))
-            ingress_rows = np.array([snap.fabric_rows[t.ingress.get(t.hosts[t.gpus[i].host].region, fallback)] for i in rows],
-                                    dtype=np.int64)
+        elif not t.ingress:
+            return refuse(Constraint.INPUT, "the topology has no ingress gateway to enter from")
 
         gpus = np.array(rows, dtype=np.int64)
-        bounds = self._bounds(contract, {t.gpus[i].model for i in rows}, budget)
+        table = self._contract_table(contract, t, budget)
         with self._lock:
-            if self._reserved_version != snap.version:
-                self._reserved, self._reserved_version = {}, snap.version
-            reserved = np.array([self._reserved.get(i, 0.0) for i in rows])
-        ev = evaluate(snap, th, gpus, bounds, self._catalog, contract, budget, ingress_rows, reserved)
+            if self._reserved_version != snap.version or len(self._reserved) != len(t.gpus):
+                self._reserved, self._reserved_version = np.zeros(len(t.gpus)), snap.version
+            reserved = self._reserved[gpus]
+        ev = lookup(snap, th, gpus, node, table, reserved, budget)
 
-        feasible = np.nonzero(ev.fail < 0)[0]
-        failed = np.nonzero(ev.fail >= 0)[0]
-        counts = Counter({c: n for c, n in Counter(x.constraint for x in rejected).items()})
-        for code, n in enumerate(np.bincount(ev.fail[failed], minlength=len(ORDER)).tolist()):
-            if n:
-                counts[ORDER[code]] += n
-        if len(feasible) == 0:  # explain each constraint's first victims, the binding one first
-            binding = counts.most_common(1)[0][0]
-            order = sorted(failed.tolist(), key=lambda r: ev.failed(r) is not binding)
-        else:
-            order = failed.tolist()
-        limit = MAX_REJECTIONS if len(feasible) == 0 else MAX_REJECTIONS_IN_PLAN
-        for r in order[: max(0, limit - len(rejected))]:
-            rejected.append(Rejection(t.gpu_key(int(gpus[r])), ev.failed(r), self._detail(snap, th, ev, r, bounds, budget)))
+        feasible = np.flatnonzero(ev.fail < 0)
         if len(feasible) == 0:
-            return self._refusal(snap, stale, reasons, rejected, counts, ev, budget)
+            return self._refusal(snap, th, stale, reasons, unknown, ev, table.bounds, budget)
 
         best = int(feasible[np.argmin(ev.rank[feasible])])
         choice, move = best, None
@@ -200,18 +188,42 @@ class Placer:
                 reasons.append(why)
             else:
                 prev = self._sticky.get(key)
-                hit = np.nonzero(ev.gpus[feasible] == prev)[0] if prev is not None else ()
-                if len(hit):
-                    r = int(feasible[hit[0]])
-                    if r != best and ev.rank[r] <= ev.rank[best] * (1 + self._hyst) + self._hyst_abs:
-                        choice = r
-                        reasons.append(f"kept {t.gpu_key(prev)} (hysteresis: within {self._hyst:.0%} + "
-                                       f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(int(gpus[best]))})")
+                if prev is not None:
+                    hit = np.flatnonzero(ev.gpus[feasible] == prev)
+                    if len(hit):
+                        r = int(feasible[hit[0]])
+                        if r != best and ev.rank[r] <= ev.rank[best] * (1 + self._hyst) + self._hyst_abs:
+                            choice = r
+                            reasons.append(f"kept {t.gpu_key(prev)} (hysteresis: within {self._hyst:.0%} + "
+                                           f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(int(gpus[best]))})")
                 self._sticky[key] = int(gpus[choice])
             g = int(gpus[choice])
             share = float(ev.min_share[choice])
-            self._reserved[g] = self._reserved.get(g, 0.0) + share
-        return self._plan(snap, stale, inst_of[choice], ev, choice, feasible, bounds, share, move, reasons, rejected, counts)
+            if self._reserved_version == snap.version:
+                self._reserved[g] += share
+        return self._plan(snap, th, stale, inst_of[choice], ev, choice, feasible, table.bounds, share, move, reasons,
+                          unknown, budget)
+
+    def _rejections(
+        self, snap: Snapshot, th: Thresholds, ev: Evaluation, unknown: list[Rejection], bounds, budget: float,
+        limit: int, binding_first: bool,
+    ) -> tuple[list[Rejection], Counter]:
+        """Counts of failures by constraint, and the first few failed candidates explained
+        (for a refusal, the binding constraint's victims first)."""
+        t = snap.topology
+        failed = np.flatnonzero(ev.fail >= 0)
+        counts = Counter(x.constraint for x in unknown)
+        for code, n in enumerate(np.bincount(ev.fail[failed], minlength=len(ORDER)).tolist()):
+            if n:
+                counts[ORDER[code]] += n
+        room = max(0, limit - len(unknown))
+        if binding_first and counts and counts.most_common(1)[0][0] in ORDER:
+            code = ORDER.index(counts.most_common(1)[0][0])
+            failed = failed[np.argsort(ev.fail[failed] != code, kind="stable")]
+        rejected = list(unknown)
+        for r in failed[:room].tolist():
+            rejected.append(Rejection(t.gpu_key(int(ev.gpus[r])), ev.failed(r), self._detail(snap, th, ev, r, bounds, budget)))
+        return rejected, counts
 
     def _session_choice(
         self, t, session: str, ev: Evaluation, feasible: np.ndarray, best: int, contract: Contract,
@@ -250,8 +262,8 @@ class Placer:
             f" (next to its {state} state store)" if state and state != "remote" else "")
 
     def _plan(
-        self, snap: Snapshot, stale: bool, inst: Instance, ev: Evaluation, r: int, feasible: np.ndarray, bounds, share: float,
-        move: SessionMove | None, reasons: list[str], rejected: list[Rejection], counts: Counter,
+        self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluation, r: int, feasible: np.ndarray,
+        bounds, share: float, move: SessionMove | None, notes: list[str], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
         t, f = snap.topology, snap.frame
         g = int(ev.gpus[r])
@@ -267,34 +279,39 @@ class Placer:
             inflight = t.ports[port].bandwidth * (1.0 - float(f.port_util[port])) * rtt / MSG_BYTES * (1.0 - wm)
             depth = int(min(1024, max(16, 2 ** math.ceil(math.log2(max(inflight, 1.0))))))
         probes = ["gpu_sm_util", "e2e_latency"]
-        th = snap.thresholds
-        if port >= 0 and wm > 0.5 * th.max_port_watermark:
+        if port >= 0 and wm > 0.5 * snap.thresholds.max_port_watermark:
             probes.append(f"rdma_watermark:{t.port_key(port)}")
-        if float(f.gpu_pcie_util[g]) > 0.5 * th.max_pcie_util:
+        if float(f.gpu_pcie_util[g]) > 0.5 * snap.thresholds.max_pcie_util:
             probes.append("pcie_util")
-        probes += [f"dependency_p99:{b.endpoint}" for b in ev.bindings(r)]
+        bindings = ev.bindings(r)
+        probes += [f"dependency_p99:{b.endpoint}" for b in bindings]
         if stale:
             probes.append("telemetry_staleness")
         b = bounds[gi.model]
-        others = feasible[feasible != r]
-        runner = int(others[np.argmin(ev.rank[others])]) if len(others) else None
-        msg = (f"chose {t.gpu_key(g)} ({gi.model}): predicted {lat.describe()}, rank {ev.rank[r] * 1e3:.1f} ms "
-               f"(predicted + {snap.thresholds.conservative().stability_weight if stale else th.stability_weight:g}σ)")
-        if runner is not None:
-            msg += (f"; runner-up {t.gpu_key(int(ev.gpus[runner]))} predicted {ev.total[runner] * 1e3:.1f} ms "
-                    f"± {ev.sigma[runner] * 1e3:.1f} ms, rank {ev.rank[runner] * 1e3:.1f} ms")
-        reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
-                   + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *reasons]
-        for d in ev.bindings(r):
-            reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
-                           f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
-        if counts:
-            reasons.append("rejected: " + ", ".join(f"{n} by {c.value}" for c, n in counts.most_common()))
+
+        def write() -> tuple[tuple[str, ...], tuple[Rejection, ...]]:
+            rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS_IN_PLAN, False)
+            others = feasible[feasible != r]
+            runner = int(others[np.argmin(ev.rank[others])]) if len(others) else None
+            msg = (f"chose {t.gpu_key(g)} ({gi.model}): predicted {lat.describe()}, rank {ev.rank[r] * 1e3:.1f} ms "
+                   f"(predicted + {th.stability_weight:g}σ)")
+            if runner is not None:
+                msg += (f"; runner-up {t.gpu_key(int(ev.gpus[runner]))} predicted {ev.total[runner] * 1e3:.1f} ms "
+                        f"± {ev.sigma[runner] * 1e3:.1f} ms, rank {ev.rank[runner] * 1e3:.1f} ms")
+            reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
+                       + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *notes]
+            for d in bindings:
+                reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
+                               f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
+            if counts:
+                reasons.append("rejected: " + ", ".join(f"{n} by {c.value}" for c, n in counts.most_common()))
+            return tuple(reasons), tuple(rejected[:MAX_REJECTIONS])
+
         return PlacementPlan(
             instance_id=inst.id, host=t.hosts[gi.host].name, gpu=gi.gpu_id, gpu_model=gi.model, numa_node=numa.node,
             cpus=numa.cpus, rdma_port=t.port_key(port) if port >= 0 else None, queue_depth=depth, probes=tuple(probes),
-            latency=lat, share=share, share_source=b.source, dependencies=ev.bindings(r), session_move=move,
-            stale=stale, snapshot_version=snap.version, reasons=tuple(reasons), rejected=tuple(rejected[:MAX_REJECTIONS]),
+            latency=lat, share=share, share_source=b.source, dependencies=bindings, session_move=move,
+            stale=stale, snapshot_version=snap.version, explanation=Explanation(write),
         )
 
     def _detail(self, snap: Snapshot, th, ev: Evaluation, r: int, bounds, budget: float) -> str:
@@ -332,8 +349,10 @@ class Placer:
             return f"predicted {ev.total[r] * 1e3:.1f} ms > budget {budget * th.budget_fraction * 1e3:.1f} ms"
         return c.value if c else ""
 
-    def _refusal(self, snap: Snapshot, stale: bool, reasons: list[str], rejected: list[Rejection], counts: Counter,
-                 ev: Evaluation, budget: float) -> NoPlacement:
+    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str], unknown: list[Rejection],
+                 ev: Evaluation, bounds, budget: float) -> NoPlacement:
+        """No candidate is feasible: explain each constraint's first victims, the binding one first."""
+        rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS, True)
         binding, n = counts.most_common(1)[0]
         example = next(x for x in rejected if x.constraint is binding)
         msg = (f"no feasible GPU among {sum(counts.values())} candidate(s): {binding.value} ruled out {n} "

@@ -4,8 +4,10 @@ that names the binding constraint. Frozen data, safe to log, audit and send on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 
 class Constraint(str, Enum):
@@ -78,6 +80,51 @@ class Rejection:
     detail: str
 
 
+class Explanation:
+    """A plan's reasons and rejections, written on first read.
+
+    Building the text (runner-up, share source, dependency bindings, why each rejected
+    candidate failed) costs more than choosing the GPU, and most plans are never read by
+    a person. The plan keeps a function that writes it from the immutable snapshot and
+    evaluation the choice was made on, so reading it later gives the same words. The
+    first read runs it once and drops the function (and the snapshot it holds).
+    """
+
+    __slots__ = ("_write", "_value", "_lock")
+
+    def __init__(self, write: Callable[[], tuple[tuple[str, ...], tuple["Rejection", ...]]]) -> None:
+        self._write: Callable[[], tuple[tuple[str, ...], tuple[Rejection, ...]]] | None = write
+        self._value: tuple[tuple[str, ...], tuple[Rejection, ...]] | None = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def of(reasons: tuple[str, ...] = (), rejected: tuple["Rejection", ...] = ()) -> "Explanation":
+        """An explanation already written."""
+        e = Explanation(lambda: (reasons, rejected))
+        e.resolve()
+        return e
+
+    def resolve(self) -> tuple[tuple[str, ...], tuple["Rejection", ...]]:
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    assert self._write is not None
+                    self._value, self._write = self._write(), None
+                value = self._value
+        return value
+
+    def __copy__(self) -> "Explanation":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Explanation":
+        reasons, rejected = self.resolve()
+        return Explanation.of(reasons, rejected)
+
+    def __repr__(self) -> str:
+        return "Explanation(written)" if self._value is not None else "Explanation(pending)"
+
+
 @dataclass(frozen=True, slots=True)
 class PlacementPlan:
     instance_id: str
@@ -96,13 +143,23 @@ class PlacementPlan:
     session_move: SessionMove | None
     stale: bool
     snapshot_version: int
-    reasons: tuple[str, ...]
-    rejected: tuple[Rejection, ...] = ()
+    explanation: Explanation = field(default_factory=Explanation.of, repr=False, compare=False)
     feasible: bool = True
 
     @property
     def gpu_key(self) -> str:
         return f"{self.host}/{self.gpu}"
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why this GPU: the choice and its runner-up, the share's source, dependency
+        bindings, hysteresis / session notes, counts of rejections (written on first read)."""
+        return self.explanation.resolve()[0]
+
+    @property
+    def rejected(self) -> tuple[Rejection, ...]:
+        """A few candidates that failed, each with the first constraint it failed and why."""
+        return self.explanation.resolve()[1]
 
 
 @dataclass(frozen=True, slots=True)

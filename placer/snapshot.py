@@ -78,6 +78,9 @@ class Snapshot:
     scores: np.ndarray
     build_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    # per-tick lookup tables derived from this snapshot alone (see `paths.py`), keyed by
+    # (thresholds, ingress); filled by the refresher before publishing and on first use
+    tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ time
 

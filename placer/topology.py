@@ -228,6 +228,27 @@ class Topology:
         return _ro(local), _ro(remote)
 
     @cached_property
+    def gpu_ingress(self) -> np.ndarray:
+        """Per GPU, the fabric node its requests enter at by default: the gateway of its
+        host's region (or the first gateway when its region has none)."""
+        if not self.ingress:
+            return _ro(np.full(len(self.gpus), -1, dtype=np.int64))
+        fallback = next(iter(self.ingress.values()))
+        return _ro(np.array([self.ingress.get(r, fallback) for r in self.gpu_region], dtype=np.int64))
+
+    @cached_property
+    def gpu_models(self) -> tuple[tuple[str, ...], np.ndarray]:
+        """(class names, per GPU the index of its class among them)."""
+        names = tuple(sorted({g.model for g in self.gpus}))
+        at = {m: i for i, m in enumerate(names)}
+        return names, _ro(np.array([at[g.model] for g in self.gpus], dtype=np.int64))
+
+    @cached_property
+    def gpu_store(self) -> np.ndarray:
+        """Per GPU, the kind of session store on its NUMA node (as its string value)."""
+        return _ro(np.array([self.numa[g.numa].store.value for g in self.gpus]))
+
+    @cached_property
     def port_switch(self) -> np.ndarray:
         return _ro(np.array([p.switch for p in self.ports], dtype=np.int64))
 

@@ -1,0 +1,177 @@
+"""Per-tick path tables: every GPU's best way from an ingress, computed once per snapshot.
+
+A snapshot is immutable for its whole tick, so everything a placement derives from it
+alone (which host-local port a GPU would use, the round trip through it, the path's
+variance, which snapshot-only constraint a GPU already fails, and the best endpoint for
+each declared service kind) is the same for every request of that tick. Computing it for
+all GPUs at once (a few numpy passes over 8,000 entries) and letting each request gather
+its candidates' rows turns placement into an O(candidates) lookup. The refresher warms
+the tables the previous tick used before it publishes a snapshot, so requests rarely pay
+for building one; a table that is missing is built on first use and kept.
+
+The arithmetic here is the reference `evaluate` applied to every GPU, in the same order
+of operations, so a lookup gives bit-identical figures (the tests compare them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .evaluate import PROXY_ROLE, _CODE
+from .latency import CROSS_NUMA_PENALTY, pcie_delay
+from .plan import Constraint
+from .snapshot import Snapshot
+from .thresholds import Thresholds
+from .topology import Endpoint, EndpointRole
+
+NO_FAILURE = np.int64(len(_CODE))  # larger than every constraint code: "passes"
+DEFAULT_INGRESS: None = None  # table key: each GPU entered from its own region's gateway
+
+
+@dataclass(frozen=True, eq=False)
+class DependencyTable:
+    """For one service kind and endpoint role: the best endpoint per GPU and its latency
+    (round trip from the GPU's chosen port plus the endpoint's p99)."""
+
+    endpoints: tuple[Endpoint, ...]
+    best: np.ndarray  # index into `endpoints`, per GPU
+    latency: np.ndarray  # seconds per GPU (inf: unreachable)
+
+
+@dataclass(frozen=True, eq=False)
+class PathTable:
+    """Per GPU of the topology, for one (snapshot, thresholds, ingress)."""
+
+    thresholds: Thresholds
+    ingress: int | None  # fabric node, or None for each GPU's regional gateway
+    code: np.ndarray  # first snapshot-only constraint failed (ORDER index), NO_FAILURE if none
+    network: np.ndarray  # round-trip seconds through the best admissible port (inf: none)
+    sigma2: np.ndarray  # path variance + GPU queueing variance
+    port: np.ndarray  # chosen port (-1: none)
+    raw_network: np.ndarray  # best round trip ignoring port thresholds (for explanations)
+    _deps: dict[tuple[str, EndpointRole], DependencyTable] = field(default_factory=dict, repr=False)
+
+    def dependency(self, snap: Snapshot, kind: str, role: EndpointRole) -> DependencyTable:
+        """The table for one service kind and role, built on first use and kept."""
+        key = (kind, role)
+        hit = self._deps.get(key)
+        if hit is None:
+            hit = self._deps[key] = _dependency_table(snap, self, kind, role)
+        return hit
+
+    def dependency_keys(self) -> tuple[tuple[str, EndpointRole], ...]:
+        return tuple(self._deps)
+
+
+def path_table(snap: Snapshot, thresholds: Thresholds, ingress: int | None) -> PathTable:
+    """The snapshot's table for these thresholds and ingress (built once, then shared by
+    every request and thread of the tick; a race builds it twice, identically)."""
+    key = (thresholds, ingress)
+    hit = snap.tables.get(key)
+    if hit is None:
+        hit = snap.tables[key] = _build(snap, thresholds, ingress)
+    return hit
+
+
+def warm(snap: Snapshot, previous: Snapshot | None) -> int:
+    """Build, ahead of the first request, the tables the previous snapshot ended up
+    using (and always the default ones). Returns how many tables it built."""
+    keys: dict[tuple[Thresholds, int | None], tuple[tuple[str, EndpointRole], ...]] = {
+        (snap.thresholds, ingress): () for ingress in (None, *sorted(set(snap.topology.ingress.values())))
+    }
+    if previous is not None and previous.topology is snap.topology:
+        for k, table in list(previous.tables.items()):
+            keys[k] = table.dependency_keys()
+    built = 0
+    for (th, ingress), deps in keys.items():
+        if ingress is not None and ingress not in snap.fabric_rows:
+            continue
+        table = path_table(snap, th, ingress)
+        for kind, role in deps:
+            table.dependency(snap, kind, role)
+        built += 1 + len(deps)
+    return built
+
+
+def ingress_rows(snap: Snapshot, ingress: int | None) -> np.ndarray:
+    """Row of the fabric distance tables each GPU's request enters from."""
+    t = snap.topology
+    if ingress is not None:
+        return np.full(len(t.gpus), snap.fabric_rows[ingress], dtype=np.int64)
+    node_rows = np.full(len(t.fabric_nodes), -1, dtype=np.int64)
+    for node, row in snap.fabric_rows.items():
+        node_rows[node] = row
+    return node_rows[t.gpu_ingress]
+
+
+def _build(snap: Snapshot, th: Thresholds, ingress: int | None) -> PathTable:
+    t, f = snap.topology, snap.frame
+    n = len(t.gpus)
+    rows = ingress_rows(snap, ingress)
+    code = np.full(n, NO_FAILURE, dtype=np.int64)
+
+    def mark(mask: np.ndarray, c: Constraint) -> None:
+        np.minimum(code, np.where(mask, _CODE[c], NO_FAILURE), out=code)
+
+    mark(snap.gpu_health < th.min_health, Constraint.HEALTH)
+    pcie = f.gpu_pcie_util
+    mark(pcie > th.max_pcie_util, Constraint.PCIE)
+
+    local, remote = t.gpu_ports
+    best_net = np.full(n, np.inf)
+    best_var = np.zeros(n)
+    best_port = np.full(n, -1, dtype=np.int64)
+    best_rank = np.full(n, np.inf)
+    raw_net = np.full(n, np.inf)
+    any_port_ok = np.zeros(n, dtype=bool)
+    host_pcie = pcie_delay(pcie)
+    k = th.stability_weight
+    for ports, extra in ((local, 0.0), (remote, CROSS_NUMA_PENALTY)):
+        valid = ports >= 0
+        if not valid.any():
+            continue
+        pp = np.where(valid, ports, 0)
+        up = valid & f.port_up[pp]
+        ok = up & (f.port_watermark[pp] <= th.max_port_watermark) & (f.port_util[pp] <= th.max_port_util)
+        any_port_ok |= ok
+        leaf = t.port_switch[pp]
+        d = snap.fabric_dist[rows, leaf]
+        v = snap.fabric_var[rows, leaf]
+        net = 2.0 * (d + snap.port_delay[pp] + host_pcie + extra)
+        var = 2.0 * (v + snap.port_sigma[pp] ** 2)
+        raw_net = np.where(up, np.minimum(raw_net, net), raw_net)
+        r = np.where(ok, net + k * np.sqrt(var), np.inf)
+        better = r < best_rank
+        best_rank = np.where(better, r, best_rank)
+        best_net = np.where(better, net, best_net)
+        best_var = np.where(better, var, best_var)
+        best_port = np.where(better, ports, best_port)
+    mark(~any_port_ok, Constraint.PORT)
+    mark(~np.isfinite(best_net), Constraint.NETWORK)
+    sigma2 = best_var + snap.gpu_sigma ** 2
+    for a in (code, best_net, sigma2, best_port, raw_net):
+        a.setflags(write=False)
+    return PathTable(th, ingress, code, best_net, sigma2, best_port, raw_net)
+
+
+def _dependency_table(snap: Snapshot, table: PathTable, kind: str, role: EndpointRole) -> DependencyTable:
+    t, f = snap.topology, snap.frame
+    eps = tuple(e for e in t.endpoints if e.kind == kind and e.role is role)
+    n = len(t.gpus)
+    if not eps:
+        return DependencyTable(eps, np.zeros(n, dtype=np.int64), np.full(n, np.inf))
+    chosen = np.where(table.port >= 0, table.port, 0)
+    leaf = t.port_switch[chosen] if len(t.ports) else np.zeros(n, dtype=np.int64)
+    rows = np.array([snap.fabric_rows[e.node] for e in eps])
+    p99 = np.array([f.endpoint_p99[t.endpoint_index[e.name]] for e in eps])
+    lat = 2.0 * (snap.fabric_dist[rows][:, leaf] + snap.port_delay[chosen]) + p99[:, None]  # E x GPUs
+    best = np.argmin(lat, axis=0)
+    latency = lat[best, np.arange(n)]
+    best.setflags(write=False)
+    latency.setflags(write=False)
+    return DependencyTable(eps, best, latency)
+
+
+__all__ = ["DEFAULT_INGRESS", "PROXY_ROLE", "DependencyTable", "PathTable", "ingress_rows", "path_table", "warm"]
