@@ -70,6 +70,16 @@ class AttributeIndex:
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
 
+    def bulk_groups(self, groups: Iterable[tuple[Scalar, list[int]]]) -> None:
+        """`bulk` from (value, slots) groups."""
+        lists: dict[Scalar, list[int]] = {}
+        for value, slots in groups:
+            lists.setdefault(value, []).extend(slots)
+        self.postings = {v: BitMap(s) for v, s in lists.items()}
+        self.present = union(list(self.postings.values())).copy() if self.postings else BitMap()
+        if self.ordered:
+            self.keys = sorted(self.postings)  # type: ignore[type-var]
+
     # ------------------------------------------------------------------ predicates
     def eq(self, value: Scalar) -> BitMap:
         return self.postings.get(value, EMPTY)

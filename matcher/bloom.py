@@ -33,6 +33,7 @@ class ShardBloom:
         self.bits: dict[int, Counter[int]] = {}  # shard -> bit position -> distinct keys
         self._positions: dict[BloomKey, tuple[int, ...]] = {}
         self.shards = BitMap()  # shards holding at least one instance
+        self.version = 0  # bumped whenever a slice or the shard set changes (cache key)
 
     def positions(self, key: BloomKey) -> tuple[int, ...]:
         p = self._positions.get(key)
@@ -43,20 +44,23 @@ class ShardBloom:
             self._positions[key] = p
         return p
 
-    def add(self, shard: int, keys: Iterable[BloomKey]) -> None:
+    def add(self, shard: int, keys: Iterable[BloomKey], n: int = 1) -> None:
+        """Count `n` instances carrying each of `keys` into the shard."""
         counts = self.keys.get(shard)
         if counts is None:
             counts = self.keys[shard] = Counter()
             self.bits[shard] = Counter()
             self.shards.add(shard)
+            self.version += 1
         bits = self.bits[shard]
         for key in keys:
-            counts[key] += 1
-            if counts[key] == 1:
+            counts[key] += n
+            if counts[key] == n:
                 for p in self.positions(key):
                     bits[p] += 1
                     if bits[p] == 1:
                         self.slices[p].add(shard)
+                        self.version += 1
 
     def remove(self, shard: int, keys: Iterable[BloomKey]) -> None:
         counts, bits = self.keys[shard], self.bits[shard]
@@ -69,9 +73,11 @@ class ShardBloom:
                     if bits[p] == 0:
                         del bits[p]
                         self.slices[p].discard(shard)
+                        self.version += 1
         if not counts:
             del self.keys[shard], self.bits[shard]
             self.shards.discard(shard)
+            self.version += 1
 
     # ------------------------------------------------------------------ queries
     def maybe(self, key: BloomKey) -> BitMap:

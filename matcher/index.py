@@ -15,6 +15,7 @@ Not thread-safe by itself: `Registry` serialises writers and readers around it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -24,7 +25,7 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
-from .evaluate import guard_holds, value_reads
+from .evaluate import guard_holds, require_holds, value_reads
 from .result import AppliedRule
 
 Vars = Mapping[str, Scalar]
@@ -32,6 +33,7 @@ BitmapFn = Callable[[Vars], BitMap]
 MASK_LIMIT = 32  # build a shard mask from at most this many shard ranges
 BLOOM_KINDS = ("equality", "set", "boolean")
 ORDERINGS = ("<", "<=", ">", ">=")
+_NO_VARS: dict[str, Scalar] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class CompiledRule:
     reads: frozenset[str]
     require: BitmapFn
     clauses: tuple[ClauseTemplate, ...]
+    clause_vars: tuple[str, ...]  # request variables the clauses read (the Bloom cache key)
+    static: bool  # the requirement reads no request variable: kept materialised
 
 
 @dataclass(slots=True)
@@ -84,6 +88,13 @@ class FleetIndex:
         self.attrs: dict[int, Mapping[str, Scalar]] = {}
         self.stats = BloomStats()
         self.rules = tuple(self._compile_rule(r) for r in bundle.rules)
+        # requirements that read no request variable are maintained as bitmaps on every
+        # insert/delete (evaluated with the reference semantics), so a request pays one
+        # intersection for them instead of their whole algebra
+        self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
+        self._static_rules = [(cr.rule.require, self.static[cr.rule.id]) for cr in self.rules if cr.static]
+        self._survivor_cache: dict[tuple, tuple[BitMap, BitMap | None]] = {}
+        self._cache_version = -1
 
     # ------------------------------------------------------------------ updates
     def _bloom_keys(self, attrs: Mapping[str, Scalar]) -> list[BloomKey]:
@@ -95,6 +106,9 @@ class FleetIndex:
             if v is not None:
                 idx.add(slot, v)
         self.bloom.add(slot // self.shard_size, self._bloom_keys(attrs))
+        for req, bm in self._static_rules:
+            if require_holds(req, attrs, _NO_VARS):
+                bm.add(slot)
         self.attrs[slot] = attrs
         self.live.add(slot)
 
@@ -106,27 +120,55 @@ class FleetIndex:
             if v is not None:
                 idx.remove(slot, v)
         self.bloom.remove(slot // self.shard_size, self._bloom_keys(attrs))
+        for _, bm in self._static_rules:
+            bm.discard(slot)
 
     def bulk(self, items: list[tuple[int, Mapping[str, Scalar]]]) -> None:
         """Fill an empty index at once: each postings bitmap is built once from a list."""
         if self.attrs:
             raise ValueError("bulk() fills an empty index")
-        for a, idx in self.attr_index.items():
-            idx.bulk((s, v) for s, attrs in items if (v := attrs.get(a)) is not None)
-        by_shard: dict[int, list[BloomKey]] = {}
+        # instances of one rollout share their attribute values: group slots by the tuple
+        # of indexed values and do the per-attribute work once per distinct tuple
+        names = tuple(self.attr_index)
+        groups: dict[tuple, list[int]] = {}
+        sample: dict[tuple, Mapping[str, Scalar]] = {}
         for slot, attrs in items:
-            by_shard.setdefault(slot // self.shard_size, []).extend(self._bloom_keys(attrs))
-        for shard, keys in by_shard.items():
-            self.bloom.add(shard, keys)
+            sig = tuple([attrs.get(a) for a in names])
+            g = groups.get(sig)
+            if g is None:
+                g = groups[sig] = []
+                sample[sig] = attrs
+            g.append(slot)
+        for i, a in enumerate(names):
+            self.attr_index[a].bulk_groups((sig[i], slots) for sig, slots in groups.items() if sig[i] is not None)
+        size = self.shard_size
+        for sig, slots in groups.items():
+            keys = self._bloom_keys(sample[sig])
+            per_shard = Counter([s // size for s in slots])
+            for shard, n in per_shard.items():
+                self.bloom.add(shard, keys, n)
+            for req, bm in self._static_rules:
+                if require_holds(req, sample[sig], _NO_VARS):
+                    bm.update(slots)
         self.attrs = dict(items)
         self.live = BitMap(self.attrs)
 
     # ------------------------------------------------------------------ compiling rules
     def _compile_rule(self, rule: RequestRule) -> CompiledRule:
+        clauses = tuple(self._necessary(rule.require))
+        static = not value_reads(rule.require)
+        require = self._compile(rule.require)
+        if static:
+            rid = rule.id
+
+            def require(v: Vars) -> BitMap:
+                return self.static[rid]
         return CompiledRule(
             rule=rule, applied=AppliedRule(rule.id, rule.origin),
             reads=frozenset(value_reads(rule.guard) | value_reads(rule.require)),
-            require=self._compile(rule.require), clauses=tuple(self._necessary(rule.require)),
+            require=require, clauses=clauses,
+            clause_vars=tuple(sorted({v.name for c in clauses for _, v in c if isinstance(v, _VarRef)})),
+            static=static,
         )
 
     def _compile(self, e: Expr) -> BitmapFn:
@@ -199,8 +241,15 @@ class FleetIndex:
 
     # ------------------------------------------------------------------ answering
     def applicable(self, vars: Vars) -> list[CompiledRule]:
-        return [cr for cr in self.rules
-                if cr.reads.issubset(vars) and (cr.rule.guard is None or guard_holds(cr.rule.guard, vars))]
+        out = []
+        for cr in self.rules:
+            for r in cr.reads:
+                if r not in vars:
+                    break
+            else:
+                if cr.rule.guard is None or guard_holds(cr.rule.guard, vars):
+                    out.append(cr)
+        return out
 
     def shard_survivors(self, rules: Iterable[CompiledRule], vars: Vars) -> BitMap | None:
         """Shards the Bloom filters cannot rule out, or None when no rule gives keys."""
@@ -212,14 +261,40 @@ class FleetIndex:
             return None
         return self.bloom.surviving(clauses)
 
+    def _bloom_step(self, rules: list[CompiledRule], vars: Vars) -> tuple[BitMap, BitMap | None] | None:
+        """(surviving shards, slot mask or None) for these rules and values, or None when
+        the rules give no keys. Cached per (rules, values) until the filters change."""
+        if self._cache_version != self.bloom.version:
+            self._survivor_cache.clear()
+            self._cache_version = self.bloom.version
+        key = tuple([(id(cr), *[vars[n] for n in cr.clause_vars]) for cr in rules if cr.clauses])
+        if not key:
+            return None
+        hit = self._survivor_cache.get(key)
+        if hit is None:
+            survivors = self.shard_survivors(rules, vars)
+            assert survivors is not None
+            mask = None
+            kept = len(survivors)
+            if 0 < kept < len(self.bloom.shards) and kept <= MASK_LIMIT:
+                mask = BitMap()
+                size = self.shard_size
+                for s in survivors:
+                    mask.add_range(s * size, (s + 1) * size)
+            if len(self._survivor_cache) > 4096:
+                self._survivor_cache.clear()
+            hit = self._survivor_cache[key] = (survivors, mask)
+        return hit
+
     def evaluate(self, vars: Vars) -> tuple[BitMap, list[CompiledRule]]:
         """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""
         rules = self.applicable(vars)
         if not rules:
             return self.live, rules
-        survivors = self.shard_survivors(rules, vars)
+        step = self._bloom_step(rules, vars)
         cand = self.live
-        if survivors is not None:
+        if step is not None:
+            survivors, mask = step
             st = self.stats
             total = len(self.bloom.shards)
             st.requests += 1
@@ -229,12 +304,8 @@ class FleetIndex:
             if kept == 0:
                 st.emptied += 1
                 return EMPTY, rules
-            if kept < total and kept <= MASK_LIMIT:
+            if mask is not None:
                 st.masked += 1
-                mask = BitMap()
-                size = self.shard_size
-                for s in survivors:
-                    mask.add_range(s * size, (s + 1) * size)
                 cand = mask
         for cr in rules:
             cand = cand & cr.require(vars)

@@ -169,16 +169,30 @@ class Registry:
                 self._bulk(prepared)
 
     def _admit_cached(self, inst: Instance, cache: dict) -> dict[str, Scalar]:
-        # admission_problems depends only on the model and the deployment
-        key = (inst.model, inst.deployment.model_dump_json())
+        """`_admit` for bulk loads: admission depends only on the model and these
+        deployment facts, and the contract/GPU part of the attributes only on the model and
+        GPU class, so both are computed once per distinct combination."""
+        d = inst.deployment
+        key = (inst.model, d.gpu_model, d.region, d.tpm, d.memory_encryption, d.hardware_firewall, d.tee,
+               d.session_state, d.cuda)
         problems = cache.get(key)
         if problems is None:
             problems = cache[key] = admission_problems(inst, self._bundle)
         if problems:
             raise AdmissionError(inst.id, problems)
-        contract = self._bundle.contract(inst.model)
-        assert contract is not None
-        return attributes(inst, contract, self._bundle)
+        bkey = ("attrs", inst.model, d.gpu_model)
+        base = cache.get(bkey)
+        if base is None:
+            contract = self._bundle.contract(inst.model)
+            assert contract is not None
+            base = cache[bkey] = attributes(inst.model_copy(update={"labels": {}}), contract, self._bundle)
+        attrs = dict(base)
+        attrs.update(region=d.region, host=d.host, tpm=d.tpm, memory_encryption=d.memory_encryption,
+                     hardware_firewall=d.hardware_firewall, tee=d.tee, numa_node=float(d.numa_node),
+                     session_state=d.session_state)
+        for k, v in inst.labels.items():
+            attrs["labels." + k] = v
+        return attrs
 
     def _bulk(self, prepared: list[tuple[Instance, dict[str, Scalar], float]]) -> None:
         slot_items = []

@@ -8,7 +8,6 @@ what makes rules that read it not apply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Mapping
 
 from policyc.compiler.bundle import Scalar
@@ -16,12 +15,13 @@ from policyc.compiler.bundle import Scalar
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    vars: Mapping[str, Scalar] = field(default_factory=lambda: MappingProxyType({}))
+    vars: Mapping[str, Scalar] = field(default_factory=dict)  # read-only by convention: a plain
+    # dict because every rule looks variables up on the hot path
 
     @staticmethod
     def of(values: Mapping[str, Scalar]) -> "Request":
         """A request from already-typed variables (tests, the decision API's typed form)."""
-        return Request(MappingProxyType(dict(values)))
+        return Request(dict(values))
 
     @property
     def tenant(self) -> str | None:
