@@ -1,0 +1,132 @@
+"""The per-tick tables are an optimisation, never a change of meaning: gathering a
+request's rows from them must give the reference `evaluate`'s figures exactly."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from conftest import contract, instances, redis
+
+from policyc.compiler.bundle import GpuShare, ServiceDependency, Session
+from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster, Thresholds
+from policyc.placer.catalog import DEFAULT_CATALOG, catalog_by_name
+from policyc.placer.contract_table import contract_table
+from policyc.placer.evaluate import evaluate
+from policyc.placer.lookup import lookup
+from policyc.placer.paths import ingress_rows, path_table
+from policyc.placer.plan import Explanation
+
+from conftest import REF
+
+CATALOG = catalog_by_name(DEFAULT_CATALOG)
+FIELDS = ("fail", "min_share", "port", "network", "queueing", "compute", "dependencies", "sigma", "rank", "raw_total")
+
+
+def _world() -> tuple[SimulatedCluster, Refresher]:
+    sim = SimulatedCluster(11, 48, 4, hosts_per_rack=6)
+    t = sim.topology()
+    rng = np.random.default_rng(1)
+    for p in rng.choice(len(t.ports), 12, replace=False):  # congested, failed and flaring ports
+        sim.watermark(t.port_key(int(p)), float(rng.uniform(0.5, 0.99)))
+    sim.link_down(t.port_key(3))
+    sim.link_down(t.port_key(4))
+    for g in rng.choice(len(t.gpus), 8, replace=False):
+        sim.sm_collapse(t.gpu_key(int(g)))
+    sim.service_p99("redis-us-west", 0.8)
+    r = Refresher(sim)
+    r.tick()
+    r.tick()
+    return sim, r
+
+
+CONTRACTS = {
+    "plain": contract(),
+    "heavy": contract(flops=4e13),
+    "redis direct": contract(services=(redis(),)),
+    "redis proxies": contract(services=(redis(proxy="dedicated"), ServiceDependency(
+        name="db", kind="postgres", p99=20e-3, proxy="none", origin=REF), redis(p99=3e-3, proxy="shared"))),
+    "no such service": contract(services=(ServiceDependency(name="m", kind="memcached", p99=1e-3, origin=REF),)),
+    "session nvme": contract(session=Session(state="nvme", colocate="same_numa")),
+    "solver shares": contract(gpu_shares=(
+        GpuShare(gpu="H100", feasible=True, min_share=0.3, binding="compute", detail="d"),
+        GpuShare(gpu="L4", feasible=False, binding="bandwidth", detail="too slow"))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACTS))
+@pytest.mark.parametrize("ingress", [None, "ingress/us-east"])
+@pytest.mark.parametrize("stale", [False, True])
+def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, stale: bool) -> None:
+    sim, r = _world()
+    snap = r.current()
+    t = snap.topology
+    c = CONTRACTS[name]
+    th = snap.thresholds.conservative() if stale else snap.thresholds
+    node = None if ingress is None else t.fabric_index[ingress]
+    table = contract_table(c, t, CATALOG, 0.2)
+    rng = np.random.default_rng(len(name))
+    for budget in (0.2, 0.03):
+        for _ in range(5):
+            gpus = rng.choice(len(t.gpus), 40, replace=False).astype(np.int64)
+            reserved = rng.uniform(0, 0.3, len(gpus)) * (rng.random(len(gpus)) < 0.3)
+            rows = ingress_rows(snap, node)[gpus]
+            ref = evaluate(snap, th, gpus, table.bounds, CATALOG, c, budget, rows, reserved)
+            got = lookup(snap, th, gpus, node, table, reserved, budget)
+            for f in FIELDS:
+                np.testing.assert_array_equal(getattr(got, f), getattr(ref, f), err_msg=f"{name}: {f}")
+            for (s1, e1, b1, l1), (s2, e2, b2, l2) in zip(got.dep_best, ref.dep_best, strict=True):
+                assert s1 is s2 and [e.name for e in e1] == [e.name for e in e2]
+                np.testing.assert_array_equal(b1, b2)
+                np.testing.assert_array_equal(l1, l2)
+            assert [got.bindings(i) for i in range(len(gpus))] == [ref.bindings(i) for i in range(len(gpus))]
+            assert [got.dependency_problem(i) for i in range(len(gpus))] == [ref.dependency_problem(i) for i in range(len(gpus))]
+    assert (got.fail >= 0).any()  # the world is hostile enough to exercise the constraints
+
+
+def test_refresher_warms_the_tables_the_previous_tick_used() -> None:
+    sim, r = _world()
+    placer = Placer(r)
+    assert isinstance(placer.place(instances(sim), 0.2, contract(services=(redis(proxy="dedicated"),)),
+                                   ingress="ingress/us-west"), PlacementPlan)
+    used = {k: v.dependency_keys() for k, v in r.current().tables.items()}
+    nxt = r.tick()
+    assert {k: v.dependency_keys() for k, v in nxt.tables.items() if k in used} == used
+    assert (nxt.thresholds, None) in nxt.tables  # the default tables are always there
+    assert path_table(nxt, nxt.thresholds, None) is nxt.tables[(nxt.thresholds, None)]
+
+
+def test_reasons_are_written_on_first_read_from_the_snapshot_of_the_choice() -> None:
+    sim, r = _world()
+    placer = Placer(r)
+    plan = placer.place(instances(sim), 0.2, contract(services=(redis(proxy="dedicated"),)))
+    assert isinstance(plan, PlacementPlan)
+    assert repr(plan.explanation) == "Explanation(pending)"
+    for _ in range(3):  # later ticks do not change what the plan says about its own tick
+        r.tick()
+    reasons = plan.reasons
+    assert reasons[0].startswith(f"chose {plan.gpu_key}") and any("dedicated" in x for x in reasons)
+    assert any(x.startswith("rejected: ") for x in reasons) and plan.rejected
+    assert plan.reasons is reasons and repr(plan.explanation) == "Explanation(written)"
+    dup = copy.deepcopy(plan)
+    assert dup.reasons == reasons and dup.rejected == plan.rejected and dup == plan
+
+
+def test_an_explanation_can_be_given_already_written() -> None:
+    e = Explanation.of(("why",), ())
+    assert e.resolve() == (("why",), ()) and repr(e) == "Explanation(written)"
+
+
+def test_reservations_within_a_tick_spread_a_burst_and_reset_on_the_next() -> None:
+    sim = SimulatedCluster(5, 4, 2, hosts_per_rack=4, noise=0.0)
+    r = Refresher(sim, thresholds=Thresholds())
+    r.tick()
+    placer = Placer(r)
+    cands = instances(sim)
+    chosen = [placer.place(cands, 0.2, contract(flops=8e12), affinity_key=f"k{i}") for i in range(80)]
+    plans = [p for p in chosen if isinstance(p, PlacementPlan)]
+    assert len({p.gpu_key for p in plans}) > 1
+    assert not all(isinstance(p, PlacementPlan) for p in chosen)  # the tick's free share runs out
+    r.tick()
+    assert isinstance(placer.place(cands, 0.2, contract(flops=8e12)), PlacementPlan)
