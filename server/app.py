@@ -1,0 +1,166 @@
+"""The decision server assembled: bundle → state → engine; cluster telemetry → refresher →
+placer; guardian (enforcer) with its anomaly sink on the placer and its actions in the
+audit log; the gRPC service with health checking and reflection.
+
+`DecisionServer(bundle, config)`: `await start()` → bound port, `await stop()`.
+`ServerThread` runs one on a private event loop for synchronous callers (tests, the demo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import warnings
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from policyc.audit.log import AuditLog
+from policyc.compiler.bundle import Bundle
+from policyc.placer import Placer, Refresher, SimulatedCluster
+from policyc.placer.catalog import DEFAULT_CATALOG
+
+from .audit_bridge import AuditBridge
+from .config import EnforcerMode, ServeConfig, Telemetry
+from .engine import DecisionEngine
+from .metrics import Metrics
+from .proto import SERVICE_NAME, pb_grpc
+from .service import DecisionService
+from .state import PolicyState, build_state
+from .transport import bind
+from .wiring import GpuWatch, make_guardian
+
+log = logging.getLogger("policyc.server")
+
+
+def _catalog(bundle: Bundle):  # type: ignore[no-untyped-def]
+    """The bundle's GPU catalog, falling back to the placer's for classes it lacks."""
+    names = {g.name for g in bundle.gpu_catalog}
+    return tuple(bundle.gpu_catalog) + tuple(g for g in DEFAULT_CATALOG if g.name not in names)
+
+
+class DecisionServer:
+    def __init__(self, bundle: Bundle, config: ServeConfig = ServeConfig()) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        if config.telemetry is Telemetry.SIMULATED:
+            c = config.cluster
+            self.cluster: SimulatedCluster | None = SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack)
+            source = self.cluster
+        else:
+            from policyc.placer import LocalHostSource, NvmlSource
+
+            self.cluster = None
+            source = LocalHostSource(nvml=NvmlSource())
+        self.refresher = Refresher(source, config.refresh_interval)
+        self.refresher.tick()
+        self.placer = Placer(self.refresher, _catalog(bundle))
+        state = build_state(bundle)
+        snap = self.refresher.current
+
+        def score_of(host: str, gpu: str) -> float | None:
+            s = snap()
+            return s.gpu_score(host, gpu) if (host, gpu) in s.topology.gpu_index else None
+
+        self.engine = DecisionEngine(state, self.placer, candidates=config.candidates, score_of=score_of)
+        self.refresher.on_refresh(lambda new, prev: self.engine.push_scores(new.score_changes(prev)))
+        self.audit: AuditBridge | None = None
+        if config.audit_log is not None:
+            self.audit = AuditBridge(AuditLog.open(config.audit_log), bundle)
+        self.guardian = None
+        self.actions = None
+        if config.enforcer is not EnforcerMode.OFF:
+            self.guardian, self.actions = make_guardian(bundle, config.enforcer, self.placer, self.audit)
+            self.engine.on_reload(lambda st: self.guardian.load_bundle(st.bundle))  # type: ignore[union-attr]
+            if config.watch_gpus:
+                self.gpu_watch = GpuWatch(self.guardian)
+                self.refresher.on_refresh(self.gpu_watch.on_refresh)
+        self.metrics.set_bundle(None, bundle.content_hash)
+        self.metrics.watch(lambda: len(self.engine.state.registry), lambda: self.refresher.current().age())
+        self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
+                                       max_decide_bytes=config.max_decide_bytes)
+        self.health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self.port: int | None = None
+
+    @property
+    def state(self) -> PolicyState:
+        return self.engine.state
+
+    async def start(self) -> int:
+        opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
+                ("grpc.max_send_message_length", self.config.max_message_bytes),
+                ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=opts)
+        pb_grpc.add_DecisionsServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = bind(server, self.config)
+        await server.start()
+        self._server = server
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.start_refresher:
+            self.refresher.start()
+        if self.config.metrics_port is not None:
+            self.metrics.serve(self.config.metrics_port, self.config.host)
+        return self.port
+
+    async def reload_path(self, path: str | Path) -> tuple[str, tuple[str, ...]]:
+        from policyc.compiler import bundle_io
+
+        return await self.service.reload(bundle_io.load(path))
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop answering (NOT_SERVING first, so balancers drain), then the threads, then
+        flush the audit log."""
+        if self._server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace)
+            self._server = None
+        self.refresher.stop()
+        if self.guardian is not None:
+            self.guardian.close()
+        if self.audit is not None:
+            self.audit.close()
+
+
+class ServerThread:
+    """A DecisionServer on its own event loop in a daemon thread: `start()` → port; `stop()`;
+    `call(coro)` runs a coroutine on the server's loop (e.g. a reload)."""
+
+    def __init__(self, server: DecisionServer) -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="policyc-server", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> int:
+        self._thread.start()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout)
+
+    def call(self, coro, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if not self._thread.is_alive():
+            return
+        self.call(self.server.stop(), timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        self.loop.close()
+
+    def __enter__(self) -> "ServerThread":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

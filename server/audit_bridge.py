@@ -1,0 +1,97 @@
+"""Adapters from the decision service and the enforcer to the audit log's record schemas.
+
+Decisions are submitted without waiting (group commit makes them durable shortly after;
+`AuditLog.close` flushes the rest), so auditing adds no fsync to a decision's latency.
+Enforcer action kinds map onto the audit schema's; kinds the schema has no name for
+(classification, ending connections, kernel events) are kept as `report_anomaly`
+observations with the original kind in the detail, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Mapping
+
+from policyc.audit.accounting import estimate_resources
+from policyc.audit.log import AuditLog
+from policyc.audit.records import ActionRecord as AuditAction
+from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement
+from policyc.compiler.bundle import Bundle
+from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
+
+from .convert import render_var
+from .decision import Decision
+
+log = logging.getLogger("policyc.server")
+
+_OUTCOMES = {Outcome.DONE: "done", Outcome.DRY_RUN: "dry_run", Outcome.FAILED: "failed",
+             Outcome.REFUSED: "skipped", Outcome.OBSERVED: "done"}
+_KINDS = {ActionKind.CANCEL_STREAM: "cancel_stream", ActionKind.REDIRECT: "redirect",
+          ActionKind.REPORT_ANOMALY: "report_anomaly", ActionKind.QUARANTINE: "quarantine",
+          ActionKind.RELEASE: "release"}
+_STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
+
+
+def decision_record(d: Decision, headers: Mapping[str, str], bundle: Bundle) -> DecisionRecord:
+    placement = resources = None
+    if d.plan is not None:
+        p = d.plan
+        placement = Placement(instance=p.instance_id, host=p.host, gpu=p.gpu, gpu_model=p.gpu_model, region=d.region,
+                              share=min(1.0, p.share) if p.share > 0 else None, predicted_latency=p.latency.total)
+        contract = bundle.contract(d.model or "")
+        gpu = bundle.gpu(p.gpu_model)
+        if contract is not None and gpu is not None and 0 < p.share <= 1:
+            resources = estimate_resources(contract, gpu, p.share)
+    extra = {"resources": resources} if resources is not None else {}
+    return DecisionRecord(
+        time=time.time(), decision_id=d.decision_id, tenant=d.tenant or "unknown", model=d.model,
+        request=dict(headers), variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
+        bundle_hash=d.bundle_hash, outcome=d.outcome.value, reason=None if d.rejection is None else d.rejection.reason[:500],
+        matched_rules=tuple(MatchedRule(id=r.id, origin=r.origin) for r in d.rules), placement=placement,
+        latency=Latency(total=d.timing.total, stages=d.timing.stages()), **extra,
+    )
+
+
+def action_record(r: ActionRecord, bundle: Bundle | None = None) -> AuditAction:
+    kind = _KINDS.get(r.kind)
+    detail = r.detail
+    target = r.target
+    if r.kind is ActionKind.SELF_HEAL_STEP:
+        step, _, rest = r.target.partition(" ")
+        if step in _STEPS:
+            kind, target = step, rest or r.target
+    if kind is None:
+        kind = "report_anomaly"
+        detail = f"[{r.kind.value}] {detail}"
+    origin = None
+    if bundle is not None and r.rule:
+        origin = next((b.origin for b in bundle.breakers if b.name == r.rule), None)
+    return AuditAction(time=r.time, kind=kind, target=target, rule=r.rule or None, rule_origin=origin,  # type: ignore[arg-type]
+                       outcome=_OUTCOMES[r.outcome], dry_run=r.dry_run, detail=f"{detail} (source: {r.source})")  # type: ignore[arg-type]
+
+
+class AuditBridge:
+    """Submits decisions and enforcer actions to an open `AuditLog`."""
+
+    def __init__(self, log_: AuditLog, bundle: Bundle) -> None:
+        self.log = log_
+        self.bundle = bundle
+        self.failures = 0
+
+    def decision(self, d: Decision, headers: Mapping[str, str]) -> None:
+        try:
+            self.log.submit_decision(decision_record(d, headers, self.bundle))
+        except Exception as e:  # the audit log must not take the decision path down; count and say so
+            self.failures += 1
+            log.error("audit: decision %s not recorded: %s", d.decision_id, e)
+
+    def action(self, r: ActionRecord) -> None:
+        try:
+            self.log.submit_action(action_record(r, self.bundle))
+        except Exception as e:
+            self.failures += 1
+            log.error("audit: action %s on %s not recorded: %s", r.kind.value, r.target, e)
+
+    def close(self) -> None:
+        self.log.close()

@@ -1,0 +1,59 @@
+"""How to run the decision service: one frozen configuration, filled by `policyc serve`'s
+flags, the demo, tests and the benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from .auth import Tokens
+
+
+class Telemetry(str, Enum):
+    SIMULATED = "simulated"  # the embedded simulated cluster (default: no source configured)
+    LOCAL = "local"  # this machine, via /sys (and NVML where a GPU exists)
+
+
+class EnforcerMode(str, Enum):
+    AUTO = "auto"  # the kernel plane where root and BPF allow, else user space (loudly)
+    KERNEL = "kernel"  # the kernel plane or fail
+    USERSPACE = "userspace"
+    OFF = "off"  # no guardian at all (benchmarks)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The simulated cluster: deterministic for a seed."""
+
+    seed: int = 1
+    hosts: int = 32
+    gpus_per_host: int = 4
+    hosts_per_rack: int = 4
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # set: mutual TLS, clients must present a certificate
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: an ephemeral port (the bound one is reported)
+    telemetry: Telemetry = Telemetry.SIMULATED
+    cluster: ClusterSpec = ClusterSpec()
+    refresh_interval: float = 0.2
+    candidates: int = 8  # best-k instances handed to the placer
+    tokens: Tokens = field(default_factory=Tokens)
+    tls: TlsFiles | None = None
+    allow_insecure_remote: bool = False  # plaintext off loopback: an explicit, loud opt-in
+    audit_log: Path | None = None
+    enforcer: EnforcerMode = EnforcerMode.USERSPACE
+    watch_gpus: bool = True  # feed per-GPU telemetry to the guardian's GPU rules each tick
+    max_decide_bytes: int = 64 * 1024
+    max_message_bytes: int = 32 * 1024 * 1024  # RegisterInstance may carry an ONNX model
+    metrics_port: int | None = None
+    start_refresher: bool = True  # tests may step the cluster by hand instead

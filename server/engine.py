@@ -1,0 +1,280 @@
+"""The decision engine: request → feasibility → match → placement, with no gRPC in it.
+
+Order matters for cost: the solver's feasibility answer is cached by request shape
+(microseconds) and rejects impossible requests before any index scan; the matcher's
+indexed best-k comes next; the placer chooses a GPU among the best candidates of the
+best-scoring model. A decision reads `self.state` exactly once (see `state.py`), so a
+reload never mixes bundles. Registration, deregistration and reloads are serialised by
+one writer lock; decisions never take it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from policyc.compiler.bundle import Atom, Bundle, Contract, Expr
+from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
+from policyc.matcher.registry import DEFAULT_SCORE
+from policyc.placer import NoPlacement, PlacementPlan, Placer
+from policyc.solver.feasibility import Infeasible
+
+from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage, Timing
+from .errors import ServiceError, Status
+from .request_input import to_request
+from .state import PolicyState, build_state
+
+MODEL_FANOUT = 4  # best-k is widened this much so that other models can be tried
+DEFAULT_BUDGET = 1.0  # seconds, for a contract without an SLO and a request without one
+
+
+def _slo_vars(e: Expr | None, out: set[str]) -> None:
+    if e is None:
+        return
+    if isinstance(e, Atom):
+        if e.attr == "slo_latency" and e.operand.kind == "var":
+            out.add(e.operand.name)  # type: ignore[union-attr]
+    elif e.op in ("and", "or"):
+        for a in e.args:  # type: ignore[union-attr]
+            _slo_vars(a, out)
+    elif e.op == "not":
+        _slo_vars(e.arg, out)  # type: ignore[union-attr]
+
+
+def slo_variables(bundle: Bundle) -> tuple[str, ...]:
+    """Request variables the rules compare `slo_latency` with: the request's latency target."""
+    out: set[str] = set()
+    for r in bundle.rules:
+        _slo_vars(r.require, out)
+    return tuple(sorted(out))
+
+
+class DecisionEngine:
+    def __init__(self, state: PolicyState, placer: Placer, *, candidates: int = 8,
+                 score_of: Callable[[str, str], float | None] | None = None) -> None:
+        if candidates < 1:
+            raise ValueError(f"candidates must be at least 1, got {candidates}")
+        self._state = state
+        self._slo_vars = slo_variables(state.bundle)
+        self.placer = placer
+        self.candidates = candidates
+        self._score_of = score_of
+        self._write = threading.Lock()
+        self._on_gpu: dict[str, set[str]] = defaultdict(set)
+        self._reload_listeners: list[Callable[[PolicyState], None]] = []
+        for inst, _, _ in state.registry.entries():
+            self._on_gpu[_gpu_key(inst)].add(inst.id)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def state(self) -> PolicyState:
+        return self._state
+
+    def on_reload(self, listener: Callable[[PolicyState], None]) -> None:
+        self._reload_listeners.append(listener)
+
+    def decide(self, inp: DecisionInput) -> Decision:
+        """Admit or reject; raises ServiceError only for bad input (never for a rejection)."""
+        return self._decide(self._state, inp)
+
+    def _budget(self, contract: Contract, vars) -> float:  # type: ignore[no-untyped-def]
+        budget = contract.slo.latency if contract.slo is not None else DEFAULT_BUDGET
+        for v in self._slo_vars:
+            x = vars.get(v)
+            if isinstance(x, float) and x > 0:
+                budget = min(budget, x)
+        return budget
+
+    def _decide(self, st: PolicyState, inp: DecisionInput, explain: bool = False) -> Decision:
+        clock = time.perf_counter
+        t0 = clock()
+        req, retry = to_request(st.registry, st.bundle, inp)
+        t1 = clock()
+        answer = st.feasibility.check(req.vars)
+        t2 = clock()
+        did = uuid.uuid4().hex
+        vars_ = req.vars
+        tenant = req.tenant
+        if isinstance(answer, Infeasible):
+            rej = Rejection(Stage.FEASIBILITY, answer.reason, answer.rule_ids, answer.spans)
+            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, (), 0, None, None, rej,
+                            Timing(t1 - t0, t2 - t1, 0.0, 0.0, clock() - t0), retry, tenant)
+        m = st.registry.match(req, self.candidates * MODEL_FANOUT)
+        t3 = clock()
+        if not m.admitted:
+            ex = st.registry.explain(req)
+            blocking = tuple(r for r in ex.rules if r.applied and r.eliminated > 0)
+            parts = [f"`{r.id}` ({r.origin}) excludes {r.eliminated} of {ex.live}" for r in blocking]
+            reason = (f"no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
+                ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
+            rej = Rejection(Stage.MATCH, reason, tuple(r.id for r in blocking), tuple(r.origin for r in blocking), blocking)
+            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, m.rules, 0, None, None, rej,
+                            Timing(t1 - t0, t2 - t1, t3 - t2, 0.0, clock() - t0), retry, tenant)
+        # Models in the order of their best candidate's score; the next model is tried only
+        # when the placer finds no feasible GPU for this one.
+        groups: dict[str, list] = {}
+        for s in m.best:
+            groups.setdefault(s.instance.model, []).append(s.instance)
+        refusals: list[tuple[str, NoPlacement]] = []
+        plan: PlacementPlan | NoPlacement | None = None
+        model = ""
+        for model, cands in groups.items():
+            contract = st.bundle.contract(model)
+            assert contract is not None  # admission guarantees it
+            cands = cands[: self.candidates]
+            plan = self.placer.place(cands, self._budget(contract, vars_), contract, inp.session)
+            if isinstance(plan, PlacementPlan):
+                break
+            refusals.append((model, plan))
+        t4 = clock()
+        timing = Timing(t1 - t0, t2 - t1, t3 - t2, t4 - t3, 0.0)
+        if not isinstance(plan, PlacementPlan):
+            first_model, first = refusals[0]
+            reason = "; ".join(f"`{mod}`: {np.message}" for mod, np in refusals)
+            rej = Rejection(Stage.PLACEMENT, reason, binding=first.binding.value, gpus=first.rejected)
+            return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
+                            _total(timing, clock() - t0), retry, tenant)
+        region = next((c.deployment.region for c in groups[model] if c.id == plan.instance_id), None)
+        notes = tuple(f"model `{mod}` was tried first: {np.message}" for mod, np in refusals)
+        return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
+                        _total(timing, clock() - t0), retry, tenant, notes)
+
+    def explain(self, inp: DecisionInput) -> Account:
+        st = self._state
+        d = self._decide(st, inp, explain=True)
+        req, _ = to_request(st.registry, st.bundle, inp)
+        answer = st.feasibility.check(req.vars)
+        feas = answer.reason if isinstance(answer, Infeasible) else (
+            "feasible: some declared instance can serve this request" if answer.feasible else f"undecided: {answer.reason}")
+        ex = st.registry.explain(req) if d.rejection is None or d.rejection.stage is not Stage.FEASIBILITY else None
+        return Account(d, feas, ex, tuple(narrate(d, feas, ex)))
+
+    # ------------------------------------------------------------------ writing
+    def register(self, instance: Instance, score: float | None = None) -> int:
+        """Add an instance; returns the registry size. ServiceError says why not."""
+        with self._write:
+            st = self._state
+            if score is None:
+                s = self._score_of(instance.deployment.host, instance.deployment.gpu) if self._score_of else None
+                score = DEFAULT_SCORE if s is None else s
+            try:
+                st.registry.add(instance, score)
+            except AdmissionError as e:
+                unknown = any(p.startswith("unknown model") for p in e.problems)
+                raise ServiceError(Status.NOT_FOUND if unknown else Status.FAILED_PRECONDITION, str(e), e.problems) from None
+            except RegistryError as e:
+                status = Status.ALREADY_EXISTS if "already registered" in str(e) else Status.INVALID_ARGUMENT
+                raise ServiceError(status, str(e)) from None
+            self._on_gpu[_gpu_key(instance)].add(instance.id)
+            return len(st.registry)
+
+    def register_many(self, instances: Iterable[Instance], scores: dict[str, float] | None = None) -> int:
+        """Bulk registration (all or nothing): the fast path for fleets and benchmarks."""
+        items = list(instances)
+        with self._write:
+            try:
+                self._state.registry.add_many(items, scores)
+            except RegistryError as e:
+                raise ServiceError(Status.FAILED_PRECONDITION, str(e)) from None
+            for inst in items:
+                self._on_gpu[_gpu_key(inst)].add(inst.id)
+            return len(self._state.registry)
+
+    def deregister(self, instance_id: str) -> int:
+        with self._write:
+            st = self._state
+            try:
+                inst = st.registry.get(instance_id)
+                st.registry.remove(instance_id)
+            except UnknownInstanceError as e:
+                raise ServiceError(Status.NOT_FOUND, str(e)) from None
+            self._on_gpu[_gpu_key(inst)].discard(instance_id)
+            return len(st.registry)
+
+    def reload(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, tuple[str, ...]]:
+        """Swap to `bundle` atomically: the new registry and feasibility cache are built
+        beside the old ones, then one reference changes. Returns (previous hash, evicted)."""
+        with self._write:
+            old = self._state
+            entries = old.registry.entries()
+            keep, evicted, refused = [], [], []
+            for inst, _, score in entries:
+                problems = admission_problems(inst, bundle)
+                if problems:
+                    (evicted if evict_inadmissible else refused).append((inst.id, problems[0]))
+                else:
+                    keep.append((inst, score))
+            if refused:
+                shown = "; ".join(f"{i}: {p}" for i, p in refused[:5])
+                more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+                raise ServiceError(Status.FAILED_PRECONDITION,
+                                   f"the new bundle does not admit {len(refused)} registered instance(s): {shown}{more}; "
+                                   "reload with evict_inadmissible to drop them")
+            new = build_state(bundle, [i for i, _ in keep], {i.id: s for i, s in keep})
+            for listener in self._reload_listeners:
+                listener(new)  # e.g. the guardian's rule tables: raises before anything is swapped
+            self._slo_vars = slo_variables(bundle)
+            self._state = new
+            for iid, _ in evicted:
+                for ids in self._on_gpu.values():
+                    ids.discard(iid)
+            return old.bundle_hash, tuple(i for i, _ in evicted)
+
+    def push_scores(self, changes: Iterable[tuple[str, str, float]]) -> int:
+        """Apply the placer's GPU score changes to the instances on those GPUs."""
+        n = 0
+        reg = self._state.registry
+        for host, gpu, score in changes:
+            for iid in tuple(self._on_gpu.get(f"{host}/{gpu}", ())):
+                try:
+                    reg.set_score(iid, min(1.0, max(0.0, score)))
+                    n += 1
+                except UnknownInstanceError:
+                    continue
+        return n
+
+
+def _gpu_key(inst: Instance) -> str:
+    return f"{inst.deployment.host}/{inst.deployment.gpu}"
+
+
+def _total(t: Timing, total: float) -> Timing:
+    return Timing(t.parse, t.feasibility, t.match, t.place, total)
+
+
+def narrate(d: Decision, feasibility: str, ex) -> list[str]:  # type: ignore[no-untyped-def]
+    """The account in sentences, in the order the engine decided."""
+    lines = [f"bundle {d.bundle_hash[:19]}…; request variables: "
+             + (", ".join(f"{k}={v}" for k, v in sorted(d.variables.items())) or "none")]
+    lines.append(f"solver: {feasibility}")
+    if ex is not None:
+        lines.append(f"matcher: {ex.count} of {ex.live} live instances satisfy every applicable rule "
+                     f"(Bloom filter skipped {ex.shards_skipped_by_bloom} of {ex.shards} shards)")
+        for r in ex.rules:
+            if not r.applied:
+                lines.append(f"  rule `{r.id}` ({r.origin}) does not apply: {r.why}")
+                continue
+            lines.append(f"  rule `{r.id}` ({r.origin}) applies: excludes {r.eliminated} on its own, "
+                         f"{r.eliminated_in_order} after the rules before it")
+            for p in r.predicates:
+                lines.append(f"    `{p.predicate}` ({p.origin}) fails on {p.failing} instance(s)")
+    if d.plan is not None:
+        lines.append(f"placer: {d.plan.reasons[0]}")
+        lines.extend(f"  {x}" for x in (*d.plan.reasons[1:], *d.notes))
+        for rj in d.plan.rejected:
+            lines.append(f"  not {rj.gpu}: {rj.constraint.value} ({rj.detail})")
+    if d.rejection is not None:
+        lines.append(f"rejected at {d.rejection.stage.value}: {d.rejection.reason}")
+        for g in d.rejection.gpus[:8]:
+            lines.append(f"  not {g.gpu}: {g.constraint.value} ({g.detail})")
+    else:
+        lines.append(f"admitted: {d.model} on {d.plan.gpu_key if d.plan else '?'}")
+    return lines
+
+
+def finite_ms(seconds: float) -> float:
+    return seconds * 1e3 if math.isfinite(seconds) else -1.0

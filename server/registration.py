@@ -1,0 +1,78 @@
+"""`RegisterInstance`: the instance's contract, given inline or inside an ONNX model, must
+be the bundle's contract of that name. A model whose embedded contract lacks a required
+field is refused naming the field (`INVALID_ARGUMENT`); one whose contract differs from the
+bundle's (contract drift) is refused naming the fields that differ (`FAILED_PRECONDITION`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+
+from policyc.compiler.bundle import Bundle, Contract
+from policyc.onnxgate.contract_metadata import load_contract
+from policyc.onnxgate.errors import ContractMetadataError
+
+from .errors import ServiceError, Status
+
+# Where a contract was written and what the solver derived from it are not the promise itself.
+_NOT_COMPARED = {"origin", "field_origins", "gpu_shares"}
+
+
+def _promise(c: Contract) -> dict:
+    def strip(x):  # type: ignore[no-untyped-def]
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("origin",)}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    return {k: strip(v) for k, v in c.model_dump(mode="json").items() if k not in _NOT_COMPARED}
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        path = f"{prefix}{k}"
+        if isinstance(x, dict) and isinstance(y, dict):
+            out.extend(_differences(x, y, path + "."))
+        elif x != y:
+            out.append(path)
+    return out
+
+
+def contract_from_json(text: str) -> Contract:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: not JSON at column {e.colno}: {e.msg}", field="contract_json") from None
+    try:
+        return Contract.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: `{where}`: {first['msg']}", field=where) from None
+
+
+def contract_from_onnx(data: bytes) -> Contract:
+    try:
+        return load_contract(data)
+    except ContractMetadataError as e:
+        raise ServiceError(Status.INVALID_ARGUMENT, str(e), field=e.field) from None
+
+
+def check_against_bundle(given: Contract, model: str, bundle: Bundle) -> str:
+    """The model name to register under; ServiceError when the given contract is not the bundle's."""
+    name = model or given.name
+    if model and given.name != model:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"the contract is `{given.name}` but the instance says model `{model}`", field="model")
+    ours = bundle.contract(name)
+    if ours is None:
+        raise ServiceError(Status.NOT_FOUND, f"unknown model `{name}`: the bundle has no contract of that name", field="model")
+    diff = _differences(_promise(given), _promise(ours))
+    if diff:
+        shown = ", ".join(f"`{d}`" for d in diff[:6])
+        raise ServiceError(Status.FAILED_PRECONDITION,
+                           f"contract drift: the given contract `{name}` differs from the bundle's in {shown}", tuple(diff), field=diff[0])
+    return name

@@ -1,0 +1,113 @@
+"""Turn the API's request (headers and/or typed attributes, tenant, retry count) into the
+matcher's typed `Request`, or a `ServiceError` naming every problem.
+
+Headers go through the bundle's header mappings (the matcher's parser). Typed attributes
+bypass header parsing but are still checked against the request variables the bundle
+declares and their types; their *values* (declared names, ranges) are the solver's to
+judge, so a request for region `mars-1` reaches the feasibility check and is rejected
+there with the rule that makes it impossible.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Mapping
+
+from policyc.compiler.bundle import Bundle, Scalar
+from policyc.matcher import Request, RequestError
+from policyc.matcher.registry import Registry
+
+from .decision import DecisionInput
+from .errors import ServiceError, Status
+
+RETRY_HEADER = "x-retry-count"
+MAX_HEADERS = 64
+MAX_VALUE_BYTES = 4096
+QUANTITY_TYPES = frozenset({"time", "bandwidth", "flops", "ratio", "count", "size"})
+_UNKNOWN_TENANT = "unknown tenant"
+
+
+def split_retry(headers: Mapping[str, str], retry_count: int) -> tuple[dict[str, str], int]:
+    """Remove the transport-level `X-Retry-Count` header (the guardian's, not the policy's)
+    and return the effective retry count."""
+    rest: dict[str, str] = {}
+    count = retry_count
+    for k, v in headers.items():
+        if k.lower() == RETRY_HEADER:
+            try:
+                n = int(v.strip())
+                if n < 0:
+                    raise ValueError
+            except ValueError:
+                raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k}`: `{v}` is not a non-negative whole number",
+                                   (f"header `{k}`: `{v}` is not a non-negative whole number",)) from None
+            count = max(count, n)
+        else:
+            rest[k] = v
+    return rest, count
+
+
+def _check_sizes(headers: Mapping[str, str]) -> None:
+    if len(headers) > MAX_HEADERS:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"too many headers: {len(headers)} (at most {MAX_HEADERS})")
+    for k, v in headers.items():
+        if len(k) + len(v) > MAX_VALUE_BYTES:
+            raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k[:64]}`: value of {len(v)} bytes exceeds {MAX_VALUE_BYTES}")
+
+
+def _var_types(bundle: Bundle) -> dict[str, str]:
+    types = {h.var: h.type for h in bundle.headers}
+    types.setdefault("tenant", "name")
+    types["tenant_class"] = "name"
+    return types
+
+
+def _typed(bundle: Bundle, attributes: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    types = _var_types(bundle)
+    problems: list[str] = []
+    out: dict[str, Scalar] = {}
+    for name, value in attributes.items():
+        t = types.get(name)
+        if t is None:
+            close = difflib.get_close_matches(name, list(types), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; this policy reads {', '.join(sorted(types))}"
+            problems.append(f"attribute `{name}`: not a request variable of this bundle{hint}")
+            continue
+        if name == "tenant_class":
+            problems.append("attribute `tenant_class`: derived from the tenant, never given")
+            continue
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if t in QUANTITY_TYPES else \
+            isinstance(value, bool) if t == "bool" else isinstance(value, str)
+        if not ok:
+            want = "a number (SI units)" if t in QUANTITY_TYPES else "a flag" if t == "bool" else "text"
+            problems.append(f"attribute `{name}`: expected {want} for a `{t}` variable, got {type(value).__name__} `{value!r}`")
+            continue
+        out[name] = float(value) if t in QUANTITY_TYPES else value
+    if problems:
+        raise ServiceError(Status.INVALID_ARGUMENT, "; ".join(problems), tuple(problems))
+    return out
+
+
+def to_request(registry: Registry, bundle: Bundle, inp: DecisionInput) -> tuple[Request, int]:
+    """The typed request and the retry count, or ServiceError."""
+    headers, retry = split_retry(inp.headers, inp.retry_count)
+    _check_sizes(headers)
+    typed = _typed(bundle, inp.attributes) if inp.attributes else {}
+    tenant = inp.tenant or (typed.get("tenant") if isinstance(typed.get("tenant"), str) else None)
+    try:
+        parsed = registry.parse_request(headers, tenant)
+    except RequestError as e:
+        details = tuple(str(p) for p in e.problems)
+        tenant_only = all(p.message.startswith(_UNKNOWN_TENANT) for p in e.problems)
+        raise ServiceError(Status.NOT_FOUND if tenant_only else Status.INVALID_ARGUMENT, str(e), details) from None
+    if not typed:
+        return parsed, retry
+    values = dict(parsed.vars)
+    lowered = {k.lower() for k in headers}
+    by_var = {h.var: h.header for h in bundle.headers}
+    for name, value in typed.items():
+        h = by_var.get(name)
+        if h is not None and h.lower() in lowered and values.get(name) != value:
+            raise ServiceError(Status.INVALID_ARGUMENT, f"attribute `{name}` disagrees with header `{h}`")
+        values[name] = value
+    return Request.of(values), retry

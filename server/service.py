@@ -1,0 +1,170 @@
+"""The gRPC servicer: authentication, input limits and deadlines, then the engine.
+
+Runs on grpc.aio; the engine's work is CPU-bound and short (microseconds to a few
+milliseconds) so it runs inline on the event loop; a bundle reload, which rebuilds the
+index, runs in a worker thread so serving continues on the old state until the swap.
+Every refusal is a precise status with the problem in the message and, one per line, in
+the `policyc-problem` trailing metadata (`policyc-field` names a field when there is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from policyc.compiler import bundle_io
+from policyc.compiler.bundle import Bundle
+
+from . import convert
+from .audit_bridge import AuditBridge
+from .auth import Permission, Tokens
+from .engine import DecisionEngine
+from .errors import ServiceError, Status
+from .metrics import Metrics
+from .proto import pb, pb_grpc
+from .registration import check_against_bundle, contract_from_json, contract_from_onnx
+
+CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
+log = logging.getLogger("policyc.server")
+
+
+def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A bug inside an RPC becomes INTERNAL with a one-line reason (logged in full here),
+    never a Python traceback on the wire; the server keeps serving."""
+
+    @functools.wraps(method)
+    async def run(self: "DecisionService", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the boundary where bugs are contained
+            log.exception("%s failed", method.__name__)
+            self.metrics.errors.labels(method.__name__, "INTERNAL").inc()
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {type(e).__name__}: {e}")
+
+    return run
+
+
+class DecisionService(pb_grpc.DecisionsServicer):
+    def __init__(self, engine: DecisionEngine, metrics: Metrics, tokens: Tokens, *, audit: AuditBridge | None = None,
+                 max_decide_bytes: int = 64 * 1024, load_bundle: Callable[[str], Bundle] | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.tokens = tokens
+        self.audit = audit
+        self.max_decide_bytes = max_decide_bytes
+        self._load_bundle = load_bundle or (lambda path: bundle_io.load(path))
+        self._reload_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ common checks
+    def _admit(self, context: grpc.aio.ServicerContext, permission: Permission, size: int | None = None) -> None:
+        self.tokens.require(context.invocation_metadata() or (), permission)
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decision started")
+        if size is not None and size > self.max_decide_bytes:
+            raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {size} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ServiceError) -> None:
+        self.metrics.errors.labels(method, e.status.value).inc()
+        md: list[tuple[str, str]] = [("policyc-problem", d[:1000]) for d in e.details[:32]]
+        if e.field:
+            md.append(("policyc-field", e.field))
+        await context.abort(CODES[e.status], e.message[:4000], trailing_metadata=tuple(md))
+
+    # ------------------------------------------------------------------ RPCs
+    @_no_tracebacks
+    async def Decide(self, request: pb.DecideRequest, context: grpc.aio.ServicerContext) -> pb.Decision:
+        try:
+            self._admit(context, Permission.DECIDE, request.ByteSize())
+            d = self.engine.decide(convert.decision_input(request))
+        except ServiceError as e:
+            await self._refuse(context, "Decide", e)
+            raise  # unreachable: abort raises
+        self.metrics.observe(d)
+        if self.audit is not None:
+            self.audit.decision(d, request.headers)
+        return convert.decision(d)
+
+    @_no_tracebacks
+    async def Explain(self, request: pb.DecideRequest, context: grpc.aio.ServicerContext) -> pb.Explanation:
+        try:
+            self._admit(context, Permission.EXPLAIN, request.ByteSize())
+            a = self.engine.explain(convert.decision_input(request))
+        except ServiceError as e:
+            await self._refuse(context, "Explain", e)
+            raise
+        return convert.account(a)
+
+    @_no_tracebacks
+    async def RegisterInstance(self, request: pb.RegisterInstanceRequest, context: grpc.aio.ServicerContext) -> pb.RegisterInstanceResponse:
+        try:
+            self._admit(context, Permission.REGISTER)
+            bundle = self.engine.state.bundle
+            which = request.WhichOneof("contract")
+            model = request.model
+            if which == "contract_json":
+                model = check_against_bundle(contract_from_json(request.contract_json), model, bundle)
+            elif which == "onnx_model":
+                model = check_against_bundle(contract_from_onnx(request.onnx_model), model, bundle)
+            elif not model:
+                raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
+            inst = convert.instance(request, model)
+            score = request.score if request.HasField("score") else None
+            if score is not None and not 0.0 <= score <= 1.0:
+                raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
+            size = self.engine.register(inst, score)
+        except ServiceError as e:
+            await self._refuse(context, "RegisterInstance", e)
+            raise
+        return pb.RegisterInstanceResponse(instance_id=inst.id, model=model, registry_size=size, bundle_hash=bundle.content_hash)
+
+    @_no_tracebacks
+    async def DeregisterInstance(self, request: pb.DeregisterInstanceRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterInstanceResponse:
+        try:
+            self._admit(context, Permission.REGISTER)
+            size = self.engine.deregister(request.instance_id)
+        except ServiceError as e:
+            await self._refuse(context, "DeregisterInstance", e)
+            raise
+        return pb.DeregisterInstanceResponse(registry_size=size)
+
+    @_no_tracebacks
+    async def ReloadBundle(self, request: pb.ReloadBundleRequest, context: grpc.aio.ServicerContext) -> pb.ReloadBundleResponse:
+        try:
+            self._admit(context, Permission.RELOAD)
+            which = request.WhichOneof("source")
+            try:
+                if which == "bundle_json":
+                    bundle = bundle_io.loads(request.bundle_json, origin="<ReloadBundle>")
+                elif which == "path":
+                    bundle = self._load_bundle(request.path)
+                else:
+                    raise ServiceError(Status.INVALID_ARGUMENT, "give `bundle_json` or `path`")
+            except bundle_io.BundleError as e:
+                raise ServiceError(Status.INVALID_ARGUMENT, str(e)) from None
+            prev, evicted = await self.reload(bundle, request.evict_inadmissible)
+        except ServiceError as e:
+            await self._refuse(context, "ReloadBundle", e)
+            raise
+        return pb.ReloadBundleResponse(previous_hash=prev, bundle_hash=bundle.content_hash, evicted=list(evicted),
+                                       registry_size=len(self.engine.state.registry))
+
+    async def reload(self, bundle: Bundle, evict: bool = False) -> tuple[str, tuple[str, ...]]:
+        """Reload off the event loop (also called by the SIGHUP handler)."""
+        async with self._reload_lock:
+            try:
+                prev, evicted = await asyncio.to_thread(self.engine.reload, bundle, evict_inadmissible=evict)
+            except ServiceError:
+                self.metrics.reloads.labels("refused").inc()
+                raise
+            self.metrics.reloads.labels("ok").inc()
+            self.metrics.set_bundle(prev, bundle.content_hash)
+            if self.audit is not None:
+                self.audit.bundle = bundle
+            return prev, evicted

@@ -1,0 +1,71 @@
+"""Adapters between the enforcer and the rest: the guardian's plane, anomaly sink, executor
+and audit sink, and the telemetry feed of its GPU rules.
+
+The guardian's anomaly sink calls `report_anomaly(gpu_key, signal, value)`, which is the
+placer's own signature (`host/gpuN`), so the placer is the sink. Self-heal's rebalance
+step is the placer's `rebalance(host)`. Actions go to the audit log when one is open and
+are otherwise kept in memory (`MemoryAudit`), never lost silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from policyc.compiler.bundle import Bundle
+from policyc.enforcer.collaborators import MemoryAudit
+from policyc.enforcer.executor import ActionExecutor
+from policyc.enforcer.guardian import Guardian, GpuVerdict
+from policyc.enforcer.records import ActionRecord
+from policyc.placer import Placer, Snapshot
+
+from .audit_bridge import AuditBridge
+from .config import EnforcerMode
+
+SM_SIGNAL = "sm_utilization"
+
+
+class ActionSink:
+    """Every enforcer action: kept in memory (for the demo and tests) and audited when a log is open."""
+
+    def __init__(self, audit: AuditBridge | None) -> None:
+        self.memory = MemoryAudit()
+        self.audit = audit
+
+    def __call__(self, record: ActionRecord) -> None:
+        self.memory(record)
+        if self.audit is not None:
+            self.audit.action(record)
+
+
+def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: AuditBridge | None) -> tuple[Guardian, ActionSink]:
+    from policyc.enforcer.plane import open_plane
+    from policyc.enforcer.userspace_plane import UserSpacePlane
+
+    sink = ActionSink(audit)
+    if mode is EnforcerMode.USERSPACE:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plane = UserSpacePlane(sink, reason="the decision service was started with --enforcer userspace")
+    else:
+        plane = open_plane(sink, require_kernel=mode is EnforcerMode.KERNEL)
+    g = Guardian(bundle, plane=plane, anomalies=placer, audit=sink,
+                 executor=ActionExecutor(sink, rebalance=placer.rebalance))
+    return g, sink
+
+
+class GpuWatch:
+    """Feeds each GPU's SM utilisation from every new snapshot to the guardian's GPU rules
+    (the simulated cluster and NVML both report it), and remembers what fired."""
+
+    def __init__(self, guardian: Guardian) -> None:
+        self.guardian = guardian
+        self.fired: list[tuple[str, GpuVerdict]] = []
+
+    def on_refresh(self, new: Snapshot, previous: Snapshot | None) -> None:
+        t = new.topology
+        sm = new.frame.gpu_sm_util
+        for i in range(len(t.gpus)):
+            key = t.gpu_key(i)
+            verdict = self.guardian.observe_gpu(key, {SM_SIGNAL: float(sm[i])})
+            if verdict.fired:
+                self.fired.append((key, verdict))
