@@ -7,6 +7,7 @@ arrives as `VisitError` and is unwrapped here.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -34,9 +35,16 @@ def _grammar_text() -> str:
     return resources.files("policyc").joinpath("grammar.lark").read_text(encoding="utf-8")
 
 
+_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=1)
-def _parser() -> lark.Lark:
-    return lark.Lark(_grammar_text(), parser="lalr", propagate_positions=True, maybe_placeholders=False)
+def _parser() -> tuple[lark.Lark, ToAst]:
+    """One parser whose callbacks build AST nodes directly (no parse tree); the callbacks'
+    transformer is told which file it is reading before each parse, under `_LOCK`."""
+    builder = ToAst("<none>")
+    return lark.Lark(_grammar_text(), parser="lalr", keep_all_tokens=True, maybe_placeholders=False,
+                     transformer=builder), builder
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -73,12 +81,15 @@ def _syntax_diagnostic(e: UnexpectedInput, src: Source) -> Diagnostic:
 def parse(src: Source) -> tuple[ast.File | None, list[Diagnostic]]:
     """Parse one file. Returns the tree, or None with the syntax error."""
     try:
-        tree = _parser().parse(src.text)
+        parser, builder = _parser()
+        with _LOCK:
+            builder.file = src.name
+            items = parser.parse(src.text)
     except UnexpectedInput as e:
         return None, [_syntax_diagnostic(e, src)]
-    try:
-        items = ToAst(src.name).transform(tree)
-    except VisitError as e:  # a problem found while building nodes carries its diagnostic
+    except ToAst.Problem as e:  # a problem found while building a node carries its diagnostic
+        return None, [e.diagnostic]
+    except VisitError as e:
         if isinstance(e.orig_exc, ToAst.Problem):
             return None, [e.orig_exc.diagnostic]
         raise
