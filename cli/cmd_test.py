@@ -1,0 +1,82 @@
+"""`policyc test [PATH…]`: run policy authors' test files against the compiled policies.
+
+Compiles the `.contract` files of PATH (default `policies`), or loads `--bundle`, and runs
+every `*_test.toml` directly in PATH or in PATH/tests (or the files given with `--tests`).
+`--coverage` lists the rules no case exercised. Exit codes: 0 all passed, 1 a failed case,
+a broken test file or policy errors, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from policyc.compiler import bundle_io
+from policyc.compiler.pipeline import compile_paths
+
+from .report import add_format_flag, print_diagnostics
+
+
+def register(sub) -> None:
+    p = sub.add_parser("test", help="run policy test files (fleet, requests, expected outcomes)")
+    p.add_argument("paths", nargs="*", default=["policies"], help="`.contract` files or directories (default: policies)")
+    p.add_argument("--bundle", help="test this compiled bundle instead of compiling PATHs")
+    p.add_argument("--tests", nargs="+", metavar="FILE", help="test files (default: *_test.toml in PATH and PATH/tests)")
+    p.add_argument("--coverage", action="store_true", help="list the rules no test case exercised")
+    add_format_flag(p)
+    p.set_defaults(func=run)
+
+
+def _test_files(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            out += sorted(p.glob("*_test.toml")) + sorted((p / "tests").glob("*_test.toml"))
+    return out
+
+
+def run(args) -> int:
+    from policyc.matcher.policy_tests import run_files
+
+    if args.bundle:
+        try:
+            bundle = bundle_io.loads(Path(args.bundle).read_text(encoding="utf-8"), origin=args.bundle)
+        except (OSError, bundle_io.BundleError) as e:
+            print(f"policyc test: {e}", flush=True)
+            return 1
+    else:
+        result = compile_paths(args.paths, analyse=False)
+        print_diagnostics(result.diagnostics, result.sources, args.format)
+        if not result.ok:
+            return 1
+        bundle = result.bundle
+    files = [Path(f) for f in args.tests] if args.tests else _test_files(args.paths)
+    if not files:
+        print("policyc test: no `*_test.toml` files found", flush=True)
+        return 1
+    report = run_files(bundle, files)
+    failed = [r for r in report.results if not r.passed]
+    if args.format == "json":
+        print(json.dumps({
+            "passed": len(report.results) - len(failed), "failed": len(failed), "errors": list(report.errors),
+            "cases": [{"file": r.file, "name": r.name, "passed": r.passed, "failures": list(r.failures),
+                       "rules_applied": list(r.applied)} for r in report.results],
+            "coverage": {"rules": report.rules, "exercised": report.rules - len(report.uncovered),
+                         "uncovered": [{"id": r.id, "origin": str(r.origin)} for r in report.uncovered]},
+        }, indent=1, sort_keys=True))
+    else:
+        for e in report.errors:
+            print(f"error: {e}")
+        for r in report.results:
+            print(f"{'PASS' if r.passed else 'FAIL'}: {r.file}: {r.name}")
+            for f in r.failures:
+                print(f"    {f}")
+        print(f"{len(report.results) - len(failed)} passed, {len(failed)} failed"
+              + (f", {len(report.errors)} file error(s)" if report.errors else ""))
+        if args.coverage:
+            covered = report.rules - len(report.uncovered)
+            print(f"coverage: {covered}/{report.rules} rules exercised")
+            for r in report.uncovered:
+                print(f"  not exercised: {r.id} ({r.origin})")
+    return 0 if report.ok else 1

@@ -1,0 +1,176 @@
+"""`policyc test`: policy authors' own test files, run against the compiled bundle.
+
+A test file (`*_test.toml`) holds a fleet fixture and cases:
+
+    [[instance]]                      # the fleet: registered as the decision service would
+    id = "fraud-usw-1"
+    model = "fraud-scorer"
+    score = 0.9                       # optional, default 0.5
+    labels = { rack = "r1" }          # optional
+    deployment = { host = "h1", gpu = "gpu0", gpu_model = "A100-80G", region = "us-west", tpm = true }
+
+    [[case]]
+    name = "finance lands on hardened hardware"
+    headers = { X-Tenant = "acme-bank", X-SLO-Latency = "250ms" }
+    admitted = true                   # at least one instance may serve it
+    instances = ["fraud-usw-1"]       # optional: exactly these may
+    best = "fraud-usw-1"              # optional: the best-scored one
+    reason = "compliance.healthcare-eu"   # optional, when not admitted: a rule that blocks it
+    error_header = "X-SLO-Latency"    # optional: the request is refused for this header
+
+Why a case is not admitted: a refused request names its header; otherwise the *blocking*
+rules are the applied rules whose removal alone would admit some instance, or, when no
+single rule does, every applied rule that eliminates something. `reason` must be one of
+them. Coverage (like `opa test --coverage`): a rule is exercised when it applied in at
+least one case; the report lists the rules no case exercised.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from policyc.compiler.bundle import Bundle, RequestRule
+
+from .errors import RegistryError, RequestError
+from .evaluate import admits
+from .instance import Deployment
+from .instance import Instance as InstanceModel
+from .registry import DEFAULT_SCORE, Registry
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FleetEntry(_Strict):
+    id: str
+    model: str
+    deployment: Deployment
+    labels: dict[str, str] = Field(default_factory=dict)
+    score: float = DEFAULT_SCORE
+
+
+class Case(_Strict):
+    name: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    tenant: str | None = None
+    admitted: bool
+    instances: list[str] | None = None
+    best: str | None = None
+    reason: str | None = None
+    error_header: str | None = None
+
+
+class TestFile(_Strict):
+    instance: list[FleetEntry] = Field(default_factory=list)
+    case: list[Case] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    file: str
+    name: str
+    passed: bool
+    failures: tuple[str, ...]
+    applied: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    results: tuple[CaseResult, ...]
+    errors: tuple[str, ...]  # files that could not be loaded, with the place and problem
+    uncovered: tuple[RequestRule, ...]
+    rules: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.passed for r in self.results)
+
+
+class TestFileError(ValueError):
+    pass
+
+
+def load(path: Path) -> TestFile:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TestFileError(f"{path.as_posix()}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise TestFileError(f"{path.as_posix()}: not valid TOML: {e}") from None
+    try:
+        return TestFile.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TestFileError(f"{path.as_posix()}: `{where}`: {first['msg']} ({e.error_count()} problem(s))") from None
+
+
+def run_case(reg: Registry, case: Case, file: str) -> CaseResult:
+    failures: list[str] = []
+    try:
+        request = reg.parse_request(case.headers, case.tenant)
+    except RequestError as e:
+        if case.admitted:
+            failures.append(f"expected admitted, but the request was refused: {e}")
+        elif case.error_header is not None and case.error_header.lower() not in {p.header.lower() for p in e.problems}:
+            failures.append(f"expected a refusal naming header `{case.error_header}`, got: {e}")
+        elif case.reason is not None and case.reason.lower() not in {p.header.lower() for p in e.problems}:
+            failures.append(f"expected reason `{case.reason}`, but the request was refused: {e}")
+        return CaseResult(file, case.name, not failures, tuple(failures), ())
+    if case.error_header is not None:
+        failures.append(f"expected a refusal naming header `{case.error_header}`, but the request parsed")
+    m = reg.match(request, max(len(reg), 1))
+    applied = tuple(r.id for r in m.rules)
+    got = [s.instance.id for s in m.best]
+    if m.admitted != case.admitted:
+        failures.append(f"expected {'admitted' if case.admitted else 'not admitted'}, got "
+                        f"{'admitted by ' + ', '.join(got) if m.admitted else 'no instance'}")
+    if case.instances is not None and sorted(case.instances) != sorted(got):
+        failures.append(f"expected instances {sorted(case.instances)}, got {sorted(got)}")
+    if case.best is not None and (not got or got[0] != case.best):
+        failures.append(f"expected best `{case.best}`, got `{got[0] if got else 'none'}`")
+    if case.reason is not None:
+        reasons = _reasons(reg, applied, request.vars)
+        if case.reason not in reasons:
+            failures.append(f"expected reason `{case.reason}`, blocking rules are: {', '.join(reasons) or 'none'}")
+    return CaseResult(file, case.name, not failures, tuple(failures), applied)
+
+
+def _reasons(reg: Registry, applied: tuple[str, ...], vars) -> tuple[str, ...]:
+    by_id = {r.id: r for r in reg.bundle.rules}
+    rules = [by_id[i] for i in applied]
+    entries = reg.entries()
+    critical = tuple(r.id for r in rules
+                     if any(admits([o for o in rules if o is not r], attrs, vars) for _, attrs, _ in entries))
+    if critical:
+        return critical
+    return tuple(r.id for r in rules if any(not admits([r], attrs, vars) for _, attrs, _ in entries))
+
+
+def run_files(bundle: Bundle, files: list[Path]) -> Report:
+    results: list[CaseResult] = []
+    errors: list[str] = []
+    for path in files:
+        try:
+            tf = load(path)
+        except TestFileError as e:
+            errors.append(str(e))
+            continue
+        name = path.as_posix()
+        reg = Registry(bundle)
+        try:
+            for e in tf.instance:
+                reg.add(InstanceModel(id=e.id, model=e.model, deployment=e.deployment, labels=e.labels), e.score)
+        except RegistryError as e:
+            errors.append(f"{name}: fleet fixture: {e}")
+            continue
+        for case in tf.case:
+            results.append(run_case(reg, case, name))
+    exercised = {rid for r in results for rid in r.applied}
+    uncovered = tuple(r for r in bundle.rules if r.id not in exercised)
+    return Report(tuple(results), tuple(errors), uncovered, len(bundle.rules))
