@@ -24,15 +24,16 @@ from typing import IO, Iterable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import checkpoints
-from .chain import Columns, columns_of, digest, genesis
+from .chain import digest, genesis
 from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
 from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
-from .store import ENTRY_INSERT, ENTRY_SELECT, Durability, connect_writer, log_id
+from .consistency import first_inconsistent
+from .store import CHAIN_SELECT, ENTRY_INSERT, Durability, connect_writer, entries_definition_intact, log_id
 from .verify_chain import walk
 from .wal import WalTail, inspect_wal
 
-_Item = tuple[Columns, str]
+_Item = bytes  # the record's JSON, redacted
 
 
 class _Batch:
@@ -186,8 +187,15 @@ class AuditLog:
             if row is None:
                 raise AuditLogCorrupt(f"{self.path}: entry {start} is missing; run `policyc audit verify {self.path}`")
             prev = row[0]
-        rows = self._conn.execute(ENTRY_SELECT + " WHERE seq > ? ORDER BY seq", (start,))
+        rows = self._conn.execute(CHAIN_SELECT + " WHERE seq > ? ORDER BY seq", (start,))
         result = walk(rows, prev, start + 1)
+        if result.problem is None and not entries_definition_intact(self._conn):
+            bad = first_inconsistent(self._conn, 1, result.last_seq) or (result.last_seq, "table definition")
+            if bad is not None:
+                raise AuditLogCorrupt(
+                    f"{self.path}: the chain's tail does not verify at seq {bad[0]} (index column `{bad[1]}` disagrees with the record); "
+                    f"refusing to append. Run `policyc audit verify {self.path}`"
+                )
         if result.problem is not None:
             raise AuditLogCorrupt(
                 f"{self.path}: the chain's tail does not verify at seq {result.problem.seq} ({result.problem.message}); "
@@ -201,12 +209,12 @@ class AuditLog:
         """Queue a decision record (redacted here); wait on the receipt for durability."""
         if not isinstance(record, DecisionRecord):
             raise TypeError(f"submit_decision takes a DecisionRecord, not {type(record).__name__}")
-        return self._enqueue((columns_of(record), self._redactor.dump(record, record.request)))
+        return self._enqueue(self._redactor.dump(record, record.request).encode())
 
     def submit_action(self, record: ActionRecord) -> Receipt:
         if not isinstance(record, ActionRecord):
             raise TypeError(f"submit_action takes an ActionRecord, not {type(record).__name__}")
-        return self._enqueue((columns_of(record), record.model_dump_json()))
+        return self._enqueue(record.model_dump_json(exclude_none=True).encode())
 
     def append_decision(self, record: DecisionRecord) -> int:
         """Store a decision record; returns its seq once durable (that is the acknowledgement)."""
@@ -256,10 +264,10 @@ class AuditLog:
         rows = []
         seals: list[tuple[int, bytes, bool]] = []  # (seq, hash, final)
         sealed = self._sealed_seq
-        for cols, body in items:
+        for body in items:
             seq += 1
-            h = digest(prev, seq, cols, body)
-            rows.append((seq, *cols, body, prev, h))
+            h = digest(prev, seq, body)
+            rows.append((seq, body, prev, h))
             prev = h
             if seq - sealed >= self._every:
                 seals.append((seq, h, False))

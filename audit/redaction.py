@@ -33,20 +33,19 @@ class Redactor:
         return [v for k, v in headers.items() if k.lower() in self.names and v and v != REDACTED]
 
     def dump(self, record: BaseModel, headers: dict[str, str]) -> str:
-        """The record as compact JSON with `headers` (its request headers) redacted and every
-        copy of a redacted value scrubbed. The common case (nothing to redact, or the value
-        occurs nowhere else) costs one serialisation."""
+        """The record as compact JSON (None fields left out) with `headers` (its request
+        headers) redacted and every copy of a redacted value scrubbed. The common case,
+        nothing to redact, costs one serialisation."""
+        text = record.model_dump_json(exclude_none=True)
         secrets = self.secrets(headers)
-        if secrets:
-            redacted = {k: (REDACTED if k.lower() in self.names else v) for k, v in headers.items()}
-            record = record.model_copy(update={"request": redacted})
-        text = record.model_dump_json()
         if not secrets:
             return text
+        body = json.loads(text)
+        body["request"] = {k: (REDACTED if k.lower() in self.names else v) for k, v in headers.items()}
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
         escaped = [json.dumps(s, ensure_ascii=False)[1:-1] for s in secrets]
         if not any(e in text or s in text for e, s in zip(escaped, secrets)):
             return text
-        body = json.loads(text)
         scrubbed = _scrub(body, tuple(sorted(set(secrets), key=len, reverse=True)))
         return json.dumps(scrubbed, separators=(",", ":"), ensure_ascii=False)
 

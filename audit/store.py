@@ -18,19 +18,55 @@ from typing import Literal
 
 from .chain import COLUMNS
 from .errors import AuditLogUnavailable
+from .records import ACTION_SCHEMA, DECISION_SCHEMA
 
-STORE_SCHEMA = "policyc.audit.store/v1"
+STORE_SCHEMA = "policyc.audit.store/v1"  # (v1: generated index columns)
 Durability = Literal["full", "normal"]
+
+# Index columns are STORED GENERATED columns: SQLite derives them from the body on insert,
+# so the body (which the hash chain covers) is their only source and SQL cannot set them
+# apart from it (`verify` checks that the table still has this definition).
+# column -> (type, path in a decision body, path in an action body); None: NULL
+INDEX_PATHS: dict[str, tuple[str, str | None, str | None]] = {
+    "time": ("REAL", "$.time", "$.time"),
+    "decision_id": ("TEXT", "$.decision_id", "$.decision_id"),
+    "tenant": ("TEXT", "$.tenant", None),
+    "model": ("TEXT", "$.model", None),
+    "region": ("TEXT", "$.placement.region", None),
+    "outcome": ("TEXT", "$.outcome", "$.outcome"),
+    "action": ("TEXT", None, "$.kind"),
+    "gpu_s": ("REAL", "$.resources.gpu_seconds.value", None),
+    "gpu_src": ("TEXT", "$.resources.gpu_seconds.source", None),
+    "mem_b": ("REAL", "$.resources.memory_bytes.value", None),
+    "mem_src": ("TEXT", "$.resources.memory_bytes.source", None),
+    "net_b": ("REAL", "$.resources.network_bytes.value", None),
+    "net_src": ("TEXT", "$.resources.network_bytes.source", None),
+    "latency_s": ("REAL", "$.latency.total", None),
+}
+KIND_EXPR = (
+    f"CASE json_extract(CAST(body AS TEXT), '$.schema_version') WHEN '{DECISION_SCHEMA}' THEN 'decision' "
+    f"WHEN '{ACTION_SCHEMA}' THEN 'action' END"
+)
+
+
+def derived_expr(col: str) -> str:
+    """The SQL that derives index column `col` from `body`."""
+    _, dec, act = INDEX_PATHS[col]
+    d = f"json_extract(CAST(body AS TEXT), '{dec}')" if dec else "NULL"
+    a = f"json_extract(CAST(body AS TEXT), '{act}')" if act else "NULL"
+    return f"CASE json_extract(CAST(body AS TEXT), '$.schema_version') WHEN '{DECISION_SCHEMA}' THEN {d} ELSE {a} END"
+
+
+ENTRIES_DDL = (
+    "CREATE TABLE entries (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL, "
+    + f"kind TEXT GENERATED ALWAYS AS ({KIND_EXPR}) STORED, "
+    + ", ".join(f"{c} {t} GENERATED ALWAYS AS ({derived_expr(c)}) STORED" for c, (t, _, _) in INDEX_PATHS.items())
+    + ")"
+)
 
 _DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY,
-    kind TEXT NOT NULL, time REAL NOT NULL, decision_id TEXT, tenant TEXT, model TEXT,
-    region TEXT, outcome TEXT, action TEXT, gpu_s REAL, gpu_src TEXT, mem_b REAL,
-    mem_src TEXT, net_b REAL, net_src TEXT, latency_s REAL,
-    body TEXT NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL
-);
+{ENTRIES_DDL.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS")};
 CREATE INDEX IF NOT EXISTS entries_decision ON entries (decision_id) WHERE decision_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS entries_time ON entries (time);
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -40,10 +76,14 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 """
 
 ENTRY_SELECT = "SELECT seq, " + ", ".join(COLUMNS) + ", body, prev_hash, hash FROM entries"
-ENTRY_INSERT = (
-    "INSERT INTO entries (seq, " + ", ".join(COLUMNS) + ", body, prev_hash, hash) VALUES ("
-    + ", ".join("?" * (len(COLUMNS) + 4)) + ")"
-)
+CHAIN_SELECT = "SELECT seq, body, prev_hash, hash FROM entries"
+ENTRY_INSERT = "INSERT INTO entries (seq, body, prev_hash, hash) VALUES (?, ?, ?, ?)"
+
+
+def entries_definition_intact(conn: sqlite3.Connection) -> bool:
+    """Whether the entries table still derives its index columns from the body."""
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone()
+    return row is not None and row[0] == ENTRIES_DDL
 
 
 def connect_writer(path: Path, durability: Durability) -> sqlite3.Connection:

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .chain import COLUMNS, digest, genesis
+from .chain import digest, genesis
 from .checkpoints import Checkpoint, signature_valid
-from .store import ENTRY_SELECT, connect_reader, log_id
+from .consistency import first_inconsistent
+from .store import CHAIN_SELECT, connect_reader, entries_definition_intact, log_id
 from .verify_chain import Break, WalkProblem, walk
 from .wal import WalTail, inspect_wal
 
-_N = len(COLUMNS)
 _SEARCH = 1024  # how far from its position a moved entry is looked for
 
 
@@ -91,7 +91,7 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
         report.checkpoints = len(cps)
         report.signatures_checked = public_key is not None
         want = frozenset([c.seq for c in cps] + ([anchor.seq] if anchor else []))
-        result = walk(conn.execute(ENTRY_SELECT + " ORDER BY seq"), genesis(lid), 1, want)
+        result = walk(conn.execute(CHAIN_SELECT + " ORDER BY seq"), genesis(lid), 1, want)
         report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
         if result.problem is not None:
             report.problems.append(_diagnose(conn, result.problem, result.last_hash))
@@ -99,6 +99,13 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
         else:
             walked_to = result.last_seq
             report.entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+        if not entries_definition_intact(conn):
+            bad = first_inconsistent(conn, 1, walked_to)
+            if bad is None:
+                report.problems.append(Problem(1, ProblemKind.EDITED, "the entries table was redefined: its index columns are no longer derived from the records"))
+            else:
+                what = "its body is not a JSON record" if bad[1] == "body" else f"its index column `{bad[1]}` was changed: it disagrees with the record"
+                report.problems.append(Problem(bad[0], ProblemKind.EDITED, what + " (the entries table was redefined)"))
         _check_checkpoints(report, cps, result.hashes_at, walked_to, result.problem is None, public_key, lid)
         if anchor is not None:
             _check_anchor(report, anchor, result.hashes_at, walked_to, result.problem is None)
@@ -170,17 +177,17 @@ def _check_anchor(report: VerifyReport, anchor: Checkpoint, hashes_at: dict[int,
 
 
 def _row(conn: sqlite3.Connection, seq: int) -> tuple | None:
-    return conn.execute(ENTRY_SELECT + " WHERE seq = ?", (seq,)).fetchone()
+    return conn.execute(CHAIN_SELECT + " WHERE seq = ?", (seq,)).fetchone()
 
 
 def _original_seq(row: tuple) -> int | None:
     """The seq this entry was written under, if it still hashes under one nearby."""
-    seq, cols, body, p, h = row[0], row[1 : _N + 1], row[_N + 1], row[_N + 2], row[_N + 3]
-    if not isinstance(p, bytes) or not isinstance(body, str):
+    seq, body, p, h = row
+    if not isinstance(p, bytes) or not isinstance(body, bytes):
         return None
     for d in range(1, _SEARCH + 1):
         for cand in (seq + d, seq - d):
-            if cand > 0 and digest(p, cand, cols, body) == h:
+            if cand > 0 and digest(p, cand, body) == h:
                 return cand
     return None
 
@@ -199,10 +206,10 @@ def _diagnose(conn: sqlite3.Connection, wp: WalkProblem, prev: bytes) -> Problem
         return Problem(s, ProblemKind.EDITED, f"found seq {wp.found_seq} where {s} was expected")
     row = _row(conn, s)
     assert row is not None
-    p = row[_N + 2]
+    p = row[2]
     if wp.kind is Break.HASH:
         nxt = _row(conn, s + 1)
-        if nxt is not None and nxt[_N + 2] == p and p == prev:
+        if nxt is not None and nxt[2] == p and p == prev:
             return Problem(s, ProblemKind.INSERTED, f"entry {s} was inserted: the entry after it links to the same predecessor")
         orig = _original_seq(row)
         if orig is None:

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Sequence
 
-from .chain import COLUMNS
-
-_N = len(COLUMNS)
 _pack_seq = struct.Struct(">Q").pack
 _sha = hashlib.sha256
 
@@ -45,30 +42,21 @@ class WalkResult:
     hashes_at: dict[int, bytes] = field(default_factory=dict)
 
 
-def _col(v: object) -> str:
-    if v is None:
-        return "\x00"
-    if type(v) is float:
-        return repr(v)
-    return str(v)
-
-
 def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: frozenset[int] = frozenset()) -> WalkResult:
-    """Check rows `(seq, *COLUMNS, body, prev_hash, hash)` against the chain starting with
+    """Check rows `(seq, body, prev_hash, hash)` (`store.CHAIN_SELECT`) against the chain starting with
     `prev` at seq `expect`. Collects the hash of every seq in `collect` (checkpoint seqs)."""
     result = WalkResult(expect - 1, prev, 0)
     hashes_at = result.hashes_at
-    join = "\x1f".join
     count = 0
     for row in rows:
         seq = row[0]
         if seq != expect:
             result.problem = WalkProblem(expect, seq, Break.GAP, f"expected entry {expect}, found {seq}")  # type: ignore[arg-type]
             break
-        body, p, h = row[_N + 1], row[_N + 2], row[_N + 3]
+        _, body, p, h = row
         try:
-            computed = _sha(p + _pack_seq(seq) + join(map(_col, row[1 : _N + 1])).encode() + b"\x1e" + body.encode()).digest()  # type: ignore[operator,union-attr]
-        except (TypeError, AttributeError):
+            computed = _sha(p + _pack_seq(seq) + body).digest()  # type: ignore[operator]
+        except TypeError:
             computed = b""
         if computed != h:
             result.problem = WalkProblem(expect, seq, Break.HASH, "its content does not match its hash")  # type: ignore[arg-type]

@@ -169,7 +169,7 @@ def test_altered_tail_is_refused_on_open(tmp_path: Path) -> None:
             log.submit_decision(decision(i))
         log.append_decision(decision(99))
     with sqlite3.connect(db) as c:
-        c.execute("UPDATE entries SET tenant = 'x' WHERE seq = 15")
+        c.execute("UPDATE entries SET body = CAST(replace(CAST(body AS TEXT), 'acme', 'evil') AS BLOB) WHERE seq = 15")
         c.execute("DELETE FROM checkpoints")  # entry 15 is now past the last checkpoint: the tail
     with pytest.raises(AuditLogCorrupt, match="seq 15"):
         AuditLog.open(db)
