@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
+
 from policyc.compiler.bundle import Bundle
 from policyc.enforcer.collaborators import MemoryAudit
-from policyc.enforcer.executor import ActionExecutor
+from policyc.enforcer.executor import ActionExecutor, HealTarget
 from policyc.enforcer.guardian import Guardian, GpuVerdict
 from policyc.enforcer.records import ActionRecord
 from policyc.placer import Placer, Snapshot
+from policyc.placer.snapshot import COLLAPSE_MIN_DEMAND
 
 from .audit_bridge import AuditBridge
 from .config import EnforcerMode
@@ -54,18 +57,31 @@ def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: Aud
 
 
 class GpuWatch:
-    """Feeds each GPU's SM utilisation from every new snapshot to the guardian's GPU rules
-    (the simulated cluster and NVML both report it), and remembers what fired."""
+    """Feeds each busy GPU's SM utilisation from every new snapshot to the guardian's GPU
+    rules (the simulated cluster and NVML both report it), and remembers what fired.
+
+    Only GPUs carrying work (demand at least the placer's `COLLAPSE_MIN_DEMAND`) are
+    observed: an idle GPU's low SM utilisation says nothing about a fault, and feeding it
+    would make every idle GPU "collapse" and self-heal."""
 
     def __init__(self, guardian: Guardian) -> None:
         self.guardian = guardian
         self.fired: list[tuple[str, GpuVerdict]] = []
+        self._targets: set[str] = set()
 
     def on_refresh(self, new: Snapshot, previous: Snapshot | None) -> None:
         t = new.topology
         sm = new.frame.gpu_sm_util
-        for i in range(len(t.gpus)):
+        busy = np.nonzero(new.frame.gpu_demand >= COLLAPSE_MIN_DEMAND)[0]
+        local_port = t.gpu_ports[0]
+        for i in busy.tolist():
             key = t.gpu_key(i)
+            if key not in self._targets:  # what a self-heal step acts on: this GPU's index and RDMA link
+                p = int(local_port[i])
+                link = t.port_key(p).rpartition("/")[2] + "/1" if p >= 0 else ""
+                gpu_id = t.gpus[i].gpu_id
+                self.guardian.set_heal_target(HealTarget(key, key.rpartition("/")[0], gpu_id.removeprefix("gpu"), link))
+                self._targets.add(key)
             verdict = self.guardian.observe_gpu(key, {SM_SIGNAL: float(sm[i])})
             if verdict.fired:
                 self.fired.append((key, verdict))

@@ -1,0 +1,30 @@
+"""`policyc demo`: the end-to-end demo on the simulated cluster (see `server/demo.py`).
+
+Exit codes: 0 the scenario ran as described; 1 a step did not (the step says which).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="compile policies/, serve, register a fleet, replay a request mix, audit")
+    p.add_argument("--workdir", help="keep the bundle and audit log here (default: a temporary directory)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from policyc.server.demo import DemoError, run_demo
+
+    logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
+    workdir = Path(args.workdir) if args.workdir else None
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_demo(sys.stdout, workdir)
+    except DemoError as e:
+        print(f"policyc demo: error: {e}", file=sys.stderr)
+        return 1
