@@ -55,6 +55,7 @@ class Registry:
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
         self._score: dict[int, float] = {}
+        self._cache: dict = {}  # admission verdicts and contract/GPU attributes, per bundle
         items = list(instances)
         if items:
             self.add_many(items, scores)
@@ -111,20 +112,12 @@ class Registry:
             return _explain(self._index, request.vars)
 
     # ------------------------------------------------------------------ writing
-    def _admit(self, instance: Instance, bundle: Bundle) -> dict[str, Scalar]:
-        problems = admission_problems(instance, bundle)
-        if problems:
-            raise AdmissionError(instance.id, problems)
-        contract = bundle.contract(instance.model)
-        assert contract is not None  # admission checked it
-        return attributes(instance, contract, bundle)
-
     def add(self, instance: Instance, score: float = DEFAULT_SCORE) -> None:
         """Register an instance; refused (AdmissionError) when its deployment does not
         satisfy its contract, or (RegistryError) when the id is taken."""
         score = check_score(instance.id, score)
         with self._write:
-            attrs = self._admit(instance, self._bundle)
+            attrs = self._admit_cached(instance, self._cache)
             if instance.id in self._slot_of:
                 raise RegistryError(f"instance `{instance.id}` is already registered; use update()")
             with self._read:
@@ -154,7 +147,7 @@ class Registry:
         with self._write:
             seen: set[str] = set()
             prepared = []
-            cache: dict[tuple[str, str], list[str]] = {}
+            cache = self._cache
             for inst in items:
                 if inst.id in self._slot_of or inst.id in seen:
                     raise RegistryError(f"instance `{inst.id}` is already registered; use update()")
@@ -218,7 +211,7 @@ class Registry:
         with self._write:
             if instance.id not in self._slot_of:
                 raise UnknownInstanceError(instance.id)
-            attrs = self._admit(instance, self._bundle)
+            attrs = self._admit_cached(instance, self._cache)
             with self._read:
                 score = self._delete(instance.id)
                 self._insert(instance, attrs, score)
@@ -264,6 +257,7 @@ class Registry:
                     self._slots.give(slot)
                     del self._instance[slot], self._score[slot]
                 self._index, self._parser, self._bundle = new_index, parser, bundle
+                self._cache = {}
             return tuple(evicted)
 
     # ------------------------------------------------------------------ measuring
