@@ -32,6 +32,11 @@ CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
 log = logging.getLogger("policyc.server")
 
 
+def _ascii(text: str) -> str:
+    """Metadata values must be printable ASCII; keep the message readable anyway."""
+    return text.replace("…", "...").replace("→", "->").encode("ascii", "replace").decode()
+
+
 def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A bug inside an RPC becomes INTERNAL with a one-line reason (logged in full here),
     never a Python traceback on the wire; the server keeps serving."""
@@ -72,9 +77,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ServiceError) -> None:
         self.metrics.errors.labels(method, e.status.value).inc()
-        md: list[tuple[str, str]] = [("policyc-problem", d[:1000]) for d in e.details[:32]]
+        md: list[tuple[str, str]] = [("policyc-problem", _ascii(d[:1000])) for d in e.details[:32]]
         if e.field:
-            md.append(("policyc-field", e.field))
+            md.append(("policyc-field", _ascii(e.field)))
         await context.abort(CODES[e.status], e.message[:4000], trailing_metadata=tuple(md))
 
     # ------------------------------------------------------------------ RPCs
