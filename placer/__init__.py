@@ -6,9 +6,16 @@ Public API (what the decision service and the guardian call):
   `service_p99`, `occupy`, `clear`) applied on the next tick;
 - `LocalHostSource` (/sys) and `NvmlSource` (pynvml): real sources behind `TelemetrySource`;
 - `Refresher(source, interval=0.2)`: the collector thread and the current `Snapshot`
-  (`gpu_score(host, gpu)`, `score_changes(previous)`, `is_stale()`, `graph()`);
-- `Placer(refresher).place(candidates, budget, contract, session=None)` ->
-  `PlacementPlan | NoPlacement`, never raising; `report_anomaly`, `rebalance`.
+  (`gpu_score(host, gpu)`, `score_changes(previous)`, `is_stale()`, `graph()`); before
+  publishing a snapshot it builds the per-tick path tables (`paths.py`) placement reads;
+- `Placer(refresher).place(candidates, budget, contract, session=None, *, ingress=None,
+  affinity_key=None)` -> `PlacementPlan | NoPlacement`, never raising; `report_anomaly`,
+  `rebalance`. A plan's `reasons` and `rejected` are written on first read (`Explanation`)
+  from the snapshot the choice was made on; a refusal's are written at once.
+
+Placement is an O(candidates) gather from tables computed once per tick (`paths.py`) and
+once per contract (`contract_table.py`); `evaluate.evaluate` is the reference it must
+equal figure for figure (`tests/placer/test_lookup_tables.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from .localhost import LocalHostSource
 from .nvml import NvmlSource
 from .placer import Placer
 from .plan import (
-    Constraint, DependencyBinding, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection,
-    SessionMove, ShareSource,
+    Constraint, DependencyBinding, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport,
+    Rejection, SessionMove, ShareSource,
 )
 from .refresher import Refresher
 from .simulator import SimulatedCluster
@@ -30,7 +37,7 @@ from .thresholds import Thresholds
 from .topology import GpuSlot, Topology
 
 __all__ = [
-    "DEFAULT_CATALOG", "Constraint", "DependencyBinding", "Event", "EventKind", "GpuSlot", "LatencyBreakdown",
+    "DEFAULT_CATALOG", "Constraint", "DependencyBinding", "Event", "EventKind", "Explanation", "GpuSlot", "LatencyBreakdown",
     "LocalHostSource", "NoPlacement", "NvmlSource", "PlacementPlan", "Placer", "RebalanceReport", "Refresher",
     "Rejection", "SessionMove", "ShareSource", "SimulatedCluster", "Snapshot", "TelemetryFrame", "TelemetrySource",
     "Thresholds", "Topology",

@@ -6,6 +6,9 @@ socket to another port) finished onto the fabric distances the refresher precomp
 each declared dependency bound to its best endpoint, and the predicted latency with its
 spread. Every candidate keeps the *first* constraint it failed, in the order below, so a
 refusal can name what bound.
+
+This is the reference: the placer itself gathers the same figures from per-tick tables
+(`lookup.py`), and the tests hold the two equal.
 """
 
 from __future__ import annotations
