@@ -11,6 +11,7 @@ One writer (`AuditLog`) at a time, guarded by a lock file; any number of read-on
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 from pathlib import Path
@@ -78,6 +79,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 ENTRY_SELECT = "SELECT seq, " + ", ".join(COLUMNS) + ", body, prev_hash, hash FROM entries"
 CHAIN_SELECT = "SELECT seq, body, prev_hash, hash FROM entries"
 ENTRY_INSERT = "INSERT INTO entries (seq, body, prev_hash, hash) VALUES (?, ?, ?, ?)"
+
+
+@functools.lru_cache(maxsize=64)
+def insert_rows_sql(n: int) -> str:
+    """An INSERT of `n` entries in one statement."""
+    return "INSERT INTO entries (seq, body, prev_hash, hash) VALUES " + ", ".join(["(?, ?, ?, ?)"] * n)
 
 
 def entries_definition_intact(conn: sqlite3.Connection) -> bool:
