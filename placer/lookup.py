@@ -34,8 +34,8 @@ def lookup(
     code = np.minimum(pt.code[gpus], table.code[gpus])
     min_share = table.min_share[gpus]
     free = snap.gpu_free[gpus] - reserved
-    code[free < min_share] = np.minimum(code[free < min_share], _SHARE)
-    share_used = np.clip(np.maximum(free, min_share), 1e-6, 1.0)
+    np.minimum(code, np.where(free < min_share, _SHARE, NO_FAILURE), out=code)
+    share_used = np.minimum(np.maximum(np.maximum(free, min_share), 1e-6), 1.0)  # np.clip, without its overhead
     compute = table.flops / (table.peak_eff[gpus] * share_used)
     no_peak = table.no_peak[gpus]
     if no_peak.any():
@@ -52,14 +52,13 @@ def lookup(
         if not dt.endpoints:
             code = np.minimum(code, _DEPENDENCY)
         else:
-            code[bl > svc.p99] = np.minimum(code[bl > svc.p99], _DEPENDENCY)
+            np.minimum(code, np.where(bl > svc.p99, _DEPENDENCY, NO_FAILURE), out=code)
             deps = deps + np.where(np.isfinite(bl), bl, 0.0)
         dep_best.append((svc, list(dt.endpoints), bi, bl))
 
     total = network + queueing + compute + deps
     sigma = np.sqrt(pt.sigma2[gpus])
-    over = ~(total <= budget * th.budget_fraction)
-    code[over] = np.minimum(code[over], _BUDGET)
+    np.minimum(code, np.where(total <= budget * th.budget_fraction, NO_FAILURE, _BUDGET), out=code)
     fail = np.where(code == NO_FAILURE, -1, code)
     k = th.stability_weight
     return Evaluation(
