@@ -1,0 +1,150 @@
+"""Decision service benchmark: closed-loop grpc.aio clients on loopback against `Decide`
+with N registered instances, and a no-op gRPC service answering the same request with a
+pre-built response of the same size, measured in the same run.
+
+    .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 8]
+
+Reports decisions/s, p50/p99 (client-observed), the ratio to the no-op throughput, and
+p99 in an open-loop run paced at 70 % of the measured maximum rate. The server runs in a
+subprocess-free thread of this process with the audit log and guardian off (they are
+asynchronous to the decision path); clients run in a second process so they do not share
+the server's GIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import time
+import warnings
+
+import grpc
+
+from policyc.compiler.pipeline import compile_paths
+from policyc.server.app import DecisionServer, ServerThread
+from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig
+from policyc.server.fleet import admissible_fleet
+from policyc.server.proto import pb
+
+METHOD = "/policyc.decision.v1.Decisions/Decide"
+REQUESTS = [
+    {"X-SLO-Latency": "150ms", "X-Data-Region": "us-west"},
+    {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"},
+    {"X-Tenant": "charite", "X-Data-Region": "eu-west"},
+    {"X-Tenant": "shopwave", "X-Model": "fraud-scorer-lite", "X-Data-Region": "us-east"},
+]
+
+
+async def _closed(port: int, concurrency: int, seconds: float, rate: float | None) -> tuple[int, list[float]]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(METHOD)
+        payloads = [pb.DecideRequest(headers=h).SerializeToString() for h in REQUESTS]
+        lat: list[float] = []
+        end = time.perf_counter() + seconds
+        interval = concurrency / rate if rate else 0.0
+
+        async def worker(i: int) -> None:
+            k = i
+            nxt = time.perf_counter()
+            while time.perf_counter() < end:
+                if interval:
+                    nxt += interval
+                    delay = nxt - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                t = time.perf_counter()
+                await call(payloads[k % len(payloads)])
+                lat.append(time.perf_counter() - t)
+                k += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        return int(len(lat) / (time.perf_counter() - t0)), lat
+
+
+def _client(port: int, concurrency: int, seconds: float, rate: float | None, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    q.put(asyncio.run(_closed(port, concurrency, seconds, rate)))
+
+
+def load(port: int, concurrency: int, seconds: float, rate: float | None = None) -> tuple[int, float, float]:
+    q: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
+    p = mp.get_context("spawn").Process(target=_client, args=(port, concurrency, seconds, rate, q))
+    p.start()
+    rps, lat = q.get()
+    p.join()
+    lat.sort()
+    return rps, statistics.median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3
+
+
+class _Noop:
+    """A gRPC service with Decide's request and a fixed response of a real decision's size."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
+
+    async def start(self) -> int:
+        self.server = grpc.aio.server()
+        resp = self.response
+
+        async def decide(request: bytes, context) -> bytes:  # type: ignore[no-untyped-def]
+            return resp
+
+        handler = grpc.method_handlers_generic_handler("policyc.decision.v1.Decisions", {
+            "Decide": grpc.unary_unary_rpc_method_handler(decide)})
+        self.server.add_generic_rpc_handlers((handler,))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return port
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="20,000 instances, 3 s per phase")
+    ap.add_argument("--instances", type=int, default=100_000)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--concurrency", type=int, default=16)
+    args = ap.parse_args()
+    n, secs = (20_000, 3.0) if args.quick else (args.instances, args.seconds)
+    warnings.simplefilter("ignore")
+    bundle = compile_paths(["policies"], analyse=False).bundle
+    assert bundle is not None
+    cluster = ClusterSpec(seed=1, hosts=256, gpus_per_host=8, hosts_per_rack=8)
+    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False))
+    assert server.cluster is not None
+    base = admissible_fleet(bundle, server.cluster.gpu_slots())
+    replicas = max(1, -(-n // len(base)))
+    t = time.perf_counter()
+    fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=replicas)[:n]
+    server.engine.register_many(fleet)
+    print(f"registered {len(fleet)} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
+    th = ServerThread(server)
+    port = th.start()
+    load(port, 4, 1.0)  # warm the feasibility cache and per-contract placer tables
+    rps, p50, p99 = load(port, args.concurrency, secs)
+    response = None
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        response = ch.unary_unary(METHOD)(pb.DecideRequest(headers=REQUESTS[1]).SerializeToString())
+    paced = load(port, args.concurrency, secs, rate=0.7 * rps)
+    th.stop()
+    loop = asyncio.new_event_loop()
+    noop = _Noop(response)
+    nport = loop.run_until_complete(noop.start())
+    import threading
+
+    t2 = threading.Thread(target=loop.run_forever, daemon=True)
+    t2.start()
+    load(nport, 4, 1.0)
+    nrps, np50, np99 = load(nport, args.concurrency, secs)
+    asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    print(f"Decide   {len(fleet)} instances, {args.concurrency} clients: {rps} decisions/s, p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    print(f"no-op    same message sizes ({len(response)} B response): {nrps} calls/s, p50 {np50:.2f} ms, p99 {np99:.2f} ms")
+    print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.6)")
+    print(f"paced    at 70 % of max ({0.7 * rps:.0f}/s offered): {paced[0]} decisions/s, p50 {paced[1]:.2f} ms, p99 {paced[2]:.2f} ms (target ≤ 5 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
