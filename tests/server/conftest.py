@@ -1,23 +1,23 @@
-"""A real decision server on a loopback ephemeral port, shared by the module's tests, and
-the bundles and fleets they register."""
+"""Fixtures: the compiled example bundle and a real decision server on a loopback
+ephemeral port, shared by a module's tests."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Iterator
 
 import grpc
 import pytest
 
-from policyc.compiler.bundle import Bundle
-from policyc.compiler.pipeline import compile_paths
-from policyc.server.app import DecisionServer, ServerThread
-from policyc.server.config import ClusterSpec, ServeConfig
-from policyc.server.fleet import admissible_fleet
-from policyc.server.proto import pb_grpc
+sys.path.insert(0, str(Path(__file__).parent))
+from server_rig import REPO, SMALL, start  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-SMALL = ClusterSpec(seed=1, hosts=32, gpus_per_host=4, hosts_per_rack=4)
+from policyc.compiler.bundle import Bundle  # noqa: E402
+from policyc.compiler.pipeline import compile_paths  # noqa: E402
+from policyc.server.app import ServerThread  # noqa: E402
+from policyc.server.config import ServeConfig  # noqa: E402
+from policyc.server.proto import pb_grpc  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -25,16 +25,6 @@ def bundle() -> Bundle:
     r = compile_paths([str(REPO / "policies")], analyse=False)
     assert r.ok and r.bundle is not None
     return r.bundle
-
-
-def start(bundle: Bundle, cfg: ServeConfig, *, fleet_without: tuple[str, ...] = ("clinical-notes",)) -> ServerThread:
-    server = DecisionServer(bundle, cfg)
-    assert server.cluster is not None
-    models = [c.name for c in bundle.contracts if c.name not in fleet_without]
-    server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots(), models=models))
-    th = ServerThread(server)
-    th.start()
-    return th
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from policyc.dsl.source import Source
 from policyc.server.auth import Tokens
 from policyc.server.config import ServeConfig
 from policyc.server.proto import SERVICE_NAME, pb, pb_grpc
-from conftest import REPO, SMALL, start
+from server_rig import REPO, SMALL, start
 
 
 def _second_bundle():  # type: ignore[no-untyped-def]
