@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
 
 
 CHAIN_VERSION = b"policyc.audit.chain/v1"
@@ -38,7 +37,6 @@ COLUMNS: tuple[str, ...] = (
     "latency_s",
 )
 
-Columns = tuple[Any, ...]
 _pack_seq = struct.Struct(">Q").pack
 
 

@@ -27,9 +27,9 @@ from . import checkpoints
 from .chain import digest, genesis
 from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
 from .records import ActionRecord, DecisionRecord
-from .redaction import DEFAULT_REDACT, Redactor
 from .consistency import first_inconsistent
-from .store import CHAIN_SELECT, Durability, insert_rows_sql, connect_writer, entries_definition_intact, log_id
+from .redaction import DEFAULT_REDACT, Redactor
+from .store import CHAIN_SELECT, Durability, connect_writer, entries_definition_intact, insert_rows_sql, log_id
 from .verify_chain import walk
 from .wal import WalTail, inspect_wal
 
