@@ -7,6 +7,7 @@ so reformatting a bundle file does not change its identity but editing any value
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 from pathlib import Path
@@ -48,7 +49,13 @@ def sign(bundle: Bundle, private_key: Ed25519PrivateKey) -> Bundle:
 
 def dumps(bundle: Bundle) -> str:
     """The file form: the canonical JSON, indented, with hash and signature."""
-    return json.dumps(bundle.model_dump(mode="json"), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    was = gc.isenabled()
+    gc.disable()  # large bundles are millions of acyclic objects; see compiler/pipeline.py
+    try:
+        return json.dumps(bundle.model_dump(mode="json"), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    finally:
+        if was:
+            gc.enable()
 
 
 def write(bundle: Bundle, path: str | Path) -> None:

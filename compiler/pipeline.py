@@ -7,13 +7,18 @@ cascading noise. `stop_after` lets tests look at the result of a named stage.
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from policyc import __version__
 from policyc.dsl import ast
-from policyc.dsl.diagnostics import Diagnostic, error, sort_key
+from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error, sort_key
 from policyc.dsl.parser import parse
 from policyc.dsl.source import Source
 
@@ -23,7 +28,6 @@ from .breakers import lower_breaker
 from .bundle import Breaker, Bundle, Contract, GpuClass, HeaderMapping, RequestRule, Tenant
 from .catalog import lower_gpu
 from .contracts import lower_contract
-from .fields import BlockReader
 from .index import plan_index
 from .requests import lower_request, lower_tenants
 from .resolve import resolve
@@ -38,7 +42,6 @@ class CompileResult:
     bundle: Bundle | None
     diagnostics: list[Diagnostic]
     sources: dict[str, Source] = field(default_factory=dict)
-    files: list[ast.File] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -58,6 +61,10 @@ class _Lowered:
     rules: list[RequestRule] = field(default_factory=list)
     breakers: list[Breaker] = field(default_factory=list)
 
+    def extend(self, other: "_Lowered") -> None:
+        for name in ("contracts", "gpus", "headers", "tenants", "rules", "breakers"):
+            getattr(self, name).extend(getattr(other, name))
+
 
 def compile_paths(paths: Sequence[str | Path], *, analyse: bool = True, stop_after: str | None = None) -> CompileResult:
     files, diags = load.collect(paths)
@@ -74,19 +81,39 @@ def compile_paths(paths: Sequence[str | Path], *, analyse: bool = True, stop_aft
     return result
 
 
+@contextmanager
+def _gc_paused():
+    """The compiler allocates millions of small acyclic objects (AST and IR nodes): the
+    cyclic collector would rescan all of them again and again for nothing to free, making
+    large compiles quadratic. Pause it for the compile; reference counting still frees."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def compile_sources(sources: Sequence[Source], *, analyse: bool = True, stop_after: str | None = None) -> CompileResult:
+    with _gc_paused():
+        return _compile_sources(sources, analyse=analyse, stop_after=stop_after)
+
+
+def _compile_sources(sources: Sequence[Source], *, analyse: bool, stop_after: str | None) -> CompileResult:
     diags: list[Diagnostic] = []
     result = CompileResult(None, diags, {s.name: s for s in sources})
-    # parse
-    for src in sources:
-        tree, more = parse(src)
-        diags.extend(more)
-        if tree is not None:
-            result.files.append(tree)
+    # parse, and lower each file's declarations (files are independent until names resolve)
+    units = _front_end(sources)
+    low, policies = _Lowered(), []
+    for unit in units:
+        diags.extend(unit.diagnostics)
+        low.extend(unit.lowered)
+        policies.extend(unit.policies)
     if _stop(result, "parse", stop_after):
         return _done(result)
-    # lower
-    low = lower(result.files, diags)
+    # lower the request policies, which may use headers and tenants from any file
+    lower_policies(policies, low, diags)
     if _stop(result, "lower", stop_after):
         return _done(result)
     # resolve
@@ -132,41 +159,72 @@ def _done(result: CompileResult) -> CompileResult:
     return result
 
 
-def lower(files: list[ast.File], diags: list[Diagnostic]) -> _Lowered:
-    """Give every top-level block its meaning. Request variables are gathered first so
-    rules in any file can use headers declared in any other."""
-    low = _Lowered()
-    policies: list[ast.Block] = []
-    for f in files:
-        for item in f.items:
-            if isinstance(item, ast.Field):
-                diags.append(error("E213", f"`{item.key}:` must be inside a block", item.key_span,
-                                   f"top-level blocks: {', '.join(TOP_LEVEL)}"))
-                continue
-            kind = item.kind
-            if kind == "contract":
-                c = lower_contract(item, diags)
-                if c:
-                    low.contracts.append(c)
-            elif kind == "gpu":
-                g = lower_gpu(item, diags)
-                if g:
-                    low.gpus.append(g)
-            elif kind == "request":
-                low.headers.extend(lower_request(item, diags))
-            elif kind == "tenants":
-                low.tenants.extend(lower_tenants(item, diags))
-            elif kind == "policy":
-                policies.append(item)
-            elif kind == "breaker":
-                b = lower_breaker(item, diags)
-                if b:
-                    low.breakers.append(b)
-            else:
-                from policyc.dsl.diagnostics import did_you_mean
+@dataclass
+class _FileUnit:
+    """What the front end makes of one file: its lowered declarations, its (still
+    unlowered) policy blocks and its diagnostics. Picklable, so files can be handled in
+    worker processes."""
 
-                diags.append(error("E214", f"unknown block `{kind}`", item.kind_span,
-                                   did_you_mean(kind, TOP_LEVEL) or f"top-level blocks: {', '.join(TOP_LEVEL)}"))
+    lowered: _Lowered
+    policies: list[ast.Block]
+    diagnostics: list[Diagnostic]
+
+
+# Below this much source, worker processes cost more to start than they save.
+PARALLEL_MIN_BYTES = 1_000_000
+
+
+def _front_end(sources: Sequence[Source]) -> list[_FileUnit]:
+    size = sum(len(s.text) for s in sources)
+    workers = min(os.cpu_count() or 1, 4, len(sources))
+    if size < PARALLEL_MIN_BYTES or workers < 2:
+        return [front_end_file(s) for s in sources]
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return list(pool.map(front_end_file, sources, chunksize=max(1, len(sources) // (workers * 4))))
+
+
+def front_end_file(src: Source) -> _FileUnit:
+    """Parse one file and give its top-level blocks their meaning (policies excepted)."""
+    with _gc_paused():
+        diags: list[Diagnostic] = []
+        tree, more = parse(src)
+        diags.extend(more)
+        low, policies = _Lowered(), []
+        if tree is not None:
+            _lower_file(tree, low, policies, diags)
+        return _FileUnit(low, policies, diags)
+
+
+def _lower_file(tree: ast.File, low: _Lowered, policies: list[ast.Block], diags: list[Diagnostic]) -> None:
+    for item in tree.items:
+        if isinstance(item, ast.Field):
+            diags.append(error("E213", f"`{item.key}:` must be inside a block", item.key_span,
+                               f"top-level blocks: {', '.join(TOP_LEVEL)}"))
+            continue
+        kind = item.kind
+        if kind == "contract":
+            if (c := lower_contract(item, diags)) is not None:
+                low.contracts.append(c)
+        elif kind == "gpu":
+            if (g := lower_gpu(item, diags)) is not None:
+                low.gpus.append(g)
+        elif kind == "request":
+            low.headers.extend(lower_request(item, diags))
+        elif kind == "tenants":
+            low.tenants.extend(lower_tenants(item, diags))
+        elif kind == "policy":
+            policies.append(item)
+        elif kind == "breaker":
+            if (b := lower_breaker(item, diags)) is not None:
+                low.breakers.append(b)
+        else:
+            diags.append(error("E214", f"unknown block `{kind}`", item.kind_span,
+                               did_you_mean(kind, TOP_LEVEL) or f"top-level blocks: {', '.join(TOP_LEVEL)}"))
+
+
+def lower_policies(policies: list[ast.Block], low: _Lowered, diags: list[Diagnostic]) -> None:
+    """Rules are checked against the request variables and tenant classes of all files."""
     scope = RequestScope(
         vars={**BUILTIN_REQUEST_VARS, **{h.var: h.type for h in low.headers}},
         values={h.var: h.values for h in low.headers if h.values},
@@ -174,7 +232,6 @@ def lower(files: list[ast.File], diags: list[Diagnostic]) -> _Lowered:
     )
     for p in policies:
         low.rules.extend(lower_policy(p, scope, diags))
-    return low
 
 
-__all__ = ["CompileResult", "compile_paths", "compile_sources", "lower", "STAGES", "BlockReader"]
+__all__ = ["CompileResult", "compile_paths", "compile_sources", "front_end_file", "lower_policies", "STAGES"]

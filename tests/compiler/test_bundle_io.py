@@ -14,7 +14,7 @@ from policyc.compiler.pipeline import compile_paths
 
 @pytest.fixture(scope="module")
 def bundle(repo_root=None):
-    from conftest import REPO
+    from policy_text import REPO
 
     result = compile_paths([REPO / "policies"])
     assert result.ok

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BASE_CONTRACT, REQUESTS, compile_text
+from policy_text import BASE_CONTRACT, REQUESTS, compile_text
 
 
 def edit(old: str, new: str, base: str = BASE_CONTRACT) -> str:

@@ -16,7 +16,7 @@ from policyc.dsl.parser import parse
 from policyc.dsl.printer import format_file
 from policyc.dsl.source import Source
 
-from conftest import REPO
+from policy_text import REPO
 
 KEYWORDS = {"and", "or", "not", "in", "of"}
 UNIT_WORDS = {"ns", "us", "ms", "s", "min", "h", "B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB",

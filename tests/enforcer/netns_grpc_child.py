@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 import grpc  # noqa: E402
 from grpc_rig import start_server, stub  # noqa: E402
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import make_bundle  # noqa: E402
+from enforcer_support import make_bundle  # noqa: E402
 from grpc_rig import start_server, stub  # noqa: E402
 
 from policyc.enforcer.collaborators import MemoryAudit

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from conftest import REF, make_bundle  # noqa: E402
+from enforcer_support import REF, make_bundle  # noqa: E402
 
 from policyc.compiler.bundle import Breaker, Quarantine, SignalCondition
 from policyc.compiler.pipeline import compile_paths

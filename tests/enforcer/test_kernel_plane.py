@@ -170,8 +170,7 @@ def test_tc_drop_of_traffic_to_quarantined_backend_is_audited(
 def test_new_bundle_updates_rule_maps_without_reloading(kernel_plane: KernelPlane, kernel_audit: MemoryAudit) -> None:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import make_bundle
+    from enforcer_support import make_bundle
 
     from policyc.enforcer.rule_table import build_rule_table
 

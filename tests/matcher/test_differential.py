@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from policyc.compiler.bundle import Bundle
 from policyc.matcher import Registry, Request, attributes, naive_match
 
-from conftest import LABEL_VALUES, REGIONS, admissible
+from matcher_support import LABEL_VALUES, REGIONS, admissible
 
 SLOS = (0.001, 0.05, 0.1, 0.12, 0.2, 0.5, 1.5, 2.0, 30.0)
 BANDWIDTHS = (1e9, 8e10, 2e10, 4e11, 9e11, 1.2e12, 5e12)

@@ -12,7 +12,7 @@ from policyc.cli.main import main
 from policyc.compiler.bundle import Bundle
 from policyc.matcher import AdmissionError, Registry, RegistryError, RequestError, UnknownInstanceError
 
-from conftest import REPO, admissible
+from matcher_support import REPO, admissible
 
 
 def problems(reg: Registry, headers: dict[str, str], tenant: str | None = None) -> dict[str, str]:

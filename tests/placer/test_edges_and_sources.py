@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import contract, instances
+from placer_support import contract, instances
 
 from policyc.compiler.bundle import GpuShare
 from policyc.placer import Constraint, LocalHostSource, NoPlacement, NvmlSource, PlacementPlan, Placer, Refresher, SimulatedCluster

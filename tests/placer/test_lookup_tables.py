@@ -7,7 +7,7 @@ import copy
 
 import numpy as np
 import pytest
-from conftest import contract, instances, redis
+from placer_support import contract, instances, redis
 
 from policyc.compiler.bundle import GpuShare, ServiceDependency, Session
 from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster, Thresholds
@@ -18,7 +18,7 @@ from policyc.placer.lookup import lookup
 from policyc.placer.paths import ingress_rows, path_table
 from policyc.placer.plan import Explanation
 
-from conftest import REF
+from placer_support import REF
 
 CATALOG = catalog_by_name(DEFAULT_CATALOG)
 FIELDS = ("fail", "min_share", "port", "network", "queueing", "compute", "dependencies", "sigma", "rank", "raw_total")

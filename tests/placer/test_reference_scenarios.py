@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import contract, instances, redis
+from placer_support import contract, instances, redis
 
 from policyc.compiler.bundle import Session
 from policyc.placer import Constraint, NoPlacement, PlacementPlan, Placer, Refresher, SimulatedCluster, Thresholds
