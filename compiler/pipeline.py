@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,11 +176,13 @@ PARALLEL_MIN_BYTES = 1_000_000
 
 
 def _front_end(sources: Sequence[Source]) -> list[_FileUnit]:
+    """Files in worker processes when the input is large and forking is safe (a process
+    with other threads — a server, a test harness — is never forked); else in order here."""
     size = sum(len(s.text) for s in sources)
-    workers = min(os.cpu_count() or 1, 4, len(sources))
-    if size < PARALLEL_MIN_BYTES or workers < 2:
+    workers = min(len(os.sched_getaffinity(0)), 4, len(sources))
+    if size < PARALLEL_MIN_BYTES or workers < 2 or threading.active_count() > 1:
         return [front_end_file(s) for s in sources]
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads
+    ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         return list(pool.map(front_end_file, sources, chunksize=max(1, len(sources) // (workers * 4))))
 
