@@ -13,6 +13,7 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Test
 
+from .classes import InstanceClass
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
 from .space import Slot, Space, real
 
@@ -155,6 +156,65 @@ class RuleEncoder:
     def instance_domain(self, bundle: Bundle) -> z3.BoolRef:
         cs = [self.contract_domain(c) for c in bundle.contracts]
         return z3.And(self.instance_frame(), z3.Or(cs) if cs else z3.BoolVal(False))
+
+    def name_in(self, term: z3.ExprRef, names: tuple[str, ...]) -> z3.BoolRef:
+        """`term` is one of `names`: runs of consecutive codes become one range test, so a
+        class interned in one go (`Space.reserve`) costs two comparisons, not one per member."""
+        codes = sorted({self.space.code(n) for n in names})
+        runs: list[list[int]] = []
+        for c in codes:
+            if runs and runs[-1][1] == c - 1:
+                runs[-1][1] = c
+            else:
+                runs.append([c, c])
+        parts = [term == lo if lo == hi else z3.And(term >= lo, term <= hi) for lo, hi in runs]
+        return z3.Or(parts) if len(parts) != 1 else parts[0]
+
+    def class_domain(self, cls: InstanceClass) -> z3.BoolRef:
+        """Every instance of some member of the class, up to what rules cannot observe
+        (see `classes.py`); the model attribute ranges over the member names."""
+        sp, k = self.space, cls.key
+        a = sp.attr
+        out: list[z3.BoolRef] = [self.name_in(a("model").value, cls.members)]
+        if k.version is not None:
+            out.append(a("version").value == sp.code(k.version))
+        for attr, b in k.buckets:
+            slot = a(attr)
+            if b.infinite:
+                out.append(slot.infinite if slot.infinite is not None else z3.BoolVal(False))  # type: ignore[arg-type]
+                continue
+            bounds: list[z3.BoolRef] = []
+            if b.point:
+                bounds.append(slot.value == real(b.lo))  # type: ignore[arg-type]
+            else:
+                if b.lo is not None:
+                    bounds.append(slot.value > real(b.lo))
+                if b.hi is not None:
+                    bounds.append(slot.value < real(b.hi))
+            if slot.infinite is not None:
+                bounds.append(z3.Not(slot.infinite))
+            out += bounds
+        if k.regions is not None:
+            out.append(z3.Or([a("region").value == sp.code(r) for r in k.regions]) if k.regions else z3.BoolVal(False))
+        if k.gpus is not None:
+            gm, ga = a("gpu_model").value, a("gpu_arch").value
+            out.append(z3.Or([z3.And(gm == sp.code(g), ga == sp.code(self.dom.gpus[g][0])) for g in k.gpus]))
+        if k.archs is not None:
+            out.append(z3.Or([a("gpu_arch").value == sp.code(x) for x in k.archs]))
+        for s in k.security:
+            out.append(a(s).value)  # type: ignore[arg-type]
+        if k.session is not None:
+            out.append(a("session_state").value == sp.code(k.session))
+        for key, value in k.labels:
+            if value is not None:
+                ls = a("labels." + key)
+                out.append(z3.And(ls.present, ls.value == sp.code(value)))  # type: ignore[arg-type]
+        return z3.And(out)
+
+    def fleet_domain(self, classes: tuple[InstanceClass, ...], exact: tuple[Contract, ...] = ()) -> z3.BoolRef:
+        """Some class's instance or some `exact` contract's instance (frame not included)."""
+        parts = [self.class_domain(c) for c in classes] + [self.contract_domain(c) for c in exact]
+        return z3.Or(parts) if parts else z3.BoolVal(False)
 
     def admits(self, bundle: Bundle) -> z3.BoolRef:
         """The whole meaning of a bundle: this request may be served by this instance."""

@@ -21,6 +21,7 @@ from policyc.dsl.source import Span
 
 from policyc.compiler.attributes import attribute_type
 
+from .classes import InstanceClass, abstraction_safe, group, read_attrs, thresholds
 from .domains import domains
 from .quantities import format_quantity
 from .encode import RuleEncoder
@@ -41,65 +42,89 @@ class RuleUnsat:
 
 
 class RuleAnalysis:
-    """One encoding of a bundle's domains, reused by every rule query."""
+    """One encoding of a bundle's domains, reused by every rule query.
+
+    The fleet is encoded as instance classes (`classes.py`) when that is exact for these
+    rules, else one disjunct per contract. Each kind of query has one solver holding the
+    shared prefix (domains); a query is a push, its own constraints, a check and a pop.
+    """
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
         self.space = Space()
-        self.enc = RuleEncoder(self.space, domains(bundle))
+        dom = domains(bundle)
+        self.enc = RuleEncoder(self.space, dom)
+        self.classes: tuple[InstanceClass, ...] | None = None
+        if abstraction_safe(bundle.rules):
+            self.classes = group(bundle.contracts, dom, read_attrs(bundle.rules), thresholds(bundle.rules, dom))
+            for c in self.classes:
+                self.space.reserve(c.members)
+            fleet = self.enc.fleet_domain(self.classes)
+        else:
+            fleet = self.enc.fleet_domain((), bundle.contracts)
         self.req_dom = self.enc.request_domain()
-        self.inst_dom = self.enc.instance_domain(bundle)
+        self.inst_dom = z3.And(self.enc.instance_frame(), fleet)
+        self._solvers: dict[tuple[bool, bool], z3.Solver] = {}
 
-    def _solver(self, *, instance: bool) -> z3.Solver:
-        s = new_solver()
-        s.add(self.req_dom)
-        if instance:
-            s.add(self.inst_dom)
+    def _solver(self, *, instance: bool, cores: bool = False) -> z3.Solver:
+        """The solver holding the request domain and either the fleet or the frame."""
+        s = self._solvers.get((instance, cores))
+        if s is None:
+            s = self._solvers[(instance, cores)] = new_solver()
+            if cores:
+                s.set("core.minimize", True)
+            s.add(self.req_dom, self.inst_dom if instance else self.enc.instance_frame())
         return s
+
+    def _check(self, s: z3.Solver, *constraints: z3.BoolRef) -> Verdict:
+        s.push()
+        try:
+            s.add(*constraints)
+            return verdict(s.check())
+        finally:
+            s.pop()
 
     def unsat_rule(self, rule: RequestRule) -> RuleUnsat | None | Verdict:
         """The conflict that makes the rule unsatisfiable; None when satisfiable; UNKNOWN."""
         # guard alone, then the requirement on its own (a contradiction in the rule's own
         # words, so the core shows both sides), then against the declared instances
         for guard_only, instance in ((True, False), (False, False), (False, True)):
-            s = self._solver(instance=instance)
-            if not instance:
-                s.add(self.enc.instance_frame())
-            s.set("core.minimize", True)
-            tracked: dict[int, tuple[z3.BoolRef, Atom | Test]] = {}
+            s = self._solver(instance=instance, cores=True)
+            s.push()
+            try:
+                tracked: dict[int, tuple[z3.BoolRef, Atom | Test]] = {}
 
-            def leaf(node: Atom | Test, f: z3.BoolRef) -> z3.BoolRef:
-                lit = z3.Bool(f"leaf{len(tracked)}")
-                x = z3.Bool(f"val{len(tracked)}")
-                s.add(z3.Implies(lit, x == f))
-                tracked[lit.get_id()] = (lit, node)
-                return x
+                def leaf(node: Atom | Test, f: z3.BoolRef) -> z3.BoolRef:
+                    lit = z3.Bool(f"leaf{len(tracked)}")
+                    x = z3.Bool(f"val{len(tracked)}")
+                    s.add(z3.Implies(lit, x == f))
+                    tracked[lit.get_id()] = (lit, node)
+                    return x
 
-            s.add(self.enc.applies(rule, leaf if guard_only else None))
-            if not guard_only:
-                s.add(self.enc.require(rule, leaf))
-            v = verdict(s.check(*[lit for lit, _ in tracked.values()]))
+                s.add(self.enc.applies(rule, leaf if guard_only else None))
+                if not guard_only:
+                    s.add(self.enc.require(rule, leaf))
+                v = verdict(s.check(*[lit for lit, _ in tracked.values()]))
+                core_ids = [c.get_id() for c in s.unsat_core()] if v is Verdict.UNSAT else []
+            finally:
+                s.pop()
             if v is Verdict.UNKNOWN:
                 return v
             if v is Verdict.UNSAT:
-                core = tuple(tracked[c.get_id()][1] for c in s.unsat_core())
+                core = tuple(tracked[c][1] for c in core_ids)
                 order = {id(n): i for i, (_, n) in enumerate(tracked.values())}
                 return RuleUnsat(rule, guard_only, instance, tuple(sorted(core, key=lambda n: order[id(n)])))
         return None
 
     def subsumes(self, s_rule: RequestRule, r_rule: RequestRule) -> Verdict:
         """UNSAT means `s_rule` subsumes `r_rule` (r can never change a decision)."""
-        s = self._solver(instance=True)
         e = self.enc
-        s.add(e.applies(r_rule))
-        s.add(z3.Or(z3.Not(e.applies(s_rule)), z3.And(e.require(s_rule), z3.Not(e.require(r_rule)))))
-        return verdict(s.check())
+        return self._check(self._solver(instance=True), e.applies(r_rule),
+                           z3.Or(z3.Not(e.applies(s_rule)), z3.And(e.require(s_rule), z3.Not(e.require(r_rule)))))
 
     def never_rejects(self, rule: RequestRule) -> Verdict:
         """UNSAT means no declared instance fails the rule when it applies."""
-        s = self._solver(instance=True)
-        s.add(self.enc.applies(rule), z3.Not(self.enc.require(rule)))
-        return verdict(s.check())
+        return self._check(self._solver(instance=True), self.enc.applies(rule), z3.Not(self.enc.require(rule)))
 
 
 def _describe(node: Atom | Test, a: RuleAnalysis | None = None) -> str:

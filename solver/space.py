@@ -58,6 +58,12 @@ class Space:
             self.names.append(name)
         return c
 
+    def reserve(self, names: tuple[str, ...]) -> None:
+        """Intern names in this order, so that a group interned together gets consecutive
+        codes (a class's model names then become one range test)."""
+        for n in names:
+            self.code(n)
+
     def const(self, kind: str, v: Scalar) -> z3.ExprRef:
         if kind == "real":
             return real(float(v))
