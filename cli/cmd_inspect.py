@@ -7,6 +7,7 @@ import sys
 
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle, Expr
+from policyc.compiler.units import format_si
 
 from .keys import KeyError_, load_public
 
@@ -67,24 +68,17 @@ def _val(v) -> str:
     return str(v)
 
 
-def _si(v: float, unit: str) -> str:
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= scale:
-            return f"{v / scale:g} {prefix}{unit}"
-    return f"{v:g} {unit}"
-
-
 def render(b: Bundle) -> str:
     out = [f"bundle {b.content_hash}", f"  schema {b.schema_version}, compiled by policyc {b.compiler_version}",
            f"  signature: {'ed25519 by ' + b.signature.public_key[:16] + '…' if b.signature else 'unsigned'}", ""]
     out.append(f"contracts ({len(b.contracts)})")
     for c in b.contracts:
         f = c.compute.request_flops()
-        slo = f"{c.slo.latency * 1e3:g} ms" if c.slo else "none"
+        slo = format_si(c.slo.latency, "time") if c.slo else "none"
         out.append(f"  {c.name} {c.version}  [{c.origin}]")
         out.append(f"    compute {f.lo:.3g}..{f.hi:.3g} FLOPs/request at {c.compute.tokens} tokens, {c.compute.precision}, "
                    f"efficiency {c.compute.efficiency:.0%}")
-        out.append(f"    memory >= {_si(c.memory.bandwidth_min, 'B/s')} for <= {c.memory.burst_max * 1e3:g} ms; SLO {slo}")
+        out.append(f"    memory >= {format_si(c.memory.bandwidth_min, 'bandwidth')} for <= {format_si(c.memory.burst_max, 'time')}; SLO {slo}")
         deps = ", ".join(f"{s.kind} {s.name} p99<={s.p99 * 1e3:g}ms" + (f" ({s.proxy} proxy)" if s.proxy != "none" else "")
                          for s in c.dependencies.services) or "no services"
         out.append(f"    depends on {deps}; cuda {' '.join(f'{v.op}{v.version}' for v in c.dependencies.cuda)}")

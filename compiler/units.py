@@ -57,3 +57,24 @@ def to_si(number: float, unit: str | None, expected: QuantityType) -> float | No
 
 def describe(t: ValueType | QuantityType) -> str:
     return TYPE_WORDS.get(t, t)
+
+
+def format_si(value: float, kind: str) -> str:
+    """An SI value back in the units people write, for messages and reports."""
+    import math
+
+    if math.isinf(value):
+        return "unbounded"
+    if kind == "time":
+        return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
+    if kind == "bandwidth":
+        return f"{value / 1e9:g} GB/s"
+    if kind == "flops":
+        return f"{value:.3g} FLOP"
+    if kind == "flop_rate":
+        return f"{value / 1e12:g} TFLOP/s"
+    if kind == "ratio":
+        return f"{value * 100:g} %"
+    if kind == "size":
+        return f"{value / 1e9:g} GB"
+    return f"{value:g}"
