@@ -23,6 +23,7 @@ from .latency import CROSS_NUMA_PENALTY, gpu_queue, pcie_delay
 from .plan import Constraint, DependencyBinding
 from .shares import ShareBound
 from .snapshot import Snapshot
+from .stores import is_local_store, store_table
 from .thresholds import Thresholds
 from .topology import EndpointRole
 
@@ -66,8 +67,14 @@ class Evaluation:
         """Why this row's first failing dependency fails ("" when none does)."""
         for svc, eps, bi, bl in self.dep_best:
             role = PROXY_ROLE[svc.proxy].value
+            local = is_local_store(svc.kind)
             if not eps:
-                return f"no {role} `{svc.kind}` endpoint in the topology for dependency `{svc.name}`"
+                return (f"no NUMA node in the topology has a `{svc.kind}` session store for dependency `{svc.name}`"
+                        if local else f"no {role} `{svc.kind}` endpoint in the topology for dependency `{svc.name}`")
+            if local and not np.isfinite(bl[row]):
+                return f"dependency `{svc.name}` is the `{svc.kind}` session store, and this GPU's NUMA node has none"
+            if not np.isfinite(bl[row]):
+                return f"dependency `{svc.name}` ({svc.kind}): no {role} endpoint is reachable without a congested or failed hop"
             if bl[row] > svc.p99:
                 e = eps[int(bi[row])]
                 return (f"dependency `{svc.name}` ({svc.kind}, p99 ≤ {svc.p99 * 1e3:g} ms): best {role} endpoint "
@@ -152,6 +159,13 @@ def evaluate(
     chosen = np.where(best_port >= 0, best_port, 0)
     leaf = t.port_switch[chosen] if len(t.ports) else np.zeros(n, dtype=np.int64)
     for svc in contract.dependencies.services:
+        if is_local_store(svc.kind):  # the session store on each GPU's own NUMA node
+            st = store_table(t, svc.kind)
+            bi, bl = st.best[gpus], st.latency[gpus]
+            mark(~(bl <= svc.p99), Constraint.DEPENDENCY)
+            deps = deps + np.where(np.isfinite(bl), bl, 0.0)
+            dep_best.append((svc, st.endpoints, bi, bl))
+            continue
         role = PROXY_ROLE[svc.proxy]
         eps = [e for e in t.endpoints if e.kind == svc.kind and e.role is role]
         if not eps:

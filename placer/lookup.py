@@ -54,7 +54,7 @@ def lookup(
         else:
             np.minimum(code, np.where(bl > svc.p99, _DEPENDENCY, NO_FAILURE), out=code)
             deps = deps + np.where(np.isfinite(bl), bl, 0.0)
-        dep_best.append((svc, list(dt.endpoints), bi, bl))
+        dep_best.append((svc, dt.endpoints, bi, bl))  # a tuple, shared: never copied per request
 
     total = network + queueing + compute + deps
     sigma = np.sqrt(pt.sigma2[gpus])

@@ -3,7 +3,7 @@
 A snapshot is immutable for its whole tick, so everything a placement derives from it
 alone (which host-local port a GPU would use, the round trip through it, the path's
 variance, which snapshot-only constraint a GPU already fails, and the best endpoint for
-each declared service kind) is the same for every request of that tick. Computing it for
+each declared service kind, or the session store on its NUMA node) is the same for every request of that tick. Computing it for
 all GPUs at once (a few numpy passes over 8,000 entries) and letting each request gather
 its candidates' rows turns placement into an O(candidates) lookup. The refresher warms
 the tables the previous tick used before it publishes a snapshot, so requests rarely pay
@@ -23,6 +23,7 @@ from .evaluate import PROXY_ROLE, _CODE
 from .latency import CROSS_NUMA_PENALTY, pcie_delay
 from .plan import Constraint
 from .snapshot import Snapshot
+from .stores import is_local_store, store_table
 from .thresholds import Thresholds
 from .topology import Endpoint, EndpointRole
 
@@ -157,6 +158,9 @@ def _build(snap: Snapshot, th: Thresholds, ingress: int | None) -> PathTable:
 
 def _dependency_table(snap: Snapshot, table: PathTable, kind: str, role: EndpointRole) -> DependencyTable:
     t, f = snap.topology, snap.frame
+    if is_local_store(kind):  # the store on the GPU's NUMA node: no fabric hop, any role
+        st = store_table(t, kind)
+        return DependencyTable(st.endpoints, st.best, st.latency)
     eps = tuple(e for e in t.endpoints if e.kind == kind and e.role is role)
     n = len(t.gpus)
     if not eps:

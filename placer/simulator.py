@@ -5,8 +5,9 @@ noise appear every run, so a test can script "port X climbs to 89 % on tick 3" a
 what the placer will see. Structure: per region, racks of hosts under two leaf switches
 (each host's NIC on NUMA node n plugs into leaf a or b), leaves meshed to the region's
 spines, spines to a pair of core routers, one ingress gateway per region and service
-endpoints (Redis direct, a shared proxy, a dedicated cache proxy, Postgres) behind a
-services leaf. Telemetry follows mean-reverting random walks around per-entity baselines.
+endpoints (Redis direct, a shared proxy, a dedicated cache proxy, Postgres, an HTTP API
+tier) behind a services leaf. Session stores (NVMe, host memory) sit on NUMA nodes and are
+reached without the fabric (`stores.py`). Telemetry follows mean-reverting random walks around per-entity baselines.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _SERVICES: tuple[tuple[str, EndpointRole, float], ...] = (
     ("redis", EndpointRole.SHARED_PROXY, 1.5e-3),
     ("redis", EndpointRole.DEDICATED_PROXY, 0.6e-3),
     ("postgres", EndpointRole.DIRECT, 8.0e-3),
+    ("http", EndpointRole.DIRECT, 12.0e-3),  # a regional HTTP API tier (catalog, feature services)
 )
 _ROLE_PREFIX = {EndpointRole.DIRECT: "", EndpointRole.SHARED_PROXY: "proxy-", EndpointRole.DEDICATED_PROXY: "cacheproxy-"}
 

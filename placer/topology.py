@@ -34,11 +34,13 @@ class NodeKind(str, Enum):
 
 class EndpointRole(str, Enum):
     """How a service endpoint relates to the service: the service itself, a proxy shared by
-    many tenants, or a cache proxy dedicated to the policies that ask for one."""
+    many tenants, a cache proxy dedicated to the policies that ask for one, or a session
+    store on the GPU's own NUMA node (reached over PCIe, never over the fabric)."""
 
     DIRECT = "direct"
     SHARED_PROXY = "shared"
     DEDICATED_PROXY = "dedicated"
+    LOCAL = "local"
 
 
 class StoreKind(str, Enum):

@@ -150,14 +150,17 @@ class Demo:
             self.say(f"ONNX model missing a contract section → {e.code().name}: {e.details()} [field {field}]")
 
     def _decide(self, stub: pb_grpc.DecisionsStub, title: str, headers: dict[str, str] | None = None,
-                attributes: dict | None = None) -> "pb.Decision | None":  # type: ignore[type-arg]
+                attributes: dict | None = None, session: str = "") -> "pb.Decision | None":  # type: ignore[type-arg]
         self.say()
         shown = ", ".join(f"{k}: {v}" for k, v in (headers or {}).items())
         if attributes:
             shown += (", " if shown else "") + ", ".join(f"{k}={v} (typed)" for k, v in attributes.items())
+        if session:
+            shown += (", " if shown else "") + f"session {session}"
         self.say(f"▶ {title}  [{shown}]")
         try:
-            d = stub.Decide(pb.DecideRequest(headers=headers or {}, attributes=convert.attributes_msg(attributes or {})))
+            d = stub.Decide(pb.DecideRequest(headers=headers or {}, attributes=convert.attributes_msg(attributes or {}),
+                                             session_id=session))
         except grpc.RpcError as e:
             self.say(f"{e.code().name}  {e.details()}")
             return None
@@ -170,6 +173,10 @@ class Demo:
         self._decide(stub, "finance: must land on TPM + memory encryption + hardware firewall",
                      {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer", "X-SLO-Latency": "200ms"})
         self._decide(stub, "healthcare: EU with TEE or memory encryption", {"X-Tenant": "charite", "X-Data-Region": "eu-west"})
+        self._decide(stub, "the recommender: its declared catalog API bound to the region's HTTP tier",
+                     {"X-Model": "recommender", "X-Data-Region": "us-west"})
+        self._decide(stub, "a support-chatbot session: state read from the NVMe on the GPU's NUMA node",
+                     {"X-Model": "support-chatbot"}, session="conv-7")
         self._decide(stub, "healthcare asking for a US region: no instance may serve it",
                      {"X-Tenant": "st-marys", "X-Data-Region": "us-east"})
         self._decide(stub, "clinical notes in eu-central: allowed by the contracts, but no live instance there",

@@ -49,6 +49,10 @@ CONTRACTS = {
         name="db", kind="postgres", p99=20e-3, proxy="none", origin=REF), redis(p99=3e-3, proxy="shared"))),
     "no such service": contract(services=(ServiceDependency(name="m", kind="memcached", p99=1e-3, origin=REF),)),
     "session nvme": contract(session=Session(state="nvme", colocate="same_numa")),
+    "http api and nvme store": contract(services=(
+        ServiceDependency(name="catalog-api", kind="http", p99=30e-3, origin=REF),
+        ServiceDependency(name="conversation-store", kind="nvme", p99=4e-3, origin=REF))),
+    "nvme store too slow": contract(services=(ServiceDependency(name="st", kind="nvme", p99=1e-3, origin=REF),)),
     "solver shares": contract(gpu_shares=(
         GpuShare(gpu="H100", feasible=True, min_share=0.3, binding="compute", detail="d"),
         GpuShare(gpu="L4", feasible=False, binding="bandwidth", detail="too slow"))),

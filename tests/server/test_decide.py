@@ -63,12 +63,39 @@ def test_no_live_instance_is_a_matcher_rejection_with_per_predicate_elimination(
     assert "`routing.pinned-model` (policies/routing.contract:5:3) excludes" in d.rejection.reason
 
 
-def test_placer_refusal_names_the_binding_constraint(stub) -> None:
-    # the simulated cluster has no `http` endpoint for the recommender's catalog-api dependency
+def test_recommender_binds_its_http_api_and_dedicated_cache(stub, served) -> None:
     d = stub.Decide(pb.DecideRequest(headers={"X-Model": "recommender"}))
+    assert d.outcome == pb.ADMITTED and d.model == "recommender"
+    deps = {b.service: b for b in d.placement.dependencies}
+    assert deps["catalog-api"].endpoint == f"http-{d.placement.region}" and deps["catalog-api"].role == "direct"
+    assert deps["catalog-api"].predicted_ms <= deps["catalog-api"].bound_ms == 30
+    assert deps["session-cache"].role == "dedicated"
+
+
+def test_support_chatbot_reads_its_state_from_the_nvme_on_its_numa_node(stub, served) -> None:
+    d = stub.Decide(pb.DecideRequest(headers={"X-Model": "support-chatbot"}, session_id="conv-42"))
+    assert d.outcome == pb.ADMITTED and d.model == "support-chatbot"
+    p = d.placement
+    (b,) = p.dependencies
+    assert b.service == "conversation-store" and b.role == "local"
+    assert b.endpoint == f"{p.host}/numa{p.numa_node}/nvme" and b.predicted_ms <= b.bound_ms == 4
+    assert served.server.state.registry.get(p.instance_id).deployment.session_state == "nvme"
+
+
+def test_placer_refusal_names_the_binding_constraint(stub, served) -> None:
+    # every region's HTTP tier slows to 500 ms for one tick: the catalog-api bound (30 ms) binds
+    cluster, refresher = served.server.cluster, served.server.refresher
+    for region in cluster.topology().ingress:
+        cluster.service_p99(f"http-{region}", 0.5, ticks=1)
+    refresher.tick()
+    try:
+        d = stub.Decide(pb.DecideRequest(headers={"X-Model": "recommender"}))
+    finally:
+        refresher.tick()  # the pin expires
     assert d.outcome == pb.REJECTED and d.rejection.stage == pb.PLACEMENT
     assert d.rejection.binding_constraint == "dependency" and "catalog-api" in d.rejection.reason
     assert d.rejection.gpus and all(g.constraint == "dependency" for g in d.rejection.gpus)
+    assert stub.Decide(pb.DecideRequest(headers={"X-Model": "recommender"})).outcome == pb.ADMITTED
 
 
 def test_explain_gives_the_full_account(stub) -> None:

@@ -19,6 +19,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "watermark pinned at 89 %", "placement changed:",
         "action: cancel_stream", "x-retry-count': '1'", "retry 1",
         "self_heal_step  gpu_reset", "dry_run", "EXPLAIN", "demo finished",
+        "ADMITTED  recommender →", "`catalog-api` → http-us-west (direct,",
+        "ADMITTED  support-chatbot →", "`conversation-store` → host-", "/nvme (local, 3.20 ms ≤ 4 ms)",
     ):
         assert expected in text, expected
     assert (tmp_path / "audit.db").exists()
