@@ -8,7 +8,12 @@ keys every admitted instance must carry (a conjunction of any-of clauses drawn f
 applicable requirements) are probed in the sliced Bloom filters, which may rule out whole
 shards (or everything: an empty answer without touching the postings); then each applicable
 rule's requirement is evaluated as bitmap algebra (`And` ∩, `Or` ∪, `Not` and `!=`
-complement against the live set) and intersected.
+complement against the live set) and the results are intersected, smallest first.
+
+Everything that depends only on the request (which rules apply, their Bloom keys, the
+requirement closures bound to the request's values) is a `Plan` (`plan.py`), cached per
+typed request; the candidates a plan computed stay valid until the next insert or delete
+(`version`).
 
 Not thread-safe by itself: `Registry` serialises writers and readers around it.
 """
@@ -25,12 +30,13 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
-from .evaluate import guard_holds, require_holds, value_reads
+from .evaluate import require_holds, value_reads
+from .guards import Predicate, compile_applies
+from .plan import PLAN_CACHE_SIZE, Plan, PlanCache
 from .result import AppliedRule
 
 Vars = Mapping[str, Scalar]
 BitmapFn = Callable[[Vars], BitMap]
-MASK_LIMIT = 32  # build a shard mask from at most this many shard ranges
 BLOOM_KINDS = ("equality", "set", "boolean")
 ORDERINGS = ("<", "<=", ">", ">=")
 _NO_VARS: dict[str, Scalar] = {}
@@ -49,6 +55,7 @@ class CompiledRule:
     rule: RequestRule
     applied: AppliedRule
     reads: frozenset[str]
+    applies: Predicate  # every read present and the guard holds (`evaluate.rule_applies`)
     require: BitmapFn
     clauses: tuple[ClauseTemplate, ...]
     clause_vars: tuple[str, ...]  # request variables the clauses read (the Bloom cache key)
@@ -57,11 +64,13 @@ class CompiledRule:
 
 @dataclass(slots=True)
 class BloomStats:
-    requests: int = 0  # requests that had keys to probe
+    """Counted per candidate computation (a plan's first request, or its first after the
+    fleet changed), not per request: cached answers probe nothing."""
+
+    requests: int = 0  # computations that had keys to probe
     shards_probed: int = 0
     shards_skipped: int = 0
-    masked: int = 0  # requests where the skip was applied as a mask
-    emptied: int = 0  # requests answered empty by the filters alone
+    emptied: int = 0  # computations answered empty by the filters alone
 
 
 def render(a: Atom) -> str:
@@ -74,7 +83,7 @@ def render(a: Atom) -> str:
 
 
 class FleetIndex:
-    def __init__(self, bundle: Bundle, shard_size: int = SHARD_SIZE) -> None:
+    def __init__(self, bundle: Bundle, shard_size: int = SHARD_SIZE, plan_cache: int = PLAN_CACHE_SIZE) -> None:
         self.bundle = bundle
         self.shard_size = shard_size
         kinds: dict[str, str] = {ia.attr: ia.kind for ia in bundle.index_plan}
@@ -93,8 +102,8 @@ class FleetIndex:
         # intersection for them instead of their whole algebra
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(cr.rule.require, self.static[cr.rule.id]) for cr in self.rules if cr.static]
-        self._survivor_cache: dict[tuple, tuple[BitMap, BitMap | None]] = {}
-        self._cache_version = -1
+        self.version = 0  # bumped by every insert / delete: cached candidates are older
+        self.plans = PlanCache(plan_cache)
 
     # ------------------------------------------------------------------ updates
     def _bloom_keys(self, attrs: Mapping[str, Scalar]) -> list[BloomKey]:
@@ -111,10 +120,12 @@ class FleetIndex:
                 bm.add(slot)
         self.attrs[slot] = attrs
         self.live.add(slot)
+        self.version += 1
 
     def delete(self, slot: int) -> None:
         attrs = self.attrs.pop(slot)
         self.live.discard(slot)
+        self.version += 1
         for a, idx in self.attr_index.items():
             v = attrs.get(a)
             if v is not None:
@@ -151,7 +162,8 @@ class FleetIndex:
                 if require_holds(req, sample[sig], _NO_VARS):
                     bm.update(slots)
         self.attrs = dict(items)
-        self.live = BitMap(self.attrs)
+        self.live = BitMap(sorted(self.attrs))
+        self.version += 1
 
     # ------------------------------------------------------------------ compiling rules
     def _compile_rule(self, rule: RequestRule) -> CompiledRule:
@@ -166,7 +178,7 @@ class FleetIndex:
         return CompiledRule(
             rule=rule, applied=AppliedRule(rule.id, rule.origin),
             reads=frozenset(value_reads(rule.guard) | value_reads(rule.require)),
-            require=require, clauses=clauses,
+            applies=compile_applies(rule), require=require, clauses=clauses,
             clause_vars=tuple(sorted({v.name for c in clauses for _, v in c if isinstance(v, _VarRef)})),
             static=static,
         )
@@ -241,77 +253,81 @@ class FleetIndex:
 
     # ------------------------------------------------------------------ answering
     def applicable(self, vars: Vars) -> list[CompiledRule]:
-        out = []
-        for cr in self.rules:
-            for r in cr.reads:
-                if r not in vars:
-                    break
-            else:
-                if cr.rule.guard is None or guard_holds(cr.rule.guard, vars):
-                    out.append(cr)
-        return out
+        return [cr for cr in self.rules if cr.applies(vars)]
 
     def shard_survivors(self, rules: Iterable[CompiledRule], vars: Vars) -> BitMap | None:
         """Shards the Bloom filters cannot rule out, or None when no rule gives keys."""
-        clauses: list[frozenset[BloomKey]] = []
-        for cr in rules:
-            for tmpl in cr.clauses:
-                clauses.append(frozenset((attr, vars[v.name] if isinstance(v, _VarRef) else v) for attr, v in tmpl))
-        if not clauses:
-            return None
-        return self.bloom.surviving(clauses)
+        clauses = self._clauses(rules, vars)
+        return self.bloom.surviving(list(clauses)) if clauses else None
 
-    def _bloom_step(self, rules: list[CompiledRule], vars: Vars) -> tuple[BitMap, BitMap | None] | None:
-        """(surviving shards, slot mask or None) for these rules and values, or None when
-        the rules give no keys. Cached per (rules, values) until the filters change."""
-        if self._cache_version != self.bloom.version:
-            self._survivor_cache.clear()
-            self._cache_version = self.bloom.version
-        key = tuple([(id(cr), *[vars[n] for n in cr.clause_vars]) for cr in rules if cr.clauses])
-        if not key:
-            return None
-        hit = self._survivor_cache.get(key)
-        if hit is None:
-            survivors = self.shard_survivors(rules, vars)
-            assert survivors is not None
-            mask = None
-            kept = len(survivors)
-            if 0 < kept < len(self.bloom.shards) and kept <= MASK_LIMIT:
-                mask = BitMap()
-                size = self.shard_size
-                for s in survivors:
-                    mask.add_range(s * size, (s + 1) * size)
-            if len(self._survivor_cache) > 4096:
-                self._survivor_cache.clear()
-            hit = self._survivor_cache[key] = (survivors, mask)
-        return hit
+    @staticmethod
+    def _clauses(rules: Iterable[CompiledRule], vars: Vars) -> tuple[frozenset[BloomKey], ...]:
+        return tuple(frozenset((attr, vars[v.name] if isinstance(v, _VarRef) else v) for attr, v in tmpl)
+                     for cr in rules for tmpl in cr.clauses)
+
+    def plan(self, vars: Vars) -> Plan:
+        """The plan for this typed request, with candidates current for the live fleet."""
+        key = tuple(vars.items())
+        try:
+            plan = self.plans.get(key)
+        except TypeError:  # an unhashable value (only through `Request.of`): not cached
+            plan = None
+            key = None
+        if plan is None:
+            plan = self._make_plan(vars)
+            if key is not None:
+                self.plans.put(key, plan)
+        if plan.version != self.version:
+            self._refresh(plan)
+        return plan
+
+    def _make_plan(self, vars: Vars) -> Plan:
+        own = dict(vars)
+        rules = tuple(cr for cr in self.rules if cr.applies(own))
+        return Plan(own, rules, tuple(cr.applied for cr in rules), tuple(cr.require for cr in rules),
+                    self._clauses(rules, own))
+
+    def _refresh(self, plan: Plan) -> None:
+        """Recompute a plan's candidates: Bloom first, then the requirement bitmaps
+        intersected smallest first (each intersection can only shrink the answer)."""
+        plan.version = self.version
+        if not plan.rules:
+            plan.cand = self.live
+            plan.count = len(self.live)
+            return
+        if plan.clauses:
+            bloom = self.bloom
+            if plan.bloom_version != bloom.version:
+                plan.survivors = bloom.surviving(list(plan.clauses))
+                plan.bloom_version = bloom.version
+            st = self.stats
+            total = len(bloom.shards)
+            kept = len(plan.survivors)  # type: ignore[arg-type]
+            st.requests += 1
+            st.shards_probed += total
+            st.shards_skipped += total - kept
+            if not kept:
+                st.emptied += 1
+                plan.cand, plan.count = EMPTY, 0
+                return
+        v = plan.vars
+        bms = [t(v) for t in plan.terms]
+        if len(bms) == 1:
+            cand = bms[0]  # the index's own bitmap: shared, never mutated
+        else:
+            bms.sort(key=len)
+            cand = bms[0] & bms[1]
+            for bm in bms[2:]:
+                if not cand:
+                    break
+                cand &= bm  # our own bitmap from here on
+        plan.cand = cand
+        plan.count = len(cand)
 
     def evaluate(self, vars: Vars) -> tuple[BitMap, list[CompiledRule]]:
         """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""
-        rules = self.applicable(vars)
-        if not rules:
-            return self.live, rules
-        step = self._bloom_step(rules, vars)
-        cand = self.live
-        if step is not None:
-            survivors, mask = step
-            st = self.stats
-            total = len(self.bloom.shards)
-            st.requests += 1
-            st.shards_probed += total
-            kept = len(survivors)
-            st.shards_skipped += total - kept
-            if kept == 0:
-                st.emptied += 1
-                return EMPTY, rules
-            if mask is not None:
-                st.masked += 1
-                cand = mask
-        for cr in rules:
-            cand = cand & cr.require(vars)
-            if not cand:
-                return cand, rules
-        return cand, rules
+        plan = self.plan(vars)
+        return plan.cand, list(plan.rules)
 
 
 def _atoms(e: Expr) -> list[Atom]:

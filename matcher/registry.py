@@ -22,6 +22,7 @@ from .errors import AdmissionError, RegistryError, UnknownInstanceError
 from .explain import explain as _explain
 from .bloom import SHARD_SIZE
 from .index import FleetIndex
+from .plan import PLAN_CACHE_SIZE
 from .instance import Instance, admission_problems, attributes
 from .parse import RequestParser
 from .ranking import ScoreTiers
@@ -44,17 +45,20 @@ def _group(instance: Instance) -> tuple[str, str]:
 
 class Registry:
     def __init__(self, bundle: Bundle, instances: Iterable[Instance] = (),
-                 scores: Mapping[str, float] | None = None, *, shard_size: int = SHARD_SIZE) -> None:
+                 scores: Mapping[str, float] | None = None, *, shard_size: int = SHARD_SIZE,
+                 plan_cache: int = PLAN_CACHE_SIZE) -> None:
         self._read = threading.Lock()
         self._write = threading.Lock()
         self._bundle = bundle
         self._parser = RequestParser(bundle)
-        self._index = FleetIndex(bundle, shard_size)
+        self._plan_cache = plan_cache  # request-shape plans kept (0: plan every request afresh)
+        self._index = FleetIndex(bundle, shard_size, plan_cache)
         self._slots = SlotAllocator(self._index.shard_size)
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
         self._score: dict[int, float] = {}
+        self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._cache: dict = {}  # admission verdicts and contract/GPU attributes, per bundle
         items = list(instances)
         if items:
@@ -100,11 +104,17 @@ class Registry:
         applied."""
         with self._read:
             ix = self._index
-            cand, rules = ix.evaluate(request.vars)
-            count = len(cand)
+            plan = ix.plan(request.vars)
             inst, score = self._instance, self._score
-            best = tuple(Scored(inst[s], score[s]) for s in self._tiers.best(cand, count, k))
-            return MatchResult(count, best, tuple(cr.applied for cr in rules), ix.bundle.content_hash)
+            scored = self._scored
+            best = []
+            for s in self._tiers.best(plan.cand, plan.count, k):
+                sc = scored.get(s)
+                if sc is None:
+                    sc = scored[s] = Scored(inst[s], score[s])
+                best.append(sc)
+            return MatchResult(plan.count, tuple(best), plan.applied, ix.bundle.content_hash)
+            return MatchResult(plan.count, best, plan.applied, ix.bundle.content_hash)
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
@@ -130,6 +140,7 @@ class Registry:
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
         self._score[slot] = score
+        self._scored.pop(slot, None)
 
     def _delete(self, instance_id: str) -> float:
         slot = self._slot_of.pop(instance_id)
@@ -137,6 +148,7 @@ class Registry:
         self._tiers.remove(slot)
         self._slots.give(slot)
         del self._instance[slot]
+        self._scored.pop(slot, None)
         return self._score.pop(slot)
 
     def add_many(self, instances: Iterable[Instance], scores: Mapping[str, float] | None = None) -> None:
@@ -225,6 +237,7 @@ class Registry:
             self._tiers.remove(slot)
             self._tiers.add(slot, (-score, instance_id))
             self._score[slot] = score
+            self._scored.pop(slot, None)
 
     def swap_bundle(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, ...]:
         """Switch to a new bundle. Every instance is re-admitted under it; instances it no
@@ -232,7 +245,7 @@ class Registry:
         are evicted and returned when `evict_inadmissible`. Readers keep the old index
         until the new one is complete."""
         with self._write:
-            new_index = FleetIndex(bundle, self._index.shard_size)
+            new_index = FleetIndex(bundle, self._index.shard_size, self._plan_cache)
             keep: list[tuple[int, dict[str, Scalar]]] = []
             evicted: list[str] = []
             refused: list[str] = []
@@ -256,6 +269,7 @@ class Registry:
                     self._tiers.remove(slot)
                     self._slots.give(slot)
                     del self._instance[slot], self._score[slot]
+                    self._scored.pop(slot, None)
                 self._index, self._parser, self._bundle = new_index, parser, bundle
                 self._cache = {}
             return tuple(evicted)
