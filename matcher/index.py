@@ -144,7 +144,7 @@ class FleetIndex:
         groups: dict[tuple, list[int]] = {}
         sample: dict[tuple, Mapping[str, Scalar]] = {}
         for slot, attrs in items:
-            sig = tuple([attrs.get(a) for a in names])
+            sig = tuple(map(attrs.get, names))
             g = groups.get(sig)
             if g is None:
                 g = groups[sig] = []

@@ -67,18 +67,19 @@ class ScoreTiers:
         self.orders.insert(t + 1, high)
         self.bounds.insert(t + 1, self.keys[high[0]])
 
-    def bulk(self, items: list[tuple[int, ScoreKey]]) -> None:
-        """Replace the contents at once (index build)."""
-        items.sort(key=lambda it: it[1])
-        self.keys = dict(items)
+    def bulk(self, entries: list[tuple[float, str, int]]) -> None:
+        """Replace the contents at once (index build) from (-score, id, slot) triples:
+        flat triples sort about twice as fast as (slot, key) pairs under a key function."""
+        entries = sorted(entries)
+        self.keys = {slot: (neg, iid) for neg, iid, slot in entries}
         self.bounds = [(-float("inf"), "")]
         self.tiers = []
         self.orders = []
-        slots = [s for s, _ in items]
-        for i in range(0, max(len(items), 1), TARGET):
+        slots = [e[2] for e in entries]
+        for i in range(0, max(len(entries), 1), TARGET):
             chunk = slots[i:i + TARGET]
             if i > 0:
-                self.bounds.append(items[i][1])
+                self.bounds.append(entries[i][:2])
             self.tiers.append(BitMap(chunk))
             self.orders.append(chunk)
 

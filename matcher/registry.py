@@ -12,18 +12,21 @@ Best-k is by the placer's score in [0, 1] (higher is better), ties broken by ins
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
-from typing import Iterable, Mapping
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Mapping
 
 from policyc.compiler.bundle import Bundle, Scalar
 
+from .admission_cache import AdmissionCache
 from .errors import AdmissionError, RegistryError, UnknownInstanceError
 from .explain import explain as _explain
 from .bloom import SHARD_SIZE
 from .index import FleetIndex
 from .plan import PLAN_CACHE_SIZE
-from .instance import Instance, admission_problems, attributes
+from .instance import Instance
 from .parse import RequestParser
 from .ranking import ScoreTiers
 from .request import Request
@@ -39,7 +42,23 @@ def check_score(instance_id: str, score: float) -> float:
     return float(score)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """An index build allocates a few hundred thousand small acyclic objects (attribute
+    dicts, slot lists, score keys): the cyclic collector would rescan them generation after
+    generation with nothing to free (a third of the build). Paused for the build only;
+    reference counting still frees, as in `compiler/pipeline.py`."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _group(instance: Instance) -> tuple[str, str]:
+    """The placement group whose instances share slot shards (see `slots.py`)."""
     return instance.model, instance.deployment.region
 
 
@@ -59,7 +78,7 @@ class Registry:
         self._instance: dict[int, Instance] = {}
         self._score: dict[int, float] = {}
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
-        self._cache: dict = {}  # admission verdicts and contract/GPU attributes, per bundle
+        self._admission = AdmissionCache(bundle)
         items = list(instances)
         if items:
             self.add_many(items, scores)
@@ -127,7 +146,7 @@ class Registry:
         satisfy its contract, or (RegistryError) when the id is taken."""
         score = check_score(instance.id, score)
         with self._write:
-            attrs = self._admit_cached(instance, self._cache)
+            attrs = self._admission.attributes(instance)
             if instance.id in self._slot_of:
                 raise RegistryError(f"instance `{instance.id}` is already registered; use update()")
             with self._read:
@@ -156,61 +175,44 @@ class Registry:
         the index build (postings built once per value rather than bit by bit)."""
         items = list(instances)
         scores = scores or {}
-        with self._write:
-            seen: set[str] = set()
-            prepared = []
-            cache = self._cache
-            for inst in items:
-                if inst.id in self._slot_of or inst.id in seen:
-                    raise RegistryError(f"instance `{inst.id}` is already registered; use update()")
-                seen.add(inst.id)
-                s = check_score(inst.id, scores.get(inst.id, DEFAULT_SCORE))
-                prepared.append((inst, self._admit_cached(inst, cache), s))
+        with self._write, _gc_paused():
+            ids = [inst.id for inst in items]
+            if len(set(ids)) != len(ids) or not self._slot_of.keys().isdisjoint(ids):
+                seen: set[str] = set()
+                for iid in ids:
+                    if iid in self._slot_of or iid in seen:
+                        raise RegistryError(f"instance `{iid}` is already registered; use update()")
+                    seen.add(iid)
+            given = [scores.get(iid, DEFAULT_SCORE) for iid in ids]
+            checked = [s if type(s) is float and 0.0 <= s <= 1.0 else check_score(iid, s) for iid, s in zip(ids, given)]
+            admit = self._admission.attributes
+            attrs = [admit(inst) for inst in items]
             with self._read:
                 if self._slot_of:
-                    for inst, attrs, s in prepared:
-                        self._insert(inst, attrs, s)
+                    for inst, a, s in zip(items, attrs, checked):
+                        self._insert(inst, a, s)
                     return
-                self._bulk(prepared)
+                self._bulk(items, ids, attrs, checked)
 
-    def _admit_cached(self, inst: Instance, cache: dict) -> dict[str, Scalar]:
-        """`_admit` for bulk loads: admission depends only on the model and these
-        deployment facts, and the contract/GPU part of the attributes only on the model and
-        GPU class, so both are computed once per distinct combination."""
-        d = inst.deployment
-        key = (inst.model, d.gpu_model, d.region, d.tpm, d.memory_encryption, d.hardware_firewall, d.tee,
-               d.session_state, d.cuda)
-        problems = cache.get(key)
-        if problems is None:
-            problems = cache[key] = admission_problems(inst, self._bundle)
-        if problems:
-            raise AdmissionError(inst.id, problems)
-        bkey = ("attrs", inst.model, d.gpu_model)
-        base = cache.get(bkey)
-        if base is None:
-            contract = self._bundle.contract(inst.model)
-            assert contract is not None
-            base = cache[bkey] = attributes(inst.model_copy(update={"labels": {}}), contract, self._bundle)
-        attrs = dict(base)
-        attrs.update(region=d.region, host=d.host, tpm=d.tpm, memory_encryption=d.memory_encryption,
-                     hardware_firewall=d.hardware_firewall, tee=d.tee, numa_node=float(d.numa_node),
-                     session_state=d.session_state)
-        for k, v in inst.labels.items():
-            attrs["labels." + k] = v
-        return attrs
-
-    def _bulk(self, prepared: list[tuple[Instance, dict[str, Scalar], float]]) -> None:
-        slot_items = []
-        tier_items = []
-        for inst, attrs, s in prepared:
-            slot = self._slots.take(_group(inst))
-            slot_items.append((slot, attrs))
-            tier_items.append((slot, (-s, inst.id)))
-            self._slot_of[inst.id] = slot
-            self._instance[slot] = inst
-            self._score[slot] = s
-        self._index.bulk(slot_items)
-        self._tiers.bulk(tier_items)
+    def _bulk(self, items: list[Instance], ids: list[str], attrs: list[dict[str, Scalar]], scores: list[float]) -> None:
+        """The index build: slots handed out a placement group at a time, then every map,
+        postings bitmap, Bloom filter and score tier filled from whole lists."""
+        by_group: dict[tuple[str, str], list[int]] = {}
+        for n, a in enumerate(attrs):
+            key = (a["model"], a["region"])  # `_group`, read from the attributes already built
+            g = by_group.get(key)
+            if g is None:
+                g = by_group[key] = []
+            g.append(n)
+        slots = [0] * len(items)
+        for group, members in by_group.items():
+            for n, slot in zip(members, self._slots.take_many(group, len(members))):
+                slots[n] = slot
+        self._slot_of = dict(zip(ids, slots))
+        self._instance = dict(zip(slots, items))
+        self._score = dict(zip(slots, scores))
+        self._index.bulk(list(zip(slots, attrs)))
+        self._tiers.bulk(list(zip([-s for s in scores], ids, slots)))
 
     def remove(self, instance_id: str) -> None:
         with self._write, self._read:
@@ -223,7 +225,7 @@ class Registry:
         with self._write:
             if instance.id not in self._slot_of:
                 raise UnknownInstanceError(instance.id)
-            attrs = self._admit_cached(instance, self._cache)
+            attrs = self._admission.attributes(instance)
             with self._read:
                 score = self._delete(instance.id)
                 self._insert(instance, attrs, score)
@@ -244,20 +246,17 @@ class Registry:
         longer admits make the swap fail (RegistryError naming them, nothing changed), or
         are evicted and returned when `evict_inadmissible`. Readers keep the old index
         until the new one is complete."""
-        with self._write:
+        with self._write, _gc_paused():
             new_index = FleetIndex(bundle, self._index.shard_size, self._plan_cache)
             keep: list[tuple[int, dict[str, Scalar]]] = []
             evicted: list[str] = []
             refused: list[str] = []
+            admission = AdmissionCache(bundle)
             for iid, slot in self._slot_of.items():
-                inst = self._instance[slot]
-                problems = admission_problems(inst, bundle)
-                if problems:
-                    (evicted if evict_inadmissible else refused).append(f"{iid}: {problems[0]}" if not evict_inadmissible else iid)
-                    continue
-                contract = bundle.contract(inst.model)
-                assert contract is not None
-                keep.append((slot, attributes(inst, contract, bundle)))
+                try:
+                    keep.append((slot, admission.attributes(self._instance[slot])))
+                except AdmissionError as e:
+                    (evicted if evict_inadmissible else refused).append(iid if evict_inadmissible else f"{iid}: {e.problems[0]}")
             if refused:
                 more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
                 raise RegistryError("the new bundle does not admit registered instances: " + "; ".join(refused[:5]) + more)
@@ -271,7 +270,7 @@ class Registry:
                     del self._instance[slot], self._score[slot]
                     self._scored.pop(slot, None)
                 self._index, self._parser, self._bundle = new_index, parser, bundle
-                self._cache = {}
+                self._admission = admission
             return tuple(evicted)
 
     # ------------------------------------------------------------------ measuring

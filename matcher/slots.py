@@ -22,7 +22,7 @@ class SlotAllocator:
         self._empty: list[int] = []
         self._next = 0
 
-    def take(self, group: Hashable) -> int:
+    def _open_shard(self, group: Hashable) -> list[int]:
         shards = self._open.setdefault(group, [])
         if not shards:
             if self._empty:
@@ -32,12 +32,31 @@ class SlotAllocator:
                 self._free[shard] = list(range(self.shard_size - 1, -1, -1))
             self._group[shard] = group
             shards.append(shard)
+        return shards
+
+    def take(self, group: Hashable) -> int:
+        shards = self._open_shard(group)
         shard = shards[-1]
         free = self._free[shard]
         off = free.pop()
         if not free:
             shards.pop()
         return shard * self.shard_size + off
+
+    def take_many(self, group: Hashable, n: int) -> list[int]:
+        """The slots `n` calls of `take(group)` would give, in that order, a shard at a time."""
+        out: list[int] = []
+        while len(out) < n:
+            shards = self._open_shard(group)
+            shard = shards[-1]
+            free = self._free[shard]
+            m = min(n - len(out), len(free))
+            base = shard * self.shard_size
+            out.extend([base + off for off in reversed(free[len(free) - m:])])
+            del free[len(free) - m:]
+            if not free:
+                shards.pop()
+        return out
 
     def give(self, slot: int) -> None:
         shard, off = divmod(slot, self.shard_size)
