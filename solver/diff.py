@@ -17,15 +17,17 @@ attribute value, exclude requests OLD serves on that instance and ask again.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 import z3
 
-from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, RequestRule, Scalar, SourceRef
+from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, Contract, RequestRule, Scalar, SourceRef
 
+from .classes import InstanceClass, group
 from .domains import Domains, domains
 from .encode import RuleEncoder
-from .semantics import applies, holds, instance_in_domain, request_in_domain
+from .semantics import applies, contract_admits, holds, instance_in_domain, request_in_domain
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
@@ -74,15 +76,34 @@ class DiffReport:
         return 5 if self.undecided else 0
 
 
+def _domain_fields(c: Contract) -> tuple:
+    """What a contract contributes to the instance domain (not where it was written)."""
+    return (c.version, c.compute.request_flops(), c.memory.bandwidth_min, c.slo.latency if c.slo else None,
+            c.regions, c.gpu_arch, tuple(sorted(set(c.security))), c.session.state if c.session else None, c.labels)
+
+
+def _shared(old: Bundle, new: Bundle, d_old: Domains, d_new: Domains) -> tuple[Contract, ...]:
+    """Contracts whose instances are the same on both sides: encoded once, as classes."""
+    if (d_old.regions, d_old.gpus, d_old.label_keys) != (d_new.regions, d_new.gpus, d_new.label_keys):
+        return ()
+    theirs = {c.name: c for c in new.contracts}
+    names = [c.name for c in old.contracts]
+    if len(set(names)) != len(names) or len(theirs) != len(new.contracts):
+        return ()
+    return tuple(c for c in old.contracts if c.name in theirs and _domain_fields(c) == _domain_fields(theirs[c.name]))
+
+
 class _Side:
-    def __init__(self, space: Space, bundle: Bundle) -> None:
+    def __init__(self, space: Space, bundle: Bundle, dom: Domains, shared_dom: z3.BoolRef, shared: frozenset[str]) -> None:
         self.bundle = bundle
-        self.dom: Domains = domains(bundle)
+        self.dom = dom
         self.enc = RuleEncoder(space, self.dom)
         self.req_dom = self.enc.request_domain()
-        self.inst_dom = self.enc.instance_domain(bundle)
+        own = tuple(c for c in bundle.contracts if c.name not in shared)
+        self.inst_dom = z3.And(self.enc.instance_frame(), z3.Or(shared_dom, self.enc.fleet_domain((), own)))
         self.fails = {r.id: z3.And(self.enc.applies(r), z3.Not(self.enc.require(r))) for r in bundle.rules}
         self.admits = z3.And(self.req_dom, self.inst_dom, *[z3.Not(f) for f in self.fails.values()])
+        self.serves = z3.And(self.req_dom, *[z3.Not(f) for f in self.fails.values()])  # on an instance known in domain
 
     def rejecting(self, req: dict, attrs: dict) -> tuple[RequestRule, ...]:
         return tuple(r for r in self.bundle.rules if applies(r, req) and not holds(r.require, req, attrs))
@@ -104,10 +125,26 @@ def _req_view(req: dict, a: _Side, b: _Side) -> dict:
 
 
 class Differ:
-    def __init__(self, old: Bundle, new: Bundle) -> None:
+    """Both bundles over one space. Contracts whose instances are the same on both sides
+    are grouped into instance classes (`classes.py`) and encoded once, exactly; the rest,
+    one disjunct each. Every solver gets the space's axioms (`_solver`)."""
+
+    def __init__(self, old: Bundle, new: Bundle, *, use_classes: bool = True) -> None:
         self.space = Space()
-        self.old = _Side(self.space, old)
-        self.new = _Side(self.space, new)
+        d_old, d_new = domains(old), domains(new)
+        shared = _shared(old, new, d_old, d_new) if use_classes else ()
+        self.classes: tuple[InstanceClass, ...] = group(shared, d_old)
+        for c in self.classes:
+            self.space.reserve(c.names)
+        names = frozenset(c.name for c in shared)
+        shared_dom = RuleEncoder(self.space, d_old).fleet_domain(self.classes)
+        self.old = _Side(self.space, old, d_old, shared_dom, names)
+        self.new = _Side(self.space, new, d_new, shared_dom, names)
+
+    def _solver(self) -> z3.Solver:
+        s = new_solver()
+        s.add(*self.space.axioms)
+        return s
 
     def _fix_request(self, s: z3.Solver, req: dict) -> None:
         for key, slot in self.space.request.items():
@@ -117,15 +154,6 @@ class Differ:
             else:
                 s.add(z3.Not(slot.present))  # type: ignore[arg-type]
 
-    def _fix_instance(self, formula: z3.BoolRef, model: z3.ModelRef) -> z3.BoolRef:
-        """`formula` with the instance variables replaced by their values in `model`."""
-        pairs = []
-        for slot in self.space.instance.values():
-            for term in (slot.value, slot.present, slot.infinite):
-                if term is not None:
-                    pairs.append((term, model.eval(term, model_completion=True)))
-        return z3.substitute(formula, *pairs)
-
     def _difference(self, model: z3.ModelRef, direction: Direction, compliance: tuple[str, ...] = ()) -> Difference:
         req, attrs = self.space.witness(model)
         req = _req_view(req, self.old, self.new)
@@ -133,6 +161,58 @@ class Differ:
         domain = self.old.domain_problems(req, attrs, "OLD") + self.new.domain_problems(req, attrs, "NEW")
         return Difference(direction, req, attrs, refs(self.old.rejecting(req, attrs)), refs(self.new.rejecting(req, attrs)),
                           tuple(domain), compliance)
+
+    def _old_serves_on(self, req: dict, cond: z3.BoolRef) -> Verdict | dict:
+        """Whether OLD serves this one request on some instance meeting `cond`: the
+        attributes of such an instance, UNSAT or UNKNOWN."""
+        s = self._solver()
+        s.add(self.old.admits, cond)
+        self._fix_request(s, req)
+        v = verdict(s.check())
+        if v is not Verdict.SAT:
+            return v
+        return self.space.witness(s.model())[1]
+
+    def _served_elsewhere(self, attrs: dict) -> z3.BoolRef:
+        """Requests OLD serves on an instance with these deployment facts, whichever OLD
+        contract it runs: every such request is served where `attrs` is, so none of them
+        can widen compliance there. Checked per contract with the reference semantics."""
+        side = self.old
+        out: list[z3.BoolRef] = []
+        fixed = ("model", "version", "slo_latency", "flops_min", "flops_max", "bandwidth")
+        for c in side.bundle.contracts:
+            rf = c.compute.request_flops()
+            inst = {**attrs, "model": c.name, "version": c.version, "slo_latency": c.slo.latency if c.slo else math.inf,
+                    "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}
+            if not contract_admits(c, side.dom, inst):
+                continue
+            pairs = []
+            for name in fixed:
+                slot = self.space.instance.get(name)
+                if slot is None:
+                    continue
+                if slot.infinite is not None:
+                    pairs.append((slot.infinite, z3.BoolVal(math.isinf(inst[name]))))
+                    if math.isinf(inst[name]):
+                        continue
+                pairs.append((slot.value, self.space.const(slot.kind, inst[name])))
+            others = [(t, v) for t, v in self._attr_pairs(attrs) if all(not t.eq(p) for p, _ in pairs)]
+            out.append(z3.substitute(side.serves, *pairs, *others))
+        return z3.simplify(z3.Or(out)) if out else z3.BoolVal(False)
+
+    def _attr_pairs(self, attrs: dict) -> list[tuple[z3.ExprRef, z3.ExprRef]]:
+        pairs: list[tuple[z3.ExprRef, z3.ExprRef]] = []
+        for name, slot in self.space.instance.items():
+            v = attrs.get(name)
+            if slot.present is not None:
+                pairs.append((slot.present, z3.BoolVal(v is not None)))
+            if slot.infinite is not None:
+                pairs.append((slot.infinite, z3.BoolVal(isinstance(v, float) and math.isinf(v))))
+                if isinstance(v, float) and math.isinf(v):
+                    continue
+            if v is not None:
+                pairs.append((slot.value, self.space.const(slot.kind, v)))
+        return pairs
 
     def compliance(self) -> tuple[list[Difference], list[str]]:
         found: list[Difference] = []
@@ -147,7 +227,7 @@ class Differ:
             for r in regions:
                 targets.append((f"region={r}", region == self.space.code(r)))
         for label, cond in targets:
-            outer = new_solver()
+            outer = self._solver()
             outer.add(self.new.admits, z3.Not(self.old.admits), cond)
             for _ in range(COMPLIANCE_ROUNDS):
                 v = verdict(outer.check())
@@ -158,17 +238,14 @@ class Differ:
                     break
                 m = outer.model()
                 req, _ = self.space.witness(m)
-                inner = new_solver()
-                inner.add(self.old.admits, cond)
-                self._fix_request(inner, req)
-                iv = verdict(inner.check())
-                if iv is Verdict.UNSAT:
+                served = self._old_serves_on(req, cond)
+                if served is Verdict.UNSAT:
                     found.append(self._difference(m, Direction.WIDENED, (label.split("=")[0],)))
                     break
-                if iv is Verdict.UNKNOWN:
+                if served is Verdict.UNKNOWN:
                     undecided.append(f"compliance of `{label}` (solver timeout)")
                     break
-                outer.add(z3.Not(self._fix_instance(self.old.admits, inner.model())))
+                outer.add(z3.Not(self._served_elsewhere(served)))  # type: ignore[arg-type]
             else:
                 undecided.append(f"compliance of `{label}` (no answer in {COMPLIANCE_ROUNDS} rounds)")
         return found, undecided
@@ -191,7 +268,7 @@ class Differ:
 
     def diff(self, limit: int = 20) -> DiffReport:
         found, undecided = self.compliance()
-        s = new_solver()
+        s = self._solver()
         s.add(self.old.admits != self.new.admits)
         truncated = False
         for _ in range(4 * limit + 8):  # each round blocks one pattern; bounded whatever happens

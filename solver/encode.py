@@ -171,31 +171,28 @@ class RuleEncoder:
         return z3.Or(parts) if len(parts) != 1 else parts[0]
 
     def class_domain(self, cls: InstanceClass) -> z3.BoolRef:
-        """Every instance of some member of the class, up to what rules cannot observe
-        (see `classes.py`); the model attribute ranges over the member names."""
+        """Exactly the instances of the class's members (see `classes.py`): the model is one
+        of the member names, each contract-fixed attribute a function of the model whose
+        values are recorded as axioms in the space."""
         sp, k = self.space, cls.key
         a = sp.attr
-        out: list[z3.BoolRef] = [self.name_in(a("model").value, cls.members)]
-        if k.version is not None:
-            out.append(a("version").value == sp.code(k.version))
-        for attr, b in k.buckets:
-            slot = a(attr)
-            if b.infinite:
-                out.append(slot.infinite if slot.infinite is not None else z3.BoolVal(False))  # type: ignore[arg-type]
-                continue
-            bounds: list[z3.BoolRef] = []
-            if b.point:
-                bounds.append(slot.value == real(b.lo))  # type: ignore[arg-type]
-            else:
-                if b.lo is not None:
-                    bounds.append(slot.value > real(b.lo))
-                if b.hi is not None:
-                    bounds.append(slot.value < real(b.hi))
-            if slot.infinite is not None:
-                bounds.append(z3.Not(slot.infinite))
-            out += bounds
+        model = a("model").value
+        out: list[z3.BoolRef] = [self.name_in(model, cls.names)]
+        for c in cls.members:
+            rf = c.compute.request_flops()
+            sp.fact("version", c.name, c.version)
+            sp.fact("flops_min", c.name, rf.lo)
+            sp.fact("flops_max", c.name, rf.hi)
+            sp.fact("bandwidth", c.name, c.memory.bandwidth_min)
+            if c.slo is not None:
+                sp.fact("slo_latency", c.name, c.slo.latency)
+        for attr in ("version", "flops_min", "flops_max", "bandwidth"):
+            out.append(a(attr).value == sp.of(attr)(model))
+        slo = a("slo_latency")
+        out.append(z3.And(z3.Not(slo.infinite), slo.value == sp.of("slo_latency")(model)) if k.has_slo
+                   else slo.infinite)  # type: ignore[arg-type]
         if k.regions is not None:
-            out.append(z3.Or([a("region").value == sp.code(r) for r in k.regions]) if k.regions else z3.BoolVal(False))
+            out.append(z3.Or([a("region").value == sp.code(r) for r in k.regions]))
         if k.gpus is not None:
             gm, ga = a("gpu_model").value, a("gpu_arch").value
             out.append(z3.Or([z3.And(gm == sp.code(g), ga == sp.code(self.dom.gpus[g][0])) for g in k.gpus]))
@@ -212,10 +209,7 @@ class RuleEncoder:
         return z3.And(out)
 
     def fleet_domain(self, classes: tuple[InstanceClass, ...], exact: tuple[Contract, ...] = ()) -> z3.BoolRef:
-        """Some class's instance or some `exact` contract's instance (frame not included)."""
+        """Some class's instance or some `exact` contract's instance (frame not included);
+        the space's axioms must hold wherever this is used."""
         parts = [self.class_domain(c) for c in classes] + [self.contract_domain(c) for c in exact]
         return z3.Or(parts) if parts else z3.BoolVal(False)
-
-    def admits(self, bundle: Bundle) -> z3.BoolRef:
-        """The whole meaning of a bundle: this request may be served by this instance."""
-        return z3.And(self.request_domain(), self.instance_domain(bundle), *[self.rule_holds(r) for r in bundle.rules])

@@ -21,7 +21,7 @@ from policyc.dsl.source import Span
 
 from policyc.compiler.attributes import attribute_type
 
-from .classes import InstanceClass, abstraction_safe, group, read_attrs, thresholds
+from .classes import InstanceClass, group
 from .domains import domains
 from .quantities import format_quantity
 from .encode import RuleEncoder
@@ -44,9 +44,10 @@ class RuleUnsat:
 class RuleAnalysis:
     """One encoding of a bundle's domains, reused by every rule query.
 
-    The fleet is encoded as instance classes (`classes.py`) when that is exact for these
-    rules, else one disjunct per contract. Each kind of query has one solver holding the
-    shared prefix (domains); a query is a push, its own constraints, a check and a pop.
+    The fleet is encoded as instance classes (`classes.py`): one disjunct per class of
+    contracts, not per contract. Each kind of query has one solver holding the shared
+    prefix (domains and the space's axioms); a query is a push, its own constraints, a
+    check and a pop.
     """
 
     def __init__(self, bundle: Bundle) -> None:
@@ -54,14 +55,10 @@ class RuleAnalysis:
         self.space = Space()
         dom = domains(bundle)
         self.enc = RuleEncoder(self.space, dom)
-        self.classes: tuple[InstanceClass, ...] | None = None
-        if abstraction_safe(bundle.rules):
-            self.classes = group(bundle.contracts, dom, read_attrs(bundle.rules), thresholds(bundle.rules, dom))
-            for c in self.classes:
-                self.space.reserve(c.members)
-            fleet = self.enc.fleet_domain(self.classes)
-        else:
-            fleet = self.enc.fleet_domain((), bundle.contracts)
+        self.classes: tuple[InstanceClass, ...] = group(bundle.contracts, dom)
+        for c in self.classes:
+            self.space.reserve(c.names)
+        fleet = self.enc.fleet_domain(self.classes)
         self.req_dom = self.enc.request_domain()
         self.inst_dom = z3.And(self.enc.instance_frame(), fleet)
         self._solvers: dict[tuple[bool, bool], z3.Solver] = {}
@@ -73,7 +70,7 @@ class RuleAnalysis:
             s = self._solvers[(instance, cores)] = new_solver()
             if cores:
                 s.set("core.minimize", True)
-            s.add(self.req_dom, self.inst_dom if instance else self.enc.instance_frame())
+            s.add(self.req_dom, self.inst_dom if instance else self.enc.instance_frame(), *self.space.axioms)
         return s
 
     def _check(self, s: z3.Solver, *constraints: z3.BoolRef) -> Verdict:

@@ -50,6 +50,9 @@ class Space:
         self.names: list[str] = []
         self.request: dict[str, Slot] = {}
         self.instance: dict[str, Slot] = {}
+        self.axioms: list[z3.BoolRef] = []  # ground facts of the `of` functions: add to every solver
+        self._functions: dict[str, z3.FuncDeclRef] = {}
+        self._facts: set[tuple[str, str]] = set()
 
     def code(self, name: str) -> int:
         c = self.codes.get(name)
@@ -57,6 +60,23 @@ class Space:
             c = self.codes[name] = len(self.names)
             self.names.append(name)
         return c
+
+    def of(self, attr: str) -> z3.FuncDeclRef:
+        """The function from a model's code to a contract-fixed attribute (`version`,
+        `slo_latency`, ...): instance classes state `attr == of(attr)(model)`."""
+        f = self._functions.get(attr)
+        if f is None:
+            kind = sort_of(attribute_type(attr) or "string")
+            f = self._functions[attr] = z3.Function(f"of.{attr}", z3.IntSort(), z3.RealSort() if kind == "real" else z3.IntSort())
+        return f
+
+    def fact(self, attr: str, model: str, value: Scalar) -> None:
+        """Record `of(attr)(model) == value` once, as an axiom."""
+        if (attr, model) in self._facts:
+            return
+        self._facts.add((attr, model))
+        kind = sort_of(attribute_type(attr) or "string")
+        self.axioms.append(self.of(attr)(self.code(model)) == self.const(kind, value))
 
     def reserve(self, names: tuple[str, ...]) -> None:
         """Intern names in this order, so that a group interned together gets consecutive
