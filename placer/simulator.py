@@ -133,7 +133,7 @@ class SimulatedCluster:
             if kind is EventKind.SM_COLLAPSE:
                 demand[i] = max(demand[i], 0.6)  # stuck work piles up while SMs idle
                 sm[i] = value
-            elif kind is EventKind.WATERMARK:
+            elif kind is EventKind.WATERMARK and i < len(t.ports):  # a switch is offset past the ports
                 port_wm[i] = value
                 port_util[i] = max(port_util[i], value)
             elif kind is EventKind.SERVICE_P99:

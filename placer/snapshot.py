@@ -17,7 +17,7 @@ from typing import Iterator
 import networkx as nx
 import numpy as np
 
-from .fabric import blocked_links, blocked_nodes, hop_costs, search
+from .fabric import blocked_links, blocked_nodes, hop_costs, search_many
 from .latency import (
     VOLATILITY_GAIN_GPU, VOLATILITY_GAIN_PORT, buffer_delay, buffer_sigma, gpu_queue, gpu_queue_sigma,
     serialization_delay,
@@ -124,7 +124,9 @@ class Snapshot:
         t, f = self.topology, self.frame
         lat, q, var = hop_costs(t, f)
         none = np.zeros(len(t.fabric_nodes), dtype=bool)
-        return {src: search(t, src, lat, q, var, ~f.link_up, none)[0] for src in self.fabric_rows}
+        srcs = list(self.fabric_rows)
+        dist, _ = search_many(t, srcs, lat, q, var, ~f.link_up, none)
+        return {src: dist[i] for i, src in enumerate(srcs)}
 
     def graph(self) -> nx.Graph:
         """The networkx graph of the cluster with this tick's weights on it (for explaining
@@ -180,8 +182,8 @@ def build_snapshot(
     rows = {s: i for i, s in enumerate(sources)}
     dist = np.full((len(sources), len(t.fabric_nodes)), np.inf)
     dvar = np.zeros((len(sources), len(t.fabric_nodes)))
-    for s, r in rows.items():
-        dist[r], dvar[r] = search(t, s, lat, q, var, lb, nb)
+    if sources:
+        dist, dvar = search_many(t, sources, lat, q, var, lb, nb)  # rows in `sources` order
 
     local, _ = t.gpu_ports
     has_port = local >= 0

@@ -267,6 +267,19 @@ class Topology:
         return tuple(self.hosts[g.host].region for g in self.gpus)
 
     @cached_property
+    def link_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b): the fabric node indices of each link's two ends, for the path search."""
+        a = np.array([l.a for l in self.links], dtype=np.int64)
+        b = np.array([l.b for l in self.links], dtype=np.int64)
+        return _ro(a), _ro(b)
+
+    @cached_property
+    def fabric_transit(self) -> np.ndarray:
+        """Per fabric node: may a path pass through it? Endpoints and ingress gateways are
+        where paths start or end, never hops on the way."""
+        return _ro(np.array([k not in (NodeKind.ENDPOINT, NodeKind.INGRESS) for k in self.fabric_kinds], dtype=bool))
+
+    @cached_property
     def adjacency(self) -> tuple[tuple[tuple[int, int], ...], ...]:
         """Per fabric node: (neighbour, link index) pairs, for the path search."""
         adj: list[list[tuple[int, int]]] = [[] for _ in self.fabric_nodes]
