@@ -1,72 +1,76 @@
-"""The audit log writer: hash-chained, group-committed, acknowledged only when durable.
+"""The audit log's append side: hash-chained, group-committed, acknowledged only when durable.
 
-Callers (decision threads, the enforcer's guardian) hand over records; a single writer
-thread takes everything queued so far, chains and inserts it in one transaction and
-commits it (fsync), then releases every caller of that batch at once. Each decision thus
-waits for *a* commit, not for its own: under load a batch holds many records and the fsync
-cost is shared (group commit). `append_*` returns the record's sequence number only after
-the batch is durable; `submit_*` returns a receipt to wait on later.
+Callers (decision threads, the enforcer's guardian) hand over records; a separate writer
+*process* (`writer_process.py`) chains, inserts and commits (fsync) everything that arrived
+while its previous commit was running, then acknowledges the batch. On the caller's thread a
+record costs its serialisation (or, for a `submit_decision_draft`, a `marshal` of plain
+values) and one write to a pipe: hashing, SQLite and fsync never hold this interpreter's
+lock, so the decision threads keep it. `append_*` returns the record's sequence number only
+after its batch is durable; `submit_*` returns a receipt to wait on later.
 
 Opening a log that a crash left behind inspects the write-ahead log first (`wal.py`),
 lets SQLite discard a torn or unfinished tail, checks the chain since the last checkpoint,
-and records the repair as an action in the log itself.
+and records the repair as an action in the log itself. All of that runs here, before the
+writer starts, so open() raises the problems it finds.
 """
 
 from __future__ import annotations
 
+import atexit
+import bisect
 import fcntl
+import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import IO, Iterable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import checkpoints
-from .chain import digest, genesis
-from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
-from .records import ActionRecord, DecisionRecord
+from .chain import genesis
 from .consistency import first_inconsistent
+from .drafts import DecisionDraft
+from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
+from .frames import Ack, FromWriter, ToWriter, dumps, frame, split, write_all
+from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
-from .store import CHAIN_SELECT, Durability, connect_writer, entries_definition_intact, insert_rows_sql, log_id
+from .store import CHAIN_SELECT, Durability, connect_writer, entries_definition_intact, log_id
 from .verify_chain import walk
 from .wal import WalTail, inspect_wal
+from .writer import WriterConfig
 
-_Item = bytes  # the record's JSON, redacted
-# One multi-row INSERT per batch rather than `executemany`: sqlite3 releases the GIL around
-# every step, and under load from decision threads each re-acquisition can wait a whole
-# switch interval, so one step per batch instead of one per row keeps the writer's
-# latency independent of how busy the interpreter is.
-_ROWS_PER_INSERT = 8000  # 4 parameters per row, under SQLite's 32766
+_log = logging.getLogger("policyc.audit")
+_PIPE_BYTES = 1 << 20  # records in flight before a submit blocks (back-pressure)
+_F_SETPIPE_SZ = 1031
+_OPEN: weakref.WeakSet[AuditLog] = weakref.WeakSet()
 
 
-class _Batch:
-    """Records queued together; they become durable (or fail) together."""
-
-    __slots__ = ("items", "done", "first_seq", "error")
-
-    def __init__(self) -> None:
-        self.items: list[_Item] = []
-        self.done = threading.Event()
-        self.first_seq = 0
-        self.error: BaseException | None = None
+@atexit.register
+def _close_open_logs() -> None:
+    """An interpreter exiting with a log open flushes it (its writer would otherwise drop
+    what was submitted but not yet committed, as after a crash)."""
+    for log in list(_OPEN):
+        try:
+            log.close()
+        except AuditError as e:
+            _log.error("%s", e)
 
 
 class Receipt:
     """A queued record; `wait()` returns its sequence number once it is durable."""
 
-    __slots__ = ("_batch", "_index")
+    __slots__ = ("_log", "_ticket")
 
-    def __init__(self, batch: _Batch, index: int) -> None:
-        self._batch, self._index = batch, index
+    def __init__(self, log: AuditLog, ticket: int) -> None:
+        self._log, self._ticket = log, ticket
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._batch.done.wait(timeout):
-            raise AuditWriteError(f"audit record not durable after {timeout} s")
-        if self._batch.error is not None:
-            raise AuditWriteError(f"audit record was not stored: {self._batch.error}") from self._batch.error
-        return self._batch.first_seq + self._index
+        return self._log._settle(self._ticket, timeout)
 
 
 class AuditLog:
@@ -82,34 +86,66 @@ class AuditLog:
         checkpoint_every: int,
         checkpoint_interval: float,
         durability: Durability,
-        max_pending: int,
     ) -> None:
         self.path = path
         self._lock_file = lock
-        self._key = signing_key
         self._redactor = Redactor(redact)
         self._every = max(1, checkpoint_every)
-        self._interval = checkpoint_interval
-        self._max_pending = max_pending
         self.recovery: WalTail = inspect_wal(path)
         self._conn = connect_writer(path, durability)
         try:
             if self.recovery.torn or Path(f"{path}-wal").exists():
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._log_id = log_id(self._conn)
-            self._seq, self._head = self._check_tail()
-        except BaseException:
-            self._conn.close()
-            raise
-        row = self._conn.execute("SELECT seq, time FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
-        self._sealed_seq, self._sealed_time = (row[0], time.monotonic()) if row else (0, time.monotonic())
-        self._cond = threading.Condition()
-        self._pending = _Batch()
+            seq, head = self._check_tail()
+            row = self._conn.execute("SELECT seq FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
+        finally:
+            self._conn.close()  # the writer process opens its own connection
+        key = signing_key.private_bytes_raw() if signing_key is not None else None
+        cfg = WriterConfig(str(path), durability, self._log_id, seq, head, row[0] if row else 0,
+                           self._every, checkpoint_interval, tuple(sorted(self._redactor.names)), key)
+        # Settled tickets: seq(t) = t + delta of the last segment starting at or before t;
+        # segments change only when a record fails (its seq goes to the next one).
+        self._seg_start: list[int] = [0]
+        self._seg_delta: list[int] = [seq + 1]
+        self._failed: list[tuple[int, int, str]] = []
+        self._acked = 0  # tickets below this are settled
+        self._seq = seq
+        self.commits = 0  # transactions the writer committed (group commit: fewer than records)
+        self.failures = 0  # records that were not stored (each also logged to `policyc.audit`)
+        self._settled = threading.Condition()
+        self._send = threading.Lock()
+        self._next = 0
         self._closing = False
         self._closed = False
-        self.commits = 0  # transactions committed by this writer (group commit: < records)
-        self._writer = threading.Thread(target=self._run, name=f"audit-writer:{path.name}", daemon=True)
-        self._writer.start()
+        self._stopped: str | None = None  # why the writer is gone, once it is
+        self._proc, self._out, self._acks = self._start_writer(cfg)
+        self._reader = threading.Thread(target=self._read_acks, name=f"audit-acks:{path.name}", daemon=True)
+        self._reader.start()
+        _OPEN.add(self)
+
+    def _start_writer(self, cfg: WriterConfig) -> tuple[subprocess.Popen[bytes], int, int]:
+        """Start the writer process with the records pipe on its stdin and the lock file
+        inherited (the lock is released only when both processes have let go of it)."""
+        rec_r, rec_w = os.pipe()
+        ack_r, ack_w = os.pipe()
+        try:
+            fcntl.fcntl(rec_w, _F_SETPIPE_SZ, _PIPE_BYTES)
+        except OSError:
+            pass  # a smaller pipe only means earlier back-pressure
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "policyc.audit.writer_process", str(ack_w)],
+                stdin=rec_r, pass_fds=(ack_w, self._lock_file.fileno()), close_fds=True,
+            )
+        except OSError as e:
+            for fd in (rec_r, rec_w, ack_r, ack_w):
+                os.close(fd)
+            raise AuditLogUnavailable(f"{self.path}: cannot start the audit writer process: {e}") from None
+        os.close(rec_r)
+        os.close(ack_w)
+        write_all(rec_w, frame(ToWriter.INIT, dumps(cfg.to_wire())))
+        return proc, rec_w, ack_r
 
     # ------------------------------------------------------------------ opening
 
@@ -123,7 +159,6 @@ class AuditLog:
         checkpoint_every: int = 10_000,
         checkpoint_interval: float = 60.0,
         durability: Durability = "full",
-        max_pending: int = 65_536,
     ) -> AuditLog:
         """Open (or create) the log at `path` for appending.
 
@@ -151,7 +186,6 @@ class AuditLog:
                 checkpoint_every=checkpoint_every,
                 checkpoint_interval=checkpoint_interval,
                 durability=durability,
-                max_pending=max_pending,
             )
         except BaseException:
             lock.close()
@@ -214,12 +248,21 @@ class AuditLog:
         """Queue a decision record (redacted here); wait on the receipt for durability."""
         if not isinstance(record, DecisionRecord):
             raise TypeError(f"submit_decision takes a DecisionRecord, not {type(record).__name__}")
-        return self._enqueue(self._redactor.dump(record, record.request).encode())
+        return self._submit(ToWriter.BODY, self._redactor.dump(record, record.request).encode())
+
+    def submit_decision_draft(self, draft: DecisionDraft) -> Receipt:
+        """Queue a decision as plain values (`drafts.decision_draft`): the writer process
+        validates, redacts and serialises it, so the caller pays a `marshal` and a pipe
+        write. A draft that does not validate is not stored: its receipt raises
+        AuditWriteError, and it is counted in `failures` and logged."""
+        if not isinstance(draft, dict):
+            raise TypeError(f"submit_decision_draft takes a dict (DecisionDraft), not {type(draft).__name__}")
+        return self._submit(ToWriter.DRAFT, dumps(draft))
 
     def submit_action(self, record: ActionRecord) -> Receipt:
         if not isinstance(record, ActionRecord):
             raise TypeError(f"submit_action takes an ActionRecord, not {type(record).__name__}")
-        return self._enqueue(record.model_dump_json(exclude_none=True).encode())
+        return self._submit(ToWriter.BODY, record.model_dump_json(exclude_none=True).encode())
 
     def append_decision(self, record: DecisionRecord) -> int:
         """Store a decision record; returns its seq once durable (that is the acknowledgement)."""
@@ -229,124 +272,109 @@ class AuditLog:
         """Store an enforcement / self-heal action; usable directly as the guardian's sink."""
         return self.submit_action(record).wait()
 
-    def _enqueue(self, item: _Item) -> Receipt:
-        with self._cond:
-            if self._closing:
-                raise AuditWriteError(f"{self.path}: audit log is closed")
-            while len(self._pending.items) >= self._max_pending:
-                self._cond.wait()
-            batch = self._pending
-            batch.items.append(item)
-            if len(batch.items) == 1:
-                self._cond.notify_all()
-            return Receipt(batch, len(batch.items) - 1)
+    def submit_body(self, body: bytes) -> Receipt:
+        """Queue a record already serialised and redacted (its exact stored bytes). For
+        callers that serialise records themselves, such as bulk imports and benchmarks."""
+        return self._submit(ToWriter.BODY, bytes(body))
 
-    # ------------------------------------------------------------------ the writer
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending.items and not self._closing:
-                    wait = self._interval - (time.monotonic() - self._sealed_time)
-                    if self._seq > self._sealed_seq and wait <= 0:
-                        break
-                    self._cond.wait(timeout=max(wait, 0.05) if self._seq > self._sealed_seq else None)
-                batch, self._pending = self._pending, _Batch()
-                closing = self._closing
-                self._cond.notify_all()
+    def _submit(self, kind: ToWriter, payload: bytes) -> Receipt:
+        data = frame(kind, payload)
+        with self._send:
+            if self._closing or self._stopped is not None:
+                raise AuditWriteError(f"{self.path}: audit log is {'closed' if self._closing else 'stopped: ' + str(self._stopped)}")
+            ticket = self._next
             try:
-                batch.first_seq = self._write(batch.items, final=closing and not batch.items)
-            except BaseException as e:  # noqa: BLE001 (reported to every waiting caller)
-                batch.error = e
-            batch.done.set()
-            if closing and not batch.items:
-                return
+                write_all(self._out, data)
+            except OSError as e:
+                raise AuditWriteError(f"{self.path}: audit writer is gone ({e.strerror}); record not stored") from None
+            self._next = ticket + 1
+        return Receipt(self, ticket)
 
-    def _write(self, items: list[_Item], *, final: bool) -> int:
-        """Chain, insert and commit `items` (plus a checkpoint when one is due) in one
-        transaction; returns the first seq. The head advances only after the commit."""
-        seq, prev = self._seq, self._head
-        rows: list[tuple[int, bytes, bytes, bytes]] = []
-        seals: list[tuple[int, bytes, bool]] = []  # (seq, hash, final)
-        sealed = self._sealed_seq
-        for body in items:
-            seq += 1
-            h = digest(prev, seq, body)
-            rows.append((seq, body, prev, h))
-            prev = h
-            if seq - sealed >= self._every:
-                seals.append((seq, h, False))
-                sealed = seq
-        now = time.monotonic()
-        if seq > 0 and (final or (seq > sealed and now - self._sealed_time >= self._interval)):
-            seals.append((seq, prev, final))
-            sealed = seq
-        if not rows and not seals:
-            return seq + 1
-        conn = self._conn
-        params = [v for row in rows for v in row]
-        if seals or len(rows) > _ROWS_PER_INSERT:
-            self._write_transaction(rows, seals)
-        else:
-            # One autocommit statement: atomic and durable by itself, and a single release
-            # of the GIL (see _ROWS_PER_INSERT) for the whole batch.
-            conn.execute(insert_rows_sql(len(rows)), params)
-        self.commits += 1
-        first = self._seq + 1
-        self._seq, self._head = seq, prev
-        if seals:
-            self._sealed_seq, self._sealed_time = sealed, now
-        return first
+    # ------------------------------------------------------------------ acknowledgements
 
-    def _write_transaction(self, rows: list[tuple[int, bytes, bytes, bytes]], seals: list[tuple[int, bytes, bool]]) -> None:
-        """Entries and the checkpoints that seal them, committed together."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+    def _read_acks(self) -> None:
+        buf = bytearray()
+        why = "the audit writer process exited unexpectedly"
         try:
-            for i in range(0, len(rows), _ROWS_PER_INSERT):
-                chunk = rows[i : i + _ROWS_PER_INSERT]
-                conn.execute(insert_rows_sql(len(chunk)), [v for row in chunk for v in row])
-            if seals:
-                wall = time.time()
-                conn.executemany(
-                    "INSERT INTO checkpoints (seq, hash, time, final, public_key, signature) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(s, h, wall, int(f), *self._sign(s, h, wall, f)) for s, h, f in seals],
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+            while True:
+                chunk = os.read(self._acks, 1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+                for kind, payload in split(buf):
+                    if kind == FromWriter.ACK:
+                        self._settle_range(Ack.decode(payload))
+                    elif kind == FromWriter.FATAL:
+                        why = payload.decode(errors="replace")
+                        _log.error("%s", why)
+                    elif kind == FromWriter.CLOSED:
+                        why = "closed"
+                        if payload:
+                            _log.error("%s", payload.decode(errors="replace"))
+        finally:
+            with self._settled:
+                self._stopped = why
+                self._settled.notify_all()
 
-    def _sign(self, seq: int, h: bytes, wall: float, final: bool) -> tuple[str | None, str | None]:
-        if self._key is None:
-            return None, None
-        return checkpoints.sign(self._key, self._log_id, seq, h.hex(), wall, final)
+    def _settle_range(self, ack: Ack) -> None:
+        with self._settled:
+            delta = ack.seq_base - ack.first
+            if delta != self._seg_delta[-1]:
+                self._seg_start.append(ack.first)
+                self._seg_delta.append(delta)
+            for lo, hi, message in ack.failed:
+                self._failed.append((lo, hi, message))
+                delta -= hi - lo
+                self._seg_start.append(hi)
+                self._seg_delta.append(delta)
+                self.failures += hi - lo
+                _log.error("audit: %d record(s) not stored: %s", hi - lo, message)
+            self._acked = ack.end
+            self._seq = ack.last_seq
+            self.commits = ack.commits
+            self._settled.notify_all()
+
+    def _settle(self, ticket: int, timeout: float | None) -> int:
+        with self._settled:
+            if not self._settled.wait_for(lambda: self._acked > ticket or self._stopped is not None, timeout):
+                raise AuditWriteError(f"{self.path}: audit record not durable after {timeout} s")
+            if self._acked <= ticket:
+                raise AuditWriteError(f"{self.path}: audit record was not stored: {self._stopped}")
+            for lo, hi, message in reversed(self._failed):
+                if lo <= ticket < hi:
+                    raise AuditWriteError(f"{self.path}: audit record was not stored: {message}")
+            return ticket + self._seg_delta[bisect.bisect_right(self._seg_start, ticket) - 1]
 
     # ------------------------------------------------------------------ closing
 
     def checkpoint(self) -> None:
         """Seal the chain now (as the periodic checkpoint would)."""
-        with self._cond:
-            self._sealed_time = -float("inf")
-            self._cond.notify_all()
+        with self._send:
+            if not self._closing and self._stopped is None:
+                write_all(self._out, frame(ToWriter.CHECKPOINT, b""))
 
     @property
     def last_seq(self) -> int:
+        """The last seq the writer has made durable."""
         return self._seq
 
     def close(self) -> None:
         """Flush what is queued, write a final checkpoint, release the log."""
-        if self._closed:
-            return
-        with self._cond:
+        with self._send:
+            if self._closing:
+                return
             self._closing = True
-            self._cond.notify_all()
-        self._writer.join()
+            try:
+                write_all(self._out, frame(ToWriter.CLOSE, b""))
+            except OSError:
+                pass  # the writer is already gone; nothing more can be flushed
+        _OPEN.discard(self)
+        self._reader.join()
+        self._proc.wait()
+        os.close(self._out)
+        os.close(self._acks)
         self._closed = True
-        try:
-            self._conn.close()
-        finally:
-            self._lock_file.close()
+        self._lock_file.close()
 
     def __enter__(self) -> AuditLog:
         return self

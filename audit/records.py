@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policyc.compiler.bundle import SourceRef
 
-DECISION_SCHEMA = "policyc.audit.decision/v1"
-ACTION_SCHEMA = "policyc.audit.action/v1"
+from .schemas import ACTION_SCHEMA, DECISION_SCHEMA
 
 
 class _Frozen(BaseModel):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from .chain import COLUMNS
 from .errors import AuditLogUnavailable
-from .records import ACTION_SCHEMA, DECISION_SCHEMA
+from .schemas import ACTION_SCHEMA, DECISION_SCHEMA
 
 STORE_SCHEMA = "policyc.audit.store/v1"  # (v1: generated index columns)
 Durability = Literal["full", "normal"]

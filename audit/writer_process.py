@@ -1,0 +1,162 @@
+"""The audit writer process: everything after "a record was handed over" happens here.
+
+`AuditLog` starts it (`python -m policyc.audit.writer_process ACK_FD`) with the records
+pipe on stdin and the log's lock file inherited, so the lock is held until *both* have
+exited: a second writer can never start while this one may still commit. Each read of the
+pipe takes whatever arrived while the previous batch was being committed (group commit);
+the batch is serialised where needed (drafts), chained, stored and fsync'd, and only then
+acknowledged. If the log's owner dies without closing (kill -9), stdin reaches its end and
+this process exits at once without committing anything more, as a crash would: the owner
+acknowledged nothing of it. It never touches the decision service's interpreter lock.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+import sqlite3
+import sys
+import time
+from typing import Callable
+
+from .frames import HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
+from .writer import ChainWriter, Signer, WriterConfig
+
+_READ = 1 << 20
+
+
+def _signer(cfg: WriterConfig) -> Signer | None:
+    if cfg.signing_key is None:
+        return None
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from . import checkpoints
+
+    key = Ed25519PrivateKey.from_private_bytes(cfg.signing_key)
+    return lambda seq, h, wall, final: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final)
+
+
+def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
+    """Drafts → the bytes `AuditLog.submit_decision` would store (pydantic loads on first use)."""
+    from pydantic import ValidationError
+
+    from .records import DecisionRecord
+    from .redaction import Redactor
+
+    redactor = Redactor(redact)
+
+    def body(payload: bytes) -> bytes:
+        draft = marshal.loads(payload)
+        try:
+            record = DecisionRecord.model_validate(draft)
+        except ValidationError as e:
+            where = draft.get("decision_id", "?") if isinstance(draft, dict) else "?"
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors()[:5])
+            raise ValueError(f"decision draft `{where}` is not a valid decision record: {problems}") from None
+        return redactor.dump(record, record.request).encode()
+
+    return body
+
+
+def _read_init(fd: int, buf: bytearray) -> WriterConfig:
+    """The configuration frame; frames that arrived behind it stay in `buf`."""
+    while True:
+        if len(buf) >= HEADER.size:
+            n, kind = HEADER.unpack_from(buf)
+            if kind != ToWriter.INIT:
+                raise SystemExit("audit writer: the first frame is not its configuration")
+            if len(buf) >= HEADER.size + n:
+                cfg = WriterConfig.from_wire(marshal.loads(bytes(buf[HEADER.size : HEADER.size + n])))
+                del buf[: HEADER.size + n]
+                return cfg
+        chunk = os.read(fd, _READ)
+        if not chunk:
+            os._exit(0)
+        buf += chunk
+
+
+def serve(fd_in: int, fd_out: int) -> None:
+    buf = bytearray()
+    cfg = _read_init(fd_in, buf)
+    try:
+        writer = ChainWriter(cfg, _signer(cfg))
+    except (sqlite3.Error, ValueError) as e:
+        _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
+        return
+    drafts: Callable[[bytes], bytes] | None = None
+    ticket = 0
+    while True:
+        due = writer.seal_due_in()
+        if due is not None and due <= 0:
+            _commit(writer, fd_out, ticket, [], [])
+            continue
+        if len(buf) < HEADER.size or len(buf) < HEADER.size + HEADER.unpack_from(buf)[0]:  # no whole frame yet
+            if not select.select([fd_in], [], [], due)[0]:
+                continue  # the periodic checkpoint is due: sealed at the top of the loop
+            chunk = os.read(fd_in, _READ)
+            if not chunk:
+                os._exit(0)  # the owner died without closing: stop as a crash would
+            buf += chunk
+        bodies: list[bytes] = []
+        failed: list[tuple[int, int, str]] = []
+        first, closing = ticket, False
+        for kind, payload in split(buf):
+            if kind == ToWriter.BODY:
+                bodies.append(payload)
+                ticket += 1
+            elif kind == ToWriter.DRAFT:
+                try:
+                    if drafts is None:
+                        drafts = _draft_serialiser(cfg.redact)
+                    bodies.append(drafts(payload))
+                except Exception as e:  # noqa: BLE001 (reported on the record's receipt)
+                    failed.append((ticket, ticket + 1, str(e) or type(e).__name__))
+                ticket += 1
+            elif kind == ToWriter.CHECKPOINT:
+                writer.force_seal()
+            elif kind == ToWriter.CLOSE:
+                closing = True
+                break
+        if ticket > first or (writer.seal_due_in() == 0):
+            _commit(writer, fd_out, first, bodies, failed, end=ticket)
+        if closing:
+            message = ""
+            try:
+                writer.write([], final=True)
+                writer.close()
+            except sqlite3.Error as e:
+                message = f"{cfg.path}: final checkpoint not written: {e}"
+            _tell(fd_out, frame(FromWriter.CLOSED, message.encode()))
+            return
+
+
+def _commit(writer: ChainWriter, fd_out: int, first: int, bodies: list[bytes], failed: list[tuple[int, int, str]],
+            end: int | None = None) -> None:
+    end = first if end is None else end
+    seq_base = writer.seq + 1
+    try:
+        writer.write(bodies)
+    except sqlite3.Error as e:
+        failed = [(first, end, f"{writer.path}: batch not stored: {e}")]
+        if not bodies:
+            writer.sealed_time = time.monotonic()  # a failed seal is retried after an interval, not at once
+    if end > first or bodies:
+        _tell(fd_out, Ack(first, end, seq_base, tuple(failed), writer.seq, writer.commits).encode())
+
+
+def _tell(fd_out: int, data: bytes) -> None:
+    """Send to the log's owner; if it is gone (killed), stop as a crash would, without the
+    clean SQLite close that would tidy the files away and hide what a crash leaves."""
+    try:
+        write_all(fd_out, data)
+    except OSError:
+        os._exit(0)
+
+
+def main() -> None:
+    serve(sys.stdin.fileno(), int(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
