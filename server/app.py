@@ -28,6 +28,7 @@ from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
 from .metrics import Metrics
 from .proto import SERVICE_NAME, pb_grpc
+from .score_push import ScorePusher
 from .service import DecisionService
 from .state import PolicyState, build_state
 from .transport import bind
@@ -66,7 +67,9 @@ class DecisionServer:
             return s.gpu_score(host, gpu) if (host, gpu) in s.topology.gpu_index else None
 
         self.engine = DecisionEngine(state, self.placer, candidates=config.candidates, score_of=score_of)
-        self.refresher.on_refresh(lambda new, prev: self.engine.push_scores(new.score_changes(prev)))
+        self.scores = ScorePusher(self.engine, budget=config.score_push_budget)
+        self.scores.baseline(self.refresher.current())
+        self.refresher.on_refresh(self.scores.on_refresh)
         self.audit: AuditBridge | None = None
         if config.audit_log is not None:
             self.audit = AuditBridge(AuditLog.open(config.audit_log), bundle)

@@ -57,3 +57,4 @@ class ServeConfig:
     max_message_bytes: int = 32 * 1024 * 1024  # RegisterInstance may carry an ONNX model
     metrics_port: int | None = None
     start_refresher: bool = True  # tests may step the cluster by hand instead
+    score_push_budget: int = 512  # placer score -> matcher ranking updates per tick (see score_push.py)

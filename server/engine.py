@@ -173,8 +173,18 @@ class DecisionEngine:
             return len(st.registry)
 
     def register_many(self, instances: Iterable[Instance], scores: dict[str, float] | None = None) -> int:
-        """Bulk registration (all or nothing): the fast path for fleets and benchmarks."""
+        """Bulk registration (all or nothing): the fast path for fleets and benchmarks.
+        Instances without a given score take their GPU's current placer score, as
+        `register` does (so the score pusher only has to send what moves afterwards)."""
         items = list(instances)
+        if self._score_of is not None:
+            given = scores or {}
+            scores = dict(given)
+            for inst in items:
+                if inst.id not in given:
+                    s = self._score_of(inst.deployment.host, inst.deployment.gpu)
+                    if s is not None:
+                        scores[inst.id] = s
         with self._write:
             try:
                 self._state.registry.add_many(items, scores)
@@ -223,6 +233,10 @@ class DecisionEngine:
                 for ids in self._on_gpu.values():
                     ids.discard(iid)
             return old.bundle_hash, tuple(i for i, _ in evicted)
+
+    def instances_on(self, host: str, gpu: str) -> int:
+        """How many registered instances run on this GPU (what a score push would update)."""
+        return len(self._on_gpu.get(f"{host}/{gpu}", ()))
 
     def push_scores(self, changes: Iterable[tuple[str, str, float]]) -> int:
         """Apply the placer's GPU score changes to the instances on those GPUs."""

@@ -1,0 +1,73 @@
+"""Score pushes from the placer to the matcher are bounded per tick, largest move first, and
+converge: a drift is measured against what was last pushed, not against the last tick."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policyc.placer import Refresher, SimulatedCluster
+from policyc.server.score_push import ScorePusher
+
+
+class Sink:
+    def __init__(self, per_gpu: int) -> None:
+        self.per_gpu = per_gpu
+        self.scores: dict[tuple[str, str], float] = {}
+        self.calls = 0
+
+    def instances_on(self, host: str, gpu: str) -> int:
+        return self.per_gpu
+
+    def push_scores(self, changes: list[tuple[str, str, float]]) -> int:
+        self.calls += 1
+        for host, gpu, s in changes:
+            self.scores[(host, gpu)] = s
+        return len(changes) * self.per_gpu
+
+
+def test_budget_bounds_each_tick_and_the_biggest_move_goes_first() -> None:
+    sim = SimulatedCluster(2, 16, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    sink = Sink(per_gpu=10)
+    pusher = ScorePusher(sink, budget=50)
+    pusher.baseline(r.tick())
+    t = sim.topology()
+    victim = t.gpu_key(5)
+    sim.sm_collapse(victim, 0.1)
+    r.tick()
+    snap = r.tick()  # collapse detected: the victim's score falls to 0
+    assert snap.scores[5] == 0.0
+    updates = pusher.on_refresh(snap)
+    assert updates <= 50 and sink.scores[tuple(victim.split("/"))] == 0.0  # pushed first
+    assert pusher.deferred > 0  # the noise moved more GPUs than the budget allows
+
+
+def test_pushes_converge_to_the_snapshot_within_min_delta() -> None:
+    sim = SimulatedCluster(2, 16, 4, hosts_per_rack=4, noise=0.0)
+    r = Refresher(sim)
+    sink = Sink(per_gpu=3)
+    pusher = ScorePusher(sink, budget=9)
+    snap = r.tick()
+    for _ in range(40):  # nothing baselined: everything is due, three GPUs per tick
+        pusher.on_refresh(snap)
+    t = snap.topology
+    pushed = np.array([sink.scores[(t.hosts[g.host].name, g.gpu_id)] for g in t.gpus])
+    np.testing.assert_array_equal(pushed, snap.scores)
+    assert pusher.on_refresh(snap) == 0 and pusher.deferred == 0
+
+
+def test_gpus_without_instances_cost_nothing_and_a_bad_budget_is_refused() -> None:
+    sim = SimulatedCluster(2, 4, 2, hosts_per_rack=2)
+    r = Refresher(sim)
+    sink = Sink(per_gpu=0)
+    pusher = ScorePusher(sink, budget=1)
+    assert pusher.on_refresh(r.tick()) == 0 and sink.calls == 0 and pusher.deferred == 0
+    with pytest.raises(ValueError, match="at least 1"):
+        ScorePusher(sink, budget=0)
+
+
+def test_the_server_registers_fleets_with_current_scores(served) -> None:
+    eng, snap = served.server.engine, served.server.refresher.current()
+    inst, _, score = eng.state.registry.entries()[0]
+    assert score == snap.gpu_score(inst.deployment.host, inst.deployment.gpu)
