@@ -1,0 +1,157 @@
+"""The fast paths keep the reference meaning.
+
+- Cached request-shape plans are never stale: requests are re-checked against the naive
+  scan after every registry change, with the plan cache off, tiny (evicting) and normal.
+- The bulk build's shortcuts (attributes per deployment signature, slots a placement group
+  at a time, score tiers from sorted triples) equal their one-at-a-time definitions.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policyc.compiler.bundle import Bundle
+from policyc.matcher import AdmissionError, Registry, Request, attributes, naive_match
+from policyc.matcher.admission_cache import AdmissionCache
+from policyc.matcher.ranking import ScoreTiers
+from policyc.matcher.slots import SlotAllocator
+
+from matcher_support import admissible
+from test_differential import apply, ops, requests, typed
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def step(reg: Registry, bundle: Bundle, op: tuple, fresh_id: str) -> None:
+    """One registry change of `test_differential.ops` (ids taken modulo the live ids)."""
+    ids = sorted(e[0].id for e in reg.entries())
+    if op[0] == "add":
+        reg.add(admissible(bundle, random.Random(op[1]), fresh_id), score=random.Random(op[1]).random())
+    elif ids and op[0] == "remove":
+        reg.remove(ids[op[1] % len(ids)])
+    elif ids and op[0] == "update":
+        reg.update(admissible(bundle, random.Random(op[2]), ids[op[1] % len(ids)]))
+    elif ids and op[0] == "score":
+        reg.set_score(ids[op[1] % len(ids)], op[2])
+
+
+def agrees(reg: Registry, bundle: Bundle, req: Request, k: int) -> None:
+    entries = [(inst, attributes(inst, bundle.contract(inst.model), bundle), score) for inst, _, score in reg.entries()]
+    got = reg.match(req, k)
+    want = naive_match(bundle, entries, req.vars, k)
+    assert got.count == len(want.ids)
+    assert tuple(s.instance.id for s in got.best) == want.best
+    assert tuple(r.id for r in got.rules) == want.rules
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32), fleet=st.integers(0, 30), script=ops, reqs=st.lists(requests, min_size=1, max_size=4),
+       cache=st.sampled_from((0, 2, 512)), k=st.sampled_from((1, 3, 100)))
+def test_plans_follow_every_registry_change(shapes_bundle: Bundle, seed: int, fleet: int, script: list, reqs: list,
+                                            cache: int, k: int) -> None:
+    reg = Registry(shapes_bundle, shard_size=4, plan_cache=cache)
+    apply(reg, shapes_bundle, seed, fleet, [])
+    typed_reqs = [typed(shapes_bundle, raw) for raw in reqs]
+    for req in typed_reqs:
+        agrees(reg, shapes_bundle, req, k)
+    for n, op in enumerate(script):  # one change at a time, every request re-checked after each
+        step(reg, shapes_bundle, op, f"new{n:03d}")
+        for req in typed_reqs:
+            agrees(reg, shapes_bundle, req, k)
+    assert len(reg.index.plans) <= max(cache, 0)
+
+
+def test_equal_values_share_a_plan_without_changing_answers(shapes_bundle: Bundle) -> None:
+    """`True == 1.0` in Python, so both requests use one cached plan; the reference scan
+    gives both the same answer too, which is why sharing is sound."""
+    reg = Registry(shapes_bundle, shard_size=4)
+    apply(reg, shapes_bundle, 5, 40, [])
+    for value in (True, 1.0, False, 0.0):
+        agrees(reg, shapes_bundle, Request.of({"secure": value}), 5)
+    assert len(reg.index.plans) == 2
+
+
+def test_plan_cache_hits_and_refreshes(policies_bundle: Bundle) -> None:
+    reg = Registry(policies_bundle, shard_size=8)
+    apply(reg, policies_bundle, 11, 60, [])
+    req = Request.of({"model": "fraud-scorer", "tenant": "acme-bank", "tenant_class": "finance"})
+    first = reg.match(req, 3)
+    plans = reg.index.plans
+    hits = plans.hits
+    assert reg.match(req, 3) == first and plans.hits == hits + 1
+    extra = admissible(policies_bundle, random.Random(3), "extra", model="fraud-scorer")
+    reg.add(extra, score=1.0)  # the best candidate now: a stale plan would miss it
+    after = reg.match(req, 3)
+    assert after.count == first.count + 1 and after.best[0].instance.id == "extra"
+    reg.remove("extra")
+    assert reg.match(req, 3) == first
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32))
+def test_attributes_per_signature_equal_attributes(shapes_bundle: Bundle, seed: int) -> None:
+    rng = random.Random(seed)
+    cache = AdmissionCache(shapes_bundle)
+    for n in range(20):
+        inst = admissible(shapes_bundle, rng, f"i{n}")
+        if rng.random() < 0.3:  # labels that collide with contract labels must win
+            inst = inst.model_copy(update={"labels": {**inst.labels, "data": rng.choice(("phi", "public"))}})
+        want = attributes(inst, shapes_bundle.contract(inst.model), shapes_bundle)
+        assert cache.attributes(inst) == want
+        assert cache.attributes(inst) is not cache.attributes(inst)  # a fresh dict each time
+
+
+def test_admission_refusal_is_cached_and_still_names_each_instance(shapes_bundle: Bundle) -> None:
+    cache = AdmissionCache(shapes_bundle)
+    inst = admissible(shapes_bundle, random.Random(1), "a", model="fraud-scorer")
+    for iid in ("b", "c"):
+        bad = inst.model_copy(update={"id": iid, "deployment": inst.deployment.model_copy(update={"tpm": False})})
+        try:
+            cache.attributes(bad)
+        except AdmissionError as e:
+            assert e.instance_id == iid and "requires `tpm`" in str(e)
+        else:
+            raise AssertionError("an inadmissible instance was admitted")
+
+
+@SETTINGS
+@given(script=st.lists(st.tuples(st.sampled_from(("take", "many", "give")), st.integers(0, 3), st.integers(1, 20)),
+                       max_size=40))
+def test_take_many_equals_repeated_take(script: list) -> None:
+    one, many = SlotAllocator(4), SlotAllocator(4)
+    held: list[int] = []
+    for op, group, n in script:
+        if op == "give" and held:
+            slot = held.pop(n % len(held))
+            one.give(slot)
+            many.give(slot)
+        elif op != "give":
+            count = 1 if op == "take" else n
+            want = [one.take(group) for _ in range(count)]
+            assert many.take_many(group, count) == want
+            held.extend(want)
+    assert len(set(held)) == len(held)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 400), k=st.integers(1, 40), density=st.sampled_from((0.01, 0.2, 0.9)))
+def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None:
+    rng = random.Random(seed)
+    tiers = ScoreTiers()
+    ids = {slot: f"i{rng.randrange(10**6):06d}-{slot}" for slot in range(n)}
+    score = {slot: rng.choice((0.5, 0.25, rng.random())) for slot in range(n)}
+    tiers.bulk([(-score[s], ids[s], s) for s in range(n // 2)])
+    for s in range(n // 2, n):  # the rest one by one: splits
+        tiers.add(s, (-score[s], ids[s]))
+    for s in rng.sample(range(n), n // 5):  # score changes move slots between tiers
+        score[s] = rng.random()
+        tiers.remove(s)
+        tiers.add(s, (-score[s], ids[s]))
+    from pyroaring import BitMap
+    cand = BitMap(s for s in range(n) if rng.random() < density)
+    want = sorted(cand, key=lambda s: (-score[s], ids[s]))[:k]
+    assert tiers.best(cand, len(cand), k) == want
+    assert all(len(t) == len(o) and list(t) == sorted(o) for t, o in zip(tiers.tiers, tiers.orders))
