@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from policyc.compiler.bundle import Contract, GpuClass
 
+from .drafts import FigureFields
 from .records import Figure, Resources, Source
 
 
@@ -39,6 +40,18 @@ def estimate_resources(
     (measured) replace the corresponding estimate. A quantity that cannot be estimated
     (the GPU class lists no peak at the contract's precision) is absent, not guessed.
     """
+    est = estimated_figures(contract, gpu, share, tokens=tokens)
+    est_gpu, est_mem = est.get("gpu_seconds"), est.get("memory_bytes")
+    return Resources(
+        gpu_seconds=gpu_seconds if gpu_seconds is not None else (Figure(**est_gpu) if est_gpu else None),
+        memory_bytes=memory_bytes if memory_bytes is not None else (Figure(**est_mem) if est_mem else None),
+        network_bytes=network_bytes,
+    )
+
+
+def estimated_figures(contract: Contract, gpu: GpuClass, share: float, *, tokens: int | None = None) -> dict[str, FigureFields]:
+    """The estimates of `estimate_resources` as plain values (the `resources` of a decision
+    draft): no pydantic on the decision thread. Keys absent: not estimable."""
     if not 0 < share <= 1:
         raise ValueError(f"GPU share must be in (0, 1], got {share}")
     if tokens is not None and tokens <= 0:
@@ -50,27 +63,25 @@ def estimate_resources(
         scale = tokens / c.tokens  # FLOPs grow linearly with tokens, per request or per token
     lo, hi = flops.lo * scale, flops.hi * scale
     peak = gpu.peak(c.precision)
-    est_gpu = est_mem = None
-    if peak is not None and peak > 0 and c.efficiency > 0:
-        rate = peak * c.efficiency
-        g_lo, g_hi = lo / rate, hi / rate
-        est_gpu = Figure(
-            value=(g_lo + g_hi) / 2,
-            source=Source.ESTIMATED,
-            method=f"contract FLOPs / ({gpu.name} peak {c.precision} x efficiency {c.efficiency:g})",
-            low=g_lo,
-            high=g_hi,
-        )
-        bw = contract.memory.bandwidth_min
-        est_mem = Figure(
-            value=bw * (g_lo + g_hi) / 2 / share,
-            source=Source.ESTIMATED,
-            method=f"contract bandwidth_min x estimated duration on a {share:g} share",
-            low=bw * g_lo / share,
-            high=bw * g_hi / share,
-        )
-    return Resources(
-        gpu_seconds=gpu_seconds if gpu_seconds is not None else est_gpu,
-        memory_bytes=memory_bytes if memory_bytes is not None else est_mem,
-        network_bytes=network_bytes,
-    )
+    if peak is None or peak <= 0 or c.efficiency <= 0:
+        return {}
+    rate = peak * c.efficiency
+    g_lo, g_hi = lo / rate, hi / rate
+    bw = contract.memory.bandwidth_min
+    estimated = Source.ESTIMATED.value
+    return {
+        "gpu_seconds": {
+            "value": (g_lo + g_hi) / 2,
+            "source": estimated,
+            "method": f"contract FLOPs / ({gpu.name} peak {c.precision} x efficiency {c.efficiency:g})",
+            "low": g_lo,
+            "high": g_hi,
+        },
+        "memory_bytes": {
+            "value": bw * (g_lo + g_hi) / 2 / share,
+            "source": estimated,
+            "method": f"contract bandwidth_min x estimated duration on a {share:g} share",
+            "low": bw * g_lo / share,
+            "high": bw * g_hi / share,
+        },
+    }

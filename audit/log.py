@@ -113,7 +113,8 @@ class AuditLog:
         self._seq = seq
         self.commits = 0  # transactions the writer committed (group commit: fewer than records)
         self.failures = 0  # records that were not stored (each also logged to `policyc.audit`)
-        self._settled = threading.Condition()
+        self._settled = threading.Lock()
+        self._waiters: dict[int, threading.Lock] = {}
         self._send = threading.Lock()
         self._next = 0
         self._closing = False
@@ -277,8 +278,17 @@ class AuditLog:
         callers that serialise records themselves, such as bulk imports and benchmarks."""
         return self._submit(ToWriter.BODY, bytes(body))
 
+    def submit_bodies(self, bodies: Iterable[bytes]) -> list[Receipt]:
+        """`submit_body` for many records in one pipe write (bulk imports)."""
+        items = [bytes(b) for b in bodies]
+        first = self._submit_frames(b"".join(frame(ToWriter.BODY, b) for b in items), len(items))
+        return [Receipt(self, first + i) for i in range(len(items))]
+
     def _submit(self, kind: ToWriter, payload: bytes) -> Receipt:
-        data = frame(kind, payload)
+        return Receipt(self, self._submit_frames(frame(kind, payload), 1))
+
+    def _submit_frames(self, data: bytes, count: int) -> int:
+        """Send `count` record frames; returns the first one's ticket."""
         with self._send:
             if self._closing or self._stopped is not None:
                 raise AuditWriteError(f"{self.path}: audit log is {'closed' if self._closing else 'stopped: ' + str(self._stopped)}")
@@ -287,8 +297,8 @@ class AuditLog:
                 write_all(self._out, data)
             except OSError as e:
                 raise AuditWriteError(f"{self.path}: audit writer is gone ({e.strerror}); record not stored") from None
-            self._next = ticket + 1
-        return Receipt(self, ticket)
+            self._next = ticket + count
+        return ticket
 
     # ------------------------------------------------------------------ acknowledgements
 
@@ -314,7 +324,9 @@ class AuditLog:
         finally:
             with self._settled:
                 self._stopped = why
-                self._settled.notify_all()
+                for waiter in self._waiters.values():
+                    waiter.release()
+                self._waiters.clear()
 
     def _settle_range(self, ack: Ack) -> None:
         with self._settled:
@@ -332,11 +344,24 @@ class AuditLog:
             self._acked = ack.end
             self._seq = ack.last_seq
             self.commits = ack.commits
-            self._settled.notify_all()
+            for ticket in [t for t in self._waiters if t < ack.end]:
+                self._waiters.pop(ticket).release()
 
     def _settle(self, ticket: int, timeout: float | None) -> int:
+        # One lock per waiting ticket, released by the acknowledgement that covers it: each
+        # ack wakes only the threads it settles (a shared condition would wake them all,
+        # each then queueing for this interpreter's lock).
         with self._settled:
-            if not self._settled.wait_for(lambda: self._acked > ticket or self._stopped is not None, timeout):
+            waiter = None
+            if self._acked <= ticket and self._stopped is None:
+                waiter = self._waiters.get(ticket)
+                if waiter is None:
+                    waiter = self._waiters[ticket] = threading.Lock()
+                    waiter.acquire()
+        if waiter is not None and waiter.acquire(timeout=-1 if timeout is None else timeout):
+            waiter.release()  # another wait() on the same receipt may hold it too
+        with self._settled:
+            if self._acked <= ticket and self._stopped is None:
                 raise AuditWriteError(f"{self.path}: audit record not durable after {timeout} s")
             if self._acked <= ticket:
                 raise AuditWriteError(f"{self.path}: audit record was not stored: {self._stopped}")
