@@ -1,8 +1,9 @@
 """Evaluate a request's candidates by gathering their rows from the per-tick tables.
 
 Everything that depends only on the snapshot (paths, ports, snapshot-only constraints,
-service endpoints) or only on the contract (class, share, peak, session store) was
-computed once for all GPUs; what is left per request is what truly varies per request:
+service endpoints) or only on the contract (class, share, peak, session store), and what
+depends on both (dependency bounds, `tick_table.py`), was computed once for all GPUs;
+what is left per request is what truly varies per request:
 the shares reserved so far this tick, the budget, and the gather itself. The result is
 the same `Evaluation` the reference `evaluate` returns, figure for figure.
 """
@@ -18,9 +19,9 @@ from .paths import NO_FAILURE, path_table
 from .plan import Constraint
 from .snapshot import Snapshot
 from .thresholds import Thresholds
+from .tick_table import tick_table
 
 _SHARE = _CODE[Constraint.GPU_SHARE]
-_DEPENDENCY = _CODE[Constraint.DEPENDENCY]
 _BUDGET = _CODE[Constraint.LATENCY_BUDGET]
 
 
@@ -31,7 +32,8 @@ def lookup(
     """`gpus`: topology indices of the candidates; `reserved`: share already reserved on
     each candidate's GPU this tick; `ingress`: fabric node, or None for regional gateways."""
     pt = path_table(snap, th, ingress)
-    code = np.minimum(pt.code[gpus], table.code[gpus])
+    tt = tick_table(snap, pt, table)
+    code = tt.code[gpus]
     min_share = table.min_share[gpus]
     free = snap.gpu_free[gpus] - reserved
     np.minimum(code, np.where(free < min_share, _SHARE, NO_FAILURE), out=code)
@@ -42,27 +44,15 @@ def lookup(
         compute[no_peak] = np.inf
     queueing = gpu_queue(1.0 - free)
     network = pt.network[gpus]
-
-    n = len(gpus)
-    deps = np.zeros(n)
-    dep_best = []
-    for svc, role in table.services:
-        dt = pt.dependency(snap, svc.kind, role)
-        bi, bl = dt.best[gpus], dt.latency[gpus]
-        if not dt.endpoints:
-            code = np.minimum(code, _DEPENDENCY)
-        else:
-            np.minimum(code, np.where(bl > svc.p99, _DEPENDENCY, NO_FAILURE), out=code)
-            deps = deps + np.where(np.isfinite(bl), bl, 0.0)
-        dep_best.append((svc, dt.endpoints, bi, bl))  # a tuple, shared: never copied per request
+    deps = tt.dependencies[gpus]
+    dep_best = tuple((svc, eps, best[gpus], lat[gpus]) for svc, eps, best, lat in tt.services)
 
     total = network + queueing + compute + deps
-    sigma = np.sqrt(pt.sigma2[gpus])
     np.minimum(code, np.where(total <= budget * th.budget_fraction, NO_FAILURE, _BUDGET), out=code)
     fail = np.where(code == NO_FAILURE, -1, code)
-    k = th.stability_weight
+    sigma = tt.sigma[gpus]
     return Evaluation(
         gpus=gpus, fail=fail, min_share=min_share, port=pt.port[gpus], network=network, queueing=queueing,
-        compute=compute, dependencies=deps, sigma=sigma, rank=total + k * sigma,
-        raw_total=pt.raw_network[gpus] + queueing + compute + deps, dep_best=tuple(dep_best),
+        compute=compute, dependencies=deps, sigma=sigma, rank=total + th.stability_weight * sigma,
+        raw_total=pt.raw_network[gpus] + queueing + compute + deps, dep_best=dep_best,
     )

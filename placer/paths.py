@@ -53,6 +53,9 @@ class PathTable:
     port: np.ndarray  # chosen port (-1: none)
     raw_network: np.ndarray  # best round trip ignoring port thresholds (for explanations)
     _deps: dict[tuple[str, EndpointRole], DependencyTable] = field(default_factory=dict, repr=False)
+    # per contract table: everything of a request that depends on this tick and that contract
+    # alone (`tick_table.py`), built on first use and kept for the tick
+    contracts: dict = field(default_factory=dict, repr=False)
 
     def dependency(self, snap: Snapshot, kind: str, role: EndpointRole) -> DependencyTable:
         """The table for one service kind and role, built on first use and kept."""
