@@ -6,7 +6,7 @@ import json
 from typing import Mapping
 
 from policyc.compiler.bundle import Scalar, SourceRef
-from policyc.matcher import Deployment, Instance, RuleExplanation
+from policyc.matcher import AppliedRule, Deployment, Instance, RuleExplanation
 from policyc.placer import PlacementPlan
 from policyc.placer.plan import Rejection as GpuRejection
 
@@ -82,11 +82,28 @@ def render_var(x: Scalar) -> str:
     return str(x)
 
 
+_RULES: dict[tuple[str, tuple[str, ...]], list["pb.MatchedRule"]] = {}
+_RULES_MAX = 4096
+
+
+def matched_rules(bundle_hash: str, rules: tuple[AppliedRule, ...]) -> list["pb.MatchedRule"]:
+    """The `rules` field, built once per (bundle, set of applied rules): a request shape
+    applies the same rules every time, and a rule's id names its span within a bundle.
+    The messages are copied into each response by protobuf's C code."""
+    key = (bundle_hash, tuple(r.id for r in rules))
+    hit = _RULES.get(key)
+    if hit is None:
+        if len(_RULES) >= _RULES_MAX:
+            _RULES.clear()
+        hit = _RULES[key] = [pb.MatchedRule(id=r.id, origin=span(r.origin)) for r in rules]
+    return hit
+
+
 def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
     t = d.timing
     msg = pb.Decision(
         decision_id=d.decision_id, outcome=_OUTCOME[d.outcome], bundle_hash=d.bundle_hash, model=d.model or "",
-        rules=[pb.MatchedRule(id=r.id, origin=span(r.origin)) for r in d.rules], candidates=d.candidates,
+        rules=matched_rules(d.bundle_hash, d.rules), candidates=d.candidates,
         timing=pb.Timing(parse_us=t.parse * 1e6, feasibility_us=t.feasibility * 1e6, match_us=t.match * 1e6,
                          place_us=t.place * 1e6, total_us=t.total * 1e6),
         variables={k: render_var(v) for k, v in d.variables.items()}, retry_count=d.retry_count,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import uuid
 from collections import defaultdict
 from typing import Callable, Iterable
 
@@ -23,6 +22,7 @@ from policyc.matcher.registry import DEFAULT_SCORE
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.solver.feasibility import Infeasible
 
+from .decision_ids import new_decision_id
 from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage, Timing
 from .errors import ServiceError, Status
 from .request_input import to_request
@@ -96,7 +96,7 @@ class DecisionEngine:
         t1 = clock()
         answer = st.feasibility.check(req.vars)
         t2 = clock()
-        did = uuid.uuid4().hex
+        did = new_decision_id()
         vars_ = req.vars
         tenant = req.tenant
         if isinstance(answer, Infeasible):
