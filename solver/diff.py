@@ -32,6 +32,7 @@ from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
 COMPLIANCE_ROUNDS = 40
+_FIXED = frozenset({"model", "version", "slo_latency", "flops_min", "flops_max", "bandwidth"})
 
 
 class Direction(enum.Enum):
@@ -140,6 +141,8 @@ class Differ:
         shared_dom = RuleEncoder(self.space, d_old).fleet_domain(self.classes)
         self.old = _Side(self.space, old, d_old, shared_dom, names)
         self.new = _Side(self.space, new, d_new, shared_dom, names)
+        self._inner: z3.Solver | None = None
+        self._fixed_cache: dict[str, list[tuple[z3.ExprRef, z3.ExprRef]]] = {}
 
     def _solver(self) -> z3.Solver:
         s = new_solver()
@@ -164,45 +167,64 @@ class Differ:
 
     def _old_serves_on(self, req: dict, cond: z3.BoolRef) -> Verdict | dict:
         """Whether OLD serves this one request on some instance meeting `cond`: the
-        attributes of such an instance, UNSAT or UNKNOWN."""
-        s = self._solver()
-        s.add(self.old.admits, cond)
-        self._fix_request(s, req)
-        v = verdict(s.check())
-        if v is not Verdict.SAT:
-            return v
-        return self.space.witness(s.model())[1]
+        attributes of such an instance, UNSAT or UNKNOWN. One solver holds OLD's meaning
+        for every call; the request and `cond` are pushed and popped."""
+        if self._inner is None:
+            self._inner = self._solver()
+            self._inner.add(self.old.admits)
+        s = self._inner
+        s.push()
+        try:
+            s.add(cond)
+            self._fix_request(s, req)
+            v = verdict(s.check())
+            attrs = self.space.witness(s.model())[1] if v is Verdict.SAT else None
+        finally:
+            s.pop()
+        return attrs if attrs is not None else v
 
-    def _served_elsewhere(self, attrs: dict) -> z3.BoolRef:
-        """Requests OLD serves on an instance with these deployment facts, whichever OLD
-        contract it runs: every such request is served where `attrs` is, so none of them
-        can widen compliance there. Checked per contract with the reference semantics."""
-        side = self.old
-        out: list[z3.BoolRef] = []
-        fixed = ("model", "version", "slo_latency", "flops_min", "flops_max", "bandwidth")
-        for c in side.bundle.contracts:
+    def _fixed_pairs(self, c: Contract) -> list[tuple[z3.ExprRef, z3.ExprRef]]:
+        """The contract-fixed instance attributes of `c`, as substitution pairs (cached)."""
+        pairs = self._fixed_cache.get(c.name)
+        if pairs is None:
             rf = c.compute.request_flops()
-            inst = {**attrs, "model": c.name, "version": c.version, "slo_latency": c.slo.latency if c.slo else math.inf,
-                    "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}
-            if not contract_admits(c, side.dom, inst):
-                continue
+            values = {"model": c.name, "version": c.version, "flops_min": rf.lo, "flops_max": rf.hi,
+                      "bandwidth": c.memory.bandwidth_min, "slo_latency": c.slo.latency if c.slo else math.inf}
             pairs = []
-            for name in fixed:
+            for name, v in values.items():
                 slot = self.space.instance.get(name)
                 if slot is None:
                     continue
                 if slot.infinite is not None:
-                    pairs.append((slot.infinite, z3.BoolVal(math.isinf(inst[name]))))
-                    if math.isinf(inst[name]):
+                    pairs.append((slot.infinite, z3.BoolVal(math.isinf(v))))  # type: ignore[arg-type]
+                    if math.isinf(v):  # type: ignore[arg-type]
                         continue
-                pairs.append((slot.value, self.space.const(slot.kind, inst[name])))
-            others = [(t, v) for t, v in self._attr_pairs(attrs) if all(not t.eq(p) for p, _ in pairs)]
-            out.append(z3.substitute(side.serves, *pairs, *others))
+                pairs.append((slot.value, self.space.const(slot.kind, v)))
+            self._fixed_cache[c.name] = pairs
+        return pairs
+
+    def _served_elsewhere(self, attrs: dict) -> z3.BoolRef:
+        """Requests OLD serves on an instance with these deployment facts, whichever OLD
+        contract it runs: every such request is served with the same attribute values, so
+        none of them can widen compliance there. Which contracts allow the deployment is
+        checked with the reference semantics; their fixed attributes are substituted."""
+        side = self.old
+        deploy = self._attr_pairs({k: v for k, v in attrs.items() if k not in _FIXED}, skip=_FIXED)
+        served = z3.simplify(z3.substitute(side.serves, *deploy))
+        out: list[z3.BoolRef] = []
+        for c in side.bundle.contracts:
+            rf = c.compute.request_flops()
+            inst = {**attrs, "model": c.name, "version": c.version, "slo_latency": c.slo.latency if c.slo else math.inf,
+                    "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}
+            if contract_admits(c, side.dom, inst):
+                out.append(z3.substitute(served, *self._fixed_pairs(c)))
         return z3.simplify(z3.Or(out)) if out else z3.BoolVal(False)
 
-    def _attr_pairs(self, attrs: dict) -> list[tuple[z3.ExprRef, z3.ExprRef]]:
+    def _attr_pairs(self, attrs: dict, skip: frozenset[str] = frozenset()) -> list[tuple[z3.ExprRef, z3.ExprRef]]:
         pairs: list[tuple[z3.ExprRef, z3.ExprRef]] = []
         for name, slot in self.space.instance.items():
+            if name in skip:
+                continue
             v = attrs.get(name)
             if slot.present is not None:
                 pairs.append((slot.present, z3.BoolVal(v is not None)))
@@ -226,29 +248,36 @@ class Differ:
             region = self.space.instance["region"].value
             for r in regions:
                 targets.append((f"region={r}", region == self.space.code(r)))
+        outer = self._solver()
+        outer.add(self.new.admits, z3.Not(self.old.admits))
         for label, cond in targets:
-            outer = self._solver()
-            outer.add(self.new.admits, z3.Not(self.old.admits), cond)
-            for _ in range(COMPLIANCE_ROUNDS):
-                v = verdict(outer.check())
-                if v is Verdict.UNSAT:
-                    break
-                if v is Verdict.UNKNOWN:
-                    undecided.append(f"compliance of `{label}` (solver timeout)")
-                    break
-                m = outer.model()
-                req, _ = self.space.witness(m)
-                served = self._old_serves_on(req, cond)
-                if served is Verdict.UNSAT:
-                    found.append(self._difference(m, Direction.WIDENED, (label.split("=")[0],)))
-                    break
-                if served is Verdict.UNKNOWN:
-                    undecided.append(f"compliance of `{label}` (solver timeout)")
-                    break
-                outer.add(z3.Not(self._served_elsewhere(served)))  # type: ignore[arg-type]
-            else:
-                undecided.append(f"compliance of `{label}` (no answer in {COMPLIANCE_ROUNDS} rounds)")
+            outer.push()
+            outer.add(cond)
+            self._widening(outer, label, cond, found, undecided)
+            outer.pop()
         return found, undecided
+
+    def _widening(self, outer: z3.Solver, label: str, cond: z3.BoolRef, found: list[Difference], undecided: list[str]) -> None:
+        """The counterexample-guided loop for one attribute value (see the module docstring)."""
+        for _ in range(COMPLIANCE_ROUNDS):
+            v = verdict(outer.check())
+            if v is Verdict.UNSAT:
+                break
+            if v is Verdict.UNKNOWN:
+                undecided.append(f"compliance of `{label}` (solver timeout)")
+                break
+            m = outer.model()
+            req, _ = self.space.witness(m)
+            served = self._old_serves_on(req, cond)
+            if served is Verdict.UNSAT:
+                found.append(self._difference(m, Direction.WIDENED, (label.split("=")[0],)))
+                break
+            if served is Verdict.UNKNOWN:
+                undecided.append(f"compliance of `{label}` (solver timeout)")
+                break
+            outer.add(z3.Not(self._served_elsewhere(served)))  # type: ignore[arg-type]
+        else:
+            undecided.append(f"compliance of `{label}` (no answer in {COMPLIANCE_ROUNDS} rounds)")
 
     def _pattern(self, d: Difference, model: z3.ModelRef) -> z3.BoolRef:
         """The formula true of every witness with the same reasons as `d`."""
