@@ -82,7 +82,8 @@ def main() -> None:
     t = time.perf_counter()
     same = diff_bundles(b_old, b_old, limit=10)
     eq_s = time.perf_counter() - t
-    print(f"diff, two {n}-contract bundles: {diff_s:.2f} s ({len(report.differences)} differences listed, exit "
+    print(f"diff, two {n}-contract bundles: {diff_s:.2f} s ({len(report.differences)} differences listed, "
+          f"{len(report.undecided)} undecided, exit "
           f"{report.exit_code}); identical bundles: {eq_s:.2f} s (exit {same.exit_code})  [floor: < 60 s at 1000]")
 
     # 4. request feasibility: cached (by shape) vs uncached Z3
