@@ -37,7 +37,7 @@ class AttributeIndex:
         self.ordered = ordered
         self.postings: dict[Scalar, BitMap] = {}
         self.keys: list[float] = []  # sorted distinct values, when ordered
-        self.present = BitMap()
+        self.present = BitMap()  # instances with a value, kept only when ordered
 
     def add(self, slot: int, value: Scalar) -> None:
         bm = self.postings.get(value)
@@ -46,14 +46,16 @@ class AttributeIndex:
             if self.ordered:
                 insort(self.keys, value)  # type: ignore[arg-type]
         bm.add(slot)
-        self.present.add(slot)
+        if self.ordered:
+            self.present.add(slot)
 
     def remove(self, slot: int, value: Scalar) -> None:
         bm = self.postings.get(value)
         if bm is None:
             return
         bm.discard(slot)
-        self.present.discard(slot)
+        if self.ordered:
+            self.present.discard(slot)
         if not bm:
             del self.postings[value]
             if self.ordered:
@@ -66,7 +68,7 @@ class AttributeIndex:
         for slot, value in pairs:
             lists.setdefault(value, []).append(slot)
         self.postings = {v: BitMap(s) for v, s in lists.items()}
-        self.present = union(list(self.postings.values())).copy() if self.postings else BitMap()
+        self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
 
@@ -76,7 +78,7 @@ class AttributeIndex:
         for value, slots in groups:
             lists.setdefault(value, []).extend(slots)
         self.postings = {v: BitMap(s) for v, s in lists.items()}
-        self.present = union(list(self.postings.values())).copy() if self.postings else BitMap()
+        self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
 
@@ -90,8 +92,10 @@ class AttributeIndex:
     def order(self, cmp: str, value: float) -> BitMap:
         """Instances whose value satisfies `value_of_instance cmp value`."""
         keys = self.keys
-        if not self.ordered:
+        present = self.present
+        if not self.ordered:  # an ordering on an attribute the plan did not mark as a range
             keys = sorted(k for k in self.postings if isinstance(k, (int, float)) and not isinstance(k, bool))
+            present = union([self.postings[k] for k in keys])
         if cmp == "<":
             lo, hi = 0, bisect_left(keys, value)
         elif cmp == "<=":
@@ -106,9 +110,9 @@ class AttributeIndex:
         if n == 0:
             return EMPTY
         if n == len(keys):
-            return self.present
+            return present
         post = self.postings
         if 2 * n <= len(keys):
             return union([post[k] for k in keys[lo:hi]])
         rest = keys[:lo] + keys[hi:]
-        return self.present - union([post[k] for k in rest])
+        return present - union([post[k] for k in rest])

@@ -30,8 +30,9 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
-from .evaluate import require_holds, value_reads
+from .evaluate import value_reads
 from .guards import Predicate, compile_applies
+from .instance_predicates import compile_static
 from .plan import PLAN_CACHE_SIZE, Plan, PlanCache
 from .result import AppliedRule
 
@@ -39,7 +40,6 @@ Vars = Mapping[str, Scalar]
 BitmapFn = Callable[[Vars], BitMap]
 BLOOM_KINDS = ("equality", "set", "boolean")
 ORDERINGS = ("<", "<=", ">", ">=")
-_NO_VARS: dict[str, Scalar] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,8 @@ class CompiledRule:
     reads: frozenset[str]
     applies: Predicate  # every read present and the guard holds (`evaluate.rule_applies`)
     require: BitmapFn
-    clauses: tuple[ClauseTemplate, ...]
-    clause_vars: tuple[str, ...]  # request variables the clauses read (the Bloom cache key)
+    const_clauses: tuple[frozenset[BloomKey], ...]  # Bloom clauses fixed by the bundle
+    var_clauses: tuple[ClauseTemplate, ...]  # Bloom clauses that read request values
     static: bool  # the requirement reads no request variable: kept materialised
 
 
@@ -101,7 +101,7 @@ class FleetIndex:
         # insert/delete (evaluated with the reference semantics), so a request pays one
         # intersection for them instead of their whole algebra
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
-        self._static_rules = [(cr.rule.require, self.static[cr.rule.id]) for cr in self.rules if cr.static]
+        self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
         self.version = 0  # bumped by every insert / delete: cached candidates are older
         self.plans = PlanCache(plan_cache)
 
@@ -115,8 +115,8 @@ class FleetIndex:
             if v is not None:
                 idx.add(slot, v)
         self.bloom.add(slot // self.shard_size, self._bloom_keys(attrs))
-        for req, bm in self._static_rules:
-            if require_holds(req, attrs, _NO_VARS):
+        for holds, bm in self._static_rules:
+            if holds(attrs):
                 bm.add(slot)
         self.attrs[slot] = attrs
         self.live.add(slot)
@@ -158,8 +158,8 @@ class FleetIndex:
             per_shard = Counter([s // size for s in slots])
             for shard, n in per_shard.items():
                 self.bloom.add(shard, keys, n)
-            for req, bm in self._static_rules:
-                if require_holds(req, sample[sig], _NO_VARS):
+            for holds, bm in self._static_rules:
+                if holds(sample[sig]):
                     bm.update(slots)
         self.attrs = dict(items)
         self.live = BitMap(sorted(self.attrs))
@@ -178,8 +178,9 @@ class FleetIndex:
         return CompiledRule(
             rule=rule, applied=AppliedRule(rule.id, rule.origin),
             reads=frozenset(value_reads(rule.guard) | value_reads(rule.require)),
-            applies=compile_applies(rule), require=require, clauses=clauses,
-            clause_vars=tuple(sorted({v.name for c in clauses for _, v in c if isinstance(v, _VarRef)})),
+            applies=compile_applies(rule), require=require,
+            const_clauses=tuple(frozenset(c) for c in clauses if not any(isinstance(v, _VarRef) for _, v in c)),
+            var_clauses=tuple(c for c in clauses if any(isinstance(v, _VarRef) for _, v in c)),
             static=static,
         )
 
@@ -202,8 +203,12 @@ class FleetIndex:
             return lambda v: union([f(v) for f in fns])
         if e.op == "not":
             inner = self._compile(e.arg)  # type: ignore[union-attr]
-            return lambda v: self.live - inner(v)
+            return lambda v: self._complement(inner(v))
         raise ValueError(f"a request test inside a requirement: {e}")
+
+    def _complement(self, bm: BitMap) -> BitMap:
+        """Live instances not in `bm`; the live set itself (shared) when `bm` is empty."""
+        return self.live - bm if bm else self.live
 
     def _compile_atom(self, a: Atom) -> BitmapFn:
         idx, cmp = self.attr_index[a.attr], a.cmp
@@ -211,12 +216,12 @@ class FleetIndex:
             op: Callable[[Any], BitMap] = idx.eq
         elif cmp == "!=":
             def op(x: Any) -> BitMap:
-                return self.live - idx.eq(x)
+                return self._complement(idx.eq(x))
         elif cmp == "in":
             op = idx.any_of
         elif cmp == "not_in":
             def op(x: Any) -> BitMap:
-                return self.live - idx.any_of(x)
+                return self._complement(idx.any_of(x))
         else:
             def op(x: Any) -> BitMap:
                 return idx.order(cmp, x)
@@ -262,8 +267,12 @@ class FleetIndex:
 
     @staticmethod
     def _clauses(rules: Iterable[CompiledRule], vars: Vars) -> tuple[frozenset[BloomKey], ...]:
-        return tuple(frozenset((attr, vars[v.name] if isinstance(v, _VarRef) else v) for attr, v in tmpl)
-                     for cr in rules for tmpl in cr.clauses)
+        out: list[frozenset[BloomKey]] = []
+        for cr in rules:
+            out.extend(cr.const_clauses)
+            for tmpl in cr.var_clauses:
+                out.append(frozenset([(attr, vars[v.name] if type(v) is _VarRef else v) for attr, v in tmpl]))
+        return tuple(out)
 
     def plan(self, vars: Vars) -> Plan:
         """The plan for this typed request, with candidates current for the live fleet."""
@@ -283,7 +292,7 @@ class FleetIndex:
 
     def _make_plan(self, vars: Vars) -> Plan:
         own = dict(vars)
-        rules = tuple(cr for cr in self.rules if cr.applies(own))
+        rules = tuple([cr for cr in self.rules if cr.applies(own)])
         return Plan(own, rules, tuple(cr.applied for cr in rules), tuple(cr.require for cr in rules),
                     self._clauses(rules, own))
 
@@ -311,9 +320,18 @@ class FleetIndex:
                 plan.cand, plan.count = EMPTY, 0
                 return
         v = plan.vars
-        bms = [t(v) for t in plan.terms]
-        if len(bms) == 1:
-            cand = bms[0]  # the index's own bitmap: shared, never mutated
+        live = len(self.live)
+        bms = []
+        for t in plan.terms:
+            bm = t(v)
+            n = len(bm)
+            if not n:
+                plan.cand, plan.count = EMPTY, 0
+                return
+            if n != live:  # every term is a subset of the live set: a full one changes nothing
+                bms.append(bm)
+        if len(bms) <= 1:
+            cand = bms[0] if bms else self.live  # the index's own bitmap: shared, never mutated
         else:
             bms.sort(key=len)
             cand = bms[0] & bms[1]

@@ -16,7 +16,7 @@ second one its intersections, not its planning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping
 
 from pyroaring import BitMap
@@ -40,7 +40,7 @@ class Plan:
     terms: tuple[Term, ...]  # one requirement bitmap per applied rule (evaluated at `vars`)
     clauses: tuple[frozenset[BloomKey], ...]  # Bloom keys every admitted instance carries
     version: int = -1  # index membership version of `cand`
-    cand: BitMap = field(default_factory=BitMap)  # may be the index's own bitmap: never mutate
+    cand: BitMap | None = None  # may be the index's own bitmap: never mutate
     count: int = 0
     bloom_version: int = -1  # filter version of `survivors`
     survivors: BitMap | None = None  # shards the filters cannot rule out (None: no keys)

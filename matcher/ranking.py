@@ -21,7 +21,7 @@ including many equal scores (the id breaks the tie).
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 
 from pyroaring import BitMap
 
@@ -31,41 +31,51 @@ SMALL = 64  # at most this many candidates: pick from them directly
 
 
 class ScoreTiers:
-    __slots__ = ("bounds", "tiers", "orders", "keys")
+    __slots__ = ("bounds", "tiers", "orders", "keys", "home")
 
     def __init__(self) -> None:
         self.bounds: list[ScoreKey] = [(-float("inf"), "")]
         self.tiers: list[BitMap] = [BitMap()]
         self.orders: list[list[int]] = [[]]  # each tier's slots in key order
         self.keys: dict[int, ScoreKey] = {}
+        # slot -> its tier's (bitmap, order): a removal finds its tier without a search
+        self.home: dict[int, tuple[BitMap, list[int]]] = {}
 
     def _tier(self, key: ScoreKey) -> int:
         return bisect_right(self.bounds, key) - 1
 
     def add(self, slot: int, key: ScoreKey) -> None:
-        self.keys[slot] = key
+        keys = self.keys
+        keys[slot] = key
         t = self._tier(key)
-        tier = self.tiers[t]
+        tier, order = self.tiers[t], self.orders[t]
         tier.add(slot)
-        insort(self.orders[t], slot, key=self.keys.__getitem__)
-        if len(tier) > 2 * TARGET:
+        insort(order, slot, key=keys.__getitem__)
+        self.home[slot] = (tier, order)
+        if len(order) > 2 * TARGET:
             self._split(t)
 
     def remove(self, slot: int) -> None:
-        t = self._tier(self.keys[slot])
-        self.tiers[t].discard(slot)
-        self.orders[t].remove(slot)
-        del self.keys[slot]
+        tier, order = self.home.pop(slot)
+        tier.discard(slot)
+        keys = self.keys
+        del order[bisect_left(order, keys[slot], key=keys.__getitem__)]  # keys are unique
+        del keys[slot]
 
     def _split(self, t: int) -> None:
-        members = self.orders[t]
-        mid = len(members) // 2
-        low, high = members[:mid], members[mid:]
-        self.tiers[t] = BitMap(low)
-        self.orders[t] = low
-        self.tiers.insert(t + 1, BitMap(high))
+        """Move the upper half of tier `t` into a new tier after it (the lower half stays
+        in place, so only the moved slots change home)."""
+        order = self.orders[t]
+        high = order[len(order) // 2:]
+        del order[len(order) // 2:]
+        moved = BitMap(high)
+        self.tiers[t].difference_update(moved)
+        self.tiers.insert(t + 1, moved)
         self.orders.insert(t + 1, high)
         self.bounds.insert(t + 1, self.keys[high[0]])
+        home = self.home
+        for s in high:
+            home[s] = (moved, high)
 
     def bulk(self, entries: list[tuple[float, str, int]]) -> None:
         """Replace the contents at once (index build) from (-score, id, slot) triples:
@@ -82,6 +92,7 @@ class ScoreTiers:
                 self.bounds.append(entries[i][:2])
             self.tiers.append(BitMap(chunk))
             self.orders.append(chunk)
+        self.home = {s: (tier, order) for tier, order in zip(self.tiers, self.orders) for s in order}
 
     def best(self, cand: BitMap, count: int, k: int) -> list[int]:
         """The k best slots of `cand` (which holds `count` slots), best first."""

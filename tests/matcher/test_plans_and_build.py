@@ -155,3 +155,18 @@ def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None
     want = sorted(cand, key=lambda s: (-score[s], ids[s]))[:k]
     assert tiers.best(cand, len(cand), k) == want
     assert all(len(t) == len(o) and list(t) == sorted(o) for t, o in zip(tiers.tiers, tiers.orders))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32))
+def test_static_requirements_compile_to_the_reference(shapes_bundle: Bundle, seed: int) -> None:
+    from policyc.matcher.evaluate import require_holds, value_reads
+    from policyc.matcher.instance_predicates import compile_static
+    rng = random.Random(seed)
+    static = [r.require for r in shapes_bundle.rules if not value_reads(r.require)]
+    assert len(static) >= 3
+    for n in range(10):
+        inst = admissible(shapes_bundle, rng, f"i{n}")
+        attrs = attributes(inst, shapes_bundle.contract(inst.model), shapes_bundle)
+        for e in static:
+            assert compile_static(e)(attrs) == require_holds(e, attrs, {})
