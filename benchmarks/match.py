@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
 import time
@@ -142,15 +143,18 @@ def main() -> None:
     scores = {i.id: rng.random() for i in insts}
     gc.collect()
     rss0 = rss_mb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     reg = Registry(bundle, insts, scores)
-    build_s = time.perf_counter() - t0
+    build_s, build_cpu = time.perf_counter() - t0, time.process_time() - c0
     gc.collect()
     rss1 = rss_mb()
     ix = reg.index
     print(f"fleet: {len(reg):,} instances, {len(ix.bloom.shards)} shards of {ix.shard_size}, "
           f"{len(reg._tiers.tiers)} score tiers")
-    print(f"index build: {build_s:.2f} s (floor 3 s); memory: +{rss1 - rss0:.0f} MB RSS for the registry and index")
+    print(f"index build: {build_s:.2f} s wall, {build_cpu:.2f} s CPU (floor 3 s); "
+          f"memory: +{rss1 - rss0:.0f} MB RSS for the registry and index")
+    print(f"machine: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())} (1 / 5 / 15 min) on "
+          f"{os.cpu_count()} CPUs")
 
     reqs = requests(bundle, args.requests, rng)
     parsed = [(kind, reg.parse_request(h)) for kind, h in reqs]

@@ -98,8 +98,8 @@ class FleetIndex:
         self.stats = BloomStats()
         self.rules = tuple(self._compile_rule(r) for r in bundle.rules)
         # requirements that read no request variable are maintained as bitmaps on every
-        # insert/delete (evaluated with the reference semantics), so a request pays one
-        # intersection for them instead of their whole algebra
+        # insert/delete (`instance_predicates.py`: the reference semantics, compiled), so a
+        # request pays one intersection for them instead of their whole algebra
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
         self.version = 0  # bumped by every insert / delete: cached candidates are older

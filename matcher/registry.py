@@ -8,6 +8,10 @@ swap. In CPython readers do not run in parallel anyway, so a plain mutex costs a
 about a tenth of a microsecond and nothing is copied per update.
 
 Best-k is by the placer's score in [0, 1] (higher is better), ties broken by instance id.
+
+`match` reuses a cached plan per typed request (`plan.py`) and the candidates that plan
+last computed while no instance has been added or removed since; `plan_cache=0` turns the
+cache off (every request planned and intersected afresh, as a benchmark baseline).
 """
 
 from __future__ import annotations
