@@ -13,9 +13,14 @@ Public API (what the decision service and the guardian call):
   `rebalance`. A plan's `reasons` and `rejected` are written on first read (`Explanation`)
   from the snapshot the choice was made on; a refusal's are written at once.
 
-Placement is an O(candidates) gather from tables computed once per tick (`paths.py`) and
-once per contract (`contract_table.py`); `evaluate.evaluate` is the reference it must
-equal figure for figure (`tests/placer/test_lookup_tables.py`).
+Placement is an O(candidates) gather from tables computed once per tick (`paths.py`), once
+per contract (`contract_table.py`) and once per (tick, contract) (`tick_table.py`);
+`evaluate.evaluate` is the reference it must equal figure for figure
+(`tests/placer/test_lookup_tables.py`). The fabric search (`fabric.search_many`) runs in
+scipy's compiled Dijkstra. Declared dependencies bind to fabric endpoints by kind and
+proxy role (the simulator has redis, its proxies, postgres and http per region); a
+dependency of kind `nvme` or `host_memory` is the session store on the GPU's own NUMA
+node (`stores.py`), bound with role `local`.
 """
 
 from __future__ import annotations
