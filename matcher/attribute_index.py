@@ -73,11 +73,13 @@ class AttributeIndex:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
 
     def bulk_groups(self, groups: Iterable[tuple[Scalar, list[int]]]) -> None:
-        """`bulk` from (value, slots) groups."""
+        """`bulk` from (value, slots) groups. Each list is sorted first: the groups are
+        ascending runs, which sort almost for free, and pyroaring builds a bitmap from a
+        sorted list about five times faster than from an unsorted one."""
         lists: dict[Scalar, list[int]] = {}
         for value, slots in groups:
             lists.setdefault(value, []).extend(slots)
-        self.postings = {v: BitMap(s) for v, s in lists.items()}
+        self.postings = {v: BitMap(sorted(s)) for v, s in lists.items()}
         self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]

@@ -153,14 +153,17 @@ class FleetIndex:
         for i, a in enumerate(names):
             self.attr_index[a].bulk_groups((sig[i], slots) for sig, slots in groups.items() if sig[i] is not None)
         size = self.shard_size
+        static: list[list[int]] = [[] for _ in self._static_rules]
         for sig, slots in groups.items():
             keys = self._bloom_keys(sample[sig])
             per_shard = Counter([s // size for s in slots])
             for shard, n in per_shard.items():
                 self.bloom.add(shard, keys, n)
-            for holds, bm in self._static_rules:
+            for (holds, _), into in zip(self._static_rules, static):
                 if holds(sample[sig]):
-                    bm.update(slots)
+                    into.extend(slots)
+        for (_, bm), slots in zip(self._static_rules, static):
+            bm.update(sorted(slots))
         self.attrs = dict(items)
         self.live = BitMap(sorted(self.attrs))
         self.version += 1
