@@ -11,7 +11,13 @@ Compliance widening — NEW lets a request be served on an instance with a secur
 off, or in a region, where OLD served that request on no such instance at all — is
 decided per attribute value with a counterexample-guided loop: find a request NEW serves
 there and OLD does not on that instance; if OLD serves it elsewhere with the same
-attribute value, exclude requests OLD serves on that instance and ask again.
+attribute value, exclude every request OLD serves on that deployment (whichever OLD
+contract runs there) and ask again.
+
+Scale: contracts identical on both sides are encoded once, as instance classes
+(`classes.py`), so a fleet of 1,000 contracts is a few hundred disjuncts shared by both
+sides; only contracts that differ are encoded one by one. The compliance loop reuses one
+solver for OLD's side (push/pop per request) and one per direction for the candidates.
 """
 
 from __future__ import annotations
@@ -211,14 +217,22 @@ class Differ:
         side = self.old
         deploy = self._attr_pairs({k: v for k, v in attrs.items() if k not in _FIXED}, skip=_FIXED)
         served = z3.simplify(z3.substitute(side.serves, *deploy))
-        out: list[z3.BoolRef] = []
+        allowed: list[Contract] = []
         for c in side.bundle.contracts:
             rf = c.compute.request_flops()
             inst = {**attrs, "model": c.name, "version": c.version, "slo_latency": c.slo.latency if c.slo else math.inf,
                     "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}
             if contract_admits(c, side.dom, inst):
-                out.append(z3.substitute(served, *self._fixed_pairs(c)))
-        return z3.simplify(z3.Or(out)) if out else z3.BoolVal(False)
+                allowed.append(c)
+        if not allowed:
+            return z3.BoolVal(False)
+        # conjuncts that no contract-fixed attribute occurs in are common to every disjunct
+        parts = served.children() if z3.is_and(served) else [served]
+        probe = self._fixed_pairs(allowed[0])
+        common = [p for p in parts if z3.substitute(p, *probe).eq(p)]
+        varying = z3.And([p for p in parts if not z3.substitute(p, *probe).eq(p)])
+        out = [z3.simplify(z3.substitute(varying, *self._fixed_pairs(c))) for c in allowed]
+        return z3.And(*common, z3.Or(out))
 
     def _attr_pairs(self, attrs: dict, skip: frozenset[str] = frozenset()) -> list[tuple[z3.ExprRef, z3.ExprRef]]:
         pairs: list[tuple[z3.ExprRef, z3.ExprRef]] = []
