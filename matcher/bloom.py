@@ -57,8 +57,9 @@ class ShardBloom:
             self.version += 1
         bits = self.bits[shard]
         for key in keys:
-            counts[key] += n
-            if counts[key] == n:
+            c = counts.get(key, 0) + n
+            counts[key] = c
+            if c == n:  # the key is new to this shard
                 for p in self.positions(key):
                     bits[p] += 1
                     if bits[p] == 1:
@@ -68,8 +69,10 @@ class ShardBloom:
     def remove(self, shard: int, keys: Iterable[BloomKey]) -> None:
         counts, bits = self.keys[shard], self.bits[shard]
         for key in keys:
-            counts[key] -= 1
-            if counts[key] == 0:
+            c = counts[key] - 1
+            if c:
+                counts[key] = c
+            else:  # the last instance with this key left the shard
                 del counts[key]
                 for p in self.positions(key):
                     bits[p] -= 1

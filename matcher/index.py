@@ -110,10 +110,15 @@ class FleetIndex:
         return [(a, attrs[a]) for a in self.bloom_attrs if a in attrs]
 
     def insert(self, slot: int, attrs: Mapping[str, Scalar]) -> None:
+        get = attrs.get
         for a, idx in self.attr_index.items():
-            v = attrs.get(a)
+            v = get(a)
             if v is not None:
-                idx.add(slot, v)
+                bm = idx.postings.get(v)
+                if bm is None or idx.ordered:
+                    idx.add(slot, v)
+                else:  # the common case, inlined: an existing posting of an unordered attribute
+                    bm.add(slot)
         self.bloom.add(slot // self.shard_size, self._bloom_keys(attrs))
         for holds, bm in self._static_rules:
             if holds(attrs):
@@ -126,8 +131,9 @@ class FleetIndex:
         attrs = self.attrs.pop(slot)
         self.live.discard(slot)
         self.version += 1
+        get = attrs.get
         for a, idx in self.attr_index.items():
-            v = attrs.get(a)
+            v = get(a)
             if v is not None:
                 idx.remove(slot, v)
         self.bloom.remove(slot // self.shard_size, self._bloom_keys(attrs))
