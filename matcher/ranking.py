@@ -2,7 +2,7 @@
 
 Instances are ordered by the key (-score, id): higher score first, ties by id. The key
 space is cut into tiers of at most `2 * TARGET` instances; each tier is a bitmap plus the
-list of its slots in key order. The tiers are kept in key order, so everything in an
+lists of its slots and keys in key order (`Tier`). The tiers are kept in key order, so everything in an
 earlier tier beats everything in a later one.
 
 Best-k walks the tiers from the best, counting each tier's intersection with the
@@ -21,7 +21,7 @@ including many equal scores (the id breaks the tie).
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 
 from pyroaring import BitMap
 
@@ -30,69 +30,71 @@ TARGET = 64
 SMALL = 64  # at most this many candidates: pick from them directly
 
 
+class Tier:
+    """One tier: its slots as a bitmap (for counting candidates) and as two parallel lists
+    in key order, the slots (for the best-k walk) and their keys (so that an update
+    bisects a short list of keys instead of looking each probe's key up in the fleet-wide
+    `keys` dict, which costs a cache miss per probe)."""
+
+    __slots__ = ("bm", "slots", "keys")
+
+    def __init__(self, slots: list[int], keys: list[ScoreKey]) -> None:
+        self.bm = BitMap(slots)
+        self.slots = slots
+        self.keys = keys
+
+
 class ScoreTiers:
-    __slots__ = ("bounds", "tiers", "orders", "keys", "home")
+    __slots__ = ("bounds", "tiers", "keys", "home")
 
     def __init__(self) -> None:
-        self.bounds: list[ScoreKey] = [(-float("inf"), "")]
-        self.tiers: list[BitMap] = [BitMap()]
-        self.orders: list[list[int]] = [[]]  # each tier's slots in key order
+        self.bounds: list[ScoreKey] = [(-float("inf"), "")]  # each tier's lowest key
+        self.tiers: list[Tier] = [Tier([], [])]
         self.keys: dict[int, ScoreKey] = {}
-        # slot -> its tier's (bitmap, order): a removal finds its tier without a search
-        self.home: dict[int, tuple[BitMap, list[int]]] = {}
-
-    def _tier(self, key: ScoreKey) -> int:
-        return bisect_right(self.bounds, key) - 1
+        self.home: dict[int, Tier] = {}  # slot -> its tier: a removal needs no search
 
     def add(self, slot: int, key: ScoreKey) -> None:
-        keys = self.keys
-        keys[slot] = key
-        t = self._tier(key)
-        tier, order = self.tiers[t], self.orders[t]
-        tier.add(slot)
-        insort(order, slot, key=keys.__getitem__)
-        self.home[slot] = (tier, order)
-        if len(order) > 2 * TARGET:
+        self.keys[slot] = key
+        t = bisect_right(self.bounds, key) - 1
+        tier = self.tiers[t]
+        i = bisect_right(tier.keys, key)
+        tier.keys.insert(i, key)
+        tier.slots.insert(i, slot)
+        tier.bm.add(slot)
+        self.home[slot] = tier
+        if len(tier.slots) > 2 * TARGET:
             self._split(t)
 
     def remove(self, slot: int) -> None:
-        tier, order = self.home.pop(slot)
-        tier.discard(slot)
-        keys = self.keys
-        del order[bisect_left(order, keys[slot], key=keys.__getitem__)]  # keys are unique
-        del keys[slot]
+        tier = self.home.pop(slot)
+        i = bisect_left(tier.keys, self.keys.pop(slot))  # keys are unique: this is the slot's
+        del tier.keys[i], tier.slots[i]
+        tier.bm.discard(slot)
 
     def _split(self, t: int) -> None:
         """Move the upper half of tier `t` into a new tier after it (the lower half stays
         in place, so only the moved slots change home)."""
-        order = self.orders[t]
-        high = order[len(order) // 2:]
-        del order[len(order) // 2:]
-        moved = BitMap(high)
-        self.tiers[t].difference_update(moved)
+        tier = self.tiers[t]
+        mid = len(tier.slots) // 2
+        moved = Tier(tier.slots[mid:], tier.keys[mid:])
+        del tier.slots[mid:], tier.keys[mid:]
+        tier.bm.difference_update(moved.bm)
         self.tiers.insert(t + 1, moved)
-        self.orders.insert(t + 1, high)
-        self.bounds.insert(t + 1, self.keys[high[0]])
+        self.bounds.insert(t + 1, moved.keys[0])
         home = self.home
-        for s in high:
-            home[s] = (moved, high)
+        for s in moved.slots:
+            home[s] = moved
 
     def bulk(self, entries: list[tuple[float, str, int]]) -> None:
         """Replace the contents at once (index build) from (-score, id, slot) triples:
         flat triples sort about twice as fast as (slot, key) pairs under a key function."""
         entries = sorted(entries)
-        self.keys = {slot: (neg, iid) for neg, iid, slot in entries}
-        self.bounds = [(-float("inf"), "")]
-        self.tiers = []
-        self.orders = []
+        keys = [(neg, iid) for neg, iid, _ in entries]
         slots = [e[2] for e in entries]
-        for i in range(0, max(len(entries), 1), TARGET):
-            chunk = slots[i:i + TARGET]
-            if i > 0:
-                self.bounds.append(entries[i][:2])
-            self.tiers.append(BitMap(chunk))
-            self.orders.append(chunk)
-        self.home = {s: (tier, order) for tier, order in zip(self.tiers, self.orders) for s in order}
+        self.keys = dict(zip(slots, keys))
+        self.tiers = [Tier(slots[i:i + TARGET], keys[i:i + TARGET]) for i in range(0, max(len(entries), 1), TARGET)]
+        self.bounds = [(-float("inf"), "")] + [tier.keys[0] for tier in self.tiers[1:]]
+        self.home = {s: tier for tier in self.tiers for s in tier.slots}
 
     def best(self, cand: BitMap, count: int, k: int) -> list[int]:
         """The k best slots of `cand` (which holds `count` slots), best first."""
@@ -104,10 +106,11 @@ class ScoreTiers:
             return heapq.nsmallest(k, cand, key=self.keys.__getitem__)
         got: list[int] = []
         need = k
-        for tier, order in zip(self.tiers, self.orders):
-            n = tier.intersection_cardinality(cand)  # no bitmap built: a count only
+        for tier in self.tiers:
+            n = tier.bm.intersection_cardinality(cand)  # no bitmap built: a count only
             if not n:
                 continue
+            order = tier.slots
             if n <= need:
                 got.extend(order if n == len(order) else [s for s in order if s in cand])
                 need -= n

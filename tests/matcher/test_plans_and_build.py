@@ -154,7 +154,9 @@ def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None
     cand = BitMap(s for s in range(n) if rng.random() < density)
     want = sorted(cand, key=lambda s: (-score[s], ids[s]))[:k]
     assert tiers.best(cand, len(cand), k) == want
-    assert all(len(t) == len(o) and list(t) == sorted(o) for t, o in zip(tiers.tiers, tiers.orders))
+    for t in tiers.tiers:
+        assert list(t.bm) == sorted(t.slots) and t.keys == sorted(t.keys)
+        assert t.keys == [tiers.keys[s] for s in t.slots] and all(tiers.home[s] is t for s in t.slots)
 
 
 @SETTINGS
