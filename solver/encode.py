@@ -13,7 +13,7 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Test
 
-from .classes import InstanceClass
+from .classes import InstanceClass, fixed_quantity
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
 from .space import Slot, Space, real
 
@@ -191,6 +191,11 @@ class RuleEncoder:
         slo = a("slo_latency")
         out.append(z3.And(z3.Not(slo.infinite), slo.value == sp.of("slo_latency")(model)) if k.has_slo
                    else slo.infinite)  # type: ignore[arg-type]
+        # implied by the members' facts, stated so the solver can discard a whole class
+        # (an SLO below every member's) without trying its members one by one
+        for attr in ("flops_min", "flops_max", "bandwidth") + (("slo_latency",) if k.has_slo else ()):
+            values = [fixed_quantity(c, attr) for c in cls.members]
+            out += [a(attr).value >= real(min(values)), a(attr).value <= real(max(values))]
         if k.regions is not None:
             out.append(z3.Or([a("region").value == sp.code(r) for r in k.regions]))
         if k.gpus is not None:

@@ -23,6 +23,7 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
 
+from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
 from .encode import RuleEncoder
 from .semantics import applies
@@ -72,7 +73,10 @@ class RequestFeasibility:
         self._breaks = {v: self._breakpoints(v) for v in self._vars}
         self._solver = new_solver()
         self._solver.set("core.minimize", True)
-        self._solver.add(self.enc.instance_domain(bundle))
+        classes = group(bundle.contracts, self.dom)  # one disjunct per instance class, not per contract
+        for c in classes:
+            self.space.reserve(c.names)
+        self._solver.add(self.enc.instance_frame(), self.enc.fleet_domain(classes), *self.space.axioms)
         self._rule_lits = {}
         for r in bundle.rules:
             lit = z3.Bool(f"rule:{r.id}")
