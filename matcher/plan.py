@@ -17,7 +17,7 @@ second one its intersections, not its planning.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
 from pyroaring import BitMap
 
@@ -25,6 +25,9 @@ from policyc.compiler.bundle import Scalar
 
 from .bloom import BloomKey
 from .result import AppliedRule
+
+if TYPE_CHECKING:  # index.py builds plans and imports this module
+    from .index import CompiledRule
 
 PLAN_CACHE_SIZE = 512
 Term = Callable[[Mapping[str, Scalar]], BitMap]
@@ -35,7 +38,7 @@ class Plan:
     """The planned work for one typed request; the mutable fields are its answer cache."""
 
     vars: Mapping[str, Scalar]  # the request's own values (a private copy)
-    rules: tuple  # the CompiledRules that apply, in bundle order
+    rules: tuple[CompiledRule, ...]  # the rules that apply, in bundle order
     applied: tuple[AppliedRule, ...]
     terms: tuple[Term, ...]  # one requirement bitmap per applied rule (evaluated at `vars`)
     clauses: tuple[frozenset[BloomKey], ...]  # Bloom keys every admitted instance carries
@@ -72,9 +75,9 @@ class PlanCache:
         return plan
 
     def put(self, key: Hashable, plan: Plan) -> None:
-        plans = self._plans
         if self.size <= 0:
             return
+        plans = self._plans
         if len(plans) >= self.size:
             del plans[next(iter(plans))]
         plans[key] = plan
