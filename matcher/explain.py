@@ -13,7 +13,7 @@ from typing import Mapping
 
 from policyc.compiler.bundle import Atom, Expr, Scalar
 
-from .evaluate import guard_holds
+from policyc.compiler.semantics import guard_holds
 from .index import FleetIndex, render
 from .result import Explanation, PredicateCount, RuleExplanation
 

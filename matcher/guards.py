@@ -1,10 +1,10 @@
 """Request guards compiled once per bundle into plain closures.
 
-`evaluate.guard_holds` walks the pydantic expression tree on every call: attribute look-ups,
+`semantics.guard_holds` walks the pydantic expression tree on every call: attribute look-ups,
 string compares on `op` and `cmp`, recursion. A request runs every rule's guard, so the
 index compiles each guard (and the "every value it reads is present" check that decides
 whether a rule applies at all) into one closure over `operator` functions. The meaning is
-`evaluate.rule_applies` exactly; the differential tests hold the two together.
+`semantics.rule_applies` exactly; the differential tests hold the two together.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from policyc.compiler.bundle import Expr, RequestRule, Scalar
 
-from .evaluate import value_reads
+from policyc.compiler.semantics import value_reads
 
 Vars = Mapping[str, Scalar]
 Predicate = Callable[[Vars], bool]
@@ -56,7 +56,7 @@ def compile_guard(e: Expr) -> Predicate:
 
 
 def compile_applies(rule: RequestRule) -> Predicate:
-    """`evaluate.rule_applies(rule, vars)` as a closure: every read present, guard true."""
+    """`semantics.rule_applies(rule, vars)` as a closure: every read present, guard true."""
     reads = tuple(sorted(value_reads(rule.guard) | value_reads(rule.require)))
     guard = compile_guard(rule.guard) if rule.guard is not None else None
     if len(reads) == 1:

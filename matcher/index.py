@@ -30,7 +30,7 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
-from .evaluate import value_reads
+from policyc.compiler.semantics import value_reads
 from .guards import Predicate, compile_applies
 from .instance_predicates import compile_static
 from .plan import PLAN_CACHE_SIZE, Plan, PlanCache
@@ -55,7 +55,7 @@ class CompiledRule:
     rule: RequestRule
     applied: AppliedRule
     reads: frozenset[str]
-    applies: Predicate  # every read present and the guard holds (`evaluate.rule_applies`)
+    applies: Predicate  # every read present and the guard holds (`semantics.rule_applies`)
     require: BitmapFn
     const_clauses: tuple[frozenset[BloomKey], ...]  # Bloom clauses fixed by the bundle
     var_clauses: tuple[ClauseTemplate, ...]  # Bloom clauses that read request values

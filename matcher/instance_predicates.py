@@ -1,9 +1,9 @@
 """Requirements that read no request value, compiled into predicates over one instance.
 
 The index keeps such requirements materialised as bitmaps (`FleetIndex.static`) and so
-evaluates each of them for every instance it registers. `evaluate.require_holds` walks the
+evaluates each of them for every instance it registers. `semantics.require_holds` walks the
 expression tree for that; these closures do the same work without the walk, which is most
-of the cost of an `add`. The meaning is `evaluate.require_holds(e, attrs, {})` exactly,
+of the cost of an `add`. The meaning is `semantics.require_holds(e, attrs, {})` exactly,
 missing attributes included (`==`, `in` and orderings false; `!=`, `not_in` true).
 """
 
@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from policyc.compiler.bundle import Expr, Scalar
 
-from .evaluate import NEGATIVE_CMPS
+from policyc.compiler.semantics import NEGATIVE_CMPS
 from .guards import COMPARATORS
 
 InstancePredicate = Callable[[Mapping[str, Scalar]], bool]

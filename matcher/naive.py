@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 
 from policyc.compiler.bundle import Bundle, Scalar
 
-from .evaluate import admits, applicable_rules
+from policyc.compiler.semantics import admits, applicable_rules
 from .instance import Instance
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from policyc.compiler.bundle import Bundle, RequestRule
 
 from .errors import RegistryError, RequestError
-from .evaluate import admits
+from policyc.compiler.semantics import admits
 from .instance import Deployment
 from .instance import Instance as InstanceModel
 from .registry import DEFAULT_SCORE, Registry

@@ -162,7 +162,7 @@ def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None
 @SETTINGS
 @given(seed=st.integers(0, 2**32))
 def test_static_requirements_compile_to_the_reference(shapes_bundle: Bundle, seed: int) -> None:
-    from policyc.matcher.evaluate import require_holds, value_reads
+    from policyc.compiler.semantics import require_holds, value_reads
     from policyc.matcher.instance_predicates import compile_static
     rng = random.Random(seed)
     static = [r.require for r in shapes_bundle.rules if not value_reads(r.require)]

@@ -1,12 +1,13 @@
 """The reference semantics of request rules, one instance at a time.
 
-This is the meaning the index must reproduce exactly (it is an optimisation, never a
-change of meaning), and what the naive scan, `policyc test` and the differential tests use.
+The one definition of what a bundle's rules mean, kept beside the IR they are written in:
+the matcher's index must reproduce it exactly (it is an optimisation, never a change of
+meaning), the naive scan, `policyc test` and the differential tests evaluate it directly,
+and the solver replays every Z3 verdict through it.
 
 - A rule applies when every request variable it reads is present (any test in the guard,
   `has(request.X)` included, and any `request.X` operand in the requirement) and its guard
-  holds. This is the solver's reference semantics (`solver/semantics.py`) word for word, so
-  a guard such as `not has(request.X)` never applies; one meaning across the project.
+  holds. So a guard such as `not has(request.X)` never applies.
 - An instance may serve the request iff every applicable rule's `require` holds on its
   attributes. A missing attribute (an absent label) makes `==`, `in` and orderings false
   and `!=`, `not_in` true.
