@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,8 +14,15 @@ from policy_text import REPO
 
 
 def test_wheel_ships_data_and_installed_cli_compiles(tmp_path: Path) -> None:
+    # Build from a copy of the tracked files, so no stale `build/` or untracked file leaks in.
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
                    check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("policyc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
