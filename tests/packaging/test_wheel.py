@@ -1,5 +1,5 @@
-"""A non-editable install works: the wheel carries the grammar, the BPF source and the
-.proto, and the installed `policyc` compiles the shipped policies without the checkout."""
+"""A non-editable install works: the wheel carries the grammar, the BPF source, the
+.proto and its generated stubs, and the installed `policyc` compiles the shipped policies without the checkout."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def test_wheel_ships_data_and_installed_cli_compiles(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("policyc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in ("policyc/grammar.lark", "policyc/enforcer/kernel/enforcer.bpf.c", "policyc/server/decision.proto",
+                 "policyc/server/decision_pb2.py", "policyc/server/decision_pb2_grpc.py",
                  "policyc/dsl/parser.py", "policyc/cli/main.py"):
         assert data in names, data
     assert not any(n.startswith(("policyc/tests/", "policyc/benchmarks/", "policyc/policies/")) for n in names)
@@ -44,3 +45,7 @@ def test_wheel_ships_data_and_installed_cli_compiles(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert str(target) in out.stdout.splitlines()[0], "the installed copy, not the checkout, was imported"
     assert "ok: 5 contracts" in out.stdout
+    # the installed copy carries its gRPC stubs: the service module imports without generating anything
+    stubs = subprocess.run([sys.executable, "-c", "import policyc.server.proto as p; print(p.pb.__file__)"], cwd=work,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert stubs.returncode == 0 and str(target) in stubs.stdout, stubs.stderr
