@@ -86,6 +86,27 @@ def main() -> None:
           f"{len(report.undecided)} undecided, exit "
           f"{report.exit_code}); identical bundles: {eq_s:.2f} s (exit {same.exit_code})  [floor: < 60 s at 1000]")
 
+    # baselines in the same run: every contract its own disjunct (the encoding before
+    # instance classes), at the --quick size, since at 1000 it takes minutes
+    from policyc.solver.rule_check import check_rules
+    m = 200
+    b_small = base.model_copy(update={"contracts": cs[:m]})
+    bn_small = b_new.model_copy(update={"contracts": tuple(changed[:m])})
+    times = {}
+    for per_contract in (False, True):
+        t = time.perf_counter()
+        check_rules(b_small, per_contract=per_contract)
+        times[("rules", per_contract)] = time.perf_counter() - t
+        t = time.perf_counter()
+        rep = diff_bundles(b_small, bn_small, limit=10, use_classes=not per_contract)
+        times[("diff", per_contract)] = time.perf_counter() - t
+        times[("undecided", per_contract)] = len(rep.undecided)
+    print(f"rule analyses, {m} contracts: classes {times[('rules', False)]:.2f} s, per-contract baseline "
+          f"{times[('rules', True)]:.2f} s; ratio {times[('rules', True)] / times[('rules', False)]:.0f}x")
+    print(f"diff, {m} contracts: classes {times[('diff', False)]:.2f} s ({times[('undecided', False)]} undecided), "
+          f"per-contract baseline {times[('diff', True)]:.2f} s ({times[('undecided', True)]} undecided); "
+          f"ratio {times[('diff', True)] / times[('diff', False)]:.1f}x")
+
     # 4. request feasibility: cached (by shape) vs uncached Z3
     f = RequestFeasibility(b_old)
     rnd = random.Random(2)

@@ -339,6 +339,7 @@ def _same(a: Difference, b: Difference) -> bool:
     return (a.direction, a.old_rejects, a.new_rejects, a.domain) == (b.direction, b.old_rejects, b.new_rejects, b.domain)
 
 
-def diff_bundles(old: Bundle, new: Bundle, *, limit: int = 20) -> DiffReport:
-    """The public entry: every distinct difference (up to `limit`) with its witness."""
-    return Differ(old, new).diff(limit)
+def diff_bundles(old: Bundle, new: Bundle, *, limit: int = 20, use_classes: bool = True) -> DiffReport:
+    """The public entry: every distinct difference (up to `limit`) with its witness.
+    `use_classes=False` encodes every contract on its own (the benchmark's baseline)."""
+    return Differ(old, new, use_classes=use_classes).diff(limit)
