@@ -55,23 +55,36 @@ def rule_explanation(r: RuleExplanation) -> "pb.RuleExplanation":
 def placement(p: PlacementPlan, model: str | None, region: str | None, *, full: bool = True, notes: tuple[str, ...] = ()) -> "pb.Placement":
     """`full`: include the placer's reasons and per-GPU rejections (written lazily, so Decide's
     fast path leaves them to Explain)."""
-    lat = p.latency
-    msg = pb.Placement(
-        instance_id=p.instance_id, model=model or "", host=p.host, gpu=p.gpu, gpu_model=p.gpu_model,
-        numa_node=p.numa_node, rdma_port=p.rdma_port or "", queue_depth=p.queue_depth, share=p.share,
-        share_source=p.share_source.value, region=region or "",
-        predicted=pb.PredictedLatency(network_ms=lat.network * 1e3, queueing_ms=lat.queueing * 1e3,
-                                      compute_ms=lat.compute * 1e3, dependencies_ms=lat.dependencies * 1e3,
-                                      sigma_ms=lat.sigma * 1e3, total_ms=lat.total * 1e3),
-        reasons=[*p.reasons, *notes] if full else list(notes), rejected=[_gpu_rej(r) for r in p.rejected] if full else [],
-        dependencies=[pb.DependencyBinding(service=d.service, endpoint=d.endpoint, role=d.role,
-                                           predicted_ms=d.predicted * 1e3, bound_ms=d.bound * 1e3) for d in p.dependencies],
-        stale=p.stale, snapshot_version=max(p.snapshot_version, 0), probes=list(p.probes),
-    )
-    if p.session_move is not None:
-        m = p.session_move
-        msg.session_move.CopyFrom(pb.SessionMove(session=m.session, from_gpu=m.from_gpu, to_gpu=m.to_gpu, reason=m.reason))
+    msg = pb.Placement()
+    fill_placement(msg, p, model, region, full=full, notes=notes)
     return msg
+
+
+def fill_placement(msg: "pb.Placement", p: PlacementPlan, model: str | None, region: str | None, *, full: bool,
+                   notes: tuple[str, ...] = ()) -> None:
+    """Write `p` into an empty `msg` in place (on Decide's path: setting the fields of the
+    response's own sub-message avoids building a message and copying it in)."""
+    lat = p.latency
+    msg.instance_id, msg.model, msg.host, msg.gpu, msg.gpu_model = p.instance_id, model or "", p.host, p.gpu, p.gpu_model
+    msg.numa_node, msg.queue_depth, msg.share, msg.share_source = p.numa_node, p.queue_depth, p.share, p.share_source.value
+    msg.rdma_port, msg.region = p.rdma_port or "", region or ""
+    msg.predicted.SetInParent()  # present even if every figure were 0, as a built sub-message would be
+    pr = msg.predicted
+    pr.network_ms, pr.queueing_ms, pr.compute_ms = lat.network * 1e3, lat.queueing * 1e3, lat.compute * 1e3
+    pr.dependencies_ms, pr.sigma_ms, pr.total_ms = lat.dependencies * 1e3, lat.sigma * 1e3, lat.total * 1e3
+    if full:
+        msg.reasons.extend(p.reasons)
+        msg.rejected.extend(_gpu_rej(r) for r in p.rejected)
+    msg.reasons.extend(notes)
+    deps = msg.dependencies
+    for d in p.dependencies:
+        deps.add(service=d.service, endpoint=d.endpoint, role=d.role, predicted_ms=d.predicted * 1e3, bound_ms=d.bound * 1e3)
+    msg.stale, msg.snapshot_version = p.stale, max(p.snapshot_version, 0)
+    msg.probes.extend(p.probes)
+    if p.session_move is not None:
+        m, sm = p.session_move, msg.session_move
+        sm.SetInParent()
+        sm.session, sm.from_gpu, sm.to_gpu, sm.reason = m.session, m.from_gpu, m.to_gpu, m.reason
 
 
 def render_var(x: Scalar) -> str:
@@ -84,6 +97,21 @@ def render_var(x: Scalar) -> str:
 
 _RULES: dict[tuple[str, tuple[str, ...]], list["pb.MatchedRule"]] = {}
 _RULES_MAX = 4096
+_VARS: dict[tuple[tuple[str, Scalar], ...], dict[str, str]] = {}
+_VARS_MAX = 4096
+
+
+def rendered_variables(variables: Mapping[str, Scalar]) -> dict[str, str]:
+    """The `variables` field: rendered once per distinct set of request variables (a request
+    shape repeats its variables; rendering floats with `:g` is the slow part). The dict is
+    shared: read it, never mutate it."""
+    key = tuple(variables.items())
+    hit = _VARS.get(key)
+    if hit is None:
+        if len(_VARS) >= _VARS_MAX:
+            _VARS.clear()
+        hit = _VARS[key] = {k: render_var(v) for k, v in key}
+    return hit
 
 
 def matched_rules(bundle_hash: str, rules: tuple[AppliedRule, ...]) -> list["pb.MatchedRule"]:
@@ -100,16 +128,22 @@ def matched_rules(bundle_hash: str, rules: tuple[AppliedRule, ...]) -> list["pb.
 
 
 def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
+    """The response to Decide (`full`: with the placer's reasons, as Explain gives). Built on
+    the event loop for every call, so sub-messages are filled in place and the parts that
+    repeat per request shape (matched rules, rendered variables) come from caches."""
     t = d.timing
     msg = pb.Decision(
         decision_id=d.decision_id, outcome=_OUTCOME[d.outcome], bundle_hash=d.bundle_hash, model=d.model or "",
         rules=matched_rules(d.bundle_hash, d.rules), candidates=d.candidates,
-        timing=pb.Timing(parse_us=t.parse * 1e6, feasibility_us=t.feasibility * 1e6, match_us=t.match * 1e6,
-                         place_us=t.place * 1e6, total_us=t.total * 1e6),
-        variables={k: render_var(v) for k, v in d.variables.items()}, retry_count=d.retry_count,
+        variables=rendered_variables(d.variables), retry_count=d.retry_count,
     )
+    tm = msg.timing
+    tm.SetInParent()
+    tm.parse_us, tm.feasibility_us, tm.match_us = t.parse * 1e6, t.feasibility * 1e6, t.match * 1e6
+    tm.place_us, tm.total_us = t.place * 1e6, t.total * 1e6
     if d.plan is not None:
-        msg.placement.CopyFrom(placement(d.plan, d.model, d.region, full=full, notes=d.notes))
+        msg.placement.SetInParent()
+        fill_placement(msg.placement, d.plan, d.model, d.region, full=full, notes=d.notes)
     if d.rejection is not None:
         r = d.rejection
         msg.rejection.CopyFrom(pb.Rejection(
