@@ -26,6 +26,7 @@ from policyc.placer.catalog import DEFAULT_CATALOG
 from .audit_bridge import AuditBridge
 from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
+from .event_loop import new_event_loop
 from .metrics import Metrics
 from .proto import SERVICE_NAME, pb_grpc
 from .score_push import ScorePusher
@@ -141,7 +142,7 @@ class ServerThread:
 
     def __init__(self, server: DecisionServer) -> None:
         self.server = server
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="policyc-server", daemon=True)
 
     def start(self, timeout: float = 30.0) -> int:
