@@ -17,12 +17,14 @@ from policyc.dsl.diagnostics import Diagnostic
 from .contract_check import check_contract
 from .rule_check import check_rules
 from .shares import gpu_shares
+from .verdict import new_solver
 
 
 def analyse(bundle: Bundle) -> tuple[Bundle, list[Diagnostic]]:
     diags: list[Diagnostic] = []
+    fast = new_solver()  # the linear feasibility query, reused for every contract
     for c in bundle.contracts:
-        diags.extend(check_contract(c, bundle.gpu_catalog))
+        diags.extend(check_contract(c, bundle.gpu_catalog, fast))
     contracts = tuple(c.model_copy(update={"gpu_shares": gpu_shares(c, bundle.gpu_catalog)}) for c in bundle.contracts)
     bundle = bundle.model_copy(update={"contracts": contracts})
     diags.extend(check_rules(bundle))

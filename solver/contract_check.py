@@ -146,10 +146,11 @@ def _help(f: ContractFacts, core: tuple[Clause, ...]) -> str | None:
     return None
 
 
-def check_contract(contract: Contract, catalog: tuple[GpuClass, ...]) -> list[Diagnostic]:
-    """E501 when the contract is infeasible; a warning (W502) when Z3 cannot decide."""
+def check_contract(contract: Contract, catalog: tuple[GpuClass, ...], solver: z3.Solver | None = None) -> list[Diagnostic]:
+    """E501 when the contract is infeasible; a warning (W502) when Z3 cannot decide.
+    `solver`: one to reuse (push/pop) across a fleet's contracts."""
     f = facts(contract, catalog)
-    result = check(f)
+    result = check(f, solver)
     if result.verdict is Verdict.SAT:
         return []
     where = span(contract.origin)
