@@ -61,6 +61,9 @@ def make_server(instances: int) -> DecisionServer:
     base = admissible_fleet(bundle, server.cluster.gpu_slots())
     fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=max(1, -(-instances // len(base))))[:instances]
     server.engine.register_many(fleet)
+    # Ticking topology, as in the service: without it the snapshot goes stale within a
+    # second and every decision becomes a (cheaper-to-audit, costlier-to-decide) refusal.
+    server.refresher.start()
     return server
 
 
