@@ -135,6 +135,7 @@ def throughput(tmp: Path, instances: int, threads: int, rounds: int, seconds: fl
                 rate, per_cpu = run_phase(server, sink, threads, seconds)
                 phases[mode].append(rate)
                 cpu[mode].append(per_cpu)
+        bridge.flush()
         log.submit_decision_draft(draft_of(server.engine.decide(INPUTS[0]), REQUESTS[0], bundle)).wait()
         commits, records, failures = log.commits - c0, log.last_seq - s0, bridge.failures
         w_cpu = writer_cpu(log) - w0

@@ -14,6 +14,7 @@ observations with the original kind in the detail, never dropped.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Mapping
 
@@ -114,13 +115,32 @@ def action_record(r: ActionRecord, bundle: Bundle | None = None) -> AuditAction:
                        outcome=_OUTCOMES[r.outcome], dry_run=r.dry_run, detail=f"{detail} (source: {r.source})")  # type: ignore[arg-type]
 
 
+FLUSH_EVERY = 32  # drafts handed to the log together
+FLUSH_AFTER = 0.05  # seconds a draft may wait in the bridge for others
+
+
 class AuditBridge:
-    """Submits decisions (as drafts) and enforcer actions to an open `AuditLog`."""
+    """Submits decisions (as drafts) and enforcer actions to an open `AuditLog`.
+
+    Decision drafts are handed to the log in small batches (every `FLUSH_EVERY` decisions,
+    or `FLUSH_AFTER` seconds after the oldest waiting one, whichever comes first; `flush`
+    and `close` hand over the rest). One hand-over wakes the log's sender thread, and a
+    thread that wakes asks the decision thread for the interpreter lock: per decision, that
+    cost more than the draft itself (measured). A batch waits at most 50 ms longer for
+    durability than a single draft would, which a caller that does not wait never sees;
+    a crash loses them as it loses drafts queued inside the log.
+    """
 
     def __init__(self, log_: AuditLog, bundle: Bundle) -> None:
         self.log = log_
         self.bundle = bundle
         self._refused_here = 0
+        self._pending: list[tuple[str, DecisionDraft]] = []
+        self._oldest = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._flush_old, name="audit-bridge-flush", daemon=True)
+        self._timer.start()
 
     @property
     def failures(self) -> int:
@@ -130,10 +150,39 @@ class AuditBridge:
 
     def decision(self, d: Decision, headers: Mapping[str, str]) -> None:
         try:
-            self.log.submit_decision_draft(draft_of(d, headers, self.bundle))
+            draft = draft_of(d, headers, self.bundle)
         except Exception as e:  # the audit log must not take the decision path down; count and say so
             self._refused_here += 1
             log.error("audit: decision %s not recorded: %s", d.decision_id, e)
+            return
+        now = time.monotonic()
+        with self._lock:
+            pending = self._pending
+            pending.append((d.decision_id, draft))
+            if len(pending) == 1:
+                self._oldest = now
+            elif len(pending) >= FLUSH_EVERY or now - self._oldest >= FLUSH_AFTER:
+                self._hand_over()
+
+    def flush(self) -> None:
+        """Hand every waiting draft to the log now (they are then queued, not yet durable)."""
+        with self._lock:
+            self._hand_over()
+
+    def _hand_over(self) -> None:  # with self._lock held, so batches reach the log in order
+        batch, self._pending = self._pending, []
+        for decision_id, draft in batch:
+            try:
+                self.log.submit_decision_draft(draft)
+            except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
+                self._refused_here += 1
+                log.error("audit: decision %s not recorded: %s", decision_id, e)
+
+    def _flush_old(self) -> None:
+        """Background: a quiet service's last decisions reach the log within ~FLUSH_AFTER."""
+        while not self._stop.wait(FLUSH_AFTER / 2):
+            if self._pending and time.monotonic() - self._oldest >= FLUSH_AFTER:
+                self.flush()
 
     def action(self, r: ActionRecord) -> None:
         try:
@@ -143,4 +192,7 @@ class AuditBridge:
             log.error("audit: action %s on %s not recorded: %s", r.kind.value, r.target, e)
 
     def close(self) -> None:
+        self._stop.set()
+        self._timer.join()
+        self.flush()
         self.log.close()

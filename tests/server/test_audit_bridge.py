@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -78,8 +79,36 @@ def test_bridge_records_decisions_and_counts_refused_drafts(quiet: ServerThread,
         # a decision the schema refuses (empty id): refused by the writer, not at the call
         bad = dataclasses.replace(decisions[0][0], decision_id="")
         bridge.decision(bad, {})
-        log.close()
+        bridge.close()  # hands over the waiting batch, then closes the log
         assert bridge.failures == 1
     ids = [d.decision_id.encode() for d, _ in decisions]
     bodies = _bodies(tmp_path / "bridge.db")
     assert len(bodies) == len(decisions) and all(i in b for i, b in zip(ids, bodies))
+
+
+def test_a_quiet_services_last_decisions_reach_the_log_without_close(quiet: ServerThread, tmp_path: Path) -> None:
+    bundle = quiet.server.engine.state.bundle
+    decisions = _decisions(quiet)[:3]
+    with AuditLog.open(tmp_path / "quiet.db") as log:
+        bridge = AuditBridge(log, bundle)
+        for d, h in decisions:
+            bridge.decision(d, h)
+        deadline = time.monotonic() + 5.0
+        while log.last_seq < len(decisions) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert log.last_seq == len(decisions)  # the bridge's timer handed them over (~50 ms)
+        bridge.close()
+    assert len(_bodies(tmp_path / "quiet.db")) == len(decisions)
+
+
+def test_batches_reach_the_log_in_decision_order(quiet: ServerThread, tmp_path: Path) -> None:
+    bundle = quiet.server.engine.state.bundle
+    engine = quiet.server.engine
+    decisions = [engine.decide(DecisionInput(headers={"X-Model": "fraud-scorer-lite"}, attributes={})) for _ in range(100)]
+    with AuditLog.open(tmp_path / "order.db") as log:
+        bridge = AuditBridge(log, bundle)
+        for d in decisions:
+            bridge.decision(d, {})
+        bridge.close()
+    bodies = _bodies(tmp_path / "order.db")
+    assert [b.split(b'"decision_id":"', 1)[1].split(b'"', 1)[0] for b in bodies] == [d.decision_id.encode() for d in decisions]
