@@ -102,10 +102,10 @@ def main() -> None:
         times[("diff", per_contract)] = time.perf_counter() - t
         times[("undecided", per_contract)] = len(rep.undecided)
     print(f"rule analyses, {m} contracts: classes {times[('rules', False)]:.2f} s, per-contract baseline "
-          f"{times[('rules', True)]:.2f} s; ratio {times[('rules', True)] / times[('rules', False)]:.0f}x")
+          f"{times[('rules', True)]:.2f} s; ratio {times[('rules', True)] / times[('rules', False)]:.2f}x")
     print(f"diff, {m} contracts: classes {times[('diff', False)]:.2f} s ({times[('undecided', False)]} undecided), "
           f"per-contract baseline {times[('diff', True)]:.2f} s ({times[('undecided', True)]} undecided); "
-          f"ratio {times[('diff', True)] / times[('diff', False)]:.1f}x")
+          f"ratio {times[('diff', True)] / times[('diff', False)]:.2f}x")
 
     # 4. request feasibility: cached (by shape) vs uncached Z3
     f = RequestFeasibility(b_old)
