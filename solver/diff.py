@@ -33,7 +33,9 @@ from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, Contract, RequestRul
 from .classes import InstanceClass, group
 from .domains import Domains, domains
 from .encode import RuleEncoder
-from .semantics import applies, contract_admits, holds, instance_in_domain, request_in_domain
+from policyc.compiler.semantics import require_holds, rule_applies
+
+from .semantics import contract_admits, instance_in_domain, request_in_domain
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
@@ -113,7 +115,7 @@ class _Side:
         self.serves = z3.And(self.req_dom, *[z3.Not(f) for f in self.fails.values()])  # on an instance known in domain
 
     def rejecting(self, req: dict, attrs: dict) -> tuple[RequestRule, ...]:
-        return tuple(r for r in self.bundle.rules if applies(r, req) and not holds(r.require, req, attrs))
+        return tuple(r for r in self.bundle.rules if rule_applies(r, req) and not require_holds(r.require, attrs, req))
 
     def domain_problems(self, req: dict, attrs: dict, label: str) -> list[str]:
         out = []

@@ -26,7 +26,7 @@ from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
 from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
 from .encode import RuleEncoder
-from .semantics import applies
+from policyc.compiler.semantics import rule_applies
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
@@ -141,7 +141,7 @@ class RequestFeasibility:
         bad = self._outside_domain(req)
         if bad is not None:
             return bad
-        rules = [r for r in self.bundle.rules if applies(r, req)]
+        rules = [r for r in self.bundle.rules if rule_applies(r, req)]
         if not rules:
             return FEASIBLE if self.bundle.contracts else Infeasible("the bundle declares no contracts")
         with self._lock:

@@ -1,10 +1,10 @@
-"""The reference evaluator of request semantics, in plain Python.
+"""What "admitted" means within the fleet's declared domains, in plain Python.
 
-It defines what "admitted" means, and every Z3 verdict is replayed through it in tests:
-a rule applies when the request has every variable the rule reads and its guard holds; an
+The meaning of rules themselves is `compiler/semantics.py` (shared with the matcher): a
+rule applies when the request has every variable the rule reads and its guard holds; an
 instance may serve the request iff every applicable rule's requirement holds on the
-instance's attributes. A missing label compares unequal to everything (`==`/`in` false,
-`!=`/`not in` true). Requests and instances outside the declared domains are not admitted.
+instance's attributes. This module adds the domains: requests and instances outside what
+the bundle declares are not admitted. Every Z3 verdict is replayed through it in tests.
 """
 
 from __future__ import annotations
@@ -12,52 +12,18 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Scalar, Test
+from policyc.compiler.bundle import Bundle, Contract, RequestRule, Scalar
+from policyc.compiler.semantics import admits, applicable_rules
 
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
 
 Request = Mapping[str, Scalar]
 Attrs = Mapping[str, Scalar]
-_MISSING = object()
-
-
-def compare(cmp: str, left: object, right: object) -> bool:
-    if left is _MISSING:
-        return cmp in ("!=", "not_in")
-    if cmp == "==":
-        return left == right
-    if cmp == "!=":
-        return left != right
-    if cmp == "in":
-        return left in right  # type: ignore[operator]
-    if cmp == "not_in":
-        return left not in right  # type: ignore[operator]
-    return {"<": left < right, "<=": left <= right, ">": left > right, ">=": left >= right}[cmp]  # type: ignore[operator]
-
-
-def holds(e: Expr, req: Request, attrs: Attrs) -> bool:
-    """The expression's truth on a request that has every variable it reads."""
-    if e.op == "and":
-        return all(holds(a, req, attrs) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "or":
-        return any(holds(a, req, attrs) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "not":
-        return not holds(e.arg, req, attrs)  # type: ignore[union-attr]
-    if isinstance(e, Test):
-        if e.cmp is None:
-            return e.var in req
-        return compare(e.cmp, req[e.var], e.operand.value)  # type: ignore[union-attr]
-    assert isinstance(e, Atom)
-    right = req[e.operand.name] if e.operand.kind == "var" else e.operand.value
-    return compare(e.cmp, attrs.get(e.attr, _MISSING), right)
-
-
-def applies(rule: RequestRule, req: Request) -> bool:
-    return all(v in req for v in reads(rule)) and (rule.guard is None or holds(rule.guard, req, {}))
 
 
 def rules_admit(rules: tuple[RequestRule, ...], req: Request, attrs: Attrs) -> bool:
-    return all(not applies(r, req) or holds(r.require, req, attrs) for r in rules)
+    """Every rule that applies to the request holds on the instance (`compiler/semantics.py`)."""
+    return admits(applicable_rules(rules, req), attrs, req)
 
 
 def request_in_domain(dom: Domains, req: Request) -> bool:

@@ -12,7 +12,8 @@ from policyc.solver.diff import Direction, diff_bundles
 from policyc.solver.domains import domains
 from policyc.solver.feasibility import Feasible, Infeasible, RequestFeasibility
 from policyc.solver.rule_check import RuleAnalysis, RuleUnsat
-from policyc.solver.semantics import admitted, applies, holds, instance_in_domain, request_in_domain, rules_admit
+from policyc.compiler.semantics import require_holds, rule_applies
+from policyc.solver.semantics import admitted, instance_in_domain, request_in_domain, rules_admit
 from policyc.solver.verdict import Verdict
 
 SETTINGS = settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -29,12 +30,12 @@ def test_unsatisfiable_rules_agree_with_brute_force(contracts, rules) -> None:
     for rule in rules:
         res = a.unsat_rule(rule)
         assert res is not Verdict.UNKNOWN
-        sat = any(applies(rule, r) and holds(rule.require, r, i) for r in reqs for i in insts)
+        sat = any(rule_applies(rule, r) and require_holds(rule.require, i, r) for r in reqs for i in insts)
         assert (res is None) == sat, f"{rule.id}: z3 says {res}, brute force says sat={sat}"
         if isinstance(res, RuleUnsat):
             assert res.core, "an unsatisfiable rule names its conflicting conditions"
             if res.guard_only:
-                assert not any(applies(rule, r) for r in reqs)
+                assert not any(rule_applies(rule, r) for r in reqs)
 
 
 @SETTINGS
@@ -50,7 +51,7 @@ def test_shadowing_agrees_with_brute_force(contracts, rules) -> None:
             if r_rule is s_rule:
                 continue
             z = a.subsumes(s_rule, r_rule)
-            counter = any(applies(r_rule, q) and (not applies(s_rule, q) or (holds(s_rule.require, q, i) and not holds(r_rule.require, q, i)))
+            counter = any(rule_applies(r_rule, q) and (not rule_applies(s_rule, q) or (require_holds(s_rule.require, i, q) and not require_holds(r_rule.require, i, q)))
                           for q in reqs for i in insts)
             assert (z is Verdict.UNSAT) == (not counter)
             if z is Verdict.UNSAT:  # shadowed really means: dropping it changes no decision
