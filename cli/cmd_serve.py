@@ -14,6 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
+from policyc.server import event_loop
+
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="run the gRPC decision service")
@@ -105,4 +107,4 @@ def run(args) -> int:
         print("policyc serve: stopped", file=sys.stderr)
         return 0
 
-    return asyncio.run(main())
+    return event_loop.run(main())
