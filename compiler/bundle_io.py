@@ -7,7 +7,6 @@ so reformatting a bundle file does not change its identity but editing any value
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 from pathlib import Path
@@ -17,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import ValidationError
 
 from .bundle import SCHEMA_VERSION, Bundle, Signature
+from .gc_pause import gc_paused
 
 
 class BundleError(Exception):
@@ -49,13 +49,8 @@ def sign(bundle: Bundle, private_key: Ed25519PrivateKey) -> Bundle:
 
 def dumps(bundle: Bundle) -> str:
     """The file form: the canonical JSON, indented, with hash and signature."""
-    was = gc.isenabled()
-    gc.disable()  # large bundles are millions of acyclic objects; see compiler/pipeline.py
-    try:
+    with gc_paused():  # a large bundle is millions of small acyclic objects
         return json.dumps(bundle.model_dump(mode="json"), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
-    finally:
-        if was:
-            gc.enable()
 
 
 def write(bundle: Bundle, path: str | Path) -> None:

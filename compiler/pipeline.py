@@ -7,12 +7,10 @@ cascading noise. `stop_after` lets tests look at the result of a named stage.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -24,6 +22,7 @@ from policyc.dsl.parser import parse
 from policyc.dsl.source import Source
 
 from . import bundle_io, load
+from .gc_pause import gc_paused
 from .attributes import BUILTIN_REQUEST_VARS
 from .breakers import lower_breaker
 from .bundle import Breaker, Bundle, Contract, GpuClass, HeaderMapping, RequestRule, Tenant
@@ -82,22 +81,8 @@ def compile_paths(paths: Sequence[str | Path], *, analyse: bool = True, stop_aft
     return result
 
 
-@contextmanager
-def _gc_paused():
-    """The compiler allocates millions of small acyclic objects (AST and IR nodes): the
-    cyclic collector would rescan all of them again and again for nothing to free, making
-    large compiles quadratic. Pause it for the compile; reference counting still frees."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def compile_sources(sources: Sequence[Source], *, analyse: bool = True, stop_after: str | None = None) -> CompileResult:
-    with _gc_paused():
+    with gc_paused():
         return _compile_sources(sources, analyse=analyse, stop_after=stop_after)
 
 
@@ -189,7 +174,7 @@ def _front_end(sources: Sequence[Source]) -> list[_FileUnit]:
 
 def front_end_file(src: Source) -> _FileUnit:
     """Parse one file and give its top-level blocks their meaning (policies excepted)."""
-    with _gc_paused():
+    with gc_paused():
         diags: list[Diagnostic] = []
         tree, more = parse(src)
         diags.extend(more)

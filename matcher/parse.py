@@ -48,19 +48,6 @@ class _Malformed(Exception):
     pass
 
 
-def show_quantity(value: float, vtype: str) -> str:
-    """A human rendering of an SI value in the header's own terms."""
-    if vtype == "time":
-        return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
-    if vtype == "bandwidth":
-        return f"{value / 1e9:g} GB/s"
-    if vtype == "ratio":
-        return f"{value * 100:g} %"
-    if vtype == "size":
-        return f"{value / 1e9:g} GB"
-    return f"{value:g}"
-
-
 def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
     """The typed value of one header, or `_Malformed` saying what is wrong."""
     t = mapping.type
@@ -84,7 +71,7 @@ def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
             raise _Malformed(f"`{raw}` is not a finite number")
         rng = mapping.range
         if rng is not None and not (rng.lo <= value <= rng.hi):
-            raise _Malformed(f"`{raw}` is out of range {show_quantity(rng.lo, t)} .. {show_quantity(rng.hi, t)}")
+            raise _Malformed(f"`{raw}` is out of range {units.format_si(rng.lo, t)} .. {units.format_si(rng.hi, t)}")
         return value
     if t == "bool":
         b = _BOOL.get(raw.lower())

@@ -16,13 +16,12 @@ cache off (every request planned and intersected afresh, as a benchmark baseline
 
 from __future__ import annotations
 
-import gc
 import math
 import threading
-from contextlib import contextmanager
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Mapping
 
 from policyc.compiler.bundle import Bundle, Scalar
+from policyc.compiler.gc_pause import gc_paused
 
 from .admission_cache import AdmissionCache
 from .errors import AdmissionError, RegistryError, UnknownInstanceError
@@ -46,19 +45,6 @@ def check_score(instance_id: str, score: float) -> float:
     return float(score)
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """An index build allocates a few hundred thousand small acyclic objects (attribute
-    dicts, slot lists, score keys): the cyclic collector would rescan them generation after
-    generation with nothing to free (a third of the build). Paused for the build only;
-    reference counting still frees, as in `compiler/pipeline.py`."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _group(instance: Instance) -> tuple[str, str]:
@@ -179,7 +165,7 @@ class Registry:
         the index build (postings built once per value rather than bit by bit)."""
         items = list(instances)
         scores = scores or {}
-        with self._write, _gc_paused():
+        with self._write, gc_paused():
             ids = [inst.id for inst in items]
             if len(set(ids)) != len(ids) or not self._slot_of.keys().isdisjoint(ids):
                 seen: set[str] = set()
@@ -250,7 +236,7 @@ class Registry:
         longer admits make the swap fail (RegistryError naming them, nothing changed), or
         are evicted and returned when `evict_inadmissible`. Readers keep the old index
         until the new one is complete."""
-        with self._write, _gc_paused():
+        with self._write, gc_paused():
             new_index = FleetIndex(bundle, self._index.shard_size, self._plan_cache)
             keep: list[tuple[int, dict[str, Scalar]]] = []
             evicted: list[str] = []

@@ -7,9 +7,9 @@ import math
 
 from policyc.compiler.attributes import attribute_type
 from policyc.compiler.bundle import Scalar
+from policyc.compiler.units import format_si
 
 from .diff import DiffReport, Difference, Direction
-from .quantities import format_quantity
 
 _HEAD = {
     Direction.WIDENED: "NEW admits what OLD refused",
@@ -22,7 +22,7 @@ def _show(name: str, v: Scalar, vtype: str | None) -> str:
     if isinstance(v, bool):
         return f"{name}={'yes' if v else 'no'}"
     if isinstance(v, float):
-        return f"{name}={format_quantity(v, vtype or 'count')}"
+        return f"{name}={format_si(v, vtype or 'count')}"
     return f"{name}={v}"
 
 

@@ -20,10 +20,10 @@ from policyc.dsl.diagnostics import Diagnostic, Note, error, warning
 from policyc.dsl.source import Span
 
 from policyc.compiler.attributes import attribute_type
+from policyc.compiler.units import format_si
 
 from .classes import InstanceClass, group
 from .domains import domains
-from .quantities import format_quantity
 from .encode import RuleEncoder
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
@@ -141,7 +141,7 @@ def _value(v, vtype: str | None) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return format_quantity(v, vtype or "count")
+        return format_si(v, vtype or "count")
     return str(v)
 
 
