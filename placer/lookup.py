@@ -6,6 +6,13 @@ depends on both (dependency bounds, `tick_table.py`), was computed once for all 
 what is left per request is what truly varies per request:
 the shares reserved so far this tick, the budget, and the gather itself. The result is
 the same `Evaluation` the reference `evaluate` returns, figure for figure.
+
+Two ways to the same figures: up to `SCALAR_MAX` candidates, the rows are read as plain
+Python tuples (`TickContractTable.rows`) and evaluated with Python floats, since for a
+handful of candidates numpy's per-call overhead is most of the cost; above it, numpy
+gathers. Python's float operations are the same IEEE-754 double operations numpy applies
+element by element, done in the same order, and NaN is carried through minimum/maximum
+as numpy does, so both ways give bit-identical results (the tests hold both to `evaluate`).
 """
 
 from __future__ import annotations
@@ -14,15 +21,18 @@ import numpy as np
 
 from .contract_table import ContractTable
 from .evaluate import _CODE, Evaluation
-from .latency import gpu_queue
+from .latency import GPU_QUANTUM, RHO_CAP, gpu_queue
 from .paths import NO_FAILURE, path_table
 from .plan import Constraint
 from .snapshot import Snapshot
 from .thresholds import Thresholds
-from .tick_table import tick_table
+from .tick_table import TickContractTable, tick_table
 
 _SHARE = _CODE[Constraint.GPU_SHARE]
 _BUDGET = _CODE[Constraint.LATENCY_BUDGET]
+_PASS = int(NO_FAILURE)
+_INF = float("inf")
+SCALAR_MAX = 32  # candidate sets up to this size are evaluated with Python scalars
 
 
 def lookup(
@@ -33,6 +43,8 @@ def lookup(
     each candidate's GPU this tick; `ingress`: fabric node, or None for regional gateways."""
     pt = path_table(snap, th, ingress)
     tt = tick_table(snap, pt, table)
+    if len(gpus) <= SCALAR_MAX:
+        return _scalar_lookup(tt, th, gpus, table.flops, reserved, budget)
     code = tt.code[gpus]
     min_share = table.min_share[gpus]
     free = snap.gpu_free[gpus] - reserved
@@ -55,4 +67,61 @@ def lookup(
         gpus=gpus, fail=fail, min_share=min_share, port=pt.port[gpus], network=network, queueing=queueing,
         compute=compute, dependencies=deps, sigma=sigma, rank=total + th.stability_weight * sigma,
         raw_total=pt.raw_network[gpus] + queueing + compute + deps, dep_best=dep_best,
+    )
+
+
+def _scalar_lookup(
+    tt: TickContractTable, th: Thresholds, gpus: np.ndarray, flops: float, reserved: np.ndarray, budget: float,
+) -> Evaluation:
+    """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
+    order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
+    same for np.minimum."""
+    rows = tt.rows()
+    limit = budget * th.budget_fraction
+    k = th.stability_weight
+    n_svc = len(tt.services)
+    floats: list[list[float]] = [[] for _ in range(8 + n_svc)]
+    ints: list[list[int]] = [[] for _ in range(2 + n_svc)]
+    min_share_c, network_c, queueing_c, compute_c, deps_c, sigma_c, rank_c, raw_c = floats[:8]
+    fail_c, port_c = ints[:2]
+    for g, res in zip(gpus.tolist(), reserved.tolist()):
+        code, min_share, peak_eff, no_peak, free, network, raw_network, port, deps, sigma, services = rows[g]
+        free = free - res
+        if free < min_share and _SHARE < code:
+            code = _SHARE
+        share = free if free >= min_share or free != free else min_share
+        share = share if share >= 1e-6 or share != share else 1e-6
+        share = share if share <= 1.0 or share != share else 1.0
+        if no_peak:
+            compute = _INF
+        else:
+            denom = peak_eff * share
+            compute = flops / denom if denom != 0.0 else float(np.float64(flops) / np.float64(denom))
+        rho = 1.0 - free
+        rho = rho if rho >= 0.0 or rho != rho else 0.0
+        rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP
+        queueing = GPU_QUANTUM * rho / (1.0 - rho)
+        total = network + queueing + compute + deps
+        if not total <= limit and _BUDGET < code:
+            code = _BUDGET
+        min_share_c.append(min_share)
+        network_c.append(network)
+        queueing_c.append(queueing)
+        compute_c.append(compute)
+        deps_c.append(deps)
+        sigma_c.append(sigma)
+        rank_c.append(total + k * sigma)
+        raw_c.append(raw_network + queueing + compute + deps)
+        fail_c.append(-1 if code == _PASS else code)
+        port_c.append(port)
+        for i, (best, lat) in enumerate(services):
+            ints[2 + i].append(best)
+            floats[8 + i].append(lat)
+    # two conversions back to numpy for every field (each row a view of one block)
+    f = np.array(floats, dtype=np.float64)
+    n = np.array(ints, dtype=np.int64)
+    dep_best = tuple((svc, eps, n[2 + i], f[8 + i]) for i, (svc, eps, _, _) in enumerate(tt.services))
+    return Evaluation(
+        gpus=gpus, fail=n[0], min_share=f[0], port=n[1], network=f[1], queueing=f[2], compute=f[3],
+        dependencies=f[4], sigma=f[5], rank=f[6], raw_total=f[7], dep_best=dep_best,
     )

@@ -8,13 +8,20 @@ tick and the request's budget vary. Combining the path table (`paths.py`) and th
 contract table (`contract_table.py`) once per (tick, contract), for all GPUs, leaves a
 request a dozen gathers and the arithmetic that truly depends on it (`lookup.py`).
 
+A request with a handful of candidates (the decision path asks for ~8) pays more for
+numpy's per-call overhead (1-3 µs a call, ~25 calls) than for the arithmetic itself, so the
+table also keeps, built on the first such request of the tick, one plain Python tuple per
+GPU with everything a candidate's row needs (`GpuRow`): the lookup then reads a few
+tuples and does a few dozen float operations, and only the result goes back to numpy.
+
 The arithmetic is the reference `evaluate`'s, in the same order of operations, so the
 figures stay bit-identical (the tests compare them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +43,43 @@ class TickContractTable:
     sigma: np.ndarray  # sqrt of the path table's variance
     dependencies: np.ndarray  # seconds: the declared services' bound latencies, summed
     services: tuple[tuple[object, tuple[Endpoint, ...], np.ndarray, np.ndarray], ...]  # (service, endpoints, best, latency)
+    snap_free: np.ndarray  # the snapshot's free share per GPU (the same array the reference reads)
+    min_share: np.ndarray  # the contract table's, per GPU
+    peak_eff: np.ndarray
+    no_peak: np.ndarray
+    network: np.ndarray  # the path table's, per GPU
+    raw_network: np.ndarray
+    port: np.ndarray
+    # per GPU, the same figures as Python scalars: built on the first small request (`rows`)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def rows(self) -> list[GpuRow]:
+        """One `GpuRow` per GPU of the topology, as plain Python scalars (built once; a
+        race builds it twice, identically)."""
+        rows = self._cache.get("rows")
+        if rows is None:
+            cols = [a.tolist() for a in (self.code, self.min_share, self.peak_eff, self.no_peak, self.snap_free,
+                                         self.network, self.raw_network, self.port, self.dependencies, self.sigma)]
+            deps = [[b.tolist() for b in (best, lat)] for _, _, best, lat in self.services]
+            svc = list(zip(*(zip(b, lat) for b, lat in deps))) if deps else [()] * len(self.code)
+            rows = self._cache["rows"] = [GpuRow._make(r) for r in zip(*cols, svc)]
+        return rows
+
+
+class GpuRow(NamedTuple):
+    """One GPU's row of a tick table as Python scalars (floats, ints and bools)."""
+
+    code: int
+    min_share: float
+    peak_eff: float
+    no_peak: bool
+    free: float
+    network: float
+    raw_network: float
+    port: int
+    dependencies: float
+    sigma: float
+    services: tuple[tuple[int, float], ...]  # per declared service: (best endpoint, its latency)
 
 
 def tick_table(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
@@ -63,7 +107,8 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
     sigma = np.sqrt(pt.sigma2)
     for a in (code, sigma, deps):
         a.setflags(write=False)
-    return TickContractTable(code, sigma, deps, tuple(services))
+    return TickContractTable(code, sigma, deps, tuple(services), snap.gpu_free, table.min_share, table.peak_eff,
+                             table.no_peak, pt.network, pt.raw_network, pt.port)
 
 
-__all__ = ["TickContractTable", "tick_table"]
+__all__ = ["GpuRow", "TickContractTable", "tick_table"]

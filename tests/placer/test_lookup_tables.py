@@ -4,6 +4,7 @@ request's rows from them must give the reference `evaluate`'s figures exactly.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster, T
 from policyc.placer.catalog import DEFAULT_CATALOG, catalog_by_name
 from policyc.placer.contract_table import contract_table
 from policyc.placer.evaluate import evaluate
+from policyc.placer import lookup as lookup_module
 from policyc.placer.lookup import lookup
 from policyc.placer.paths import ingress_rows, path_table
 from policyc.placer.plan import Explanation
@@ -59,10 +61,25 @@ CONTRACTS = {
 }
 
 
+def _assert_same(got, ref, name: str) -> None:
+    for f in FIELDS:
+        a, b = getattr(got, f), getattr(ref, f)
+        assert a.dtype == b.dtype, f"{name}: {f} dtype"
+        np.testing.assert_array_equal(a, b, err_msg=f"{name}: {f}")
+    for (s1, e1, b1, l1), (s2, e2, b2, l2) in zip(got.dep_best, ref.dep_best, strict=True):
+        assert s1 is s2 and [e.name for e in e1] == [e.name for e in e2]
+        np.testing.assert_array_equal(b1, b2)
+        np.testing.assert_array_equal(l1, l2)
+    n = len(ref.gpus)
+    assert [got.bindings(i) for i in range(n)] == [ref.bindings(i) for i in range(n)]
+    assert [got.dependency_problem(i) for i in range(n)] == [ref.dependency_problem(i) for i in range(n)]
+
+
 @pytest.mark.parametrize("name", sorted(CONTRACTS))
 @pytest.mark.parametrize("ingress", [None, "ingress/us-east"])
 @pytest.mark.parametrize("stale", [False, True])
-def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, stale: bool) -> None:
+@pytest.mark.parametrize("k", [8, 40])  # 8: the Python-scalar path (<= SCALAR_MAX); 40: numpy gathers
+def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, stale: bool, k: int) -> None:
     sim, r = _world()
     snap = r.current()
     t = snap.topology
@@ -71,22 +88,47 @@ def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, 
     node = None if ingress is None else t.fabric_index[ingress]
     table = contract_table(c, t, CATALOG, 0.2)
     rng = np.random.default_rng(len(name))
+    failed = False
     for budget in (0.2, 0.03):
         for _ in range(5):
-            gpus = rng.choice(len(t.gpus), 40, replace=False).astype(np.int64)
+            gpus = rng.choice(len(t.gpus), k, replace=False).astype(np.int64)
             reserved = rng.uniform(0, 0.3, len(gpus)) * (rng.random(len(gpus)) < 0.3)
             rows = ingress_rows(snap, node)[gpus]
             ref = evaluate(snap, th, gpus, table.bounds, CATALOG, c, budget, rows, reserved)
             got = lookup(snap, th, gpus, node, table, reserved, budget)
-            for f in FIELDS:
-                np.testing.assert_array_equal(getattr(got, f), getattr(ref, f), err_msg=f"{name}: {f}")
-            for (s1, e1, b1, l1), (s2, e2, b2, l2) in zip(got.dep_best, ref.dep_best, strict=True):
-                assert s1 is s2 and [e.name for e in e1] == [e.name for e in e2]
-                np.testing.assert_array_equal(b1, b2)
-                np.testing.assert_array_equal(l1, l2)
-            assert [got.bindings(i) for i in range(len(gpus))] == [ref.bindings(i) for i in range(len(gpus))]
-            assert [got.dependency_problem(i) for i in range(len(gpus))] == [ref.dependency_problem(i) for i in range(len(gpus))]
-    assert (got.fail >= 0).any()  # the world is hostile enough to exercise the constraints
+            _assert_same(got, ref, name)
+            failed |= (got.fail >= 0).any()
+    assert failed  # the world is hostile enough to exercise the constraints
+
+
+@pytest.mark.parametrize("name", ["plain", "redis proxies", "solver shares"])
+def test_both_ways_agree_on_every_gpu_including_nan_and_edge_shares(name: str, monkeypatch) -> None:
+    """The scalar path against numpy's over all GPUs, with telemetry that breaks the easy
+    cases: NaN and out-of-range free shares, reservations that take a GPU below zero."""
+    sim, r = _world()
+    snap = r.current()
+    t = snap.topology
+    free = snap.gpu_free.copy()
+    free[::7] = np.nan
+    free[1::11] = 1.5
+    free[2::13] = -0.2
+    free[3::17] = 0.0
+    snap = dataclasses.replace(snap, gpu_free=free, tables={})
+    c = CONTRACTS[name]
+    table = contract_table(c, t, CATALOG, 0.2)
+    rng = np.random.default_rng(3)
+    gpus = np.arange(len(t.gpus), dtype=np.int64)
+    reserved = rng.uniform(0, 1.2, len(gpus)) * (rng.random(len(gpus)) < 0.3)
+    for budget in (0.2, 0.01):
+        monkeypatch.setattr(lookup_module, "SCALAR_MAX", 0)
+        wide = lookup(snap, snap.thresholds, gpus, None, table, reserved, budget)
+        monkeypatch.setattr(lookup_module, "SCALAR_MAX", len(gpus))
+        narrow = lookup(snap, snap.thresholds, gpus, None, table, reserved, budget)
+        _assert_same(narrow, wide, name)
+        rows = ingress_rows(snap, None)[gpus]
+        ref = evaluate(snap, snap.thresholds, gpus, table.bounds, CATALOG, c, budget, rows, reserved)
+        _assert_same(narrow, ref, name)
+        assert np.isnan(narrow.compute).any() and np.isnan(narrow.queueing).any()  # NaN did reach the figures
 
 
 def test_refresher_warms_the_tables_the_previous_tick_used() -> None:
