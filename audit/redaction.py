@@ -36,7 +36,11 @@ class Redactor:
         """The record as compact JSON (None fields left out) with `headers` (its request
         headers) redacted and every copy of a redacted value scrubbed. The common case,
         nothing to redact, costs one serialisation."""
-        text = record.model_dump_json(exclude_none=True)
+        return self.redact_json(record.model_dump_json(exclude_none=True), headers)
+
+    def redact_json(self, text: str, headers: dict[str, str]) -> str:
+        """`dump` from the record's compact JSON already written (`text`, None fields left
+        out): the writer process's drafts are encoded without a pydantic model."""
         secrets = self.secrets(headers)
         if not secrets:
             return text

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Callable
 
+from .draft_encoder import encode_draft
 from .frames import HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
 from .writer import ChainWriter, Signer, WriterConfig
 
@@ -38,7 +39,9 @@ def _signer(cfg: WriterConfig) -> Signer | None:
 
 
 def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
-    """Drafts → the bytes `AuditLog.submit_decision` would store (pydantic loads on first use)."""
+    """Drafts → the bytes `AuditLog.submit_decision` would store. A draft in canonical shape
+    is encoded directly (`draft_encoder`); any other goes through `DecisionRecord`
+    (pydantic loads on first use) to be coerced or refused with its problems named."""
     from pydantic import ValidationError
 
     from .records import DecisionRecord
@@ -48,6 +51,12 @@ def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
 
     def body(payload: bytes) -> bytes:
         draft = marshal.loads(payload)
+        text = encode_draft(draft)  # canonical drafts (the decision service's) skip pydantic
+        if text is not None:
+            try:
+                return redactor.redact_json(text, draft.get("request", {})).encode()
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: pydantic reports it as before
         try:
             record = DecisionRecord.model_validate(draft)
         except ValidationError as e:
