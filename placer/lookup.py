@@ -17,6 +17,8 @@ as numpy does, so both ways give bit-identical results (the tests hold both to `
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from .contract_table import ContractTable
@@ -76,16 +78,21 @@ def _scalar_lookup(
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
     same for np.minimum."""
-    rows = tt.rows()
+    cols = tt.columns()
+    rows = gpus.tolist()
+    pick = itemgetter(*rows) if len(rows) > 1 else (lambda col: (col[rows[0]],) if rows else ())
+    min_shares, networks, deps, sigmas = pick(cols.min_share), pick(cols.network), pick(cols.dependencies), pick(cols.sigma)
     limit = budget * th.budget_fraction
     k = th.stability_weight
-    n_svc = len(tt.services)
-    floats: list[list[float]] = [[] for _ in range(8 + n_svc)]
-    ints: list[list[int]] = [[] for _ in range(2 + n_svc)]
-    min_share_c, network_c, queueing_c, compute_c, deps_c, sigma_c, rank_c, raw_c = floats[:8]
-    fail_c, port_c = ints[:2]
-    for g, res in zip(gpus.tolist(), reserved.tolist()):
-        code, min_share, peak_eff, no_peak, free, network, raw_network, port, deps, sigma, services = rows[g]
+    queueing_c: list[float] = []
+    compute_c: list[float] = []
+    rank_c: list[float] = []
+    raw_c: list[float] = []
+    fail_c: list[int] = []
+    for code, min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, res in zip(
+        pick(cols.code), min_shares, pick(cols.peak_eff), pick(cols.no_peak), pick(cols.free), networks,
+        pick(cols.raw_network), deps, sigmas, reserved.tolist(),
+    ):
         free = free - res
         if free < min_share and _SHARE < code:
             code = _SHARE
@@ -101,25 +108,19 @@ def _scalar_lookup(
         rho = rho if rho >= 0.0 or rho != rho else 0.0
         rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP
         queueing = GPU_QUANTUM * rho / (1.0 - rho)
-        total = network + queueing + compute + deps
+        total = network + queueing + compute + dep
         if not total <= limit and _BUDGET < code:
             code = _BUDGET
-        min_share_c.append(min_share)
-        network_c.append(network)
         queueing_c.append(queueing)
         compute_c.append(compute)
-        deps_c.append(deps)
-        sigma_c.append(sigma)
         rank_c.append(total + k * sigma)
-        raw_c.append(raw_network + queueing + compute + deps)
+        raw_c.append(raw_network + queueing + compute + dep)
         fail_c.append(-1 if code == _PASS else code)
-        port_c.append(port)
-        for i, (best, lat) in enumerate(services):
-            ints[2 + i].append(best)
-            floats[8 + i].append(lat)
-    # two conversions back to numpy for every field (each row a view of one block)
-    f = np.array(floats, dtype=np.float64)
-    n = np.array(ints, dtype=np.int64)
+    # two conversions back to numpy for every field (each field a row, a view, of one block)
+    svc = [(pick(best), pick(lat)) for best, lat in cols.services]
+    f = np.array([min_shares, networks, queueing_c, compute_c, deps, sigmas, rank_c, raw_c, *(lat for _, lat in svc)],
+                 dtype=np.float64)
+    n = np.array([fail_c, pick(cols.port), *(best for best, _ in svc)], dtype=np.int64)
     dep_best = tuple((svc, eps, n[2 + i], f[8 + i]) for i, (svc, eps, _, _) in enumerate(tt.services))
     return Evaluation(
         gpus=gpus, fail=n[0], min_share=f[0], port=n[1], network=f[1], queueing=f[2], compute=f[3],
