@@ -1,0 +1,43 @@
+"""Choosing among a handful of candidates on Python lists must pick what numpy's argmin
+over the feasible rows picks: the first minimum, NaN first, ties to the earlier row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policyc.placer import placer as placer_module
+from policyc.placer.evaluate import Evaluation
+
+
+def _ev(fail: list[int], rank: list[float], gpus: list[int]) -> Evaluation:
+    n = len(fail)
+    z = np.zeros(n)
+    return Evaluation(gpus=np.array(gpus, dtype=np.int64), fail=np.array(fail, dtype=np.int64), min_share=z,
+                      port=np.zeros(n, dtype=np.int64), network=z, queueing=z, compute=z, dependencies=z, sigma=z,
+                      rank=np.array(rank, dtype=np.float64), raw_total=z, dep_best=())
+
+
+CASES = [
+    ([-1, -1, -1], [3.0, 1.0, 1.0], [7, 8, 9]),  # tie: the earlier row
+    ([2, -1, -1], [0.5, 2.0, 1.0], [7, 8, 9]),  # the infeasible best is not chosen
+    ([-1, -1, -1], [1.0, float("nan"), 0.5], [7, 8, 9]),  # NaN wins, as in argmin
+    ([-1, -1], [float("inf"), float("inf")], [4, 4]),
+    ([3, 8], [1.0, 2.0], [1, 2]),  # none feasible
+    ([-1, -1, -1], [-0.0, 0.0, -0.0], [1, 2, 3]),
+]
+
+
+@pytest.mark.parametrize("fail,rank,gpus", CASES)
+def test_lists_choose_what_argmin_chooses(fail: list[int], rank: list[float], gpus: list[int], monkeypatch) -> None:
+    ev = _ev(fail, rank, gpus)
+    feasible, best = placer_module._feasible_and_best(ev)
+    monkeypatch.setattr(placer_module, "SCALAR_MAX", 0)
+    wide, wide_best = placer_module._feasible_and_best(ev)
+    np.testing.assert_array_equal(feasible, wide)
+    assert feasible.dtype == wide.dtype and best == wide_best
+    for g in set(gpus) | {99}:
+        monkeypatch.setattr(placer_module, "SCALAR_MAX", 32)
+        narrow = placer_module._first_row_on(ev, feasible, g)
+        monkeypatch.setattr(placer_module, "SCALAR_MAX", 0)
+        assert narrow == placer_module._first_row_on(ev, feasible, g)
