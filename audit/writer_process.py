@@ -51,12 +51,10 @@ def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
 
     def body(payload: bytes) -> bytes:
         draft = marshal.loads(payload)
-        text = encode_draft(draft)  # canonical drafts (the decision service's) skip pydantic
-        if text is not None:
-            try:
-                return redactor.redact_json(text, draft.get("request", {})).encode()
-            except UnicodeEncodeError:
-                pass  # a lone surrogate: pydantic reports it as before
+        encoded = encode_draft(draft)  # canonical drafts (the decision service's) skip pydantic
+        if encoded is not None:
+            headers = draft.get("request", {})
+            return redactor.redact_json(encoded.decode(), headers).encode() if redactor.secrets(headers) else encoded
         try:
             record = DecisionRecord.model_validate(draft)
         except ValidationError as e:
@@ -163,8 +161,25 @@ def _tell(fd_out: int, data: bytes) -> None:
         os._exit(0)
 
 
+PROFILE_ENV = "POLICYC_AUDIT_WRITER_PROFILE"  # a path prefix: cProfile (CPU time) stats to <prefix>.<pid>
+
+
 def main() -> None:
-    serve(sys.stdin.fileno(), int(sys.argv[1]))
+    """Serve the log's pipes; with PROFILE_ENV set, under cProfile (the writer's CPU per
+    record is what slows a decision service sharing its core: this is how it is found)."""
+    prefix = os.environ.get(PROFILE_ENV)
+    if not prefix:
+        serve(sys.stdin.fileno(), int(sys.argv[1]))
+        return
+    import cProfile
+
+    profile = cProfile.Profile(time.process_time)
+    profile.enable()
+    try:
+        serve(sys.stdin.fileno(), int(sys.argv[1]))
+    finally:
+        profile.disable()
+        profile.dump_stats(f"{prefix}.{os.getpid()}")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ def _pydantic_bytes(draft: dict[str, Any]) -> bytes:
 
 
 def _fast_bytes(draft: dict[str, Any]) -> bytes:
-    text = encode_draft(draft)
-    assert text is not None, draft
-    return REDACTOR.redact_json(text, draft.get("request", {})).encode()
+    encoded = encode_draft(draft)
+    assert encoded is not None, draft
+    headers = draft.get("request", {})
+    return REDACTOR.redact_json(encoded.decode(), headers).encode() if REDACTOR.secrets(headers) else encoded
 
 
 def _float(rng: random.Random, low: float = -30) -> float:
@@ -119,3 +120,11 @@ def test_missing_required_field_goes_to_pydantic() -> None:
     del draft["latency"]
     assert encode_draft(draft) is None
     assert encode_draft(["not", "a", "dict"]) is None
+
+
+def test_rule_in_another_key_order_or_unencodable_text_goes_to_pydantic() -> None:
+    draft = decision(1).model_dump(mode="json")
+    draft["matched_rules"] = [{"origin": {"file": "f", "line": 1, "col": 1}, "id": "p.r"}]
+    assert encode_draft(draft) is None  # pydantic writes the model's order; it decides
+    assert _pydantic_bytes(draft).count(b'"id":"p.r","origin"') == 1
+    assert encode_draft(_with(("tenant",), "half \ud800 surrogate")) is None
