@@ -135,3 +135,18 @@ def test_rule_in_another_key_order_and_unencodable_text() -> None:
     assert _fast_bytes(draft) == _pydantic_bytes(draft)  # written in the model's order
     assert _pydantic_bytes(draft).count(b'"id":"p.r","origin"') == 1
     assert encode_draft(_with(("tenant",), "half \ud800 surrogate")) is None
+
+
+def test_strict_schema_mirrors_the_record_models_field_for_field() -> None:
+    """The encoder's schema is written by hand: a field added to, removed from, moved in or
+    made optional in a record model must be mirrored there, or this fails."""
+    from policyc.audit import draft_encoder as enc
+    from policyc.audit.records import Figure, Latency, MatchedRule, Placement, Resources
+    from policyc.compiler.bundle import SourceRef
+
+    pairs = [(DecisionRecord, enc._DECISION), (Figure, enc._FIGURE), (SourceRef, enc._ORIGIN), (MatchedRule, enc._RULE),
+             (Placement, enc._PLACEMENT), (Latency, enc._LATENCY), (Resources, enc._RESOURCES)]
+    for model, schema in pairs:
+        fields = schema["fields"]
+        assert list(fields) == list(model.model_fields), model.__name__
+        assert {k: f["required"] for k, f in fields.items()} == {k: f.is_required() for k, f in model.model_fields.items()}, model.__name__
