@@ -179,7 +179,7 @@ class Demo:
                      {"X-Model": "support-chatbot"}, session="conv-7")
         self._decide(stub, "healthcare asking for a US region: no instance may serve it",
                      {"X-Tenant": "st-marys", "X-Data-Region": "us-east"})
-        self._decide(stub, "clinical notes in eu-central: allowed by the contracts, but no live instance there",
+        self._decide(stub, "clinical notes pinned to eu-central, the other EU region",
                      {"X-Tenant": "charite", "X-Model": "clinical-notes", "X-Data-Region": "eu-central"})
         self._decide(stub, "region mars-1: the solver rejects it before any index scan", {"X-Tenant": "shopwave"},
                      {"region": "mars-1"})
