@@ -78,7 +78,7 @@ def _assert_same(got, ref, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CONTRACTS))
 @pytest.mark.parametrize("ingress", [None, "ingress/us-east"])
 @pytest.mark.parametrize("stale", [False, True])
-@pytest.mark.parametrize("k", [8, 40])  # 8: the Python-scalar path (<= SCALAR_MAX); 40: numpy gathers
+@pytest.mark.parametrize("k", [1, 8, 40])  # 1, 8: the Python-scalar path (<= SCALAR_MAX); 40: numpy gathers
 def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, stale: bool, k: int) -> None:
     sim, r = _world()
     snap = r.current()
