@@ -39,9 +39,10 @@ def _signer(cfg: WriterConfig) -> Signer | None:
 
 
 def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
-    """Drafts → the bytes `AuditLog.submit_decision` would store. A draft in canonical shape
-    is encoded directly (`draft_encoder`); any other goes through `DecisionRecord`
-    (pydantic loads on first use) to be coerced or refused with its problems named."""
+    """Drafts → the bytes `AuditLog.submit_decision` would store. A draft of plain values
+    of the declared types (the decision service's) is validated and written by
+    `draft_encoder`'s strict schema, without model instances; any other goes through
+    `DecisionRecord` to be coerced or refused with its problems named."""
     from pydantic import ValidationError
 
     from .records import DecisionRecord
@@ -51,7 +52,7 @@ def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
 
     def body(payload: bytes) -> bytes:
         draft = marshal.loads(payload)
-        encoded = encode_draft(draft)  # canonical drafts (the decision service's) skip pydantic
+        encoded = encode_draft(draft)  # None: the strict schema refused it; the model decides
         if encoded is not None:
             headers = draft.get("request", {})
             return redactor.redact_json(encoded.decode(), headers).encode() if redactor.secrets(headers) else encoded
