@@ -2,7 +2,8 @@
 
 Each stage reads the previous stage's output and appends diagnostics; later stages run
 only while there are no errors, so one run reports every error a stage can find without
-cascading noise. `stop_after` lets tests look at the result of a named stage.
+cascading noise. `stop_after` returns after a named stage, with the (unsealed) bundle from
+`plan` on.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from policyc.dsl.parser import parse
 from policyc.dsl.source import Source
 
 from . import bundle_io, load
-from .gc_pause import gc_paused
 from .attributes import BUILTIN_REQUEST_VARS
 from .breakers import lower_breaker
 from .bundle import Breaker, Bundle, Contract, GpuClass, HeaderMapping, RequestRule, Tenant
 from .catalog import lower_gpu
 from .contracts import lower_contract
+from .gc_pause import gc_paused
 from .index import plan_index
 from .requests import lower_request, lower_tenants
 from .resolve import resolve
@@ -128,6 +129,7 @@ def _compile_sources(sources: Sequence[Source], *, analyse: bool, stop_after: st
         b, more = solver_analyse(b)
         diags.extend(more)
         if _stop(result, "analyse", stop_after):
+            result.bundle = b
             return _done(result)
     # emit
     result.bundle = bundle_io.seal(b)
