@@ -172,7 +172,8 @@ class Demo:
         self._decide(stub, "the reference request", {"X-SLO-Latency": "150ms", "X-Data-Region": "us-west"})
         self._decide(stub, "finance: must land on TPM + memory encryption + hardware firewall",
                      {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer", "X-SLO-Latency": "200ms"})
-        self._decide(stub, "healthcare: EU with TEE or memory encryption", {"X-Tenant": "charite", "X-Data-Region": "eu-west"})
+        self._decide(stub, "healthcare: clinical notes in the EU, with TEE or memory encryption",
+                     {"X-Tenant": "charite", "X-Model": "clinical-notes", "X-Data-Region": "eu-west"})
         self._decide(stub, "the recommender: its declared catalog API bound to the region's HTTP tier",
                      {"X-Model": "recommender", "X-Data-Region": "us-west"})
         self._decide(stub, "a support-chatbot session: state read from the NVMe on the GPU's NUMA node",
