@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .evaluate import PROXY_ROLE, _CODE
-from .latency import CROSS_NUMA_PENALTY, pcie_delay
+from .evaluate import PROXY_ROLE, _CODE, best_ports
+from .latency import pcie_delay
 from .plan import Constraint
 from .snapshot import Snapshot
 from .stores import is_local_store, store_table
@@ -123,34 +123,8 @@ def _build(snap: Snapshot, th: Thresholds, ingress: int | None) -> PathTable:
     mark(pcie > th.max_pcie_util, Constraint.PCIE)
 
     local, remote = t.gpu_ports
-    best_net = np.full(n, np.inf)
-    best_var = np.zeros(n)
-    best_port = np.full(n, -1, dtype=np.int64)
-    best_rank = np.full(n, np.inf)
-    raw_net = np.full(n, np.inf)
-    any_port_ok = np.zeros(n, dtype=bool)
-    host_pcie = pcie_delay(pcie)
-    k = th.stability_weight
-    for ports, extra in ((local, 0.0), (remote, CROSS_NUMA_PENALTY)):
-        valid = ports >= 0
-        if not valid.any():
-            continue
-        pp = np.where(valid, ports, 0)
-        up = valid & f.port_up[pp]
-        ok = up & (f.port_watermark[pp] <= th.max_port_watermark) & (f.port_util[pp] <= th.max_port_util)
-        any_port_ok |= ok
-        leaf = t.port_switch[pp]
-        d = snap.fabric_dist[rows, leaf]
-        v = snap.fabric_var[rows, leaf]
-        net = 2.0 * (d + snap.port_delay[pp] + host_pcie + extra)
-        var = 2.0 * (v + snap.port_sigma[pp] ** 2)
-        raw_net = np.where(up, np.minimum(raw_net, net), raw_net)
-        r = np.where(ok, net + k * np.sqrt(var), np.inf)
-        better = r < best_rank
-        best_rank = np.where(better, r, best_rank)
-        best_net = np.where(better, net, best_net)
-        best_var = np.where(better, var, best_var)
-        best_port = np.where(better, ports, best_port)
+    paths = best_ports(snap, th, local, remote, rows, pcie_delay(pcie))
+    best_net, best_var, best_port, raw_net, any_port_ok = paths.net, paths.var, paths.port, paths.raw_net, paths.any_ok
     mark(~any_port_ok, Constraint.PORT)
     mark(~np.isfinite(best_net), Constraint.NETWORK)
     sigma2 = best_var + snap.gpu_sigma ** 2
