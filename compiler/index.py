@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .attributes import attribute_type
 from .bundle import HeaderMapping, IndexedAttribute, RequestRule
-from .resolve import atoms
+from .semantics import atoms
 
 _RANK = {"boolean": 0, "equality": 1, "set": 2, "range": 3}
 

@@ -12,8 +12,9 @@ from typing import Iterable
 from policyc.dsl.diagnostics import Diagnostic, Note, did_you_mean, error
 from policyc.dsl.source import Span
 
-from .bundle import Atom, Breaker, Contract, Expr, GpuClass, HeaderMapping, Redirect, RequestRule, SourceRef, Tenant
+from .bundle import Breaker, Contract, GpuClass, HeaderMapping, Redirect, RequestRule, SourceRef, Tenant
 from .contracts import ARCHS
+from .semantics import atoms
 
 
 def span(r: SourceRef) -> Span:
@@ -28,18 +29,6 @@ def _unique(kind: str, items: Iterable[tuple[str, SourceRef]], diags: list[Diagn
                                notes=[Note(span(first[name]), "first declared here")]))
         else:
             first[name] = origin
-
-
-def atoms(e: Expr | None) -> Iterable[Atom]:
-    if e is None:
-        return
-    if e.op == "atom":
-        yield e  # type: ignore[misc]
-    elif e.op in ("and", "or"):
-        for a in e.args:  # type: ignore[union-attr]
-            yield from atoms(a)
-    elif e.op == "not":
-        yield from atoms(e.arg)  # type: ignore[union-attr]
 
 
 def resolve(contracts: list[Contract], gpus: list[GpuClass], headers: list[HeaderMapping], tenants: list[Tenant],

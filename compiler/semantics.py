@@ -42,6 +42,19 @@ def compare(left: Scalar, cmp: str, right: Scalar | tuple[Scalar, ...]) -> bool:
     raise ValueError(f"unknown comparison `{cmp}`")
 
 
+def atoms(e: Expr | None) -> Iterable[Atom]:
+    """Every instance-attribute comparison in an expression, in source order."""
+    if e is None:
+        return
+    if e.op == "atom":
+        yield e  # type: ignore[misc]
+    elif e.op in ("and", "or"):
+        for a in e.args:  # type: ignore[union-attr]
+            yield from atoms(a)
+    elif e.op == "not":
+        yield from atoms(e.arg)  # type: ignore[union-attr]
+
+
 def value_reads(e: Expr | None) -> set[str]:
     """Request variables the expression reads (presence tests included)."""
     out: set[str] = set()

@@ -11,21 +11,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from policyc.compiler.bundle import Atom, Expr, Scalar
+from policyc.compiler.bundle import Scalar
 
-from policyc.compiler.semantics import guard_holds
+from policyc.compiler.semantics import atoms, guard_holds
 from .index import FleetIndex, render
 from .result import Explanation, PredicateCount, RuleExplanation
-
-
-def _atoms(e: Expr) -> list[Atom]:
-    if e.op == "atom":
-        return [e]  # type: ignore[list-item]
-    if e.op in ("and", "or"):
-        return [x for a in e.args for x in _atoms(a)]  # type: ignore[union-attr]
-    if e.op == "not":
-        return _atoms(e.arg)  # type: ignore[union-attr]
-    return []
 
 
 def explain(ix: FleetIndex, vars: Mapping[str, Scalar]) -> Explanation:
@@ -52,7 +42,7 @@ def explain(ix: FleetIndex, vars: Mapping[str, Scalar]) -> Explanation:
         left = left & ok
         preds = tuple(
             PredicateCount(render(a), a.origin, n - len(ix._compile_atom(a)(vars) & live))
-            for a in _atoms(rule.require)
+            for a in atoms(rule.require)
         )
         out.append(RuleExplanation(rule.id, rule.origin, True, why, n - len(ok), before - len(left), preds))
     survivors = ix.shard_survivors(applied, vars)

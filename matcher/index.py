@@ -30,7 +30,7 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
-from policyc.compiler.semantics import value_reads
+from policyc.compiler.semantics import atoms, value_reads
 from .guards import Predicate, compile_applies
 from .instance_predicates import compile_static
 from .plan import PLAN_CACHE_SIZE, Plan, PlanCache
@@ -88,7 +88,7 @@ class FleetIndex:
         self.shard_size = shard_size
         kinds: dict[str, str] = {ia.attr: ia.kind for ia in bundle.index_plan}
         for rule in bundle.rules:  # the plan covers every atom; be safe if a bundle's does not
-            for a in _atoms(rule.require):
+            for a in atoms(rule.require):
                 kinds.setdefault(a.attr, "range" if a.cmp in ORDERINGS else "equality")
         self.attr_index = {a: AttributeIndex(a, ordered=(k == "range")) for a, k in sorted(kinds.items())}
         self.bloom_attrs = tuple(a for a, k in sorted(kinds.items()) if k in BLOOM_KINDS)
@@ -355,13 +355,3 @@ class FleetIndex:
         """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""
         plan = self.plan(vars)
         return plan.cand, list(plan.rules)
-
-
-def _atoms(e: Expr) -> list[Atom]:
-    if e.op == "atom":
-        return [e]  # type: ignore[list-item]
-    if e.op in ("and", "or"):
-        return [x for a in e.args for x in _atoms(a)]  # type: ignore[union-attr]
-    if e.op == "not":
-        return _atoms(e.arg)  # type: ignore[union-attr]
-    return []
