@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -32,6 +33,7 @@ from policyc.placer.shares import share_bounds
 from policyc.placer.tick_table import tick_table
 from policyc.placer.snapshot import build_snapshot
 
+POLICIES = Path(__file__).resolve().parent.parent / "policies"
 REF = SourceRef(file="benchmarks/placer.py", line=1, col=1)
 BUDGET = 0.2
 INGRESS = "ingress/us-west"
@@ -283,6 +285,78 @@ def realized(truth, gpu: int, c: Contract, rng: np.random.Generator, catalog) ->
     return max(0.0, total + float(ev.sigma[0]) * float(rng.standard_normal()))
 
 
+BREAKER_FRACTIONS = (0.925, 0.75, 0.5)  # policies/breakers.contract's slo-budget rule (92.5 %), then tighter ones
+
+
+def budget_breakers(c: Contract, fractions: tuple[float, ...]) -> list[tuple[float, float, float]]:
+    """The request-scope budget breaker of `policies/breakers.contract` (`slo-budget`: elapsed
+    >= 92.5 % of the SLO -> cancel the stream, redirect to a backup with X-Retry-Count: 1,
+    report the GPU), applied to this contract at each fraction and lowered by the enforcer's
+    own rule table: (fraction, seconds after the request starts, retry budget share)."""
+    from policyc.compiler.bundle import Bundle, Redirect
+    from policyc.compiler.pipeline import compile_paths
+    from policyc.enforcer.rule_table import ELAPSED, build_rule_table
+
+    compiled = compile_paths([str(POLICIES)], analyse=False).bundle
+    rule = next(b for b in compiled.breakers if b.scope == "request" and any(x.signal == ELAPSED for x in b.conditions))
+    assert any(isinstance(a, Redirect) for a in rule.actions), "the budget rule redirects to a backup"
+    out = []
+    for f in fractions:
+        cond = next(x for x in rule.conditions if x.signal == ELAPSED).model_copy(update={"value": f})
+        b = rule.model_copy(update={"models": (c.name,), "conditions": (cond,)})
+        table = build_rule_table(Bundle(compiler_version="bench", contracts=(c,), breakers=(b,)))
+        budget = table.budget_for(c.name)
+        assert budget is not None
+        out.append((f, budget.budget, b.retry_budget))
+    return out
+
+
+class _Pinned:
+    """A snapshot provider that serves a given snapshot: a retry is placed on the snapshot
+    that is current when the breaker fires, not the one the request was first placed on."""
+
+    def __init__(self, r: Refresher) -> None:
+        self._r = r
+        self.snap = None
+
+    def current(self):
+        return self.snap if self.snap is not None else self._r.current()
+
+    def report_anomaly(self, host: str, gpu: str, signal: str, value: float) -> bool:
+        return self._r.report_anomaly(host, gpu, signal, value)
+
+
+def broken(placed: list[tuple[int, list[Instance], float]], lat: list[float], breaker: tuple[float, float, float],
+           retry: Placer, pinned: _Pinned, snap, nxt, truth, c: Contract, rng: np.random.Generator, catalog,
+           ) -> tuple[list[float], int, int]:
+    """Realised latencies (ms) of one tick's requests with the budget breaker: a request still
+    running at the breaker's budget is cancelled and redirected once (retry budget permitting)
+    to a backup GPU placed by the placer among its other candidates, on the snapshot current
+    at that moment (the next one when the request started late enough in the tick); it then
+    takes budget + the backup's realised latency. The backup is not itself broken again.
+    Returns the latencies, the retries, and the needless ones (requests broken that would
+    have finished within the SLO: what a lower fraction costs)."""
+    _, at, share = breaker
+    out, retries, needless = list(lat), 0, 0
+    cap = int(share * len(placed))
+    t = snap.topology
+    for i, ((g, cands, started), v) in enumerate(zip(placed, lat)):
+        if v < at * 1e3 or retries >= cap:
+            continue
+        retries += 1
+        needless += v <= BUDGET * 1e3
+        pinned.snap = nxt if started + at >= snap.interval else snap
+        others = [x for x in cands if t.gpu_index[(x.deployment.host, x.deployment.gpu)] != g]
+        plan = retry.place(others, BUDGET, c, ingress=INGRESS)
+        if not isinstance(plan, PlacementPlan):
+            out[i] = 2 * BUDGET * 1e3  # cancelled with nowhere to go: the request fails at the timeout
+            continue
+        g2 = t.gpu_index[(plan.host, plan.gpu)]
+        out[i] = (at + realized(truth, g2, c, rng, catalog)) * 1e3
+    pinned.snap = None
+    return out, retries, needless
+
+
 def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]:
     catalog = catalog_by_name(DEFAULT_CATALOG)
     out: dict[str, dict] = {}
@@ -295,16 +369,26 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
         marks, starts = script(sim, ticks, seed=9)
         r = Refresher(sim)
         placer = Placer(r)
+        # the breaker (contract-aware only: the baselines have none) places its retries with
+        # its own placer on the same snapshots, so the run without it is the same run
+        breakers = budget_breakers(c, BREAKER_FRACTIONS) if policy == "contract-aware" else []
+        pinned = _Pinned(r)
+        retry = Placer(pinned)
+        retry_rng = [np.random.default_rng(7) for _ in breakers]
+        start_rng = np.random.default_rng(8)
         insts = fleet(sim, "us-west")
         t = sim.topology()
         rng = np.random.default_rng(5)
         noise = np.random.default_rng(6)
         rr = 0
         per: list[list[float]] = []
+        per_b: list[list[list[float]]] = [[] for _ in breakers]
+        retries = [[0, 0] for _ in breakers]
         r.tick()
         for _ in range(ticks):
             snap = r.current()
             chosen: list[int] = []
+            placed: list[tuple[int, list[Instance], float]] = []
             for _ in range(per_tick):
                 cands = [insts[j] for j in rng.choice(len(insts), k, replace=False)]
                 if policy == "contract-aware":
@@ -320,21 +404,36 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
                     inst = cands[int(np.argmin(snap.gpu_rho[idx]))]
                 g = t.gpu_index[(inst.deployment.host, inst.deployment.gpu)]
                 chosen.append(g)
+                if breakers:
+                    placed.append((g, cands, float(start_rng.uniform(0.0, snap.interval))))
                 sim.occupy(t.gpu_key(g), 0.05, ticks=3)
             nxt = r.tick()
             truth = build_snapshot(nxt.version, t, nxt.frame, None, None, PERMISSIVE, 0.2, nxt.taken_at)
-            per.append([realized(truth, g, c, noise, catalog) * 1e3 for g in chosen])
-        p99s = [pct(x, 99) for x in per]
-        allv = [v for x in per for v in x]
+            lat = [realized(truth, g, c, noise, catalog) * 1e3 for g in chosen]
+            per.append(lat)
+            for j, b in enumerate(breakers):
+                vals, n, needless = broken(placed, lat, b, retry, pinned, snap, nxt, truth, c, retry_rng[j], catalog)
+                per_b[j].append(vals)
+                retries[j][0] += n
+                retries[j][1] += needless
         # series[i] was placed on snapshot i + 1 and realised on tick i + 2: an event starting
         # on tick s hits series[s - 2], placed before any snapshot could show it
-        onset = {s - 2 for s in starts if 0 <= s - 2 < len(p99s)}
-        steady = [v for i, v in enumerate(p99s) if i not in onset]
-        out[policy] = {"p99": pct(allv, 99), "p50": pct(allv, 50), "spread": statistics.pstdev(p99s),
-                       "spread_steady": statistics.pstdev(steady), "onset_ticks": len(onset),
-                       "series": p99s, "marks": marks, "refused": refused,
-                       "over_budget": sum(v > BUDGET * 1e3 for v in allv) / max(1, len(allv))}
+        onset = {s - 2 for s in starts if 0 <= s - 2 < ticks}
+        out[policy] = dict(_tail_figures(per, onset), marks=marks, refused=refused, onset_ticks=len(onset))
+        out[policy]["breakers"] = [dict(_tail_figures(pb, onset), fraction=f, at=at, retries=n, needless=needless)
+                                   for pb, (f, at, _), (n, needless) in zip(per_b, breakers, retries)]
     return out
+
+
+def _tail_figures(per: list[list[float]], onset: set[int]) -> dict:
+    """P99, P50, the spread (population standard deviation) of the per-tick P99 with and
+    without the onset ticks, and the share over budget."""
+    p99s = [pct(x, 99) for x in per]
+    allv = [v for x in per for v in x]
+    steady = [v for i, v in enumerate(p99s) if i not in onset]
+    return {"p99": pct(allv, 99), "p50": pct(allv, 50), "spread": statistics.pstdev(p99s),
+            "spread_steady": statistics.pstdev(steady), "series": p99s,
+            "over_budget": sum(v > BUDGET * 1e3 for v in allv) / max(1, len(allv))}
 
 
 def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
@@ -346,6 +445,9 @@ def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for name, d in tail.items():
         ax.plot(range(1, ticks + 1), d["series"], label=f"{name}: P99 {d['p99']:.0f} ms, ±{d['spread']:.1f} ms")
+    for b in tail["contract-aware"]["breakers"]:
+        ax.plot(range(1, ticks + 1), b["series"], ls="--", lw=0.9,
+                label=f"contract-aware + breaker at {b['fraction']:.1%} of SLO: P99 {b['p99']:.0f} ms, ±{b['spread']:.1f} ms")
     for tick, label in next(iter(tail.values()))["marks"]:
         ax.axvline(tick, color="grey", lw=0.6, ls=":")
         ax.text(tick, ax.get_ylim()[1] * 0.97, label, rotation=90, fontsize=7, va="top")
@@ -395,6 +497,11 @@ def main() -> None:
         print(f"  {name:15s} P99 {d['p99']:8.1f} ms  P50 {d['p50']:7.1f} ms  spread of per-tick P99 ±{d['spread']:.1f} ms"
               f" (±{d['spread_steady']:.1f} ms without the {d['onset_ticks']} onset ticks)"
               f"  over budget {d['over_budget']:.1%}  refused {d['refused']}")
+    for b in tail["contract-aware"]["breakers"]:
+        print(f"  contract-aware + budget breaker at {b['fraction']:.1%} of the SLO ({b['at'] * 1e3:.0f} ms; cancel, redirect with "
+              f"X-Retry-Count: 1): P99 {b['p99']:.1f} ms  P50 {b['p50']:.1f} ms  spread ±{b['spread']:.1f} ms"
+              f" (±{b['spread_steady']:.1f} ms without onset ticks)  over budget {b['over_budget']:.1%}  retried {b['retries']}"
+              f" ({b['needless']} of them would have met the SLO)")
     base = min(tail["round-robin"]["spread"], tail["least-loaded"]["spread"])
     print(f"  spread ratio (best baseline / contract-aware): {base / max(tail['contract-aware']['spread'], 1e-9):.1f}x")
     base_s = min(tail["round-robin"]["spread_steady"], tail["least-loaded"]["spread_steady"])
