@@ -11,6 +11,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import orjson
+
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import ValidationError
@@ -48,9 +50,19 @@ def sign(bundle: Bundle, private_key: Ed25519PrivateKey) -> Bundle:
 
 
 def dumps(bundle: Bundle) -> str:
-    """The file form: the canonical JSON, indented, with hash and signature."""
+    """The file form: the canonical JSON, indented, with hash and signature.
+
+    Written by orjson: the standard library's encoder drops to pure Python when asked to
+    indent (about 4 s for a 10,000-contract bundle, against a tenth of that). The file's
+    layout is not its identity (see the module docstring), and both encoders write floats
+    as the shortest text that reads back to the same value, so loading gives the same
+    bundle either way. Integers beyond 64 bits, which orjson refuses, take the slow path."""
     with gc_paused():  # a large bundle is millions of small acyclic objects
-        return json.dumps(bundle.model_dump(mode="json"), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+        data = bundle.model_dump(mode="json")
+        try:
+            return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+        except orjson.JSONEncodeError:
+            return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
 def write(bundle: Bundle, path: str | Path) -> None:
