@@ -7,10 +7,11 @@ what is left per request is what truly varies per request:
 the shares reserved so far this tick, the budget, and the gather itself. The result is
 the same `Evaluation` the reference `evaluate` returns, figure for figure.
 
-Two ways to the same figures: up to `SCALAR_MAX` candidates, the rows are read as plain
-Python tuples (`TickContractTable.rows`) and evaluated with Python floats, since for a
-handful of candidates numpy's per-call overhead is most of the cost; above it, numpy
-gathers. Python's float operations are the same IEEE-754 double operations numpy applies
+Both ways start from one gather of the candidates' rows of the table's block
+(`TickContractTable.block`). Up to `SCALAR_MAX` candidates, those rows become Python lists
+(one `tolist`) and are evaluated with Python floats, since for a handful of candidates
+numpy's per-call overhead is most of the cost; above it, numpy works on the gathered
+columns. Python's float operations are the same IEEE-754 double operations numpy applies
 element by element, done in the same order, and NaN is carried through minimum/maximum
 as numpy does, so both ways give bit-identical results (the tests hold both to `evaluate`).
 """
@@ -28,7 +29,9 @@ from .paths import NO_FAILURE, path_table
 from .plan import Constraint
 from .snapshot import Snapshot
 from .thresholds import Thresholds
-from .tick_table import TickContractTable, tick_table
+from .tick_table import (
+    DEPENDENCIES, FREE, MIN_SHARE, NETWORK, NO_PEAK, PEAK_EFF, RAW_NETWORK, SIGMA, TickContractTable, tick_table,
+)
 
 _SHARE = _CODE[Constraint.GPU_SHARE]
 _BUDGET = _CODE[Constraint.LATENCY_BUDGET]
@@ -45,54 +48,53 @@ def lookup(
     each candidate's GPU this tick; `ingress`: fabric node, or None for regional gateways."""
     pt = path_table(snap, th, ingress)
     tt = tick_table(snap, pt, table)
+    g = tt.block[gpus]
     if len(gpus) <= SCALAR_MAX:
-        return _scalar_lookup(tt, th, gpus, table.flops, reserved, budget)
-    code = tt.code[gpus]
-    min_share = table.min_share[gpus]
-    free = snap.gpu_free[gpus] - reserved
-    np.minimum(code, np.where(free < min_share, _SHARE, NO_FAILURE), out=code)
+        return _scalar_lookup(tt, g, th, gpus, table.flops, reserved, budget)
+    lay = tt.layout
+    ints = g[:, lay.code:].astype(np.int64)  # code, port, best endpoint per service
+    min_share = g[:, MIN_SHARE]
+    free = g[:, FREE] - reserved
+    code = np.minimum(ints[:, 0], np.where(free < min_share, _SHARE, NO_FAILURE))
     share_used = np.minimum(np.maximum(np.maximum(free, min_share), 1e-6), 1.0)  # np.clip, without its overhead
-    compute = table.flops / (table.peak_eff[gpus] * share_used)
-    no_peak = table.no_peak[gpus]
+    compute = table.flops / (g[:, PEAK_EFF] * share_used)
+    no_peak = g[:, NO_PEAK] != 0.0
     if no_peak.any():
         compute[no_peak] = np.inf
     queueing = gpu_queue(1.0 - free)
-    network = pt.network[gpus]
-    deps = tt.dependencies[gpus]
-    dep_best = tuple((svc, eps, best[gpus], lat[gpus]) for svc, eps, best, lat in tt.services)
+    network = g[:, NETWORK]
+    deps = g[:, DEPENDENCIES]
+    dep_best = tuple((svc, eps, ints[:, 2 + i], g[:, lay.latency(i)]) for i, (svc, eps, _, _) in enumerate(tt.services))
 
     total = network + queueing + compute + deps
     np.minimum(code, np.where(total <= budget * th.budget_fraction, NO_FAILURE, _BUDGET), out=code)
     fail = np.where(code == NO_FAILURE, -1, code)
-    sigma = tt.sigma[gpus]
+    sigma = g[:, SIGMA]
     return Evaluation(
-        gpus=gpus, fail=fail, min_share=min_share, port=pt.port[gpus], network=network, queueing=queueing,
+        gpus=gpus, fail=fail, min_share=min_share, port=ints[:, 1], network=network, queueing=queueing,
         compute=compute, dependencies=deps, sigma=sigma, rank=total + th.stability_weight * sigma,
-        raw_total=pt.raw_network[gpus] + queueing + compute + deps, dep_best=dep_best,
+        raw_total=g[:, RAW_NETWORK] + queueing + compute + deps, dep_best=dep_best,
     )
 
 
 def _scalar_lookup(
-    tt: TickContractTable, th: Thresholds, gpus: np.ndarray, flops: float, reserved: np.ndarray, budget: float,
+    tt: TickContractTable, g: np.ndarray, th: Thresholds, gpus: np.ndarray, flops: float, reserved: np.ndarray,
+    budget: float,
 ) -> Evaluation:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
-    same for np.minimum."""
-    cols = tt.columns()
-    rows = gpus.tolist()
-    pick = itemgetter(*rows) if len(rows) > 1 else (lambda col: (col[rows[0]],) if rows else ())
-    min_shares, networks, deps, sigmas = pick(cols.min_share), pick(cols.network), pick(cols.dependencies), pick(cols.sigma)
+    same for np.minimum. `g`: the candidates' rows of the block."""
+    lay = tt.layout
+    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, lay.code)
     limit = budget * th.budget_fraction
     k = th.stability_weight
     queueing_c: list[float] = []
     compute_c: list[float] = []
     rank_c: list[float] = []
     raw_c: list[float] = []
-    fail_c: list[int] = []
-    for code, min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, res in zip(
-        pick(cols.code), min_shares, pick(cols.peak_eff), pick(cols.no_peak), pick(cols.free), networks,
-        pick(cols.raw_network), deps, sigmas, reserved.tolist(),
-    ):
+    fail_c: list[float] = []
+    for row, res in zip(g.tolist(), reserved.tolist()):
+        min_share, peak_eff, no_peak, free, network, raw_network, dep, code = fields(row)
         free = free - res
         if free < min_share and _SHARE < code:
             code = _SHARE
@@ -113,16 +115,15 @@ def _scalar_lookup(
             code = _BUDGET
         queueing_c.append(queueing)
         compute_c.append(compute)
-        rank_c.append(total + k * sigma)
+        rank_c.append(total + k * row[SIGMA])
         raw_c.append(raw_network + queueing + compute + dep)
         fail_c.append(-1 if code == _PASS else code)
-    # two conversions back to numpy for every field (each field a row, a view, of one block)
-    svc = [(pick(best), pick(lat)) for best, lat in cols.services]
-    f = np.array([min_shares, networks, queueing_c, compute_c, deps, sigmas, rank_c, raw_c, *(lat for _, lat in svc)],
-                 dtype=np.float64)
-    n = np.array([fail_c, pick(cols.port), *(best for best, _ in svc)], dtype=np.int64)
-    dep_best = tuple((svc, eps, n[2 + i], f[8 + i]) for i, (svc, eps, _, _) in enumerate(tt.services))
+    # back to numpy: the computed figures in one block, the rest are views of the gather
+    f = np.array([queueing_c, compute_c, rank_c, raw_c], dtype=np.float64)
+    ints = g[:, lay.port:].astype(np.int64)  # port, best endpoint per service
+    dep_best = tuple((svc, eps, ints[:, 1 + i], g[:, lay.latency(i)]) for i, (svc, eps, _, _) in enumerate(tt.services))
     return Evaluation(
-        gpus=gpus, fail=n[0], min_share=f[0], port=n[1], network=f[1], queueing=f[2], compute=f[3],
-        dependencies=f[4], sigma=f[5], rank=f[6], raw_total=f[7], dep_best=dep_best,
+        gpus=gpus, fail=np.array(fail_c, dtype=np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
+        network=g[:, NETWORK], queueing=f[0], compute=f[1], dependencies=g[:, DEPENDENCIES], sigma=g[:, SIGMA],
+        rank=f[2], raw_total=f[3], dep_best=dep_best,
     )

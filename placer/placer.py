@@ -23,6 +23,7 @@ import numpy as np
 from policyc.compiler.bundle import Contract, GpuClass
 from policyc.matcher.instance import Instance
 
+from .candidate_rows import CandidateRows
 from .catalog import DEFAULT_CATALOG
 from .contract_table import ContractTable, contract_table
 from .evaluate import ORDER, Evaluation
@@ -89,6 +90,7 @@ class Placer:
         self._sticky: dict[str, int] = {}
         self._sessions: dict[str, int] = {}
         self._tables: dict[tuple, ContractTable] = {}
+        self._rows = CandidateRows()
 
     # ------------------------------------------------------------------ public API
 
@@ -169,18 +171,9 @@ class Placer:
         if not candidates:
             return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
 
-        unknown: list[Rejection] = []
-        rows: list[int] = []
-        inst_of: list[Instance] = []
-        index = t.gpu_index
-        for inst in candidates:
-            d = inst.deployment
-            i = index.get((d.host, d.gpu))
-            if i is None:
-                unknown.append(Rejection(inst.id, Constraint.UNKNOWN_GPU, f"`{d.host}/{d.gpu}` is not in the topology"))
-            else:
-                rows.append(i)
-                inst_of.append(inst)
+        rows, inst_of, missing = self._rows.rows(t, candidates)
+        unknown = [Rejection(x.id, Constraint.UNKNOWN_GPU, f"`{x.deployment.host}/{x.deployment.gpu}` is not in the topology")
+                   for x in missing]
         if not rows:
             return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", unknown[:MAX_REJECTIONS])
 

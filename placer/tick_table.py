@@ -6,13 +6,15 @@ trip, binds each declared service to the same endpoint at the same latency and f
 the same dependency bounds, whatever the request. Only the share reserved so far this
 tick and the request's budget vary. Combining the path table (`paths.py`) and the
 contract table (`contract_table.py`) once per (tick, contract), for all GPUs, leaves a
-request a dozen gathers and the arithmetic that truly depends on it (`lookup.py`).
+request one gather and the arithmetic that truly depends on it (`lookup.py`).
 
-A request with a handful of candidates (the decision path asks for ~8) pays more for
-numpy's per-call overhead (1-3 µs a call, ~25 calls) than for the arithmetic itself, so the
-table also keeps, built on the first such request of the tick, each per-GPU column as a
-plain Python list (`Columns`): the lookup then picks its candidates' entries, does a few
-dozen float operations, and only the result goes back to numpy.
+A request gathers its candidates' rows from one block (`block`): every per-GPU figure of
+the table side by side in a float64 array, one row per GPU, built with the table. One
+fancy index brings a candidate's figures together in one contiguous row (instead of a
+dozen gathers, or a dozen lookups in per-column Python lists whose float objects lie
+scattered in memory), and `tolist` turns a handful of rows into Python floats for the
+scalar path. Integer columns (constraint code, port, best endpoint) are small integers,
+exact in a float64, and booleans are 0.0 / 1.0.
 
 The arithmetic is the reference `evaluate`'s, in the same order of operations, so the
 figures stay bit-identical (the tests compare them).
@@ -20,8 +22,7 @@ figures stay bit-identical (the tests compare them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,37 +51,39 @@ class TickContractTable:
     network: np.ndarray  # the path table's, per GPU
     raw_network: np.ndarray
     port: np.ndarray
-    # the same figures as Python lists, one per column: built on the first small request (`columns`)
-    _cache: dict = field(default_factory=dict, repr=False)
-
-    def columns(self) -> Columns:
-        """Every per-GPU column as a plain Python list (built once per tick and contract
-        table: a dozen `tolist` calls, ~1 ms for 8,000 GPUs, and no per-GPU containers,
-        which would wake the garbage collector; a race builds it twice, identically)."""
-        cols = self._cache.get("columns")
-        if cols is None:
-            cols = self._cache["columns"] = Columns(
-                *(a.tolist() for a in (self.code, self.min_share, self.peak_eff, self.no_peak, self.snap_free,
-                                       self.network, self.raw_network, self.port, self.dependencies, self.sigma)),
-                services=tuple((best.tolist(), lat.tolist()) for _, _, best, lat in self.services),
-            )
-        return cols
+    block: np.ndarray  # GPUs x columns: the figures above side by side (see `Layout`)
+    layout: Layout
 
 
-class Columns(NamedTuple):
-    """A tick table's per-GPU columns as Python lists of floats, ints and bools."""
+# the block's leading columns, in this order; then each declared service's latency, then the
+# integer columns: the constraint code, the port, and each declared service's best endpoint
+BLOCK_FLOATS = ("min_share", "peak_eff", "no_peak", "free", "network", "raw_network", "dependencies", "sigma")
+(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA) = range(len(BLOCK_FLOATS))
 
-    code: list[int]
-    min_share: list[float]
-    peak_eff: list[float]
-    no_peak: list[bool]
-    free: list[float]
-    network: list[float]
-    raw_network: list[float]
-    port: list[int]
-    dependencies: list[float]
-    sigma: list[float]
-    services: tuple[tuple[list[int], list[float]], ...]  # per declared service: (best endpoint, its latency)
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a table's columns lie in its block, for `services` declared services."""
+
+    services: int
+
+    @property
+    def code(self) -> int:
+        return len(BLOCK_FLOATS) + self.services  # the first integer column
+
+    @property
+    def port(self) -> int:
+        return self.code + 1
+
+    def latency(self, i: int) -> int:
+        return len(BLOCK_FLOATS) + i
+
+    def best(self, i: int) -> int:
+        return self.code + 2 + i
+
+    @property
+    def width(self) -> int:
+        return self.code + 2 + self.services
 
 
 def tick_table(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
@@ -108,8 +111,15 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
     sigma = np.sqrt(pt.sigma2)
     for a in (code, sigma, deps):
         a.setflags(write=False)
+    layout = Layout(len(services))
+    cols = (table.min_share, table.peak_eff, table.no_peak, snap.gpu_free, pt.network, pt.raw_network, deps, sigma,
+            *(lat for _, _, _, lat in services), code, pt.port, *(best for _, _, best, _ in services))
+    block = np.empty((n, layout.width))
+    for j, a in enumerate(cols):
+        block[:, j] = a
+    block.setflags(write=False)
     return TickContractTable(code, sigma, deps, tuple(services), snap.gpu_free, table.min_share, table.peak_eff,
-                             table.no_peak, pt.network, pt.raw_network, pt.port)
+                             table.no_peak, pt.network, pt.raw_network, pt.port, block, layout)
 
 
-__all__ = ["Columns", "TickContractTable", "tick_table"]
+__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table"]
