@@ -5,7 +5,8 @@ Building a `DecisionRecord` (pydantic validation) and dumping it to JSON costs a
 thread ~70 µs, about a tenth of a whole decision, and holds the interpreter lock that every
 other decision thread needs. A draft is a dict literal of the same fields (a few µs); the
 writer process turns it into the same record, through the same validation and the same
-redaction, so the stored bytes are those `submit_decision` would have stored. The price:
+redaction, so the stored bytes are those `submit_decision` would have stored. It crosses
+the pipe as JSON, so it must hold plain values (a non-finite float arrives as null). The price:
 a draft that does not validate is refused there, asynchronously, and reported through its
 receipt, `AuditLog.failures` and the `policyc.audit` logger, not by an exception at the call.
 """
@@ -78,7 +79,7 @@ def decision_draft(
         "matched_rules": [{"id": i, "origin": {"file": f, "line": ln, "col": c}} for i, f, ln, c in matched_rules],
         "placement": dict(placement) if placement is not None else None,
         "latency": {"total": latency, "stages": dict(stages)},
+        # written even when empty, as the record's default is: the writer's fast path wants every field that has a default other than None
+        "resources": dict(resources) if resources is not None else {},
     }
-    if resources is not None:
-        draft["resources"] = dict(resources)
     return draft

@@ -21,12 +21,32 @@ from .chain import COLUMNS
 from .errors import AuditLogUnavailable
 from .schemas import ACTION_SCHEMA, DECISION_SCHEMA
 
-STORE_SCHEMA = "policyc.audit.store/v1"  # (v1: generated index columns)
+STORE_SCHEMA = "policyc.audit.store/v2"  # what new logs are created as
+STORE_V1 = "policyc.audit.store/v1"  # still read, verified and appended to
+READABLE = (STORE_V1, STORE_SCHEMA)
+PAGE_SIZE = 8192  # records are ~1.5 KB: fewer page splits and WAL frames than 4096 (measured ~0.75x the insert CPU)
 Durability = Literal["full", "normal"]
 
-# Index columns are STORED GENERATED columns: SQLite derives them from the body on insert,
-# so the body (which the hash chain covers) is their only source and SQL cannot set them
-# apart from it (`verify` checks that the table still has this definition).
+# The index columns' SQL types, in `chain.COLUMNS` order; `index_columns.index_row`
+# derives their values from a record's body.
+COLUMN_TYPES: dict[str, str] = {
+    "kind": "TEXT", "time": "REAL", "decision_id": "TEXT", "tenant": "TEXT", "model": "TEXT", "region": "TEXT",
+    "outcome": "TEXT", "action": "TEXT", "gpu_s": "REAL", "gpu_src": "TEXT", "mem_b": "REAL", "mem_src": "TEXT",
+    "net_b": "REAL", "net_src": "TEXT", "latency_s": "REAL",
+}
+assert tuple(COLUMN_TYPES) == COLUMNS
+
+# v2: plain columns the writer fills (`index_columns.index_row`); `verify` re-derives every
+# entry's columns from its body and names the first that disagrees.
+ENTRIES_DDL = (
+    "CREATE TABLE entries (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL, "
+    + ", ".join(f"{c} {t}" for c, t in COLUMN_TYPES.items())
+    + ")"
+)
+
+# v1: STORED GENERATED columns, derived by SQLite from the body on insert (about 30
+# `json_extract` parses of the body per row: a third of the writer's CPU per record);
+# `verify` checks that the table still has this definition (`consistency.py`).
 # column -> (type, path in a decision body, path in an action body); None: NULL
 INDEX_PATHS: dict[str, tuple[str, str | None, str | None]] = {
     "time": ("REAL", "$.time", "$.time"),
@@ -51,14 +71,14 @@ KIND_EXPR = (
 
 
 def derived_expr(col: str) -> str:
-    """The SQL that derives index column `col` from `body`."""
+    """The SQL that derives index column `col` from `body` (store v1)."""
     _, dec, act = INDEX_PATHS[col]
     d = f"json_extract(CAST(body AS TEXT), '{dec}')" if dec else "NULL"
     a = f"json_extract(CAST(body AS TEXT), '{act}')" if act else "NULL"
     return f"CASE json_extract(CAST(body AS TEXT), '$.schema_version') WHEN '{DECISION_SCHEMA}' THEN {d} ELSE {a} END"
 
 
-ENTRIES_DDL = (
+ENTRIES_DDL_V1 = (
     "CREATE TABLE entries (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL, "
     + f"kind TEXT GENERATED ALWAYS AS ({KIND_EXPR}) STORED, "
     + ", ".join(f"{c} {t} GENERATED ALWAYS AS ({derived_expr(c)}) STORED" for c, (t, _, _) in INDEX_PATHS.items())
@@ -78,30 +98,49 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 
 ENTRY_SELECT = "SELECT seq, " + ", ".join(COLUMNS) + ", body, prev_hash, hash FROM entries"
 CHAIN_SELECT = "SELECT seq, body, prev_hash, hash FROM entries"
-ENTRY_INSERT = "INSERT INTO entries (seq, body, prev_hash, hash) VALUES (?, ?, ?, ?)"
+INDEXED_CHAIN_SELECT = "SELECT seq, body, prev_hash, hash, " + ", ".join(COLUMNS) + " FROM entries"  # v2: the walk checks the columns too
+ENTRY_INSERT = "INSERT INTO entries (seq, body, prev_hash, hash, " + ", ".join(COLUMNS) + ") VALUES (" + ", ".join(["?"] * (4 + len(COLUMNS))) + ")"
 
 
-@functools.lru_cache(maxsize=64)
-def insert_rows_sql(n: int) -> str:
-    """An INSERT of `n` entries in one statement."""
-    return "INSERT INTO entries (seq, body, prev_hash, hash) VALUES " + ", ".join(["(?, ?, ?, ?)"] * n)
+@functools.lru_cache(maxsize=128)
+def insert_rows_sql(n: int, indexed: bool = True) -> str:
+    """An INSERT of `n` entries in one statement: with their index columns (v2), or
+    without (v1, where SQLite generates them)."""
+    if not indexed:
+        return "INSERT INTO entries (seq, body, prev_hash, hash) VALUES " + ", ".join(["(?, ?, ?, ?)"] * n)
+    row = "(" + ", ".join(["?"] * (4 + len(COLUMNS))) + ")"
+    return "INSERT INTO entries (seq, body, prev_hash, hash, " + ", ".join(COLUMNS) + ") VALUES " + ", ".join([row] * n)
 
 
 def entries_definition_intact(conn: sqlite3.Connection) -> bool:
-    """Whether the entries table still derives its index columns from the body."""
+    """Whether a v1 entries table still derives its index columns from the body."""
     row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone()
-    return row is not None and row[0] == ENTRIES_DDL
+    return row is not None and row[0] == ENTRIES_DDL_V1
+
+
+def entries_columns_missing(conn: sqlite3.Connection) -> list[str]:
+    """The columns a v2 entries table should have and does not (someone redefined it)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
+    return [c for c in ("seq", "body", "prev_hash", "hash", *COLUMNS) if c not in have]
+
+
+def store_schema(conn: sqlite3.Connection) -> str:
+    """The store schema of an open log (`_check_schema` has accepted it)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    return str(row[0])
 
 
 def connect_writer(path: Path, durability: Durability) -> sqlite3.Connection:
     """Open (creating if needed) the store for appending."""
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # only takes effect on a new, empty database
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise AuditLogUnavailable(f"{path}: cannot put the audit log in WAL mode (got `{mode}`)")
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-        conn.executescript(_DDL)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+            conn.executescript(_DDL)  # a new log; an existing one keeps its own definition (v1 or v2)
     except sqlite3.DatabaseError as e:
         raise AuditLogUnavailable(f"{path}: not an audit log ({e})") from None
     _check_schema(conn, path, create=True)
@@ -134,8 +173,8 @@ def _check_schema(conn: sqlite3.Connection, path: Path, *, create: bool) -> None
         conn.execute("INSERT INTO meta VALUES ('schema', ?)", (STORE_SCHEMA,))
         conn.execute("INSERT INTO meta VALUES ('log_id', lower(hex(randomblob(16))))")
         conn.execute("COMMIT")
-    elif row[0] != STORE_SCHEMA:
-        raise AuditLogUnavailable(f"{path}: unsupported audit log schema `{row[0]}`; this policyc reads `{STORE_SCHEMA}`")
+    elif row[0] not in READABLE:
+        raise AuditLogUnavailable(f"{path}: unsupported audit log schema `{row[0]}`; this policyc reads {' and '.join(f'`{s}`' for s in READABLE)}")
 
 
 def log_id(conn: sqlite3.Connection) -> str:

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from .chain import digest, genesis
 from .checkpoints import Checkpoint, signature_valid
 from .consistency import first_inconsistent
-from .store import CHAIN_SELECT, connect_reader, entries_definition_intact, log_id
+from .store import CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, connect_reader, entries_columns_missing, entries_definition_intact, log_id, store_schema
 from .verify_chain import Break, WalkProblem, walk
 from .wal import WalTail, inspect_wal
 
@@ -91,7 +91,13 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
         report.checkpoints = len(cps)
         report.signatures_checked = public_key is not None
         want = frozenset([c.seq for c in cps] + ([anchor.seq] if anchor else []))
-        result = walk(conn.execute(CHAIN_SELECT + " ORDER BY seq"), genesis(lid), 1, want)
+        v1 = store_schema(conn) == STORE_V1
+        missing = [] if v1 else entries_columns_missing(conn)
+        if missing:  # the columns cannot be checked, so neither can the rest: say so and stop
+            report.problems.append(Problem(1, ProblemKind.EDITED, f"the entries table was redefined: it lacks column(s) {', '.join(f'`{c}`' for c in missing)}"))
+            return report
+        select = CHAIN_SELECT if v1 else INDEXED_CHAIN_SELECT
+        result = walk(conn.execute(select + " ORDER BY seq"), genesis(lid), 1, want, indexed=not v1)
         report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
         if result.problem is not None:
             report.problems.append(_diagnose(conn, result.problem, result.last_hash))
@@ -99,7 +105,11 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
         else:
             walked_to = result.last_seq
             report.entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
-        if not entries_definition_intact(conn):
+        if result.index_problem is not None:
+            seq, col = result.index_problem
+            what = "its body is not a JSON record" if col == "body" else f"its index column `{col}` was changed: it disagrees with the record"
+            report.problems.append(Problem(seq, ProblemKind.EDITED, what))
+        if v1 and not entries_definition_intact(conn):
             bad = first_inconsistent(conn, 1, walked_to)
             if bad is None:
                 report.problems.append(Problem(1, ProblemKind.EDITED, "the entries table was redefined: its index columns are no longer derived from the records"))

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Sequence
 
+from .chain import COLUMNS
+from .index_columns import index_row
+
 _pack_seq = struct.Struct(">Q").pack
 _sha = hashlib.sha256
 
@@ -40,11 +43,16 @@ class WalkResult:
     count: int
     problem: WalkProblem | None = None
     hashes_at: dict[int, bytes] = field(default_factory=dict)
+    index_problem: tuple[int, str] | None = None  # (seq, column or "body"): the first entry whose index columns disagree
 
 
-def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: frozenset[int] = frozenset()) -> WalkResult:
+def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: frozenset[int] = frozenset(), *, indexed: bool = False) -> WalkResult:
     """Check rows `(seq, body, prev_hash, hash)` (`store.CHAIN_SELECT`) against the chain starting with
-    `prev` at seq `expect`. Collects the hash of every seq in `collect` (checkpoint seqs)."""
+    `prev` at seq `expect`. Collects the hash of every seq in `collect` (checkpoint seqs).
+
+    `indexed` (store v2): rows also carry the index columns (`store.INDEXED_CHAIN_SELECT`),
+    and each entry's are re-derived from its body; the first that disagrees is kept in
+    `index_problem` and the walk goes on (a chain break found later is still the chain's)."""
     result = WalkResult(expect - 1, prev, 0)
     hashes_at = result.hashes_at
     count = 0
@@ -53,7 +61,7 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
         if seq != expect:
             result.problem = WalkProblem(expect, seq, Break.GAP, f"expected entry {expect}, found {seq}")  # type: ignore[arg-type]
             break
-        _, body, p, h = row
+        body, p, h = row[1], row[2], row[3]
         try:
             computed = _sha(p + _pack_seq(seq) + body).digest()  # type: ignore[operator]
         except TypeError:
@@ -64,6 +72,8 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
         if p != prev:
             result.problem = WalkProblem(expect, seq, Break.LINK, "it does not link to the entry before it")  # type: ignore[arg-type]
             break
+        if indexed and result.index_problem is None:
+            result.index_problem = _index_disagrees(row)
         if seq in collect:
             hashes_at[seq] = h  # type: ignore[assignment]
         prev = h  # type: ignore[assignment]
@@ -71,3 +81,15 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
         count += 1
     result.last_seq, result.last_hash, result.count = expect - 1, prev, count
     return result
+
+
+def _index_disagrees(row: Sequence[object]) -> tuple[int, str] | None:
+    """(seq, the first column that disagrees with the body, or "body" when it is not JSON)."""
+    try:
+        want = index_row(row[1])  # type: ignore[arg-type]
+    except ValueError:
+        return (row[0], "body")  # type: ignore[return-value]
+    have = tuple(row[4:])
+    if want == have:
+        return None
+    return (row[0], next(c for c, w, h in zip(COLUMNS, want, have) if w != h))  # type: ignore[return-value]

@@ -18,11 +18,17 @@ import select
 import sqlite3
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .draft_encoder import encode_draft
+from .draft_encoder import draft_values, encode_draft
 from .frames import HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
+from .index_columns import IndexRow, index_row
+
+if TYPE_CHECKING:
+    from .redaction import Redactor
 from .writer import ChainWriter, Signer, WriterConfig
+
+_NO_INDEX: IndexRow = ()  # store v1: SQLite generates the index columns
 
 _READ = 1 << 20
 
@@ -39,32 +45,37 @@ def _signer(cfg: WriterConfig) -> Signer | None:
 
 
 def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
-    """Drafts → the bytes `AuditLog.submit_decision` would store. A draft of plain values
-    of the declared types (the decision service's) is validated and written by
-    `draft_encoder`'s strict schema, without model instances; any other goes through
+    """Wire drafts (JSON) → the bytes `AuditLog.submit_decision` would store. A draft of
+    plain values of the declared types (the decision service's) is validated and written by
+    `draft_encoder`'s strict structs, without pydantic; any other goes through
     `DecisionRecord` to be coerced or refused with its problems named."""
-    from pydantic import ValidationError
-
-    from .records import DecisionRecord
-    from .redaction import Redactor
+    from .redaction import Redactor  # here: a writer that is only handed bodies never loads pydantic
 
     redactor = Redactor(redact)
 
     def body(payload: bytes) -> bytes:
-        draft = marshal.loads(payload)
-        encoded = encode_draft(draft)  # None: the strict schema refused it; the model decides
-        if encoded is not None:
-            headers = draft.get("request", {})
-            return redactor.redact_json(encoded.decode(), headers).encode() if redactor.secrets(headers) else encoded
-        try:
-            record = DecisionRecord.model_validate(draft)
-        except ValidationError as e:
-            where = draft.get("decision_id", "?") if isinstance(draft, dict) else "?"
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors()[:5])
-            raise ValueError(f"decision draft `{where}` is not a valid decision record: {problems}") from None
-        return redactor.dump(record, record.request).encode()
+        encoded = encode_draft(payload)  # None: the strict structs refused it; the model decides
+        if encoded is None:
+            return _by_model(payload, redactor)
+        body, headers = encoded
+        return redactor.redact_json(body.decode(), headers).encode() if redactor.secrets(headers) else body
 
     return body
+
+
+def _by_model(payload: bytes, redactor: Redactor) -> bytes:
+    from pydantic import ValidationError
+
+    from .records import DecisionRecord
+
+    draft = draft_values(payload)
+    try:
+        record = DecisionRecord.model_validate(draft)
+    except ValidationError as e:
+        where = draft.get("decision_id", "?") if isinstance(draft, dict) else "?"
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors()[:5])
+        raise ValueError(f"decision draft `{where}` is not a valid decision record: {problems}") from None
+    return redactor.dump(record, record.request).encode()
 
 
 def _read_init(fd: int, buf: bytearray) -> WriterConfig:
@@ -93,6 +104,7 @@ def serve(fd_in: int, fd_out: int) -> None:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return
     drafts: Callable[[bytes], bytes] | None = None
+    indexed = cfg.indexed
     ticket = 0
     while True:
         due = writer.seal_due_in()
@@ -106,18 +118,17 @@ def serve(fd_in: int, fd_out: int) -> None:
             if not chunk:
                 os._exit(0)  # the owner died without closing: stop as a crash would
             buf += chunk
-        bodies: list[bytes] = []
+        records: list[tuple[bytes, IndexRow]] = []
         failed: list[tuple[int, int, str]] = []
         first, closing = ticket, False
         for kind, payload in split(buf):
-            if kind == ToWriter.BODY:
-                bodies.append(payload)
-                ticket += 1
-            elif kind == ToWriter.DRAFT:
+            if kind == ToWriter.BODY or kind == ToWriter.DRAFT:
                 try:
-                    if drafts is None:
-                        drafts = _draft_serialiser(cfg.redact)
-                    bodies.append(drafts(payload))
+                    if kind == ToWriter.DRAFT:
+                        if drafts is None:
+                            drafts = _draft_serialiser(cfg.redact)
+                        payload = drafts(payload)
+                    records.append((payload, index_row(payload) if indexed else _NO_INDEX))
                 except Exception as e:  # noqa: BLE001 (reported on the record's receipt)
                     failed.append((ticket, ticket + 1, str(e) or type(e).__name__))
                 ticket += 1
@@ -127,7 +138,7 @@ def serve(fd_in: int, fd_out: int) -> None:
                 closing = True
                 break
         if ticket > first or (writer.seal_due_in() == 0):
-            _commit(writer, fd_out, first, bodies, failed, end=ticket)
+            _commit(writer, fd_out, first, records, failed, end=ticket)
         if closing:
             message = ""
             try:
@@ -139,17 +150,17 @@ def serve(fd_in: int, fd_out: int) -> None:
             return
 
 
-def _commit(writer: ChainWriter, fd_out: int, first: int, bodies: list[bytes], failed: list[tuple[int, int, str]],
+def _commit(writer: ChainWriter, fd_out: int, first: int, records: list[tuple[bytes, IndexRow]], failed: list[tuple[int, int, str]],
             end: int | None = None) -> None:
     end = first if end is None else end
     seq_base = writer.seq + 1
     try:
-        writer.write(bodies)
+        writer.write(records)
     except sqlite3.Error as e:
         failed = [(first, end, f"{writer.path}: batch not stored: {e}")]
-        if not bodies:
+        if not records:
             writer.sealed_time = time.monotonic()  # a failed seal is retried after an interval, not at once
-    if end > first or bodies:
+    if end > first or records:
         _tell(fd_out, Ack(first, end, seq_base, tuple(failed), writer.seq, writer.commits).encode())
 
 

@@ -5,7 +5,7 @@ Decisions are submitted without waiting (group commit makes them durable shortly
 They go as drafts (`draft_of`: plain values, no pydantic): the audit log's writer process
 validates, redacts and serialises them into the bytes `decision_record` would give, so
 the decision thread pays a few microseconds instead of ~70 and keeps the interpreter lock
-for decisions. `decision_record` stays for callers that want the validated record itself.
+for decisions; the batch is handed over at once (`AuditLog.submit_decision_drafts`). `decision_record` stays for callers that want the validated record itself.
 Enforcer action kinds map onto the audit schema's; kinds the schema has no name for
 (classification, ending connections, kernel events) are kept as `report_anomaly`
 observations with the original kind in the detail, never dropped.
@@ -171,10 +171,21 @@ class AuditBridge:
 
     def _hand_over(self) -> None:  # with self._lock held, so batches reach the log in order
         batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            self.log.submit_decision_drafts([draft for _, draft in batch])
+            return
+        except TypeError:
+            pass  # a draft JSON cannot hold: hand them over one by one so only it is refused
+        except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
+            self._refused_here += len(batch)
+            log.error("audit: %d decision(s) not recorded (%s ...): %s", len(batch), batch[0][0], e)
+            return
         for decision_id, draft in batch:
             try:
                 self.log.submit_decision_draft(draft)
-            except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
+            except Exception as e:
                 self._refused_here += 1
                 log.error("audit: decision %s not recorded: %s", decision_id, e)
 

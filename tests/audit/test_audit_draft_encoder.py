@@ -1,5 +1,6 @@
 """The writer's direct draft encoder writes exactly the bytes the pydantic path writes, and
-hands every draft its strict schema refuses back to pydantic (returns None)."""
+hands every draft its strict structs refuse back to pydantic (returns None); drafts cross
+the pipe as JSON (`wire_draft`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import Any
 import pytest
 from audit_helpers import decision
 
-from policyc.audit.draft_encoder import encode_draft
+from policyc.audit.draft_encoder import encode_draft, wire_draft
 from policyc.audit.records import DecisionRecord
 from policyc.audit.redaction import DEFAULT_REDACT, Redactor
+from policyc.audit.writer_process import _draft_serialiser
+
+WRITER = _draft_serialiser(DEFAULT_REDACT)  # what the writer process stores for a wire draft
 
 REDACTOR = Redactor(DEFAULT_REDACT)
 TEXTS = ["", "plain", "ünïcødé ☃ 𝄞", 'quote " back \\ slash', "ctl \x00\x01\x1f\x7f\n\t\r\b\f", "\u2028\u2029", "é" * 40]
@@ -22,18 +26,48 @@ def _pydantic_bytes(draft: dict[str, Any]) -> bytes:
     return REDACTOR.dump(record, record.request).encode()
 
 
+def _fast(draft: dict[str, Any]) -> bytes | None:
+    """The fast path alone (None: refused, pydantic decides), redacted as the writer does."""
+    encoded = encode_draft(wire_draft(draft))
+    if encoded is None:
+        return None
+    body, headers = encoded
+    return REDACTOR.redact_json(body.decode(), headers).encode() if REDACTOR.secrets(headers) else body
+
+
 def _fast_bytes(draft: dict[str, Any]) -> bytes:
-    encoded = encode_draft(draft)
+    encoded = _fast(draft)
     assert encoded is not None, draft
-    headers = draft.get("request", {})
-    return REDACTOR.redact_json(encoded.decode(), headers).encode() if REDACTOR.secrets(headers) else encoded
+    return encoded
 
 
-def _float(rng: random.Random, low: float = -30) -> float:
-    return rng.choice([0.0, 1.0, 1e-5, 5.5e-5, 1e-6, 1e16, 1e15, 0.5]) if rng.random() < 0.2 else rng.random() * 10 ** rng.uniform(low, 25)
+def _float(rng: random.Random, low: float = -30, high: float = 25) -> float:
+    special = [x for x in (0.0, 1.0, 1e-5, 5.5e-5, 1e-6, 1e16, 1e15, 0.5) if x < 10**high]
+    return rng.choice(special) if rng.random() < 0.2 else rng.random() * 10 ** rng.uniform(low, high)
 
 
-def _random_draft(rng: random.Random, i: int) -> dict[str, Any]:
+def _random_draft(rng: random.Random, i: int, *, everyday: bool = False) -> dict[str, Any]:
+    """A random draft; `everyday`: complete (every defaulted field present) with floats
+    below 1e16, the kind the fast path must take."""
+    if everyday:
+        d = _random_draft(random.Random(rng.random()), i)
+        d.setdefault("schema_version", "policyc.audit.decision/v1")
+        d.setdefault("resources", {})
+        return _cap_floats(d)
+    return _random_draft_any(rng, i)
+
+
+def _cap_floats(value: Any) -> Any:
+    if isinstance(value, float) and value >= 1e16:
+        return value / 1e10
+    if isinstance(value, dict):
+        return {k: _cap_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cap_floats(v) for v in value]
+    return value
+
+
+def _random_draft_any(rng: random.Random, i: int) -> dict[str, Any]:
     secret = f"tok-{i}-{rng.choice(TEXTS)}"
     request = {"X-SLO-Latency": rng.choice(TEXTS), "X-Data-Region": "us-west"}
     if rng.random() < 0.5:
@@ -67,14 +101,33 @@ def _random_draft(rng: random.Random, i: int) -> dict[str, Any]:
 def test_canonical_drafts_encode_to_the_pydantic_bytes() -> None:
     rng = random.Random(7)
     drafts = [decision(i).model_dump(mode="json") for i in range(20)] + [_random_draft(rng, i) for i in range(600)]
+    fast = 0
     for draft in drafts:
+        expected = _pydantic_bytes(draft)
+        assert WRITER(wire_draft(draft)) == expected  # whichever path the writer takes
+        encoded = _fast(draft)
+        assert encoded is None or encoded == expected
+        fast += encoded is not None
+    assert fast >= 100, fast  # the random drafts often lack a defaulted field or have a float >= 1e16
+    everyday = drafts[:20] + [_random_draft(rng, i, everyday=True) for i in range(300)]
+    for draft in everyday:  # complete drafts with floats below 1e16: all on the fast path
         assert _fast_bytes(draft) == _pydantic_bytes(draft)
+
+
+def test_large_floats_take_the_slow_path_with_the_same_bytes() -> None:
+    draft = decision(1).model_dump(mode="json")
+    draft["resources"]["memory_bytes"]["value"] = 2.5e16  # msgspec writes 2.5e16, pydantic 2.5e+16
+    assert _fast(draft) is None
+    assert WRITER(wire_draft(draft)) == _pydantic_bytes(draft) and b"2.5e+16" in _pydantic_bytes(draft)
+    draft["resources"]["memory_bytes"]["value"] = 2.5e-16  # negative exponents are written alike
+    assert _fast_bytes(draft) == _pydantic_bytes(draft)
 
 
 def test_minimal_draft_gets_the_defaults_pydantic_writes() -> None:
     draft = {"time": 1.5, "decision_id": "d", "tenant": "t", "bundle_hash": "h", "outcome": "failed", "latency": {"total": 0.0}}
-    assert _fast_bytes(draft) == _pydantic_bytes(draft)
-    assert b'"request":{}' in _fast_bytes(draft) and b'"resources":{}' in _fast_bytes(draft)
+    assert _fast(draft) is None  # fields with defaults other than None are required on the fast path
+    assert WRITER(wire_draft(draft)) == _pydantic_bytes(draft)
+    assert b'"request":{}' in _pydantic_bytes(draft) and b'"resources":{}' in _pydantic_bytes(draft)
 
 
 def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
@@ -113,20 +166,35 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 )
 def test_other_drafts_go_to_pydantic_or_give_its_bytes(path: tuple[str, ...], value: Any) -> None:
     draft = _with(path, value)
-    encoded = encode_draft(draft)
+    encoded = _fast(draft)
     try:
         expected = _pydantic_bytes(draft)
     except ValueError:  # pydantic refuses it: the fast path must not have accepted it
         assert encoded is None
     else:
-        assert encoded is None or REDACTOR.redact_json(encoded.decode(), draft["request"]).encode() == expected
+        assert encoded is None or encoded == expected
+
+
+def test_non_finite_floats_arrive_as_null() -> None:
+    """JSON has no infinity: a draft's inf crosses the pipe as null, as pydantic would have
+    written it; in a required field the draft is then refused, not stored unreadable."""
+    draft = decision(1, t=1.7e9).model_dump(mode="json")
+    draft["placement"]["predicted_latency"] = float("inf")
+    stored = WRITER(wire_draft(draft))
+    draft["placement"]["predicted_latency"] = None
+    assert stored == _pydantic_bytes(draft)
+    with pytest.raises(ValueError, match="time"):
+        WRITER(wire_draft(_with(("time",), float("nan"))))
 
 
 def test_missing_required_field_goes_to_pydantic() -> None:
     draft = decision(1).model_dump(mode="json")
     del draft["latency"]
-    assert encode_draft(draft) is None
-    assert encode_draft(["not", "a", "dict"]) is None
+    assert encode_draft(wire_draft(draft)) is None
+    with pytest.raises(ValueError, match="latency"):
+        WRITER(wire_draft(draft))
+    assert encode_draft(wire_draft(["not", "a", "dict"])) is None  # type: ignore[arg-type]
+    assert encode_draft(b"{not json") is None
 
 
 def test_rule_in_another_key_order_and_unencodable_text() -> None:
@@ -134,19 +202,25 @@ def test_rule_in_another_key_order_and_unencodable_text() -> None:
     draft["matched_rules"] = [{"origin": {"file": "f", "line": 1, "col": 1}, "id": "p.r"}]
     assert _fast_bytes(draft) == _pydantic_bytes(draft)  # written in the model's order
     assert _pydantic_bytes(draft).count(b'"id":"p.r","origin"') == 1
-    assert encode_draft(_with(("tenant",), "half \ud800 surrogate")) is None
+    with pytest.raises(TypeError, match="only dicts"):
+        wire_draft(_with(("tenant",), "half \ud800 surrogate"))  # refused at the call
 
 
-def test_strict_schema_mirrors_the_record_models_field_for_field() -> None:
-    """The encoder's schema is written by hand: a field added to, removed from, moved in or
-    made optional in a record model must be mirrored there, or this fails."""
+def test_strict_structs_mirror_the_record_models_field_for_field() -> None:
+    """The encoder's structs are written by hand: a field added to, removed from or moved in
+    a record model must be mirrored there, or this fails. A field is optional there exactly
+    when the model's default is None (other defaults are required, so pydantic writes them)."""
+    import msgspec
+
     from policyc.audit import draft_encoder as enc
     from policyc.audit.records import Figure, Latency, MatchedRule, Placement, Resources
     from policyc.compiler.bundle import SourceRef
 
-    pairs = [(DecisionRecord, enc._DECISION), (Figure, enc._FIGURE), (SourceRef, enc._ORIGIN), (MatchedRule, enc._RULE),
-             (Placement, enc._PLACEMENT), (Latency, enc._LATENCY), (Resources, enc._RESOURCES)]
-    for model, schema in pairs:
-        fields = schema["fields"]
+    pairs = [(DecisionRecord, enc.DecisionWire), (Figure, enc.FigureWire), (SourceRef, enc.OriginWire), (MatchedRule, enc.RuleWire),
+             (Placement, enc.PlacementWire), (Latency, enc.LatencyWire), (Resources, enc.ResourcesWire)]
+    for model, struct in pairs:
+        fields = {f.name: f for f in msgspec.structs.fields(struct)}
         assert list(fields) == list(model.model_fields), model.__name__
-        assert {k: f["required"] for k, f in fields.items()} == {k: f.is_required() for k, f in model.model_fields.items()}, model.__name__
+        want = {k: f.is_required() or f.get_default(call_default_factory=True) is not None for k, f in model.model_fields.items()}
+        assert {k: f.required for k, f in fields.items()} == want, model.__name__
+        assert all(f.default is None for f in fields.values() if not f.required), model.__name__
