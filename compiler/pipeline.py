@@ -8,33 +8,24 @@ cascading noise. `stop_after` returns after a named stage, with the (unsealed) b
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import threading
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from policyc import __version__
 from policyc.dsl import ast
-from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error, sort_key
-from policyc.dsl.parser import parse
+from policyc.dsl.diagnostics import Diagnostic, sort_key
 from policyc.dsl.source import Source
 
 from . import bundle_io, load
 from .attributes import BUILTIN_REQUEST_VARS
-from .breakers import lower_breaker
-from .bundle import Breaker, Bundle, Contract, GpuClass, HeaderMapping, RequestRule, Tenant
-from .catalog import lower_gpu
-from .contracts import lower_contract
+from .bundle import Bundle
+from .front_end import Lowered, front_end
 from .gc_pause import gc_paused
 from .index import plan_index
-from .requests import lower_request, lower_tenants
 from .resolve import resolve
 from .rules import RequestScope, lower_policy
 
-TOP_LEVEL = ("contract", "gpu", "request", "tenants", "policy", "breaker")
 STAGES = ("parse", "lower", "resolve", "plan", "analyse", "emit")
 
 
@@ -51,20 +42,6 @@ class CompileResult:
     @property
     def ok(self) -> bool:
         return self.bundle is not None and not self.errors
-
-
-@dataclass
-class _Lowered:
-    contracts: list[Contract] = field(default_factory=list)
-    gpus: list[GpuClass] = field(default_factory=list)
-    headers: list[HeaderMapping] = field(default_factory=list)
-    tenants: list[Tenant] = field(default_factory=list)
-    rules: list[RequestRule] = field(default_factory=list)
-    breakers: list[Breaker] = field(default_factory=list)
-
-    def extend(self, other: "_Lowered") -> None:
-        for name in ("contracts", "gpus", "headers", "tenants", "rules", "breakers"):
-            getattr(self, name).extend(getattr(other, name))
 
 
 def compile_paths(paths: Sequence[str | Path], *, analyse: bool = True, stop_after: str | None = None) -> CompileResult:
@@ -91,8 +68,8 @@ def _compile_sources(sources: Sequence[Source], *, analyse: bool, stop_after: st
     diags: list[Diagnostic] = []
     result = CompileResult(None, diags, {s.name: s for s in sources})
     # parse, and lower each file's declarations (files are independent until names resolve)
-    units = _front_end(sources)
-    low, policies = _Lowered(), []
+    units = front_end(sources)
+    low, policies = Lowered(), []
     for unit in units:
         diags.extend(unit.diagnostics)
         low.extend(unit.lowered)
@@ -147,73 +124,7 @@ def _done(result: CompileResult) -> CompileResult:
     return result
 
 
-@dataclass
-class _FileUnit:
-    """What the front end makes of one file: its lowered declarations, its (still
-    unlowered) policy blocks and its diagnostics. Picklable, so files can be handled in
-    worker processes."""
-
-    lowered: _Lowered
-    policies: list[ast.Block]
-    diagnostics: list[Diagnostic]
-
-
-# Below this much source, worker processes cost more to start than they save.
-PARALLEL_MIN_BYTES = 1_000_000
-
-
-def _front_end(sources: Sequence[Source]) -> list[_FileUnit]:
-    """Files in worker processes when the input is large and forking is safe (a process
-    with other threads — a server, a test harness — is never forked); else in order here."""
-    size = sum(len(s.text) for s in sources)
-    workers = min(len(os.sched_getaffinity(0)), 4, len(sources))
-    if size < PARALLEL_MIN_BYTES or workers < 2 or threading.active_count() > 1:
-        return [front_end_file(s) for s in sources]
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(front_end_file, sources, chunksize=max(1, len(sources) // (workers * 4))))
-
-
-def front_end_file(src: Source) -> _FileUnit:
-    """Parse one file and give its top-level blocks their meaning (policies excepted)."""
-    with gc_paused():
-        diags: list[Diagnostic] = []
-        tree, more = parse(src)
-        diags.extend(more)
-        low, policies = _Lowered(), []
-        if tree is not None:
-            _lower_file(tree, low, policies, diags)
-        return _FileUnit(low, policies, diags)
-
-
-def _lower_file(tree: ast.File, low: _Lowered, policies: list[ast.Block], diags: list[Diagnostic]) -> None:
-    for item in tree.items:
-        if isinstance(item, ast.Field):
-            diags.append(error("E213", f"`{item.key}:` must be inside a block", item.key_span,
-                               f"top-level blocks: {', '.join(TOP_LEVEL)}"))
-            continue
-        kind = item.kind
-        if kind == "contract":
-            if (c := lower_contract(item, diags)) is not None:
-                low.contracts.append(c)
-        elif kind == "gpu":
-            if (g := lower_gpu(item, diags)) is not None:
-                low.gpus.append(g)
-        elif kind == "request":
-            low.headers.extend(lower_request(item, diags))
-        elif kind == "tenants":
-            low.tenants.extend(lower_tenants(item, diags))
-        elif kind == "policy":
-            policies.append(item)
-        elif kind == "breaker":
-            if (b := lower_breaker(item, diags)) is not None:
-                low.breakers.append(b)
-        else:
-            diags.append(error("E214", f"unknown block `{kind}`", item.kind_span,
-                               did_you_mean(kind, TOP_LEVEL) or f"top-level blocks: {', '.join(TOP_LEVEL)}"))
-
-
-def lower_policies(policies: list[ast.Block], low: _Lowered, diags: list[Diagnostic]) -> None:
+def lower_policies(policies: list[ast.Block], low: Lowered, diags: list[Diagnostic]) -> None:
     """Rules are checked against the request variables and tenant classes of all files."""
     scope = RequestScope(
         vars={**BUILTIN_REQUEST_VARS, **{h.var: h.type for h in low.headers}},
@@ -224,4 +135,4 @@ def lower_policies(policies: list[ast.Block], low: _Lowered, diags: list[Diagnos
         low.rules.extend(lower_policy(p, scope, diags))
 
 
-__all__ = ["CompileResult", "compile_paths", "compile_sources", "front_end_file", "lower_policies", "STAGES"]
+__all__ = ["CompileResult", "compile_paths", "compile_sources", "lower_policies", "STAGES"]

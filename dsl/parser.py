@@ -17,12 +17,12 @@ from pathlib import Path
 
 import lark
 import lark_cython
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from . import ast
 from .diagnostics import Diagnostic, error
 from .source import Source, Span
-from .to_ast import ToAst
+from .to_ast import ToAst, reduction_callbacks
 
 _EXPECT_WORDS = {
     "NAME": "a name", "STRING": "a string", "NUMBER": "a number", "UNIT": "a unit",
@@ -44,11 +44,40 @@ _LOCK = threading.Lock()
 
 @lru_cache(maxsize=1)
 def _parser() -> tuple[lark.Lark, ToAst]:
-    """One parser whose callbacks build AST nodes directly (no parse tree); the callbacks'
-    transformer is told which file it is reading before each parse, under `_LOCK`."""
+    """One parser whose reductions build AST nodes directly (no parse tree); the builder
+    is told which file it is reading before each parse, under `_LOCK`."""
     builder = ToAst("<none>")
-    return lark.Lark(_grammar_text(), parser="lalr", keep_all_tokens=True, maybe_placeholders=False,
-                     transformer=builder, _plugins=lark_cython.plugins), builder
+    parser = lark.Lark(_grammar_text(), parser="lalr", keep_all_tokens=True, maybe_placeholders=False,
+                       _plugins=lark_cython.plugins)
+    lalr = parser.parser.parser
+    table_rules = {id(arg): arg for actions in lalr._parse_table.states.values()
+                   for _action, arg in actions.values() if isinstance(arg, lark.grammar.Rule)}
+    for rule in table_rules.values():
+        _plain_rule(rule)
+    fast = reduction_callbacks(table_rules.values(), builder)
+    callbacks = lalr.parser_conf.callbacks  # the dict the LALR loop reads, re-keyed by table rules
+    callbacks.clear()
+    callbacks.update(fast)
+    return parser, builder
+
+
+class _TableRule(lark.grammar.Rule):
+    """A rule of the finished parse table, compared by identity in C.
+
+    The LALR loop compares every reduction's rule with an integer state (`arg !=
+    end_state`) and looks it up in the callbacks dict; with lark's `Rule` both run
+    Python-level `__eq__`/`__hash__`, and the goto lookup by the rule's name runs
+    `Token.__eq__` (lark's rule names are `Token`s). Once the table is built each rule is
+    object per reduction, so identity is equality; together these were ~15 % of parsing."""
+
+    __slots__ = ()
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+def _plain_rule(rule: lark.grammar.Rule) -> None:
+    rule.__class__ = _TableRule
+    rule.origin.name = str(rule.origin.name)
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -93,10 +122,6 @@ def parse(src: Source) -> tuple[ast.File | None, list[Diagnostic]]:
         return None, [_syntax_diagnostic(e, src)]
     except ToAst.Problem as e:  # a problem found while building a node carries its diagnostic
         return None, [e.diagnostic]
-    except VisitError as e:
-        if isinstance(e.orig_exc, ToAst.Problem):
-            return None, [e.orig_exc.diagnostic]
-        raise
     return ast.File(src.name, tuple(items), tuple(_scan_comments(src.text))), []
 
 

@@ -3,16 +3,17 @@
 A span is where a piece of policy came from: file (as the user named it, relative to the
 compile root), 1-based line and column, and the end position so a caret can underline the
 whole token. Spans are excluded from AST equality (see `ast.py`), so two files that differ
-only in layout compare equal.
+only in layout compare equal. A span is a named tuple rather than a frozen dataclass: the
+parser makes one per node, and a tuple is built about three times faster.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
     file: str
     line: int
     col: int

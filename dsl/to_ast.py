@@ -1,19 +1,26 @@
-"""Lark parse callbacks → `ast` nodes, with spans. Used only by `parser.py`.
+"""LALR reductions → `ast` nodes, with spans. Used only by `parser.py`.
 
-The transformer runs inside the LALR parser (lark's `transformer=` option), so no
-intermediate parse tree is built: each rule's callback receives its children — with every
+The node builders run inside the LALR parser as its reduction callbacks, so no
+intermediate parse tree is built: each rule's builder receives its children — with every
 token kept, punctuation included — and a node's span is the cover of its first and last
 token. That makes the front end about twice as fast as building a tree with positions and
 walking it afterwards, which matters when thousands of contracts compile together.
-Tokens come from lark-cython's lexer (`lark_cython.Token`: not a `str`, so values are read
-from `.value`).
+
+`reduction_callbacks` wires the builders to the grammar's rules directly rather than
+through a lark `Transformer`, whose generic wrappers cost a Python call per reduction:
+a rule that only passes its one child up (`?value: or_expr`) reduces with a C-level
+`itemgetter`, and the helper rules lark makes for repetitions (`item*`) reduce to flat
+lists that their parent's builder splices in. Tokens come from lark-cython's lexer
+(`lark_cython.Token`: not a `str`, so values are read from `.value`).
 """
 
 from __future__ import annotations
 
 import json
+from operator import itemgetter
+from typing import Callable, Iterable
 
-from lark import Transformer
+from lark.grammar import Rule
 from lark_cython import Token
 
 from . import ast
@@ -27,14 +34,13 @@ def _is_punct(x) -> bool:
     return type(x) is Token and (x.type in _PUNCT or x.type.startswith("__ANON"))
 
 
-class ToAst(Transformer):
+class ToAst:
     class Problem(Exception):
         def __init__(self, diagnostic: Diagnostic) -> None:
             super().__init__(diagnostic.message)
             self.diagnostic = diagnostic
 
     def __init__(self, file: str) -> None:
-        super().__init__()
         self.file = file
 
     # ------------------------------------------------------------------ spans
@@ -132,3 +138,46 @@ class ToAst(Transformer):
 
     def dotted(self, children):
         return ast.Name(tuple(c.value for c in children if c.type == "NAME"), self._cover(children))
+
+
+# --------------------------------------------------------------------------- wiring
+
+def reduction_callbacks(rules: Iterable[Rule], builder: ToAst) -> dict[Rule, Callable[[list], object]]:
+    """The callback for each grammar rule: what the LALR loop calls with a reduction's
+    children (a fresh list) to get the value it pushes."""
+    return {rule: _callback(rule, builder) for rule in rules}
+
+
+def _callback(rule: Rule, builder: ToAst) -> Callable[[list], object]:
+    name = rule.alias or rule.origin.name
+    symbols = [s.name for s in rule.expansion]
+    spliced = tuple(i for i, s in enumerate(rule.expansion) if not s.is_term and _is_repetition(s.name))
+    if _is_repetition(name):  # `x*` helper: base case [x], or [helper, x...] growing the list
+        return _grow if spliced == (0,) else list
+    if rule.options.expand1 and len(symbols) == 1 and rule.alias is None:
+        return itemgetter(0)  # `?rule` with one child: the child itself
+    build = getattr(builder, name)
+    if not spliced:
+        return build
+    return lambda children: build(_splice(children, spliced))
+
+
+def _is_repetition(name: str) -> bool:
+    """lark names the rules it makes for `*`/`+` repetitions `__<rule>_star_N`/`_plus_N`."""
+    return name.startswith("__")
+
+
+def _grow(children: list) -> list:
+    acc = children[0]
+    acc += children[1:]
+    return acc
+
+
+def _splice(children: list, at: tuple[int, ...]) -> list:
+    out: list = []
+    for i, c in enumerate(children):
+        if i in at:
+            out += c
+        else:
+            out.append(c)
+    return out
