@@ -1,8 +1,9 @@
 """Keeps the current snapshot fresh: samples a telemetry source every interval on its own
 thread, builds the next immutable snapshot and swaps it in atomically.
 
-Before publishing a snapshot it builds the per-tick path tables (`paths.py`) the previous
-tick used, so the first requests of a tick do not pay for them. It measures itself: each
+Before publishing a snapshot it builds the per-tick path tables (`paths.py`) and the
+per-(tick, contract) tables (`tick_table.py`) the previous tick used, so the first
+requests of a tick do not pay for them. It measures itself: each
 refresh's latency (sample + build + tables) is kept, so the 200 ms tick
 budget is a figure we report, not a hope. `tick()` does one refresh synchronously, which
 tests and benchmarks use to step the world deterministically.
@@ -20,6 +21,7 @@ from .realtime import RealtimeOutcome, apply_realtime
 from .paths import warm
 from .snapshot import Snapshot, build_snapshot
 from .telemetry import TelemetrySource
+from .tick_table import warm_contracts
 from .thresholds import Thresholds
 
 
@@ -95,6 +97,7 @@ class Refresher:
             snap = build_snapshot(self._version, topo, frame, prev, self.anomalies.fold(len(topo.gpus)),
                                   self.thresholds, self.interval, taken)
             warm(snap, prev)  # the per-tick path tables requests will read, before they can ask
+            warm_contracts(snap, prev)  # and the per-(tick, contract) tables on them
             self._prev, self._snap = prev, snap
             self._lat.append(time.perf_counter() - t0)
         for fn in self._listeners:

@@ -95,6 +95,25 @@ def tick_table(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContr
     return hit
 
 
+def warm_contracts(snap: Snapshot, previous: Snapshot | None) -> int:
+    """Build, ahead of the first request, the per-contract tables the previous snapshot's
+    requests used (its path tables' `contracts`), on this snapshot's path tables (which
+    `paths.warm` built first). Without it the first request of each tick and contract
+    builds its table (~0.5 ms at 8,000 GPUs) inside its own decision. Returns how many."""
+    if previous is None or previous.topology is not snap.topology:
+        return 0
+    built = 0
+    for (th, ingress), old in list(previous.tables.items()):
+        pt = snap.tables.get((th, ingress))
+        if pt is None:
+            continue  # `paths.warm` skipped it (its ingress is gone)
+        for table in list(old.contracts):
+            if table.topology is snap.topology and table not in pt.contracts:
+                tick_table(snap, pt, table)
+                built += 1
+    return built
+
+
 def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
     code = np.minimum(pt.code, table.code)
     n = len(code)
@@ -122,4 +141,4 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
                              table.no_peak, pt.network, pt.raw_network, pt.port, block, layout)
 
 
-__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table"]
+__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table", "warm_contracts"]

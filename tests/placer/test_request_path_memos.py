@@ -1,0 +1,109 @@
+"""What the request path remembers between requests (candidate rows per instance object,
+per-(tick, contract) tables warmed by the refresher) changes its cost, never its answer."""
+
+from __future__ import annotations
+
+import numpy as np
+from placer_support import contract, instances, redis
+
+from policyc.matcher.instance import Deployment, Instance
+from policyc.placer import NoPlacement, PlacementPlan, Placer, Refresher, SimulatedCluster
+from policyc.placer.candidate_rows import CandidateRows
+from policyc.placer.paths import path_table
+from policyc.placer.tick_table import tick_table
+
+
+def _fresh_rows(topology, candidates):
+    """The rows found the plain way, for comparison."""
+    rows, known, unknown = [], [], []
+    for x in candidates:
+        i = topology.gpu_index.get((x.deployment.host, x.deployment.gpu))
+        (unknown if i is None else known).append(x)
+        if i is not None:
+            rows.append(i)
+    return rows, known, unknown
+
+
+def test_rows_are_the_topology_rows_and_unknown_gpus_are_kept_apart() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    t = sim.topology()
+    cands = instances(sim)
+    ghost = Instance(id="ghost", model="recommender",
+                     deployment=cands[0].deployment.model_copy(update={"host": "host-9999"}))
+    mixed = [cands[5], ghost, cands[2], cands[5], cands[9]]
+    memo = CandidateRows()
+    for _ in range(3):  # first call fills the memo, later ones read it
+        assert memo.rows(t, mixed) == _fresh_rows(t, mixed)
+    rows, known, unknown = memo.rows(t, mixed)
+    assert unknown == [ghost] and known[1] is cands[2] and len(rows) == 4
+
+
+def test_an_equal_but_distinct_instance_object_is_looked_up_afresh() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    t = sim.topology()
+    a = instances(sim)[4]
+    memo = CandidateRows()
+    memo.rows(t, [a])
+    moved = Instance(id=a.id, model=a.model, deployment=Deployment(**{**a.deployment.model_dump(), "gpu": "gpu0"}))
+    assert memo.rows(t, [moved])[0] == [t.gpu_index[(a.deployment.host, "gpu0")]]
+    assert memo.rows(t, [a])[0] == [t.gpu_index[(a.deployment.host, a.deployment.gpu)]]
+
+
+def test_the_memo_starts_over_for_a_new_topology_and_at_its_limit() -> None:
+    one, two = SimulatedCluster(3, 8, 4, hosts_per_rack=4), SimulatedCluster(4, 4, 2, hosts_per_rack=4)
+    cands = instances(one)
+    memo = CandidateRows(limit=5)
+    assert memo.rows(one.topology(), cands) == _fresh_rows(one.topology(), cands)  # 32 instances through a memo of 5
+    assert memo.rows(two.topology(), cands) == _fresh_rows(two.topology(), cands)  # hosts 4-7 are not in `two`
+
+
+def test_the_refresher_warms_the_contract_tables_the_previous_tick_used() -> None:
+    sim = SimulatedCluster(11, 16, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    r.tick()
+    placer = Placer(r)
+    c = contract(services=(redis(proxy="dedicated"),))
+    assert isinstance(placer.place(instances(sim)[:8], 0.2, c, ingress="ingress/us-west"), PlacementPlan)
+    used = [(key, list(pt.contracts)) for key, pt in r.current().tables.items() if pt.contracts]
+    assert used
+    nxt = r.tick()
+    for key, tables in used:
+        pt = nxt.tables[key]
+        assert all(tb in pt.contracts for tb in tables)
+        for tb in tables:  # warmed, and what a request would have built itself
+            np.testing.assert_array_equal(pt.contracts[tb].block, tick_table(nxt, path_table(nxt, *key), tb).block)
+    assert not any(nxt.tables[k].contracts for k in nxt.tables if k not in dict(used))
+
+
+def test_plans_with_the_memos_are_the_plans_without_them() -> None:
+    """The same requests through a placer that keeps its memos and through ones that start
+    afresh for every request (bursts, sticky keys, sessions, refusals) give the same plans."""
+
+    def run(fresh: bool) -> list:
+        sim = SimulatedCluster(7, 24, 4, hosts_per_rack=6)
+        now = [0.0]
+        r = Refresher(sim, clock=lambda: now[0])
+        r.tick()
+        placer = Placer(r, clock=lambda: now[0])
+        cands = instances(sim)
+        rng = np.random.default_rng(5)
+        c = contract(flops=6e12, services=(redis(proxy="dedicated"),))
+        out = []
+        for i in range(90):
+            if i % 30 == 29:
+                now[0] += 0.2
+                r.tick()
+            if fresh:
+                placer._rows = CandidateRows()
+                for pt in r.current().tables.values():
+                    pt.contracts.clear()
+            pick = [cands[j] for j in rng.choice(len(cands), 8, replace=False)]
+            budget = 0.005 if i % 7 == 0 else 0.2  # some requests no GPU can serve in time
+            plan = placer.place(pick, budget, c, session=f"s{i % 5}" if i % 3 == 0 else None, affinity_key=f"k{i % 4}")
+            out.append((plan.gpu_key, plan.latency, plan.reasons, plan.rejected) if isinstance(plan, PlacementPlan)
+                       else plan)
+        return out
+
+    kept, fresh = run(False), run(True)
+    assert kept == fresh
+    assert any(isinstance(x, NoPlacement) for x in kept) and sum(isinstance(x, tuple) for x in kept) > 40
