@@ -137,25 +137,55 @@ def bench_place(hosts: int, n: int, k: int, threaded_s: float) -> dict[str, floa
         t0 = time.perf_counter()
         nx.single_source_dijkstra_path_length(g, INGRESS, weight="w")
         naive.append((time.perf_counter() - t0) * 1e3)
-    # with the collector thread running: real clock, one request per ~millisecond
-    r2 = Refresher(SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8), interval=0.2)
-    p2 = Placer(r2)
-    r2.tick()
-    r2.start()
-    live, stale, end, i = [], 0, time.monotonic() + threaded_s, 0
-    while time.monotonic() < end:
-        t0 = time.perf_counter()
-        plan = p2.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS)
-        live.append((time.perf_counter() - t0) * 1e3)
-        stale += plan.stale
-        i += 1
-        time.sleep(0.001)
-    r2.stop()
+    # with the collector thread running: real clock, one request per ~millisecond; without
+    # and with the refresher's GIL slice, alternating rounds
+    live = {name: bench_live(hosts, sets, c, threaded_s / 2, sl) for name, sl in (("plain", None), ("slice", LIVE_SLICE))}
+    for name, sl in (("plain", None), ("slice", LIVE_SLICE)):
+        more = bench_live(hosts, sets, c, threaded_s / 2, sl)
+        live[name] = {k: live[name][k] + more[k] for k in live[name]}
     return {"p50": pct(wall, 50), "p99": pct(wall, 99), "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99),
             "ref_p50": pct(ref_wall, 50), "ref_p99": pct(ref_wall, 99), "ref_cpu_p50": pct(ref_cpu, 50),
             "naive": statistics.median(naive), "k": k, "n": n, "refused": refused,
-            "live_n": len(live), "live_p50": pct(live, 50), "live_p90": pct(live, 90), "live_p99": pct(live, 99),
-            "live_stale": stale, "live_ticks": len(r2.latencies()), "live_refresh_p50": pct([x * 1e3 for x in r2.latencies()], 50)}
+            "live": {name: live_figures(v) for name, v in live.items()}}
+
+
+LIVE_SLICE = 5e-4  # the refresher's GIL slice in the second live variant (seconds)
+
+
+def bench_live(hosts: int, sets: list[list[Instance]], c: Contract, seconds: float, gil_slice: float | None) -> dict[str, list]:
+    """Placements on the real clock, one about every millisecond, while a refresher thread
+    ticks at 200 ms in the same process: per placement its wall time, its thread CPU time,
+    and whether it overlapped a refresh (the refresher's own spans)."""
+    r = Refresher(SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8), interval=0.2, gil_slice=gil_slice)
+    p = Placer(r)
+    r.tick()
+    r.start()
+    rows, stale, end, i = [], 0, time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        plan = p.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS)
+        rows.append((t0, time.perf_counter(), time.thread_time() - c0))
+        stale += plan.stale
+        i += 1
+        time.sleep(0.001)
+    r.stop()
+    spans = r.spans()[1:]
+    lo, hi = np.array([a for a, _ in spans]), np.array([b for _, b in spans])
+    over = [bool(((lo < b) & (hi > a)).any()) for a, b, _ in rows]
+    return {"wall": [(b - a) * 1e3 for a, b, _ in rows], "cpu": [x * 1e3 for _, _, x in rows], "over": over,
+            "stale": [stale], "refresh": [(b - a) * 1e3 for a, b in spans]}
+
+
+def live_figures(v: dict[str, list]) -> dict[str, float]:
+    """Wall percentiles over all placements, and split by whether they overlapped a refresh;
+    `wait` is wall minus thread CPU time (waiting for the GIL, or preempted)."""
+    wall, over = np.array(v["wall"]), np.array(v["over"], dtype=bool)
+    wait = wall - np.array(v["cpu"])
+    q = lambda xs, p: pct(list(xs), p) if len(xs) else float("nan")  # noqa: E731
+    return {"n": len(wall), "p50": q(wall, 50), "p90": q(wall, 90), "p99": q(wall, 99), "overlap": float(over.mean()) if len(over) else 0.0,
+            "over_p50": q(wall[over], 50), "over_p90": q(wall[over], 90), "over_wait_p90": q(wait[over], 90),
+            "rest_p99": q(wall[~over], 99), "rest_wait_p99": q(wait[~over], 99), "stale": sum(v["stale"]),
+            "ticks": len(v["refresh"]), "refresh_p50": q(v["refresh"], 50)}
 
 
 def bench_tight(hosts: int, n: int, k: int, rounds: int) -> dict[str, float]:
@@ -482,9 +512,14 @@ def main() -> None:
           f"p50 {p['ref_p50'] * 1e3:.0f} us  p99 {p['ref_p99'] * 1e3:.0f} us -> ratio p50 {p['ref_p50'] / p['p50']:.1f}x, "
           f"p99 {p['ref_p99'] / p['p99']:.1f}x")
     print(f"  naive networkx Dijkstra from the ingress, per request: {p['naive']:.1f} ms -> ratio {p['naive'] / p['p50']:.0f}x")
-    print(f"  with the refresher thread at 200 ms alongside ({p['live_n']} placements, {p['live_ticks']} ticks, refresh p50 "
-          f"{p['live_refresh_p50']:.1f} ms, {p['live_stale']} stale): wall p50 {p['live_p50'] * 1e3:.0f} us  "
-          f"p90 {p['live_p90'] * 1e3:.0f} us  p99 {p['live_p99'] * 1e3:.0f} us")
+    for name, lv in p["live"].items():
+        how = "no GIL slice" if name == "plain" else f"GIL slice {LIVE_SLICE * 1e3:g} ms during refreshes"
+        print(f"  with the refresher thread at 200 ms alongside, {how} ({lv['n']} placements, {lv['ticks']} ticks, refresh p50 "
+              f"{lv['refresh_p50']:.1f} ms, {lv['stale']} stale): wall p50 {lv['p50'] * 1e3:.0f} us  p90 {lv['p90'] * 1e3:.0f} us  "
+              f"p99 {lv['p99'] * 1e3:.0f} us")
+        print(f"    {lv['overlap']:.1%} overlapped a refresh: wall p50 {lv['over_p50'] * 1e3:.0f} us  p90 {lv['over_p90'] * 1e3:.0f} us, "
+              f"wait (wall - CPU) p90 {lv['over_wait_p90'] * 1e3:.0f} us; the others: p99 {lv['rest_p99'] * 1e3:.0f} us, "
+              f"wait p99 {lv['rest_wait_p99'] * 1e3:.0f} us")
     tk = 8
     tl = bench_tight(hosts, 2000 if a.quick else 5000, tk, 5 if a.quick else 9)
     print(f"tight loop, Placer.place with {tk} candidates (best of alternating rounds, same run): numpy path "

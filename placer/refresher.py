@@ -14,9 +14,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from typing import Callable
 
 from .anomalies import AnomalyBoard
+from .gil_slice import GilSlice
 from .realtime import RealtimeOutcome, apply_realtime
 from .paths import warm
 from .snapshot import Snapshot, build_snapshot
@@ -31,8 +33,12 @@ class Refresher:
     def __init__(
         self, source: TelemetrySource, interval: float = 0.2, *, thresholds: Thresholds = Thresholds(),
         realtime_priority: int | None = None, cpus: tuple[int, ...] | None = None, history: int = 1000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, gil_slice: float | None = None,
     ) -> None:
+        """`gil_slice`: seconds; when set, each refresh runs with the interpreter's switch
+        interval at most that long (`gil_slice.py`), so a request thread waits at most
+        about that long for the GIL behind a refresh. Opt-in: it changes process-wide
+        interpreter state for the duration of each refresh."""
         if not interval > 0:
             raise ValueError(f"refresh interval must be positive seconds, got {interval!r}")
         self.source = source
@@ -42,6 +48,8 @@ class Refresher:
         self._clock = clock
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
+        self._spans: deque[tuple[float, float]] = deque(maxlen=history)
+        self._slice = GilSlice(gil_slice) if gil_slice is not None else nullcontext()
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
@@ -67,6 +75,11 @@ class Refresher:
         """Measured refresh latencies (seconds), oldest first."""
         return tuple(self._lat)
 
+    def spans(self) -> tuple[tuple[float, float], ...]:
+        """(start, end) of each measured refresh on the `time.perf_counter` clock, oldest
+        first: lets a benchmark tell the requests that overlapped a refresh."""
+        return tuple(self._spans)
+
     def is_stale(self) -> bool:
         snap = self._snap
         return snap is None or snap.is_stale(self._clock())
@@ -87,7 +100,7 @@ class Refresher:
 
     def tick(self) -> Snapshot:
         """One refresh, now, on the calling thread."""
-        with self._lock:
+        with self._lock, self._slice:
             t0 = time.perf_counter()
             taken = self._clock()
             topo = self.source.topology()
@@ -99,7 +112,9 @@ class Refresher:
             warm(snap, prev)  # the per-tick path tables requests will read, before they can ask
             warm_contracts(snap, prev)  # and the per-(tick, contract) tables on them
             self._prev, self._snap = prev, snap
-            self._lat.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            self._lat.append(t1 - t0)
+            self._spans.append((t0, t1))
         for fn in self._listeners:
             fn(snap, prev)
         return snap
