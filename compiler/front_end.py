@@ -1,8 +1,9 @@
 """The front end: parse each file and give its top-level blocks their meaning.
 
 Files are independent until names resolve, so a large compile splits them across
-processes: forked workers take the first shares of the files while this process takes
-the last, all at once. A worker's answer is mostly lowered declarations; they travel as
+processes: forked workers claim files from the front of the list while this process
+claims them from the back, until they meet, so a process slowed by other load simply
+takes fewer files. A worker's answer is mostly lowered declarations; they travel as
 JSON through one pydantic adapter (Rust on both ends: about a third of the cost of
 pickling the models, measured on 2,000 contracts), the rest — policy blocks, which lower
 only once every file's headers and tenants are known, and diagnostics — as pickle.
@@ -14,8 +15,8 @@ import multiprocessing
 import os
 import pickle
 import threading
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Sequence
 
 from pydantic import TypeAdapter
@@ -73,13 +74,57 @@ def front_end(sources: Sequence[Source]) -> list[FileUnit]:
     workers = min(len(os.sched_getaffinity(0)), 4, len(sources))
     if size < PARALLEL_MIN_BYTES or workers < 2 or threading.active_count() > 1:
         return [front_end_file(s) for s in sources]
-    shares = _split(list(sources), workers)
+    return _in_parallel(list(sources), workers - 1)
+
+
+def _in_parallel(sources: list[Source], helpers: int) -> list[FileUnit]:
+    parse(Source("<warm-up>", ""))  # build the parser once, here, for the workers to inherit
     ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=ctx) as pool:
-        pending = [pool.submit(_front_end_packed, share) for share in shares[:-1]]
-        mine = [front_end_file(s) for s in shares[-1]]
-        theirs = [unit for p in pending for unit in _unpack(p.result())]
-    return theirs + mine
+    bounds = ctx.Array("i", [0, len(sources)])  # [next from the front, one past the next from the back]
+    procs, conns = [], []
+    for _ in range(helpers):
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker, args=(sources, bounds, send), daemon=True)
+        proc.start()
+        send.close()
+        procs.append(proc)
+        conns.append(receive)
+    units: dict[int, FileUnit] = {}
+    while (i := _claim(bounds, from_front=False)) is not None:
+        units[i] = front_end_file(sources[i])
+    for proc, conn in zip(procs, conns):
+        try:
+            indices, packed = conn.recv()
+            units.update(zip(indices, _unpack(packed)))
+        except (EOFError, OSError, TypeError):  # a worker that died: its files are done below
+            pass
+        conn.close()
+        proc.join()
+    return [units[i] if i in units else front_end_file(s) for i, s in enumerate(sources)]
+
+
+def _claim(bounds, *, from_front: bool) -> int | None:
+    with bounds.get_lock():
+        lo, hi = bounds[0], bounds[1]
+        if lo >= hi:
+            return None
+        if from_front:
+            bounds[0] = lo + 1
+            return lo
+        bounds[1] = hi - 1
+        return hi - 1
+
+
+def _worker(sources: list[Source], bounds, out: Connection) -> None:
+    """In a forked worker: claim files from the front, send back their units."""
+    try:
+        indices, units = [], []
+        while (i := _claim(bounds, from_front=True)) is not None:
+            indices.append(i)
+            units.append(front_end_file(sources[i]))
+        out.send((indices, _pack(units)))
+    finally:
+        out.close()
 
 
 def front_end_file(src: Source) -> FileUnit:
@@ -121,21 +166,6 @@ def _lower_file(tree: ast.File, low: Lowered, policies: list[ast.Block], diags: 
                                did_you_mean(kind, TOP_LEVEL) or f"top-level blocks: {', '.join(TOP_LEVEL)}"))
 
 
-def _split(sources: list[Source], parts: int) -> list[list[Source]]:
-    """Contiguous shares of about equal size; the last (this process's) a little smaller,
-    since this process also decodes what the workers send."""
-    total = sum(len(s.text) for s in sources)
-    targets = [total * (k + 1) / (parts - 0.15) for k in range(parts - 1)]
-    shares: list[list[Source]] = [[] for _ in range(parts)]
-    done, k = 0, 0
-    for s in sources:
-        while k < parts - 1 and done >= targets[k]:
-            k += 1
-        shares[k].append(s)
-        done += len(s.text)
-    return shares
-
-
 @pydantic_dataclass
 class _Declarations:
     contracts: list[Contract]
@@ -149,9 +179,8 @@ class _Declarations:
 _WIRE = TypeAdapter(list[_Declarations])
 
 
-def _front_end_packed(sources: list[Source]) -> tuple[bytes, bytes]:
-    """In a worker: the units of `sources`, declarations as JSON, the rest as pickle."""
-    units = [front_end_file(s) for s in sources]
+def _pack(units: list[FileUnit]) -> tuple[bytes, bytes]:
+    """Units for the trip back: declarations as JSON, the rest as pickle."""
     with gc_paused():
         decls = [_Declarations(**vars(u.lowered)) for u in units]
         return _WIRE.dump_json(decls), pickle.dumps([(u.policies, u.diagnostics) for u in units], protocol=5)

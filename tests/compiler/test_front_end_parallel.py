@@ -3,9 +3,10 @@ same diagnostics as one process; declarations cross the process boundary as JSON
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import time
 from pathlib import Path
-
-import pytest
 
 from policyc.compiler import bundle_io, front_end
 from policyc.compiler.pipeline import compile_sources
@@ -46,9 +47,31 @@ def test_parallel_front_end_reports_the_same_errors(repo, monkeypatch):
     assert {d.span.file for d in parallel.errors} >= {"broken.contract", "wrong.contract"}
 
 
-@pytest.mark.parametrize("parts", [2, 3, 4])
-def test_shares_are_contiguous_and_cover_every_file(parts):
-    sources = [Source(f"f{i}", "x" * (100 + 37 * i)) for i in range(23)]
-    shares = front_end._split(sources, parts)
-    assert [s for share in shares for s in share] == sources
-    assert all(shares), "every share has work"
+def test_claims_from_both_ends_meet_and_take_every_file_once():
+    bounds = multiprocessing.get_context("fork").Array("i", [0, 7])
+    order = [front_end._claim(bounds, from_front=k % 3 != 0) for k in range(9)]
+    taken = [i for i in order if i is not None]
+    assert sorted(taken) == list(range(7)) and order[-2:] == [None, None]
+    assert [i for k, i in enumerate(order[:7]) if k % 3 == 0] == [6, 5, 4]
+
+
+def test_a_worker_that_dies_costs_nothing_but_time(repo, monkeypatch):
+    sources = _sources(repo)
+    serial = _compile(sources, monkeypatch, False)
+    parent, real = os.getpid(), front_end.front_end_file
+    claimed_by_worker = multiprocessing.get_context("fork").Value("i", 0)
+
+    def slow_here(src):  # this process dawdles so that the worker claims files too
+        if os.getpid() == parent:
+            time.sleep(0.2)
+        else:
+            with claimed_by_worker.get_lock():
+                claimed_by_worker.value += 1
+        return real(src)
+
+    monkeypatch.setattr(front_end, "front_end_file", slow_here)
+    monkeypatch.setattr(front_end, "_pack", lambda units: os._exit(3))  # the worker dies before answering
+    monkeypatch.setattr(front_end, "PARALLEL_MIN_BYTES", 0)
+    parallel = compile_sources(sources, analyse=False)
+    assert claimed_by_worker.value > 0
+    assert bundle_io.canonical_bytes(parallel.bundle) == bundle_io.canonical_bytes(serial.bundle)
