@@ -2,7 +2,7 @@
 simulation of contract-aware placement vs round-robin vs least-loaded under one scripted
 congestion event script.
 
-    .venv/bin/python benchmarks/placer.py [--quick] [--plot benchmarks/placer_tail.png]
+    .venv/bin/python benchmarks/placer.py [--quick] [--plot benchmarks/placer_tail.png] [--against REV]
 
 Baselines measured in the same run: the naive refresh (writing every tick's telemetry into
 the networkx graph) and naive placement (networkx Dijkstra over the full graph per request).
@@ -258,6 +258,66 @@ def bench_tight(hosts: int, n: int, k: int, rounds: int) -> dict[str, float]:
     return res
 
 
+def placer_at(rev: str):
+    """The `placer/` package as it was at git revision `rev`, importable next to today's
+    (its own imports are relative; what it takes from other packages is today's)."""
+    import importlib
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="placer-at-"))
+    name = "placer_at_" + "".join(ch for ch in rev if ch.isalnum())
+    tar = subprocess.run(["git", "-C", str(POLICIES.parent), "archive", rev, "placer"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
+    (root / "placer").rename(root / name)
+    sys.path.insert(0, str(root))
+    return importlib.import_module(name)
+
+
+def bench_against(rev: str, hosts: int, n: int, rounds: int) -> dict[int, dict[str, float]]:
+    """`Placer.place` today against the placer at `rev`, same requests, paired rounds in the
+    same run (thread CPU time per placement, a tick every 1,000 placements not counted)."""
+    old_mod = placer_at(rev)
+    import policyc.placer as new_mod
+
+    c = contract()
+    out: dict[int, dict[str, float]] = {}
+    for k in (8, 64):
+        envs = {}
+        for name, mod in (("before", old_mod), ("after", new_mod)):
+            sim = mod.SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8)
+            now = [0.0]
+            r = mod.Refresher(sim, clock=lambda now=now: now[0])
+            r.tick()
+            p = mod.Placer(r, clock=lambda now=now: now[0])
+            insts = fleet(sim, "us-west")
+            rng = np.random.default_rng(0)
+            envs[name] = (now, r, p, [[insts[j] for j in rng.choice(len(insts), k, replace=False)] for _ in range(200)])
+
+        def loop(name: str, count: int) -> float:
+            now, r, p, sets = envs[name]
+            ticks, c0 = 0.0, time.thread_time()
+            for i in range(count):
+                if i % 1000 == 999:
+                    t1 = time.thread_time()
+                    now[0] += 0.2
+                    r.tick()
+                    ticks += time.thread_time() - t1
+                p.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS)
+            return (time.thread_time() - c0 - ticks) / count * 1e6
+
+        for name in envs:
+            loop(name, 300)
+        got: dict[str, list[float]] = {"before": [], "after": []}
+        for _ in range(rounds):
+            for name in got:
+                got[name].append(loop(name, n))
+        out[k] = {"before": min(got["before"]), "after": min(got["after"]),
+                  "paired": statistics.median(a / b for a, b in zip(got["before"], got["after"]))}
+    return out
+
+
 # ----------------------------------------------------------------------------- tail simulation
 
 
@@ -495,6 +555,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller tail simulation and fewer samples")
     ap.add_argument("--plot", default="", help="write the tail-latency plot to this PNG")
+    ap.add_argument("--against", default="", metavar="REV",
+                    help="also time Placer.place against the placer at this git revision (paired rounds)")
     a = ap.parse_args()
     hosts = 1000
     ticks, per_tick, n_place = (30, 25, 500) if a.quick else (100, 40, 2000)
@@ -527,6 +589,12 @@ def main() -> None:
           f"(median of paired rounds {tl['paired']:.2f}x; {tl['refused']:.0%} refused)")
     print(f"  lookup alone: numpy {tl['lookup_numpy']:.1f} us, scalar {tl['lookup_scalar']:.1f} us -> ratio "
           f"{tl['lookup_numpy'] / tl['lookup_scalar']:.2f}x; per-(tick, contract) table with its block: {tl['table_ms']:.2f} ms")
+    if a.against:
+        ab = bench_against(a.against, hosts, 2000 if a.quick else 4000, 5 if a.quick else 7)
+        for kk, v in ab.items():
+            print(f"Placer.place, {kk} candidates, against {a.against} (thread CPU, best of paired rounds): before "
+                  f"{v['before']:.1f} us, after {v['after']:.1f} us -> ratio {v['before'] / v['after']:.2f}x "
+                  f"(median of paired rounds {v['paired']:.2f}x)")
     tail = bench_tail(hosts, ticks, per_tick, k)
     print(f"tail simulation: {ticks} ticks x {per_tick} requests, {k} candidates each, same event script")
     for name, d in tail.items():
