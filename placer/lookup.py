@@ -85,16 +85,12 @@ def _scalar_lookup(
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
     same for np.minimum. `g`: the candidates' rows of the block."""
     lay = tt.layout
-    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, lay.code)
+    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, lay.code)
     limit = budget * th.budget_fraction
     k = th.stability_weight
-    queueing_c: list[float] = []
-    compute_c: list[float] = []
-    rank_c: list[float] = []
-    raw_c: list[float] = []
-    fail_c: list[float] = []
+    out: list[tuple[float, float, float, float, float]] = []  # per candidate: queueing, compute, rank, raw total, fail
     for row, res in zip(g.tolist(), reserved.tolist()):
-        min_share, peak_eff, no_peak, free, network, raw_network, dep, code = fields(row)
+        min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
         free = free - res
         if free < min_share and _SHARE < code:
             code = _SHARE
@@ -113,17 +109,14 @@ def _scalar_lookup(
         total = network + queueing + compute + dep
         if not total <= limit and _BUDGET < code:
             code = _BUDGET
-        queueing_c.append(queueing)
-        compute_c.append(compute)
-        rank_c.append(total + k * row[SIGMA])
-        raw_c.append(raw_network + queueing + compute + dep)
-        fail_c.append(-1 if code == _PASS else code)
-    # back to numpy: the computed figures in one block, the rest are views of the gather
-    f = np.array([queueing_c, compute_c, rank_c, raw_c], dtype=np.float64)
+        out.append((queueing, compute, total + k * sigma, raw_network + queueing + compute + dep, -1 if code == _PASS else code))
+    # back to numpy: the computed figures in one block (fail codes are small integers, exact
+    # in a float64), the rest are views of the gather
+    f = np.array(out, dtype=np.float64).reshape(len(out), 5).T
     ints = g[:, lay.port:].astype(np.int64)  # port, best endpoint per service
     dep_best = tuple((svc, eps, ints[:, 1 + i], g[:, lay.latency(i)]) for i, (svc, eps, _, _) in enumerate(tt.services))
     return Evaluation(
-        gpus=gpus, fail=np.array(fail_c, dtype=np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
+        gpus=gpus, fail=f[4].astype(np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
         network=g[:, NETWORK], queueing=f[0], compute=f[1], dependencies=g[:, DEPENDENCIES], sigma=g[:, SIGMA],
         rank=f[2], raw_total=f[3], dep_best=dep_best,
     )
