@@ -7,7 +7,7 @@ drifting copy of the same shapes. Quantities are SI floats (seconds, bytes/s, FL
 fractions in [0, 1]); every entity keeps the `SourceRef` it came from so that solver
 verdicts, decisions and audit records can point at `file:line:col`.
 
-Canonical form: `canonical_bytes()` is compact JSON with sorted keys over everything but
+Canonical form: `canonical_bytes()` is compact JSON (orjson) with sorted keys over everything but
 `content_hash` and `signature`; its sha256 is the content hash. Loading verifies the
 schema version and the hash (see `compiler/bundle_io.py`).
 """
@@ -18,7 +18,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "policyc.bundle/v1"
+SCHEMA_VERSION = "policyc.bundle/v2"  # v2: canonical bytes written by orjson
 
 Cmp = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in"]
 ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "name", "string", "bool"]
@@ -334,7 +334,7 @@ class Signature(Frozen):
 
 
 class Bundle(Frozen):
-    schema_version: Literal["policyc.bundle/v1"] = SCHEMA_VERSION
+    schema_version: Literal["policyc.bundle/v2"] = SCHEMA_VERSION
     compiler_version: str
     contracts: tuple[Contract, ...] = ()
     gpu_catalog: tuple[GpuClass, ...] = ()
