@@ -533,7 +533,7 @@ def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for name, d in tail.items():
         ax.plot(range(1, ticks + 1), d["series"], label=f"{name}: P99 {d['p99']:.0f} ms, ±{d['spread']:.1f} ms")
     for b in tail["contract-aware"]["breakers"]:
@@ -545,7 +545,7 @@ def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
     ax.set_xlabel("tick (200 ms)")
     ax.set_ylabel("per-tick P99 of end-to-end latency (ms)")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     ax.set_title("Placement under scripted congestion (same event script for each policy)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
