@@ -11,9 +11,8 @@ The structs are *strict* (no coercion, unknown keys refused) and leave out None 
 (`omit_defaults`, every default being None), so what they accept they write exactly as
 `DecisionRecord.model_dump_json(exclude_none=True)` does: fields in the model's order,
 the same string escapes and float digits. Two differences are handled by handing the draft
-back (None): msgspec writes a large float as `1e16` where pydantic writes `1e+16`, so a body
-with a positive exponent anywhere is refused (a false alarm in text only costs the slow
-path), and fields whose model default is not None (`schema_version`, `request`,
+back (None): msgspec writes a float of 1e16 or more as `1e16` where pydantic writes `1e+16`,
+so the structs refuse such floats, and fields whose model default is not None (`schema_version`, `request`,
 `variables`, `matched_rules`, `latency.stages`, `resources`) are required here, so a draft
 without them takes the pydantic path, which writes the defaults. The tests compare both
 paths on real and random drafts, and fail if the structs drift from the models.
@@ -21,22 +20,27 @@ paths on real and random drafts, and fail if the structs drift from the models.
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping, NamedTuple
 
 import msgspec
 from msgspec import Meta, Struct
 
+from .index_columns import IndexRow
+
 _STRICT = {"forbid_unknown_fields": True, "omit_defaults": True, "kw_only": True}
-_NonNegative = Annotated[float, Meta(ge=0)]
+# From 1e16 on both write an exponent, msgspec `1e16` and pydantic `1e+16` (below it the
+# same digits, tested): larger floats are refused here, in C, and take the pydantic path.
+_LARGE = 1e16
+_Float = Annotated[float, Meta(gt=-_LARGE, lt=_LARGE)]
+_NonNegative = Annotated[float, Meta(ge=0, lt=_LARGE)]
 
 
 class FigureWire(Struct, **_STRICT):  # records.Figure
     value: _NonNegative
     source: Literal["measured", "estimated"]
     method: str
-    low: float | None = None
-    high: float | None = None
+    low: _Float | None = None
+    high: _Float | None = None
 
 
 class OriginWire(Struct, **_STRICT):  # compiler.bundle.SourceRef
@@ -57,12 +61,12 @@ class PlacementWire(Struct, **_STRICT):  # records.Placement
     gpu_model: str | None = None
     region: str | None = None
     share: Annotated[float, Meta(gt=0, le=1)] | None = None
-    predicted_latency: float | None = None
+    predicted_latency: _Float | None = None
 
 
 class LatencyWire(Struct, **_STRICT):  # records.Latency
     total: _NonNegative
-    stages: dict[str, float]
+    stages: dict[str, _Float]
 
 
 class ResourcesWire(Struct, **_STRICT):  # records.Resources
@@ -73,12 +77,12 @@ class ResourcesWire(Struct, **_STRICT):  # records.Resources
 
 class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord
     schema_version: Literal["policyc.audit.decision/v1"]
-    time: float
+    time: _Float
     decision_id: Annotated[str, Meta(min_length=1)]
     tenant: str
     model: str | None = None
     request: dict[str, str]
-    variables: dict[str, str | float | bool]
+    variables: dict[str, str | _Float | bool]
     bundle_hash: str
     outcome: Literal["admitted", "rejected", "failed"]
     reason: str | None = None
@@ -91,9 +95,6 @@ class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord
 _DECODE = msgspec.json.Decoder(DecisionWire).decode
 _ENCODE = msgspec.json.Encoder().encode
 _LOOSE = msgspec.json.Decoder().decode
-_POSITIVE_EXPONENT = re.compile(rb"[0-9]e[0-9]")  # msgspec's `1e16`; pydantic writes `1e+16`
-
-
 def wire_draft(draft: Mapping[str, Any]) -> bytes:
     """A draft as the JSON its frame carries (decision side). Plain values only: str, int,
     float, bool, None, dicts and lists; a non-finite float becomes `null`, as pydantic
@@ -104,16 +105,27 @@ def wire_draft(draft: Mapping[str, Any]) -> bytes:
         raise TypeError(f"audit draft must hold only dicts, lists, tuples, str, int, float, bool and None ({e})") from None
 
 
-def encode_draft(payload: bytes) -> tuple[bytes, dict[str, str]] | None:
-    """(the stored JSON, its request headers) for a wire draft the strict structs accept:
-    `DecisionRecord.model_dump_json(exclude_none=True)` as UTF-8, before redaction, which
-    needs the headers. None when pydantic must decide."""
+class EncodedDraft(NamedTuple):
+    body: bytes  # `DecisionRecord.model_dump_json(exclude_none=True)` as UTF-8, before redaction
+    headers: dict[str, str]  # the request headers, for redaction
+    index: IndexRow  # the body's index columns, as `index_columns.index_row(body)` gives them
+
+
+def encode_draft(payload: bytes) -> EncodedDraft | None:
+    """The stored JSON of a wire draft the strict structs accept, or None when pydantic
+    must decide."""
     try:
-        record = _DECODE(payload)
-        body = _ENCODE(record)
+        r = _DECODE(payload)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    return None if _POSITIVE_EXPONENT.search(body) else (body, record.request)
+    res, p = r.resources, r.placement
+    g, m, n = res.gpu_seconds, res.memory_bytes, res.network_bytes
+    index = (  # `index_columns.index_row` of the body, without parsing it again (tested equal)
+        "decision", r.time, r.decision_id, r.tenant, r.model, p.region if p is not None else None, r.outcome, None,
+        g.value if g else None, g.source if g else None, m.value if m else None, m.source if m else None,
+        n.value if n else None, n.source if n else None, r.latency.total,
+    )
+    return EncodedDraft(_ENCODE(r), r.request, index)
 
 
 def draft_values(payload: bytes) -> Any:

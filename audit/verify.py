@@ -21,7 +21,8 @@ from .chain import digest, genesis
 from .checkpoints import Checkpoint, signature_valid
 from .consistency import first_inconsistent
 from .store import CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, connect_reader, entries_columns_missing, entries_definition_intact, log_id, store_schema
-from .verify_chain import Break, WalkProblem, walk
+from .verify_chain import Break, WalkProblem
+from .verify_parallel import walk_log
 from .wal import WalTail, inspect_wal
 
 _SEARCH = 1024  # how far from its position a moved entry is looked for
@@ -78,11 +79,13 @@ def _load_checkpoints(conn: sqlite3.Connection) -> list[Checkpoint]:
     return out
 
 
-def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None = None, anchor: Checkpoint | None = None) -> VerifyReport:
+def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None = None, anchor: Checkpoint | None = None,
+           workers: int | None = None) -> VerifyReport:
     """Verify the log at `path`. With `public_key`, every checkpoint must carry a valid
     signature by it. `anchor` is a checkpoint the auditor kept from an earlier run (or
     received from the operator): the log must still contain it, which catches a truncation
-    that also removed the later checkpoints."""
+    that also removed the later checkpoints. `workers`: processes for a large log (default:
+    one per CPU; 1 walks it in this process)."""
     report = VerifyReport(path=str(path), wal=inspect_wal(path))
     conn = connect_reader(path)
     try:
@@ -97,7 +100,7 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
             report.problems.append(Problem(1, ProblemKind.EDITED, f"the entries table was redefined: it lacks column(s) {', '.join(f'`{c}`' for c in missing)}"))
             return report
         select = CHAIN_SELECT if v1 else INDEXED_CHAIN_SELECT
-        result = walk(conn.execute(select + " ORDER BY seq"), genesis(lid), 1, want, indexed=not v1)
+        result = walk_log(str(path), conn, select, genesis(lid), want, indexed=not v1, workers=workers)
         report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
         if result.problem is not None:
             report.problems.append(_diagnose(conn, result.problem, result.last_hash))

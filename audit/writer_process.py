@@ -44,7 +44,7 @@ def _signer(cfg: WriterConfig) -> Signer | None:
     return lambda seq, h, wall, final: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final)
 
 
-def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
+def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], tuple[bytes, IndexRow | None]]:
     """Wire drafts (JSON) → the bytes `AuditLog.submit_decision` would store. A draft of
     plain values of the declared types (the decision service's) is validated and written by
     `draft_encoder`'s strict structs, without pydantic; any other goes through
@@ -53,12 +53,14 @@ def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], bytes]:
 
     redactor = Redactor(redact)
 
-    def body(payload: bytes) -> bytes:
+    def body(payload: bytes) -> tuple[bytes, IndexRow | None]:
+        """(stored body, its index columns or None: derive them from the body)."""
         encoded = encode_draft(payload)  # None: the strict structs refused it; the model decides
         if encoded is None:
-            return _by_model(payload, redactor)
-        body, headers = encoded
-        return redactor.redact_json(body.decode(), headers).encode() if redactor.secrets(headers) else body
+            return _by_model(payload, redactor), None
+        if redactor.secrets(encoded.headers):  # redaction may change indexed text too
+            return redactor.redact_json(encoded.body.decode(), encoded.headers).encode(), None
+        return encoded.body, encoded.index
 
     return body
 
@@ -103,7 +105,7 @@ def serve(fd_in: int, fd_out: int) -> None:
     except (sqlite3.Error, ValueError) as e:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return
-    drafts: Callable[[bytes], bytes] | None = None
+    drafts: Callable[[bytes], tuple[bytes, IndexRow | None]] | None = None
     indexed = cfg.indexed
     ticket = 0
     while True:
@@ -124,11 +126,12 @@ def serve(fd_in: int, fd_out: int) -> None:
         for kind, payload in split(buf):
             if kind == ToWriter.BODY or kind == ToWriter.DRAFT:
                 try:
+                    index: IndexRow | None = None
                     if kind == ToWriter.DRAFT:
                         if drafts is None:
                             drafts = _draft_serialiser(cfg.redact)
-                        payload = drafts(payload)
-                    records.append((payload, index_row(payload) if indexed else _NO_INDEX))
+                        payload, index = drafts(payload)
+                    records.append((payload, (index or index_row(payload)) if indexed else _NO_INDEX))
                 except Exception as e:  # noqa: BLE001 (reported on the record's receipt)
                     failed.append((ticket, ticket + 1, str(e) or type(e).__name__))
                 ticket += 1

@@ -11,11 +11,20 @@ import pytest
 from audit_helpers import decision
 
 from policyc.audit.draft_encoder import encode_draft, wire_draft
+from policyc.audit.index_columns import index_row
 from policyc.audit.records import DecisionRecord
 from policyc.audit.redaction import DEFAULT_REDACT, Redactor
 from policyc.audit.writer_process import _draft_serialiser
 
-WRITER = _draft_serialiser(DEFAULT_REDACT)  # what the writer process stores for a wire draft
+_SERIALISE = _draft_serialiser(DEFAULT_REDACT)
+
+
+def WRITER(payload: bytes) -> bytes:
+    """What the writer process stores for a wire draft; the index columns it derives on
+    the fast path must be those `verify` derives from the stored body."""
+    body, index = _SERIALISE(payload)
+    assert index is None or index == index_row(body), (index, index_row(body))
+    return body
 
 REDACTOR = Redactor(DEFAULT_REDACT)
 TEXTS = ["", "plain", "ünïcødé ☃ 𝄞", 'quote " back \\ slash', "ctl \x00\x01\x1f\x7f\n\t\r\b\f", "\u2028\u2029", "é" * 40]
@@ -31,7 +40,8 @@ def _fast(draft: dict[str, Any]) -> bytes | None:
     encoded = encode_draft(wire_draft(draft))
     if encoded is None:
         return None
-    body, headers = encoded
+    body, headers, index = encoded
+    assert index == index_row(body)
     return REDACTOR.redact_json(body.decode(), headers).encode() if REDACTOR.secrets(headers) else body
 
 

@@ -255,3 +255,22 @@ def test_store_v1_log_is_still_appended_verified_and_its_redefinition_caught(tmp
         db.execute("UPDATE entries SET gpu_s = gpu_s / 10 WHERE seq = 12")
     first = verify(path).first_bad
     assert first is not None and (first.seq, first.kind) == (12, ProblemKind.EDITED), first
+
+
+@pytest.mark.parametrize(("name", "tamper", "seq", "kind"), [c for c in CASES if c[0] in ("edited body", "edited index column", "deleted", "truncated")],
+                         ids=["edited body", "edited index column", "deleted", "truncated"])
+def test_parallel_walk_gives_the_sequential_diagnosis(log: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                      tamper: Callable[[sqlite3.Connection], None], seq: int, kind: ProblemKind) -> None:
+    """A large log is walked in chunks by several processes; stitched, they must name the
+    same first bad entry as one walk (here every log counts as large)."""
+    from policyc.audit import verify_parallel
+
+    monkeypatch.setattr(verify_parallel, "PARALLEL_FROM", 1)
+    assert verify(log, public_key=KEY.public_key(), workers=3).ok
+    with sqlite3.connect(log) as db:
+        tamper(db)
+    chunked = verify(log, public_key=KEY.public_key(), workers=3)
+    one = verify(log, public_key=KEY.public_key(), workers=1)
+    assert [str(p) for p in chunked.problems] == [str(p) for p in one.problems]
+    first = chunked.first_bad
+    assert first is not None and (first.seq, first.kind) == (seq, kind), str(first)
