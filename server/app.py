@@ -28,7 +28,8 @@ from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
 from .event_loop import new_event_loop
 from .metrics import Metrics
-from .proto import SERVICE_NAME, pb_grpc
+from .handlers import add_decisions_service
+from .proto import SERVICE_NAME
 from .score_push import ScorePusher
 from .service import DecisionService
 from .state import PolicyState, build_state
@@ -99,7 +100,7 @@ class DecisionServer:
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=opts)
-        pb_grpc.add_DecisionsServicer_to_server(self.service, server)
+        add_decisions_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         self.port = bind(server, self.config)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
+from google.protobuf.message import DecodeError
+
 from policyc.compiler.bundle import Scalar, SourceRef
 from policyc.matcher import AppliedRule, Deployment, Instance, RuleExplanation
 from policyc.placer import PlacementPlan
@@ -16,6 +18,14 @@ from .proto import pb
 
 _OUTCOME = {Outcome.ADMITTED: pb.ADMITTED, Outcome.REJECTED: pb.REJECTED}
 _STAGE = {Stage.FEASIBILITY: pb.FEASIBILITY, Stage.MATCH: pb.MATCH, Stage.PLACEMENT: pb.PLACEMENT}
+
+
+def decide_request(raw: bytes) -> "pb.DecideRequest":
+    """Parse a serialized DecideRequest; bytes that are not one are INVALID_ARGUMENT."""
+    try:
+        return pb.DecideRequest.FromString(raw)
+    except DecodeError as e:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"the request is not a valid DecideRequest: {e}") from None
 
 
 def decision_input(msg: "pb.DecideRequest") -> DecisionInput:

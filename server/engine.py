@@ -10,6 +10,7 @@ one writer lock; decisions never take it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -25,6 +26,7 @@ from policyc.solver.feasibility import Infeasible
 from .decision_ids import new_decision_id
 from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage, Timing
 from .errors import ServiceError, Status
+from .prepared import Matched as _Matched, MatchMemo, Prepared
 from .request_input import to_request
 from .state import PolicyState, build_state
 
@@ -64,6 +66,9 @@ class DecisionEngine:
         self.candidates = candidates
         self._score_of = score_of
         self._write = threading.Lock()
+        # Bumped after every registry write, so a MatchMemo filled before it is recomputed.
+        self._generations = itertools.count(1)
+        self._generation = 0
         self._on_gpu: dict[str, set[str]] = defaultdict(set)
         self._reload_listeners: list[Callable[[PolicyState], None]] = []
         for inst, _, _ in state.registry.entries():
@@ -89,59 +94,102 @@ class DecisionEngine:
                 budget = min(budget, x)
         return budget
 
-    def _decide(self, st: PolicyState, inp: DecisionInput, explain: bool = False) -> Decision:
+    def prepare(self, inp: DecisionInput, st: PolicyState | None = None) -> Prepared:
+        """Parse `inp` and ask the solver about it, against `st` (default: the current state):
+        the part of a decision every request of the same shape shares, so the service can
+        keep it per request shape. Raises ServiceError for bad input."""
+        st = self._state if st is None else st
         clock = time.perf_counter
         t0 = clock()
         req, retry = to_request(st.registry, st.bundle, inp)
         t1 = clock()
         answer = st.feasibility.check(req.vars)
-        t2 = clock()
-        did = new_decision_id()
-        vars_ = req.vars
-        tenant = req.tenant
-        if isinstance(answer, Infeasible):
-            rej = Rejection(Stage.FEASIBILITY, answer.reason, answer.rule_ids, answer.spans)
-            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, (), 0, None, None, rej,
-                            Timing(t1 - t0, t2 - t1, 0.0, 0.0, clock() - t0), retry, tenant)
-        m = st.registry.match(req, self.candidates * MODEL_FANOUT)
-        t3 = clock()
+        return Prepared(st, inp, req, retry, answer, t1 - t0, clock() - t1)
+
+    def decide_prepared(self, prep: Prepared, memo: MatchMemo | None = None, lookup: float | None = None) -> Decision:
+        """Decide a prepared request. `memo` (one per request shape) keeps the match result
+        while the registry is unchanged; `lookup` is the seconds spent finding `prep` in a
+        cache (reported as the parse stage) when it was not prepared for this decision."""
+        return self._decide_prepared(prep, memo, lookup)
+
+    def _decide(self, st: PolicyState, inp: DecisionInput, explain: bool = False) -> Decision:
+        return self._decide_prepared(self.prepare(inp, st), None, None)
+
+    def _matched(self, prep: Prepared, memo: MatchMemo | None) -> _Matched:
+        """The matcher's answer for `prep` and what placement needs from it, from `memo`
+        when the registry has not changed since it was filled."""
+        gen = self._generation
+        if memo is not None:
+            hit = memo.entry
+            if hit is not None and hit.generation == gen and hit.state is prep.state:
+                return hit
+        st = prep.state
+        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT)
+        rej: Rejection | None = None
+        tries: list[tuple[str, Contract, tuple[Instance, ...], float, str | None]] = []
         if not m.admitted:
-            ex = st.registry.explain(req)
+            ex = st.registry.explain(prep.request)
             blocking = tuple(r for r in ex.rules if r.applied and r.eliminated > 0)
             parts = [f"`{r.id}` ({r.origin}) excludes {r.eliminated} of {ex.live}" for r in blocking]
             reason = (f"no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
                 ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
             rej = Rejection(Stage.MATCH, reason, tuple(r.id for r in blocking), tuple(r.origin for r in blocking), blocking)
-            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, m.rules, 0, None, None, rej,
-                            Timing(t1 - t0, t2 - t1, t3 - t2, 0.0, clock() - t0), retry, tenant)
-        # Models in the order of their best candidate's score; the next model is tried only
-        # when the placer finds no feasible GPU for this one.
-        groups: dict[str, list] = {}
-        for s in m.best:
-            groups.setdefault(s.instance.model, []).append(s.instance)
+        else:
+            # Models in the order of their best candidate's score; the next model is tried
+            # only when the placer finds no feasible GPU for this one.
+            groups: dict[str, list[Instance]] = {}
+            for s in m.best:
+                groups.setdefault(s.instance.model, []).append(s.instance)
+            for model, cands in groups.items():
+                contract = st.bundle.contract(model)
+                assert contract is not None  # admission guarantees it
+                tries.append((model, contract, tuple(cands[: self.candidates]),
+                              self._budget(contract, prep.request.vars), prep.input.session))
+        out = _Matched(gen, st, m, tuple(tries), rej)
+        if memo is not None:
+            memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
+        return out
+
+    def _decide_prepared(self, prep: Prepared, memo: MatchMemo | None, lookup: float | None) -> Decision:
+        clock = time.perf_counter
+        t2 = clock()
+        st, inp, answer = prep.state, prep.input, prep.answer
+        parse, feas = (prep.parse, prep.feasibility) if lookup is None else (lookup, 0.0)
+        did = new_decision_id()
+        vars_ = prep.request.vars
+        tenant = prep.request.tenant
+        retry = prep.retry
+        if isinstance(answer, Infeasible):
+            rej = Rejection(Stage.FEASIBILITY, answer.reason, answer.rule_ids, answer.spans)
+            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, (), 0, None, None, rej,
+                            Timing(parse, feas, 0.0, 0.0, parse + feas + clock() - t2), retry, tenant)
+        mt = self._matched(prep, memo)
+        m = mt.result
+        t3 = clock()
+        if mt.rejection is not None:
+            return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, m.rules, 0, None, None, mt.rejection,
+                            Timing(parse, feas, t3 - t2, 0.0, parse + feas + clock() - t2), retry, tenant)
         refusals: list[tuple[str, NoPlacement]] = []
         plan: PlacementPlan | NoPlacement | None = None
         model = ""
-        for model, cands in groups.items():
-            contract = st.bundle.contract(model)
-            assert contract is not None  # admission guarantees it
-            cands = cands[: self.candidates]
-            plan = self.placer.place(cands, self._budget(contract, vars_), contract, inp.session)
+        cands: tuple[Instance, ...] = ()
+        for model, contract, cands, budget, session in mt.tries:
+            plan = self.placer.place(cands, budget, contract, session)
             if isinstance(plan, PlacementPlan):
                 break
             refusals.append((model, plan))
         t4 = clock()
-        timing = Timing(t1 - t0, t2 - t1, t3 - t2, t4 - t3, 0.0)
+        timing = Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + t4 - t2)
         if not isinstance(plan, PlacementPlan):
             first_model, first = refusals[0]
             reason = "; ".join(f"`{mod}`: {np.message}" for mod, np in refusals)
             rej = Rejection(Stage.PLACEMENT, reason, binding=first.binding.value, gpus=first.rejected)
             return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
-                            _total(timing, clock() - t0), retry, tenant)
-        region = next((c.deployment.region for c in groups[model] if c.id == plan.instance_id), None)
+                            _total(timing, parse + feas + clock() - t2), retry, tenant)
+        region = next((c.deployment.region for c in cands if c.id == plan.instance_id), None)
         notes = tuple(f"model `{mod}` was tried first: {np.message}" for mod, np in refusals)
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
-                        _total(timing, clock() - t0), retry, tenant, notes)
+                        _total(timing, parse + feas + clock() - t2), retry, tenant, notes)
 
     def explain(self, inp: DecisionInput) -> Account:
         st = self._state
@@ -170,6 +218,7 @@ class DecisionEngine:
                 status = Status.ALREADY_EXISTS if "already registered" in str(e) else Status.INVALID_ARGUMENT
                 raise ServiceError(status, str(e)) from None
             self._on_gpu[_gpu_key(instance)].add(instance.id)
+            self._generation = next(self._generations)
             return len(st.registry)
 
     def register_many(self, instances: Iterable[Instance], scores: dict[str, float] | None = None) -> int:
@@ -192,6 +241,7 @@ class DecisionEngine:
                 raise ServiceError(Status.FAILED_PRECONDITION, str(e)) from None
             for inst in items:
                 self._on_gpu[_gpu_key(inst)].add(inst.id)
+            self._generation = next(self._generations)
             return len(self._state.registry)
 
     def deregister(self, instance_id: str) -> int:
@@ -203,6 +253,7 @@ class DecisionEngine:
             except UnknownInstanceError as e:
                 raise ServiceError(Status.NOT_FOUND, str(e)) from None
             self._on_gpu[_gpu_key(inst)].discard(instance_id)
+            self._generation = next(self._generations)
             return len(st.registry)
 
     def reload(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, tuple[str, ...]]:
@@ -249,6 +300,8 @@ class DecisionEngine:
                     n += 1
                 except UnknownInstanceError:
                     continue
+        if n:
+            self._generation = next(self._generations)
         return n
 
 

@@ -1,0 +1,38 @@
+"""The Decisions service's method table: the generated one, except that `Decide` takes and
+returns raw bytes.
+
+`Decide` is the hot path. Served with bytes in and out, the service parses the request
+only when its shape is new (`request_shapes.py`) and serializes the response itself, and
+the raw request keys the shape cache. Clients see the same wire messages; reflection
+still describes the method from the proto's descriptors.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from .proto import SERVICE_NAME, pb
+from .service import DecisionService
+
+
+def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler]:
+    u = grpc.unary_unary_rpc_method_handler
+    return {
+        "Decide": u(service.decide_bytes),  # bytes in, bytes out
+        "Explain": u(service.Explain, request_deserializer=pb.DecideRequest.FromString,
+                     response_serializer=pb.Explanation.SerializeToString),
+        "RegisterInstance": u(service.RegisterInstance, request_deserializer=pb.RegisterInstanceRequest.FromString,
+                              response_serializer=pb.RegisterInstanceResponse.SerializeToString),
+        "DeregisterInstance": u(service.DeregisterInstance, request_deserializer=pb.DeregisterInstanceRequest.FromString,
+                                response_serializer=pb.DeregisterInstanceResponse.SerializeToString),
+        "ReloadBundle": u(service.ReloadBundle, request_deserializer=pb.ReloadBundleRequest.FromString,
+                          response_serializer=pb.ReloadBundleResponse.SerializeToString),
+    }
+
+
+def add_decisions_service(service: DecisionService, server: grpc.aio.Server) -> None:
+    """Register the service as the generated `add_DecisionsServicer_to_server` does:
+    as registered methods (matched by gRPC core) and as a generic handler."""
+    handlers = method_handlers(service)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -1,0 +1,56 @@
+"""What every request of one shape shares, kept so that repeated shapes skip the work.
+
+Most traffic repeats a few request shapes (the same headers from the same callers). For a
+given policy state, parsing those headers and the solver's feasibility answer never
+change (`Prepared`), and the matcher's answer changes only when the registry does
+(`MatchMemo`, checked against the engine's registry generation). Placement is never kept:
+it reads the live topology and reserves GPU share on every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policyc.compiler.bundle import Contract
+from policyc.matcher import Instance, MatchResult, Request
+from policyc.solver.feasibility import Answer
+
+from .decision import DecisionInput, Rejection
+from .state import PolicyState
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prepared:
+    """A request parsed against `state` with the solver's answer, and what each step took
+    (seconds) when it was prepared."""
+
+    state: PolicyState
+    input: DecisionInput
+    request: Request
+    retry: int
+    answer: Answer
+    parse: float
+    feasibility: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Matched:
+    """The matcher's answer for one prepared request at one registry `generation`: the
+    rejection when nothing matched, otherwise the placement attempts in model order as
+    (model, contract, candidates, latency budget in seconds, session)."""
+
+    generation: int
+    state: PolicyState
+    result: MatchResult
+    tries: tuple[tuple[str, Contract, tuple[Instance, ...], float, str | None], ...]
+    rejection: Rejection | None
+
+
+class MatchMemo:
+    """One request shape's last `Matched`; replaced as a whole (one reference), so a reader
+    on another thread sees either the old answer or the new one."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self) -> None:
+        self.entry: Matched | None = None

@@ -1,0 +1,54 @@
+"""Decide's per-request-shape cache, keyed by the request's serialized bytes.
+
+Callers repeat a few request shapes, and protobuf writes the same message as the same
+bytes, so the raw request is the cheapest exact key there is: a hit skips protobuf
+parsing, header parsing and the solver's feasibility lookup (`Prepared`) and carries the
+shape's `MatchMemo`. Entries belong to one policy state; a reload starts a new table.
+Only requests that parsed cleanly are kept: bad input is re-examined (and refused) every
+time. The table is bounded; when full it starts afresh (a shape costs one parse to
+re-enter), which is cheaper per call than keeping recency order.
+"""
+
+from __future__ import annotations
+
+from .prepared import MatchMemo, Prepared
+from .state import PolicyState
+
+DEFAULT_MAX_SHAPES = 4096
+
+
+class ShapeEntry:
+    __slots__ = ("prepared", "memo")
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.prepared = prepared
+        self.memo = MatchMemo()
+
+
+class RequestShapes:
+    """`get(state, raw)` → entry or None; `put(raw, prepared)` → entry."""
+
+    def __init__(self, max_shapes: int = DEFAULT_MAX_SHAPES) -> None:
+        if max_shapes < 1:
+            raise ValueError(f"the request shape cache needs room for at least 1 shape, got {max_shapes}")
+        self.max_shapes = max_shapes
+        self._state: PolicyState | None = None
+        self._table: dict[bytes, ShapeEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def get(self, state: PolicyState, raw: bytes) -> ShapeEntry | None:
+        if state is not self._state:
+            return None
+        return self._table.get(raw)
+
+    def put(self, raw: bytes, prepared: Prepared) -> ShapeEntry:
+        table = self._table
+        if prepared.state is not self._state:
+            table = self._table = {}  # a new table, not cleared in place: a reader may hold the old one
+            self._state = prepared.state
+        elif len(table) >= self.max_shapes:
+            table = self._table = {}
+        entry = table[raw] = ShapeEntry(prepared)
+        return entry

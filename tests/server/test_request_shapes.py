@@ -1,0 +1,102 @@
+"""The per-request-shape cache on Decide's path: a repeated shape gets the answer a fresh
+parse would give, the matcher's answer is recomputed after any registry write, a reload
+starts afresh, and bad input is never kept."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from server_rig import SMALL, start
+
+from policyc.compiler.bundle import Bundle
+from policyc.server.app import DecisionServer
+from policyc.server.config import ServeConfig
+from policyc.server.decision import DecisionInput
+from policyc.server.fleet import admissible_fleet
+from policyc.server.prepared import MatchMemo
+from policyc.server.proto import pb, pb_grpc
+from policyc.server.request_shapes import RequestShapes
+
+HEADERS = {"X-Tenant": "charite", "X-Data-Region": "eu-west"}
+
+
+@pytest.fixture()
+def server(bundle: Bundle) -> DecisionServer:
+    s = DecisionServer(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    assert s.cluster is not None
+    s.engine.register_many(admissible_fleet(bundle, s.cluster.gpu_slots()))
+    return s
+
+
+def test_a_memoised_decision_equals_a_fresh_one(server: DecisionServer) -> None:
+    eng = server.engine
+    inp = DecisionInput(HEADERS, {})
+    prep, memo = eng.prepare(inp), MatchMemo()
+    first = eng.decide_prepared(prep, memo)
+    assert memo.entry is not None
+    kept = eng.decide_prepared(prep, memo, lookup=1e-6)
+    fresh = eng.decide(inp)
+    for d in (kept, fresh):
+        assert (d.outcome, d.model, d.rules, d.candidates, d.variables, d.region) == \
+            (first.outcome, first.model, first.rules, first.candidates, first.variables, first.region)
+    assert kept.timing.parse == 1e-6 and kept.timing.feasibility == 0.0  # a cache hit reports the lookup
+    assert kept.decision_id != first.decision_id
+
+
+def test_the_match_memo_is_recomputed_after_every_registry_write(server: DecisionServer) -> None:
+    eng = server.engine
+    prep, memo = eng.prepare(DecisionInput(HEADERS, {})), MatchMemo()
+    before = eng.decide_prepared(prep, memo)
+    kept = memo.entry
+    assert eng.decide_prepared(prep, memo).candidates == before.candidates and memo.entry is kept
+    victim = before.plan.instance_id
+    eng.deregister(victim)
+    after = eng.decide_prepared(prep, memo)
+    assert memo.entry is not kept and after.candidates == before.candidates - 1
+    assert all(victim not in [i.id for i in t[2]] for t in memo.entry.tries)
+    kept = memo.entry
+    pushed = eng.push_scores([(i.deployment.host, i.deployment.gpu, 0.0) for i in kept.tries[0][2][:1]])
+    assert pushed >= 1
+    eng.decide_prepared(prep, memo)
+    assert memo.entry is not kept  # scores moved: the ranking is asked again
+
+
+def test_the_shape_table_belongs_to_one_state_and_is_bounded(server: DecisionServer, bundle: Bundle) -> None:
+    eng = server.engine
+    shapes = RequestShapes(max_shapes=2)
+    st = eng.state
+    raws = [pb.DecideRequest(headers={"X-Model": m}).SerializeToString() for m in ("fraud-scorer", "recommender", "fraud-scorer-lite")]
+    for raw in raws[:2]:
+        shapes.put(raw, eng.prepare(DecisionInput({"X-Model": "fraud-scorer"}, {}), st))
+    assert len(shapes) == 2 and shapes.get(st, raws[0]) is not None
+    shapes.put(raws[2], eng.prepare(DecisionInput({}, {}), st))
+    assert len(shapes) == 1 and shapes.get(st, raws[0]) is None  # full: started afresh
+    eng.reload(bundle)
+    assert shapes.get(eng.state, raws[2]) is None  # a reload's new state never sees the old entries
+    with pytest.raises(ValueError, match="at least 1"):
+        RequestShapes(max_shapes=0)
+
+
+def test_repeated_requests_over_grpc_hit_the_cache_and_bad_ones_are_never_kept(bundle: Bundle) -> None:
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    try:
+        svc = th.server.service
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            req = pb.DecideRequest(headers=HEADERS)
+            ds = [stub.Decide(req) for _ in range(5)]
+            assert {d.outcome for d in ds} == {pb.ADMITTED} and len({d.decision_id for d in ds}) == 5
+            assert len(svc.shapes) == 1
+            assert all(d.timing.feasibility_us == 0 for d in ds[1:]) and ds[0].timing.parse_us > 0
+            for _ in range(2):
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Decide(pb.DecideRequest(headers={"X-SLO-Latency": "fast"}))
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert len(svc.shapes) == 1
+            garbage = ch.unary_unary("/policyc.decision.v1.Decisions/Decide")
+            with pytest.raises(grpc.RpcError) as e:
+                garbage(b"\xff\xff\xff")
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid DecideRequest" in e.value.details()
+    finally:
+        th.stop()
