@@ -80,18 +80,18 @@ class ToAst:
     def start(self, items):
         return items
 
-    def block(self, children):
-        kind, rest = children[0], children[1:]
-        brace = next(i for i, c in enumerate(rest) if isinstance(c, Token) and c.type == "LBRACE")
-        labels = [self._label(c) for c in rest[:brace]]
-        items = [c for c in rest[brace + 1:] if not isinstance(c, Token)]
-        return ast.Block(kind.value, tuple(labels), tuple(items), self._cover(children), self._tok_span(kind))
+    def block(self, children):  # NAME label* "{" item* "}"
+        kind, brace = children[0], 1
+        while type(children[brace]) is not Token or children[brace].type != "LBRACE":
+            brace += 1
+        labels = tuple(self._label(c) for c in children[1:brace])
+        return ast.Block(kind.value, labels, tuple(children[brace + 1:-1]), self._cover(children), self._tok_span(kind))
 
-    def field(self, children):
-        key, values = children[0], [c for c in children[2:] if not _is_punct(c)]
+    def field(self, children):  # key ":" value ("," value)*
+        key = children[0]
         quoted = key.type == "STRING"
         text = self._string(key).value if quoted else key.value
-        return ast.Field(text, quoted, tuple(values), self._cover(children), self._tok_span(key))
+        return ast.Field(text, quoted, tuple(children[2::2]), self._cover(children), self._tok_span(key))
 
     def or_(self, children):
         return ast.Or(tuple(self._values(children)), self._cover(children))
@@ -130,14 +130,14 @@ class ToAst:
     def operand(self, children):  # "(" value ")": parentheses only group
         return children[1]
 
-    def quantity(self, children):
-        number = children[0]
-        unit = next((c.value for c in children[1:] if isinstance(c, Token) and c.type == "UNIT"), None)
-        of = next((c for c in children[1:] if isinstance(c, ast.Name)), None)
-        return ast.Quantity(number.value, unit, of, self._cover(children))
+    def quantity(self, children):  # NUMBER UNIT? ("of" dotted)?
+        n = len(children)
+        unit = children[1].value if n in (2, 4) else None
+        of = children[-1] if n >= 3 else None
+        return ast.Quantity(children[0].value, unit, of, self._cover(children))
 
-    def dotted(self, children):
-        return ast.Name(tuple(c.value for c in children if c.type == "NAME"), self._cover(children))
+    def dotted(self, children):  # NAME ("." NAME)*
+        return ast.Name(tuple(c.value for c in children[::2]), self._cover(children))
 
 
 # --------------------------------------------------------------------------- wiring
