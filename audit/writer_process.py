@@ -52,14 +52,16 @@ def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], tuple[bytes,
     from .redaction import Redactor  # here: a writer that is only handed bodies never loads pydantic
 
     redactor = Redactor(redact)
+    names = redactor.names
 
     def body(payload: bytes) -> tuple[bytes, IndexRow | None]:
         """(stored body, its index columns or None: derive them from the body)."""
         encoded = encode_draft(payload)  # None: the strict structs refused it; the model decides
         if encoded is None:
             return _by_model(payload, redactor), None
-        if redactor.secrets(encoded.headers):  # redaction may change indexed text too
-            return redactor.redact_json(encoded.body.decode(), encoded.headers).encode(), None
+        headers = encoded.headers
+        if not names.isdisjoint(map(str.lower, headers)) and redactor.secrets(headers):  # a named header: redact
+            return redactor.redact_json(encoded.body.decode(), headers).encode(), None  # (may change indexed text too)
         return encoded.body, encoded.index
 
     return body

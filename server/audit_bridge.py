@@ -115,8 +115,12 @@ def action_record(r: ActionRecord, bundle: Bundle | None = None) -> AuditAction:
                        outcome=_OUTCOMES[r.outcome], dry_run=r.dry_run, detail=f"{detail} (source: {r.source})")  # type: ignore[arg-type]
 
 
-FLUSH_EVERY = 32  # drafts handed to the log together
-FLUSH_AFTER = 0.05  # seconds a draft may wait in the bridge for others
+# Drafts handed to the log together: one hand-over becomes one commit (one fsync) in the
+# writer, whose fixed cost (~450 µs CPU with synchronous=FULL, measured) is shared by the
+# batch: 128 per hand-over cost the writer ~55 µs CPU per record where 32 cost ~75, and the
+# decision process ~12 µs where 32 cost ~22 (same run, `benchmarks/RESULTS.md`, audit).
+FLUSH_EVERY = 128
+FLUSH_AFTER = 0.05  # seconds a draft may wait in the bridge for others (so at most ~50 ms at any rate)
 
 
 class AuditBridge:
