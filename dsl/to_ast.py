@@ -8,7 +8,7 @@ walking it afterwards, which matters when thousands of contracts compile togethe
 
 `reduction_callbacks` wires the builders to the grammar's rules directly rather than
 through a lark `Transformer`, whose generic wrappers cost a Python call per reduction:
-a rule that only passes its one child up (`?value: or_expr`) reduces with a C-level
+a rule that only passes its one child up (`?value: and_expr`) reduces with a C-level
 `itemgetter`, and the helper rules lark makes for repetitions (`item*`) reduce to flat
 lists that their parent's builder splices in. Tokens come from lark-cython's lexer
 (`lark_cython.Token`: not a `str`, so values are read from `.value`).
