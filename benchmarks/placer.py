@@ -137,26 +137,19 @@ def bench_place(hosts: int, n: int, k: int, threaded_s: float) -> dict[str, floa
         t0 = time.perf_counter()
         nx.single_source_dijkstra_path_length(g, INGRESS, weight="w")
         naive.append((time.perf_counter() - t0) * 1e3)
-    # with the collector thread running: real clock, one request per ~millisecond; without
-    # and with the refresher's GIL slice, alternating rounds
-    live = {name: bench_live(hosts, sets, c, threaded_s / 2, sl) for name, sl in (("plain", None), ("slice", LIVE_SLICE))}
-    for name, sl in (("plain", None), ("slice", LIVE_SLICE)):
-        more = bench_live(hosts, sets, c, threaded_s / 2, sl)
-        live[name] = {k: live[name][k] + more[k] for k in live[name]}
+    # with the collector thread running: real clock, one request per ~millisecond
+    live = bench_live(hosts, sets, c, threaded_s)
     return {"p50": pct(wall, 50), "p99": pct(wall, 99), "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99),
             "ref_p50": pct(ref_wall, 50), "ref_p99": pct(ref_wall, 99), "ref_cpu_p50": pct(ref_cpu, 50),
             "naive": statistics.median(naive), "k": k, "n": n, "refused": refused,
-            "live": {name: live_figures(v) for name, v in live.items()}}
+            "live": live_figures(live)}
 
 
-LIVE_SLICE = 5e-4  # the refresher's GIL slice in the second live variant (seconds)
-
-
-def bench_live(hosts: int, sets: list[list[Instance]], c: Contract, seconds: float, gil_slice: float | None) -> dict[str, list]:
+def bench_live(hosts: int, sets: list[list[Instance]], c: Contract, seconds: float) -> dict[str, list]:
     """Placements on the real clock, one about every millisecond, while a refresher thread
     ticks at 200 ms in the same process: per placement its wall time, its thread CPU time,
     and whether it overlapped a refresh (the refresher's own spans)."""
-    r = Refresher(SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8), interval=0.2, gil_slice=gil_slice)
+    r = Refresher(SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8), interval=0.2)
     p = Placer(r)
     r.tick()
     r.start()
@@ -574,14 +567,13 @@ def main() -> None:
           f"p50 {p['ref_p50'] * 1e3:.0f} us  p99 {p['ref_p99'] * 1e3:.0f} us -> ratio p50 {p['ref_p50'] / p['p50']:.1f}x, "
           f"p99 {p['ref_p99'] / p['p99']:.1f}x")
     print(f"  naive networkx Dijkstra from the ingress, per request: {p['naive']:.1f} ms -> ratio {p['naive'] / p['p50']:.0f}x")
-    for name, lv in p["live"].items():
-        how = "no GIL slice" if name == "plain" else f"GIL slice {LIVE_SLICE * 1e3:g} ms during refreshes"
-        print(f"  with the refresher thread at 200 ms alongside, {how} ({lv['n']} placements, {lv['ticks']} ticks, refresh p50 "
-              f"{lv['refresh_p50']:.1f} ms, {lv['stale']} stale): wall p50 {lv['p50'] * 1e3:.0f} us  p90 {lv['p90'] * 1e3:.0f} us  "
-              f"p99 {lv['p99'] * 1e3:.0f} us")
-        print(f"    {lv['overlap']:.1%} overlapped a refresh: wall p50 {lv['over_p50'] * 1e3:.0f} us  p90 {lv['over_p90'] * 1e3:.0f} us, "
-              f"wait (wall - CPU) p90 {lv['over_wait_p90'] * 1e3:.0f} us; the others: p99 {lv['rest_p99'] * 1e3:.0f} us, "
-              f"wait p99 {lv['rest_wait_p99'] * 1e3:.0f} us")
+    lv = p["live"]
+    print(f"  with the refresher thread at 200 ms alongside ({lv['n']} placements, {lv['ticks']} ticks, refresh p50 "
+          f"{lv['refresh_p50']:.1f} ms, {lv['stale']} stale): wall p50 {lv['p50'] * 1e3:.0f} us  p90 {lv['p90'] * 1e3:.0f} us  "
+          f"p99 {lv['p99'] * 1e3:.0f} us")
+    print(f"    {lv['overlap']:.1%} overlapped a refresh: wall p50 {lv['over_p50'] * 1e3:.0f} us  p90 {lv['over_p90'] * 1e3:.0f} us, "
+          f"wait (wall - CPU) p90 {lv['over_wait_p90'] * 1e3:.0f} us; the others: p99 {lv['rest_p99'] * 1e3:.0f} us, "
+          f"wait p99 {lv['rest_wait_p99'] * 1e3:.0f} us")
     tk = 8
     tl = bench_tight(hosts, 2000 if a.quick else 5000, tk, 5 if a.quick else 9)
     print(f"tight loop, Placer.place with {tk} candidates (best of alternating rounds, same run): numpy path "

@@ -14,11 +14,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
 from typing import Callable
 
 from .anomalies import AnomalyBoard
-from .gil_slice import GilSlice
 from .realtime import RealtimeOutcome, apply_realtime
 from .paths import warm
 from .snapshot import Snapshot, build_snapshot
@@ -33,12 +31,8 @@ class Refresher:
     def __init__(
         self, source: TelemetrySource, interval: float = 0.2, *, thresholds: Thresholds = Thresholds(),
         realtime_priority: int | None = None, cpus: tuple[int, ...] | None = None, history: int = 1000,
-        clock: Callable[[], float] = time.monotonic, gil_slice: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`gil_slice`: seconds; when set, each refresh runs with the interpreter's switch
-        interval at most that long (`gil_slice.py`), so a request thread waits at most
-        about that long for the GIL behind a refresh. Opt-in: it changes process-wide
-        interpreter state for the duration of each refresh."""
         if not interval > 0:
             raise ValueError(f"refresh interval must be positive seconds, got {interval!r}")
         self.source = source
@@ -49,7 +43,6 @@ class Refresher:
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
         self._spans: deque[tuple[float, float]] = deque(maxlen=history)
-        self._slice = GilSlice(gil_slice) if gil_slice is not None else nullcontext()
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
@@ -100,7 +93,7 @@ class Refresher:
 
     def tick(self) -> Snapshot:
         """One refresh, now, on the calling thread."""
-        with self._lock, self._slice:
+        with self._lock:
             t0 = time.perf_counter()
             taken = self._clock()
             topo = self.source.topology()
