@@ -137,16 +137,16 @@ def matched_rules(bundle_hash: str, rules: tuple[AppliedRule, ...]) -> list["pb.
     return hit
 
 
-def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
-    """The response to Decide (`full`: with the placer's reasons, as Explain gives). Built on
-    the event loop for every call, so sub-messages are filled in place and the parts that
-    repeat per request shape (matched rules, rendered variables) come from caches."""
+def _head(d: Decision) -> "pb.Decision":
+    return pb.Decision(outcome=_OUTCOME[d.outcome], bundle_hash=d.bundle_hash,
+                       rules=matched_rules(d.bundle_hash, d.rules), candidates=d.candidates,
+                       variables=rendered_variables(d.variables), retry_count=d.retry_count)
+
+
+def _fill_tail(msg: "pb.Decision", d: Decision, full: bool) -> None:
+    """The fields each decision has of its own: id, model, timing, placement, rejection."""
     t = d.timing
-    msg = pb.Decision(
-        decision_id=d.decision_id, outcome=_OUTCOME[d.outcome], bundle_hash=d.bundle_hash, model=d.model or "",
-        rules=matched_rules(d.bundle_hash, d.rules), candidates=d.candidates,
-        variables=rendered_variables(d.variables), retry_count=d.retry_count,
-    )
+    msg.decision_id, msg.model = d.decision_id, d.model or ""
     tm = msg.timing
     tm.SetInParent()
     tm.parse_us, tm.feasibility_us, tm.match_us = t.parse * 1e6, t.feasibility * 1e6, t.match * 1e6
@@ -160,7 +160,32 @@ def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
             stage=_STAGE[r.stage], reason=r.reason, rule_ids=list(r.rule_ids), spans=[span(s) for s in r.spans],
             eliminations=[rule_explanation(e) for e in r.eliminations], binding_constraint=r.binding,
             gpus=[_gpu_rej(g) for g in r.gpus]))
+
+
+def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
+    """The response to Decide (`full`: with the placer's reasons, as Explain gives). Built on
+    the event loop for every call, so sub-messages are filled in place and the parts that
+    repeat per request shape (matched rules, rendered variables) come from caches."""
+    msg = _head(d)
+    _fill_tail(msg, d, full)
     return msg
+
+
+def decision_head(d: Decision) -> bytes:
+    """The serialized fields of `d` that every decision of its request shape repeats while
+    the registry is unchanged: outcome, bundle, matched rules, candidate count, variables,
+    retry count. Kept per shape by the service (see `decision_bytes`)."""
+    return _head(d).SerializeToString()
+
+
+def decision_bytes(d: Decision, head: bytes) -> bytes:
+    """Decide's serialized response: `head` (from `decision_head` of a decision with the
+    same head fields) followed by this decision's own fields. Protobuf reads concatenated
+    messages as one merged message and the two parts set disjoint fields, so this parses
+    to exactly `decision(d)`; only the field order on the wire differs."""
+    msg = pb.Decision()
+    _fill_tail(msg, d, False)
+    return head + msg.SerializeToString()
 
 
 def account(a: Account) -> "pb.Explanation":

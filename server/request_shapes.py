@@ -11,6 +11,10 @@ re-enter), which is cheaper per call than keeping recency order.
 
 from __future__ import annotations
 
+from policyc.matcher import AppliedRule
+
+from .convert import decision_bytes, decision_head
+from .decision import Decision, Outcome
 from .prepared import MatchMemo, Prepared
 from .state import PolicyState
 
@@ -18,11 +22,24 @@ DEFAULT_MAX_SHAPES = 4096
 
 
 class ShapeEntry:
-    __slots__ = ("prepared", "memo")
+    """One shape: its prepared request, its match memo, and the serialized response head
+    (`convert.decision_head`) with the (outcome, rules, candidates) it was made for."""
+
+    __slots__ = ("prepared", "memo", "head")
 
     def __init__(self, prepared: Prepared) -> None:
         self.prepared = prepared
         self.memo = MatchMemo()
+        self.head: tuple[Outcome, tuple[AppliedRule, ...], int, bytes] | None = None
+
+    def response(self, d: Decision) -> bytes:
+        """`d` serialized, its head taken from this entry while the head fields stay the
+        same (rules by identity: the match memo hands out the same tuple until the
+        registry changes)."""
+        h = self.head
+        if h is None or h[0] is not d.outcome or h[1] is not d.rules or h[2] != d.candidates:
+            h = self.head = (d.outcome, d.rules, d.candidates, decision_head(d))
+        return decision_bytes(d, h[3])
 
 
 class RequestShapes:

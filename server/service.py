@@ -125,7 +125,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
             self.metrics.observe(d)
             if self.audit is not None:
                 self.audit.decision(d, entry.prepared.input.headers)
-            return convert.decision(d).SerializeToString()
+            return entry.response(d)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline

@@ -48,17 +48,25 @@ def test_reload_under_concurrent_load_has_no_failed_or_mixed_decisions(stub, ser
                 failures.append(e)
 
     threads = [threading.Thread(target=load) for _ in range(4)]
-    for t in threads:
-        t.start()
-    while len(seen) < 20:
-        pass
-    r = stub.ReloadBundle(pb.ReloadBundleRequest(bundle_json=bundle_io.dumps(new_bundle)), timeout=60)
-    n = len(seen)
-    while len(seen) < n + 20:
-        pass
-    stop.set()
-    for t in threads:
-        t.join()
+    # The module's server has no refresher thread; GPU share reserved by placements is only
+    # released by a new snapshot, so without ticks a few hundred decisions exhaust this
+    # small cluster and a fast server would see share rejections that have nothing to do
+    # with the reload. Tick as a live server does.
+    served.server.refresher.start()
+    try:
+        for t in threads:
+            t.start()
+        while len(seen) < 20:
+            pass
+        r = stub.ReloadBundle(pb.ReloadBundleRequest(bundle_json=bundle_io.dumps(new_bundle)), timeout=60)
+        n = len(seen)
+        while len(seen) < n + 20:
+            pass
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        served.server.refresher.stop()
     assert not failures
     assert r.previous_hash == old and r.bundle_hash == new_bundle.content_hash
     assert set(seen) == {old, new_bundle.content_hash}

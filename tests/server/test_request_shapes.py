@@ -12,7 +12,7 @@ from server_rig import SMALL, start
 from policyc.compiler.bundle import Bundle
 from policyc.server.app import DecisionServer
 from policyc.server.config import ServeConfig
-from policyc.server.decision import DecisionInput
+from policyc.server.decision import DecisionInput, Stage
 from policyc.server.fleet import admissible_fleet
 from policyc.server.prepared import MatchMemo
 from policyc.server.proto import pb, pb_grpc
@@ -25,7 +25,8 @@ HEADERS = {"X-Tenant": "charite", "X-Data-Region": "eu-west"}
 def server(bundle: Bundle) -> DecisionServer:
     s = DecisionServer(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
     assert s.cluster is not None
-    s.engine.register_many(admissible_fleet(bundle, s.cluster.gpu_slots()))
+    models = [c.name for c in bundle.contracts if c.name != "clinical-notes"]  # so that asking for it is a matcher rejection
+    s.engine.register_many(admissible_fleet(bundle, s.cluster.gpu_slots(), models=models))
     return s
 
 
@@ -100,3 +101,27 @@ def test_repeated_requests_over_grpc_hit_the_cache_and_bad_ones_are_never_kept(b
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid DecideRequest" in e.value.details()
     finally:
         th.stop()
+
+
+def test_a_response_from_a_kept_head_parses_to_the_full_message(server: DecisionServer) -> None:
+    from policyc.server import convert
+    from policyc.server.request_shapes import ShapeEntry
+
+    eng = server.engine
+    cases = [HEADERS, {"X-Tenant": "st-marys", "X-Data-Region": "us-east"},  # admitted; solver rejection
+             {"X-Tenant": "charite", "X-Model": "clinical-notes", "X-Retry-Count": "2"},  # matcher rejection
+             {"X-Model": "recommender"}]  # placer rejection, with the HTTP dependency made too slow below
+    cluster = server.cluster
+    assert cluster is not None
+    for region in cluster.topology().ingress:
+        cluster.service_p99(f"http-{region}", 0.5, ticks=1)
+    server.refresher.tick()
+    outcomes = set()
+    for h in cases:
+        entry = ShapeEntry(eng.prepare(DecisionInput(h, {})))
+        for _ in range(3):
+            d = eng.decide_prepared(entry.prepared, entry.memo, 1e-6)
+            outcomes.add((d.outcome, d.rejection.stage if d.rejection else None))
+            assert pb.Decision.FromString(entry.response(d)) == convert.decision(d)
+        assert entry.head is not None
+    assert {stage for _, stage in outcomes} == {None, Stage.FEASIBILITY, Stage.MATCH, Stage.PLACEMENT}
