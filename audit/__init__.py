@@ -4,12 +4,14 @@ Public API (the rest is internal):
 - `AuditLog.open(path, signing_key=None, redact=(...), checkpoint_every=, checkpoint_interval=,
   durability="full"|"normal")` -> `submit_decision(record)`, `submit_decision_draft(draft)`,
   `submit_action(record)`, `submit_body(bytes)`, `submit_bodies(iterable)` (each returns a
-  `Receipt`; `receipt.wait(timeout=None)` -> seq once durable), `append_decision`,
+  `Receipt`; `receipt.wait(timeout=None)` -> seq once durable), `submit_decision_drafts(drafts)`
+  (one hand-over; returns the first ticket), `append_decision`,
   `append_action` (submit + wait), `checkpoint`, `close`, `last_seq`, `commits`, `failures`
   (`audit/log.py`; the chain, SQLite and fsync run in a writer process, `writer_process.py`)
 - `decision_draft(...)` -> `DecisionDraft` (a decision record as plain values) (`audit/drafts.py`)
 - `DecisionRecord`, `ActionRecord` and their parts (`audit/records.py`)
-- `verify(path, public_key=None, anchor=None)` -> `VerifyReport` (`audit/verify.py`)
+- `verify(path, public_key=None, anchor=None, workers=None)` -> `VerifyReport` (`audit/verify.py`;
+  a large log is walked by one process per CPU, `audit/verify_parallel.py`)
 - `AuditReader` (queries by decision id and time range, reports) (`audit/query.py`)
 - `estimate_resources(...)`, `estimated_figures(...)` (plain values, for drafts), `measured(...)`
   (`audit/accounting.py`)

@@ -2,10 +2,10 @@
 
 On this project's 2-vCPU machine the two vCPUs share one core, so every microsecond the
 writer process spends on a record is taken from the decision service. A draft therefore
-crosses the pipe as JSON (`wire_draft`, msgspec's encoder: about half the cost of the
-`marshal` it replaces on the decision thread) and the writer validates and re-encodes it
-with msgspec structs that mirror `records.DecisionRecord` field for field (`encode_draft`:
-~10 µs where pydantic-core took ~35 and the pydantic models ~50).
+crosses the pipe as MessagePack (`wire_draft`, msgspec's encoder: about half the cost of
+the `marshal` it replaces on the decision thread) and the writer validates it into msgspec
+structs that mirror `records.DecisionRecord` field for field and writes their JSON
+(`encode_draft`: ~10 µs where pydantic-core took ~35 and the pydantic models ~50).
 
 The structs are *strict* (no coercion, unknown keys refused) and leave out None fields
 (`omit_defaults`, every default being None), so what they accept they write exactly as
@@ -92,15 +92,17 @@ class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord
     resources: ResourcesWire
 
 
-_DECODE = msgspec.json.Decoder(DecisionWire).decode
+_WIRE = msgspec.msgpack.Encoder().encode
+_DECODE = msgspec.msgpack.Decoder(DecisionWire).decode
+_LOOSE = msgspec.msgpack.Decoder().decode
 _ENCODE = msgspec.json.Encoder().encode
-_LOOSE = msgspec.json.Decoder().decode
 def wire_draft(draft: Mapping[str, Any]) -> bytes:
-    """A draft as the JSON its frame carries (decision side). Plain values only: str, int,
-    float, bool, None, dicts and lists; a non-finite float becomes `null`, as pydantic
-    writes it. Raises TypeError for a value JSON cannot hold."""
+    """A draft as its frame carries it (decision side): MessagePack, which keeps every
+    value a draft may hold as it is (str apart from bytes, non-finite floats) and which
+    msgspec writes and reads faster than JSON. Plain values only: str, bytes, int, float,
+    bool, None, dicts, lists and tuples; raises TypeError for anything else."""
     try:
-        return _ENCODE(draft)
+        return _WIRE(draft)
     except (TypeError, UnicodeEncodeError, OverflowError) as e:
         raise TypeError(f"audit draft must hold only dicts, lists, tuples, str, int, float, bool and None ({e})") from None
 
@@ -129,8 +131,8 @@ def encode_draft(payload: bytes) -> EncodedDraft | None:
 
 
 def draft_values(payload: bytes) -> Any:
-    """The wire draft as plain values, for the pydantic path. Raises ValueError if it is not JSON."""
+    """The wire draft as plain values, for the pydantic path. Raises ValueError if it is not MessagePack."""
     try:
         return _LOOSE(payload)
     except msgspec.DecodeError as e:
-        raise ValueError(f"decision draft is not JSON ({e})") from None
+        raise ValueError(f"decision draft is not MessagePack ({e})") from None

@@ -6,7 +6,7 @@ thread ~70 µs, about a tenth of a whole decision, and holds the interpreter loc
 other decision thread needs. A draft is a dict literal of the same fields (a few µs); the
 writer process turns it into the same record, through the same validation and the same
 redaction, so the stored bytes are those `submit_decision` would have stored. It crosses
-the pipe as JSON, so it must hold plain values (a non-finite float arrives as null). The price:
+the pipe as MessagePack, so it must hold plain values. The price:
 a draft that does not validate is refused there, asynchronously, and reported through its
 receipt, `AuditLog.failures` and the `policyc.audit` logger, not by an exception at the call.
 """

@@ -2,7 +2,7 @@
 two pipes (records and commands one way, acknowledgements the other).
 
 Frames rather than pickled objects because the decision thread's share of the work must be
-a few microseconds: a record arrives already as bytes (its redacted JSON) or as the JSON of plain values
+a few microseconds: a record arrives already as bytes (its redacted JSON) or as plain values in MessagePack
 (a decision draft the writer validates: `draft_encoder.wire_draft`), and the sender thread
 moves many frames into the pipe with one `os.write`. The configuration frame is a `marshal`
 (both ends run the same interpreter, which is what `marshal` requires).
@@ -25,7 +25,7 @@ class ToWriter(IntEnum):
 
     INIT = 0  # marshal(dict): the writer's configuration, first frame only
     BODY = 1  # a record's redacted JSON, stored as is
-    DRAFT = 2  # JSON object: a decision draft to validate, redact and serialise
+    DRAFT = 2  # MessagePack map: a decision draft to validate, redact and serialise
     CHECKPOINT = 3  # seal the chain now
     CLOSE = 4  # store everything before this, write the final checkpoint, exit
 

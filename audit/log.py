@@ -3,7 +3,7 @@
 Callers (decision threads, the enforcer's guardian) hand over records; a separate writer
 *process* (`writer_process.py`) chains, inserts and commits (fsync) everything that arrived
 while its previous commit was running, then acknowledges the batch. On the caller's thread a
-record costs its serialisation (or, for a `submit_decision_draft`, a `marshal` of plain
+record costs its serialisation (or, for a `submit_decision_draft`, a MessagePack of plain
 values) and one write to a pipe: hashing, SQLite and fsync never hold this interpreter's
 lock, so the decision threads keep it. `append_*` returns the record's sequence number only
 after its batch is durable; `submit_*` returns a receipt to wait on later.
@@ -270,10 +270,10 @@ class AuditLog:
 
     def submit_decision_draft(self, draft: DecisionDraft) -> Receipt:
         """Queue a decision as plain values (`drafts.decision_draft`): the writer process
-        validates, redacts and serialises it, so the caller pays a JSON encoding (a few µs)
-        and no system call. A draft that does not validate is not stored: its receipt raises
+        validates, redacts and serialises it, so the caller pays a MessagePack encoding (a
+        few µs) and no system call. A draft that does not validate is not stored: its receipt raises
         AuditWriteError, and it is counted in `failures` and logged. Raises TypeError at the
-        call for a value JSON cannot hold."""
+        call for a value that is not a plain one (`draft_encoder.wire_draft`)."""
         if not isinstance(draft, dict):
             raise TypeError(f"submit_decision_draft takes a dict (DecisionDraft), not {type(draft).__name__}")
         return self._submit(ToWriter.DRAFT, wire_draft(draft))
@@ -282,8 +282,8 @@ class AuditLog:
         """`submit_decision_draft` for many drafts in one hand-over (the server bridge's
         batches): one lock and one wake-up of the sender thread instead of one per draft.
         Returns the first draft's ticket: receipts are `Receipt(log, first + i)`; callers
-        that do not wait need none. All or nothing at the call: a draft JSON cannot hold
-        raises TypeError and none of them is queued."""
+        that do not wait need none. All or nothing at the call: a draft with a value that is
+        not a plain one raises TypeError and none of them is queued."""
         if not drafts:
             return self._next
         pack = HEADER.pack

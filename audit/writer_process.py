@@ -4,8 +4,9 @@
 pipe on stdin and the log's lock file inherited, so the lock is held until *both* have
 exited: a second writer can never start while this one may still commit. Each read of the
 pipe takes whatever arrived while the previous batch was being committed (group commit);
-the batch is serialised where needed (drafts), chained, stored and fsync'd, and only then
-acknowledged. If the log's owner dies without closing (kill -9), stdin reaches its end and
+the batch is serialised where needed (drafts), its index columns derived (store v2:
+`index_columns`; a body that is not JSON is refused on its own receipt), chained, stored and
+fsync'd, and only then acknowledged. If the log's owner dies without closing (kill -9), stdin reaches its end and
 this process exits at once without committing anything more, as a crash would: the owner
 acknowledged nothing of it. It never touches the decision service's interpreter lock.
 """

@@ -159,7 +159,8 @@ def throughput(tmp: Path, instances: int, threads: int, rounds: int, seconds: fl
     off_cpu = statistics.median(cpu["off"])
     for mode, rates in phases.items():
         m, c = statistics.median(rates), statistics.median(cpu[mode])
-        print(f"  {mode:9s}: {m:8,.0f} decisions/s  ratio {m / off:.3f}  | per CPU second of the service: {c:7,.0f}  ratio {c / off_cpu:.3f}"
+        paired = statistics.median(r / o for r, o in zip(rates, phases["off"]))  # each round's phase against that round's "off"
+        print(f"  {mode:9s}: {m:8,.0f} decisions/s  ratio {m / off:.3f} (paired by round {paired:.3f})  | per CPU second of the service: {c:7,.0f}  ratio {c / off_cpu:.3f}"
               f"  (wall phases: {', '.join(f'{x:,.0f}' for x in rates)})")
     print("  floor: ratio >= 0.9 with the log on (\"server\": AuditBridge.decision, the product's path)")
     print(f"  writer process: {w_cpu / max(records, 1) * 1e6:.0f} us CPU per record over all phases (validate drafts, serialise, hash, SQLite); "

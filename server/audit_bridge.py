@@ -37,7 +37,7 @@ _KINDS = {ActionKind.CANCEL_STREAM: "cancel_stream", ActionKind.REDIRECT: "redir
           ActionKind.REPORT_ANOMALY: "report_anomaly", ActionKind.QUARANTINE: "quarantine",
           ActionKind.RELEASE: "release"}
 _STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
-_OUTCOME_TEXT = {o: o.value for o in DecisionOutcome}  # plain str: marshal refuses str-Enum members
+_OUTCOME_TEXT = {o: o.value for o in DecisionOutcome}  # plain str, as the draft schema wants
 _FIGURES_MAX = 4096
 # (bundle hash, model, GPU class, share) -> `estimated_figures`: shares come from a few
 # (contract, GPU class, latency target) combinations, so a decision almost always finds
@@ -181,7 +181,7 @@ class AuditBridge:
             self.log.submit_decision_drafts([draft for _, draft in batch])
             return
         except TypeError:
-            pass  # a draft JSON cannot hold: hand them over one by one so only it is refused
+            pass  # a draft with a value that is not a plain one: one by one, so only it is refused
         except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
             self._refused_here += len(batch)
             log.error("audit: %d decision(s) not recorded (%s ...): %s", len(batch), batch[0][0], e)

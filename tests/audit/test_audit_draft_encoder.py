@@ -1,6 +1,6 @@
 """The writer's direct draft encoder writes exactly the bytes the pydantic path writes, and
 hands every draft its strict structs refuse back to pydantic (returns None); drafts cross
-the pipe as JSON (`wire_draft`)."""
+the pipe as MessagePack (`wire_draft`)."""
 
 from __future__ import annotations
 
@@ -185,16 +185,18 @@ def test_other_drafts_go_to_pydantic_or_give_its_bytes(path: tuple[str, ...], va
         assert encoded is None or encoded == expected
 
 
-def test_non_finite_floats_arrive_as_null() -> None:
-    """JSON has no infinity: a draft's inf crosses the pipe as null, as pydantic would have
-    written it; in a required field the draft is then refused, not stored unreadable."""
-    draft = decision(1, t=1.7e9).model_dump(mode="json")
-    draft["placement"]["predicted_latency"] = float("inf")
-    stored = WRITER(wire_draft(draft))
-    draft["placement"]["predicted_latency"] = None
-    assert stored == _pydantic_bytes(draft)
-    with pytest.raises(ValueError, match="time"):
-        WRITER(wire_draft(_with(("time",), float("nan"))))
+def test_non_finite_floats_and_bytes_reach_pydantic_as_they_are() -> None:
+    """MessagePack keeps inf, nan and bytes: the strict structs refuse them and pydantic
+    decides, as it would have for the draft itself."""
+    for path, value in ((("placement", "predicted_latency"), float("inf")), (("latency", "stages", "match"), float("nan")),
+                        (("request", "X-Data-Region"), b"us-west")):
+        draft = decision(1, t=1.7e9).model_dump(mode="json")
+        target = draft
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        assert _fast(draft) is None
+        assert WRITER(wire_draft(draft)) == _pydantic_bytes(draft)
 
 
 def test_missing_required_field_goes_to_pydantic() -> None:
@@ -204,7 +206,7 @@ def test_missing_required_field_goes_to_pydantic() -> None:
     with pytest.raises(ValueError, match="latency"):
         WRITER(wire_draft(draft))
     assert encode_draft(wire_draft(["not", "a", "dict"])) is None  # type: ignore[arg-type]
-    assert encode_draft(b"{not json") is None
+    assert encode_draft(b"\xc1 not msgpack") is None
 
 
 def test_rule_in_another_key_order_and_unencodable_text() -> None:
