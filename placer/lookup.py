@@ -64,7 +64,8 @@ def lookup(
     queueing = gpu_queue(1.0 - free)
     network = g[:, NETWORK]
     deps = g[:, DEPENDENCIES]
-    dep_best = tuple((svc, eps, ints[:, 2 + i], g[:, lay.latency(i)]) for i, (svc, eps, _, _) in enumerate(tt.services))
+    dep_best = tuple((svc, eps, ints[:, lay.best(i) - lay.code], g[:, lay.latency(i)])
+                     for i, (svc, eps, _, _) in enumerate(tt.services))
 
     total = network + queueing + compute + deps
     np.minimum(code, np.where(total <= budget * th.budget_fraction, NO_FAILURE, _BUDGET), out=code)
@@ -114,7 +115,8 @@ def _scalar_lookup(
     # in a float64), the rest are views of the gather
     f = np.array(out, dtype=np.float64).reshape(len(out), 5).T
     ints = g[:, lay.port:].astype(np.int64)  # port, best endpoint per service
-    dep_best = tuple((svc, eps, ints[:, 1 + i], g[:, lay.latency(i)]) for i, (svc, eps, _, _) in enumerate(tt.services))
+    dep_best = tuple((svc, eps, ints[:, lay.best(i) - lay.port], g[:, lay.latency(i)])
+                     for i, (svc, eps, _, _) in enumerate(tt.services))
     return Evaluation(
         gpus=gpus, fail=f[4].astype(np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
         network=g[:, NETWORK], queueing=f[0], compute=f[1], dependencies=g[:, DEPENDENCIES], sigma=g[:, SIGMA],

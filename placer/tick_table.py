@@ -36,25 +36,6 @@ from .topology import Endpoint
 _DEPENDENCY = _CODE[Constraint.DEPENDENCY]
 
 
-@dataclass(frozen=True, eq=False)
-class TickContractTable:
-    """Per GPU of the topology, for one (snapshot, thresholds, ingress, contract table)."""
-
-    code: np.ndarray  # first static constraint failed (snapshot, contract, dependencies), NO_FAILURE if none
-    sigma: np.ndarray  # sqrt of the path table's variance
-    dependencies: np.ndarray  # seconds: the declared services' bound latencies, summed
-    services: tuple[tuple[object, tuple[Endpoint, ...], np.ndarray, np.ndarray], ...]  # (service, endpoints, best, latency)
-    snap_free: np.ndarray  # the snapshot's free share per GPU (the same array the reference reads)
-    min_share: np.ndarray  # the contract table's, per GPU
-    peak_eff: np.ndarray
-    no_peak: np.ndarray
-    network: np.ndarray  # the path table's, per GPU
-    raw_network: np.ndarray
-    port: np.ndarray
-    block: np.ndarray  # GPUs x columns: the figures above side by side (see `Layout`)
-    layout: Layout
-
-
 # the block's leading columns, in this order; then each declared service's latency, then the
 # integer columns: the constraint code, the port, and each declared service's best endpoint
 BLOCK_FLOATS = ("min_share", "peak_eff", "no_peak", "free", "network", "raw_network", "dependencies", "sigma")
@@ -84,6 +65,25 @@ class Layout:
     @property
     def width(self) -> int:
         return self.code + 2 + self.services
+
+
+@dataclass(frozen=True, eq=False)
+class TickContractTable:
+    """Per GPU of the topology, for one (snapshot, thresholds, ingress, contract table)."""
+
+    code: np.ndarray  # first static constraint failed (snapshot, contract, dependencies), NO_FAILURE if none
+    sigma: np.ndarray  # sqrt of the path table's variance
+    dependencies: np.ndarray  # seconds: the declared services' bound latencies, summed
+    services: tuple[tuple[object, tuple[Endpoint, ...], np.ndarray, np.ndarray], ...]  # (service, endpoints, best, latency)
+    snap_free: np.ndarray  # the snapshot's free share per GPU (the same array the reference reads)
+    min_share: np.ndarray  # the contract table's, per GPU
+    peak_eff: np.ndarray
+    no_peak: np.ndarray
+    network: np.ndarray  # the path table's, per GPU
+    raw_network: np.ndarray
+    port: np.ndarray
+    block: np.ndarray  # GPUs x columns: the figures above side by side (see `Layout`)
+    layout: Layout
 
 
 def tick_table(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
