@@ -6,6 +6,10 @@ congestion event script.
 
 Baselines measured in the same run: the naive refresh (writing every tick's telemetry into
 the networkx graph) and naive placement (networkx Dijkstra over the full graph per request).
+The tail simulation reports the contract-aware placer without and with the bundle's request
+budget breaker (`policies/breakers.contract`, `slo-budget`, at several fractions of the SLO);
+the baselines have no breaker. `--against REV` also times `Placer.place` against the placer at
+a git revision, in paired rounds.
 """
 
 from __future__ import annotations
