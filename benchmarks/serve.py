@@ -3,7 +3,6 @@ with N registered instances, and a no-op gRPC service answering the same request
 pre-built response of the same size, measured in the same run.
 
     .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 3]
-                                         [--thread-pool N]
     POLICYC_EVENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # both servers on asyncio's loop
 
 Reports decisions/s, p50/p99 (client-observed), the ratio to the no-op throughput, and
@@ -14,18 +13,24 @@ asynchronous to the decision path); clients run in a second process so they do n
 the server's GIL. Both servers run on the service's event loop (`server/event_loop.py`:
 uvloop unless POLICYC_EVENT_LOOP=asyncio). Also printed: CPU seconds this process (the
 server side only: server thread, gRPC's threads, the refresher) spends per call in each
-phase, a figure other engineers' load on a shared machine disturbs far less than wall rates.
+phase (and of it, the event-loop thread's), a figure other engineers' load on a shared
+machine disturbs far less than wall rates; and, for the paced run, which server-side events
+(refresher ticks, score pushes, garbage collections; their perf_counter spans, the clients'
+clock being the same CLOCK_MONOTONIC) the calls slower than 5 ms overlapped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import statistics
+import threading
 import time
 import warnings
+from typing import NamedTuple
 
 import grpc
 
@@ -50,6 +55,7 @@ async def _closed(port: int, concurrency: int, seconds: float, rate: float | Non
         call = ch.unary_unary(METHOD)
         payloads = [pb.DecideRequest(headers=h).SerializeToString() for h in REQUESTS]
         lat: list[float] = []
+        starts: list[float] = []  # perf_counter is CLOCK_MONOTONIC: comparable with the server process's
         end = time.perf_counter() + seconds
         interval = concurrency / rate if rate else 0.0
 
@@ -69,28 +75,92 @@ async def _closed(port: int, concurrency: int, seconds: float, rate: float | Non
                 t = time.perf_counter()
                 await call(payloads[k % len(payloads)])
                 lat.append(time.perf_counter() - t)
+                starts.append(t)
                 k += 1
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        return int(len(lat) / (time.perf_counter() - t0)), lat
+        return int(len(lat) / (time.perf_counter() - t0)), lat, starts
 
 
 def _client(port: int, concurrency: int, seconds: float, rate: float | None, q: mp.Queue) -> None:  # type: ignore[type-arg]
     q.put(asyncio.run(_closed(port, concurrency, seconds, rate)))
 
 
-def load(port: int, concurrency: int, seconds: float, rate: float | None = None) -> tuple[int, float, float, float]:
-    """(calls/s, p50 ms, p99 ms, server-process CPU µs per call)."""
+class Phase(NamedTuple):
+    rps: int
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float  # server process CPU per call
+    loop_cpu_us: float  # of which the server's event-loop thread
+    calls: list[tuple[float, float]]  # (start, latency) of every call, perf_counter seconds
+
+
+def _thread_cpu(native_id: int | None) -> float:
+    """CPU seconds of one thread of this process (Linux), 0 where unknown."""
+    if native_id is None:
+        return 0.0
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            x = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(port: int, concurrency: int, seconds: float, rate: float | None = None, loop_thread: int | None = None) -> Phase:
     q: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
     p = mp.get_context("spawn").Process(target=_client, args=(port, concurrency, seconds, rate, q))
     p.start()
-    c0 = time.process_time()
-    rps, lat = q.get()
-    cpu = time.process_time() - c0
+    c0, l0 = time.process_time(), _thread_cpu(loop_thread)
+    rps, lat, starts = q.get()
+    cpu, lcpu = time.process_time() - c0, _thread_cpu(loop_thread) - l0
     p.join()
-    lat.sort()
-    return rps, statistics.median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3, cpu / max(len(lat), 1) * 1e6
+    calls = list(zip(starts, lat))
+    lat = sorted(lat)
+    n = max(len(lat), 1)
+    return Phase(rps, statistics.median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3, cpu / n * 1e6, lcpu / n * 1e6, calls)
+
+
+class GcSpans:
+    """(start, end, generation) of every garbage collection in this process while installed."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float, int]] = []
+        self._t = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:  # type: ignore[type-arg]
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.spans.append((self._t, time.perf_counter(), info["generation"]))
+
+    def __enter__(self) -> "GcSpans":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def tail_causes(calls: list[tuple[float, float]], events: dict[str, list[tuple[float, float]]],
+                slow: float) -> tuple[dict[str, int], int, float]:
+    """Which server-side events the calls slower than `slow` seconds overlapped: counts per
+    event kind (a call may count under several), the slow calls that overlapped none, and
+    the p99 (ms) of the calls that overlapped no event at all."""
+    counts = {k: 0 for k in events}
+    unexplained = 0
+    quiet: list[float] = []
+    for t, lat in calls:
+        hit = [k for k, spans in events.items() if any(a < t + lat and b > t for a, b in spans)]
+        if not hit:
+            quiet.append(lat)
+        if lat > slow:
+            for k in hit:
+                counts[k] += 1
+            unexplained += not hit
+    quiet.sort()
+    return counts, unexplained, (quiet[int(0.99 * (len(quiet) - 1))] * 1e3 if quiet else float("nan"))
 
 
 class _Noop:
@@ -114,31 +184,6 @@ class _Noop:
         return port
 
 
-def _in_thread_pool(server: DecisionServer, workers: int) -> None:
-    """Variant for comparison: run each decision in a thread pool instead of inline on the
-    event loop (what `--thread-pool N` measures)."""
-    import concurrent.futures
-
-    from policyc.server import convert
-    from policyc.server.errors import ServiceError
-    from policyc.server.auth import Permission
-
-    pool = concurrent.futures.ThreadPoolExecutor(workers)
-    svc = server.service
-
-    async def decide(request, context):  # type: ignore[no-untyped-def]
-        try:
-            svc._admit(context, Permission.DECIDE, request.ByteSize())
-            d = await asyncio.get_running_loop().run_in_executor(pool, svc.engine.decide, convert.decision_input(request))
-        except ServiceError as e:
-            await svc._refuse(context, "Decide", e)
-            raise
-        svc.metrics.observe(d)
-        return convert.decision(d)
-
-    svc.Decide = decide  # type: ignore[method-assign]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -146,7 +191,6 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per phase and round")
     ap.add_argument("--rounds", type=int, default=3, help="Decide / no-op phases alternate this many times")
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--thread-pool", type=int, default=0, help="run decisions in a pool of N threads (default: inline)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; event loop {loop_kind().value}")
     n, secs, rounds = (20_000, 3.0, 2) if args.quick else (args.instances, args.seconds, args.rounds)
@@ -162,8 +206,6 @@ def main() -> int:
     fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=replicas)[:n]
     server.engine.register_many(fleet)
     print(f"registered {len(fleet)} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
-    if args.thread_pool:
-        _in_thread_pool(server, args.thread_pool)
     th = ServerThread(server)
     port = th.start()
     load(port, 4, 1.0)  # warm the feasibility cache and per-contract placer tables
@@ -172,41 +214,72 @@ def main() -> int:
     loop = new_event_loop()
     noop = _Noop(response)
     nport = loop.run_until_complete(noop.start())
-    import threading
-
     t2 = threading.Thread(target=loop.run_forever, daemon=True)
     t2.start()
     load(nport, 4, 1.0)
     # Alternate the two services so that both see the same machine (it is shared and its
     # load drifts); the decision server's refresher is paused while the no-op one runs.
-    dec: list[tuple[int, float, float, float]] = []
-    nop: list[tuple[int, float, float, float]] = []
+    dloop, nloop = th.native_id, t2.native_id
+    dec: list[Phase] = []
+    nop: list[Phase] = []
     for r in range(rounds):
-        dec.append(load(port, args.concurrency, secs))
+        dec.append(load(port, args.concurrency, secs, loop_thread=dloop))
         server.refresher.stop()
-        nop.append(load(nport, args.concurrency, secs))
+        nop.append(load(nport, args.concurrency, secs, loop_thread=nloop))
         server.refresher.start()
-        print(f"round {r + 1}: Decide {dec[-1][0]}/s (p50 {dec[-1][1]:.2f} ms, p99 {dec[-1][2]:.2f} ms), "
-              f"no-op {nop[-1][0]}/s (p50 {nop[-1][1]:.2f} ms, p99 {nop[-1][2]:.2f} ms), ratio {dec[-1][0] / nop[-1][0]:.2f}; "
-              f"server CPU per call {dec[-1][3]:.0f} vs {nop[-1][3]:.0f} us; load average {os.getloadavg()[0]:.2f}")
-    rps = sum(x[0] for x in dec) / rounds
-    nrps = sum(x[0] for x in nop) / rounds
-    paced = load(port, args.concurrency, secs, rate=0.7 * rps)
+        d, x = dec[-1], nop[-1]
+        print(f"round {r + 1}: Decide {d.rps}/s (p50 {d.p50_ms:.2f} ms, p99 {d.p99_ms:.2f} ms), "
+              f"no-op {x.rps}/s (p50 {x.p50_ms:.2f} ms, p99 {x.p99_ms:.2f} ms), ratio {d.rps / x.rps:.2f}; "
+              f"server CPU per call {d.cpu_us:.0f} vs {x.cpu_us:.0f} us (loop thread {d.loop_cpu_us:.0f} vs {x.loop_cpu_us:.0f}); "
+              f"load average {os.getloadavg()[0]:.2f}")
+    rps = sum(x.rps for x in dec) / rounds
+    nrps = sum(x.rps for x in nop) / rounds
+    # Paced: rounds alternate the served configuration with the previous one (score pushes
+    # inline on the refresher thread), and each round's slow calls are matched against
+    # the server-side events they overlapped.
+    on_loop = server.loop_scheduler()
+    variants = {"served": on_loop, "pushes on the refresher thread": None}
+    paced: dict[str, list[Phase]] = {k: [] for k in variants}
+    tails: dict[str, list[tuple[dict[str, int], int, int, int, float]]] = {k: [] for k in variants}
+    slow = 5e-3
+    for r in range(rounds):
+        for name, where in variants.items():
+            server.scores.run_on(where)
+            gc.collect()
+            with GcSpans() as gcs:
+                ph = load(port, args.concurrency, secs, rate=0.7 * rps, loop_thread=dloop)
+            events = {"refresher tick": list(server.refresher.spans()), "score push": list(server.scores.spans()),
+                      "GC gen 0-1": [(a, b) for a, b, g in gcs.spans if g < 2], "GC gen 2": [(a, b) for a, b, g in gcs.spans if g == 2]}
+            counts, unexplained, quiet_p99 = tail_causes(ph.calls, events, slow)
+            paced[name].append(ph)
+            tails[name].append((counts, unexplained, sum(lat > slow for _, lat in ph.calls), len(ph.calls), quiet_p99))
+            print(f"paced round {r + 1}, {name}: {ph.rps}/s of {0.7 * rps:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms; "
+                  f"{tails[name][-1][2]} calls over {slow * 1e3:g} ms overlapping "
+                  + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", none of these {unexplained}; "
+                  f"load average {os.getloadavg()[0]:.2f}")
+    server.scores.run_on(on_loop)
     th.stop()
     asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
     loop.call_soon_threadsafe(loop.stop)
-    mode = f"thread pool of {args.thread_pool}" if args.thread_pool else "inline on the event loop"
-    print(f"Decide   {len(fleet)} instances, {args.concurrency} clients, decisions {mode}: {rps:.0f} decisions/s "
-          f"(p50 {statistics.median(x[1] for x in dec):.2f} ms, p99 {statistics.median(x[2] for x in dec):.2f} ms, medians of rounds)")
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    print(f"Decide   {len(fleet)} instances, {args.concurrency} clients, decisions inline on the event loop: {rps:.0f} decisions/s "
+          f"(p50 {med(x.p50_ms for x in dec):.2f} ms, p99 {med(x.p99_ms for x in dec):.2f} ms, medians of rounds); "
+          f"{len(server.service.shapes)} request shapes cached")
     print(f"no-op    same message sizes ({len(response)} B response): {nrps:.0f} calls/s "
-          f"(p50 {statistics.median(x[1] for x in nop):.2f} ms, p99 {statistics.median(x[2] for x in nop):.2f} ms)")
+          f"(p50 {med(x.p50_ms for x in nop):.2f} ms, p99 {med(x.p99_ms for x in nop):.2f} ms)")
     print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.6; per round "
-          + ", ".join(f"{d[0] / x[0]:.2f}" for d, x in zip(dec, nop)) + ")")
-    dcpu, ncpu = statistics.median(x[3] for x in dec), statistics.median(x[3] for x in nop)
-    print(f"CPU      server process per call (medians of rounds): Decide {dcpu:.0f} us, no-op {ncpu:.0f} us, "
-          f"ratio no-op / Decide = {ncpu / dcpu:.2f} (the throughput ratio a server-bound, otherwise idle machine would show)")
-    print(f"paced    at 70 % of max ({0.7 * rps:.0f}/s offered): {paced[0]} decisions/s, p50 {paced[1]:.2f} ms, "
-          f"p99 {paced[2]:.2f} ms (target ≤ 5 ms); load average {os.getloadavg()[0]:.2f} at the end")
+          + ", ".join(f"{d.rps / x.rps:.2f}" for d, x in zip(dec, nop)) + ")")
+    dcpu, ncpu = med(x.cpu_us for x in dec), med(x.cpu_us for x in nop)
+    print(f"CPU      server process per call (medians of rounds): Decide {dcpu:.0f} us (loop thread {med(x.loop_cpu_us for x in dec):.0f}), "
+          f"no-op {ncpu:.0f} us (loop thread {med(x.loop_cpu_us for x in nop):.0f}), ratio no-op / Decide = {ncpu / dcpu:.2f} "
+          "(the throughput ratio a server-bound, otherwise idle machine would show)")
+    for name in variants:
+        ps = paced[name]
+        print(f"paced    {name}: at 70 % of max ({0.7 * rps:.0f}/s offered): {med(x.rps for x in ps):.0f} decisions/s, "
+              f"p50 {med(x.p50_ms for x in ps):.2f} ms, p99 {med(x.p99_ms for x in ps):.2f} ms (medians of rounds; target ≤ 5 ms); "
+              f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
+              f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 

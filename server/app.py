@@ -89,7 +89,15 @@ class DecisionServer:
                                        max_decide_bytes=config.max_decide_bytes)
         self.health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
+
+    def loop_scheduler(self):  # type: ignore[no-untyped-def]
+        """`call_soon_threadsafe` of the loop this server was started on (where score
+        pushes run when `score_push_on_loop`)."""
+        if self._loop is None:
+            raise RuntimeError("the server has not been started: no event loop yet")
+        return self._loop.call_soon_threadsafe
 
     @property
     def state(self) -> PolicyState:
@@ -108,6 +116,9 @@ class DecisionServer:
         self._server = server
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._loop = asyncio.get_running_loop()
+        if self.config.score_push_on_loop:
+            self.scores.run_on(self.loop_scheduler())
         if self.config.start_refresher:
             self.refresher.start()
         if self.config.metrics_port is not None:
@@ -131,6 +142,7 @@ class DecisionServer:
             await self._server.stop(grace)
             self._server = None
         self.refresher.stop()
+        self.scores.run_on(None)
         if self.guardian is not None:
             self.guardian.close()
         if self.audit is not None:
@@ -151,6 +163,11 @@ class ServerThread:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout)
+
+    @property
+    def native_id(self) -> int | None:
+        """The OS id of the thread running the event loop (per-thread CPU figures)."""
+        return self._thread.native_id
 
     def call(self, coro, timeout: float = 120.0):  # type: ignore[no-untyped-def]
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -58,3 +58,4 @@ class ServeConfig:
     metrics_port: int | None = None
     start_refresher: bool = True  # tests may step the cluster by hand instead
     score_push_budget: int = 512  # placer score -> matcher ranking updates per tick (see score_push.py)
+    score_push_on_loop: bool = True  # run those updates on the serving event loop, in chunks (see score_push.py)

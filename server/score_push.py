@@ -12,11 +12,20 @@ decision in flight waited behind it.
 So each tick pushes the GPUs whose score moved most since it was last *pushed* (not
 since the previous tick: small drifts add up and are pushed once they matter), largest
 move first, until `budget` instance updates are spent; the rest wait for a later tick.
+
+Where the updates run: inline on the refresher thread by default, or, once `run_on(loop's
+call_soon_threadsafe)` is given (the server does), as callbacks of at most `chunk` instance
+updates on the event loop that serves decisions. From another thread the push holds the
+interpreter lock for several milliseconds per tick, and the loop thread, wanting it back,
+waits up to the switch interval (5 ms by default) at each hand-over: that showed as paced
+calls over 5 ms overlapping pushes. On the loop a chunk simply queues between requests.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from collections import deque
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -24,6 +33,7 @@ from policyc.placer import Snapshot
 
 DEFAULT_BUDGET = 512  # instance score updates per tick (~10 ms of Python at most)
 MIN_DELTA = 0.05
+DEFAULT_CHUNK = 64  # instance updates per event-loop callback (~0.5-1 ms)
 
 
 class ScoreSink(Protocol):
@@ -35,15 +45,22 @@ class ScoreSink(Protocol):
 class ScorePusher:
     """`ScorePusher(engine, budget=512)`; register `pusher.on_refresh` with the refresher."""
 
-    def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA) -> None:
+    def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA,
+                 chunk: int = DEFAULT_CHUNK) -> None:
         if budget < 1:
             raise ValueError(f"score push budget must be at least 1 instance update per tick, got {budget}")
+        if chunk < 1:
+            raise ValueError(f"score push chunk must be at least 1 instance update, got {chunk}")
+        self.chunk = chunk
+        self._run_on: Callable[[Callable[[], None]], object] | None = None
+        self.dropped = 0  # chunks that could not be scheduled (the loop had stopped)
         self._sink = sink
         self.budget = budget
         self.min_delta = min_delta
         self._topology: object | None = None
         self._pushed = np.zeros(0)
         self.deferred = 0  # GPUs left for a later tick by the last push
+        self._spans: deque[tuple[float, float]] = deque(maxlen=256)
 
     def baseline(self, snap: Snapshot) -> None:
         """Take `snap`'s scores as what the matcher already holds (instances registered
@@ -51,8 +68,26 @@ class ScorePusher:
         self._topology = snap.topology
         self._pushed = np.array(snap.scores, dtype=np.float64)
 
+    def run_on(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
+        """Run the updates through `schedule` (e.g. `loop.call_soon_threadsafe`), a chunk
+        per call; None: inline on the thread that calls `on_refresh`."""
+        self._run_on = schedule
+
+    def spans(self) -> tuple[tuple[float, float], ...]:
+        """(start, end) `time.perf_counter` of the recent pushes, as `Refresher.spans()`
+        gives for ticks: to tell whether a slow decision overlapped one."""
+        return tuple(self._spans)
+
     def on_refresh(self, snap: Snapshot, previous: Snapshot | None = None) -> int:
-        """Push this tick's share of score changes; returns the instance updates made."""
+        """Push this tick's share of score changes; returns the instance updates made (or,
+        when they run on the loop, scheduled)."""
+        t0 = time.perf_counter()
+        try:
+            return self._push(snap)
+        finally:
+            self._spans.append((t0, time.perf_counter()))
+
+    def _push(self, snap: Snapshot) -> int:
         t = snap.topology
         if self._topology is not t:
             self._topology = t
@@ -80,7 +115,34 @@ class ScorePusher:
             self._pushed[i] = score
             done += 1
         self.deferred = len(order) - done
-        return self._sink.push_scores(changes) if changes else 0
+        if not changes:
+            return 0
+        schedule = self._run_on
+        if schedule is None:
+            return self._sink.push_scores(changes)
+        for part in self._chunks(changes):
+            try:
+                schedule(lambda part=part: self._push_chunk(part))
+            except RuntimeError:  # the loop is closed: the server is stopping
+                self.dropped += 1
+        return spent
+
+    def _chunks(self, changes: list[tuple[str, str, float]]) -> list[list[tuple[str, str, float]]]:
+        out: list[list[tuple[str, str, float]]] = [[]]
+        n = 0
+        for c in changes:
+            k = self._sink.instances_on(c[0], c[1])
+            if out[-1] and n + k > self.chunk:
+                out.append([])
+                n = 0
+            out[-1].append(c)
+            n += k
+        return out
+
+    def _push_chunk(self, part: list[tuple[str, str, float]]) -> None:
+        t0 = time.perf_counter()
+        self._sink.push_scores(part)
+        self._spans.append((t0, time.perf_counter()))
 
 
-__all__ = ["DEFAULT_BUDGET", "MIN_DELTA", "ScorePusher", "ScoreSink"]
+__all__ = ["DEFAULT_BUDGET", "DEFAULT_CHUNK", "MIN_DELTA", "ScorePusher", "ScoreSink"]

@@ -71,3 +71,38 @@ def test_the_server_registers_fleets_with_current_scores(served) -> None:
     eng, snap = served.server.engine, served.server.refresher.current()
     inst, _, score = eng.state.registry.entries()[0]
     assert score == snap.gpu_score(inst.deployment.host, inst.deployment.gpu)
+
+
+def test_pushes_run_in_bounded_chunks_through_the_given_scheduler() -> None:
+    sim = SimulatedCluster(3, 16, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    sink = Sink(per_gpu=10)
+    pusher = ScorePusher(sink, budget=200, chunk=25)
+    pusher.baseline(r.tick())
+    queued: list = []
+    pusher.run_on(queued.append)
+    for _ in range(4):
+        snap = r.tick()
+        scheduled = pusher.on_refresh(snap)
+        if scheduled:
+            break
+    assert scheduled and sink.calls == 0  # nothing ran on the calling thread
+    assert len(queued) == -(-scheduled // 20)  # 25 per chunk at most: two GPUs of 10 each
+    for run in queued:
+        run()
+    assert sink.calls == len(queued) and len(pusher.spans()) >= len(queued)
+    pushed = {k for k, _ in sink.scores.items()}
+    assert len(pushed) * sink.per_gpu == scheduled
+    for (host, gpu), s in sink.scores.items():
+        assert s == snap.scores[snap.topology.gpu_index[(host, gpu)]]
+
+    def closed(fn) -> None:  # noqa: ANN001
+        raise RuntimeError("Event loop is closed")
+
+    pusher.run_on(closed)
+    for _ in range(4):
+        if pusher.on_refresh(r.tick()):
+            break
+    assert pusher.dropped >= 1
+    with pytest.raises(ValueError, match="chunk"):
+        ScorePusher(sink, chunk=0)
