@@ -84,3 +84,30 @@ def test_bulk_bodies_and_checkpoint_on_request(tmp_path: Path) -> None:
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT count(*) FROM checkpoints").fetchone()[0] >= 2  # requested + final
     assert verify(db).ok
+
+
+def test_body_that_is_not_json_is_refused_alone(tmp_path: Path) -> None:
+    """Store v2 derives every entry's index columns from its body: a body that is not JSON
+    has none, so it is refused on its own receipt and the records around it are stored."""
+    db = tmp_path / "audit.db"
+    good = decision(1).model_dump_json(exclude_none=True).encode()
+    with AuditLog.open(db) as log:
+        receipts = log.submit_bodies([good, b"{not json", good])
+        assert receipts[0].wait() == 1
+        with pytest.raises(AuditWriteError, match="not JSON"):
+            receipts[1].wait()
+        assert receipts[2].wait() == 2
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT tenant, gpu_s FROM entries WHERE seq = 2").fetchone() == ("globex", 0.0096)
+    assert verify(db).ok
+
+
+def test_batch_of_drafts_is_one_hand_over_and_all_or_nothing_at_the_call(tmp_path: Path) -> None:
+    drafts = [decision(i).model_dump(mode="json") for i in range(5)]
+    with AuditLog.open(tmp_path / "audit.db") as log:
+        first = log.submit_decision_drafts(drafts)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="only dicts"):
+            log.submit_decision_drafts([drafts[0], {"decision_id": "x", "time": object()}])  # type: ignore[list-item]
+        assert log.append_decision(decision(9)) == 6  # the refused batch took no ticket
+        assert first == 0
+    assert verify(tmp_path / "audit.db").ok
