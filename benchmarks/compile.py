@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import resource
 import sys
@@ -68,6 +69,12 @@ def contract(i: int, rng: random.Random) -> str:
 """
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the compile's workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contracts", type=int, default=10_000)
@@ -94,9 +101,12 @@ def main() -> None:
     del trees
     gc.enable()
 
+    load0 = os.getloadavg()[0]
+    cpu0 = _cpu()
     t0 = time.perf_counter()
     result = compile_sources(files, analyse=args.with_solver)
     t_compile = time.perf_counter() - t0
+    cpu_compile = _cpu() - cpu0
     assert result.ok, [d.message for d in result.errors[:5]]
     t0 = time.perf_counter()
     text = bundle_io.dumps(result.bundle)
@@ -105,11 +115,14 @@ def main() -> None:
 
     print(f"contracts            {args.contracts} in {len(files)} files, {size / 1e6:.1f} MB of source")
     print(f"baseline parse only  {t_parse:.2f} s")
-    print(f"compile{' + solver' if args.with_solver else ' (no Z3)':<13} {t_compile:.2f} s  ({t_compile / args.contracts * 1e6:.0f} us/contract)")
+    print(f"compile{' + solver' if args.with_solver else ' (no Z3)':<13} {t_compile:.2f} s  ({t_compile / args.contracts * 1e6:.0f} us/contract; "
+          f"CPU {cpu_compile:.2f} s in this process and its workers)")
     print(f"write bundle         {t_emit:.2f} s  ({len(text) / 1e6:.1f} MB)")
     print(f"total                {t_compile + t_emit:.2f} s  (floor: 10 s)")
     print(f"ratio to parse-only  {(t_compile + t_emit) / t_parse:.2f}x")
     print(f"peak RSS             {rss1 / 1024:.0f} MB (grew {(rss1 - rss0) / 1024:.0f} MB)")
+    print(f"load average         {load0:.2f} at the start of the compile, {os.getloadavg()[0]:.2f} at the end "
+          f"({os.cpu_count()} CPUs): other work on the machine slows every figure")
     sys.exit(0 if t_compile + t_emit < 10 or args.with_solver else 1)
 
 
