@@ -20,7 +20,7 @@ paths on real and random drafts, and fail if the structs drift from the models.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping, NamedTuple
+from typing import Annotated, Any, Literal, Mapping, NamedTuple, Sequence
 
 import msgspec
 from msgspec import Meta, Struct
@@ -94,8 +94,10 @@ class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord
 
 _WIRE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder(DecisionWire).decode
+_DECODE_MANY = msgspec.msgpack.Decoder(list[DecisionWire]).decode
 _LOOSE = msgspec.msgpack.Decoder().decode
-_ENCODE = msgspec.json.Encoder().encode
+_JSON = msgspec.json.Encoder()
+_ENCODE = _JSON.encode
 def wire_draft(draft: Mapping[str, Any]) -> bytes:
     """A draft as its frame carries it (decision side): MessagePack, which keeps every
     value a draft may hold as it is (str apart from bytes, non-finite floats) and which
@@ -107,10 +109,26 @@ def wire_draft(draft: Mapping[str, Any]) -> bytes:
         raise TypeError(f"audit draft must hold only dicts, lists, tuples, str, int, float, bool and None ({e})") from None
 
 
+def wire_drafts(drafts: Sequence[Mapping[str, Any]]) -> bytes:
+    """Many drafts as one MessagePack array (one call for the whole batch)."""
+    return wire_draft(drafts if isinstance(drafts, list) else list(drafts))  # type: ignore[arg-type]
+
+
 class EncodedDraft(NamedTuple):
     body: bytes  # `DecisionRecord.model_dump_json(exclude_none=True)` as UTF-8, before redaction
     headers: dict[str, str]  # the request headers, for redaction
     index: IndexRow  # the body's index columns, as `index_columns.index_row(body)` gives them
+
+
+def _index(r: DecisionWire) -> IndexRow:
+    """`index_columns.index_row` of the record's body, without parsing it again (tested equal)."""
+    res, p = r.resources, r.placement
+    g, m, n = res.gpu_seconds, res.memory_bytes, res.network_bytes
+    return (
+        "decision", r.time, r.decision_id, r.tenant, r.model, p.region if p is not None else None, r.outcome, None,
+        g.value if g else None, g.source if g else None, m.value if m else None, m.source if m else None,
+        n.value if n else None, n.source if n else None, r.latency.total,
+    )
 
 
 def encode_draft(payload: bytes) -> EncodedDraft | None:
@@ -120,14 +138,28 @@ def encode_draft(payload: bytes) -> EncodedDraft | None:
         r = _DECODE(payload)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    res, p = r.resources, r.placement
-    g, m, n = res.gpu_seconds, res.memory_bytes, res.network_bytes
-    index = (  # `index_columns.index_row` of the body, without parsing it again (tested equal)
-        "decision", r.time, r.decision_id, r.tenant, r.model, p.region if p is not None else None, r.outcome, None,
-        g.value if g else None, g.source if g else None, m.value if m else None, m.source if m else None,
-        n.value if n else None, n.source if n else None, r.latency.total,
-    )
-    return EncodedDraft(_ENCODE(r), r.request, index)
+    return EncodedDraft(_ENCODE(r), r.request, _index(r))
+
+
+def encode_drafts(payload: bytes | memoryview) -> list[EncodedDraft] | None:
+    """`encode_draft` for a `wire_drafts` batch, in two calls to msgspec for the whole
+    batch (decode, then one JSON line per record: JSON escapes newlines inside strings).
+    None when any draft of it needs pydantic: the caller then takes them one by one."""
+    try:
+        records = _DECODE_MANY(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    bodies = _JSON.encode_lines(records).split(b"\n")
+    return [EncodedDraft(b, r.request, _index(r)) for b, r in zip(bodies, records)]
+
+
+def split_drafts(payload: bytes | memoryview) -> list[bytes]:
+    """A `wire_drafts` batch as single wire drafts (the slow path after `encode_drafts`
+    refused it). Raises ValueError if it is not a MessagePack array."""
+    items = draft_values(bytes(payload))
+    if not isinstance(items, list):
+        raise ValueError("decision drafts are not a MessagePack array")
+    return [_WIRE(item) for item in items]
 
 
 def draft_values(payload: bytes) -> Any:

@@ -21,13 +21,18 @@ HEADER = struct.Struct(">IB")  # payload length, kind
 
 
 class ToWriter(IntEnum):
-    """Frames the log sends to its writer. BODY and DRAFT each take the next ticket."""
+    """Frames the log sends to its writer. BODY and DRAFT each take the next ticket, DRAFTS
+    as many as it holds."""
 
     INIT = 0  # marshal(dict): the writer's configuration, first frame only
     BODY = 1  # a record's redacted JSON, stored as is
     DRAFT = 2  # MessagePack map: a decision draft to validate, redact and serialise
     CHECKPOINT = 3  # seal the chain now
     CLOSE = 4  # store everything before this, write the final checkpoint, exit
+    DRAFTS = 5  # COUNT, then a MessagePack array of COUNT drafts; takes COUNT tickets
+
+
+COUNT = struct.Struct(">I")  # drafts in a DRAFTS frame
 
 
 class FromWriter(IntEnum):

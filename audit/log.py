@@ -36,8 +36,8 @@ from .chain import genesis
 from .consistency import first_inconsistent
 from .drafts import DecisionDraft
 from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
-from .draft_encoder import wire_draft
-from .frames import HEADER, Ack, FromWriter, ToWriter, dumps, frame, split, write_all
+from .draft_encoder import wire_draft, wire_drafts
+from .frames import COUNT, Ack, FromWriter, ToWriter, dumps, frame, split, write_all
 from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
 from .store import (CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, Durability, connect_writer, entries_columns_missing,
@@ -280,21 +280,17 @@ class AuditLog:
 
     def submit_decision_drafts(self, drafts: Sequence[DecisionDraft]) -> int:
         """`submit_decision_draft` for many drafts in one hand-over (the server bridge's
-        batches): one lock and one wake-up of the sender thread instead of one per draft.
+        batches): one frame, one encoding call, one lock and one wake-up of the sender
+        thread instead of one per draft; the writer decodes the batch in one call too.
         Returns the first draft's ticket: receipts are `Receipt(log, first + i)`; callers
         that do not wait need none. All or nothing at the call: a draft with a value that is
         not a plain one raises TypeError and none of them is queued."""
         if not drafts:
             return self._next
-        pack = HEADER.pack
-        data = []
         for draft in drafts:
             if not isinstance(draft, dict):
                 raise TypeError(f"submit_decision_drafts takes dicts (DecisionDraft), not {type(draft).__name__}")
-            payload = wire_draft(draft)
-            data.append(pack(len(payload), ToWriter.DRAFT))
-            data.append(payload)
-        return self._submit_frames(b"".join(data), len(drafts))
+        return self._submit_frames(frame(ToWriter.DRAFTS, COUNT.pack(len(drafts)) + wire_drafts(drafts)), len(drafts))
 
     def submit_action(self, record: ActionRecord) -> Receipt:
         if not isinstance(record, ActionRecord):

@@ -19,10 +19,10 @@ import select
 import sqlite3
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from .draft_encoder import draft_values, encode_draft
-from .frames import HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
+from .draft_encoder import EncodedDraft, draft_values, encode_draft, encode_drafts, split_drafts
+from .frames import COUNT, HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
 from .index_columns import IndexRow, index_row
 
 if TYPE_CHECKING:
@@ -45,27 +45,53 @@ def _signer(cfg: WriterConfig) -> Signer | None:
     return lambda seq, h, wall, final: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final)
 
 
-def _draft_serialiser(redact: tuple[str, ...]) -> Callable[[bytes], tuple[bytes, IndexRow | None]]:
-    """Wire drafts (JSON) → the bytes `AuditLog.submit_decision` would store. A draft of
-    plain values of the declared types (the decision service's) is validated and written by
-    `draft_encoder`'s strict structs, without pydantic; any other goes through
-    `DecisionRecord` to be coerced or refused with its problems named."""
-    from .redaction import Redactor  # here: a writer that is only handed bodies never loads pydantic
+class _Drafts:
+    """Wire drafts → (the bytes `AuditLog.submit_decision` would store, their index columns
+    or None: derive them from the body). A draft of plain values of the declared types (the
+    decision service's) is validated and written by `draft_encoder`'s strict structs,
+    without pydantic; any other goes through `DecisionRecord` to be coerced or refused with
+    its problems named."""
 
-    redactor = Redactor(redact)
-    names = redactor.names
+    def __init__(self, redact: tuple[str, ...]) -> None:
+        from .redaction import Redactor  # here: a writer that is only handed bodies never loads pydantic
 
-    def body(payload: bytes) -> tuple[bytes, IndexRow | None]:
-        """(stored body, its index columns or None: derive them from the body)."""
+        self.redactor = Redactor(redact)
+        self.names = self.redactor.names
+
+    def __call__(self, payload: bytes) -> tuple[bytes, IndexRow | None]:
+        """One DRAFT frame's draft."""
         encoded = encode_draft(payload)  # None: the strict structs refused it; the model decides
         if encoded is None:
-            return _by_model(payload, redactor), None
-        headers = encoded.headers
-        if not names.isdisjoint(map(str.lower, headers)) and redactor.secrets(headers):  # a named header: redact
-            return redactor.redact_json(encoded.body.decode(), headers).encode(), None  # (may change indexed text too)
-        return encoded.body, encoded.index
+            return _by_model(payload, self.redactor), None
+        return self._redacted(encoded)
 
-    return body
+    def _redacted(self, e: EncodedDraft) -> tuple[bytes, IndexRow | None]:
+        if self.names.isdisjoint(map(str.lower, e.headers)) or not self.redactor.secrets(e.headers):
+            return e.body, e.index
+        return self.redactor.redact_json(e.body.decode(), e.headers).encode(), None  # (may change indexed text too)
+
+    def batch(self, payload: memoryview, count: int) -> list[tuple[bytes, IndexRow | None] | str]:
+        """A DRAFTS frame's `count` drafts, each stored as above or the message saying why
+        it is not. The whole batch in two msgspec calls when every draft is plainly valid;
+        else draft by draft, as single DRAFT frames would be."""
+        encoded = encode_drafts(payload)
+        if encoded is not None and len(encoded) == count:
+            return [self._redacted(e) for e in encoded]
+        try:
+            items = split_drafts(payload)
+        except ValueError as e:
+            return [str(e)] * count
+        out: list[tuple[bytes, IndexRow | None] | str] = []
+        for item in items[:count]:
+            try:
+                out.append(self(item))
+            except Exception as e:  # noqa: BLE001 (reported on the record's receipt)
+                out.append(str(e) or type(e).__name__)
+        return out + ["decision drafts batch is shorter than its count"] * (count - len(out))
+
+
+def _draft_serialiser(redact: tuple[str, ...]) -> _Drafts:
+    return _Drafts(redact)
 
 
 def _by_model(payload: bytes, redactor: Redactor) -> bytes:
@@ -108,7 +134,7 @@ def serve(fd_in: int, fd_out: int) -> None:
     except (sqlite3.Error, ValueError) as e:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return
-    drafts: Callable[[bytes], tuple[bytes, IndexRow | None]] | None = None
+    drafts: _Drafts | None = None
     indexed = cfg.indexed
     ticket = 0
     while True:
@@ -127,7 +153,16 @@ def serve(fd_in: int, fd_out: int) -> None:
         failed: list[tuple[int, int, str]] = []
         first, closing = ticket, False
         for kind, payload in split(buf):
-            if kind == ToWriter.BODY or kind == ToWriter.DRAFT:
+            if kind == ToWriter.DRAFTS:
+                if drafts is None:
+                    drafts = _draft_serialiser(cfg.redact)
+                for got in drafts.batch(memoryview(payload)[COUNT.size :], COUNT.unpack_from(payload)[0]):
+                    if isinstance(got, str):
+                        failed.append((ticket, ticket + 1, got))
+                    else:
+                        records.append((got[0], (got[1] or index_row(got[0])) if indexed else _NO_INDEX))
+                    ticket += 1
+            elif kind == ToWriter.BODY or kind == ToWriter.DRAFT:
                 try:
                     index: IndexRow | None = None
                     if kind == ToWriter.DRAFT:

@@ -12,7 +12,8 @@ import pytest
 from audit_helpers import decision
 
 from policyc.audit.errors import AuditWriteError
-from policyc.audit.log import AuditLog
+from policyc.audit.log import AuditLog, Receipt
+from policyc.audit.redaction import DEFAULT_REDACT, Redactor
 from policyc.audit.verify import verify
 
 
@@ -111,3 +112,32 @@ def test_batch_of_drafts_is_one_hand_over_and_all_or_nothing_at_the_call(tmp_pat
         assert log.append_decision(decision(9)) == 6  # the refused batch took no ticket
         assert first == 0
     assert verify(tmp_path / "audit.db").ok
+
+
+def test_batch_stores_the_bytes_the_records_would_and_refuses_only_its_bad_draft(tmp_path: Path) -> None:
+    """A DRAFTS frame: all fast (with secrets to redact), or one draft needing pydantic's
+    coercion and one it refuses, which alone fails; the others keep their order."""
+    records = [decision(i) for i in range(6)]
+    with AuditLog.open(tmp_path / "rec.db") as log:
+        for r in records:
+            log.append_decision(r)
+        log.append_decision(records[0])
+    drafts = [r.model_dump(mode="json") for r in records]
+    coerced = dict(drafts[3], time=int(drafts[3]["time"]))  # an int where a float is declared
+    bad = dict(drafts[4], outcome="maybe")
+    with AuditLog.open(tmp_path / "draft.db") as log:
+        first = log.submit_decision_drafts(drafts)  # type: ignore[arg-type]
+        second = log.submit_decision_drafts([drafts[0], coerced, bad])  # type: ignore[list-item]
+        assert (first, second) == (0, 6)
+        log.append_decision(records[5])
+        with pytest.raises(AuditWriteError, match=r"dec-000004.*outcome"):
+            Receipt(log, second + 2).wait()
+        assert Receipt(log, second + 1).wait() == 8
+        assert log.failures == 1
+    stored = _bodies(tmp_path / "draft.db")
+    want = _bodies(tmp_path / "rec.db")
+    assert stored[:7] == want[:7]  # the batch of six, then drafts[0] again
+    coerced_record = records[3].model_copy(update={"time": float(int(records[3].time))})
+    assert stored[7] == Redactor(DEFAULT_REDACT).dump(coerced_record, coerced_record.request).encode()
+    assert all(b"tok-" not in b for b in stored)
+    assert verify(tmp_path / "draft.db").ok
