@@ -53,7 +53,7 @@ class ScorePusher:
             raise ValueError(f"score push chunk must be at least 1 instance update, got {chunk}")
         self.chunk = chunk
         self._run_on: Callable[[Callable[[], None]], object] | None = None
-        self.dropped = 0  # chunks that could not be scheduled (the loop had stopped)
+        self.dropped = 0  # chunks never run (the loop had stopped)
         self._sink = sink
         self.budget = budget
         self.min_delta = min_delta
@@ -120,12 +120,17 @@ class ScorePusher:
         schedule = self._run_on
         if schedule is None:
             return self._sink.push_scores(changes)
-        for part in self._chunks(changes):
-            try:
-                schedule(lambda part=part: self._push_chunk(part))
-            except RuntimeError:  # the loop is closed: the server is stopping
-                self.dropped += 1
+        self._schedule(schedule, self._chunks(changes))
         return spent
+
+    def _schedule(self, schedule: Callable[[Callable[[], None]], object], parts: list[list[tuple[str, str, float]]]) -> None:
+        """Run `parts` one callback at a time, each scheduling the next when it is done, so
+        that the loop polls for requests between two chunks (callbacks queued together
+        would all run in one loop iteration)."""
+        try:
+            schedule(lambda: self._push_chunk(schedule, parts))
+        except RuntimeError:  # the loop is closed: the server is stopping
+            self.dropped += len(parts)
 
     def _chunks(self, changes: list[tuple[str, str, float]]) -> list[list[tuple[str, str, float]]]:
         out: list[list[tuple[str, str, float]]] = [[]]
@@ -139,10 +144,12 @@ class ScorePusher:
             n += k
         return out
 
-    def _push_chunk(self, part: list[tuple[str, str, float]]) -> None:
+    def _push_chunk(self, schedule: Callable[[Callable[[], None]], object], parts: list[list[tuple[str, str, float]]]) -> None:
         t0 = time.perf_counter()
-        self._sink.push_scores(part)
+        self._sink.push_scores(parts[0])
         self._spans.append((t0, time.perf_counter()))
+        if len(parts) > 1:
+            self._schedule(schedule, parts[1:])
 
 
 __all__ = ["DEFAULT_BUDGET", "DEFAULT_CHUNK", "MIN_DELTA", "ScorePusher", "ScoreSink"]
