@@ -179,17 +179,16 @@ class DecisionEngine:
                 break
             refusals.append((model, plan))
         t4 = clock()
-        timing = Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + t4 - t2)
         if not isinstance(plan, PlacementPlan):
             first_model, first = refusals[0]
             reason = "; ".join(f"`{mod}`: {np.message}" for mod, np in refusals)
             rej = Rejection(Stage.PLACEMENT, reason, binding=first.binding.value, gpus=first.rejected)
             return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
-                            _total(timing, parse + feas + clock() - t2), retry, tenant)
+                            Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant)
         region = next((c.deployment.region for c in cands if c.id == plan.instance_id), None)
         notes = tuple(f"model `{mod}` was tried first: {np.message}" for mod, np in refusals)
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
-                        _total(timing, parse + feas + clock() - t2), retry, tenant, notes)
+                        Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes)
 
     def explain(self, inp: DecisionInput) -> Account:
         st = self._state
@@ -307,10 +306,6 @@ class DecisionEngine:
 
 def _gpu_key(inst: Instance) -> str:
     return f"{inst.deployment.host}/{inst.deployment.gpu}"
-
-
-def _total(t: Timing, total: float) -> Timing:
-    return Timing(t.parse, t.feasibility, t.match, t.place, total)
 
 
 def narrate(d: Decision, feasibility: str, ex) -> list[str]:  # type: ignore[no-untyped-def]
