@@ -98,7 +98,7 @@ _DECODE_MANY = msgspec.msgpack.Decoder(list[DecisionWire]).decode
 _LOOSE = msgspec.msgpack.Decoder().decode
 _JSON = msgspec.json.Encoder()
 _ENCODE = _JSON.encode
-def wire_draft(draft: Mapping[str, Any]) -> bytes:
+def wire_draft(draft: Mapping[str, Any] | DecisionWire) -> bytes:
     """A draft as its frame carries it (decision side): MessagePack, which keeps every
     value a draft may hold as it is (str apart from bytes, non-finite floats) and which
     msgspec writes and reads faster than JSON. Plain values only: str, bytes, int, float,
@@ -109,7 +109,7 @@ def wire_draft(draft: Mapping[str, Any]) -> bytes:
         raise TypeError(f"audit draft must hold only dicts, lists, tuples, str, int, float, bool and None ({e})") from None
 
 
-def wire_drafts(drafts: Sequence[Mapping[str, Any]]) -> bytes:
+def wire_drafts(drafts: Sequence[Mapping[str, Any] | DecisionWire]) -> bytes:
     """Many drafts as one MessagePack array (one call for the whole batch)."""
     return wire_draft(drafts if isinstance(drafts, list) else list(drafts))  # type: ignore[arg-type]
 

@@ -36,7 +36,7 @@ from .chain import genesis
 from .consistency import first_inconsistent
 from .drafts import DecisionDraft
 from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
-from .draft_encoder import wire_draft, wire_drafts
+from .draft_encoder import DecisionWire, wire_draft, wire_drafts
 from .frames import COUNT, Ack, FromWriter, ToWriter, dumps, frame, split, write_all
 from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
@@ -268,28 +268,30 @@ class AuditLog:
             raise TypeError(f"submit_decision takes a DecisionRecord, not {type(record).__name__}")
         return self._submit(ToWriter.BODY, self._redactor.dump(record, record.request).encode())
 
-    def submit_decision_draft(self, draft: DecisionDraft) -> Receipt:
+    def submit_decision_draft(self, draft: DecisionDraft | DecisionWire) -> Receipt:
         """Queue a decision as plain values (`drafts.decision_draft`): the writer process
         validates, redacts and serialises it, so the caller pays a MessagePack encoding (a
         few µs) and no system call. A draft that does not validate is not stored: its receipt raises
         AuditWriteError, and it is counted in `failures` and logged. Raises TypeError at the
         call for a value that is not a plain one (`draft_encoder.wire_draft`)."""
-        if not isinstance(draft, dict):
-            raise TypeError(f"submit_decision_draft takes a dict (DecisionDraft), not {type(draft).__name__}")
+        if not isinstance(draft, (dict, DecisionWire)):
+            raise TypeError(f"submit_decision_draft takes a dict (DecisionDraft) or a DecisionWire, not {type(draft).__name__}")
         return self._submit(ToWriter.DRAFT, wire_draft(draft))
 
-    def submit_decision_drafts(self, drafts: Sequence[DecisionDraft]) -> int:
+    def submit_decision_drafts(self, drafts: Sequence[DecisionDraft | DecisionWire]) -> int:
         """`submit_decision_draft` for many drafts in one hand-over (the server bridge's
         batches): one frame, one encoding call, one lock and one wake-up of the sender
         thread instead of one per draft; the writer decodes the batch in one call too.
         Returns the first draft's ticket: receipts are `Receipt(log, first + i)`; callers
-        that do not wait need none. All or nothing at the call: a draft with a value that is
+        that do not wait need none. A draft may also be a `draft_encoder.DecisionWire` built
+        directly (the server bridge's `wire_of`): it goes as is, and the writer validates it
+        all the same. All or nothing at the call: a draft with a value that is
         not a plain one raises TypeError and none of them is queued."""
         if not drafts:
             return self._next
         for draft in drafts:
-            if not isinstance(draft, dict):
-                raise TypeError(f"submit_decision_drafts takes dicts (DecisionDraft), not {type(draft).__name__}")
+            if not isinstance(draft, (dict, DecisionWire)):
+                raise TypeError(f"submit_decision_drafts takes dicts (DecisionDraft) or DecisionWire, not {type(draft).__name__}")
         return self._submit_frames(frame(ToWriter.DRAFTS, COUNT.pack(len(drafts)) + wire_drafts(drafts)), len(drafts))
 
     def submit_action(self, record: ActionRecord) -> Receipt:

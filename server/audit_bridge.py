@@ -18,13 +18,18 @@ import threading
 import time
 from typing import Mapping
 
+import msgspec
+
 from policyc.audit.accounting import estimate_resources, estimated_figures
+from policyc.audit.draft_encoder import DecisionWire, LatencyWire, OriginWire, PlacementWire, ResourcesWire, RuleWire
 from policyc.audit.drafts import DecisionDraft, FigureFields, decision_draft
+from policyc.audit.schemas import DECISION_SCHEMA
 from policyc.audit.log import AuditLog
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement
 from policyc.compiler.bundle import Bundle
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
+from policyc.matcher import AppliedRule
 
 from .convert import render_var
 from .decision import Decision, Outcome as DecisionOutcome
@@ -97,6 +102,47 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
     )
 
 
+_rules: dict[tuple[AppliedRule, ...], list[RuleWire]] = {}
+_resources: dict[tuple[str, str, str, float], ResourcesWire] = {}
+_NO_RESOURCES = ResourcesWire()
+
+
+def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float | None = None) -> DecisionWire:
+    """`draft_of` built straight as the writer's struct (same fields, same stored bytes,
+    tested), for `AuditLog.submit_decision_drafts`: the decision thread's whole audit cost,
+    so its parts that repeat across decisions (the matched rules' list, the resource
+    estimates) are built once and shared; the writer still validates every field. Shared
+    parts are never mutated."""
+    placement, resources = None, _NO_RESOURCES
+    if d.plan is not None:
+        p = d.plan
+        placement = PlacementWire(instance=p.instance_id, host=p.host, gpu=p.gpu, gpu_model=p.gpu_model, region=d.region,
+                                  share=min(1.0, p.share) if p.share > 0 else None, predicted_latency=p.latency.total)
+        key = (bundle.content_hash, d.model or "", p.gpu_model, p.share)
+        got = _resources.get(key)
+        if got is None:
+            figures = _estimates(bundle, d.model or "", p.gpu_model, p.share)
+            if len(_resources) >= _FIGURES_MAX:
+                _resources.clear()
+            got = _resources[key] = msgspec.convert(figures or {}, ResourcesWire)
+        resources = got
+    rules = _rules.get(d.rules)
+    if rules is None:
+        if len(_rules) >= _FIGURES_MAX:
+            _rules.clear()
+        rules = _rules[d.rules] = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col)) for r in d.rules]
+    t = d.timing
+    return DecisionWire(
+        schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,
+        tenant=d.tenant or "unknown", model=d.model, request=dict(headers),
+        variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
+        bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome], reason=None if d.rejection is None else d.rejection.reason[:500],
+        matched_rules=rules, placement=placement,
+        latency=LatencyWire(total=t.total, stages={"parse": t.parse, "feasibility": t.feasibility, "match": t.match, "place": t.place}),
+        resources=resources,
+    )
+
+
 def action_record(r: ActionRecord, bundle: Bundle | None = None) -> AuditAction:
     kind = _KINDS.get(r.kind)
     detail = r.detail
@@ -139,7 +185,7 @@ class AuditBridge:
         self.log = log_
         self.bundle = bundle
         self._refused_here = 0
-        self._pending: list[tuple[str, DecisionDraft]] = []
+        self._pending: list[tuple[str, DecisionWire]] = []
         self._oldest = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -154,7 +200,7 @@ class AuditBridge:
 
     def decision(self, d: Decision, headers: Mapping[str, str]) -> None:
         try:
-            draft = draft_of(d, headers, self.bundle)
+            draft = wire_of(d, headers, self.bundle)
         except Exception as e:  # the audit log must not take the decision path down; count and say so
             self._refused_here += 1
             log.error("audit: decision %s not recorded: %s", d.decision_id, e)
