@@ -153,7 +153,7 @@ class DecisionEngine:
     def _decide_prepared(self, prep: Prepared, memo: MatchMemo | None, lookup: float | None) -> Decision:
         clock = time.perf_counter
         t2 = clock()
-        st, inp, answer = prep.state, prep.input, prep.answer
+        st, answer = prep.state, prep.answer
         parse, feas = (prep.parse, prep.feasibility) if lookup is None else (lookup, 0.0)
         did = new_decision_id()
         vars_ = prep.request.vars
