@@ -27,26 +27,26 @@ from .schemas import ACTION_SCHEMA, DECISION_SCHEMA
 IndexRow = tuple[Any, ...]  # in `chain.COLUMNS` order: str | float | None each
 
 
-class _Figure(Struct):
+class _Figure(Struct, gc=False):
     value: float | None = None
     source: str | None = None
 
 
-class _Placement(Struct):
+class _Placement(Struct, gc=False):
     region: str | None = None
 
 
-class _Latency(Struct):
+class _Latency(Struct, gc=False):
     total: float | None = None
 
 
-class _Resources(Struct):
+class _Resources(Struct, gc=False):
     gpu_seconds: _Figure | None = None
     memory_bytes: _Figure | None = None
     network_bytes: _Figure | None = None
 
 
-class _Body(Struct):
+class _Body(Struct, gc=False):
     """The parts of a record the columns read; other keys are skipped unparsed."""
 
     schema_version: str | None = None
@@ -61,6 +61,8 @@ class _Body(Struct):
     latency: _Latency | None = None
 
 
+# gc=False: plain values, never in a cycle, so the collector need not track them (decodes
+# ~15 % faster; verify decodes one per entry).
 _TYPED = msgspec.json.Decoder(_Body).decode
 
 

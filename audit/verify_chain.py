@@ -72,8 +72,13 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
         if p != prev:
             result.problem = WalkProblem(expect, seq, Break.LINK, "it does not link to the entry before it")  # type: ignore[arg-type]
             break
-        if indexed and result.index_problem is None:
-            result.index_problem = _index_disagrees(row)
+        if indexed:  # until the first disagreement (then `_index_disagrees` names the column)
+            try:
+                agrees = index_row(body) == row[4:]  # type: ignore[arg-type]
+            except ValueError:
+                agrees = False
+            if not agrees:
+                result.index_problem, indexed = _index_disagrees(row), False
         if seq in collect:
             hashes_at[seq] = h  # type: ignore[assignment]
         prev = h  # type: ignore[assignment]
