@@ -144,23 +144,28 @@ class GcSpans:
 
 
 def tail_causes(calls: list[tuple[float, float]], events: dict[str, list[tuple[float, float]]],
-                slow: float) -> tuple[dict[str, int], int, float]:
-    """Which server-side events the calls slower than `slow` seconds overlapped: counts per
-    event kind (a call may count under several), the slow calls that overlapped none, and
+                slow: float) -> tuple[dict[str, tuple[int, int]], int, float]:
+    """Which server-side events the calls slower than `slow` seconds overlapped: per event
+    kind, (slow calls overlapping one, all calls overlapping one) — an event that makes the
+    tail is over-represented among the slow calls; the slow calls that overlapped none; and
     the p99 (ms) of the calls that overlapped no event at all."""
-    counts = {k: 0 for k in events}
+    lo = min((t for t, _ in calls), default=0.0)
+    hi = max((t + lat for t, lat in calls), default=0.0)
+    events = {k: [(a, b) for a, b in spans if b > lo and a < hi] for k, spans in events.items()}
+    counts = {k: [0, 0] for k in events}
     unexplained = 0
     quiet: list[float] = []
     for t, lat in calls:
         hit = [k for k, spans in events.items() if any(a < t + lat and b > t for a, b in spans)]
         if not hit:
             quiet.append(lat)
-        if lat > slow:
-            for k in hit:
-                counts[k] += 1
-            unexplained += not hit
+        for k in hit:
+            counts[k][1] += 1
+            counts[k][0] += lat > slow
+        unexplained += lat > slow and not hit
     quiet.sort()
-    return counts, unexplained, (quiet[int(0.99 * (len(quiet) - 1))] * 1e3 if quiet else float("nan"))
+    return ({k: (v[0], v[1]) for k, v in counts.items()}, unexplained,
+            quiet[int(0.99 * (len(quiet) - 1))] * 1e3 if quiet else float("nan"))
 
 
 class _Noop:
@@ -242,7 +247,7 @@ def main() -> int:
     noop_name = "no-op service, same rate"
     variants = {"served": on_loop, "pushes on the refresher thread": None, noop_name: on_loop}
     paced: dict[str, list[Phase]] = {k: [] for k in variants}
-    tails: dict[str, list[tuple[dict[str, int], int, int, int, float]]] = {k: [] for k in variants}
+    tails: dict[str, list[tuple[dict[str, tuple[int, int]], int, int, int, float]]] = {k: [] for k in variants}
     slow = 5e-3
     for r in range(min(rounds, 2)):  # two rounds of three paced phases keep a full run under two minutes
         for name, where in variants.items():
@@ -260,11 +265,12 @@ def main() -> int:
             counts, unexplained, quiet_p99 = tail_causes(ph.calls, events, slow)
             paced[name].append(ph)
             tails[name].append((counts, unexplained, sum(lat > slow for _, lat in ph.calls), len(ph.calls), quiet_p99))
+            n_slow, n_all = tails[name][-1][2], len(ph.calls)
             print(f"paced round {r + 1}, {name}: {ph.rps}/s of {0.7 * rps:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, "
-                  f"server CPU per call {ph.cpu_us:.0f} us; "
-                  f"{tails[name][-1][2]} calls over {slow * 1e3:g} ms overlapping "
-                  + ", ".join(f"{k} {v}" for k, v in counts.items()) + f", none of these {unexplained}; "
-                  f"load average {os.getloadavg()[0]:.2f}")
+                  f"server CPU per call {ph.cpu_us:.0f} us; {n_slow} of {n_all} calls over {slow * 1e3:g} ms, overlapping "
+                  + ", ".join(f"{k} {a} ({a / max(n_slow, 1):.0%} of slow calls, {b / max(n_all, 1):.0%} of all)"
+                              for k, (a, b) in counts.items())
+                  + f", none of these {unexplained}; load average {os.getloadavg()[0]:.2f}")
     server.scores.run_on(on_loop)
     th.stop()
     asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()

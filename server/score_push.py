@@ -60,7 +60,7 @@ class ScorePusher:
         self._topology: object | None = None
         self._pushed = np.zeros(0)
         self.deferred = 0  # GPUs left for a later tick by the last push
-        self._spans: deque[tuple[float, float]] = deque(maxlen=256)
+        self._spans: deque[tuple[float, float]] = deque(maxlen=1024)  # ~25 s of ticks, pushed in chunks
 
     def baseline(self, snap: Snapshot) -> None:
         """Take `snap`'s scores as what the matcher already holds (instances registered
