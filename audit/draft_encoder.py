@@ -12,10 +12,11 @@ The structs are *strict* (no coercion, unknown keys refused) and leave out None 
 `DecisionRecord.model_dump_json(exclude_none=True)` does: fields in the model's order,
 the same string escapes and float digits. Two differences are handled by handing the draft
 back (None): msgspec writes a float of 1e16 or more as `1e16` where pydantic writes `1e+16`,
-so the structs refuse such floats, and fields whose model default is not None (`schema_version`, `request`,
-`variables`, `matched_rules`, `latency.stages`, `resources`) are required here, so a draft
-without them takes the pydantic path, which writes the defaults. The tests compare both
-paths on real and random drafts, and fail if the structs drift from the models.
+so the structs refuse such floats; and fields whose model default is not None
+(`schema_version`, `request`, `variables`, `matched_rules`, `latency.stages`, `resources`)
+are required here, so a draft without them takes the pydantic path, which writes the
+defaults. The tests compare both paths on real and random drafts, and fail if the structs
+drift from the models.
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ _DECODE_MANY = msgspec.msgpack.Decoder(list[DecisionWire]).decode
 _LOOSE = msgspec.msgpack.Decoder().decode
 _JSON = msgspec.json.Encoder()
 _ENCODE = _JSON.encode
+
+
 def wire_draft(draft: Mapping[str, Any] | DecisionWire) -> bytes:
     """A draft as its frame carries it (decision side): MessagePack, which keeps every
-    value a draft may hold as it is (str apart from bytes, non-finite floats) and which
+    value a draft may hold as it is (str and bytes apart, non-finite floats) and which
     msgspec writes and reads faster than JSON. Plain values only: str, bytes, int, float,
     bool, None, dicts, lists and tuples; raises TypeError for anything else."""
     try:

@@ -90,10 +90,6 @@ class _Drafts:
         return out + ["decision drafts batch is shorter than its count"] * (count - len(out))
 
 
-def _draft_serialiser(redact: tuple[str, ...]) -> _Drafts:
-    return _Drafts(redact)
-
-
 def _by_model(payload: bytes, redactor: Redactor) -> bytes:
     from pydantic import ValidationError
 
@@ -155,7 +151,7 @@ def serve(fd_in: int, fd_out: int) -> None:
         for kind, payload in split(buf):
             if kind == ToWriter.DRAFTS:
                 if drafts is None:
-                    drafts = _draft_serialiser(cfg.redact)
+                    drafts = _Drafts(cfg.redact)
                 for got in drafts.batch(memoryview(payload)[COUNT.size :], COUNT.unpack_from(payload)[0]):
                     if isinstance(got, str):
                         failed.append((ticket, ticket + 1, got))
@@ -167,7 +163,7 @@ def serve(fd_in: int, fd_out: int) -> None:
                     index: IndexRow | None = None
                     if kind == ToWriter.DRAFT:
                         if drafts is None:
-                            drafts = _draft_serialiser(cfg.redact)
+                            drafts = _Drafts(cfg.redact)
                         payload, index = drafts(payload)
                     records.append((payload, (index or index_row(payload)) if indexed else _NO_INDEX))
                 except Exception as e:  # noqa: BLE001 (reported on the record's receipt)

@@ -14,9 +14,9 @@ from policyc.audit.draft_encoder import encode_draft, wire_draft
 from policyc.audit.index_columns import index_row
 from policyc.audit.records import DecisionRecord
 from policyc.audit.redaction import DEFAULT_REDACT, Redactor
-from policyc.audit.writer_process import _draft_serialiser
+from policyc.audit.writer_process import _Drafts
 
-_SERIALISE = _draft_serialiser(DEFAULT_REDACT)
+_SERIALISE = _Drafts(DEFAULT_REDACT)
 
 
 def WRITER(payload: bytes) -> bytes:
