@@ -343,7 +343,10 @@ class Placer:
             why = "SM throughput collapsed" if snap.gpu_collapsed[g] else "reported health"
             return f"health {snap.gpu_health[g]:.2f} < {th.min_health:.2f} ({why}, SM utilisation {f.gpu_sm_util[g]:.0%})"
         if c is Constraint.GPU_SHARE:
-            return f"free share {snap.gpu_free[g]:.3f} < required {ev.min_share[r]:.3f}"
+            with self._lock:  # the share placed on this snapshot since it was taken counts against it
+                held = float(self._reserved[g]) if self._reserved_version == snap.version else 0.0
+            since = f" ({snap.gpu_free[g]:.3f} free on the snapshot, {held:.3f} placed since)" if held else ""
+            return f"free share {snap.gpu_free[g] - held:.3f} < required {ev.min_share[r]:.3f}{since}"
         if c is Constraint.PCIE:
             return f"PCIe utilisation {f.gpu_pcie_util[g]:.0%} > {th.max_pcie_util:.0%}"
         if c is Constraint.SESSION_STORE:

@@ -176,3 +176,29 @@ def test_reservations_within_a_tick_spread_a_burst_and_reset_on_the_next() -> No
     assert not all(isinstance(p, PlacementPlan) for p in chosen)  # the tick's free share runs out
     r.tick()
     assert isinstance(placer.place(cands, 0.2, contract(flops=8e12)), PlacementPlan)
+
+
+def test_a_share_refusal_counts_the_share_placed_since_the_snapshot() -> None:
+    """The detail of a GPU_SHARE rejection names the share left after this tick's
+    placements, not the snapshot's, so the two numbers it prints disagree the right way."""
+    import re
+
+    from policyc.placer.plan import Constraint, NoPlacement
+
+    sim = SimulatedCluster(5, 4, 2, hosts_per_rack=4, noise=0.0)
+    r = Refresher(sim, thresholds=Thresholds())
+    r.tick()
+    placer = Placer(r)
+    cands = instances(sim)
+    refusals = [p for p in (placer.place(cands, 0.2, contract(flops=8e12), affinity_key=f"k{i}") for i in range(80))
+                if isinstance(p, NoPlacement)]
+    shares = [x for p in refusals for x in p.rejected if x.constraint is Constraint.GPU_SHARE]
+    assert shares, "the tick's free share runs out"
+    for x in shares:
+        m = re.fullmatch(r"free share (-?[\d.]+) < required ([\d.]+)(?: \(([\d.]+) free on the snapshot, ([\d.]+) placed since\))?", x.detail)
+        assert m, x.detail
+        left, required = float(m[1]), float(m[2])
+        assert left < required
+        if m[3] is not None:
+            assert abs(float(m[3]) - float(m[4]) - left) < 2e-3
+    assert any("placed since" in x.detail for x in shares)
