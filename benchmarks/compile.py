@@ -5,6 +5,11 @@ excluded, as the issue's floor says), per-stage split, peak RSS growth, and the 
 baseline measured in the same run: parsing alone (lark, the floor any front end pays).
 
     .venv/bin/python benchmarks/compile.py [--contracts 10000] [--with-solver]
+    .venv/bin/python benchmarks/compile.py --against REV [--contracts 2000] [--rounds 3]
+
+`--against REV` compares CPU seconds of a serial compile plus writing the bundle, today's
+tree against the tree at git revision REV, alternating one process per side and round, so
+that both sides see the same machine load.
 """
 
 from __future__ import annotations
@@ -12,15 +17,16 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import subprocess
+import tempfile
+from pathlib import Path
 import random
 import resource
 import sys
 import time
 
-from policyc.compiler import bundle_io
-from policyc.compiler.pipeline import compile_sources
-from policyc.dsl.parser import parse
-from policyc.dsl.source import Source
+# policyc is imported inside the functions: `--against` runs this file with an older tree
+# first on the path, which must be in place before the first `import policyc`.
 
 REGIONS = ["us-west", "us-east", "eu-west", "eu-central"]
 ARCHS = ["ampere", "hopper", "ada"]
@@ -75,12 +81,67 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _serial_side(root: str, contracts: int) -> None:
+    """One side of `--against`: print the CPU seconds of a serial compile + write."""
+    if root != "today":
+        sys.path.insert(0, root)
+    import policyc.compiler.pipeline as pipeline
+    from policyc.compiler import bundle_io as io
+    from policyc.dsl.source import Source as Src
+    try:
+        from policyc.compiler import front_end
+        front_end.PARALLEL_MIN_BYTES = 10**12
+    except ImportError:  # trees before compiler/front_end.py
+        pipeline.PARALLEL_MIN_BYTES = 10**12
+    rng = random.Random(7)
+    texts = [contract(i, rng) for i in range(contracts)]
+    files = [Src("gpu-catalog.contract", Path("policies/gpu-catalog.contract").read_text())] + [
+        Src(f"gen-{n:04d}.contract", "\n".join(texts[n: n + 100])) for n in range(0, contracts, 100)]
+    t = time.process_time()
+    io.dumps(pipeline.compile_sources(files, analyse=False).bundle)
+    print(f"{time.process_time() - t:.3f} {Path(pipeline.__file__).parent.parent}")
+
+
+def _against(rev: str, contracts: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = Path(tmp) / "policyc"
+        pkg.mkdir()
+        archive = subprocess.run(["git", "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(pkg)], input=archive, check=True)
+        sides = {"before": tmp, "today": "today"}
+        cpu: dict[str, list[float]] = {k: [] for k in sides}
+        for r in range(rounds):
+            for name in (sides if r % 2 == 0 else reversed(list(sides))):
+                out = subprocess.run([sys.executable, __file__, "--serial-side", sides[name], "--contracts", str(contracts)],
+                                     check=True, capture_output=True, text=True).stdout
+                seconds, tree = out.split()[-2:]
+                assert (tree == tmp + "/policyc") == (name == "before"), f"{name} side ran the tree at {tree}"
+                cpu[name].append(float(seconds))
+        for name, v in cpu.items():
+            print(f"{name:<7} {rev if name == 'before' else 'working tree':<12} CPU s per round: "
+                  + ", ".join(f"{x:.2f}" for x in v) + f"  (min {min(v):.2f})")
+        print(f"ratio today / before (min of rounds): {min(cpu['today']) / min(cpu['before']):.2f}x; "
+              f"{contracts} contracts, serial front end, compile + write, load average {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contracts", type=int, default=10_000)
     ap.add_argument("--per-file", type=int, default=100)
     ap.add_argument("--with-solver", action="store_true", help="include the Z3 analyses (not part of the floor)")
+    ap.add_argument("--against", metavar="REV", help="A/B of the serial compile against the tree at a git revision")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serial-side", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serial_side:
+        return _serial_side(args.serial_side, args.contracts)
+    if args.against:
+        return _against(args.against, args.contracts if args.contracts != 10_000 else 2_000, args.rounds)
+    from policyc.compiler import bundle_io
+    from policyc.compiler.pipeline import compile_sources
+    from policyc.dsl.parser import parse
+    from policyc.dsl.source import Source
+
     rng = random.Random(7)
     catalog = open("policies/gpu-catalog.contract").read()
     texts = [contract(i, rng) for i in range(args.contracts)]
