@@ -80,3 +80,20 @@ def test_signature_cannot_be_moved_to_another_bundle(bundle):
     raw["signature"] = signed["signature"]
     with pytest.raises(BundleError, match="signature does not verify"):
         bundle_io.loads(json.dumps(raw), public_key=key.public_key())
+
+
+def test_the_file_form_is_the_full_dump_whether_or_not_the_seal_data_is_reused(bundle):
+    """`dumps` reuses the data a bundle was just sealed or signed from; the text must be what
+    dumping the whole bundle gives, for that bundle and for any other."""
+    import orjson
+
+    def full(b):
+        return orjson.dumps(b.model_dump(mode="json"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+
+    sealed = bundle_io.seal(bundle)
+    signed = bundle_io.sign(bundle, Ed25519PrivateKey.generate())
+    other = sealed.model_copy(update={"compiler_version": "0.0.0-other"})  # not sealed here: no reuse
+    for b in (sealed, signed, other, bundle):
+        assert bundle_io.dumps(b) == full(b)
+    assert bundle_io.canonical_bytes(other) != bundle_io.canonical_bytes(sealed)
+    assert bundle_io.loads(bundle_io.dumps(signed)) == signed
