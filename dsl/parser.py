@@ -4,8 +4,12 @@ The grammar is lark's (`grammar.lark`); its LALR loop and lexer run in lark-cyth
 same tables driven from C, about twice as fast as lark's pure-Python loop on contracts.
 
 Lark's exceptions never leave this module: syntax errors become `Diagnostic`s with the
-position and a human list of what was expected; anything raised inside the transformer
-arrives as `VisitError` and is unwrapped here.
+position and a human list of what was expected; a problem found while building a node
+(`ToAst.Problem`) carries its own diagnostic.
+
+`_parser` reaches into two of lark-cython's attributes (the parse table's states and the
+callbacks dict its loop reads) to wire the reductions; both versions are pinned below 0.1 (lark-cython)
+and 2 (lark) in `pyproject.toml`, and every parser test fails loudly if that wiring breaks.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class _TableRule(lark.grammar.Rule):
     end_state`) and looks it up in the callbacks dict; with lark's `Rule` both run
     Python-level `__eq__`/`__hash__`, and the goto lookup by the rule's name runs
     `Token.__eq__` (lark's rule names are `Token`s). Once the table is built each rule is
-    object per reduction, so identity is equality; together these were ~15 % of parsing."""
+    one object, so identity is equality; together these were ~15 % of parsing."""
 
     __slots__ = ()
     __eq__ = object.__eq__
