@@ -58,7 +58,11 @@ def _encode(data: dict, options: int) -> bytes:
 
 
 def content_hash(bundle: Bundle) -> str:
-    return "sha256:" + hashlib.sha256(canonical_bytes(bundle)).hexdigest()
+    return _digest(_payload(bundle))
+
+
+def _digest(payload: dict) -> str:
+    return "sha256:" + hashlib.sha256(_encode(payload, orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def seal(bundle: Bundle) -> Bundle:
@@ -66,7 +70,7 @@ def seal(bundle: Bundle) -> Bundle:
     global _sealed
     with gc_paused():  # a large bundle is millions of small acyclic objects
         payload = _payload(bundle)
-        digest = "sha256:" + hashlib.sha256(_encode(payload, orjson.OPT_SORT_KEYS)).hexdigest()
+        digest = _digest(payload)
     sealed = bundle.model_copy(update={"content_hash": digest, "signature": None})
     _sealed = (sealed, payload)
     return sealed

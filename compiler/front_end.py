@@ -20,7 +20,6 @@ from multiprocessing.connection import Connection
 from typing import Sequence
 
 from pydantic import TypeAdapter
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error
@@ -166,31 +165,21 @@ def _lower_file(tree: ast.File, low: Lowered, policies: list[ast.Block], diags: 
                                did_you_mean(kind, TOP_LEVEL) or f"top-level blocks: {', '.join(TOP_LEVEL)}"))
 
 
-@pydantic_dataclass
-class _Declarations:
-    contracts: list[Contract]
-    gpus: list[GpuClass]
-    headers: list[HeaderMapping]
-    tenants: list[Tenant]
-    rules: list[RequestRule]
-    breakers: list[Breaker]
-
-
-_WIRE = TypeAdapter(list[_Declarations])
+_WIRE = TypeAdapter(list[Lowered])
 
 
 def _pack(units: list[FileUnit]) -> tuple[bytes, bytes]:
     """Units for the trip back: declarations as JSON, the rest as pickle."""
     with gc_paused():
-        decls = [_Declarations(**vars(u.lowered)) for u in units]
-        return _WIRE.dump_json(decls), pickle.dumps([(u.policies, u.diagnostics) for u in units], protocol=5)
+        rest = [(u.policies, u.diagnostics) for u in units]
+        return _WIRE.dump_json([u.lowered for u in units]), pickle.dumps(rest, protocol=5)
 
 
 def _unpack(packed: tuple[bytes, bytes]) -> list[FileUnit]:
-    decls_json, rest = packed
+    declarations, rest = packed
     with gc_paused():
-        decls = _WIRE.validate_json(decls_json)
-        return [FileUnit(Lowered(**vars(d)), policies, diags) for d, (policies, diags) in zip(decls, pickle.loads(rest))]
+        lowered = _WIRE.validate_json(declarations)
+        return [FileUnit(low, policies, diags) for low, (policies, diags) in zip(lowered, pickle.loads(rest))]
 
 
 __all__ = ["FileUnit", "Lowered", "PARALLEL_MIN_BYTES", "TOP_LEVEL", "front_end", "front_end_file"]

@@ -46,34 +46,16 @@ def test_lists_choose_what_argmin_chooses(fail: list[int], rank: list[float], gp
 def test_a_placer_on_lists_makes_the_numpy_placers_plans(monkeypatch) -> None:
     """End to end: the same requests (bursts within ticks, sticky keys, sessions) give the
     same plans, figure for figure and word for word, whichever way the candidates are read."""
-    from placer_support import contract, instances, redis
+    from placer_support import replay
 
-    from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster
     from policyc.placer import lookup as lookup_module
 
     def run(scalar_max: int) -> list:
         monkeypatch.setattr(lookup_module, "SCALAR_MAX", scalar_max)
         monkeypatch.setattr(placer_module, "SCALAR_MAX", scalar_max)
-        sim = SimulatedCluster(7, 24, 4, hosts_per_rack=6)
-        now = [0.0]
-        r = Refresher(sim, clock=lambda: now[0])
-        r.tick()
-        placer = Placer(r, clock=lambda: now[0])
-        cands = instances(sim)
-        rng = np.random.default_rng(5)
-        c = contract(flops=6e12, services=(redis(proxy="dedicated"),))
-        out = []
-        for i in range(120):
-            if i % 30 == 29:
-                now[0] += 0.2
-                r.tick()
-            pick = [cands[j] for j in rng.choice(len(cands), 8, replace=False)]
-            plan = placer.place(pick, 0.2, c, session=f"s{i % 5}" if i % 3 == 0 else None, affinity_key=f"k{i % 4}")
-            out.append((type(plan).__name__, plan.gpu_key, plan.latency, plan.reasons, plan.rejected)
-                       if isinstance(plan, PlacementPlan) else (type(plan).__name__, plan))
-        return out
+        return replay(120)
 
     lists, arrays = run(32), run(0)
     assert lists == arrays
-    plans = [x for x in lists if x[0] == "PlacementPlan"]
-    assert len(plans) > 100 and any(any("kept" in y or "session" in y for y in x[3]) for x in plans)
+    plans = [x for x in lists if isinstance(x, tuple)]
+    assert len(plans) > 100 and any(any("kept" in y or "session" in y for y in x[2]) for x in plans)

@@ -4,7 +4,7 @@ per-(tick, contract) tables warmed by the refresher) changes its cost, never its
 from __future__ import annotations
 
 import numpy as np
-from placer_support import contract, instances, redis
+from placer_support import contract, instances, redis, replay
 
 from policyc.matcher.instance import Deployment, Instance
 from policyc.placer import NoPlacement, PlacementPlan, Placer, Refresher, SimulatedCluster
@@ -79,30 +79,14 @@ def test_plans_with_the_memos_are_the_plans_without_them() -> None:
     """The same requests through a placer that keeps its memos and through ones that start
     afresh for every request (bursts, sticky keys, sessions, refusals) give the same plans."""
 
+    def forget(placer: Placer, refresher: Refresher) -> None:
+        placer._rows = CandidateRows()
+        for pt in refresher.current().tables.values():
+            pt.contracts.clear()
+
     def run(fresh: bool) -> list:
-        sim = SimulatedCluster(7, 24, 4, hosts_per_rack=6)
-        now = [0.0]
-        r = Refresher(sim, clock=lambda: now[0])
-        r.tick()
-        placer = Placer(r, clock=lambda: now[0])
-        cands = instances(sim)
-        rng = np.random.default_rng(5)
-        c = contract(flops=6e12, services=(redis(proxy="dedicated"),))
-        out = []
-        for i in range(90):
-            if i % 30 == 29:
-                now[0] += 0.2
-                r.tick()
-            if fresh:
-                placer._rows = CandidateRows()
-                for pt in r.current().tables.values():
-                    pt.contracts.clear()
-            pick = [cands[j] for j in rng.choice(len(cands), 8, replace=False)]
-            budget = 0.005 if i % 7 == 0 else 0.2  # some requests no GPU can serve in time
-            plan = placer.place(pick, budget, c, session=f"s{i % 5}" if i % 3 == 0 else None, affinity_key=f"k{i % 4}")
-            out.append((plan.gpu_key, plan.latency, plan.reasons, plan.rejected) if isinstance(plan, PlacementPlan)
-                       else plan)
-        return out
+        return replay(90, budget=lambda i: 0.005 if i % 7 == 0 else 0.2,  # some requests no GPU can serve in time
+                      before_each=forget if fresh else lambda placer, refresher: None)
 
     kept, fresh = run(False), run(True)
     assert kept == fresh
