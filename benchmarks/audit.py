@@ -36,32 +36,17 @@ from policyc.audit.draft_encoder import wire_draft, wire_drafts
 from policyc.audit.log import AuditLog
 from policyc.audit.records import DecisionRecord
 from policyc.audit.verify import verify
-from policyc.compiler.pipeline import compile_paths
 from policyc.server.app import DecisionServer
 from policyc.server.audit_bridge import AuditBridge, decision_record, draft_of, wire_of
-from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig
 from policyc.server.decision import Decision, DecisionInput
-from policyc.server.fleet import admissible_fleet
+from serve import REQUESTS, build_server  # the same service and request mix as benchmarks/serve.py
 
-REQUESTS = [  # as benchmarks/serve.py
-    {"X-SLO-Latency": "150ms", "X-Data-Region": "us-west"},
-    {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"},
-    {"X-Tenant": "charite", "X-Data-Region": "eu-west"},
-    {"X-Tenant": "shopwave", "X-Model": "fraud-scorer-lite", "X-Data-Region": "us-east"},
-]
 INPUTS = [DecisionInput(headers=h, attributes={}) for h in REQUESTS]
 
 
 def make_server(instances: int) -> DecisionServer:
     warnings.simplefilter("ignore")
-    bundle = compile_paths(["policies"], analyse=False).bundle
-    assert bundle is not None
-    cluster = ClusterSpec(seed=1, hosts=256, gpus_per_host=8, hosts_per_rack=8)
-    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False))
-    assert server.cluster is not None
-    base = admissible_fleet(bundle, server.cluster.gpu_slots())
-    fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=max(1, -(-instances // len(base))))[:instances]
-    server.engine.register_many(fleet)
+    server = build_server(instances)
     # Ticking topology, as in the service: without it the snapshot goes stale within a
     # second and every decision becomes a (cheaper-to-audit, costlier-to-decide) refusal.
     server.refresher.start()

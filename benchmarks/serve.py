@@ -200,6 +200,20 @@ class _Noop:
         return port
 
 
+def build_server(instances: int) -> DecisionServer:
+    """The benchmarks' decision service: the example policies, a simulated 256-host x 8-GPU
+    cluster, `instances` registered instances (the admissible fleet, replicated), no enforcer."""
+    bundle = compile_paths(["policies"], analyse=False).bundle
+    assert bundle is not None
+    cluster = ClusterSpec(seed=1, hosts=256, gpus_per_host=8, hosts_per_rack=8)
+    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False))
+    assert server.cluster is not None
+    base = admissible_fleet(bundle, server.cluster.gpu_slots())
+    fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=max(1, -(-instances // len(base))))[:instances]
+    server.engine.register_many(fleet)
+    return server
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -212,17 +226,10 @@ def main() -> int:
           f"clients on {os.environ.get('POLICYC_BENCH_CLIENT_LOOP', 'uvloop')}")
     n, secs, rounds = (20_000, 3.0, 2) if args.quick else (args.instances, args.seconds, args.rounds)
     warnings.simplefilter("ignore")
-    bundle = compile_paths(["policies"], analyse=False).bundle
-    assert bundle is not None
-    cluster = ClusterSpec(seed=1, hosts=256, gpus_per_host=8, hosts_per_rack=8)
-    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False))
-    assert server.cluster is not None
-    base = admissible_fleet(bundle, server.cluster.gpu_slots())
-    replicas = max(1, -(-n // len(base)))
     t = time.perf_counter()
-    fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=replicas)[:n]
-    server.engine.register_many(fleet)
-    print(f"registered {len(fleet)} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
+    server = build_server(n)
+    assert server.cluster is not None
+    print(f"compiled and registered {n} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
     th = ServerThread(server)
     port = th.start()
     load(port, 4, 1.0)  # warm the feasibility cache and per-contract placer tables
@@ -288,7 +295,7 @@ def main() -> int:
     asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
     loop.call_soon_threadsafe(loop.stop)
     med = lambda xs: statistics.median(xs)  # noqa: E731
-    print(f"Decide   {len(fleet)} instances, {args.concurrency} clients, decisions inline on the event loop: {rps:.0f} decisions/s "
+    print(f"Decide   {n} instances, {args.concurrency} clients, decisions inline on the event loop: {rps:.0f} decisions/s "
           f"(p50 {med(x.p50_ms for x in dec):.2f} ms, p99 {med(x.p99_ms for x in dec):.2f} ms, medians of rounds); "
           f"{len(server.service.shapes)} request shapes cached")
     print(f"no-op    same message sizes ({len(response)} B response): {nrps:.0f} calls/s "
