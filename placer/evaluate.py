@@ -14,10 +14,11 @@ This is the reference: the placer itself gathers the same figures from per-tick 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from policyc.compiler.bundle import Contract, GpuClass
+from policyc.compiler.bundle import Contract, GpuClass, ServiceDependency
 
 from .latency import CROSS_NUMA_PENALTY, gpu_queue, pcie_delay
 from .plan import Constraint, DependencyBinding
@@ -25,7 +26,7 @@ from .shares import ShareBound
 from .snapshot import Snapshot
 from .stores import is_local_store, store_table
 from .thresholds import Thresholds
-from .topology import EndpointRole
+from .topology import Endpoint, EndpointRole
 
 ORDER: tuple[Constraint, ...] = (
     Constraint.GPU_CLASS, Constraint.HEALTH, Constraint.GPU_SHARE, Constraint.PCIE, Constraint.SESSION_STORE,
@@ -56,12 +57,8 @@ class Evaluation:
 
     def bindings(self, row: int) -> tuple[DependencyBinding, ...]:
         """The endpoint each declared service binds to for this row (feasible ones only)."""
-        out = []
-        for svc, eps, bi, bl in self.dep_best:
-            if eps and bl[row] <= svc.p99:
-                e = eps[int(bi[row])]
-                out.append(DependencyBinding(svc.name, svc.kind, e.name, e.role.value, float(bl[row]), svc.p99))
-        return tuple(out)
+        out = (binding(svc, eps, int(bi[row]), float(bl[row])) for svc, eps, bi, bl in self.dep_best)
+        return tuple(b for b in out if b is not None)
 
     def dependency_problem(self, row: int) -> str:
         """Why this row's first failing dependency fails ("" when none does)."""
@@ -84,6 +81,15 @@ class Evaluation:
     def failed(self, row: int) -> Constraint | None:
         code = int(self.fail[row])
         return None if code < 0 else ORDER[code]
+
+
+def binding(svc: ServiceDependency, eps: Sequence[Endpoint], best: int, latency: float) -> DependencyBinding | None:
+    """Service `svc` bound to endpoint `eps[best]` at `latency` seconds, or None when no
+    endpoint answers within its bound."""
+    if eps and latency <= svc.p99:
+        e = eps[best]
+        return DependencyBinding(svc.name, svc.kind, e.name, e.role.value, latency, svc.p99)
+    return None
 
 
 def evaluate(

@@ -19,6 +19,7 @@ as numpy does, so both ways give bit-identical results (the tests hold both to `
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from .plan import Constraint
 from .snapshot import Snapshot
 from .thresholds import Thresholds
 from .tick_table import (
-    DEPENDENCIES, FREE, MIN_SHARE, NETWORK, NO_PEAK, PEAK_EFF, RAW_NETWORK, SIGMA, TickContractTable, tick_table,
+    DEPENDENCIES, FREE, MIN_SHARE, NETWORK, NO_PEAK, PEAK_EFF, RAW_NETWORK, SIGMA, Layout, TickContractTable, tick_table,
 )
 
 _SHARE = _CODE[Constraint.GPU_SHARE]
@@ -50,7 +51,9 @@ def lookup(
     tt = tick_table(snap, pt, table)
     g = tt.block[gpus]
     if len(gpus) <= SCALAR_MAX:
-        return _scalar_lookup(tt, g, th, gpus, table.flops, reserved, budget)
+        figures = scalar_figures(tt.layout, g.tolist(), reserved.tolist(), table.flops, budget * th.budget_fraction,
+                                 th.stability_weight)
+        return scalar_evaluation(tt, g, gpus, figures)
     lay = tt.layout
     ints = g[:, lay.code:].astype(np.int64)  # code, port, best endpoint per service
     min_share = g[:, MIN_SHARE]
@@ -78,19 +81,31 @@ def lookup(
     )
 
 
-def _scalar_lookup(
-    tt: TickContractTable, g: np.ndarray, th: Thresholds, gpus: np.ndarray, flops: float, reserved: np.ndarray,
-    budget: float,
-) -> Evaluation:
+class Figures(NamedTuple):
+    """What the scalar path computes per candidate, as Python lists aligned with the rows."""
+
+    queueing: list[float]
+    compute: list[float]
+    rank: list[float]
+    raw_total: list[float]
+    fail: list[int]  # index into ORDER, -1 when feasible
+
+
+def scalar_figures(
+    layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
+) -> Figures:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
-    same for np.minimum. `g`: the candidates' rows of the block."""
-    lay = tt.layout
-    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, lay.code)
-    limit = budget * th.budget_fraction
-    k = th.stability_weight
-    out: list[tuple[float, float, float, float, float]] = []  # per candidate: queueing, compute, rank, raw total, fail
-    for row, res in zip(g.tolist(), reserved.tolist()):
+    same for np.minimum. `rows`: the candidates' rows of a tick table's block (`tolist`);
+    `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
+    a prediction must stay within; `k`: the stability weight."""
+    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
+    qs: list[float] = []
+    cs: list[float] = []
+    ranks: list[float] = []
+    raws: list[float] = []
+    fails: list[int] = []
+    for row, res in zip(rows, reserved):
         min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
         free = free - res
         if free < min_share and _SHARE < code:
@@ -110,15 +125,24 @@ def _scalar_lookup(
         total = network + queueing + compute + dep
         if not total <= limit and _BUDGET < code:
             code = _BUDGET
-        out.append((queueing, compute, total + k * sigma, raw_network + queueing + compute + dep, -1 if code == _PASS else code))
-    # back to numpy: the computed figures in one block (fail codes are small integers, exact
-    # in a float64), the rest are views of the gather
-    f = np.array(out, dtype=np.float64).reshape(len(out), 5).T
+        qs.append(queueing)
+        cs.append(compute)
+        ranks.append(total + k * sigma)
+        raws.append(raw_network + queueing + compute + dep)
+        fails.append(-1 if code == _PASS else int(code))
+    return Figures(qs, cs, ranks, raws, fails)
+
+
+def scalar_evaluation(tt: TickContractTable, g: np.ndarray, gpus: np.ndarray, f: Figures) -> Evaluation:
+    """The `Evaluation` of the scalar path's figures: the computed lists as arrays, the
+    rest views of the gather `g` (the candidates' rows of the block)."""
+    lay = tt.layout
     ints = g[:, lay.port:].astype(np.int64)  # port, best endpoint per service
     dep_best = tuple((svc, eps, ints[:, lay.best(i) - lay.port], g[:, lay.latency(i)])
                      for i, (svc, eps, _, _) in enumerate(tt.services))
     return Evaluation(
-        gpus=gpus, fail=f[4].astype(np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
-        network=g[:, NETWORK], queueing=f[0], compute=f[1], dependencies=g[:, DEPENDENCIES], sigma=g[:, SIGMA],
-        rank=f[2], raw_total=f[3], dep_best=dep_best,
+        gpus=gpus, fail=np.array(f.fail, dtype=np.int64), min_share=g[:, MIN_SHARE], port=ints[:, 0],
+        network=g[:, NETWORK], queueing=np.array(f.queueing, dtype=np.float64),
+        compute=np.array(f.compute, dtype=np.float64), dependencies=g[:, DEPENDENCIES], sigma=g[:, SIGMA],
+        rank=np.array(f.rank, dtype=np.float64), raw_total=np.array(f.raw_total, dtype=np.float64), dep_best=dep_best,
     )

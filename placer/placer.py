@@ -23,47 +23,25 @@ import numpy as np
 from policyc.compiler.bundle import Contract, GpuClass
 from policyc.matcher.instance import Instance
 
-from .candidate_rows import CandidateRows
+from .candidate_sets import CandidateSets
 from .catalog import DEFAULT_CATALOG
 from .contract_table import ContractTable, contract_table
 from .evaluate import ORDER, Evaluation
-from .lookup import lookup
+from .evaluated import Evaluated, RowFigures
+from .lookup import lookup, scalar_figures
+from .paths import path_table
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
     ShareSource,
 )
+from .sites import Sites
 from .snapshot import Snapshot
 from .thresholds import Thresholds
+from .tick_table import tick_table
 
 MAX_REJECTIONS = 20
 MAX_REJECTIONS_IN_PLAN = 8  # a plan lists a few; a refusal lists more, binding constraint first
-MSG_BYTES = 4096  # RDMA message size the queue depth is sized for
-SCALAR_MAX = 32  # up to this many candidates, choose among them on Python lists (numpy's per-call overhead dominates)
-
-
-def _feasible_and_best(ev: Evaluation) -> tuple[np.ndarray, int]:
-    """The feasible rows and the best-ranked of them (-1 when none): np.argmin's choice,
-    the first minimum, with NaN winning as it does there. A handful of candidates are
-    scanned as Python lists, which costs less than the four numpy calls it replaces."""
-    if len(ev.fail) > SCALAR_MAX:
-        feasible = np.flatnonzero(ev.fail < 0)
-        return feasible, (int(feasible[np.argmin(ev.rank[feasible])]) if len(feasible) else -1)
-    feas = [i for i, code in enumerate(ev.fail.tolist()) if code < 0]
-    best = -1
-    if feas:
-        rank = ev.rank.tolist()
-        nan = [i for i in feas if rank[i] != rank[i]]
-        best = nan[0] if nan else min(feas, key=rank.__getitem__)
-    return np.array(feas, dtype=np.int64), best
-
-
-def _first_row_on(ev: Evaluation, feasible: np.ndarray, gpu: int) -> int:
-    """The first feasible row on topology GPU `gpu`, or -1."""
-    if len(feasible) > SCALAR_MAX:
-        hit = np.flatnonzero(ev.gpus[feasible] == gpu)
-        return int(feasible[hit[0]]) if len(hit) else -1
-    gpus = ev.gpus.tolist()
-    return next((r for r in feasible.tolist() if gpus[r] == gpu), -1)
+SCALAR_MAX = 32  # up to this many candidates, evaluate them on Python scalars (numpy's per-call overhead dominates)
 
 
 class SnapshotProvider(Protocol):
@@ -85,12 +63,13 @@ class Placer:
         self._hyst_abs = hysteresis_abs
         self._clock = clock
         self._lock = threading.Lock()
-        self._reserved = np.zeros(0)  # share reserved per GPU on the current snapshot
+        self._reserved: list[float] = []  # share reserved per GPU on the current snapshot
         self._reserved_version = -1
         self._sticky: dict[str, int] = {}
         self._sessions: dict[str, int] = {}
         self._tables: dict[tuple, ContractTable] = {}
-        self._rows = CandidateRows()
+        self._sets = CandidateSets()
+        self._sites = Sites()
 
     # ------------------------------------------------------------------ public API
 
@@ -171,10 +150,9 @@ class Placer:
         if not candidates:
             return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
 
-        rows, inst_of, missing = self._rows.rows(t, candidates)
-        unknown = [Rejection(x.id, Constraint.UNKNOWN_GPU, f"`{x.deployment.host}/{x.deployment.gpu}` is not in the topology")
-                   for x in missing]
-        if not rows:
+        cs = self._sets.get(t, candidates)
+        unknown = cs.unknown
+        if not cs.rows:
             return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", unknown[:MAX_REJECTIONS])
 
         node: int | None = None
@@ -186,40 +164,48 @@ class Placer:
         elif not t.ingress:
             return refuse(Constraint.INPUT, "the topology has no ingress gateway to enter from")
 
-        gpus = np.array(rows, dtype=np.int64)
         table = self._contract_table(contract, t, budget)
         with self._lock:
             if self._reserved_version != snap.version or len(self._reserved) != len(t.gpus):
-                self._reserved, self._reserved_version = np.zeros(len(t.gpus)), snap.version
-            reserved = self._reserved[gpus]
-        ev = lookup(snap, th, gpus, node, table, reserved, budget)
+                self._reserved, self._reserved_version = [0.0] * len(t.gpus), snap.version
+            held = self._reserved
+            reserved = [held[g] for g in cs.rows]
+        if len(cs.rows) <= SCALAR_MAX:
+            tt = tick_table(snap, path_table(snap, th, node), table)
+            gathered = cs.gather(tt)
+            figures = scalar_figures(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
+                                     th.stability_weight)
+            ev = Evaluated.of_lists(cs.gpus, cs.rows, gathered, figures)
+        else:
+            ev = Evaluated.of_evaluation(lookup(snap, th, cs.gpus, node, table, np.array(reserved), budget))
 
-        feasible, best = _feasible_and_best(ev)
+        best = ev.best
         if best < 0:
-            return self._refusal(snap, th, stale, reasons, unknown, ev, table.bounds, budget)
+            return self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), table.bounds, budget)
 
         choice, move = best, None
         key = affinity_key or f"{contract.name}@{ingress or '*'}"
         with self._lock:
             if session is not None:
-                choice, move, why = self._session_choice(t, session, ev, feasible, best, contract)
+                choice, move, why = self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64),
+                                                         best, contract)
                 reasons.append(why)
             else:
                 prev = self._sticky.get(key)
                 if prev is not None:
-                    r = _first_row_on(ev, feasible, prev)
+                    r = ev.first_feasible_on(prev)
                     if r >= 0:
-                        if r != best and ev.rank[r] <= ev.rank[best] * (1 + self._hyst) + self._hyst_abs:
+                        rank = ev.rank
+                        if r != best and rank[r] <= rank[best] * (1 + self._hyst) + self._hyst_abs:
                             choice = r
                             reasons.append(f"kept {t.gpu_key(prev)} (hysteresis: within {self._hyst:.0%} + "
-                                           f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(int(gpus[best]))})")
-                self._sticky[key] = int(gpus[choice])
-            g = int(gpus[choice])
-            share = float(ev.min_share[choice])
+                                           f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(ev.gpus[best])})")
+                self._sticky[key] = ev.gpus[choice]
+            row = ev.row(choice)
+            share = row.min_share
             if self._reserved_version == snap.version:
-                self._reserved[g] += share
-        return self._plan(snap, th, stale, inst_of[choice], ev, choice, feasible, table.bounds, share, move, reasons,
-                          unknown, budget)
+                self._reserved[row.gpu] += share
+        return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, table.bounds, move, reasons, unknown, budget)
 
     def _rejections(
         self, snap: Snapshot, th: Thresholds, ev: Evaluation, unknown: list[Rejection], bounds, budget: float,
@@ -279,42 +265,32 @@ class Placer:
             f" (next to its {state} state store)" if state and state != "remote" else "")
 
     def _plan(
-        self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluation, r: int, feasible: np.ndarray,
-        bounds, share: float, move: SessionMove | None, notes: list[str], unknown: list[Rejection], budget: float,
+        self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFigures,
+        bounds, move: SessionMove | None, notes: list[str], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
-        t, f = snap.topology, snap.frame
-        g = int(ev.gpus[r])
-        gi = t.gpus[g]
-        numa = t.numa[gi.numa]
-        port = int(ev.port[r])
-        lat = LatencyBreakdown(float(ev.network[r]), float(ev.queueing[r]), float(ev.compute[r]),
-                               float(ev.dependencies[r]), float(ev.sigma[r]))
-        wm = float(f.port_watermark[port]) if port >= 0 else 0.0
-        depth = 16
-        if port >= 0:
-            rtt = 2.0 * (float(snap.port_delay[port]) + 50e-6)
-            inflight = t.ports[port].bandwidth * (1.0 - float(f.port_util[port])) * rtt / MSG_BYTES * (1.0 - wm)
-            depth = int(min(1024, max(16, 2 ** math.ceil(math.log2(max(inflight, 1.0))))))
-        probes = ["gpu_sm_util", "e2e_latency"]
-        if port >= 0 and wm > 0.5 * snap.thresholds.max_port_watermark:
-            probes.append(f"rdma_watermark:{t.port_key(port)}")
-        if float(f.gpu_pcie_util[g]) > 0.5 * snap.thresholds.max_pcie_util:
-            probes.append("pcie_util")
-        bindings = ev.bindings(r)
-        probes += [f"dependency_p99:{b.endpoint}" for b in bindings]
+        t = snap.topology
+        g, share = row.gpu, row.min_share
+        where = self._sites.get(snap, g, row.port)
+        lat = LatencyBreakdown(row.network, row.queueing, row.compute, row.dependencies, row.sigma)
+        bindings = row.bindings
+        probes = where.probes
+        if bindings:
+            probes += tuple(f"dependency_p99:{b.endpoint}" for b in bindings)
         if stale:
-            probes.append("telemetry_staleness")
-        b = bounds[gi.model]
+            probes += ("telemetry_staleness",)
+        b = bounds[where.model]
 
         def write() -> tuple[tuple[str, ...], tuple[Rejection, ...]]:
-            rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS_IN_PLAN, False)
+            full = ev.evaluation()
+            rejected, counts = self._rejections(snap, th, full, unknown, bounds, budget, MAX_REJECTIONS_IN_PLAN, False)
+            feasible = np.array(ev.feasible, dtype=np.int64)
             others = feasible[feasible != r]
-            runner = int(others[np.argmin(ev.rank[others])]) if len(others) else None
-            msg = (f"chose {t.gpu_key(g)} ({gi.model}): predicted {lat.describe()}, rank {ev.rank[r] * 1e3:.1f} ms "
+            runner = int(others[np.argmin(full.rank[others])]) if len(others) else None
+            msg = (f"chose {t.gpu_key(g)} ({where.model}): predicted {lat.describe()}, rank {full.rank[r] * 1e3:.1f} ms "
                    f"(predicted + {th.stability_weight:g}σ)")
             if runner is not None:
-                msg += (f"; runner-up {t.gpu_key(int(ev.gpus[runner]))} predicted {ev.total[runner] * 1e3:.1f} ms "
-                        f"± {ev.sigma[runner] * 1e3:.1f} ms, rank {ev.rank[runner] * 1e3:.1f} ms")
+                msg += (f"; runner-up {t.gpu_key(int(full.gpus[runner]))} predicted {full.total[runner] * 1e3:.1f} ms "
+                        f"± {full.sigma[runner] * 1e3:.1f} ms, rank {full.rank[runner] * 1e3:.1f} ms")
             reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
                        + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *notes]
             for d in bindings:
@@ -325,8 +301,8 @@ class Placer:
             return tuple(reasons), tuple(rejected[:MAX_REJECTIONS])
 
         return PlacementPlan(
-            instance_id=inst.id, host=t.hosts[gi.host].name, gpu=gi.gpu_id, gpu_model=gi.model, numa_node=numa.node,
-            cpus=numa.cpus, rdma_port=t.port_key(port) if port >= 0 else None, queue_depth=depth, probes=tuple(probes),
+            instance_id=inst.id, host=where.host, gpu=where.gpu, gpu_model=where.model, numa_node=where.numa_node,
+            cpus=where.cpus, rdma_port=where.rdma_port, queue_depth=where.queue_depth, probes=probes,
             latency=lat, share=share, share_source=b.source, dependencies=bindings, session_move=move,
             stale=stale, snapshot_version=snap.version, explanation=Explanation(write),
         )

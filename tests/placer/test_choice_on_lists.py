@@ -1,5 +1,6 @@
-"""Choosing among a handful of candidates on Python lists must pick what numpy's argmin
-over the feasible rows picks: the first minimum, NaN first, ties to the earlier row."""
+"""Choosing among the candidates on Python lists must pick what numpy's argmin over the
+feasible rows picks: the first minimum, NaN first, ties to the earlier row; and a placer
+that evaluates a handful of candidates on Python scalars makes the numpy placer's plans."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from policyc.placer import placer as placer_module
 from policyc.placer.evaluate import Evaluation
+from policyc.placer.evaluated import Evaluated
 
 
 def _ev(fail: list[int], rank: list[float], gpus: list[int]) -> Evaluation:
@@ -29,18 +31,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("fail,rank,gpus", CASES)
-def test_lists_choose_what_argmin_chooses(fail: list[int], rank: list[float], gpus: list[int], monkeypatch) -> None:
+def test_lists_choose_what_argmin_chooses(fail: list[int], rank: list[float], gpus: list[int]) -> None:
     ev = _ev(fail, rank, gpus)
-    feasible, best = placer_module._feasible_and_best(ev)
-    monkeypatch.setattr(placer_module, "SCALAR_MAX", 0)
-    wide, wide_best = placer_module._feasible_and_best(ev)
-    np.testing.assert_array_equal(feasible, wide)
-    assert feasible.dtype == wide.dtype and best == wide_best
+    chosen = Evaluated.of_evaluation(ev)
+    feasible = np.flatnonzero(ev.fail < 0)  # the oracle: numpy over the arrays
+    best = int(feasible[np.argmin(ev.rank[feasible])]) if len(feasible) else -1
+    assert chosen.feasible == feasible.tolist() and chosen.best == best
     for g in set(gpus) | {99}:
-        monkeypatch.setattr(placer_module, "SCALAR_MAX", 32)
-        narrow = placer_module._first_row_on(ev, feasible, g)
-        monkeypatch.setattr(placer_module, "SCALAR_MAX", 0)
-        assert narrow == placer_module._first_row_on(ev, feasible, g)
+        hit = np.flatnonzero(ev.gpus[feasible] == g)
+        assert chosen.first_feasible_on(g) == (int(feasible[hit[0]]) if len(hit) else -1)
+    assert chosen.evaluation() is ev
 
 
 def test_a_placer_on_lists_makes_the_numpy_placers_plans(monkeypatch) -> None:

@@ -1,5 +1,6 @@
 """What the request path remembers between requests (candidate rows per instance object,
-per-(tick, contract) tables warmed by the refresher) changes its cost, never its answer."""
+candidate sets and their gathers per tick table, per-(tick, contract) tables warmed by the
+refresher) changes its cost, never its answer."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from placer_support import contract, instances, redis, replay
 from policyc.matcher.instance import Deployment, Instance
 from policyc.placer import NoPlacement, PlacementPlan, Placer, Refresher, SimulatedCluster
 from policyc.placer.candidate_rows import CandidateRows
+from policyc.placer.candidate_sets import CandidateSets
 from policyc.placer.paths import path_table
 from policyc.placer.tick_table import tick_table
 
@@ -57,6 +59,49 @@ def test_the_memo_starts_over_for_a_new_topology_and_at_its_limit() -> None:
     assert memo.rows(two.topology(), cands) == _fresh_rows(two.topology(), cands)  # hosts 4-7 are not in `two`
 
 
+def test_a_candidate_set_is_remembered_only_while_the_same_objects_come_back() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    t = sim.topology()
+    cands = instances(sim)
+    sets = CandidateSets()
+    first = sets.get(t, tuple(cands[:6]))
+    assert sets.get(t, tuple(cands[:6])) is first  # a new tuple of the same objects: the same set
+    assert sets.get(t, cands[:6]) is first  # a list of them too
+    assert (first.rows, first.known) == _fresh_rows(t, cands[:6])[:2] and first.gpus.tolist() == first.rows
+    other = sets.get(t, tuple(reversed(cands[:6])))  # order matters: the rows are the candidates' rows
+    assert other is not first and other.rows == first.rows[::-1]
+    a = cands[0]
+    copy = Instance(id=a.id, model=a.model, deployment=Deployment(**{**a.deployment.model_dump(), "gpu": "gpu1"}))
+    moved = sets.get(t, (copy, *cands[1:6]))  # equal id, another object: looked up afresh
+    assert moved is not first and moved.rows[0] == t.gpu_index[(a.deployment.host, "gpu1")]
+    ghost = Instance(id="ghost", model=a.model, deployment=a.deployment.model_copy(update={"host": "host-9999"}))
+    with_ghost = sets.get(t, (ghost, a))
+    assert with_ghost.known == [a] and [x.gpu for x in with_ghost.unknown] == ["ghost"]
+    assert "host-9999" in with_ghost.unknown[0].detail
+    two = SimulatedCluster(4, 4, 2, hosts_per_rack=4)
+    assert sets.get(two.topology(), tuple(cands[:6])).topology is two.topology()  # a new topology: afresh
+
+
+def test_a_candidate_set_gathers_each_tick_table_once() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    snap = r.tick()
+    placer = Placer(r)
+    c = contract()
+    cands = tuple(instances(sim)[:8])
+    assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
+    cs = placer._sets.get(snap.topology, cands)
+    tt = next(iter(snap.tables[(snap.thresholds, None)].contracts.values()))
+    got = cs.gather(tt)
+    assert cs.gather(tt) is got  # kept for the tick
+    np.testing.assert_array_equal(got.g, tt.block[cs.gpus])
+    assert got.rows == got.g.tolist()
+    nxt = r.tick()
+    assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
+    tt2 = next(iter(nxt.tables[(nxt.thresholds, None)].contracts.values()))
+    assert cs.gather(tt2) is not got  # a new tick: gathered afresh
+
+
 def test_the_refresher_warms_the_contract_tables_the_previous_tick_used() -> None:
     sim = SimulatedCluster(11, 16, 4, hosts_per_rack=4)
     r = Refresher(sim)
@@ -80,7 +125,7 @@ def test_plans_with_the_memos_are_the_plans_without_them() -> None:
     afresh for every request (bursts, sticky keys, sessions, refusals) give the same plans."""
 
     def forget(placer: Placer, refresher: Refresher) -> None:
-        placer._rows = CandidateRows()
+        placer._sets = CandidateSets()
         for pt in refresher.current().tables.values():
             pt.contracts.clear()
 

@@ -1,0 +1,103 @@
+"""A request's candidate set, remembered while the same set keeps coming back.
+
+The decision service hands the placer the same candidates (the matcher's best instances
+of a model, the same `Instance` objects in the same order) for every request of a shape
+until the registry changes: hundreds of requests a second over a few dozen sets. What the
+placer derives from a set alone (each candidate's GPU row, which candidates have none)
+holds for as long as the topology does, and the candidates' rows of a per-tick table's
+block (`tick_table.py`) hold for that tick; only the shares reserved since and the
+arithmetic on them (`lookup.scalar_figures`) change from one request to the next.
+
+A set is keyed by the identities of its instances, in order, and a hit is only taken when
+the remembered objects *are* the candidates (the set keeps them, so no identity can be
+reused while its entry lives). The memo starts over at `limit` sets, and a set keeps the
+gather of one tick table at a time.
+"""
+
+from __future__ import annotations
+
+from operator import is_
+from typing import Sequence
+
+import numpy as np
+
+from policyc.matcher.instance import Instance
+
+from .candidate_rows import CandidateRows
+from .evaluate import binding
+from .plan import Constraint, DependencyBinding, Rejection
+from .tick_table import TickContractTable
+from .topology import Topology
+
+DEFAULT_LIMIT = 4096  # candidate sets remembered before the memo starts over
+
+
+class Gathered:
+    """A candidate set's rows of one tick table's block: `g` (array), `rows` (Python lists),
+    and, per candidate, the endpoints its declared services bind to (worked out on first use:
+    they depend on the tick and the GPU alone)."""
+
+    __slots__ = ("table", "g", "rows", "_bindings", "_services")
+
+    def __init__(self, tt: TickContractTable, gpus: np.ndarray) -> None:
+        self.table = tt
+        self.g = tt.block[gpus]
+        self.rows: list[list[float]] = self.g.tolist()
+        lay = tt.layout
+        self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
+        self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
+
+    def bindings(self, r: int) -> tuple[DependencyBinding, ...]:
+        hit = self._bindings[r]
+        if hit is None:
+            x = self.rows[r]
+            bound = (binding(svc, eps, int(x[bi]), x[li]) for svc, eps, li, bi in self._services)
+            hit = self._bindings[r] = tuple(b for b in bound if b is not None)
+        return hit
+
+
+class CandidateSet:
+    """One candidate sequence on one topology: the candidates' GPU rows (`rows`, and as an
+    array `gpus`), the candidates those rows belong to (`known`), and a refusal line for
+    each candidate whose GPU the topology lacks (`unknown`)."""
+
+    __slots__ = ("topology", "candidates", "rows", "gpus", "known", "unknown", "_gathered")
+
+    def __init__(self, topology: Topology, candidates: tuple[Instance, ...], rows_memo: CandidateRows) -> None:
+        rows, known, missing = rows_memo.rows(topology, candidates)
+        self.topology = topology
+        self.candidates = candidates
+        self.rows = rows
+        self.gpus = np.array(rows, dtype=np.int64)
+        self.known = known
+        self.unknown = [Rejection(x.id, Constraint.UNKNOWN_GPU, f"`{x.deployment.host}/{x.deployment.gpu}` is not in the topology")
+                        for x in missing]
+        self._gathered: Gathered | None = None
+
+    def gather(self, tt: TickContractTable) -> Gathered:
+        """The candidates' rows of `tt.block`, kept while `tt` is the table asked for."""
+        hit = self._gathered
+        if hit is None or hit.table is not tt:
+            hit = self._gathered = Gathered(tt, self.gpus)  # one assignment: a racing reader sees one or the other
+        return hit
+
+
+class CandidateSets:
+    """`get(topology, candidates)` -> the `CandidateSet`, remembered while it recurs."""
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self._limit = limit
+        self._sets: dict[tuple[int, ...], CandidateSet] = {}
+        self.rows = CandidateRows()
+
+    def get(self, topology: Topology, candidates: Sequence[Instance]) -> CandidateSet:
+        key = tuple(map(id, candidates))
+        hit = self._sets.get(key)
+        if hit is None or hit.topology is not topology or not all(map(is_, hit.candidates, candidates)):
+            if len(self._sets) >= self._limit:
+                self._sets = {}
+            hit = self._sets[key] = CandidateSet(topology, tuple(candidates), self.rows)
+        return hit
+
+
+__all__ = ["CandidateSet", "CandidateSets", "Gathered"]
