@@ -21,34 +21,62 @@ including many equal scores (the id breaks the tie).
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left, bisect_right
 
+import numpy as np
 from pyroaring import BitMap
 
 ScoreKey = tuple[float, str]  # (-score, instance id)
 TARGET = 64
 SMALL = 64  # at most this many candidates: pick from them directly
+VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
 
 
 class Tier:
-    """One tier: its slots as a bitmap (for counting candidates) and as two parallel lists
-    in key order, the slots (for the best-k walk) and their keys (so that an update
-    bisects a short list of keys instead of looking each probe's key up in the fleet-wide
-    `keys` dict, which costs a cache miss per probe)."""
+    """One tier: its slots as a bitmap (for counting candidates) and as parallel lists in
+    key order: the slots (for the best-k walk), their keys, and the keys' first halves
+    (-score) as a flat array of doubles. An update bisects the doubles (one contiguous
+    block instead of a tuple and a float object per probe, which at 100,000 instances are
+    cache misses) and compares ids only among equal scores."""
 
-    __slots__ = ("bm", "slots", "keys")
+    __slots__ = ("bm", "slots", "keys", "negs")
 
-    def __init__(self, slots: list[int], keys: list[ScoreKey]) -> None:
+    def __init__(self, slots: list[int], keys: list[ScoreKey], negs: array | None = None) -> None:
         self.bm = BitMap(slots)
         self.slots = slots
         self.keys = keys
+        self.negs = array("d", [k[0] for k in keys]) if negs is None else negs
+
+    def put(self, slot: int, key: ScoreKey) -> None:
+        """Insert `slot` at its key's place."""
+        negs = self.negs
+        neg = key[0]
+        i = bisect_right(negs, neg)
+        if i and negs[i - 1] == neg:  # equal scores: the ids decide, among those only
+            i = bisect_right(self.keys, key, bisect_left(negs, neg, 0, i), i)
+        self.keys.insert(i, key)
+        self.slots.insert(i, slot)
+        negs.insert(i, neg)
+        self.bm.add(slot)
+
+    def take(self, slot: int, key: ScoreKey) -> None:
+        """Take out `slot`, whose key is `key`."""
+        negs, keys = self.negs, self.keys
+        neg = key[0]
+        i = bisect_left(negs, neg)
+        if keys[i] is not key and keys[i] != key:  # equal scores before it: the ids decide
+            i = bisect_left(keys, key, i, bisect_right(negs, neg, i))
+        del keys[i], self.slots[i], negs[i]
+        self.bm.discard(slot)
 
 
 class ScoreTiers:
-    __slots__ = ("bounds", "tiers", "keys", "home")
+    __slots__ = ("bounds", "lows", "tiers", "keys", "home")
 
     def __init__(self) -> None:
         self.bounds: list[ScoreKey] = [(-float("inf"), "")]  # each tier's lowest key
+        self.lows = np.array([-np.inf])  # bounds' first halves (-score), for `_locate`
         self.tiers: list[Tier] = [Tier([], [])]
         self.keys: dict[int, ScoreKey] = {}
         self.home: dict[int, Tier] = {}  # slot -> its tier: a removal needs no search
@@ -57,33 +85,76 @@ class ScoreTiers:
         self.keys[slot] = key
         t = bisect_right(self.bounds, key) - 1
         tier = self.tiers[t]
-        i = bisect_right(tier.keys, key)
-        tier.keys.insert(i, key)
-        tier.slots.insert(i, slot)
-        tier.bm.add(slot)
+        tier.put(slot, key)
         self.home[slot] = tier
         if len(tier.slots) > 2 * TARGET:
             self._split(t)
 
     def remove(self, slot: int) -> None:
-        tier = self.home.pop(slot)
-        i = bisect_left(tier.keys, self.keys.pop(slot))  # keys are unique: this is the slot's
-        del tier.keys[i], tier.slots[i]
-        tier.bm.discard(slot)
+        self.home.pop(slot).take(slot, self.keys.pop(slot))
+
+    def move_many(self, moves: list[tuple[int, ScoreKey]]) -> None:
+        """Give each slot (registered, and distinct within `moves`) its new key: the same
+        order as `remove` + `add` one slot at a time, for a batch of score changes."""
+        keys, home = self.keys, self.home
+        moved: list[tuple[int, ScoreKey]] = []
+        for slot, key in moves:
+            old = keys[slot]
+            if old == key:
+                continue  # an unchanged score costs nothing
+            home[slot].take(slot, old)
+            moved.append((slot, key))
+        if not moved:
+            return
+        tiers = self.tiers
+        grown: set[int] = set()
+        limit = 2 * TARGET
+        for (slot, key), t in zip(moved, self._locate([key for _, key in moved])):
+            tier = tiers[t]
+            tier.put(slot, key)
+            keys[slot] = key
+            home[slot] = tier
+            if len(tier.slots) > limit:
+                grown.add(t)
+        for t in sorted(grown, reverse=True):  # from the last: a split shifts only later indices
+            self._split(t)
+
+    def _locate(self, keys: list[ScoreKey]) -> list[int]:
+        """The tier each key belongs in (`bisect_right(bounds, key) - 1` for each): the
+        scores are searched in `lows` at once, the ids only where a score ties a bound."""
+        bounds = self.bounds
+        if len(keys) < VECTOR:
+            return [bisect_right(bounds, key) - 1 for key in keys]
+        lows = self.lows
+        negs = np.array([key[0] for key in keys])
+        where = np.searchsorted(lows, negs, side="right") - 1  # >= 0: lows[0] is -inf
+        out: list[int] = where.tolist()
+        ties = np.flatnonzero(lows[where] == negs)
+        if len(ties):
+            firsts = np.searchsorted(lows, negs[ties], side="left").tolist()
+            for n, lo in zip(ties.tolist(), firsts):
+                out[n] = bisect_right(bounds, keys[n], lo, out[n] + 1) - 1
+        return out
 
     def _split(self, t: int) -> None:
         """Move the upper half of tier `t` into a new tier after it (the lower half stays
-        in place, so only the moved slots change home)."""
+        in place, so only the moved slots change home); halves still over `2 * TARGET`
+        (a batch can grow a tier by more than one) are split again."""
         tier = self.tiers[t]
         mid = len(tier.slots) // 2
-        moved = Tier(tier.slots[mid:], tier.keys[mid:])
-        del tier.slots[mid:], tier.keys[mid:]
+        moved = Tier(tier.slots[mid:], tier.keys[mid:], tier.negs[mid:])
+        del tier.slots[mid:], tier.keys[mid:], tier.negs[mid:]
         tier.bm.difference_update(moved.bm)
         self.tiers.insert(t + 1, moved)
         self.bounds.insert(t + 1, moved.keys[0])
+        self.lows = np.insert(self.lows, t + 1, moved.keys[0][0])
         home = self.home
         for s in moved.slots:
             home[s] = moved
+        if len(moved.slots) > 2 * TARGET:
+            self._split(t + 1)
+        if len(tier.slots) > 2 * TARGET:
+            self._split(t)
 
     def bulk(self, entries: list[tuple[float, str, int]]) -> None:
         """Replace the contents at once (index build) from (-score, id, slot) triples:
@@ -92,8 +163,11 @@ class ScoreTiers:
         keys = [(neg, iid) for neg, iid, _ in entries]
         slots = [e[2] for e in entries]
         self.keys = dict(zip(slots, keys))
-        self.tiers = [Tier(slots[i:i + TARGET], keys[i:i + TARGET]) for i in range(0, max(len(entries), 1), TARGET)]
+        negs = array("d", [e[0] for e in entries])
+        self.tiers = [Tier(slots[i:i + TARGET], keys[i:i + TARGET], negs[i:i + TARGET])
+                      for i in range(0, max(len(entries), 1), TARGET)]
         self.bounds = [(-float("inf"), "")] + [tier.keys[0] for tier in self.tiers[1:]]
+        self.lows = np.array([b[0] for b in self.bounds])
         self.home = {s: tier for tier in self.tiers for s in tier.slots}
 
     def best(self, cand: BitMap, count: int, k: int) -> list[int]:

@@ -1,6 +1,6 @@
 """The live registry of model instances and the matcher the decision service calls.
 
-Writers (add / remove / update / set_score / swap_bundle) are serialised by one lock and
+Writers (add / remove / update / set_score(s) / swap_bundle) are serialised by one lock and
 apply each change to the index in place while holding the reader lock, so a reader sees
 the index either before or after an update, never halfway. A bundle swap builds the new
 index off to the side (readers keep using the old one) and installs it with one pointer
@@ -221,15 +221,43 @@ class Registry:
                 self._insert(instance, attrs, score)
 
     def set_score(self, instance_id: str, score: float) -> None:
-        score = check_score(instance_id, score)
-        with self._write, self._read:
-            slot = self._slot_of.get(instance_id)
+        """Set one instance's ranking score: a batch of one (`set_scores`)."""
+        self.set_scores(((instance_id, score),))
+
+    def set_scores(self, updates: Iterable[tuple[str, float]]) -> None:
+        """Set many instances' ranking scores, all or nothing: every item is checked (its
+        score, then its id, in order; the first bad one raises `set_score`'s error) before
+        anything changes, so a refused batch leaves the registry as it was. A repeated id
+        takes its last score, as applying the items one by one would.
+
+        Why a batch: the placer pushes hundreds of score changes per tick; one lock pair,
+        one validation pass and one vectorised tier lookup per batch (`ScoreTiers.move_many`)
+        replace a call chain per instance on the thread that serves decisions."""
+        with self._write:
+            moves = self._checked_scores(updates)
+            if not moves:
+                return
+            with self._read:
+                self._tiers.move_many([(slot, (-score, iid)) for slot, (score, iid) in moves.items()])
+                scores, scored = self._score, self._scored
+                for slot, (score, _) in moves.items():
+                    scores[slot] = score
+                    scored.pop(slot, None)
+
+    def _checked_scores(self, updates: Iterable[tuple[str, float]]) -> dict[int, tuple[float, str]]:
+        """slot -> (score, id) for each item, the last score of a repeated id winning; raises
+        at the first bad item. Plain floats in range skip `check_score` (NaN fails the
+        comparison and takes the full check)."""
+        slot_of = self._slot_of
+        moves: dict[int, tuple[float, str]] = {}
+        for iid, score in updates:
+            if not (type(score) is float and 0.0 <= score <= 1.0):
+                score = check_score(iid, score)
+            slot = slot_of.get(iid)
             if slot is None:
-                raise UnknownInstanceError(instance_id)
-            self._tiers.remove(slot)
-            self._tiers.add(slot, (-score, instance_id))
-            self._score[slot] = score
-            self._scored.pop(slot, None)
+                raise UnknownInstanceError(iid)
+            moves[slot] = (score, iid)
+        return moves
 
     def swap_bundle(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, ...]:
         """Switch to a new bundle. Every instance is re-admitted under it; instances it no

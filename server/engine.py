@@ -289,19 +289,23 @@ class DecisionEngine:
         return len(self._on_gpu.get(f"{host}/{gpu}", ()))
 
     def push_scores(self, changes: Iterable[tuple[str, str, float]]) -> int:
-        """Apply the placer's GPU score changes to the instances on those GPUs."""
-        n = 0
-        reg = self._state.registry
+        """Apply the placer's GPU score changes to the instances on those GPUs, as one
+        `Registry.set_scores` batch (a score pusher's chunk is one call here)."""
+        updates: list[tuple[str, float]] = []
+        on_gpu = self._on_gpu
         for host, gpu, score in changes:
-            for iid in tuple(self._on_gpu.get(f"{host}/{gpu}", ())):
-                try:
-                    reg.set_score(iid, min(1.0, max(0.0, score)))
-                    n += 1
-                except UnknownInstanceError:
-                    continue
-        if n:
+            s = min(1.0, max(0.0, score))
+            updates.extend([(iid, s) for iid in tuple(on_gpu.get(f"{host}/{gpu}", ()))])
+        reg = self._state.registry
+        while updates:
+            try:
+                reg.set_scores(updates)
+                break
+            except UnknownInstanceError as e:  # deregistered meanwhile: push the rest
+                updates = [u for u in updates if u[0] != e.instance_id]
+        if updates:
             self._generation = next(self._generations)
-        return n
+        return len(updates)
 
 
 def _gpu_key(inst: Instance) -> str:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from server_rig import SMALL
+
+from policyc.compiler.bundle import Bundle
 from policyc.placer import Refresher, SimulatedCluster
+from policyc.server.app import DecisionServer
+from policyc.server.config import ServeConfig
+from policyc.server.fleet import admissible_fleet
 from policyc.server.score_push import ScorePusher
 
 
@@ -109,3 +115,29 @@ def test_pushes_run_in_bounded_chunks_through_the_given_scheduler() -> None:
     assert pusher.dropped >= 1
     with pytest.raises(ValueError, match="chunk"):
         ScorePusher(sink, chunk=0)
+
+
+def test_the_engine_pushes_a_chunk_as_one_batch_and_skips_instances_gone_meanwhile(bundle: Bundle) -> None:
+    server = DecisionServer(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    assert server.cluster is not None
+    eng = server.engine
+    eng.register_many(admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=2))
+    reg = eng.state.registry
+    by_gpu: dict[tuple[str, str], list[str]] = {}
+    for inst, _, _ in reg.entries():
+        by_gpu.setdefault((inst.deployment.host, inst.deployment.gpu), []).append(inst.id)
+    (g1, on1), (g2, on2) = [(g, ids) for g, ids in sorted(by_gpu.items()) if len(ids) >= 2][:2]
+    batches: list[list[tuple[str, float]]] = []
+    real = reg.set_scores
+
+    def spy(updates: list[tuple[str, float]]) -> None:
+        batches.append(list(updates))
+        real(batches[-1])
+
+    reg.set_scores = spy  # type: ignore[method-assign]
+    assert eng.push_scores([(*g1, 1.7), (*g2, -0.2)]) == len(on1) + len(on2)
+    assert len(batches) == 1 and sorted(batches[0]) == sorted([(i, 1.0) for i in on1] + [(i, 0.0) for i in on2])
+    assert [reg.score(i) for i in on1 + on2] == [1.0] * len(on1) + [0.0] * len(on2)  # clamped to [0, 1]
+    reg.remove(on1[0])  # deregistered behind the engine's back: the rest of the chunk still lands
+    assert eng.push_scores([(*g1, 0.25)]) == len(on1) - 1
+    assert [reg.score(i) for i in on1[1:]] == [0.25] * (len(on1) - 1)
