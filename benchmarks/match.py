@@ -5,7 +5,8 @@ Request kinds: selective (model + region + finance tenant: TPM, memory encryptio
 firewall), broad (SLO only, most of the fleet matches), empty (a healthcare tenant pinned
 to a US region: nothing matches), compliance-heavy (finance / healthcare tenant with an
 SLO, no model). Reports p50/p99 per kind for `match(request, k=1)` on parsed requests and
-for parse + match, index build time, add / remove / set_score cost, memory, the Bloom
+for parse + match, index build time, add / remove / set_score cost, score pushes (512
+updates one by one vs `set_scores` in chunks of 64), memory, the Bloom
 filters' false-positive and skip rates, and the ratio to a naive scan and to Cedar
 evaluating every candidate instance (a batch of one Cedar request per instance).
 
@@ -129,6 +130,36 @@ def cedar_context(vars) -> dict:
     return ctx
 
 
+def score_pushes(reg: Registry, insts: list[Instance], rng: random.Random, rounds: int = 10,
+                 push: int = 512, chunk: int = 64) -> None:
+    """What the decision server's score push costs per instance update: `push` updates of
+    random instances to random scores (this fleet runs one instance per GPU, so a pushed GPU
+    is one instance), as one-by-one `set_score` (the baseline) and as `set_scores` in chunks
+    of `chunk` (the engine's `push_scores`, one batch per event-loop callback). Each round
+    times both on fresh updates, in alternating order; medians over the rounds."""
+    pc = time.perf_counter_ns
+    one: list[float] = []
+    batched: list[float] = []
+    for r in range(rounds):
+        for batch_first in ((True, False) if r % 2 else (False, True)):
+            updates = [(inst.id, rng.random()) for inst in rng.sample(insts, push)]
+            gc.disable()
+            t = pc()
+            if batch_first:
+                for c in range(0, push, chunk):
+                    reg.set_scores(updates[c:c + chunk])
+                batched.append((pc() - t) / 1e3 / push)
+            else:
+                for iid, score in updates:
+                    reg.set_score(iid, score)
+                one.append((pc() - t) / 1e3 / push)
+            gc.enable()
+    o, b = statistics.median(one), statistics.median(batched)
+    print(f"score push ({push} updates, {rounds} rounds), µs per instance update: one by one (set_score) {o:.2f} "
+          f"[{min(one):.2f}-{max(one):.2f}]; set_scores in chunks of {chunk} {b:.2f} [{min(batched):.2f}-{max(batched):.2f}]; "
+          f"batched / one-by-one {b / o:.2f} ({o / b:.2f}× cheaper)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer naive-scan and Cedar samples")
@@ -233,6 +264,7 @@ def main() -> None:
         t = pc(); reg.set_score(inst.id, rng.random()); sc.append((pc() - t) / 1e3)
     print(f"\nupdates, µs (floor 50): add p50 {pct(add, 50):.1f} p99 {pct(add, 99):.1f}; "
           f"remove p50 {pct(rem, 50):.1f} p99 {pct(rem, 99):.1f}; set_score p50 {pct(sc, 50):.1f} p99 {pct(sc, 99):.1f}")
+    score_pushes(reg, insts, rng)
     print(f"machine now: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     # Bloom filter false positives: every (shard, key) pair where the key is absent

@@ -16,6 +16,15 @@ at most `SMALL` slots are ranked directly.
 A tier that grows past `2 * TARGET` (scores pushed by the placer move instances between
 tiers) is split at its median key, so tiers stay small whatever the score distribution,
 including many equal scores (the id breaks the tie).
+
+A batch of score changes (`move_many`, the placer's pushes via `Registry.set_scores`)
+takes every slot out first, then finds all the new tiers in one `numpy.searchsorted` over
+the tiers' lowest scores (`lows`; ids are compared only where a score equals a tier's
+lowest), inserts, and splits the tiers that grew past `2 * TARGET` last, so that the tier
+indices found stay valid while inserting. At 100,000 instances a score change costs mostly
+cache misses on the (-score, id) tuples and float objects a bisection probes: hence the
+vectorised tier search, and within a tier the scores bisected in a flat array of doubles
+(`Tier.negs`), ids compared only among equal scores.
 """
 
 from __future__ import annotations
