@@ -1,7 +1,7 @@
 """matcher: the live instance registry and indexed contract matching.
 
 Public API (for the decision service, the CLI and tests):
-`Registry(bundle)` with add / add_many / remove / update / set_score / swap_bundle,
+`Registry(bundle)` with add / add_many / remove / update / set_score / set_scores (a batch, all or nothing) / swap_bundle,
 parse_request / match / explain; `Request`, `RequestError`, `MatchResult`, `Explanation`;
 `naive_match` (the reference scan the index must agree with).
 """
