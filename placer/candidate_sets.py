@@ -34,10 +34,11 @@ DEFAULT_LIMIT = 4096  # candidate sets remembered before the memo starts over
 
 class Gathered:
     """A candidate set's rows of one tick table's block: `g` (array), `rows` (Python lists),
-    and, per candidate, the endpoints its declared services bind to (worked out on first use:
-    they depend on the tick and the GPU alone)."""
+    per candidate the endpoints its declared services bind to (worked out on first use:
+    they depend on the tick and the GPU alone), and the figures worked out on them so far
+    this tick (`figures`)."""
 
-    __slots__ = ("table", "g", "rows", "_bindings", "_services")
+    __slots__ = ("table", "g", "rows", "figures", "_bindings", "_services")
 
     def __init__(self, tt: TickContractTable, gpus: np.ndarray) -> None:
         self.table = tt
@@ -46,6 +47,7 @@ class Gathered:
         lay = tt.layout
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
+        self.figures: dict = {}  # the scalar path's figures per (row, reserved, limit) (`lookup.scalar_figures`)
 
     def bindings(self, r: int) -> tuple[DependencyBinding, ...]:
         hit = self._bindings[r]

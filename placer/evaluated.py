@@ -12,9 +12,8 @@ choose alike (the tests compare the plans).
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -45,14 +44,22 @@ class Evaluated(ABC):
 
     __slots__ = ("gpus", "fail", "rank", "feasible", "best")
 
-    def __init__(self, gpus: list[int], fail: list[int], rank: list[float]) -> None:
+    def __init__(self, gpus: Sequence[int], fail: Sequence[int], rank: Sequence[float]) -> None:
         self.gpus = gpus
         self.fail = fail
         self.rank = rank
         self.feasible = feas = [i for i, code in enumerate(fail) if code < 0]
         # np.argmin over the feasible rows' ranks: the first minimum, NaN winning as it does there
-        nan = [i for i in feas if rank[i] != rank[i]]
-        self.best = nan[0] if nan else (min(feas, key=rank.__getitem__) if feas else -1)
+        best, low = -1, 0.0
+        for i in feas:
+            x = rank[i]
+            if x != x:
+                best = i
+                break
+            if best < 0 or x < low:
+                best, low = i, x
+        self.best = best
+
 
     @staticmethod
     def of_lists(gpus: np.ndarray, rows: list[int], gathered: Gathered, f: Figures) -> "Evaluated":
@@ -75,11 +82,14 @@ class Evaluated(ABC):
     def first_feasible_on(self, gpu: int) -> int:
         """The first feasible candidate on topology GPU `gpu`, or -1."""
         gpus = self.gpus
-        return next((r for r in self.feasible if gpus[r] == gpu), -1)
+        for r in self.feasible:
+            if gpus[r] == gpu:
+                return r
+        return -1
 
 
 class _FromLists(Evaluated):
-    __slots__ = ("_array", "_gathered", "_figures", "_ev", "_lock")
+    __slots__ = ("_array", "_gathered", "_figures", "_ev")
 
     def __init__(self, gpus: np.ndarray, rows: list[int], gathered: Gathered, f: Figures) -> None:
         super().__init__(rows, f.fail, f.rank)
@@ -87,7 +97,6 @@ class _FromLists(Evaluated):
         self._gathered = gathered
         self._figures = f
         self._ev: Evaluation | None = None
-        self._lock = threading.Lock()
 
     def row(self, r: int) -> RowFigures:
         x, f = self._gathered.rows[r], self._figures
@@ -95,13 +104,11 @@ class _FromLists(Evaluated):
                           f.compute[r], x[DEPENDENCIES], x[SIGMA], x[MIN_SHARE], self._gathered.bindings(r))
 
     def evaluation(self) -> Evaluation:
-        """Built on first call (a refusal, a session, a plan's explanation read)."""
+        """Built on first call (a refusal, a session, a plan's explanation read); two
+        threads racing here build the same figures twice, and either result is kept."""
         ev = self._ev
         if ev is None:
-            with self._lock:
-                if self._ev is None:
-                    self._ev = scalar_evaluation(self._gathered.table, self._gathered.g, self._array, self._figures)
-                ev = self._ev
+            ev = self._ev = scalar_evaluation(self._gathered.table, self._gathered.g, self._array, self._figures)
         return ev
 
 

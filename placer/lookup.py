@@ -82,30 +82,36 @@ def lookup(
 
 
 class Figures(NamedTuple):
-    """What the scalar path computes per candidate, as Python lists aligned with the rows."""
+    """What the scalar path computes per candidate, aligned with the rows."""
 
-    queueing: list[float]
-    compute: list[float]
-    rank: list[float]
-    raw_total: list[float]
-    fail: list[int]  # index into ORDER, -1 when feasible
+    queueing: tuple[float, ...]
+    compute: tuple[float, ...]
+    rank: tuple[float, ...]
+    raw_total: tuple[float, ...]
+    fail: tuple[int, ...]  # index into ORDER, -1 when feasible
 
 
 def scalar_figures(
     layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
+    memo: dict[tuple[int, float, float], tuple[float, float, float, float, int]] | None = None,
 ) -> Figures:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
     same for np.minimum. `rows`: the candidates' rows of a tick table's block (`tolist`);
     `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
-    a prediction must stay within; `k`: the stability weight."""
+    a prediction must stay within; `k`: the stability weight.
+
+    `memo` keeps each row's figures by (row, reserved, limit) for one tick table (whose
+    rows, flops and k are fixed): a placement reserves share on one GPU, so the next
+    request of the same candidates recomputes one row and reads the others."""
     fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
-    qs: list[float] = []
-    cs: list[float] = []
-    ranks: list[float] = []
-    raws: list[float] = []
-    fails: list[int] = []
-    for row, res in zip(rows, reserved):
+    outs: list[tuple[float, float, float, float, int]] = []
+    for i, (row, res) in enumerate(zip(rows, reserved)):
+        if memo is not None:
+            hit = memo.get((i, res, limit))
+            if hit is not None:
+                outs.append(hit)
+                continue
         min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
         free = free - res
         if free < min_share and _SHARE < code:
@@ -125,12 +131,13 @@ def scalar_figures(
         total = network + queueing + compute + dep
         if not total <= limit and _BUDGET < code:
             code = _BUDGET
-        qs.append(queueing)
-        cs.append(compute)
-        ranks.append(total + k * sigma)
-        raws.append(raw_network + queueing + compute + dep)
-        fails.append(-1 if code == _PASS else int(code))
-    return Figures(qs, cs, ranks, raws, fails)
+        out = (queueing, compute, total + k * sigma, raw_network + queueing + compute + dep, -1 if code == _PASS else int(code))
+        if memo is not None:
+            memo[(i, res, limit)] = out
+        outs.append(out)
+    if not outs:
+        return Figures((), (), (), (), ())
+    return Figures(*zip(*outs))
 
 
 def scalar_evaluation(tt: TickContractTable, g: np.ndarray, gpus: np.ndarray, f: Figures) -> Evaluation:

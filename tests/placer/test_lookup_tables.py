@@ -131,6 +131,31 @@ def test_both_ways_agree_on_every_gpu_including_nan_and_edge_shares(name: str, m
         assert np.isnan(narrow.compute).any() and np.isnan(narrow.queueing).any()  # NaN did reach the figures
 
 
+def test_remembered_figures_are_the_figures_computed_afresh() -> None:
+    """A tick table's memo of scalar figures (keyed by row, reservation and budget) gives
+    what computing them again gives, as reservations grow and budgets change."""
+    from policyc.placer.lookup import scalar_figures
+    from policyc.placer.paths import path_table
+    from policyc.placer.tick_table import tick_table
+
+    sim, r = _world()
+    snap = r.current()
+    c = CONTRACTS["redis proxies"]
+    table = contract_table(c, snap.topology, CATALOG, 0.2)
+    tt = tick_table(snap, path_table(snap, snap.thresholds, None), table)
+    rng = np.random.default_rng(11)
+    rows = tt.block[rng.choice(len(snap.topology.gpus), 8, replace=False)].tolist()
+    memo: dict = {}
+    reserved = [0.0] * 8
+    for step in range(40):
+        reserved[int(rng.integers(8))] += float(rng.choice([0.0, 0.05, 0.3]))
+        limit = float(rng.choice([0.2, 0.05]))
+        kept = scalar_figures(tt.layout, rows, reserved, table.flops, limit, 2.0, memo)
+        fresh = scalar_figures(tt.layout, rows, reserved, table.flops, limit, 2.0)
+        assert kept == fresh, step
+    assert len(memo) < 8 * 40  # rows whose reservation did not move were read, not recomputed
+
+
 def test_refresher_warms_the_tables_the_previous_tick_used() -> None:
     sim, r = _world()
     placer = Placer(r)
