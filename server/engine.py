@@ -145,7 +145,8 @@ class DecisionEngine:
                 assert contract is not None  # admission guarantees it
                 tries.append((model, contract, tuple(cands[: self.candidates]),
                               self._budget(contract, prep.request.vars), prep.input.session))
-        out = _Matched(gen, st, m, tuple(tries), rej)
+        out = _Matched(gen, st, m, tuple(tries), rej,
+                       {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
         if memo is not None:
             memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
         return out
@@ -172,7 +173,6 @@ class DecisionEngine:
         refusals: list[tuple[str, NoPlacement]] = []
         plan: PlacementPlan | NoPlacement | None = None
         model = ""
-        cands: tuple[Instance, ...] = ()
         for model, contract, cands, budget, session in mt.tries:
             plan = self.placer.place(cands, budget, contract, session)
             if isinstance(plan, PlacementPlan):
@@ -185,7 +185,7 @@ class DecisionEngine:
             rej = Rejection(Stage.PLACEMENT, reason, binding=first.binding.value, gpus=first.rejected)
             return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
                             Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant)
-        region = next((c.deployment.region for c in cands if c.id == plan.instance_id), None)
+        region = mt.regions.get(plan.instance_id)
         notes = tuple(f"model `{mod}` was tried first: {np.message}" for mod, np in refusals)
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
                         Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes)

@@ -37,13 +37,15 @@ class Prepared:
 class Matched:
     """The matcher's answer for one prepared request at one registry `generation`: the
     rejection when nothing matched, otherwise the placement attempts in model order as
-    (model, contract, candidates, latency budget in seconds, session)."""
+    (model, contract, candidates, latency budget in seconds, session), and each candidate's
+    region by instance id (read here once, not from the instances on every decision)."""
 
     generation: int
     state: PolicyState
     result: MatchResult
     tries: tuple[tuple[str, Contract, tuple[Instance, ...], float, str | None], ...]
     rejection: Rejection | None
+    regions: dict[str, str]
 
 
 class MatchMemo:
