@@ -313,6 +313,10 @@ def main() -> int:
               f"server CPU per call {med(x.cpu_us for x in ps):.0f} us; "
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
+    outcomes = server.metrics.decisions.totals()
+    decided = sum(outcomes.values())
+    print("outcomes all phases: " + ", ".join(f"{o} ({r}) {n} ({n / max(decided, 1):.1%})"
+                                              for (o, r), n in sorted(outcomes.items(), key=lambda x: -x[1])))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 

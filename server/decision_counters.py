@@ -75,6 +75,11 @@ class DecisionCounters(Collector):
         """How many decisions had this outcome and reason ("ok" for admissions)."""
         return self._by_reason.get((outcome, reason), 0)
 
+    def totals(self) -> dict[tuple[str, str], int]:
+        """Every (outcome, reason) counted so far and its count."""
+        with self._lock:
+            return dict(self._by_reason)
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             reasons = dict(self._by_reason)

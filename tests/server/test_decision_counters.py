@@ -35,6 +35,7 @@ def test_counts_by_outcome_and_reason_and_latency_buckets() -> None:
     assert s[("policyc_decisions_total", (("outcome", "rejected"), ("reason", "feasibility")))] == 1
     assert s[("policyc_decisions_total", (("outcome", "rejected"), ("reason", "dependency")))] == 1
     assert c.count("admitted", "ok") == 2 and c.count("rejected", "match") == 0
+    assert c.totals() == {("admitted", "ok"): 2, ("rejected", "feasibility"): 1, ("rejected", "dependency"): 1}
     total = (("le", "0.0002"), ("stage", "total"))
     assert s[("policyc_decision_seconds_bucket", total)] == 2  # 13 µs and 200 µs (le is inclusive)
     assert s[("policyc_decision_seconds_bucket", (("le", "0.002"), ("stage", "total")))] == 3  # not 2.053 ms
