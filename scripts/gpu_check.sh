@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The placer's NVML telemetry on a real GPU, in one run from the repository root:
 #   bash scripts/gpu_check.sh
-# Installs the wheels in .whl/ (what the machine lacks: pydantic, lark, orjson, pyroaring,
+# Installs the wheels in .whl/ (`scripts/gpu_wheels.sh` fetches them: pydantic, lark, orjson, pyroaring,
 # cryptography, pytest-timeout, ...) into $SITE, makes `policyc` importable as a link to this
 # tree, runs tests/placer/test_nvml_gpu.py and test_edges_and_sources.py, and writes
 #   $OUT/gpu_check.txt  NVML readings idle and under a matmul load, the local-host topology,
