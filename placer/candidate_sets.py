@@ -25,7 +25,7 @@ from policyc.matcher.instance import Instance
 
 from .candidate_rows import CandidateRows
 from .evaluate import binding
-from .plan import Constraint, DependencyBinding, Rejection
+from .plan import Constraint, DependencyBinding, NoPlacement, Rejection
 from .tick_table import TickContractTable
 from .topology import Topology
 
@@ -35,10 +35,10 @@ DEFAULT_LIMIT = 4096  # candidate sets remembered before the memo starts over
 class Gathered:
     """A candidate set's rows of one tick table's block: `g` (array), `rows` (Python lists),
     per candidate the endpoints its declared services bind to (worked out on first use:
-    they depend on the tick and the GPU alone), and the figures worked out on them so far
-    this tick (`figures`)."""
+    they depend on the tick and the GPU alone), the figures worked out on them so far this
+    tick (`figures`), and the last refusal written for them (`refusal`)."""
 
-    __slots__ = ("table", "g", "rows", "figures", "_bindings", "_services")
+    __slots__ = ("table", "g", "rows", "figures", "refusal", "_bindings", "_services")
 
     def __init__(self, tt: TickContractTable, gpus: np.ndarray) -> None:
         self.table = tt
@@ -48,6 +48,7 @@ class Gathered:
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
         self.figures: dict = {}  # the scalar path's figures per (row, reserved, limit) (`lookup.scalar_figures`)
+        self.refusal: tuple[tuple, NoPlacement] | None = None  # the last refusal, by (reserved shares, budget)
 
     def bindings(self, r: int) -> tuple[DependencyBinding, ...]:
         hit = self._bindings[r]

@@ -170,6 +170,7 @@ class Placer:
                 self._reserved, self._reserved_version = [0.0] * len(t.gpus), snap.version
             held = self._reserved
             reserved = [held[g] for g in cs.rows]
+        gathered = None
         if len(cs.rows) <= SCALAR_MAX:
             tt = tick_table(snap, path_table(snap, th, node), table)
             gathered = cs.gather(tt)
@@ -181,7 +182,17 @@ class Placer:
 
         best = ev.best
         if best < 0:
-            return self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), table.bounds, budget)
+            # Reservations only grow within a tick, so a candidate set refused once stays
+            # refused, word for word, until a share on one of its GPUs or the budget moves:
+            # the refusal is written once and handed to the requests that follow (a stale
+            # snapshot's refusal names its age, so it is written afresh).
+            key = (tuple(reserved), budget)
+            if gathered is not None and not stale and gathered.refusal is not None and gathered.refusal[0] == key:
+                return gathered.refusal[1]
+            out = self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), table.bounds, budget)
+            if gathered is not None and not stale:
+                gathered.refusal = (key, out)
+            return out
 
         choice, move = best, None
         key = affinity_key or f"{contract.name}@{ingress or '*'}"

@@ -102,6 +102,31 @@ def test_a_candidate_set_gathers_each_tick_table_once() -> None:
     assert cs.gather(tt2) is not got  # a new tick: gathered afresh
 
 
+def test_a_refused_candidate_set_is_refused_in_the_same_words_until_its_shares_or_the_tick_move() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    r.tick()
+    placer = Placer(r)
+    c = contract(flops=4e13)  # a request needs a large share: three GPUs run out within the tick
+    few = tuple(instances(sim)[:3])
+    plans = [placer.place(few, 0.2, c) for _ in range(60)]  # reserve share until none is left this tick
+    refusals = [p for p in plans if isinstance(p, NoPlacement)]
+    assert len(refusals) >= 2 and refusals[0].binding.value in ("gpu_share", "latency_budget")
+    assert all(x is refusals[0] for x in refusals[1:])  # written once, handed on
+    fresh = Placer(r)  # the same reservations made afresh give the same words
+    fresh._reserved, fresh._reserved_version = list(placer._reserved), placer._reserved_version
+    again = fresh.place(few, 0.2, c)
+    assert again == refusals[0] and again is not refusals[0]
+    elsewhere = placer.place(tuple(instances(sim)[3:5]), 0.2, c)  # a share placed on other GPUs changes nothing here
+    assert isinstance(elsewhere, PlacementPlan) and placer.place(few, 0.2, c) is refusals[0]
+    small = placer.place(few[:1], 0.2, contract(flops=1e11))  # a small request still fits on one of its GPUs
+    assert isinstance(small, PlacementPlan)
+    after = placer.place(few, 0.2, c)
+    assert isinstance(after, NoPlacement) and after is not refusals[0] and after != refusals[0]  # written afresh
+    r.tick()
+    assert placer.place(few, 0.2, c) is not refusals[0]  # a new tick: placed (or refused) afresh
+
+
 def test_the_refresher_warms_the_contract_tables_the_previous_tick_used() -> None:
     sim = SimulatedCluster(11, 16, 4, hosts_per_rack=4)
     r = Refresher(sim)
