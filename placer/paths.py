@@ -54,8 +54,10 @@ class PathTable:
     raw_network: np.ndarray  # best round trip ignoring port thresholds (for explanations)
     _deps: dict[tuple[str, EndpointRole], DependencyTable] = field(default_factory=dict, repr=False)
     # per contract table: everything of a request that depends on this tick and that contract
-    # alone (`tick_table.py`), built on first use and kept for the tick
+    # alone (`tick_table.py`), built on first use and kept for the tick; and the contract
+    # tables requests read (what the next tick warms)
     contracts: dict = field(default_factory=dict, repr=False)
+    used_contracts: set = field(default_factory=set, repr=False)
 
     def dependency(self, snap: Snapshot, kind: str, role: EndpointRole) -> DependencyTable:
         """The table for one service kind and role, built on first use and kept."""
@@ -70,28 +72,38 @@ class PathTable:
 
 
 def path_table(snap: Snapshot, thresholds: Thresholds, ingress: int | None) -> PathTable:
-    """The snapshot's table for these thresholds and ingress (built once, then shared by
-    every request and thread of the tick; a race builds it twice, identically)."""
+    """The snapshot's table for these thresholds and ingress, for a request (built once,
+    then shared by every request and thread of the tick; a race builds it twice,
+    identically). Marked used, so the next tick warms it."""
     key = (thresholds, ingress)
+    snap.used.add(key)
+    return _table(snap, key)
+
+
+def _table(snap: Snapshot, key: tuple[Thresholds, int | None]) -> PathTable:
     hit = snap.tables.get(key)
     if hit is None:
-        hit = snap.tables[key] = _build(snap, thresholds, ingress)
+        hit = snap.tables[key] = _build(snap, *key)
     return hit
 
 
 def warm(snap: Snapshot, previous: Snapshot | None) -> int:
-    """Build, ahead of the first request, the tables the previous snapshot ended up
-    using (and always the default one: each GPU entered from its region's gateway).
-    Returns how many tables it built; each costs about a millisecond at 8,000 GPUs."""
+    """Build, ahead of the first request, the tables requests read on the previous snapshot
+    (and always the default one: each GPU entered from its region's gateway). A table the
+    previous tick only warmed is let go: the conservative table of a moment's staleness,
+    say, is not rebuilt every tick ever after. Returns how many tables it built; each
+    costs about a millisecond at 8,000 GPUs."""
     keys: dict[tuple[Thresholds, int | None], tuple[tuple[str, EndpointRole], ...]] = {(snap.thresholds, None): ()}
     if previous is not None and previous.topology is snap.topology:
-        for k, table in list(previous.tables.items()):
-            keys[k] = table.dependency_keys()
+        for k in tuple(previous.used):  # a copy: requests may still be adding to it
+            table = previous.tables.get(k)
+            if table is not None:
+                keys[k] = table.dependency_keys()
     built = 0
-    for (th, ingress), deps in keys.items():
-        if ingress is not None and ingress not in snap.fabric_rows:
+    for key, deps in keys.items():
+        if key[1] is not None and key[1] not in snap.fabric_rows:
             continue
-        table = path_table(snap, th, ingress)
+        table = _table(snap, key)
         for kind, role in deps:
             table.dependency(snap, kind, role)
         built += 1 + len(deps)

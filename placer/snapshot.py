@@ -81,6 +81,8 @@ class Snapshot:
     # per-tick lookup tables derived from this snapshot alone (see `paths.py`), keyed by
     # (thresholds, ingress); filled by the refresher before publishing and on first use
     tables: dict = field(default_factory=dict, repr=False, compare=False)
+    # the keys of `tables` requests read (not merely warmed): what the next tick warms
+    used: set = field(default_factory=set, repr=False, compare=False)
 
     # ------------------------------------------------------------------ time
 

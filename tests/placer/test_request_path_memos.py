@@ -145,6 +145,28 @@ def test_the_refresher_warms_the_contract_tables_the_previous_tick_used() -> Non
     assert not any(nxt.tables[k].contracts for k in nxt.tables if k not in dict(used))
 
 
+def test_a_table_no_request_read_is_not_warmed_again() -> None:
+    """A moment's staleness makes requests read the conservative tables; the next tick warms
+    them, and once a tick passes without a request reading them they are let go, instead
+    of being rebuilt every tick ever after."""
+    sim = SimulatedCluster(11, 16, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    snap = r.tick()
+    cautious = (snap.thresholds.conservative(), None)
+    c = contract(services=(redis(proxy="dedicated"),))
+    Placer(r).place(instances(sim)[:8], 0.2, c)  # reads the default tables
+    pt = path_table(snap, *cautious)  # as a request on a stale snapshot does
+    table = next(iter(snap.tables[(snap.thresholds, None)].contracts))
+    tick_table(snap, pt, table)
+    warmed = r.tick()  # read last tick: warmed, with its contract table
+    assert cautious in warmed.tables and table in warmed.tables[cautious].contracts
+    assert (warmed.thresholds, None) in warmed.tables and table in warmed.tables[(warmed.thresholds, None)].contracts
+    assert warmed.used == set()  # warming is not reading
+    after = r.tick()  # nobody read them on `warmed`: let go (the default table is always built)
+    assert cautious not in after.tables and set(after.tables) == {(after.thresholds, None)}
+    assert not after.tables[(after.thresholds, None)].contracts
+
+
 def test_plans_with_the_memos_are_the_plans_without_them() -> None:
     """The same requests through a placer that keeps its memos and through ones that start
     afresh for every request (bursts, sticky keys, sessions, refusals) give the same plans."""
