@@ -135,16 +135,24 @@ class DecisionEngine:
                 ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
             rej = Rejection(Stage.MATCH, reason, tuple(r.id for r in blocking), tuple(r.origin for r in blocking), blocking)
         else:
-            # Models in the order of their best candidate's score; the next model is tried
-            # only when the placer finds no feasible GPU for this one.
+            # Models in the order of their best candidate's score, each model's candidates
+            # in windows of `candidates` (best first): the next window is tried only when
+            # the placer finds no feasible GPU in this one (the best few can run out of
+            # share within a tick while the model's next ones have room), and the next
+            # model only when none of this one's windows has.
             groups: dict[str, list[Instance]] = {}
             for s in m.best:
                 groups.setdefault(s.instance.model, []).append(s.instance)
+            n = self.candidates
             for model, cands in groups.items():
                 contract = st.bundle.contract(model)
                 assert contract is not None  # admission guarantees it
-                tries.append((model, contract, tuple(cands[: self.candidates]),
-                              self._budget(contract, prep.request.vars), prep.input.session))
+                budget = self._budget(contract, prep.request.vars)
+                for i in range(0, len(cands), n):
+                    last = min(i + n, len(cands))
+                    label = model if i == 0 else f"{model} (candidate{'s' if last > i + 1 else ''} {i + 1}" + \
+                        (f"-{last})" if last > i + 1 else ")")
+                    tries.append((label, contract, tuple(cands[i:i + n]), budget, prep.input.session))
         out = _Matched(gen, st, m, tuple(tries), rej,
                        {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
         if memo is not None:
@@ -173,20 +181,21 @@ class DecisionEngine:
         refusals: list[tuple[str, NoPlacement]] = []
         plan: PlacementPlan | NoPlacement | None = None
         model = ""
-        for model, contract, cands, budget, session in mt.tries:
+        for label, contract, cands, budget, session in mt.tries:
             plan = self.placer.place(cands, budget, contract, session)
             if isinstance(plan, PlacementPlan):
+                model = contract.name
                 break
-            refusals.append((model, plan))
+            refusals.append((label, plan))
         t4 = clock()
         if not isinstance(plan, PlacementPlan):
-            first_model, first = refusals[0]
+            first_model, first = mt.tries[0][1].name, refusals[0][1]
             reason = "; ".join(f"`{mod}`: {np.message}" for mod, np in refusals)
             rej = Rejection(Stage.PLACEMENT, reason, binding=first.binding.value, gpus=first.rejected)
             return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
                             Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant)
         region = mt.regions.get(plan.instance_id)
-        notes = tuple(f"model `{mod}` was tried first: {np.message}" for mod, np in refusals)
+        notes = tuple(f"`{mod}` was tried first: {np.message}" for mod, np in refusals)
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
                         Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes)
 

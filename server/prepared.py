@@ -36,8 +36,9 @@ class Prepared:
 @dataclass(frozen=True, slots=True, eq=False)
 class Matched:
     """The matcher's answer for one prepared request at one registry `generation`: the
-    rejection when nothing matched, otherwise the placement attempts in model order as
-    (model, contract, candidates, latency budget in seconds, session), and each candidate's
+    rejection when nothing matched, otherwise the placement attempts in model order, each
+    model's candidates in windows, as (label: the model, and which of its candidates after
+    the first window; contract, candidates, latency budget in seconds, session), and each candidate's
     region by instance id (read here once, not from the instances on every decision)."""
 
     generation: int
