@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left, bisect_right
+from typing import Hashable, Mapping
 
 import numpy as np
 from pyroaring import BitMap
@@ -206,4 +207,41 @@ class ScoreTiers:
                         need -= 1
                         if not need:
                             return got
+        return got
+
+    def best_distinct(self, cand: BitMap, count: int, k: int, group: Mapping[int, Hashable]) -> list[int]:
+        """The best slot of each of the k best groups among `cand`, best first: the slots of
+        one group (instances of one model on one GPU, which share the GPU's score) would
+        otherwise fill the k places with copies of one choice. Walks the tiers as `best`
+        does, testing membership slot by slot and skipping groups already taken."""
+        if k <= 0 or count == 0:
+            return []
+        seen: set[Hashable] = set()
+        got: list[int] = []
+        if count <= SMALL:
+            order = sorted(cand, key=self.keys.__getitem__)
+            for s in order:
+                g = group[s]
+                if g not in seen:
+                    seen.add(g)
+                    got.append(s)
+                    if len(got) == k:
+                        break
+            return got
+        left = count
+        for tier in self.tiers:
+            n = tier.bm.intersection_cardinality(cand)
+            if not n:
+                continue
+            for s in tier.slots:
+                if s in cand:
+                    g = group[s]
+                    if g not in seen:
+                        seen.add(g)
+                        got.append(s)
+                        if len(got) == k:
+                            return got
+            left -= n
+            if not left:
+                break
         return got

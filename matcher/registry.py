@@ -52,6 +52,12 @@ def _group(instance: Instance) -> tuple[str, str]:
     return instance.model, instance.deployment.region
 
 
+def _gpu_group(instance: Instance) -> tuple[str, str, str]:
+    """What a placer chooses between: a model on a GPU."""
+    d = instance.deployment
+    return instance.model, d.host, d.gpu
+
+
 class Registry:
     def __init__(self, bundle: Bundle, instances: Iterable[Instance] = (),
                  scores: Mapping[str, float] | None = None, *, shard_size: int = SHARD_SIZE,
@@ -66,6 +72,7 @@ class Registry:
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
+        self._gpu_group: dict[int, tuple[str, str, str]] = {}  # slot -> (model, host, GPU)
         self._score: dict[int, float] = {}
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
@@ -108,22 +115,26 @@ class Registry:
         """Typed request variables, or `RequestError` naming each bad header."""
         return self._parser.parse(headers, tenant)
 
-    def match(self, request: Request, k: int = 1) -> MatchResult:
+    def match(self, request: Request, k: int = 1, *, distinct_gpus: bool = False) -> MatchResult:
         """How many instances may serve the request, the best k of them, and the rules that
-        applied."""
+        applied. `distinct_gpus`: the best instance of each (model, GPU) only, for a placer
+        that chooses among GPUs (instances of a model on one GPU share its score and would
+        fill the k places with one choice)."""
         with self._read:
             ix = self._index
             plan = ix.plan(request.vars)
             inst, score = self._instance, self._score
             scored = self._scored
             best = []
-            for s in self._tiers.best(plan.cand, plan.count, k):
+            tiers = self._tiers
+            found = tiers.best_distinct(plan.cand, plan.count, k, self._gpu_group) if distinct_gpus else \
+                tiers.best(plan.cand, plan.count, k)
+            for s in found:
                 sc = scored.get(s)
                 if sc is None:
                     sc = scored[s] = Scored(inst[s], score[s])
                 best.append(sc)
             return MatchResult(plan.count, tuple(best), plan.applied, ix.bundle.content_hash)
-            return MatchResult(plan.count, best, plan.applied, ix.bundle.content_hash)
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
@@ -148,6 +159,7 @@ class Registry:
         self._tiers.add(slot, (-score, instance.id))
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
+        self._gpu_group[slot] = _gpu_group(instance)
         self._score[slot] = score
         self._scored.pop(slot, None)
 
@@ -157,6 +169,7 @@ class Registry:
         self._tiers.remove(slot)
         self._slots.give(slot)
         del self._instance[slot]
+        del self._gpu_group[slot]
         self._scored.pop(slot, None)
         return self._score.pop(slot)
 
@@ -200,6 +213,7 @@ class Registry:
                 slots[n] = slot
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
+        self._gpu_group = {slot: _gpu_group(inst) for slot, inst in zip(slots, items)}
         self._score = dict(zip(slots, scores))
         self._index.bulk(list(zip(slots, attrs)))
         self._tiers.bulk(list(zip([-s for s in scores], ids, slots)))
@@ -285,7 +299,7 @@ class Registry:
                     slot = self._slot_of.pop(iid)
                     self._tiers.remove(slot)
                     self._slots.give(slot)
-                    del self._instance[slot], self._score[slot]
+                    del self._instance[slot], self._score[slot], self._gpu_group[slot]
                     self._scored.pop(slot, None)
                 self._index, self._parser, self._bundle = new_index, parser, bundle
                 self._admission = admission

@@ -124,7 +124,7 @@ class DecisionEngine:
             if hit is not None and hit.generation == gen and hit.state is prep.state:
                 return hit
         st = prep.state
-        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT)
+        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True)
         rej: Rejection | None = None
         tries: list[tuple[str, Contract, tuple[Instance, ...], float, str | None]] = []
         if not m.admitted:

@@ -77,6 +77,19 @@ def check(reg: Registry, bundle: Bundle, req: Request) -> None:
         assert tuple(s.instance.id for s in got.best) == want.best
         assert tuple(r.id for r in got.rules) == want.rules
     assert {s.instance.id for s in reg.match(req, len(entries) + 1).best} == want.ids
+    # distinct GPUs: the naive order, keeping the first instance of each (model, host, GPU)
+    full = naive_match(bundle, entries, req.vars, len(entries) + 1).best
+    by_id = {inst.id: inst for inst, _, _ in entries}
+    firsts: list[str] = []
+    taken: set[tuple[str, str, str]] = set()
+    for iid in full:
+        d = by_id[iid].deployment
+        if (by_id[iid].model, d.host, d.gpu) not in taken:
+            taken.add((by_id[iid].model, d.host, d.gpu))
+            firsts.append(iid)
+    for k in (1, 3, len(entries) + 1):
+        got_d = reg.match(req, k, distinct_gpus=True)
+        assert got_d.count == len(want.ids) and tuple(s.instance.id for s in got_d.best) == tuple(firsts[:k])
     ex = reg.explain(req)
     assert ex.count == got.count and ex.live == len(entries)
     assert sum(r.eliminated_in_order for r in ex.rules) == ex.live - ex.count

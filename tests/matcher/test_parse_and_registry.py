@@ -129,3 +129,27 @@ def test_policyc_test_cli(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
                    '[[case]]\nname = "typo"\nadmited = true\n', encoding="utf-8")
     assert main(["test", str(REPO / "policies"), "--tests", str(bad)]) == 1
     assert "`case.1.admitted`: Field required" in capsys.readouterr().out
+
+
+def test_distinct_gpus_offers_each_model_on_each_gpu_once(shapes_bundle: Bundle) -> None:
+    """Instances of a model packed onto a few GPUs share each GPU's score; asked for distinct
+    GPUs, the best k are the best instance of each (model, GPU), through adds, score moves
+    and removals."""
+    rng = random.Random(7)
+    model = shapes_bundle.contracts[0].name
+    base = admissible(shapes_bundle, rng, "seed", model=model)
+    packed = []
+    for n in range(40):  # 40 instances of one model on 4 GPUs of one host
+        d = base.deployment.model_copy(update={"gpu": f"gpu{n % 4}"})
+        packed.append(base.model_copy(update={"id": f"m{n:02d}", "deployment": d}))
+    reg = Registry(shapes_bundle)
+    reg.add_many(packed, {x.id: [0.9, 0.7, 0.5, 0.3][int(x.deployment.gpu[3])] for x in packed})
+    q = reg.parse_request({})
+    plain = reg.match(q, 8)
+    assert {s.instance.deployment.gpu for s in plain.best} == {"gpu0"}  # eight copies of one choice
+    got = reg.match(q, 8, distinct_gpus=True)
+    assert [s.instance.id for s in got.best] == ["m00", "m01", "m02", "m03"] and got.count == plain.count == 40
+    reg.set_scores([(x.id, 0.95) for x in packed if x.deployment.gpu == "gpu2"])
+    assert [s.instance.id for s in reg.match(q, 2, distinct_gpus=True).best] == ["m02", "m00"]
+    reg.remove("m02")
+    assert [s.instance.id for s in reg.match(q, 2, distinct_gpus=True).best] == ["m06", "m00"]

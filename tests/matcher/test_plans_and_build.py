@@ -160,6 +160,33 @@ def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None
 
 
 @SETTINGS
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 400), k=st.integers(1, 40), groups=st.integers(1, 30),
+       density=st.sampled_from((0.01, 0.2, 0.9)))
+def test_best_distinct_equals_the_first_of_each_group_in_a_sort(seed: int, n: int, k: int, groups: int, density: float) -> None:
+    """The best slot of each of the k best groups: what sorting every candidate and keeping
+    the first of each group gives (many slots of a group share a score, as instances of a
+    model on one GPU do)."""
+    from pyroaring import BitMap
+
+    rng = random.Random(seed)
+    tiers = ScoreTiers()
+    group = {slot: rng.randrange(groups) for slot in range(n)}
+    gscore = {g: rng.choice((0.5, 0.25, rng.random())) for g in range(groups)}
+    score = {slot: gscore[group[slot]] if rng.random() < 0.8 else rng.random() for slot in range(n)}
+    ids = {slot: f"i{rng.randrange(10**6):06d}-{slot}" for slot in range(n)}
+    tiers.bulk([(-score[s], ids[s], s) for s in range(n)])
+    cand = BitMap(s for s in range(n) if rng.random() < density)
+    want: list[int] = []
+    taken: set[int] = set()
+    for s in sorted(cand, key=lambda s: (-score[s], ids[s])):
+        if group[s] not in taken and len(want) < k:
+            taken.add(group[s])
+            want.append(s)
+    assert tiers.best_distinct(cand, len(cand), k, group) == want
+
+
+
+@SETTINGS
 @given(seed=st.integers(0, 2**32))
 def test_static_requirements_compile_to_the_reference(shapes_bundle: Bundle, seed: int) -> None:
     from policyc.compiler.semantics import require_holds, value_reads
