@@ -68,7 +68,8 @@ class DecisionServer:
             s = snap()
             return s.gpu_score(host, gpu) if (host, gpu) in s.topology.gpu_index else None
 
-        self.engine = DecisionEngine(state, self.placer, candidates=config.candidates, score_of=score_of)
+        self.engine = DecisionEngine(state, self.placer, candidates=config.candidates, score_of=score_of,
+                                     score_lag=config.refresh_interval)  # rankings trail score pushes by a tick at most
         self.scores = ScorePusher(self.engine, budget=config.score_push_budget)
         self.scores.baseline(self.refresher.current())
         self.refresher.on_refresh(self.scores.on_refresh)

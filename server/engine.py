@@ -31,6 +31,7 @@ from .request_input import to_request
 from .state import PolicyState, build_state
 
 MODEL_FANOUT = 4  # best-k is widened this much so that other models can be tried
+SCORE_LAG = 0.2  # seconds a request shape's ranking may trail the pushed scores (one refresher tick)
 DEFAULT_BUDGET = 1.0  # seconds, for a contract without an SLO and a request without one
 
 
@@ -57,7 +58,7 @@ def slo_variables(bundle: Bundle) -> tuple[str, ...]:
 
 class DecisionEngine:
     def __init__(self, state: PolicyState, placer: Placer, *, candidates: int = 8,
-                 score_of: Callable[[str, str], float | None] | None = None) -> None:
+                 score_of: Callable[[str, str], float | None] | None = None, score_lag: float = SCORE_LAG) -> None:
         if candidates < 1:
             raise ValueError(f"candidates must be at least 1, got {candidates}")
         self._state = state
@@ -66,9 +67,14 @@ class DecisionEngine:
         self.candidates = candidates
         self._score_of = score_of
         self._write = threading.Lock()
-        # Bumped after every registry write, so a MatchMemo filled before it is recomputed.
+        # Bumped after every registration and removal, so a MatchMemo filled before it is
+        # recomputed; score pushes bump `_scores`, and a memo older than `score_lag` seconds
+        # that has not seen the latest is recomputed (the ranking may trail the placer's
+        # scores by about one tick, never the registry's contents).
         self._generations = itertools.count(1)
         self._generation = 0
+        self._scores = 0
+        self.score_lag = score_lag
         self._on_gpu: dict[str, set[str]] = defaultdict(set)
         self._reload_listeners: list[Callable[[PolicyState], None]] = []
         for inst, _, _ in state.registry.entries():
@@ -118,10 +124,11 @@ class DecisionEngine:
     def _matched(self, prep: Prepared, memo: MatchMemo | None) -> _Matched:
         """The matcher's answer for `prep` and what placement needs from it, from `memo`
         when the registry has not changed since it was filled."""
-        gen = self._generation
+        gen, scores, now = self._generation, self._scores, time.monotonic()
         if memo is not None:
             hit = memo.entry
-            if hit is not None and hit.generation == gen and hit.state is prep.state:
+            if hit is not None and hit.generation == gen and hit.state is prep.state and \
+                    (hit.scores == scores or now - hit.made_at < self.score_lag):
                 return hit
         st = prep.state
         m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True)
@@ -153,7 +160,7 @@ class DecisionEngine:
                     label = model if i == 0 else f"{model} (candidate{'s' if last > i + 1 else ''} {i + 1}" + \
                         (f"-{last})" if last > i + 1 else ")")
                     tries.append((label, contract, tuple(cands[i:i + n]), budget, prep.input.session))
-        out = _Matched(gen, st, m, tuple(tries), rej,
+        out = _Matched(gen, scores, now, st, m, tuple(tries), rej,
                        {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
         if memo is not None:
             memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
@@ -313,7 +320,7 @@ class DecisionEngine:
             except UnknownInstanceError as e:  # deregistered meanwhile: push the rest
                 updates = [u for u in updates if u[0] != e.instance_id]
         if updates:
-            self._generation = next(self._generations)
+            self._scores += 1
         return len(updates)
 
 

@@ -41,7 +41,9 @@ class Matched:
     the first window; contract, candidates, latency budget in seconds, session), and each candidate's
     region by instance id (read here once, not from the instances on every decision)."""
 
-    generation: int
+    generation: int  # the registry's structure (registrations, removals) it was matched on
+    scores: int  # the score pushes it had seen
+    made_at: float  # time.monotonic() when matched
     state: PolicyState
     result: MatchResult
     tries: tuple[tuple[str, Contract, tuple[Instance, ...], float, str | None], ...]

@@ -45,7 +45,7 @@ def test_a_memoised_decision_equals_a_fresh_one(server: DecisionServer) -> None:
     assert kept.decision_id != first.decision_id
 
 
-def test_the_match_memo_is_recomputed_after_every_registry_write(server: DecisionServer) -> None:
+def test_the_match_memo_is_recomputed_after_registry_writes_and_score_pushes(server: DecisionServer) -> None:
     eng = server.engine
     prep, memo = eng.prepare(DecisionInput(HEADERS, {})), MatchMemo()
     before = eng.decide_prepared(prep, memo)
@@ -60,7 +60,13 @@ def test_the_match_memo_is_recomputed_after_every_registry_write(server: Decisio
     pushed = eng.push_scores([(i.deployment.host, i.deployment.gpu, 0.0) for i in kept.tries[0][2][:1]])
     assert pushed >= 1
     eng.decide_prepared(prep, memo)
-    assert memo.entry is not kept  # scores moved: the ranking is asked again
+    assert memo.entry is kept  # scores moved, but the ranking may trail them by up to `score_lag`
+    eng.score_lag = 0.0
+    eng.decide_prepared(prep, memo)
+    assert memo.entry is not kept  # older than that: the ranking is asked again
+    again = memo.entry
+    eng.decide_prepared(prep, memo)
+    assert memo.entry is again  # and kept while no score moves
 
 
 def test_the_shape_table_belongs_to_one_state_and_is_bounded(server: DecisionServer, bundle: Bundle) -> None:
