@@ -214,6 +214,26 @@ def build_server(instances: int) -> DecisionServer:
     return server
 
 
+def ranking(server: DecisionServer) -> None:
+    """What a re-rank of each request shape costs (the engine re-ranks a shape after a
+    registration or removal, and at most once a refresher tick for score pushes), and how many
+    distinct GPUs the placer gets to choose among, plain best-k against distinct (model, GPU)."""
+    from policyc.server.decision import DecisionInput
+
+    reg, eng = server.engine.state.registry, server.engine
+    for h in REQUESTS:
+        q = eng.prepare(DecisionInput(h, {})).request
+        out = []
+        for distinct in (False, True):
+            t = time.perf_counter()
+            for _ in range(20):
+                m = reg.match(q, 32, distinct_gpus=distinct)
+            us = (time.perf_counter() - t) / 20 * 1e6
+            gpus = len({(x.instance.model, x.instance.deployment.host, x.instance.deployment.gpu) for x in m.best})
+            out.append(f"{'distinct' if distinct else 'plain'} {us:.0f} us, {gpus} (model, GPU) pair(s) among the best {len(m.best)}")
+        print(f"ranking  {', '.join(f'{k}={v}' for k, v in h.items())}: {m.count} matching; " + "; ".join(out))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -230,6 +250,7 @@ def main() -> int:
     server = build_server(n)
     assert server.cluster is not None
     print(f"compiled and registered {n} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
+    ranking(server)
     th = ServerThread(server)
     port = th.start()
     load(port, 4, 1.0)  # warm the feasibility cache and per-contract placer tables
