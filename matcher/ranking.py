@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Hashable, Mapping
+from typing import Hashable, Iterator, Mapping
 
 import numpy as np
 from pyroaring import BitMap
@@ -212,22 +212,24 @@ class ScoreTiers:
     def best_distinct(self, cand: BitMap, count: int, k: int, group: Mapping[int, Hashable]) -> list[int]:
         """The best slot of each of the k best groups among `cand`, best first: the slots of
         one group (instances of one model on one GPU, which share the GPU's score) would
-        otherwise fill the k places with copies of one choice. Walks the tiers as `best`
-        does, testing membership slot by slot and skipping groups already taken."""
+        otherwise fill the k places with copies of one choice."""
         if k <= 0 or count == 0:
             return []
+        ordered = sorted(cand, key=self.keys.__getitem__) if count <= SMALL else self._in_order(cand, count)
         seen: set[Hashable] = set()
         got: list[int] = []
-        if count <= SMALL:
-            order = sorted(cand, key=self.keys.__getitem__)
-            for s in order:
-                g = group[s]
-                if g not in seen:
-                    seen.add(g)
-                    got.append(s)
-                    if len(got) == k:
-                        break
-            return got
+        for s in ordered:
+            g = group[s]
+            if g not in seen:
+                seen.add(g)
+                got.append(s)
+                if len(got) == k:
+                    break
+        return got
+
+    def _in_order(self, cand: BitMap, count: int) -> Iterator[int]:
+        """`cand`'s slots in key order, walking the tiers as `best` does: a tier without a
+        candidate costs one count, and the walk ends with the last candidate."""
         left = count
         for tier in self.tiers:
             n = tier.bm.intersection_cardinality(cand)
@@ -235,13 +237,7 @@ class ScoreTiers:
                 continue
             for s in tier.slots:
                 if s in cand:
-                    g = group[s]
-                    if g not in seen:
-                        seen.add(g)
-                        got.append(s)
-                        if len(got) == k:
-                            return got
+                    yield s
             left -= n
             if not left:
-                break
-        return got
+                return
