@@ -186,12 +186,12 @@ class Placer:
             # refused, word for word, until a share on one of its GPUs or the budget moves:
             # the refusal is written once and handed to the requests that follow (a stale
             # snapshot's refusal names its age, so it is written afresh).
-            key = (tuple(reserved), budget)
-            if gathered is not None and not stale and gathered.refusal is not None and gathered.refusal[0] == key:
+            shares = (tuple(reserved), budget)
+            if gathered is not None and not stale and gathered.refusal is not None and gathered.refusal[0] == shares:
                 return gathered.refusal[1]
             out = self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), table.bounds, budget)
             if gathered is not None and not stale:
-                gathered.refusal = (key, out)
+                gathered.refusal = (shares, out)
             return out
 
         choice, move = best, None
