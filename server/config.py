@@ -46,7 +46,7 @@ class ServeConfig:
     telemetry: Telemetry = Telemetry.SIMULATED
     cluster: ClusterSpec = ClusterSpec()
     refresh_interval: float = 0.2
-    candidates: int = 8  # best-k instances handed to the placer
+    candidates: int = 8  # instances (each on its own GPU) handed to the placer at a time, a window per try
     tokens: Tokens = field(default_factory=Tokens)
     tls: TlsFiles | None = None
     allow_insecure_remote: bool = False  # plaintext off loopback: an explicit, loud opt-in

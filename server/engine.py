@@ -2,8 +2,8 @@
 
 Order matters for cost: the solver's feasibility answer is cached by request shape
 (microseconds) and rejects impossible requests before any index scan; the matcher's
-indexed best-k comes next; the placer chooses a GPU among the best candidates of the
-best-scoring model. A decision reads `self.state` exactly once (see `state.py`), so a
+indexed best-k over distinct (model, GPU) comes next; the placer chooses a GPU among the
+best candidates of the best-scoring model, a window of them at a time. A decision reads `self.state` exactly once (see `state.py`), so a
 reload never mixes bundles. Registration, deregistration and reloads are serialised by
 one writer lock; decisions never take it.
 """

@@ -3,8 +3,9 @@
 Most traffic repeats a few request shapes (the same headers from the same callers). For a
 given policy state, parsing those headers and the solver's feasibility answer never
 change (`Prepared`), and the matcher's answer changes only when the registry does
-(`MatchMemo`, checked against the engine's registry generation). Placement is never kept:
-it reads the live topology and reserves GPU share on every call.
+(`MatchMemo`, checked against the engine's registry generation; score pushes re-rank it at
+most once a refresher tick). Placement is never kept: it reads the live topology and
+reserves GPU share on every call.
 """
 
 from __future__ import annotations
