@@ -3,9 +3,9 @@
 Order matters for cost: the solver's feasibility answer is cached by request shape
 (microseconds) and rejects impossible requests before any index scan; the matcher's
 indexed best-k over distinct (model, GPU) comes next; the placer chooses a GPU among the
-best candidates of the best-scoring model, a window of them at a time. A decision reads `self.state` exactly once (see `state.py`), so a
-reload never mixes bundles. Registration, deregistration and reloads are serialised by
-one writer lock; decisions never take it.
+best candidates of the best-scoring model, a window of them at a time. A decision reads
+`self.state` exactly once (see `state.py`), so a reload never mixes bundles. Registration,
+deregistration and reloads are serialised by one writer lock; decisions never take it.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ class DecisionEngine:
 
     def _matched(self, prep: Prepared, memo: MatchMemo | None) -> _Matched:
         """The matcher's answer for `prep` and what placement needs from it, from `memo`
-        when the registry has not changed since it was filled."""
+        when no instance was registered or removed since it was filled and it has seen the
+        latest score push or is younger than `score_lag`."""
         gen, scores, now = self._generation, self._scores, time.monotonic()
         if memo is not None:
             hit = memo.entry
@@ -157,8 +158,8 @@ class DecisionEngine:
                 budget = self._budget(contract, prep.request.vars)
                 for i in range(0, len(cands), n):
                     last = min(i + n, len(cands))
-                    label = model if i == 0 else f"{model} (candidate{'s' if last > i + 1 else ''} {i + 1}" + \
-                        (f"-{last})" if last > i + 1 else ")")
+                    label = model if i == 0 else f"{model} (candidates {i + 1}-{last})" if last > i + 1 else \
+                        f"{model} (candidate {i + 1})"
                     tries.append((label, contract, tuple(cands[i:i + n]), budget, prep.input.session))
         out = _Matched(gen, scores, now, st, m, tuple(tries), rej,
                        {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
