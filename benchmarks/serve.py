@@ -2,7 +2,7 @@
 with N registered instances, and a no-op gRPC service answering the same request with a
 pre-built response of the same size, measured in the same run.
 
-    .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 3]
+    .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 5]
     POLICYC_EVENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # both servers on asyncio's loop
     POLICYC_BENCH_CLIENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # clients on asyncio's loop (passes 1-3)
 
@@ -239,7 +239,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
     ap.add_argument("--instances", type=int, default=100_000)
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per phase and round")
-    ap.add_argument("--rounds", type=int, default=3, help="Decide / no-op phases alternate this many times")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="Decide / no-op phases alternate this many times (single rounds move by ±0.06 here)")
     ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; event loop {loop_kind().value}, "
@@ -321,8 +322,9 @@ def main() -> int:
           f"{len(server.service.shapes)} request shapes cached")
     print(f"no-op    same message sizes ({len(response)} B response): {nrps:.0f} calls/s "
           f"(p50 {med(x.p50_ms for x in nop):.2f} ms, p99 {med(x.p99_ms for x in nop):.2f} ms)")
-    print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.6; per round "
-          + ", ".join(f"{d.rps / x.rps:.2f}" for d, x in zip(dec, nop)) + ")")
+    per_round = [d.rps / x.rps for d, x in zip(dec, nop)]
+    print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.6; median of the paired rounds "
+          f"{med(per_round):.2f}; per round " + ", ".join(f"{r:.2f}" for r in per_round) + ")")
     dcpu, ncpu = med(x.cpu_us for x in dec), med(x.cpu_us for x in nop)
     print(f"CPU      server process per call (medians of rounds): Decide {dcpu:.0f} us (loop thread {med(x.loop_cpu_us for x in dec):.0f}), "
           f"no-op {ncpu:.0f} us (loop thread {med(x.loop_cpu_us for x in nop):.0f}), ratio no-op / Decide = {ncpu / dcpu:.2f} "
