@@ -18,6 +18,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -185,6 +186,24 @@ def live_figures(v: dict[str, list]) -> dict[str, float]:
             "ticks": len(v["refresh"]), "refresh_p50": q(v["refresh"], 50)}
 
 
+def timed_places(placer: Any, refresher: Any, now: list[float], sets: list[list[Instance]], c: Contract,
+                 n: int) -> tuple[float, int]:
+    """Thread CPU µs per placement over `n` placements cycling through `sets` (wall time on
+    this shared machine is mostly preemption), with a refresher tick every 1,000 placements
+    (a 200 ms tick at 5,000 decisions/s) on the fake clock `now`, its cost not counted; and
+    how many were refused. Takes today's placer or one from `placer_at`."""
+    ticks, refused = 0.0, 0
+    c0 = time.thread_time()
+    for i in range(n):
+        if i % 1000 == 999:
+            t1 = time.thread_time()
+            now[0] += 0.2
+            refresher.tick()
+            ticks += time.thread_time() - t1
+        refused += not placer.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS).feasible
+    return (time.thread_time() - c0 - ticks) / n * 1e6, refused
+
+
 def bench_tight(hosts: int, n: int, k: int, rounds: int) -> dict[str, float]:
     """`Placer.place` in a tight loop (thread CPU time) with the decision path's handful of candidates, the
     numpy-only path (SCALAR_MAX = 0: the code before the scalar path) against the scalar
@@ -205,19 +224,9 @@ def bench_tight(hosts: int, n: int, k: int, rounds: int) -> dict[str, float]:
     refused = [0]
 
     def loop() -> float:
-        """Thread CPU time per placement (wall time on this shared machine is mostly
-        preemption), ticks excluded."""
-        ticks = 0.0
-        c0 = time.thread_time()
-        for i in range(n):
-            if i % 1000 == 999:
-                t1 = time.thread_time()
-                now[0] += 0.2
-                r.tick()
-                ticks += time.thread_time() - t1
-            plan = placer.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS)
-            refused[0] += not isinstance(plan, PlacementPlan)
-        return (time.thread_time() - c0 - ticks) / n * 1e6
+        us, no = timed_places(placer, r, now, sets, c, n)
+        refused[0] += no
+        return us
 
     def modes(m: int) -> None:
         lookup_module.SCALAR_MAX = placer_module.SCALAR_MAX = m
@@ -294,15 +303,7 @@ def bench_against(rev: str, hosts: int, n: int, rounds: int) -> dict[int, dict[s
 
         def loop(name: str, count: int) -> float:
             now, r, p, sets = envs[name]
-            ticks, c0 = 0.0, time.thread_time()
-            for i in range(count):
-                if i % 1000 == 999:
-                    t1 = time.thread_time()
-                    now[0] += 0.2
-                    r.tick()
-                    ticks += time.thread_time() - t1
-                p.place(sets[i % len(sets)], BUDGET, c, ingress=INGRESS)
-            return (time.thread_time() - c0 - ticks) / count * 1e6
+            return timed_places(p, r, now, sets, c, count)[0]
 
         for name in envs:
             loop(name, 300)
