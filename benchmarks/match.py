@@ -132,11 +132,12 @@ def cedar_context(vars) -> dict:
 
 def score_pushes(reg: Registry, insts: list[Instance], rng: random.Random, rounds: int = 10,
                  push: int = 512, chunk: int = 64) -> None:
-    """What the decision server's score push costs per instance update: `push` updates of
+    """What the decision server's score push costs per group move: `push` updates of
     random instances to random scores (this fleet runs one instance per GPU, so a pushed GPU
-    is one instance), as one-by-one `set_score` (the baseline) and as `set_scores` in chunks
-    of `chunk` (the engine's `push_scores`, one batch per event-loop callback). Each round
-    times both on fresh updates, in alternating order; medians over the rounds."""
+    is one (model, GPU) group of one instance), as one-by-one `set_score` (the baseline) and
+    as `set_scores` in chunks of `chunk` (as the engine's `push_scores` batches one chunk per
+    event-loop callback). Each round times both on fresh updates, in alternating order;
+    medians over the rounds."""
     pc = time.perf_counter_ns
     one: list[float] = []
     batched: list[float] = []
@@ -155,7 +156,7 @@ def score_pushes(reg: Registry, insts: list[Instance], rng: random.Random, round
                 one.append((pc() - t) / 1e3 / push)
             gc.enable()
     o, b = statistics.median(one), statistics.median(batched)
-    print(f"score push ({push} updates, {rounds} rounds), µs per instance update: one by one (set_score) {o:.2f} "
+    print(f"score push ({push} updates, {rounds} rounds), µs per group move: one by one (set_score) {o:.2f} "
           f"[{min(one):.2f}-{max(one):.2f}]; set_scores in chunks of {chunk} {b:.2f} [{min(batched):.2f}-{max(batched):.2f}]; "
           f"batched / one-by-one {b / o:.2f} ({o / b:.2f}× cheaper)")
 

@@ -1,8 +1,9 @@
 """matcher: the live instance registry and indexed contract matching.
 
 Public API (for the decision service, the CLI and tests):
-`Registry(bundle)` with add / add_many / remove / update / set_score / set_scores (a batch, all or nothing) / swap_bundle,
-parse_request / match / explain; `Request`, `RequestError`, `MatchResult`, `Explanation`;
+`Registry(bundle)` with add / add_many / remove / update / set_score / set_scores (a batch, all or nothing) /
+set_gpu_scores (the placer's per-GPU push) / swap_bundle, parse_request / match / explain (a score belongs to a
+(model, GPU) group: copies of a model on one GPU share it); `Request`, `RequestError`, `MatchResult`, `Explanation`;
 `naive_match` (the reference scan the index must agree with).
 """
 

@@ -1,30 +1,30 @@
 """Best-k by score without materialising every match.
 
-Instances are ordered by the key (-score, id): higher score first, ties by id. The key
-space is cut into tiers of at most `2 * TARGET` instances; each tier is a bitmap plus the
-lists of its slots and keys in key order (`Tier`). The tiers are kept in key order, so everything in an
-earlier tier beats everything in a later one.
+What is ranked is the **group**: the instances of one model on one GPU. They are copies of
+one choice and share that GPU's score, which the placer pushes per GPU, so ranking groups
+makes a score push one move per (model, GPU) instead of one per instance (about 50 per GPU
+at 100,000 instances), and finding the best instance of each of the k best groups (what
+the placer chooses among) a walk over groups rather than over every copy.
 
-Best-k walks the tiers from the best, counting each tier's intersection with the
-candidate bitmap (a cardinality only: building a result bitmap costs more than the count),
-walks the key-ordered list of a tier that has hits with membership tests, and stops as
-soon as k candidates are collected; nothing is sorted on the hot path. A request matching
-80 % of the fleet finds its best in the first tier after one count and one or two
-membership tests; one matching 10 % finds about six candidates per tier. Candidate sets of
-at most `SMALL` slots are ranked directly.
+The order: groups by the key (-score, group name), higher score first, ties by name;
+within a group its members by instance id. Instances are thus ordered by
+(-score, group name, instance id).
 
-A tier that grows past `2 * TARGET` (scores pushed by the placer move instances between
-tiers) is split at its median key, so tiers stay small whatever the score distribution,
-including many equal scores (the id breaks the tie).
+The group key space is cut into tiers of at most `2 * TARGET` groups; each tier keeps its
+groups in key order with their keys (and the keys' first halves, -score, as a flat array of
+doubles to bisect), and one bitmap of all its groups' member slots. The tiers are kept in
+key order, so everything in an earlier tier beats everything in a later one.
 
-A batch of score changes (`move_many`, the placer's pushes via `Registry.set_scores`)
-takes every slot out first, then finds all the new tiers in one `numpy.searchsorted` over
-the tiers' lowest scores (`lows`; ids are compared only where a score equals a tier's
-lowest), inserts, and splits the tiers that grew past `2 * TARGET` last, so that the tier
-indices found stay valid while inserting. At 100,000 instances a score change costs mostly
-cache misses on the (-score, id) tuples and float objects a bisection probes: hence the
-vectorised tier search, and within a tier the scores bisected in a flat array of doubles
-(`Tier.negs`), ids compared only among equal scores.
+Best-k walks the tiers from the best, counting each tier's intersection with the candidate
+bitmap (a cardinality only: building a result bitmap costs more than the count), then that
+tier's groups, each by one count against the candidates, and stops as soon as k are
+collected; nothing is sorted on the hot path. Candidate sets of at most `SMALL` slots are
+ranked directly.
+
+A batch of score changes (`move_many`) takes every moved group out first, then finds all
+the new tiers in one `numpy.searchsorted` over the tiers' lowest scores (`lows`; names are
+compared only where a score equals a tier's lowest), inserts, and splits the tiers that
+grew past `2 * TARGET` last, so that the tier indices found stay valid while inserting.
 """
 
 from __future__ import annotations
@@ -32,106 +32,167 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Hashable, Iterator, Mapping
+from typing import Hashable
 
 import numpy as np
 from pyroaring import BitMap
 
-ScoreKey = tuple[float, str]  # (-score, instance id)
+GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
 SMALL = 64  # at most this many candidates: pick from them directly
 VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
 
 
-class Tier:
-    """One tier: its slots as a bitmap (for counting candidates) and as parallel lists in
-    key order: the slots (for the best-k walk), their keys, and the keys' first halves
-    (-score) as a flat array of doubles. An update bisects the doubles (one contiguous
-    block instead of a tuple and a float object per probe, which at 100,000 instances are
-    cache misses) and compares ids only among equal scores."""
+class Group:
+    """The members of one group in instance-id order (ids and slots as parallel lists) and
+    as a bitmap, its key, and the tier that holds it."""
 
-    __slots__ = ("bm", "slots", "keys", "negs")
+    __slots__ = ("name", "key", "ids", "slots", "bm", "tier")
 
-    def __init__(self, slots: list[int], keys: list[ScoreKey], negs: array | None = None) -> None:
-        self.bm = BitMap(slots)
-        self.slots = slots
-        self.keys = keys
-        self.negs = array("d", [k[0] for k in keys]) if negs is None else negs
+    def __init__(self, name: Hashable, neg: float) -> None:
+        self.name = name
+        self.key: GroupKey = (neg, name)
+        self.ids: list[str] = []
+        self.slots: list[int] = []
+        self.bm = BitMap()
+        self.tier: Tier | None = None
 
-    def put(self, slot: int, key: ScoreKey) -> None:
-        """Insert `slot` at its key's place."""
-        negs = self.negs
-        neg = key[0]
-        i = bisect_right(negs, neg)
-        if i and negs[i - 1] == neg:  # equal scores: the ids decide, among those only
-            i = bisect_right(self.keys, key, bisect_left(negs, neg, 0, i), i)
-        self.keys.insert(i, key)
+    def join(self, slot: int, iid: str) -> None:
+        i = bisect_left(self.ids, iid)
+        self.ids.insert(i, iid)
         self.slots.insert(i, slot)
-        negs.insert(i, neg)
         self.bm.add(slot)
 
-    def take(self, slot: int, key: ScoreKey) -> None:
-        """Take out `slot`, whose key is `key`."""
-        negs, keys = self.negs, self.keys
-        neg = key[0]
-        i = bisect_left(negs, neg)
-        if keys[i] is not key and keys[i] != key:  # equal scores before it: the ids decide
-            i = bisect_left(keys, key, i, bisect_right(negs, neg, i))
-        del keys[i], self.slots[i], negs[i]
+    def leave(self, slot: int, iid: str) -> None:
+        i = bisect_left(self.ids, iid)
+        del self.ids[i], self.slots[i]
         self.bm.discard(slot)
 
 
+class Tier:
+    """One tier: its groups in key order with their keys and the keys' first halves
+    (-score) as a flat array of doubles, and the union of their members as a bitmap (for
+    counting candidates). An update bisects the doubles (one contiguous block instead of a
+    tuple and a float object per probe) and compares names only among equal scores."""
+
+    __slots__ = ("bm", "groups", "keys", "negs")
+
+    def __init__(self, groups: list[Group], keys: list[GroupKey] | None = None, negs: array | None = None) -> None:
+        self.groups = groups
+        self.keys = [g.key for g in groups] if keys is None else keys
+        self.negs = array("d", [k[0] for k in self.keys]) if negs is None else negs
+        self.bm = BitMap.union(*(g.bm for g in groups)) if groups else BitMap()
+        for g in groups:
+            g.tier = self
+
+    def put(self, g: Group) -> None:
+        """Insert `g` at its key's place."""
+        negs = self.negs
+        key = g.key
+        neg = key[0]
+        i = bisect_right(negs, neg)
+        if i and negs[i - 1] == neg:  # equal scores: the names decide, among those only
+            i = bisect_right(self.keys, key, bisect_left(negs, neg, 0, i), i)
+        self.keys.insert(i, key)
+        self.groups.insert(i, g)
+        negs.insert(i, neg)
+        self.bm |= g.bm
+        g.tier = self
+
+    def take(self, g: Group) -> None:
+        """Take out `g` (with the key it was put in with)."""
+        negs, keys = self.negs, self.keys
+        key = g.key
+        neg = key[0]
+        i = bisect_left(negs, neg)
+        if keys[i] is not key and keys[i] != key:  # equal scores before it: the names decide
+            i = bisect_left(keys, key, i, bisect_right(negs, neg, i))
+        del keys[i], self.groups[i], negs[i]
+        self.bm -= g.bm
+        g.tier = None
+
+
 class ScoreTiers:
-    __slots__ = ("bounds", "lows", "tiers", "keys", "home")
+    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of")
 
     def __init__(self) -> None:
-        self.bounds: list[ScoreKey] = [(-float("inf"), "")]  # each tier's lowest key
+        self.bounds: list[GroupKey] = [(-float("inf"), "")]  # each tier's lowest key
         self.lows = np.array([-np.inf])  # bounds' first halves (-score), for `_locate`
-        self.tiers: list[Tier] = [Tier([], [])]
-        self.keys: dict[int, ScoreKey] = {}
-        self.home: dict[int, Tier] = {}  # slot -> its tier: a removal needs no search
+        self.tiers: list[Tier] = [Tier([])]
+        self.groups: dict[Hashable, Group] = {}
+        self.group_of: dict[int, Group] = {}  # slot -> its group
+        self.id_of: dict[int, str] = {}  # slot -> instance id
 
-    def add(self, slot: int, key: ScoreKey) -> None:
-        self.keys[slot] = key
-        t = bisect_right(self.bounds, key) - 1
-        tier = self.tiers[t]
-        tier.put(slot, key)
-        self.home[slot] = tier
-        if len(tier.slots) > 2 * TARGET:
-            self._split(t)
+    def add(self, slot: int, iid: str, name: Hashable, neg: float) -> bool:
+        """Add instance `slot` (id `iid`) to group `name`, whose key becomes (`neg`, `name`)
+        (moving the group if it had another score). True when the group is new."""
+        self.id_of[slot] = iid
+        g = self.groups.get(name)
+        if g is None:
+            g = self.groups[name] = Group(name, neg)
+            g.join(slot, iid)
+            self.group_of[slot] = g
+            t = bisect_right(self.bounds, g.key) - 1
+            self.tiers[t].put(g)
+            if len(self.tiers[t].groups) > 2 * TARGET:
+                self._split(t)
+            return True
+        g.join(slot, iid)
+        assert g.tier is not None
+        g.tier.bm.add(slot)
+        self.group_of[slot] = g
+        if g.key[0] != neg:
+            self.move_many([(name, neg)])
+        return False
 
-    def remove(self, slot: int) -> None:
-        self.home.pop(slot).take(slot, self.keys.pop(slot))
+    def remove(self, slot: int) -> bool:
+        """Take instance `slot` out of its group. True when that emptied the group, which
+        is then gone."""
+        g = self.group_of.pop(slot)
+        g.leave(slot, self.id_of.pop(slot))
+        assert g.tier is not None
+        g.tier.bm.discard(slot)
+        if g.slots:
+            return False
+        g.tier.take(g)
+        del self.groups[g.name]
+        return True
 
-    def move_many(self, moves: list[tuple[int, ScoreKey]]) -> None:
-        """Give each slot (registered, and distinct within `moves`) its new key: the same
-        order as `remove` + `add` one slot at a time, for a batch of score changes."""
-        keys, home = self.keys, self.home
-        moved: list[tuple[int, ScoreKey]] = []
-        for slot, key in moves:
-            old = keys[slot]
-            if old == key:
-                continue  # an unchanged score costs nothing
-            home[slot].take(slot, old)
-            moved.append((slot, key))
+    def score_of(self, name: Hashable) -> float | None:
+        g = self.groups.get(name)
+        return None if g is None else -g.key[0]
+
+    def move_many(self, moves: list[tuple[Hashable, float]]) -> list[Group]:
+        """Give each group (existing, and distinct within `moves`) the key (-score, name)
+        for its new `-score`; returns the groups that moved (an unchanged score costs
+        nothing)."""
+        groups = self.groups
+        moved: list[Group] = []
+        for name, neg in moves:
+            g = groups[name]
+            if g.key[0] == neg:
+                continue
+            assert g.tier is not None
+            g.tier.take(g)
+            g.key = (neg, name)
+            moved.append(g)
         if not moved:
-            return
+            return moved
         tiers = self.tiers
         grown: set[int] = set()
         limit = 2 * TARGET
-        for (slot, key), t in zip(moved, self._locate([key for _, key in moved])):
+        for g, t in zip(moved, self._locate([g.key for g in moved])):
             tier = tiers[t]
-            tier.put(slot, key)
-            keys[slot] = key
-            home[slot] = tier
-            if len(tier.slots) > limit:
+            tier.put(g)
+            if len(tier.groups) > limit:
                 grown.add(t)
         for t in sorted(grown, reverse=True):  # from the last: a split shifts only later indices
             self._split(t)
+        return moved
 
-    def _locate(self, keys: list[ScoreKey]) -> list[int]:
+    def _locate(self, keys: list[GroupKey]) -> list[int]:
         """The tier each key belongs in (`bisect_right(bounds, key) - 1` for each): the
-        scores are searched in `lows` at once, the ids only where a score ties a bound."""
+        scores are searched in `lows` at once, the names only where a score ties a bound."""
         bounds = self.bounds
         if len(keys) < VECTOR:
             return [bisect_right(bounds, key) - 1 for key in keys]
@@ -147,97 +208,115 @@ class ScoreTiers:
         return out
 
     def _split(self, t: int) -> None:
-        """Move the upper half of tier `t` into a new tier after it (the lower half stays
-        in place, so only the moved slots change home); halves still over `2 * TARGET`
-        (a batch can grow a tier by more than one) are split again."""
+        """Move the upper half of tier `t` into a new tier after it; halves still over
+        `2 * TARGET` (a batch can grow a tier by more than one) are split again."""
         tier = self.tiers[t]
-        mid = len(tier.slots) // 2
-        moved = Tier(tier.slots[mid:], tier.keys[mid:], tier.negs[mid:])
-        del tier.slots[mid:], tier.keys[mid:], tier.negs[mid:]
-        tier.bm.difference_update(moved.bm)
+        mid = len(tier.groups) // 2
+        moved = Tier(tier.groups[mid:], tier.keys[mid:], tier.negs[mid:])
+        del tier.groups[mid:], tier.keys[mid:], tier.negs[mid:]
+        tier.bm -= moved.bm
         self.tiers.insert(t + 1, moved)
         self.bounds.insert(t + 1, moved.keys[0])
         self.lows = np.insert(self.lows, t + 1, moved.keys[0][0])
-        home = self.home
-        for s in moved.slots:
-            home[s] = moved
-        if len(moved.slots) > 2 * TARGET:
+        if len(moved.groups) > 2 * TARGET:
             self._split(t + 1)
-        if len(tier.slots) > 2 * TARGET:
+        if len(tier.groups) > 2 * TARGET:
             self._split(t)
 
-    def bulk(self, entries: list[tuple[float, str, int]]) -> None:
-        """Replace the contents at once (index build) from (-score, id, slot) triples:
-        flat triples sort about twice as fast as (slot, key) pairs under a key function."""
+    def bulk(self, entries: list[tuple[float, Hashable, str, int]]) -> None:
+        """Replace the contents at once (index build) from (-score, group name, instance id,
+        slot) entries; the members of a group must share its -score."""
         entries = sorted(entries)
-        keys = [(neg, iid) for neg, iid, _ in entries]
-        slots = [e[2] for e in entries]
-        self.keys = dict(zip(slots, keys))
-        negs = array("d", [e[0] for e in entries])
-        self.tiers = [Tier(slots[i:i + TARGET], keys[i:i + TARGET], negs[i:i + TARGET])
-                      for i in range(0, max(len(entries), 1), TARGET)]
+        groups: dict[Hashable, Group] = {}
+        order: list[Group] = []
+        group_of: dict[int, Group] = {}
+        for neg, name, iid, slot in entries:
+            g = groups.get(name)
+            if g is None:
+                g = groups[name] = Group(name, neg)
+                order.append(g)
+            elif g.key[0] != neg:
+                raise ValueError(f"group {name!r}: members with different scores ({-g.key[0]} and {-neg})")
+            g.ids.append(iid)  # sorted entries: ids ascend within a group
+            g.slots.append(slot)
+            group_of[slot] = g
+        for g in order:
+            g.bm = BitMap(g.slots)
+        self.groups, self.group_of = groups, group_of
+        self.id_of = {slot: iid for _, _, iid, slot in entries}
+        self.tiers = [Tier(order[i:i + TARGET]) for i in range(0, max(len(order), 1), TARGET)]
         self.bounds = [(-float("inf"), "")] + [tier.keys[0] for tier in self.tiers[1:]]
         self.lows = np.array([b[0] for b in self.bounds])
-        self.home = {s: tier for tier in self.tiers for s in tier.slots}
+
+    def order_key(self, slot: int) -> tuple[float, Hashable, str]:
+        """`slot`'s place in the order: (-score, group name, instance id)."""
+        return self.group_of[slot].key + (self.id_of[slot],)
 
     def best(self, cand: BitMap, count: int, k: int) -> list[int]:
         """The k best slots of `cand` (which holds `count` slots), best first."""
         if k <= 0 or count == 0:
             return []
         if count <= SMALL:
-            if k == 1:
-                return [min(cand, key=self.keys.__getitem__)]
-            return heapq.nsmallest(k, cand, key=self.keys.__getitem__)
+            return heapq.nsmallest(k, cand, key=self.order_key)
         got: list[int] = []
         need = k
         for tier in self.tiers:
             n = tier.bm.intersection_cardinality(cand)  # no bitmap built: a count only
             if not n:
                 continue
-            order = tier.slots
-            if n <= need:
-                got.extend(order if n == len(order) else [s for s in order if s in cand])
-                need -= n
-                if not need:
+            for g in tier.groups:
+                m = g.bm.intersection_cardinality(cand)
+                if not m:
+                    continue
+                order = g.slots
+                hits = order if m == len(order) else [s for s in order if s in cand]
+                if len(hits) >= need:
+                    got.extend(hits[:need])
                     return got
-            else:
-                for s in order:
-                    if s in cand:
-                        got.append(s)
-                        need -= 1
-                        if not need:
-                            return got
-        return got
-
-    def best_distinct(self, cand: BitMap, count: int, k: int, group: Mapping[int, Hashable]) -> list[int]:
-        """The best slot of each of the k best groups among `cand`, best first: the slots of
-        one group (instances of one model on one GPU, which share the GPU's score) would
-        otherwise fill the k places with copies of one choice."""
-        if k <= 0 or count == 0:
-            return []
-        ordered = sorted(cand, key=self.keys.__getitem__) if count <= SMALL else self._in_order(cand, count)
-        seen: set[Hashable] = set()
-        got: list[int] = []
-        for s in ordered:
-            g = group[s]
-            if g not in seen:
-                seen.add(g)
-                got.append(s)
-                if len(got) == k:
+                got.extend(hits)
+                need -= len(hits)
+                n -= m
+                if not n:
                     break
         return got
 
-    def _in_order(self, cand: BitMap, count: int) -> Iterator[int]:
-        """`cand`'s slots in key order, walking the tiers as `best` does: a tier without a
-        candidate costs one count, and the walk ends with the last candidate."""
-        left = count
+    def best_distinct(self, cand: BitMap, count: int, k: int) -> list[int]:
+        """The best slot of each of the k best groups among `cand`, best first: the slots of
+        one group would otherwise fill the k places with copies of one choice."""
+        if k <= 0 or count == 0:
+            return []
+        got: list[int] = []
+        if count <= SMALL:
+            seen: set[Hashable] = set()
+            group_of = self.group_of
+            for s in sorted(cand, key=self.order_key):
+                name = group_of[s].name
+                if name not in seen:
+                    seen.add(name)
+                    got.append(s)
+                    if len(got) == k:
+                        break
+            return got
         for tier in self.tiers:
             n = tier.bm.intersection_cardinality(cand)
             if not n:
                 continue
-            for s in tier.slots:
-                if s in cand:
-                    yield s
-            left -= n
-            if not left:
-                return
+            for g in tier.groups:
+                order = g.slots
+                if len(order) == 1:
+                    s = order[0]
+                    if s not in cand:
+                        continue
+                    m = 1
+                else:
+                    m = g.bm.intersection_cardinality(cand)
+                    if not m:
+                        continue
+                    s = order[0] if m == len(order) else next(x for x in order if x in cand)
+                got.append(s)
+                if len(got) == k:
+                    return got
+                n -= m
+                if not n:
+                    break
+        return got

@@ -7,7 +7,11 @@ index off to the side (readers keep using the old one) and installs it with one 
 swap. In CPython readers do not run in parallel anyway, so a plain mutex costs a reader
 about a tenth of a microsecond and nothing is copied per update.
 
-Best-k is by the placer's score in [0, 1] (higher is better), ties broken by instance id.
+Best-k is by the placer's score in [0, 1] (higher is better). A score belongs to a
+(model, GPU) group, not to one instance: the placer scores GPUs, and the instances of a
+model on one GPU are copies of one choice, so they share it (`ranking.py` ranks the
+groups). Setting an instance's score sets its group's; an instance registered without a
+score joins its group's. Ties are broken by the group (model, host, GPU), then by id.
 
 `match` reuses a cached plan per typed request (`plan.py`) and the candidates that plan
 last computed while no instance has been added or removed since; `plan_cache=0` turns the
@@ -53,7 +57,7 @@ def _group(instance: Instance) -> tuple[str, str]:
 
 
 def _gpu_group(instance: Instance) -> tuple[str, str, str]:
-    """What a placer chooses between: a model on a GPU."""
+    """What a placer chooses between, and what carries a score: a model on a GPU."""
     d = instance.deployment
     return instance.model, d.host, d.gpu
 
@@ -73,7 +77,7 @@ class Registry:
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
         self._gpu_group: dict[int, tuple[str, str, str]] = {}  # slot -> (model, host, GPU)
-        self._score: dict[int, float] = {}
+        self._on_gpu: dict[tuple[str, str], set[tuple[str, str, str]]] = {}  # (host, GPU) -> its groups
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
         items = list(instances)
@@ -102,14 +106,22 @@ class Registry:
             slot = self._slot_of.get(instance_id)
             if slot is None:
                 raise UnknownInstanceError(instance_id)
-            return self._score[slot]
+            return self._group_score(slot)
+
+    def _group_score(self, slot: int) -> float:
+        return -self._tiers.group_of[slot].key[0]
+
+    def groups_on(self, host: str, gpu: str) -> int:
+        """How many (model, GPU) groups this GPU holds: what a score push for it moves."""
+        return len(self._on_gpu.get((host, gpu), ()))
 
     def entries(self) -> list[tuple[Instance, Mapping[str, Scalar], float]]:
         """A consistent copy of (instance, attributes, score) for every live instance: what
         a naive scan, an audit or a test looks at."""
         with self._read:
             ix = self._index
-            return [(self._instance[s], ix.attrs[s], self._score[s]) for s in self._slot_of.values()]
+            score = self._group_score
+            return [(self._instance[s], ix.attrs[s], score(s)) for s in self._slot_of.values()]
 
     def parse_request(self, headers: Mapping[str, str], tenant: str | None = None) -> Request:
         """Typed request variables, or `RequestError` naming each bad header."""
@@ -123,16 +135,16 @@ class Registry:
         with self._read:
             ix = self._index
             plan = ix.plan(request.vars)
-            inst, score = self._instance, self._score
-            scored = self._scored
+            inst, scored = self._instance, self._scored
             best = []
             tiers = self._tiers
-            found = tiers.best_distinct(plan.cand, plan.count, k, self._gpu_group) if distinct_gpus else \
-                tiers.best(plan.cand, plan.count, k)
+            group_of = tiers.group_of
+            found = tiers.best_distinct(plan.cand, plan.count, k) if distinct_gpus else tiers.best(plan.cand, plan.count, k)
             for s in found:
+                score = -group_of[s].key[0]
                 sc = scored.get(s)
-                if sc is None:
-                    sc = scored[s] = Scored(inst[s], score[s])
+                if sc is None or sc.score != score:  # built again once its group's score moved
+                    sc = scored[s] = Scored(inst[s], score)
                 best.append(sc)
             return MatchResult(plan.count, tuple(best), plan.applied, ix.bundle.content_hash)
 
@@ -142,10 +154,12 @@ class Registry:
             return _explain(self._index, request.vars)
 
     # ------------------------------------------------------------------ writing
-    def add(self, instance: Instance, score: float = DEFAULT_SCORE) -> None:
+    def add(self, instance: Instance, score: float | None = None) -> None:
         """Register an instance; refused (AdmissionError) when its deployment does not
-        satisfy its contract, or (RegistryError) when the id is taken."""
-        score = check_score(instance.id, score)
+        satisfy its contract, or (RegistryError) when the id is taken. `score` sets its
+        group's score; without one it takes its group's (`DEFAULT_SCORE` for a new group)."""
+        if score is not None:
+            score = check_score(instance.id, score)
         with self._write:
             attrs = self._admission.attributes(instance)
             if instance.id in self._slot_of:
@@ -153,25 +167,40 @@ class Registry:
             with self._read:
                 self._insert(instance, attrs, score)
 
-    def _insert(self, instance: Instance, attrs: Mapping[str, Scalar], score: float) -> None:
+    def _insert(self, instance: Instance, attrs: Mapping[str, Scalar], score: float | None) -> None:
         slot = self._slots.take(_group(instance))
         self._index.insert(slot, attrs)
-        self._tiers.add(slot, (-score, instance.id))
+        name = _gpu_group(instance)
+        if score is None:
+            score = self._tiers.score_of(name)
+            score = DEFAULT_SCORE if score is None else score
+        if self._tiers.add(slot, instance.id, name, -score):
+            self._on_gpu.setdefault(name[1:], set()).add(name)
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
-        self._gpu_group[slot] = _gpu_group(instance)
-        self._score[slot] = score
+        self._gpu_group[slot] = name
         self._scored.pop(slot, None)
 
     def _delete(self, instance_id: str) -> float:
-        slot = self._slot_of.pop(instance_id)
+        """Take the instance out everywhere; returns its (group's) score."""
+        slot = self._slot_of[instance_id]
         self._index.delete(slot)
-        self._tiers.remove(slot)
+        return self._forget(instance_id)
+
+    def _forget(self, instance_id: str) -> float:
+        """Everything but the index (a bundle swap builds a new one without the instance)."""
+        slot = self._slot_of.pop(instance_id)
+        score = self._group_score(slot)
+        name = self._gpu_group.pop(slot)
+        if self._tiers.remove(slot):
+            on = self._on_gpu[name[1:]]
+            on.discard(name)
+            if not on:
+                del self._on_gpu[name[1:]]
         self._slots.give(slot)
         del self._instance[slot]
-        del self._gpu_group[slot]
         self._scored.pop(slot, None)
-        return self._score.pop(slot)
+        return score
 
     def add_many(self, instances: Iterable[Instance], scores: Mapping[str, float] | None = None) -> None:
         """Register many instances at once, all or nothing; into an empty registry this is
@@ -186,8 +215,9 @@ class Registry:
                     if iid in self._slot_of or iid in seen:
                         raise RegistryError(f"instance `{iid}` is already registered; use update()")
                     seen.add(iid)
-            given = [scores.get(iid, DEFAULT_SCORE) for iid in ids]
-            checked = [s if type(s) is float and 0.0 <= s <= 1.0 else check_score(iid, s) for iid, s in zip(ids, given)]
+            given = [scores.get(iid) for iid in ids]
+            checked = [s if s is None or type(s) is float and 0.0 <= s <= 1.0 else check_score(iid, s)
+                       for iid, s in zip(ids, given)]
             admit = self._admission.attributes
             attrs = [admit(inst) for inst in items]
             with self._read:
@@ -197,9 +227,11 @@ class Registry:
                     return
                 self._bulk(items, ids, attrs, checked)
 
-    def _bulk(self, items: list[Instance], ids: list[str], attrs: list[dict[str, Scalar]], scores: list[float]) -> None:
+    def _bulk(self, items: list[Instance], ids: list[str], attrs: list[dict[str, Scalar]], scores: list[float | None]) -> None:
         """The index build: slots handed out a placement group at a time, then every map,
-        postings bitmap, Bloom filter and score tier filled from whole lists."""
+        postings bitmap, Bloom filter and score tier filled from whole lists. A group's
+        score is the last one given to a member (as adding them one by one would leave
+        it), `DEFAULT_SCORE` where none was."""
         by_group: dict[tuple[str, str], list[int]] = {}
         for n, a in enumerate(attrs):
             key = (a["model"], a["region"])  # `_group`, read from the attributes already built
@@ -213,10 +245,19 @@ class Registry:
                 slots[n] = slot
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
-        self._gpu_group = {slot: _gpu_group(inst) for slot, inst in zip(slots, items)}
-        self._score = dict(zip(slots, scores))
+        names = [_gpu_group(inst) for inst in items]
+        self._gpu_group = dict(zip(slots, names))
+        gscore: dict[tuple[str, str, str], float] = {}
+        for name, s in zip(names, scores):
+            if s is not None:
+                gscore[name] = s
+            elif name not in gscore:
+                gscore[name] = DEFAULT_SCORE
+        self._on_gpu = {}
+        for name in gscore:
+            self._on_gpu.setdefault(name[1:], set()).add(name)
         self._index.bulk(list(zip(slots, attrs)))
-        self._tiers.bulk(list(zip([-s for s in scores], ids, slots)))
+        self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, ids, slots)])
 
     def remove(self, instance_id: str) -> None:
         with self._write, self._read:
@@ -225,52 +266,65 @@ class Registry:
             self._delete(instance_id)
 
     def update(self, instance: Instance) -> None:
-        """Replace a registered instance (same id), keeping its score; atomic for readers."""
+        """Replace a registered instance (same id), atomic for readers. It keeps its score,
+        unless it now joins another group that exists: then it takes that group's."""
         with self._write:
             if instance.id not in self._slot_of:
                 raise UnknownInstanceError(instance.id)
             attrs = self._admission.attributes(instance)
             with self._read:
                 score = self._delete(instance.id)
-                self._insert(instance, attrs, score)
+                self._insert(instance, attrs, None if _gpu_group(instance) in self._tiers.groups else score)
 
     def set_score(self, instance_id: str, score: float) -> None:
-        """Set one instance's ranking score: a batch of one (`set_scores`)."""
+        """Set the ranking score of an instance's group: a batch of one (`set_scores`)."""
         self.set_scores(((instance_id, score),))
 
     def set_scores(self, updates: Iterable[tuple[str, float]]) -> None:
-        """Set many instances' ranking scores, all or nothing: every item is checked (its
-        score, then its id, in order; the first bad one raises `set_score`'s error) before
-        anything changes, so a refused batch leaves the registry as it was. A repeated id
-        takes its last score, as applying the items one by one would.
-
-        Why a batch: the placer pushes hundreds of score changes per tick; one lock pair,
-        one validation pass and one vectorised tier lookup per batch (`ScoreTiers.move_many`)
-        replace a call chain per instance on the thread that serves decisions."""
+        """Set the scores of many instances' groups, all or nothing: every item is checked
+        (its score, then its id, in order; the first bad one raises `set_score`'s error)
+        before anything changes, so a refused batch leaves the registry as it was. A
+        group named twice takes its last score, as applying the items one by one would."""
         with self._write:
             moves = self._checked_scores(updates)
-            if not moves:
-                return
-            with self._read:
-                self._tiers.move_many([(slot, (-score, iid)) for slot, (score, iid) in moves.items()])
-                scores, scored = self._score, self._scored
-                for slot, (score, _) in moves.items():
-                    scores[slot] = score
-                    scored.pop(slot, None)
+            if moves:
+                with self._read:
+                    self._tiers.move_many([(name, -score) for name, score in moves.items()])
 
-    def _checked_scores(self, updates: Iterable[tuple[str, float]]) -> dict[int, tuple[float, str]]:
-        """slot -> (score, id) for each item, the last score of a repeated id winning; raises
-        at the first bad item. Plain floats in range skip `check_score` (NaN fails the
-        comparison and takes the full check)."""
-        slot_of = self._slot_of
-        moves: dict[int, tuple[float, str]] = {}
+    def set_gpu_scores(self, changes: Iterable[tuple[str, str, float]]) -> int:
+        """Set each (host, GPU, score)'s score on every group on that GPU, all or nothing
+        (scores checked first); a GPU holding no instance is skipped (its last one may
+        have just left). Returns how many groups moved.
+
+        What the placer's score pusher calls: one lock pair, one validation pass and one
+        vectorised tier lookup (`ScoreTiers.move_many`) per batch, and one move per
+        (model, GPU), whatever the number of copies on it."""
+        with self._write:
+            moves: dict[tuple[str, str, str], float] = {}
+            on_gpu = self._on_gpu
+            for host, gpu, score in changes:
+                if not (type(score) is float and 0.0 <= score <= 1.0):
+                    score = check_score(f"{host}/{gpu}", score)
+                for name in on_gpu.get((host, gpu), ()):
+                    moves[name] = score
+            if not moves:
+                return 0
+            with self._read:
+                return len(self._tiers.move_many([(name, -score) for name, score in moves.items()]))
+
+    def _checked_scores(self, updates: Iterable[tuple[str, float]]) -> dict[tuple[str, str, str], float]:
+        """group -> score for each item, the last score of a group winning; raises at the
+        first bad item. Plain floats in range skip `check_score` (NaN fails the comparison
+        and takes the full check)."""
+        slot_of, group = self._slot_of, self._gpu_group
+        moves: dict[tuple[str, str, str], float] = {}
         for iid, score in updates:
             if not (type(score) is float and 0.0 <= score <= 1.0):
                 score = check_score(iid, score)
             slot = slot_of.get(iid)
             if slot is None:
                 raise UnknownInstanceError(iid)
-            moves[slot] = (score, iid)
+            moves[group[slot]] = score
         return moves
 
     def swap_bundle(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, ...]:
@@ -295,13 +349,9 @@ class Registry:
             new_index.bulk(keep)
             parser = RequestParser(bundle)
             with self._read:
-                for iid in evicted:
-                    slot = self._slot_of.pop(iid)
-                    self._tiers.remove(slot)
-                    self._slots.give(slot)
-                    del self._instance[slot], self._score[slot], self._gpu_group[slot]
-                    self._scored.pop(slot, None)
                 self._index, self._parser, self._bundle = new_index, parser, bundle
+                for iid in evicted:
+                    self._forget(iid)
                 self._admission = admission
             return tuple(evicted)
 

@@ -28,7 +28,8 @@ class Scored:
 @dataclass(frozen=True, slots=True)
 class MatchResult:
     """`count` instances satisfy every applicable rule; `best` holds up to k of them, best
-    score first (ties by instance id); `rules` are the rules that applied."""
+    score first (ties by (model, host, GPU), then instance id); `rules` are the rules that
+    applied."""
 
     count: int
     best: tuple[Scored, ...]

@@ -14,12 +14,10 @@ import itertools
 import math
 import threading
 import time
-from collections import defaultdict
 from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Atom, Bundle, Contract, Expr
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
-from policyc.matcher.registry import DEFAULT_SCORE
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.solver.feasibility import Infeasible
 
@@ -75,10 +73,7 @@ class DecisionEngine:
         self._generation = 0
         self._scores = 0
         self.score_lag = score_lag
-        self._on_gpu: dict[str, set[str]] = defaultdict(set)
         self._reload_listeners: list[Callable[[PolicyState], None]] = []
-        for inst, _, _ in state.registry.entries():
-            self._on_gpu[_gpu_key(inst)].add(inst.id)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -222,9 +217,8 @@ class DecisionEngine:
         """Add an instance; returns the registry size. ServiceError says why not."""
         with self._write:
             st = self._state
-            if score is None:
-                s = self._score_of(instance.deployment.host, instance.deployment.gpu) if self._score_of else None
-                score = DEFAULT_SCORE if s is None else s
+            if score is None and self._score_of is not None:  # still None: its group's score
+                score = self._score_of(instance.deployment.host, instance.deployment.gpu)
             try:
                 st.registry.add(instance, score)
             except AdmissionError as e:
@@ -233,7 +227,6 @@ class DecisionEngine:
             except RegistryError as e:
                 status = Status.ALREADY_EXISTS if "already registered" in str(e) else Status.INVALID_ARGUMENT
                 raise ServiceError(status, str(e)) from None
-            self._on_gpu[_gpu_key(instance)].add(instance.id)
             self._generation = next(self._generations)
             return len(st.registry)
 
@@ -255,8 +248,6 @@ class DecisionEngine:
                 self._state.registry.add_many(items, scores)
             except RegistryError as e:
                 raise ServiceError(Status.FAILED_PRECONDITION, str(e)) from None
-            for inst in items:
-                self._on_gpu[_gpu_key(inst)].add(inst.id)
             self._generation = next(self._generations)
             return len(self._state.registry)
 
@@ -264,11 +255,9 @@ class DecisionEngine:
         with self._write:
             st = self._state
             try:
-                inst = st.registry.get(instance_id)
                 st.registry.remove(instance_id)
             except UnknownInstanceError as e:
                 raise ServiceError(Status.NOT_FOUND, str(e)) from None
-            self._on_gpu[_gpu_key(inst)].discard(instance_id)
             self._generation = next(self._generations)
             return len(st.registry)
 
@@ -296,37 +285,20 @@ class DecisionEngine:
                 listener(new)  # e.g. the guardian's rule tables: raises before anything is swapped
             self._slo_vars = slo_variables(bundle)
             self._state = new
-            for iid, _ in evicted:
-                for ids in self._on_gpu.values():
-                    ids.discard(iid)
             return old.bundle_hash, tuple(i for i, _ in evicted)
 
-    def instances_on(self, host: str, gpu: str) -> int:
-        """How many registered instances run on this GPU (what a score push would update)."""
-        return len(self._on_gpu.get(f"{host}/{gpu}", ()))
+    def groups_on(self, host: str, gpu: str) -> int:
+        """How many (model, GPU) groups this GPU holds: what a score push for it moves."""
+        return self._state.registry.groups_on(host, gpu)
 
     def push_scores(self, changes: Iterable[tuple[str, str, float]]) -> int:
-        """Apply the placer's GPU score changes to the instances on those GPUs, as one
-        `Registry.set_scores` batch (a score pusher's chunk is one call here)."""
-        updates: list[tuple[str, float]] = []
-        on_gpu = self._on_gpu
-        for host, gpu, score in changes:
-            s = min(1.0, max(0.0, score))
-            updates.extend([(iid, s) for iid in tuple(on_gpu.get(f"{host}/{gpu}", ()))])
-        reg = self._state.registry
-        while updates:
-            try:
-                reg.set_scores(updates)
-                break
-            except UnknownInstanceError as e:  # deregistered meanwhile: push the rest
-                updates = [u for u in updates if u[0] != e.instance_id]
-        if updates:
+        """Apply the placer's GPU score changes to the groups on those GPUs, as one
+        `Registry.set_gpu_scores` batch (a score pusher's chunk is one call here); returns
+        the groups moved."""
+        moved = self._state.registry.set_gpu_scores([(h, g, min(1.0, max(0.0, s))) for h, g, s in changes])
+        if moved:
             self._scores += 1
-        return len(updates)
-
-
-def _gpu_key(inst: Instance) -> str:
-    return f"{inst.deployment.host}/{inst.deployment.gpu}"
+        return moved
 
 
 def narrate(d: Decision, feasibility: str, ex) -> list[str]:  # type: ignore[no-untyped-def]

@@ -2,26 +2,25 @@
 
 The matcher ranks best-k candidates by score; the placer then chooses among them on the
 live snapshot, so a score only has to be roughly right, and its biggest moves (a GPU
-that collapsed or whose port congested drops to 0) matter most. Pushing every change
-is not affordable: each instance update is ~15-30 µs of Python under the registry's
-locks, run on the refresher thread while holding the GIL, and simulated telemetry moves
-~10 % of GPU scores by 0.05 every tick. With 100,000 instances (~50 per GPU) that was
-~9,000 updates, 0.2-0.4 s of GIL per 200 ms tick: the refresher overran and every
-decision in flight waited behind it.
+that collapsed or whose port congested drops to 0) matter most. A push moves the GPU's
+(model, GPU) groups in the matcher's ranking (`Registry.set_gpu_scores`): one move per
+model on the GPU, whatever the number of copies (it was one update per instance, ~50 per
+GPU at 100,000 instances, before the matcher ranked groups). Pushing every change is
+still not free: simulated telemetry moves ~10 % of GPU scores by 0.05 every tick, and
+each group move is several microseconds of Python on the thread that serves decisions.
 
 So each tick pushes the GPUs whose score moved most since it was last *pushed* (not
 since the previous tick: small drifts add up and are pushed once they matter), largest
-move first, until `budget` instance updates are spent; the rest wait for a later tick.
+move first, until `budget` group moves are spent; the rest wait for a later tick.
 
-Where the updates run: inline on the refresher thread by default, or, once `run_on(loop's
-call_soon_threadsafe)` is given (the server does), as callbacks of at most `chunk` instance
-updates on the event loop that serves decisions. From another thread the push holds the
+Where the moves run: inline on the refresher thread by default, or, once `run_on(loop's
+call_soon_threadsafe)` is given (the server does), as callbacks of at most `chunk` group
+moves on the event loop that serves decisions. From another thread the push holds the
 interpreter lock for several milliseconds per tick, and the loop thread, wanting it back,
 waits up to the switch interval (5 ms by default) at each hand-over: that showed as paced
 calls over 5 ms overlapping pushes. On the loop a chunk simply queues between requests.
-Each chunk is one `Registry.set_scores` batch (the engine's `push_scores`): one lock pair
-and one vectorised tier lookup per chunk, ~0.7 of the one-by-one cost per instance update
-(`benchmarks/RESULTS.md`, match: score pushes).
+Each chunk is one `Registry.set_gpu_scores` batch (the engine's `push_scores`): one lock
+pair and one vectorised tier lookup per chunk.
 """
 
 from __future__ import annotations
@@ -34,13 +33,13 @@ import numpy as np
 
 from policyc.placer import Snapshot
 
-DEFAULT_BUDGET = 512  # instance score updates per tick (~10 ms of Python at most)
+DEFAULT_BUDGET = 512  # group moves per tick
 MIN_DELTA = 0.05
-DEFAULT_CHUNK = 64  # instance updates per event-loop callback (~0.5-1 ms)
+DEFAULT_CHUNK = 64  # group moves per event-loop callback
 
 
 class ScoreSink(Protocol):
-    def instances_on(self, host: str, gpu: str) -> int: ...
+    def groups_on(self, host: str, gpu: str) -> int: ...
 
     def push_scores(self, changes: list[tuple[str, str, float]]) -> int: ...
 
@@ -51,9 +50,9 @@ class ScorePusher:
     def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA,
                  chunk: int = DEFAULT_CHUNK) -> None:
         if budget < 1:
-            raise ValueError(f"score push budget must be at least 1 instance update per tick, got {budget}")
+            raise ValueError(f"score push budget must be at least 1 group move per tick, got {budget}")
         if chunk < 1:
-            raise ValueError(f"score push chunk must be at least 1 instance update, got {chunk}")
+            raise ValueError(f"score push chunk must be at least 1 group move, got {chunk}")
         self.chunk = chunk
         self._run_on: Callable[[Callable[[], None]], object] | None = None
         self.dropped = 0  # chunks never run (the loop had stopped)
@@ -82,7 +81,7 @@ class ScorePusher:
         return tuple(self._spans)
 
     def on_refresh(self, snap: Snapshot, previous: Snapshot | None = None) -> int:
-        """Push this tick's share of score changes; returns the instance updates made (or,
+        """Push this tick's share of score changes; returns the group moves made (or,
         when they run on the loop, scheduled)."""
         t0 = time.perf_counter()
         try:
@@ -108,7 +107,7 @@ class ScorePusher:
         for i in order.tolist():
             g = t.gpus[i]
             host, gpu = t.hosts[g.host].name, g.gpu_id
-            n = self._sink.instances_on(host, gpu)
+            n = self._sink.groups_on(host, gpu)
             if n and spent and spent + n > self.budget:
                 break
             score = float(snap.scores[i])
@@ -139,7 +138,7 @@ class ScorePusher:
         out: list[list[tuple[str, str, float]]] = [[]]
         n = 0
         for c in changes:
-            k = self._sink.instances_on(c[0], c[1])
+            k = self._sink.groups_on(c[0], c[1])
             if out[-1] and n + k > self.chunk:
                 out.append([])
                 n = 0

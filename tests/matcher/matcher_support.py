@@ -42,8 +42,9 @@ def policies_bundle() -> Bundle:
     return r.bundle  # type: ignore[return-value]
 
 
-def admissible(bundle: Bundle, rng: random.Random, iid: str, model: str | None = None) -> Instance:
-    """A random instance whose deployment satisfies its contract."""
+def admissible(bundle: Bundle, rng: random.Random, iid: str, model: str | None = None, hosts: int = 50) -> Instance:
+    """A random instance whose deployment satisfies its contract, on one of `hosts` x 8 GPUs
+    (few hosts: many copies of a model share a GPU, and with it a score)."""
     contract = bundle.contracts[rng.randrange(len(bundle.contracts))] if model is None else bundle.contract(model)
     assert contract is not None
     gpus = [g for g in bundle.gpu_catalog
@@ -51,7 +52,7 @@ def admissible(bundle: Bundle, rng: random.Random, iid: str, model: str | None =
     regions = contract.regions or REGIONS
     flags = {a: (a in contract.security) or rng.random() < 0.5 for a in ("tpm", "memory_encryption", "hardware_firewall", "tee")}
     labels = {k: rng.choice(v) for k, v in LABEL_VALUES.items() if rng.random() < 0.5}
-    d = Deployment(host=f"h{rng.randrange(50)}", gpu=f"gpu{rng.randrange(8)}", gpu_model=rng.choice(gpus).name,
+    d = Deployment(host=f"h{rng.randrange(hosts)}", gpu=f"gpu{rng.randrange(8)}", gpu_model=rng.choice(gpus).name,
                    region=rng.choice(regions), numa_node=rng.randrange(2),
                    session_state=contract.session.state if contract.session else rng.choice(("remote", "nvme")),
                    cuda="12.4", **flags)

@@ -136,27 +136,39 @@ def test_take_many_equals_repeated_take(script: list) -> None:
     assert len(set(held)) == len(held)
 
 
-@SETTINGS
-@given(seed=st.integers(0, 2**32), n=st.integers(0, 400), k=st.integers(1, 40), density=st.sampled_from((0.01, 0.2, 0.9)))
-def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None:
-    rng = random.Random(seed)
+def random_tiers(rng: random.Random, n: int, groups: int) -> tuple[ScoreTiers, dict[int, tuple], dict[tuple, float], dict[int, str]]:
+    """Tiers over `n` slots in `groups` groups (several members each, as copies of a model
+    on one GPU), half built in bulk and half added one by one (splits), then some groups
+    moved: the tiers, each slot's group, each group's score and each slot's id."""
     tiers = ScoreTiers()
-    ids = {slot: f"i{rng.randrange(10**6):06d}-{slot}" for slot in range(n)}
-    score = {slot: rng.choice((0.5, 0.25, rng.random())) for slot in range(n)}
-    tiers.bulk([(-score[s], ids[s], s) for s in range(n // 2)])
-    for s in range(n // 2, n):  # the rest one by one: splits
-        tiers.add(s, (-score[s], ids[s]))
-    for s in rng.sample(range(n), n // 5):  # score changes move slots between tiers
-        score[s] = rng.random()
-        tiers.remove(s)
-        tiers.add(s, (-score[s], ids[s]))
+    group = {s: ("m", f"h{rng.randrange(groups)}", "gpu0") for s in range(n)}
+    gscore = {g: rng.choice((0.5, 0.25, rng.random())) for g in set(group.values())}
+    ids = {s: f"i{rng.randrange(10**6):06d}-{s}" for s in range(n)}
+    tiers.bulk([(-gscore[group[s]], group[s], ids[s], s) for s in range(n // 2)])
+    for s in range(n // 2, n):
+        assert tiers.add(s, ids[s], group[s], -gscore[group[s]]) == (group[s] not in {group[x] for x in range(s)})
+    moved = rng.sample(sorted(gscore), len(gscore) // 5)
+    for g in moved:
+        gscore[g] = rng.random()
+    tiers.move_many([(g, -gscore[g]) for g in moved])
+    return tiers, group, gscore, ids
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 400), k=st.integers(1, 40), groups=st.integers(1, 300),
+       density=st.sampled_from((0.01, 0.2, 0.9)))
+def test_best_k_equals_a_sort(seed: int, n: int, k: int, groups: int, density: float) -> None:
+    """Best-k is the sort by (-score, group, id) of every candidate, cut at k."""
     from pyroaring import BitMap
+
+    rng = random.Random(seed)
+    tiers, group, gscore, ids = random_tiers(rng, n, groups)
     cand = BitMap(s for s in range(n) if rng.random() < density)
-    want = sorted(cand, key=lambda s: (-score[s], ids[s]))[:k]
+    want = sorted(cand, key=lambda s: (-gscore[group[s]], group[s], ids[s]))[:k]
     assert tiers.best(cand, len(cand), k) == want
     for t in tiers.tiers:
-        assert list(t.bm) == sorted(t.slots) and t.keys == sorted(t.keys)
-        assert t.keys == [tiers.keys[s] for s in t.slots] and all(tiers.home[s] is t for s in t.slots)
+        assert t.keys == sorted(t.keys) and t.keys == [g.key for g in t.groups] and all(g.tier is t for g in t.groups)
+        assert list(t.bm) == sorted(s for g in t.groups for s in g.slots)
 
 
 @SETTINGS
@@ -164,26 +176,19 @@ def test_best_k_equals_a_sort(seed: int, n: int, k: int, density: float) -> None
        density=st.sampled_from((0.01, 0.2, 0.9)))
 def test_best_distinct_equals_the_first_of_each_group_in_a_sort(seed: int, n: int, k: int, groups: int, density: float) -> None:
     """The best slot of each of the k best groups: what sorting every candidate and keeping
-    the first of each group gives (many slots of a group share a score, as instances of a
-    model on one GPU do)."""
+    the first of each group gives."""
     from pyroaring import BitMap
 
     rng = random.Random(seed)
-    tiers = ScoreTiers()
-    group = {slot: rng.randrange(groups) for slot in range(n)}
-    gscore = {g: rng.choice((0.5, 0.25, rng.random())) for g in range(groups)}
-    score = {slot: gscore[group[slot]] if rng.random() < 0.8 else rng.random() for slot in range(n)}
-    ids = {slot: f"i{rng.randrange(10**6):06d}-{slot}" for slot in range(n)}
-    tiers.bulk([(-score[s], ids[s], s) for s in range(n)])
+    tiers, group, gscore, ids = random_tiers(rng, n, groups)
     cand = BitMap(s for s in range(n) if rng.random() < density)
     want: list[int] = []
-    taken: set[int] = set()
-    for s in sorted(cand, key=lambda s: (-score[s], ids[s])):
+    taken: set[tuple] = set()
+    for s in sorted(cand, key=lambda s: (-gscore[group[s]], group[s], ids[s])):
         if group[s] not in taken and len(want) < k:
             taken.add(group[s])
             want.append(s)
-    assert tiers.best_distinct(cand, len(cand), k, group) == want
-
+    assert tiers.best_distinct(cand, len(cand), k) == want
 
 
 @SETTINGS

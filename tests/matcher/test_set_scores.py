@@ -41,18 +41,24 @@ def ranking(reg: Registry, reqs: list[Request]) -> list[tuple]:
 
 
 def tiers_consistent(tiers: ScoreTiers) -> None:
-    """The structure's invariants: tiers in key order, each sorted, its four views agreeing."""
+    """The structure's invariants: tiers in key order, each sorted, its views agreeing;
+    every group's members in id order, in its tier's bitmap, and found by slot."""
     assert tiers.bounds == sorted(tiers.bounds) and list(tiers.lows) == [b[0] for b in tiers.bounds]
     assert len(tiers.bounds) == len(tiers.tiers)
     for t, tier in enumerate(tiers.tiers):
-        assert len(tier.slots) <= 2 * TARGET
-        assert list(tier.bm) == sorted(tier.slots) and tier.keys == sorted(tier.keys)
+        assert len(tier.groups) <= 2 * TARGET
+        assert tier.keys == sorted(tier.keys) and tier.keys == [g.key for g in tier.groups]
         assert list(tier.negs) == [k[0] for k in tier.keys]
-        assert tier.keys == [tiers.keys[s] for s in tier.slots] and all(tiers.home[s] is tier for s in tier.slots)
+        assert list(tier.bm) == sorted(s for g in tier.groups for s in g.slots)
+        for g in tier.groups:
+            assert g.tier is tier and tiers.groups[g.name] is g and g.key[1] == g.name and g.slots
+            assert g.ids == sorted(g.ids) and list(g.bm) == sorted(g.slots)
+            assert all(tiers.group_of[s] is g and tiers.id_of[s] == i for s, i in zip(g.slots, g.ids))
         assert all(tiers.bounds[t] <= k for k in tier.keys)
         if t + 1 < len(tiers.tiers):
             assert all(k < tiers.bounds[t + 1] for k in tier.keys)
-    assert sum(len(t.slots) for t in tiers.tiers) == len(tiers.keys) == len(tiers.home)
+    assert sum(len(t.groups) for t in tiers.tiers) == len(tiers.groups)
+    assert sum(len(g.slots) for g in tiers.groups.values()) == len(tiers.group_of) == len(tiers.id_of)
 
 
 @SETTINGS
@@ -76,27 +82,37 @@ def test_batches_equal_one_by_one(shapes_bundle: Bundle, seed: int, n: int, scri
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32), n=st.integers(0, 700),
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 700), groups=st.integers(1, 400),
        script=st.lists(st.lists(st.tuples(st.integers(0, 10**6), scores), max_size=300), max_size=5))
-def test_tier_moves_equal_remove_then_add(seed: int, n: int, script: list) -> None:
-    """Large batches into few distinct scores grow one tier by more than `2 * TARGET`:
-    it is split until every tier is small again."""
+def test_tier_moves_equal_remove_then_add(seed: int, n: int, groups: int, script: list) -> None:
+    """A batch of group moves equals taking every member out and adding it back with the
+    new score. Large batches into few distinct scores grow one tier by more than
+    `2 * TARGET` groups: it is split until every tier is small again."""
     rng = random.Random(seed)
     ids = {s: f"i{rng.randrange(10**6):06d}-{s}" for s in range(n)}
+    group = {s: ("m", f"h{rng.randrange(groups):03d}", "gpu0") for s in range(n)}
+    gscore = {g: rng.choice((0.5, rng.random())) for g in group.values()}
     many, one = ScoreTiers(), ScoreTiers()
-    start = [(-rng.choice((0.5, rng.random())), ids[s], s) for s in range(n)]
+    start = [(-gscore[group[s]], group[s], ids[s], s) for s in range(n)]
     many.bulk(start)
     one.bulk(start)
+    names = sorted(gscore)
     for raw in script:
-        moves = {i % n: (-s, ids[i % n]) for i, s in raw} if n else {}
-        many.move_many(list(moves.items()))
-        for slot, key in moves.items():
-            one.remove(slot)
-            one.add(slot, key)
+        moves = {names[i % len(names)]: -s for i, s in raw} if n else {}
+        moved = many.move_many(list(moves.items()))
+        assert {g.name for g in moved} == {g for g, neg in moves.items() if neg != -gscore[g]}
+        for g, neg in moves.items():
+            gscore[g] = -neg
+            for s in [s for s in range(n) if group[s] == g]:
+                one.remove(s)
+            for s in [s for s in range(n) if group[s] == g]:
+                one.add(s, ids[s], g, neg)
         tiers_consistent(many)
+        tiers_consistent(one)
         cand = BitMap(s for s in range(n) if rng.random() < 0.3)
         for c in (cand, BitMap(range(n))):
-            assert many.best(c, len(c), 100) == one.best(c, len(c), 100) == sorted(c, key=one.keys.__getitem__)[:100]
+            want = sorted(c, key=lambda s: (-gscore[group[s]], group[s], ids[s]))
+            assert many.best(c, len(c), 100) == one.best(c, len(c), 100) == want[:100]
 
 
 BAD = [  # (update, error type, words the message must hold)
@@ -143,11 +159,28 @@ def test_scores_are_taken_as_set_score_takes_them(policies_bundle: Bundle) -> No
 
 
 def test_one_batch_onto_one_score_splits_until_every_tier_is_small() -> None:
-    """700 slots moved to one score land in one tier (their ids order them): it is split
-    again and again, not just halved once."""
+    """700 groups moved to one score land in one tier (their names order them): it is
+    split again and again, not just halved once."""
     n = 700
     tiers = ScoreTiers()
-    tiers.bulk([(-k / n, f"i{k:03d}", k) for k in range(n)])
-    tiers.move_many([(s, (-0.5, f"i{s:03d}")) for s in range(n)])
+    tiers.bulk([(-k / n, f"g{k:03d}", f"i{k:03d}", k) for k in range(n)])
+    tiers.move_many([(f"g{s:03d}", -0.5) for s in range(n)])
     tiers_consistent(tiers)
     assert tiers.best(BitMap(range(n)), n, 3) == [0, 1, 2]
+
+
+def test_members_leave_and_join_groups() -> None:
+    """A group goes when its last member leaves and comes back with the score it is given;
+    a member joining an existing group with another score moves the whole group."""
+    tiers = ScoreTiers()
+    assert tiers.add(1, "a", "g1", -0.5) and tiers.add(2, "b", "g2", -0.4)
+    assert not tiers.add(3, "c", "g1", -0.5)
+    everything = BitMap([1, 2, 3])
+    assert tiers.best(everything, 3, 3) == [1, 3, 2] and tiers.best_distinct(everything, 3, 3) == [1, 2]
+    assert not tiers.add(4, "0", "g2", -0.9)  # joins g2 with 0.9: g2 (both members) now first
+    everything.add(4)
+    assert tiers.best(everything, 4, 4) == [4, 2, 1, 3] and tiers.score_of("g2") == 0.9
+    assert not tiers.remove(4) and not tiers.remove(1)
+    assert tiers.remove(3) and tiers.score_of("g1") is None
+    tiers_consistent(tiers)
+    assert tiers.best(BitMap([2]), 1, 4) == [2] and tiers.score_of("g2") == 0.9

@@ -17,12 +17,14 @@ from policyc.server.score_push import ScorePusher
 
 
 class Sink:
+    """A stand-in for the engine: `per_gpu` (model, GPU) groups on every GPU."""
+
     def __init__(self, per_gpu: int) -> None:
         self.per_gpu = per_gpu
         self.scores: dict[tuple[str, str], float] = {}
         self.calls = 0
 
-    def instances_on(self, host: str, gpu: str) -> int:
+    def groups_on(self, host: str, gpu: str) -> int:
         return self.per_gpu
 
     def push_scores(self, changes: list[tuple[str, str, float]]) -> int:
@@ -117,27 +119,34 @@ def test_pushes_run_in_bounded_chunks_through_the_given_scheduler() -> None:
         ScorePusher(sink, chunk=0)
 
 
-def test_the_engine_pushes_a_chunk_as_one_batch_and_skips_instances_gone_meanwhile(bundle: Bundle) -> None:
+def test_the_engine_pushes_a_chunk_as_one_batch_of_group_moves(bundle: Bundle) -> None:
+    """A chunk is one `Registry.set_gpu_scores` call; it moves each (model, GPU) group on
+    the GPUs named once, whatever the copies on it, clamps scores into [0, 1], and skips
+    a GPU whose instances have all gone meanwhile."""
     server = DecisionServer(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
     assert server.cluster is not None
     eng = server.engine
-    eng.register_many(admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=2))
+    eng.register_many(admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=3))
     reg = eng.state.registry
     by_gpu: dict[tuple[str, str], list[str]] = {}
     for inst, _, _ in reg.entries():
         by_gpu.setdefault((inst.deployment.host, inst.deployment.gpu), []).append(inst.id)
-    (g1, on1), (g2, on2) = [(g, ids) for g, ids in sorted(by_gpu.items()) if len(ids) >= 2][:2]
-    batches: list[list[tuple[str, float]]] = []
-    real = reg.set_scores
+    (g1, on1), (g2, on2) = [(g, ids) for g, ids in sorted(by_gpu.items()) if eng.groups_on(*g) >= 2][:2]
+    batches: list[list[tuple[str, str, float]]] = []
+    real = reg.set_gpu_scores
 
-    def spy(updates: list[tuple[str, float]]) -> None:
-        batches.append(list(updates))
-        real(batches[-1])
+    def spy(changes: list[tuple[str, str, float]]) -> int:
+        batches.append(list(changes))
+        return real(batches[-1])
 
-    reg.set_scores = spy  # type: ignore[method-assign]
-    assert eng.push_scores([(*g1, 1.7), (*g2, -0.2)]) == len(on1) + len(on2)
-    assert len(batches) == 1 and sorted(batches[0]) == sorted([(i, 1.0) for i in on1] + [(i, 0.0) for i in on2])
+    reg.set_gpu_scores = spy  # type: ignore[method-assign]
+    groups = eng.groups_on(*g1) + eng.groups_on(*g2)
+    assert len(on1) + len(on2) == 3 * groups  # three copies of each model on each GPU
+    assert eng.push_scores([(*g1, 1.7), (*g2, -0.2)]) == groups
+    assert batches == [[(*g1, 1.0), (*g2, 0.0)]]
     assert [reg.score(i) for i in on1 + on2] == [1.0] * len(on1) + [0.0] * len(on2)  # clamped to [0, 1]
-    reg.remove(on1[0])  # deregistered behind the engine's back: the rest of the chunk still lands
-    assert eng.push_scores([(*g1, 0.25)]) == len(on1) - 1
-    assert [reg.score(i) for i in on1[1:]] == [0.25] * (len(on1) - 1)
+    for iid in on1:  # deregistered behind the engine's back: the rest of the chunk still lands
+        reg.remove(iid)
+    assert eng.groups_on(*g1) == 0
+    assert eng.push_scores([(*g1, 0.25), (*g2, 0.5)]) == eng.groups_on(*g2)
+    assert [reg.score(i) for i in on2] == [0.5] * len(on2)
