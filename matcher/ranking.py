@@ -44,29 +44,37 @@ VECTOR = 8  # batches of at least this many keys find their tiers with numpy (be
 
 
 class Group:
-    """The members of one group in instance-id order (ids and slots as parallel lists) and
-    as a bitmap, its key, and the tier that holds it."""
+    """The members of one group in instance-id order (ids and slots as parallel lists), its
+    key, and the tier that holds it; a group of several members also keeps them as a bitmap
+    (`bm`, None for one member: a fleet of one instance per GPU would otherwise carry a
+    bitmap object per instance)."""
 
     __slots__ = ("name", "key", "ids", "slots", "bm", "tier")
 
-    def __init__(self, name: Hashable, neg: float) -> None:
+    def __init__(self, name: Hashable, neg: float, ids: list[str] | None = None, slots: list[int] | None = None) -> None:
         self.name = name
         self.key: GroupKey = (neg, name)
-        self.ids: list[str] = []
-        self.slots: list[int] = []
-        self.bm = BitMap()
+        self.ids: list[str] = [] if ids is None else ids
+        self.slots: list[int] = [] if slots is None else slots
+        self.bm: BitMap | None = BitMap(self.slots) if len(self.slots) > 1 else None
         self.tier: Tier | None = None
 
     def join(self, slot: int, iid: str) -> None:
         i = bisect_left(self.ids, iid)
         self.ids.insert(i, iid)
         self.slots.insert(i, slot)
-        self.bm.add(slot)
+        if self.bm is not None:
+            self.bm.add(slot)
+        elif len(self.slots) > 1:
+            self.bm = BitMap(self.slots)
 
     def leave(self, slot: int, iid: str) -> None:
         i = bisect_left(self.ids, iid)
         del self.ids[i], self.slots[i]
-        self.bm.discard(slot)
+        if len(self.slots) <= 1:
+            self.bm = None
+        elif self.bm is not None:
+            self.bm.discard(slot)
 
 
 class Tier:
@@ -81,7 +89,7 @@ class Tier:
         self.groups = groups
         self.keys = [g.key for g in groups] if keys is None else keys
         self.negs = array("d", [k[0] for k in self.keys]) if negs is None else negs
-        self.bm = BitMap.union(*(g.bm for g in groups)) if groups else BitMap()
+        self.bm = BitMap([s for g in groups for s in g.slots])
         for g in groups:
             g.tier = self
 
@@ -96,7 +104,10 @@ class Tier:
         self.keys.insert(i, key)
         self.groups.insert(i, g)
         negs.insert(i, neg)
-        self.bm |= g.bm
+        if g.bm is None:
+            self.bm.add(g.slots[0])
+        else:
+            self.bm |= g.bm
         g.tier = self
 
     def take(self, g: Group) -> None:
@@ -108,7 +119,11 @@ class Tier:
         if keys[i] is not key and keys[i] != key:  # equal scores before it: the names decide
             i = bisect_left(keys, key, i, bisect_right(negs, neg, i))
         del keys[i], self.groups[i], negs[i]
-        self.bm -= g.bm
+        if g.bm is None:  # one member, or none left
+            for s in g.slots:
+                self.bm.discard(s)
+        else:
+            self.bm -= g.bm
         g.tier = None
 
 
@@ -228,20 +243,23 @@ class ScoreTiers:
         slot) entries; the members of a group must share its -score."""
         entries = sorted(entries)
         groups: dict[Hashable, Group] = {}
-        order: list[Group] = []
         group_of: dict[int, Group] = {}
+        several: list[Group] = []
         for neg, name, iid, slot in entries:
             g = groups.get(name)
             if g is None:
-                g = groups[name] = Group(name, neg)
-                order.append(g)
+                g = groups[name] = Group(name, neg, [iid], [slot])
             elif g.key[0] != neg:
                 raise ValueError(f"group {name!r}: members with different scores ({-g.key[0]} and {-neg})")
-            g.ids.append(iid)  # sorted entries: ids ascend within a group
-            g.slots.append(slot)
+            else:  # sorted entries: ids ascend within a group
+                if len(g.ids) == 1:
+                    several.append(g)
+                g.ids.append(iid)
+                g.slots.append(slot)
             group_of[slot] = g
-        for g in order:
+        for g in several:
             g.bm = BitMap(g.slots)
+        order = list(groups.values())  # in key order: dicts keep insertion order
         self.groups, self.group_of = groups, group_of
         self.id_of = {slot: iid for _, _, iid, slot in entries}
         self.tiers = [Tier(order[i:i + TARGET]) for i in range(0, max(len(order), 1), TARGET)]
@@ -265,16 +283,28 @@ class ScoreTiers:
             if not n:
                 continue
             for g in tier.groups:
-                m = g.bm.intersection_cardinality(cand)
+                bm = g.bm
+                if bm is None:  # one member: a membership test costs less than a count
+                    s = g.slots[0]
+                    if s in cand:
+                        got.append(s)
+                        need -= 1
+                        if not need:
+                            return got
+                        n -= 1
+                        if not n:
+                            break
+                    continue
+                m = bm.intersection_cardinality(cand)
                 if not m:
                     continue
                 order = g.slots
                 hits = order if m == len(order) else [s for s in order if s in cand]
-                if len(hits) >= need:
+                if m >= need:
                     got.extend(hits[:need])
                     return got
                 got.extend(hits)
-                need -= len(hits)
+                need -= m
                 n -= m
                 if not n:
                     break
@@ -302,16 +332,17 @@ class ScoreTiers:
             if not n:
                 continue
             for g in tier.groups:
-                order = g.slots
-                if len(order) == 1:
-                    s = order[0]
+                bm = g.bm
+                if bm is None:  # one member
+                    s = g.slots[0]
                     if s not in cand:
                         continue
                     m = 1
                 else:
-                    m = g.bm.intersection_cardinality(cand)
+                    m = bm.intersection_cardinality(cand)
                     if not m:
                         continue
+                    order = g.slots
                     s = order[0] if m == len(order) else next(x for x in order if x in cand)
                 got.append(s)
                 if len(got) == k:

@@ -56,6 +56,12 @@ def _group(instance: Instance) -> tuple[str, str]:
     return instance.model, instance.deployment.region
 
 
+def _models(bundle: Bundle) -> tuple[str, ...]:
+    """The models a registry may hold (admission needs the model's contract): the groups
+    on one GPU are found by asking for each, with no per-GPU index to keep."""
+    return tuple(c.name for c in bundle.contracts)
+
+
 def _gpu_group(instance: Instance) -> tuple[str, str, str]:
     """What a placer chooses between, and what carries a score: a model on a GPU."""
     d = instance.deployment
@@ -77,7 +83,7 @@ class Registry:
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
         self._gpu_group: dict[int, tuple[str, str, str]] = {}  # slot -> (model, host, GPU)
-        self._on_gpu: dict[tuple[str, str], set[tuple[str, str, str]]] = {}  # (host, GPU) -> its groups
+        self._models = _models(bundle)  # every registered instance's model has a contract in the bundle
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
         items = list(instances)
@@ -113,7 +119,8 @@ class Registry:
 
     def groups_on(self, host: str, gpu: str) -> int:
         """How many (model, GPU) groups this GPU holds: what a score push for it moves."""
-        return len(self._on_gpu.get((host, gpu), ()))
+        groups = self._tiers.groups
+        return sum((m, host, gpu) in groups for m in self._models)
 
     def entries(self) -> list[tuple[Instance, Mapping[str, Scalar], float]]:
         """A consistent copy of (instance, attributes, score) for every live instance: what
@@ -174,8 +181,7 @@ class Registry:
         if score is None:
             score = self._tiers.score_of(name)
             score = DEFAULT_SCORE if score is None else score
-        if self._tiers.add(slot, instance.id, name, -score):
-            self._on_gpu.setdefault(name[1:], set()).add(name)
+        self._tiers.add(slot, instance.id, name, -score)
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
         self._gpu_group[slot] = name
@@ -191,12 +197,8 @@ class Registry:
         """Everything but the index (a bundle swap builds a new one without the instance)."""
         slot = self._slot_of.pop(instance_id)
         score = self._group_score(slot)
-        name = self._gpu_group.pop(slot)
-        if self._tiers.remove(slot):
-            on = self._on_gpu[name[1:]]
-            on.discard(name)
-            if not on:
-                del self._on_gpu[name[1:]]
+        del self._gpu_group[slot]
+        self._tiers.remove(slot)
         self._slots.give(slot)
         del self._instance[slot]
         self._scored.pop(slot, None)
@@ -253,9 +255,6 @@ class Registry:
                 gscore[name] = s
             elif name not in gscore:
                 gscore[name] = DEFAULT_SCORE
-        self._on_gpu = {}
-        for name in gscore:
-            self._on_gpu.setdefault(name[1:], set()).add(name)
         self._index.bulk(list(zip(slots, attrs)))
         self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, ids, slots)])
 
@@ -301,12 +300,14 @@ class Registry:
         (model, GPU), whatever the number of copies on it."""
         with self._write:
             moves: dict[tuple[str, str, str], float] = {}
-            on_gpu = self._on_gpu
+            groups, models = self._tiers.groups, self._models
             for host, gpu, score in changes:
                 if not (type(score) is float and 0.0 <= score <= 1.0):
                     score = check_score(f"{host}/{gpu}", score)
-                for name in on_gpu.get((host, gpu), ()):
-                    moves[name] = score
+                for m in models:
+                    name = (m, host, gpu)
+                    if name in groups:
+                        moves[name] = score
             if not moves:
                 return 0
             with self._read:
@@ -350,6 +351,7 @@ class Registry:
             parser = RequestParser(bundle)
             with self._read:
                 self._index, self._parser, self._bundle = new_index, parser, bundle
+                self._models = _models(bundle)
                 for iid in evicted:
                     self._forget(iid)
                 self._admission = admission

@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from .auth import Tokens
+from .score_push import DEFAULT_BUDGET
 
 
 class Telemetry(str, Enum):
@@ -57,5 +58,5 @@ class ServeConfig:
     max_message_bytes: int = 32 * 1024 * 1024  # RegisterInstance may carry an ONNX model
     metrics_port: int | None = None
     start_refresher: bool = True  # tests may step the cluster by hand instead
-    score_push_budget: int = 512  # placer score -> matcher ranking updates per tick (see score_push.py)
+    score_push_budget: int = DEFAULT_BUDGET  # placer score -> matcher (model, GPU) group moves per tick (see score_push.py)
     score_push_on_loop: bool = True  # run those updates on the serving event loop, in chunks (see score_push.py)

@@ -52,7 +52,7 @@ def tiers_consistent(tiers: ScoreTiers) -> None:
         assert list(tier.bm) == sorted(s for g in tier.groups for s in g.slots)
         for g in tier.groups:
             assert g.tier is tier and tiers.groups[g.name] is g and g.key[1] == g.name and g.slots
-            assert g.ids == sorted(g.ids) and list(g.bm) == sorted(g.slots)
+            assert g.ids == sorted(g.ids) and (g.bm is None if len(g.slots) == 1 else list(g.bm) == sorted(g.slots))
             assert all(tiers.group_of[s] is g and tiers.id_of[s] == i for s, i in zip(g.slots, g.ids))
         assert all(tiers.bounds[t] <= k for k in tier.keys)
         if t + 1 < len(tiers.tiers):
