@@ -234,6 +234,24 @@ def ranking(server: DecisionServer) -> None:
         print(f"ranking  {', '.join(f'{k}={v}' for k, v in h.items())}: {m.count} matching; " + "; ".join(out))
 
 
+def freshness(server: DecisionServer) -> str:
+    """How far the matcher's ranking trails the placer: |matcher score - current snapshot
+    score| over the (model, GPU) groups (what the score pusher's budget per tick trades
+    against the serving loop's time)."""
+    snap = server.refresher.current()
+    seen: dict[tuple[str, str, str], float] = {}
+    for inst, _, score in server.engine.state.registry.entries():
+        d = inst.deployment
+        seen[(inst.model, d.host, d.gpu)] = abs(score - snap.gpu_score(d.host, d.gpu))
+    gaps = sorted(seen.values())
+    if not gaps:
+        return "no groups"
+    p99 = gaps[int(0.99 * (len(gaps) - 1))]
+    return (f"{len(gaps)} (model, GPU) groups: median {statistics.median(gaps):.3f}, p99 {p99:.3f}, "
+            f"{sum(g >= 0.05 for g in gaps) / len(gaps):.1%} off by 0.05 or more (push budget "
+            f"{server.scores.budget} group moves per tick)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -280,6 +298,9 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.2f}")
     rps = sum(x.rps for x in dec) / rounds
     nrps = sum(x.rps for x in nop) / rounds
+    server.refresher.start()
+    time.sleep(2 * server.refresher.interval)
+    fresh = freshness(server)  # after a refresher tick or two: what the ranking trails by while serving
     # Paced: rounds alternate the served configuration, the previous one (score pushes
     # inline on the refresher thread) and the no-op service at the same offered rate (the
     # tail gRPC alone shows here); each phase's slow calls are matched against the
@@ -336,6 +357,7 @@ def main() -> int:
               f"server CPU per call {med(x.cpu_us for x in ps):.0f} us; "
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
+    print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
     outcomes = server.metrics.decisions.totals()
     decided = sum(outcomes.values())
     print("outcomes all phases: " + ", ".join(f"{o} ({r}) {n} ({n / max(decided, 1):.1%})"

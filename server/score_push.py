@@ -33,7 +33,7 @@ import numpy as np
 
 from policyc.placer import Snapshot
 
-DEFAULT_BUDGET = 128  # group moves per tick (~1 ms of Python at ~8 µs a move; ~90 GPUs at 1.4 groups per GPU)
+DEFAULT_BUDGET = 256  # group moves per tick (~2 ms per tick at 100,000 instances; see benchmarks/RESULTS.md, serve)
 MIN_DELTA = 0.05
 DEFAULT_CHUNK = 32  # group moves per event-loop callback (~0.3 ms)
 
@@ -45,7 +45,7 @@ class ScoreSink(Protocol):
 
 
 class ScorePusher:
-    """`ScorePusher(engine, budget=128)`; register `pusher.on_refresh` with the refresher."""
+    """`ScorePusher(engine, budget=256)`; register `pusher.on_refresh` with the refresher."""
 
     def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA,
                  chunk: int = DEFAULT_CHUNK) -> None:
