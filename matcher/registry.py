@@ -43,9 +43,9 @@ from .slots import SlotAllocator
 DEFAULT_SCORE = 0.5
 
 
-def check_score(instance_id: str, score: float) -> float:
+def check_score(name: str, score: float, what: str = "instance") -> float:
     if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) or not 0.0 <= score <= 1.0:
-        raise RegistryError(f"instance `{instance_id}`: score must be a number in [0, 1], got `{score!r}`")
+        raise RegistryError(f"{what} `{name}`: score must be a number in [0, 1], got `{score!r}`")
     return float(score)
 
 
@@ -303,7 +303,7 @@ class Registry:
             groups, models = self._tiers.groups, self._models
             for host, gpu, score in changes:
                 if not (type(score) is float and 0.0 <= score <= 1.0):
-                    score = check_score(f"{host}/{gpu}", score)
+                    score = check_score(f"{host}/{gpu}", score, "GPU")
                 for m in models:
                     name = (m, host, gpu)
                     if name in groups:

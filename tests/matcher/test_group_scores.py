@@ -65,7 +65,7 @@ def test_gpu_scores_move_every_group_on_the_gpu(policies_bundle: Bundle) -> None
     assert {reg.score(i.id) for i in insts} == {0.8}
     assert reg.set_gpu_scores([(host, gpu, 0.8)]) == 0  # unchanged: nothing moves
     for bad in (1.5, math.nan, -0.1, True):
-        with pytest.raises(RegistryError, match=r"\[0, 1\]"):
+        with pytest.raises(RegistryError, match=rf"GPU `{host}/{gpu}`: score must be a number in \[0, 1\]"):
             reg.set_gpu_scores([(host, gpu, 0.1), (host, gpu, bad)])
     assert {reg.score(i.id) for i in insts} == {0.8}  # a refused batch changed nothing
 
