@@ -82,7 +82,6 @@ class Registry:
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
-        self._gpu_group: dict[int, tuple[str, str, str]] = {}  # slot -> (model, host, GPU)
         self._models = _models(bundle)  # every registered instance's model has a contract in the bundle
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
@@ -184,7 +183,6 @@ class Registry:
         self._tiers.add(slot, instance.id, name, -score)
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
-        self._gpu_group[slot] = name
         self._scored.pop(slot, None)
 
     def _delete(self, instance_id: str) -> float:
@@ -197,7 +195,6 @@ class Registry:
         """Everything but the index (a bundle swap builds a new one without the instance)."""
         slot = self._slot_of.pop(instance_id)
         score = self._group_score(slot)
-        del self._gpu_group[slot]
         self._tiers.remove(slot)
         self._slots.give(slot)
         del self._instance[slot]
@@ -248,7 +245,6 @@ class Registry:
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
         names = [_gpu_group(inst) for inst in items]
-        self._gpu_group = dict(zip(slots, names))
         gscore: dict[tuple[str, str, str], float] = {}
         for name, s in zip(names, scores):
             if s is not None:
@@ -317,7 +313,7 @@ class Registry:
         """group -> score for each item, the last score of a group winning; raises at the
         first bad item. Plain floats in range skip `check_score` (NaN fails the comparison
         and takes the full check)."""
-        slot_of, group = self._slot_of, self._gpu_group
+        slot_of, group_of = self._slot_of, self._tiers.group_of
         moves: dict[tuple[str, str, str], float] = {}
         for iid, score in updates:
             if not (type(score) is float and 0.0 <= score <= 1.0):
@@ -325,7 +321,7 @@ class Registry:
             slot = slot_of.get(iid)
             if slot is None:
                 raise UnknownInstanceError(iid)
-            moves[group[slot]] = score
+            moves[group_of[slot].name] = score
         return moves
 
     def swap_bundle(self, bundle: Bundle, *, evict_inadmissible: bool = False) -> tuple[str, ...]:
