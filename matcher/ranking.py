@@ -128,6 +128,9 @@ class Tier:
 
 
 class ScoreTiers:
+    """Groups in tiers by (-score, name); each instance slot found through `group_of` and
+    `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
+
     __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of")
 
     def __init__(self) -> None:
