@@ -47,7 +47,7 @@ class Gathered:
         lay = tt.layout
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
-        self.figures: dict = {}  # the scalar path's figures per (row, reserved, limit) (`lookup.scalar_figures`)
+        self.figures: dict = {}  # the scalar path's latest figures per (row, limit) (`lookup.scalar_figures`)
         self.refusal: tuple[tuple, NoPlacement] | None = None  # the last refusal, by (reserved shares, budget)
 
     def bindings(self, r: int) -> tuple[DependencyBinding, ...]:

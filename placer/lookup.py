@@ -93,7 +93,7 @@ class Figures(NamedTuple):
 
 def scalar_figures(
     layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
-    memo: dict[tuple[int, float, float], tuple[float, float, float, float, int]] | None = None,
+    memo: dict[tuple[int, float], tuple[float, tuple[float, float, float, float, int]]] | None = None,
 ) -> Figures:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
@@ -101,16 +101,18 @@ def scalar_figures(
     `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
     a prediction must stay within; `k`: the stability weight.
 
-    `memo` keeps each row's figures by (row, reserved, limit) for one tick table (whose
-    rows, flops and k are fixed): a placement reserves share on one GPU, so the next
-    request of the same candidates recomputes one row and reads the others."""
+    `memo` keeps each row's latest figures by (row, limit), with the share reserved they
+    were worked out for, for one tick table (whose rows, flops and k are fixed): a
+    placement reserves share on one GPU, so the next request of the same candidates
+    recomputes one row and reads the others. Reservations only grow within a tick, so an
+    older reservation's figures are never asked for again and are not kept."""
     fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
     outs: list[tuple[float, float, float, float, int]] = []
     for i, (row, res) in enumerate(zip(rows, reserved)):
         if memo is not None:
-            hit = memo.get((i, res, limit))
-            if hit is not None:
-                outs.append(hit)
+            hit = memo.get((i, limit))
+            if hit is not None and hit[0] == res:
+                outs.append(hit[1])
                 continue
         min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
         free = free - res
@@ -133,7 +135,7 @@ def scalar_figures(
             code = _BUDGET
         out = (queueing, compute, total + k * sigma, raw_network + queueing + compute + dep, -1 if code == _PASS else int(code))
         if memo is not None:
-            memo[(i, res, limit)] = out
+            memo[(i, limit)] = (res, out)
         outs.append(out)
     if not outs:
         return Figures((), (), (), (), ())
