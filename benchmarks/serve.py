@@ -354,7 +354,8 @@ def main() -> int:
         ps = paced[name]
         print(f"paced    {name}: at 70 % of max ({0.7 * rps:.0f}/s offered): {med(x.rps for x in ps):.0f} decisions/s, "
               f"p50 {med(x.p50_ms for x in ps):.2f} ms, p99 {med(x.p99_ms for x in ps):.2f} ms (medians of rounds; target ≤ 5 ms), "
-              f"server CPU per call {med(x.cpu_us for x in ps):.0f} us; "
+              f"server CPU per call {med(x.cpu_us for x in ps):.0f} us (the server process uses "
+              f"{med(x.cpu_us * x.rps for x in ps) / 1e6:.0%} of one CPU at this rate); "
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
