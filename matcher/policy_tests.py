@@ -1,11 +1,13 @@
 """`policyc test`: policy authors' own test files, run against the compiled bundle.
 
-A test file (`*_test.toml`) holds a fleet fixture and cases:
+A test file (`*_test.toml`) holds a fleet fixture and cases. A score belongs to a (model,
+GPU) group, as in the registry: copies of a model on one GPU that give different scores are
+a fixture error naming both.
 
     [[instance]]                      # the fleet: registered as the decision service would
     id = "fraud-usw-1"
     model = "fraud-scorer"
-    score = 0.9                       # optional, default 0.5
+    score = 0.9                       # optional: its (model, GPU) group's, 0.5 for a new group
     labels = { rack = "r1" }          # optional
     deployment = { host = "h1", gpu = "gpu0", gpu_model = "A100-80G", region = "us-west", tpm = true }
 
@@ -39,7 +41,7 @@ from .errors import RegistryError, RequestError
 from policyc.compiler.semantics import admits
 from .instance import Deployment
 from .instance import Instance as InstanceModel
-from .registry import DEFAULT_SCORE, Registry
+from .registry import Registry
 
 
 class _Strict(BaseModel):
@@ -51,7 +53,7 @@ class FleetEntry(_Strict):
     model: str
     deployment: Deployment
     labels: dict[str, str] = Field(default_factory=dict)
-    score: float = DEFAULT_SCORE
+    score: float | None = None  # None: the group's score (`DEFAULT_SCORE` for a new group)
 
 
 class Case(_Strict):
@@ -152,6 +154,21 @@ def _reasons(reg: Registry, applied: tuple[str, ...], vars) -> tuple[str, ...]:
     return tuple(r.id for r in rules if any(not admits([r], attrs, vars) for _, attrs, _ in entries))
 
 
+def _score_clash(fleet: list[FleetEntry]) -> str | None:
+    """The first two copies of a model on one GPU that give different scores (one score
+    serves them both in the registry, so the fixture would not mean what it says)."""
+    given: dict[tuple[str, str, str], FleetEntry] = {}
+    for e in fleet:
+        if e.score is None:
+            continue
+        key = (e.model, e.deployment.host, e.deployment.gpu)
+        first = given.setdefault(key, e)
+        if first.score != e.score:
+            return (f"instances `{first.id}` (score {first.score:g}) and `{e.id}` (score {e.score:g}) are copies of "
+                    f"`{e.model}` on {key[1]}/{key[2]}, which share one score: give them the same score or one of them none")
+    return None
+
+
 def run_files(bundle: Bundle, files: list[Path]) -> Report:
     results: list[CaseResult] = []
     errors: list[str] = []
@@ -163,6 +180,10 @@ def run_files(bundle: Bundle, files: list[Path]) -> Report:
             continue
         name = path.as_posix()
         reg = Registry(bundle)
+        clash = _score_clash(tf.instance)
+        if clash:
+            errors.append(f"{name}: fleet fixture: {clash}")
+            continue
         try:
             for e in tf.instance:
                 reg.add(InstanceModel(id=e.id, model=e.model, deployment=e.deployment, labels=e.labels), e.score)

@@ -129,6 +129,17 @@ def test_policyc_test_cli(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
                    '[[case]]\nname = "typo"\nadmited = true\n', encoding="utf-8")
     assert main(["test", str(REPO / "policies"), "--tests", str(bad)]) == 1
     assert "`case.1.admitted`: Field required" in capsys.readouterr().out
+    copies = tmp_path / "copies_test.toml"
+    dep = 'deployment = { host = "h1", gpu = "gpu0", gpu_model = "A100-80G", region = "us-west", tpm = true, ' \
+          'memory_encryption = true, hardware_firewall = true }\n'
+    copies.write_text('[[instance]]\nid = "a"\nmodel = "fraud-scorer"\nscore = 0.9\n' + dep +
+                      '[[instance]]\nid = "b"\nmodel = "fraud-scorer"\nscore = 0.4\n' + dep +
+                      '[[case]]\nname = "any"\nheaders = { X-Model = "fraud-scorer" }\nadmitted = true\n', encoding="utf-8")
+    assert main(["test", str(REPO / "policies"), "--tests", str(copies)]) == 1
+    out = capsys.readouterr().out
+    assert "instances `a` (score 0.9) and `b` (score 0.4) are copies of `fraud-scorer` on h1/gpu0" in out, out
+    copies.write_text(copies.read_text(encoding="utf-8").replace("score = 0.4\n", ""), encoding="utf-8")
+    assert main(["test", str(REPO / "policies"), "--tests", str(copies)]) == 0  # no score: the group's
 
 
 def test_distinct_gpus_offers_each_model_on_each_gpu_once(shapes_bundle: Bundle) -> None:
