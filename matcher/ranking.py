@@ -17,8 +17,8 @@ key order, so everything in an earlier tier beats everything in a later one.
 
 Best-k walks the tiers from the best, counting each tier's intersection with the candidate
 bitmap (a cardinality only: building a result bitmap costs more than the count), then that
-tier's groups, each by one count against the candidates, and stops as soon as k are
-collected; nothing is sorted on the hot path. Candidate sets of at most `SMALL` slots are
+tier's groups, each by one count against the candidates (a membership test for a group of
+one), and stops as soon as k are collected; nothing is sorted on the hot path. Candidate sets of at most `SMALL` slots are
 ranked directly.
 
 A batch of score changes (`move_many`) takes every moved group out first, then finds all
