@@ -16,9 +16,11 @@ move first, until `budget` group moves are spent; the rest wait for a later tick
 Where the moves run: inline on the refresher thread by default, or, once `run_on(loop's
 call_soon_threadsafe)` is given (the server does), as callbacks of at most `chunk` group
 moves on the event loop that serves decisions. From another thread the push holds the
-interpreter lock for several milliseconds per tick, and the loop thread, wanting it back,
-waits up to the switch interval (5 ms by default) at each hand-over: that showed as paced
-calls over 5 ms overlapping pushes. On the loop a chunk simply queues between requests.
+interpreter lock for milliseconds per tick, and the loop thread, wanting it back, waits up
+to the switch interval (5 ms by default) at each hand-over: when every copy was moved, that
+showed as paced calls over 5 ms overlapping pushes. On the loop a chunk simply queues
+between requests. Since pushes move groups (~2 ms a tick) the two places measure within
+the noise of each other (`benchmarks/RESULTS.md`, serve, sixth pass); the loop is kept.
 Each chunk is one `Registry.set_gpu_scores` batch (the engine's `push_scores`): one lock
 pair and one vectorised tier lookup per chunk.
 """
