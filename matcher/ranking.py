@@ -51,12 +51,12 @@ class Group:
 
     __slots__ = ("name", "key", "ids", "slots", "bm", "tier")
 
-    def __init__(self, name: Hashable, neg: float, ids: list[str] | None = None, slots: list[int] | None = None) -> None:
+    def __init__(self, name: Hashable, neg: float, ids: list[str], slots: list[int]) -> None:
         self.name = name
         self.key: GroupKey = (neg, name)
-        self.ids: list[str] = [] if ids is None else ids
-        self.slots: list[int] = [] if slots is None else slots
-        self.bm: BitMap | None = BitMap(self.slots) if len(self.slots) > 1 else None
+        self.ids = ids
+        self.slots = slots
+        self.bm: BitMap | None = BitMap(slots) if len(slots) > 1 else None
         self.tier: Tier | None = None
 
     def join(self, slot: int, iid: str) -> None:
@@ -141,40 +141,35 @@ class ScoreTiers:
         self.group_of: dict[int, Group] = {}  # slot -> its group
         self.id_of: dict[int, str] = {}  # slot -> instance id
 
-    def add(self, slot: int, iid: str, name: Hashable, neg: float) -> bool:
+    def add(self, slot: int, iid: str, name: Hashable, neg: float) -> None:
         """Add instance `slot` (id `iid`) to group `name`, whose key becomes (`neg`, `name`)
-        (moving the group if it had another score). True when the group is new."""
+        (moving the group if it had another score)."""
         self.id_of[slot] = iid
         g = self.groups.get(name)
         if g is None:
-            g = self.groups[name] = Group(name, neg)
-            g.join(slot, iid)
+            g = self.groups[name] = Group(name, neg, [iid], [slot])
             self.group_of[slot] = g
             t = bisect_right(self.bounds, g.key) - 1
             self.tiers[t].put(g)
             if len(self.tiers[t].groups) > 2 * TARGET:
                 self._split(t)
-            return True
+            return
         g.join(slot, iid)
         assert g.tier is not None
         g.tier.bm.add(slot)
         self.group_of[slot] = g
         if g.key[0] != neg:
             self.move_many([(name, neg)])
-        return False
 
-    def remove(self, slot: int) -> bool:
-        """Take instance `slot` out of its group. True when that emptied the group, which
-        is then gone."""
+    def remove(self, slot: int) -> None:
+        """Take instance `slot` out of its group; a group left empty is gone."""
         g = self.group_of.pop(slot)
         g.leave(slot, self.id_of.pop(slot))
         assert g.tier is not None
         g.tier.bm.discard(slot)
-        if g.slots:
-            return False
-        g.tier.take(g)
-        del self.groups[g.name]
-        return True
+        if not g.slots:
+            g.tier.take(g)
+            del self.groups[g.name]
 
     def score_of(self, name: Hashable) -> float | None:
         g = self.groups.get(name)

@@ -60,7 +60,6 @@ class Evaluated(ABC):
                 best, low = i, x
         self.best = best
 
-
     @staticmethod
     def of_lists(gpus: np.ndarray, rows: list[int], gathered: Gathered, f: Figures) -> "Evaluated":
         """From the scalar path: `gathered`, the candidates' rows of a tick table's block;

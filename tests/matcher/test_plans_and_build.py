@@ -146,7 +146,9 @@ def random_tiers(rng: random.Random, n: int, groups: int) -> tuple[ScoreTiers, d
     ids = {s: f"i{rng.randrange(10**6):06d}-{s}" for s in range(n)}
     tiers.bulk([(-gscore[group[s]], group[s], ids[s], s) for s in range(n // 2)])
     for s in range(n // 2, n):
-        assert tiers.add(s, ids[s], group[s], -gscore[group[s]]) == (group[s] not in {group[x] for x in range(s)})
+        new = group[s] not in tiers.groups
+        tiers.add(s, ids[s], group[s], -gscore[group[s]])
+        assert new == (group[s] not in {group[x] for x in range(s)}) and tiers.groups[group[s]].key[0] == -gscore[group[s]]
     moved = rng.sample(sorted(gscore), len(gscore) // 5)
     for g in moved:
         gscore[g] = rng.random()

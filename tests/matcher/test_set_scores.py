@@ -173,14 +173,21 @@ def test_members_leave_and_join_groups() -> None:
     """A group goes when its last member leaves and comes back with the score it is given;
     a member joining an existing group with another score moves the whole group."""
     tiers = ScoreTiers()
-    assert tiers.add(1, "a", "g1", -0.5) and tiers.add(2, "b", "g2", -0.4)
-    assert not tiers.add(3, "c", "g1", -0.5)
+    tiers.add(1, "a", "g1", -0.5)
+    tiers.add(2, "b", "g2", -0.4)
+    assert set(tiers.groups) == {"g1", "g2"}
+    tiers.add(3, "c", "g1", -0.5)
+    assert set(tiers.groups) == {"g1", "g2"} and tiers.groups["g1"].ids == ["a", "c"]
     everything = BitMap([1, 2, 3])
     assert tiers.best(everything, 3, 3) == [1, 3, 2] and tiers.best_distinct(everything, 3, 3) == [1, 2]
-    assert not tiers.add(4, "0", "g2", -0.9)  # joins g2 with 0.9: g2 (both members) now first
+    tiers.add(4, "0", "g2", -0.9)  # joins g2 with 0.9: g2 (both members) now first
+    assert set(tiers.groups) == {"g1", "g2"}
     everything.add(4)
     assert tiers.best(everything, 4, 4) == [4, 2, 1, 3] and tiers.score_of("g2") == 0.9
-    assert not tiers.remove(4) and not tiers.remove(1)
-    assert tiers.remove(3) and tiers.score_of("g1") is None
+    tiers.remove(4)
+    tiers.remove(1)
+    assert set(tiers.groups) == {"g1", "g2"}  # each still has a member
+    tiers.remove(3)
+    assert set(tiers.groups) == {"g2"} and tiers.score_of("g1") is None
     tiers_consistent(tiers)
     assert tiers.best(BitMap([2]), 1, 4) == [2] and tiers.score_of("g2") == 0.9
