@@ -16,8 +16,9 @@ uvloop unless POLICYC_EVENT_LOOP=asyncio). Also printed: CPU seconds this proces
 server side only: server thread, gRPC's threads, the refresher) spends per call in each
 phase (and of it, the event-loop thread's), a figure other engineers' load on a shared
 machine disturbs far less than wall rates; and, for the paced run, which server-side events
-(refresher ticks, score pushes, garbage collections; their perf_counter spans, the clients'
-clock being the same CLOCK_MONOTONIC) the calls slower than 5 ms overlapped.
+(the refresher's steps, score pushes among them, and garbage collections; their
+perf_counter spans, the clients' clock being the same CLOCK_MONOTONIC) the calls slower
+than 5 ms overlapped.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def main() -> int:
         dec.append(load(port, args.concurrency, secs, loop_thread=dloop))
         server.refresher.stop()
         nop.append(load(nport, args.concurrency, secs, loop_thread=nloop))
-        server.refresher.start()
+        server.start_refresher()
         d, x = dec[-1], nop[-1]
         print(f"round {r + 1}: Decide {d.rps}/s (p50 {d.p50_ms:.2f} ms, p99 {d.p99_ms:.2f} ms), "
               f"no-op {x.rps}/s (p50 {x.p50_ms:.2f} ms, p99 {x.p99_ms:.2f} ms), ratio {d.rps / x.rps:.2f}; "
@@ -298,31 +299,28 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.2f}")
     rps = sum(x.rps for x in dec) / rounds
     nrps = sum(x.rps for x in nop) / rounds
-    server.refresher.start()
     time.sleep(2 * server.refresher.interval)
     fresh = freshness(server)  # after a refresher tick or two: what the ranking trails by while serving
-    # Paced: rounds alternate the served configuration, the previous one (score pushes
-    # inline on the refresher thread) and the no-op service at the same offered rate (the
-    # tail gRPC alone shows here); each phase's slow calls are matched against the
-    # server-side events they overlapped.
-    on_loop = server.loop_scheduler()
+    # Paced: rounds alternate the served configuration (the refresher's steps paced on the
+    # serving loop), the refresher on its own thread (`refresh_on_loop=False`) and the
+    # no-op service at the same offered rate (the tail gRPC alone shows here); each
+    # phase's slow calls are matched against the server-side events they overlapped.
     noop_name = "no-op service, same rate"
-    variants = {"served": on_loop, "pushes on the refresher thread": None, noop_name: on_loop}
+    variants = {"served": th.loop, "refresher on its own thread": None, noop_name: None}
     paced: dict[str, list[Phase]] = {k: [] for k in variants}
     tails: dict[str, list[tuple[dict[str, tuple[int, int]], int, int, int, float]]] = {k: [] for k in variants}
     slow = 5e-3
     for r in range(min(rounds, 2)):  # two rounds of three paced phases keep a full run under two minutes
         for name, where in variants.items():
-            server.scores.run_on(where)
-            gc.collect()
             if name == noop_name:
                 server.refresher.stop()
+            else:
+                server.refresher.start(where)
+            gc.collect()
             with GcSpans() as gcs:
                 ph = load(nport, args.concurrency, secs, rate=0.7 * rps, loop_thread=nloop) if name == noop_name else \
                     load(port, args.concurrency, secs, rate=0.7 * rps, loop_thread=dloop)
-            if name == noop_name:
-                server.refresher.start()
-            events = {"refresher tick": list(server.refresher.spans()), "score push": list(server.scores.spans()),
+            events = {"refresh step": list(server.refresher.spans()),
                       "GC gen 0-1": [(a, b) for a, b, g in gcs.spans if g < 2], "GC gen 2": [(a, b) for a, b, g in gcs.spans if g == 2]}
             counts, unexplained, quiet_p99 = tail_causes(ph.calls, events, slow)
             paced[name].append(ph)
@@ -333,7 +331,7 @@ def main() -> int:
                   + ", ".join(f"{k} {a} ({a / max(n_slow, 1):.0%} of slow calls, {b / max(n_all, 1):.0%} of all)"
                               for k, (a, b) in counts.items())
                   + f", none of these {unexplained}; load average {os.getloadavg()[0]:.2f}")
-    server.scores.run_on(on_loop)
+    server.start_refresher()
     th.stop()
     asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
     loop.call_soon_threadsafe(loop.stop)

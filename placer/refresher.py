@@ -1,32 +1,59 @@
-"""Keeps the current snapshot fresh: samples a telemetry source every interval on its own
-thread, builds the next immutable snapshot and swaps it in atomically.
+"""Keeps the current snapshot fresh: samples a telemetry source every interval, builds the
+next immutable snapshot and swaps it in atomically.
 
 Before publishing a snapshot it builds the per-tick path tables (`paths.py`) and the
 per-(tick, contract) tables (`tick_table.py`) the previous tick used, so the first
-requests of a tick do not pay for them. It measures itself: each
-refresh's latency (sample + build + tables) is kept, so the 200 ms tick
-budget is a figure we report, not a hope. `tick()` does one refresh synchronously, which
-tests and benchmarks use to step the world deterministically.
+requests of a tick do not pay for them. It measures itself: each refresh's latency
+(sample + build + tables + listeners) is kept, so the 200 ms tick budget is a figure we
+report, not a hope. `tick()` does one refresh synchronously, which tests and benchmarks
+use to step the world deterministically.
+
+A refresh is a sequence of steps (sample and build, each path table, each contract table,
+publish, each listener), and it runs in one of two places:
+- its own thread (`start()`): the placer on its own, optionally SCHED_FIFO and pinned;
+- an asyncio event loop (`start(loop)`), one step per callback: the decision service's.
+  There every request the loop serves shares one interpreter lock with the refresh. From
+  another thread a refresh of a few milliseconds holds that lock in slices of the
+  interpreter's switch interval (5 ms), and the loop waits out each one: paced decisions
+  queued behind every tick (`benchmarks/RESULTS.md`, serve, seventh pass). As loop
+  callbacks the steps simply queue between requests, none longer than a table build.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Generator, Iterable
 
 from .anomalies import AnomalyBoard
 from .realtime import RealtimeOutcome, apply_realtime
-from .paths import warm
-from .snapshot import Snapshot, build_snapshot
+from .paths import warm_steps
+from .snapshot import Snapshot, build_steps
 from .telemetry import TelemetrySource
-from .tick_table import warm_contracts
+from .tick_table import warm_contract_steps
 from .thresholds import Thresholds
+
+STEPS_KEPT = 16  # step spans kept per refresh of history
+LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
+
+Listener = Callable[[Snapshot, "Snapshot | None"], Iterable[object] | None]
+
+
+class _Refresh:
+    """One refresh in progress: its steps, the seconds they took so far, and its snapshot
+    once done."""
+
+    def __init__(self, steps: Generator[None, None, Snapshot]) -> None:
+        self.steps = steps
+        self.work = 0.0
+        self.snapshot: Snapshot | None = None
 
 
 class Refresher:
-    """`Refresher(source, interval=0.2)`; `start()` / `stop()`; `current()`; `latencies()`."""
+    """`Refresher(source, interval=0.2)`; `start()` (a thread) or `start(loop)` / `stop()`;
+    `current()`; `latencies()`."""
 
     def __init__(
         self, source: TelemetrySource, interval: float = 0.2, *, thresholds: Thresholds = Thresholds(),
@@ -42,17 +69,18 @@ class Refresher:
         self._clock = clock
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
-        self._spans: deque[tuple[float, float]] = deque(maxlen=history)
+        self._spans: deque[tuple[float, float]] = deque(maxlen=STEPS_KEPT * history)
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
         self._lock = threading.Lock()  # serialises refreshes, never readers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._run = 0  # bumped by start and stop: a loop-driven chain of another run ends
         self.realtime: RealtimeOutcome | None = None
         self.overruns = 0
         self.errors: deque[str] = deque(maxlen=20)
-        self._listeners: list[Callable[[Snapshot, Snapshot | None], None]] = []
+        self._listeners: list[Listener] = []
 
     # ------------------------------------------------------------------ reading
 
@@ -65,20 +93,24 @@ class Refresher:
         return self._prev
 
     def latencies(self) -> tuple[float, ...]:
-        """Measured refresh latencies (seconds), oldest first."""
+        """Measured refresh latencies (seconds of work: the sum of a refresh's steps),
+        oldest first."""
         return tuple(self._lat)
 
     def spans(self) -> tuple[tuple[float, float], ...]:
-        """(start, end) of each measured refresh on the `time.perf_counter` clock, oldest
-        first: lets a benchmark tell the requests that overlapped a refresh."""
+        """(start, end) of each step of the recent refreshes on the `time.perf_counter`
+        clock, oldest first (a synchronous tick's steps are back to back): lets a benchmark
+        tell the requests that overlapped one."""
         return tuple(self._spans)
 
     def is_stale(self) -> bool:
         snap = self._snap
         return snap is None or snap.is_stale(self._clock())
 
-    def on_refresh(self, listener: Callable[[Snapshot, Snapshot | None], None]) -> None:
-        """Call `listener(new, previous)` after each refresh (e.g. to push score changes)."""
+    def on_refresh(self, listener: Listener) -> None:
+        """Call `listener(new, previous)` after each refresh (e.g. to push score changes).
+        A listener may return an iterable of its own steps: each item is one more step of
+        the refresh (run, on a loop, like the refresher's own)."""
         self._listeners.append(listener)
 
     def report_anomaly(self, host: str, gpu: str, signal: str, value: float) -> bool:
@@ -93,33 +125,78 @@ class Refresher:
 
     def tick(self) -> Snapshot:
         """One refresh, now, on the calling thread."""
+        r = _Refresh(self._refresh())
+        while self._step(r) is not None:
+            pass
+        assert r.snapshot is not None
+        return r.snapshot
+
+    def _step(self, r: _Refresh) -> float | None:
+        """Run the next step of `r` and record its span: its seconds, or None when that
+        was the last one (and the refresh's latency is recorded)."""
+        t0 = time.perf_counter()
+        try:
+            next(r.steps)
+        except StopIteration as done:
+            r.snapshot = done.value
+        t1 = time.perf_counter()
+        self._spans.append((t0, t1))
+        r.work += t1 - t0
+        if r.snapshot is None:
+            return t1 - t0
+        self._lat.append(r.work)
+        return None
+
+    def _refresh(self) -> Generator[None, None, Snapshot]:
+        """One refresh as steps (yields between two). Sampling and publishing hold the
+        lock; the steps between read only their own snapshot, so a refresh by hand
+        (`tick()`) while a loop-driven one is half-way is safe: the newer version is kept."""
         with self._lock:
-            t0 = time.perf_counter()
             taken = self._clock()
             topo = self.source.topology()
             frame = self.source.sample()
             prev = self._snap
             self._version += 1
-            snap = build_snapshot(self._version, topo, frame, prev, self.anomalies.fold(len(topo.gpus)),
-                                  self.thresholds, self.interval, taken)
-            warm(snap, prev)  # the per-tick path tables requests will read, before they can ask
-            warm_contracts(snap, prev)  # and the per-(tick, contract) tables on them
-            self._prev, self._snap = prev, snap
-            t1 = time.perf_counter()
-            self._lat.append(t1 - t0)
-            self._spans.append((t0, t1))
-        for fn in self._listeners:
-            fn(snap, prev)
+            version = self._version
+        yield
+        snap = yield from build_steps(version, topo, frame, prev, self.anomalies.fold(len(topo.gpus)),
+                                      self.thresholds, self.interval, taken)
+        yield
+        # the per-tick path tables requests will read, before they can ask, and the
+        # per-(tick, contract) tables on them
+        for _ in warm_steps(snap, prev):
+            yield
+        for _ in warm_contract_steps(snap, prev):
+            yield
+        with self._lock:
+            current = self._snap
+            if current is None or current.version < version:
+                self._prev, self._snap = prev, snap
+            published = self._snap is snap
+        for fn in self._listeners if published else ():
+            yield
+            for _ in fn(snap, prev) or ():
+                yield
         return snap
 
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Refresh every interval: on this refresher's own thread, or, given `loop`, on that
+        event loop, one step per callback (restarts a refresher already running)."""
+        if loop is None and self._thread is not None and self._thread.is_alive():
             return
+        self.stop()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="placer-refresher", daemon=True)
+        if loop is not None:
+            self._run += 1
+            run = self._run
+            loop.call_soon_threadsafe(lambda: self._loop_tick(loop, run, loop.time()))
+            return
+        self._thread = threading.Thread(target=self._run_thread, name="placer-refresher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
+        """Stop refreshing; a loop-driven refresh half-way is dropped unpublished."""
+        self._run += 1
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -132,7 +209,7 @@ class Refresher:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _run(self) -> None:
+    def _run_thread(self) -> None:
         prio, cpus = self._rt
         if prio is not None or cpus:
             self.realtime = apply_realtime(prio, cpus)
@@ -149,3 +226,29 @@ class Refresher:
                 next_at = time.monotonic()
                 delay = 0.0
             self._stop.wait(delay)
+
+    def _loop_tick(self, loop: asyncio.AbstractEventLoop, run: int, due: float) -> None:
+        if run == self._run:
+            self._loop_step(loop, run, due, _Refresh(self._refresh()))
+
+    def _loop_step(self, loop: asyncio.AbstractEventLoop, run: int, due: float, r: _Refresh) -> None:
+        """Run one step, then let the loop serve for three times as long before the next
+        (`LOOP_SHARE`): steps back to back, even with the loop polling between them, would
+        take half its time for the length of a refresh and queue the requests behind."""
+        if run != self._run:
+            r.steps.close()
+            return
+        try:
+            took = self._step(r)
+        except Exception as e:  # as on the thread: the snapshot goes stale and says so
+            self.errors.append(f"{type(e).__name__}: {e}")
+            took = None
+        if took is not None:
+            loop.call_later(took * (1 / LOOP_SHARE - 1), self._loop_step, loop, run, due, r)
+            return
+        due += self.interval
+        now = loop.time()
+        if due < now:
+            self.overruns += 1
+            due = now
+        loop.call_at(due, self._loop_tick, loop, run, due)

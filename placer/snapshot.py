@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from typing import Generator, Iterator
 
 import networkx as nx
 import numpy as np
@@ -160,6 +160,21 @@ def build_snapshot(
 ) -> Snapshot:
     """Derive everything placement needs from one frame (vectorised; one fabric search per
     ingress and endpoint)."""
+    steps = build_steps(version, topology, frame, previous, health_overlay, thresholds, interval, taken_at)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def build_steps(
+    version: int, topology: Topology, frame: TelemetryFrame, previous: Snapshot | None, health_overlay: np.ndarray | None,
+    thresholds: Thresholds, interval: float, taken_at: float,
+) -> Generator[None, None, Snapshot]:
+    """`build_snapshot` in three steps (GPU and port state; the fabric search; scores),
+    yielding between two, for a refresher that lets requests in between (`build_seconds`
+    is then the steps' span, waits included)."""
     t0 = time.perf_counter()
     t, f = topology, frame
     vol = (previous.volatility.update(f) if previous is not None and previous.topology is t
@@ -178,6 +193,7 @@ def build_snapshot(
     psig = np.sqrt(buffer_sigma(f.port_watermark, t.port_buffer, t.port_bandwidth) ** 2
                    + (VOLATILITY_GAIN_PORT * drain * np.sqrt(vol.wm_var)) ** 2)
 
+    yield
     lat, q, var = hop_costs(t, f)
     lb, nb = blocked_links(f, thresholds), blocked_nodes(t, f, thresholds)
     sources = sorted(set(t.ingress.values()) | {e.node for e in t.endpoints})
@@ -186,6 +202,7 @@ def build_snapshot(
     dvar = np.zeros((len(sources), len(t.fabric_nodes)))
     if sources:
         dist, dvar = search_many(t, sources, lat, q, var, lb, nb)  # rows in `sources` order
+    yield
 
     local, _ = t.gpu_ports
     has_port = local >= 0

@@ -23,6 +23,7 @@ figures stay bit-identical (the tests compare them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -107,9 +108,14 @@ def warm_contracts(snap: Snapshot, previous: Snapshot | None) -> int:
     (which `paths.warm` built first). Without it the first request of each tick and
     contract builds its table (~0.5 ms at 8,000 GPUs) inside its own decision. Returns
     how many."""
+    return sum(warm_contract_steps(snap, previous))
+
+
+def warm_contract_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[int]:
+    """`warm_contracts`, one table per step (yields 1 after each), for a refresher that lets
+    requests in between two."""
     if previous is None or previous.topology is not snap.topology:
-        return 0
-    built = 0
+        return
     for key, old in list(previous.tables.items()):
         pt = snap.tables.get(key)
         if pt is None:
@@ -117,8 +123,7 @@ def warm_contracts(snap: Snapshot, previous: Snapshot | None) -> int:
         for table in tuple(old.used_contracts):  # a copy: requests may still be adding to it
             if table.topology is snap.topology and table not in pt.contracts:
                 _combined(snap, pt, table)
-                built += 1
-    return built
+                yield 1
 
 
 def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
@@ -148,4 +153,4 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
                              table.no_peak, pt.network, pt.raw_network, pt.port, block, layout)
 
 
-__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table", "warm_contracts"]
+__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table", "warm_contract_steps", "warm_contracts"]

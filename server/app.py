@@ -72,7 +72,7 @@ class DecisionServer:
                                      score_lag=config.refresh_interval)  # rankings trail score pushes by a tick at most
         self.scores = ScorePusher(self.engine, budget=config.score_push_budget)
         self.scores.baseline(self.refresher.current())
-        self.refresher.on_refresh(self.scores.on_refresh)
+        self.refresher.on_refresh(self.scores.steps)
         self.audit: AuditBridge | None = None
         if config.audit_log is not None:
             self.audit = AuditBridge(AuditLog.open(config.audit_log), bundle)
@@ -93,12 +93,12 @@ class DecisionServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
 
-    def loop_scheduler(self):  # type: ignore[no-untyped-def]
-        """`call_soon_threadsafe` of the loop this server was started on (where score
-        pushes run when `score_push_on_loop`)."""
+    def start_refresher(self) -> None:
+        """(Re)start the refresher where the configuration puts it: on the serving loop,
+        or on its own thread."""
         if self._loop is None:
             raise RuntimeError("the server has not been started: no event loop yet")
-        return self._loop.call_soon_threadsafe
+        self.refresher.start(self._loop if self.config.refresh_on_loop else None)
 
     @property
     def state(self) -> PolicyState:
@@ -118,10 +118,8 @@ class DecisionServer:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._loop = asyncio.get_running_loop()
-        if self.config.score_push_on_loop:
-            self.scores.run_on(self.loop_scheduler())
         if self.config.start_refresher:
-            self.refresher.start()
+            self.start_refresher()
         if self.config.metrics_port is not None:
             self.metrics.serve(self.config.metrics_port, self.config.host)
         return self.port
@@ -143,7 +141,6 @@ class DecisionServer:
             await self._server.stop(grace)
             self._server = None
         self.refresher.stop()
-        self.scores.run_on(None)
         if self.guardian is not None:
             self.guardian.close()
         if self.audit is not None:

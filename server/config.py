@@ -59,4 +59,6 @@ class ServeConfig:
     metrics_port: int | None = None
     start_refresher: bool = True  # tests may step the cluster by hand instead
     score_push_budget: int = DEFAULT_BUDGET  # placer score -> matcher (model, GPU) group moves per tick (see score_push.py)
-    score_push_on_loop: bool = True  # run those updates on the serving event loop, in chunks (see score_push.py)
+    # the refresher's steps and the score pushes (in chunks) run on the serving event loop
+    # (see placer/refresher.py, score_push.py); False: on the refresher's thread
+    refresh_on_loop: bool = True

@@ -13,23 +13,16 @@ So each tick pushes the GPUs whose score moved most since it was last *pushed* (
 since the previous tick: small drifts add up and are pushed once they matter), largest
 move first, until `budget` group moves are spent; the rest wait for a later tick.
 
-Where the moves run: inline on the refresher thread by default, or, once `run_on(loop's
-call_soon_threadsafe)` is given (the server does), as callbacks of at most `chunk` group
-moves on the event loop that serves decisions. From another thread the push holds the
-interpreter lock for milliseconds per tick, and the loop thread, wanting it back, waits up
-to the switch interval (5 ms by default) at each hand-over: when every copy was moved, that
-showed as paced calls over 5 ms overlapping pushes. On the loop a chunk simply queues
-between requests. Since pushes move groups (~2 ms a tick) the two places measure within
-the noise of each other (`benchmarks/RESULTS.md`, serve, sixth pass); the loop is kept.
-Each chunk is one `Registry.set_gpu_scores` batch (the engine's `push_scores`): one lock
-pair and one vectorised tier lookup per chunk.
+The push is a listener of the refresher that returns its steps (`steps`): each chooses
+the next GPUs due and pushes them as one `Registry.set_gpu_scores` batch (the engine's
+`push_scores`) of at most `chunk` group moves. Where the refresher runs on the serving event loop (the
+server's default), each chunk is one of its paced loop callbacks and queues between
+requests; on the refresher's own thread they run back to back.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from typing import Callable, Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -37,7 +30,7 @@ from policyc.placer import Snapshot
 
 DEFAULT_BUDGET = 256  # group moves per tick (~2 ms per tick at 100,000 instances; see benchmarks/RESULTS.md, serve)
 MIN_DELTA = 0.05
-DEFAULT_CHUNK = 32  # group moves per event-loop callback (~0.3 ms)
+DEFAULT_CHUNK = 32  # group moves per step (~0.3 ms)
 
 
 class ScoreSink(Protocol):
@@ -47,7 +40,7 @@ class ScoreSink(Protocol):
 
 
 class ScorePusher:
-    """`ScorePusher(engine, budget=256)`; register `pusher.on_refresh` with the refresher."""
+    """`ScorePusher(engine, budget=256)`; register `pusher.steps` with the refresher."""
 
     def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA,
                  chunk: int = DEFAULT_CHUNK) -> None:
@@ -56,15 +49,12 @@ class ScorePusher:
         if chunk < 1:
             raise ValueError(f"score push chunk must be at least 1 group move, got {chunk}")
         self.chunk = chunk
-        self._run_on: Callable[[Callable[[], None]], object] | None = None
-        self.dropped = 0  # chunks never run (the loop had stopped)
         self._sink = sink
         self.budget = budget
         self.min_delta = min_delta
         self._topology: object | None = None
         self._pushed = np.zeros(0)
         self.deferred = 0  # GPUs left for a later tick by the last push
-        self._spans: deque[tuple[float, float]] = deque(maxlen=1024)  # ~25 s of ticks, pushed in chunks
 
     def baseline(self, snap: Snapshot) -> None:
         """Take `snap`'s scores as what the matcher already holds (instances registered
@@ -72,26 +62,14 @@ class ScorePusher:
         self._topology = snap.topology
         self._pushed = np.array(snap.scores, dtype=np.float64)
 
-    def run_on(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
-        """Run the updates through `schedule` (e.g. `loop.call_soon_threadsafe`), a chunk
-        per call; None: inline on the thread that calls `on_refresh`."""
-        self._run_on = schedule
-
-    def spans(self) -> tuple[tuple[float, float], ...]:
-        """(start, end) `time.perf_counter` of the recent pushes, as `Refresher.spans()`
-        gives for ticks: to tell whether a slow decision overlapped one."""
-        return tuple(self._spans)
-
     def on_refresh(self, snap: Snapshot, previous: Snapshot | None = None) -> int:
-        """Push this tick's share of score changes; returns the group moves made (or,
-        when they run on the loop, scheduled)."""
-        t0 = time.perf_counter()
-        try:
-            return self._push(snap)
-        finally:
-            self._spans.append((t0, time.perf_counter()))
+        """Push this tick's share of score changes now; returns the group moves made."""
+        return sum(self.steps(snap, previous))
 
-    def _push(self, snap: Snapshot) -> int:
+    def steps(self, snap: Snapshot, previous: Snapshot | None = None) -> Iterator[int]:
+        """This tick's share of score changes, a chunk per step: each step takes the next
+        GPUs due, largest move first, until `chunk` group moves, pushes them as one batch
+        and yields the moves; the tick ends when `budget` moves are spent."""
         t = snap.topology
         if self._topology is not t:
             self._topology = t
@@ -99,61 +77,35 @@ class ScorePusher:
         delta = np.abs(snap.scores - self._pushed)
         delta[np.isnan(delta)] = np.inf
         due = np.flatnonzero(delta >= self.min_delta)
-        if not len(due):
-            self.deferred = 0
-            return 0
-        order = due[np.argsort(-delta[due], kind="stable")]
-        changes: list[tuple[str, str, float]] = []
-        spent = 0
-        done = 0
-        for i in order.tolist():
+        order = due[np.argsort(-delta[due], kind="stable")].tolist()
+        self.deferred = len(order)
+        part: list[tuple[str, str, float]] = []
+        marked: list[int] = []  # GPUs of `part`: pushed once their batch has landed
+        spent = in_part = 0
+        for i in order:
             g = t.gpus[i]
             host, gpu = t.hosts[g.host].name, g.gpu_id
             n = self._sink.groups_on(host, gpu)
             if n and spent and spent + n > self.budget:
                 break
-            score = float(snap.scores[i])
+            if n and in_part and in_part + n > self.chunk:
+                yield self._push(snap, part, marked)
+                part, marked, in_part = [], [], 0
             if n:
-                changes.append((host, gpu, score))
+                part.append((host, gpu, float(snap.scores[i])))
+                marked.append(i)
                 spent += n
-            self._pushed[i] = score
-            done += 1
-        self.deferred = len(order) - done
-        if not changes:
-            return 0
-        schedule = self._run_on
-        if schedule is None:
-            return self._sink.push_scores(changes)
-        self._schedule(schedule, self._chunks(changes))
-        return spent
+                in_part += n
+            else:  # no instance on it: nothing to move, nothing owed
+                self._pushed[i] = snap.scores[i]
+            self.deferred -= 1
+        if part:
+            yield self._push(snap, part, marked)
 
-    def _schedule(self, schedule: Callable[[Callable[[], None]], object], parts: list[list[tuple[str, str, float]]]) -> None:
-        """Run `parts` one callback at a time, each scheduling the next when it is done, so
-        that the loop polls for requests between two chunks (callbacks queued together
-        would all run in one loop iteration)."""
-        try:
-            schedule(lambda: self._push_chunk(schedule, parts))
-        except RuntimeError:  # the loop is closed: the server is stopping
-            self.dropped += len(parts)
-
-    def _chunks(self, changes: list[tuple[str, str, float]]) -> list[list[tuple[str, str, float]]]:
-        out: list[list[tuple[str, str, float]]] = [[]]
-        n = 0
-        for c in changes:
-            k = self._sink.groups_on(c[0], c[1])
-            if out[-1] and n + k > self.chunk:
-                out.append([])
-                n = 0
-            out[-1].append(c)
-            n += k
-        return out
-
-    def _push_chunk(self, schedule: Callable[[Callable[[], None]], object], parts: list[list[tuple[str, str, float]]]) -> None:
-        t0 = time.perf_counter()
-        self._sink.push_scores(parts[0])
-        self._spans.append((t0, time.perf_counter()))
-        if len(parts) > 1:
-            self._schedule(schedule, parts[1:])
+    def _push(self, snap: Snapshot, part: list[tuple[str, str, float]], gpus: list[int]) -> int:
+        moved = self._sink.push_scores(part)
+        self._pushed[gpus] = snap.scores[gpus]
+        return moved
 
 
 __all__ = ["DEFAULT_BUDGET", "DEFAULT_CHUNK", "MIN_DELTA", "ScorePusher", "ScoreSink"]

@@ -1,21 +1,96 @@
-"""The refresher records when each refresh ran, so a benchmark can tell which requests
-overlapped one."""
+"""A refresh is a sequence of steps. The refresher records when each step ran, so a benchmark
+can tell which requests overlapped one; on an event loop the steps are paced so that they
+take at most `LOOP_SHARE` of the loop's time."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 import pytest
 
 from policyc.placer import Refresher, SimulatedCluster
+from policyc.placer.refresher import LOOP_SHARE, STEPS_KEPT
 
 
-def test_each_refresh_leaves_its_span_and_its_latency_is_the_span() -> None:
-    r = Refresher(SimulatedCluster(3, 4, 2, hosts_per_rack=4), history=2)
+def _cluster() -> SimulatedCluster:
+    return SimulatedCluster(3, 4, 2, hosts_per_rack=4)
+
+
+def test_a_synchronous_tick_runs_its_steps_back_to_back_and_its_latency_is_their_sum() -> None:
+    r = Refresher(_cluster())
+    listened: list[int] = []
+
+    def listener(new, previous):  # noqa: ANN001, ANN202
+        for k in range(3):  # a listener's own steps are steps of the refresh
+            listened.append(k)
+            yield
+
+    r.on_refresh(listener)
+    r.tick()
     before = time.perf_counter()
-    for _ in range(3):
+    r.tick()
+    after = time.perf_counter()
+    assert listened == [0, 1, 2, 0, 1, 2]
+    spans = [s for s in r.spans() if s[0] >= before]
+    assert len(spans) >= 3 + 3  # sample, build, publish ... and the listener's three
+    assert all(a <= b for a, b in spans) and spans[-1][1] <= after
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    assert sum(b - a for a, b in spans) == pytest.approx(r.latencies()[-1])
+
+
+def test_history_bounds_latencies_and_step_spans() -> None:
+    r = Refresher(_cluster(), history=2)
+    for _ in range(40):
         r.tick()
-    spans = r.spans()
-    assert len(spans) == 2  # the history bounds both
-    assert before <= spans[0][0] <= spans[0][1] <= spans[1][0] <= spans[1][1] <= time.perf_counter()
-    assert [b - a for a, b in spans] == pytest.approx(list(r.latencies()))
+    assert len(r.latencies()) == 2
+    assert len(r.spans()) == STEPS_KEPT * 2
+
+
+def test_on_a_loop_steps_are_paced_refreshes_repeat_and_stop_ends_them() -> None:
+    r = Refresher(_cluster(), interval=0.05)
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    try:
+        first = r.current().version
+        started = time.perf_counter()
+        r.start(loop)
+        deadline = time.monotonic() + 5.0
+        while r.current().version < first + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.current().version >= first + 3 and not r.errors
+        assert r._thread is None  # nothing but the loop refreshes
+        r.stop()
+        time.sleep(0.2)
+        stopped = r.current().version
+        spans = r.spans()
+        time.sleep(0.2)
+        assert r.current().version == stopped and r.spans() == spans
+        # each loop step is followed by a gap of three times its length (LOOP_SHARE 0.25)
+        on_loop = [s for s in spans if s[0] >= started]
+        gaps = [(on_loop[i + 1][0] - on_loop[i][1], on_loop[i][1] - on_loop[i][0]) for i in range(len(on_loop) - 1)]
+        assert len(gaps) >= 10 and all(g >= d * (1 / LOOP_SHARE - 1) * 0.99 for g, d in gaps)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)
+        loop.close()
+
+
+def test_a_tick_by_hand_during_a_loop_refresh_keeps_the_newer_snapshot() -> None:
+    """The loop-driven refresh sampled first, a refresh by hand sampled and published after:
+    the loop's older snapshot is dropped, never published over the newer one."""
+    r = Refresher(_cluster())
+    r.tick()
+    seen: list[int] = []
+    r.on_refresh(lambda new, previous: seen.append(new.version))
+    from policyc.placer.refresher import _Refresh
+
+    slow = _Refresh(r._refresh())
+    assert r._step(slow) is not None  # sampled: version n
+    by_hand = r.tick()  # version n + 1, published
+    while r._step(slow) is not None:
+        pass
+    assert slow.snapshot is not None and slow.snapshot.version < by_hand.version
+    assert r.current() is by_hand and seen == [by_hand.version]

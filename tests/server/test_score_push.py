@@ -81,40 +81,41 @@ def test_the_server_registers_fleets_with_current_scores(served) -> None:
     assert score == snap.gpu_score(inst.deployment.host, inst.deployment.gpu)
 
 
-def test_pushes_run_in_bounded_chunks_through_the_given_scheduler() -> None:
+def test_pushes_come_as_steps_of_bounded_chunks_and_a_gpu_is_pushed_once_its_batch_lands() -> None:
     sim = SimulatedCluster(3, 16, 4, hosts_per_rack=4)
     r = Refresher(sim)
     sink = Sink(per_gpu=10)
     pusher = ScorePusher(sink, budget=200, chunk=25)
     pusher.baseline(r.tick())
-    queued: list = []
-    pusher.run_on(queued.append)
     for _ in range(4):
         snap = r.tick()
-        scheduled = pusher.on_refresh(snap)
-        if scheduled:
+        steps = pusher.steps(snap)
+        moves = [next(steps, None)]
+        if moves[0] is not None:
             break
-    assert scheduled and sink.calls == 0  # nothing ran on the calling thread
-    assert len(queued) == 1  # one chunk at a time: each schedules the next when done
-    chunks = 0
-    while queued:
-        queued.pop(0)()
-        chunks += 1
-        assert sink.calls == chunks
-    assert chunks == -(-scheduled // 20)  # 25 per chunk at most: two GPUs of 10 each
-    pushed = {k for k, _ in sink.scores.items()}
-    assert len(pushed) * sink.per_gpu == scheduled
+    assert moves[0] == 20 and sink.calls == 1  # one batch per step: two GPUs of 10 moves (25 at most)
+    moves += list(steps)
+    assert all(m == 20 for m in moves[:-1]) and 0 < moves[-1] <= 20 and sink.calls == len(moves)
+    assert sum(moves) <= 200 and len(sink.scores) * sink.per_gpu == sum(moves)
     for (host, gpu), s in sink.scores.items():
         assert s == snap.scores[snap.topology.gpu_index[(host, gpu)]]
 
-    def closed(fn) -> None:  # noqa: ANN001
-        raise RuntimeError("Event loop is closed")
-
-    pusher.run_on(closed)
-    for _ in range(4):
-        if pusher.on_refresh(r.tick()):
-            break
-    assert pusher.dropped >= 1
+    # stopped half-way (the refresher dropped the refresh): what was not pushed stays due
+    victim = snap.topology.gpu_key(7)
+    sim.sm_collapse(victim, 0.1)
+    for _ in range(3):
+        snap = r.tick()
+    assert snap.scores[7] == 0.0
+    before = dict(sink.scores)
+    steps = pusher.steps(snap)
+    next(steps)  # the victim's batch: the biggest move goes first
+    steps.close()
+    pushed = {k for k, v in sink.scores.items() if before.get(k) != v}
+    assert tuple(victim.split("/")) in pushed
+    assert pusher.on_refresh(snap) > 0  # the rest of the tick's share is still due
+    for (host, gpu), s in sink.scores.items():
+        if before.get((host, gpu)) != s:
+            assert s == snap.scores[snap.topology.gpu_index[(host, gpu)]]
     with pytest.raises(ValueError, match="chunk"):
         ScorePusher(sink, chunk=0)
 
