@@ -5,9 +5,11 @@ Public API (what the decision service and the guardian call):
   `gpu_slots()` and scripted events (`watermark`, `sm_collapse`, `link_down`,
   `service_p99`, `occupy`, `clear`) applied on the next tick;
 - `LocalHostSource` (/sys) and `NvmlSource` (pynvml): real sources behind `TelemetrySource`;
-- `Refresher(source, interval=0.2)`: the collector thread and the current `Snapshot`
+- `Refresher(source, interval=0.2)`: the collector and the current `Snapshot`
   (`gpu_score(host, gpu)`, `score_changes(previous)`, `is_stale()`, `graph()`); before
-  publishing a snapshot it builds the per-tick path tables (`paths.py`) placement reads;
+  publishing a snapshot it builds the per-tick path tables (`paths.py`) placement reads.
+  A refresh is a sequence of short steps, run on the refresher's own thread (`start()`)
+  or paced on an asyncio event loop (`start(loop)`: the decision service's);
 - `Placer(refresher).place(candidates, budget, contract, session=None, *, ingress=None,
   affinity_key=None)` -> `PlacementPlan | NoPlacement`, never raising; `report_anomaly`,
   `rebalance`. A plan's `reasons` and `rejected` are written on first read (`Explanation`)

@@ -54,11 +54,11 @@ def test_reload_under_concurrent_load_has_no_failed_or_mixed_decisions(stub, ser
                 failures.append(e)
 
     threads = [threading.Thread(target=load) for _ in range(4)]
-    # The module's server has no refresher thread; GPU share reserved by placements is only
+    # The module's server does not refresh; GPU share reserved by placements is only
     # released by a new snapshot, so without ticks a few hundred decisions exhaust this
     # small cluster and a fast server would see share rejections that have nothing to do
-    # with the reload. Tick as a live server does.
-    served.server.refresher.start()
+    # with the reload. Tick as a live server does: in steps on the serving loop.
+    served.server.start_refresher()
     try:
         for t in threads:
             t.start()
