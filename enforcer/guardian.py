@@ -13,11 +13,14 @@ Every act is an `ActionRecord` in the audit sink.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from policyc.compiler.bundle import Breaker, Bundle, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal
 from policyc.enforcer.budget_watch import BudgetWatch
@@ -73,6 +76,9 @@ class GpuVerdict:
     classification: Classification | None
     fired: tuple[str, ...]  # names of rules whose actions ran
     heal: tuple[StepResult, ...] = ()
+
+
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 @dataclass
@@ -317,8 +323,9 @@ class Guardian:
             # actions go to the audit log, never to the placer (the GPU's health stays).
             self._record(ActionKind.CLASSIFY, gpu_key, cls.rule, Outcome.OBSERVED,
                          f"cause {cls.cause}: " + ", ".join(f"{k}={v:g}" for k, v in cls.signals))
-            for r in fault_rules:
-                self._streaks.counts[(r.name, gpu_key)] = 0
+            with self._lock:
+                for r in fault_rules:
+                    self._streaks.counts.pop((r.name, gpu_key), None)
             rule = next(r for r in all_rules if r.name == cls.rule)
             fired_cls: tuple[str, ...] = ()
             if self._streak(rule, gpu_key, True):
@@ -343,17 +350,40 @@ class Guardian:
                     heal.extend(self._executor.run(action.steps, target, rule.name))
         return GpuVerdict(cls, tuple(fired), tuple(heal))
 
+    def observe_gpus(self, keys: Sequence[str], signal: str, values: np.ndarray) -> list[tuple[str, GpuVerdict]]:
+        """`observe_gpu(key, {signal: value})` for many GPUs reporting one signal (the decision
+        service's SM utilisation of every busy GPU, each tick), at the cost of the few it can
+        change. With one signal present, only rules whose every condition is on it can hold;
+        a GPU whose value makes none of them hold and that has no streak running would change
+        nothing (its streaks stay at 0, nothing is classified, nothing fires), so it is
+        skipped: one comparison per condition over the array instead of ~7 µs of rule
+        matching per GPU (1,200 busy GPUs of 2,048: 8.6 ms a tick). Returns the verdicts of
+        the GPUs observed, in order."""
+        values = np.asarray(values, dtype=np.float64)
+        table = self.table
+        live = np.zeros(len(values), dtype=bool)
+        for rule in table.gpu_rules + table.request_rules + table.backend_rules + table.connection_rules:
+            if all(c.signal == signal and c.of is None for c in rule.conditions):  # `of: slo` needs an SLO: never here
+                hold = np.ones(len(values), dtype=bool)
+                for c in rule.conditions:
+                    hold &= _COMPARE[c.cmp](values, c.value)
+                live |= hold
+        with self._lock:
+            running = {key for _, key in self._streaks.counts}
+        return [(key, self.observe_gpu(key, {signal: float(values[i])}))
+                for i, (key, hit) in enumerate(zip(keys, live.tolist())) if hit or key in running]
+
     def set_heal_target(self, target: HealTarget) -> None:
         self._heal_targets[target.gpu_key] = target
 
     def _streak(self, rule: Breaker, key: str, holds: bool) -> bool:
         """Advance the rule's streak on `key`; True (and reset) when it reaches `consecutive`."""
         k = (rule.name, key)
-        with self._lock:
+        with self._lock:  # a streak at 0 has no entry: `observe_gpus` reads the keys as the running ones
             n = self._streaks.counts.get(k, 0) + 1 if holds else 0
-            if n >= rule.consecutive:
-                self._streaks.counts[k] = 0
-                return True
+            if n >= rule.consecutive or n == 0:
+                self._streaks.counts.pop(k, None)
+                return n > 0
             self._streaks.counts[k] = n
             return False
 

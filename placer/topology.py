@@ -189,8 +189,12 @@ class Topology:
         return {frozenset((self.fabric_nodes[l.a], self.fabric_nodes[l.b])): i for i, l in enumerate(self.links)}
 
     def gpu_key(self, i: int) -> str:
-        g = self.gpus[i]
-        return f"{self.hosts[g.host].name}/{g.gpu_id}"
+        return self.gpu_keys[i]
+
+    @cached_property
+    def gpu_keys(self) -> tuple[str, ...]:
+        """`host/gpuN` of every GPU, by index (made once: per-tick work names thousands)."""
+        return tuple(f"{self.hosts[g.host].name}/{g.gpu_id}" for g in self.gpus)
 
     def port_key(self, i: int) -> str:
         p = self.ports[i]

@@ -71,17 +71,16 @@ class GpuWatch:
 
     def on_refresh(self, new: Snapshot, previous: Snapshot | None) -> None:
         t = new.topology
-        sm = new.frame.gpu_sm_util
-        busy = np.nonzero(new.frame.gpu_demand >= COLLAPSE_MIN_DEMAND)[0]
+        busy = np.nonzero(new.frame.gpu_demand >= COLLAPSE_MIN_DEMAND)[0].tolist()
+        keys = [t.gpu_key(i) for i in busy]
         local_port = t.gpu_ports[0]
-        for i in busy.tolist():
-            key = t.gpu_key(i)
+        for i, key in zip(busy, keys):
             if key not in self._targets:  # what a self-heal step acts on: this GPU's index and RDMA link
                 p = int(local_port[i])
                 link = t.port_key(p).rpartition("/")[2] + "/1" if p >= 0 else ""
                 gpu_id = t.gpus[i].gpu_id
                 self.guardian.set_heal_target(HealTarget(key, key.rpartition("/")[0], gpu_id.removeprefix("gpu"), link))
                 self._targets.add(key)
-            verdict = self.guardian.observe_gpu(key, {SM_SIGNAL: float(sm[i])})
+        for key, verdict in self.guardian.observe_gpus(keys, SM_SIGNAL, new.frame.gpu_sm_util[busy]):
             if verdict.fired:
                 self.fired.append((key, verdict))
