@@ -6,6 +6,9 @@
    programs attached vs not, alternating phases in the same run (floor: >= 0.9).
 3. Self-heal in the placer's simulator: ticks (200 ms each) and wall time from the first
    SM-collapse anomaly to the rebalance.
+4. The decision service's per-tick GPU watch: every busy GPU's SM utilisation of a 2,048-GPU
+   simulated cluster through `Guardian.observe_gpus`, against `observe_gpu` per GPU (the
+   baseline, same run): milliseconds per tick on the serving loop.
 
 Usage: .venv/bin/python benchmarks/enforcer.py [--quick]
 """
@@ -180,6 +183,41 @@ def bench_self_heal(bundle) -> None:  # type: ignore[no-untyped-def]
           f"(guardian processing {1e3 * (done['wall'] - t0):.1f} ms wall); reference 8.7 s, by hand 3.2 min")
 
 
+def bench_gpu_watch(bundle, ticks: int) -> None:  # type: ignore[no-untyped-def]
+    """Alternating ticks of the two ways of observing every busy GPU, each on its own
+    guardian (same rules), over the same frames."""
+    from policyc.placer import SimulatedCluster
+    from policyc.placer.snapshot import COLLAPSE_MIN_DEMAND
+
+    sim = SimulatedCluster(1, 256, 8, hosts_per_rack=8)
+    t = sim.topology()
+    sim.sm_collapse(t.gpu_key(5), 0.15)
+    guardians = [Guardian(bundle, plane=_quiet_plane(MemoryAudit()), anomalies=_Sink(), audit=MemoryAudit(),
+                          executor=ActionExecutor(MemoryAudit(), rebalance=lambda _: None)) for _ in range(2)]
+    each: list[float] = []
+    batch: list[float] = []
+    busy_n: list[int] = []
+    for _ in range(ticks):
+        frame = sim.sample()
+        busy = [int(i) for i in (frame.gpu_demand >= COLLAPSE_MIN_DEMAND).nonzero()[0]]
+        busy_n.append(len(busy))
+        keys = [t.gpu_key(i) for i in busy]
+        sm = frame.gpu_sm_util[busy]
+        a = time.perf_counter()
+        for k, v in zip(keys, sm.tolist()):
+            guardians[0].observe_gpu(k, {"sm_utilization": v})
+        b = time.perf_counter()
+        guardians[1].observe_gpus(keys, "sm_utilization", sm)
+        c = time.perf_counter()
+        each.append(b - a)
+        batch.append(c - b)
+    for g in guardians:
+        g.close()
+    e, w = statistics.median(each) * 1e3, statistics.median(batch) * 1e3
+    print(f"GPU watch, {len(t.gpus)} GPUs ({statistics.median(busy_n):.0f} busy), per tick: observe_gpus {w:.2f} ms, "
+          f"observe_gpu per GPU (baseline) {e:.2f} ms -> ratio {e / w:.1f}x")
+
+
 def _quiet_plane(audit: MemoryAudit):  # type: ignore[no-untyped-def]
     from policyc.enforcer.userspace_plane import KernelEnforcementOff, UserSpacePlane
 
@@ -201,7 +239,9 @@ def main() -> None:
         print("throughput: skipped, the kernel plane needs root and BPF")
     from policyc.compiler.pipeline import compile_paths
 
-    bench_self_heal(compile_paths(sorted((ROOT / "policies").glob("*.contract")), analyse=False).bundle)
+    policies = compile_paths(sorted((ROOT / "policies").glob("*.contract")), analyse=False).bundle
+    bench_self_heal(policies)
+    bench_gpu_watch(policies, 10 if args.quick else 40)
     plane.close()
 
 
