@@ -357,6 +357,9 @@ def main() -> int:
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
+    work, steps = server.refresher.latencies(), server.refresher.spans()
+    print(f"refresh  work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
+          f"max {max(work) * 1e3:.1f} ms over the last {len(work)} refreshes; longest step {max(b - a for a, b in steps) * 1e3:.2f} ms")
     outcomes = server.metrics.decisions.totals()
     decided = sum(outcomes.values())
     print("outcomes all phases: " + ", ".join(f"{o} ({r}) {n} ({n / max(decided, 1):.1%})"
