@@ -310,6 +310,8 @@ def main() -> int:
     paced: dict[str, list[Phase]] = {k: [] for k in variants}
     tails: dict[str, list[tuple[dict[str, tuple[int, int]], int, int, int, float]]] = {k: [] for k in variants}
     slow = 5e-3
+    work: list[float] = []
+    steps: list[float] = []
     for r in range(min(rounds, 2)):  # two rounds of three paced phases keep a full run under two minutes
         for name, where in variants.items():
             if name == noop_name:
@@ -317,6 +319,7 @@ def main() -> int:
             else:
                 server.refresher.start(where)
             gc.collect()
+            done, t0 = len(server.refresher.latencies()), time.perf_counter()
             with GcSpans() as gcs:
                 ph = load(nport, args.concurrency, secs, rate=0.7 * rps, loop_thread=nloop) if name == noop_name else \
                     load(port, args.concurrency, secs, rate=0.7 * rps, loop_thread=dloop)
@@ -324,6 +327,9 @@ def main() -> int:
                       "GC gen 0-1": [(a, b) for a, b, g in gcs.spans if g < 2], "GC gen 2": [(a, b) for a, b, g in gcs.spans if g == 2]}
             counts, unexplained, quiet_p99 = tail_causes(ph.calls, events, slow)
             paced[name].append(ph)
+            if name == "served":  # the refreshes of this phase (the history holds 1,000)
+                work.extend(server.refresher.latencies()[done:])
+                steps.extend(b - a for a, b in server.refresher.spans() if a >= t0)
             tails[name].append((counts, unexplained, sum(lat > slow for _, lat in ph.calls), len(ph.calls), quiet_p99))
             n_slow, n_all = tails[name][-1][2], len(ph.calls)
             print(f"paced round {r + 1}, {name}: {ph.rps}/s of {0.7 * rps:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, "
@@ -357,9 +363,9 @@ def main() -> int:
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
-    work, steps = server.refresher.latencies(), server.refresher.spans()
-    print(f"refresh  work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
-          f"max {max(work) * 1e3:.1f} ms over the last {len(work)} refreshes; longest step {max(b - a for a, b in steps) * 1e3:.2f} ms")
+    print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
+          f"max {max(work) * 1e3:.1f} ms over {len(work)} refreshes; steps median {statistics.median(steps) * 1e3:.2f} ms, "
+          f"longest {max(steps) * 1e3:.2f} ms")
     outcomes = server.metrics.decisions.totals()
     decided = sum(outcomes.values())
     print("outcomes all phases: " + ", ".join(f"{o} ({r}) {n} ({n / max(decided, 1):.1%})"

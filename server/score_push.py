@@ -28,7 +28,10 @@ import numpy as np
 
 from policyc.placer import Snapshot
 
-DEFAULT_BUDGET = 256  # group moves per tick (~2 ms per tick at 100,000 instances; see benchmarks/RESULTS.md, serve)
+# group moves per tick: ~1 ms of the serving loop per tick at 100,000 instances. 256 kept the
+# ranking closer to the placer (drift p99 0.070 against 0.095) but read a paced p99 ~25 %
+# higher (benchmarks/RESULTS.md, serve, seventh pass)
+DEFAULT_BUDGET = 128
 MIN_DELTA = 0.05
 DEFAULT_CHUNK = 32  # group moves per step (~0.3 ms)
 
@@ -40,7 +43,7 @@ class ScoreSink(Protocol):
 
 
 class ScorePusher:
-    """`ScorePusher(engine, budget=256)`; register `pusher.steps` with the refresher."""
+    """`ScorePusher(engine, budget=128)`; register `pusher.steps` with the refresher."""
 
     def __init__(self, sink: ScoreSink, *, budget: int = DEFAULT_BUDGET, min_delta: float = MIN_DELTA,
                  chunk: int = DEFAULT_CHUNK) -> None:
