@@ -3,10 +3,12 @@ converge: a drift is measured against what was last pushed, not against the last
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from server_rig import SMALL
+from server_rig import SMALL, start
 
 from policyc.compiler.bundle import Bundle
 from policyc.placer import Refresher, SimulatedCluster
@@ -151,3 +153,24 @@ def test_the_engine_pushes_a_chunk_as_one_batch_of_group_moves(bundle: Bundle) -
     assert eng.groups_on(*g1) == 0
     assert eng.push_scores([(*g1, 0.25), (*g2, 0.5)]) == eng.groups_on(*g2)
     assert [reg.score(i) for i in on2] == [0.5] * len(on2)
+
+
+@pytest.mark.parametrize("on_loop", [True, False])
+def test_the_server_refreshes_where_configured_and_pushes_scores_as_it_goes(bundle: Bundle, on_loop: bool) -> None:
+    """`refresh_on_loop`: the refresher's steps (score pushes among them) run on the serving
+    loop, no refresher thread; False: on the refresher's own thread. Either way new
+    snapshots keep coming and a collapsed GPU's groups fall to 0 in the matcher's ranking."""
+    th = start(bundle, ServeConfig(cluster=SMALL, refresh_interval=0.05, refresh_on_loop=on_loop))
+    try:
+        server = th.server
+        assert (server.refresher._thread is None) is on_loop
+        inst, _, _ = server.engine.state.registry.entries()[0]
+        d = inst.deployment
+        assert server.cluster is not None
+        server.cluster.sm_collapse(f"{d.host}/{d.gpu}", 0.05)
+        deadline = time.monotonic() + 10
+        while server.engine.state.registry.score(inst.id) > 0.0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.engine.state.registry.score(inst.id) == 0.0 and not server.refresher.errors
+    finally:
+        th.stop()
