@@ -38,7 +38,8 @@ from .thresholds import Thresholds
 STEPS_KEPT = 16  # step spans kept per refresh of history
 LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
 
-Listener = Callable[[Snapshot, "Snapshot | None"], Iterable[object] | None]
+# a refresh listener: `fn(new, previous)`, returning its own steps (any iterable) or None
+Listener = Callable[[Snapshot, Snapshot | None], Iterable[object] | None]
 
 
 class _Refresh:
