@@ -47,8 +47,9 @@ INPUTS = [DecisionInput(headers=h, attributes={}) for h in REQUESTS]
 def make_server(instances: int) -> DecisionServer:
     warnings.simplefilter("ignore")
     server = build_server(instances)
-    # Ticking topology, as in the service: without it the snapshot goes stale within a
-    # second and every decision becomes a (cheaper-to-audit, costlier-to-decide) refusal.
+    # Ticking topology, as in the service (on the refresher's own thread: decisions here
+    # are called directly, with no serving loop): without it the snapshot goes stale within
+    # a second and every decision becomes a (cheaper-to-audit, costlier-to-decide) refusal.
     server.refresher.start()
     return server
 
