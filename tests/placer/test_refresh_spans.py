@@ -94,3 +94,45 @@ def test_a_tick_by_hand_during_a_loop_refresh_keeps_the_newer_snapshot() -> None
         pass
     assert slow.snapshot is not None and slow.snapshot.version < by_hand.version
     assert r.current() is by_hand and seen == [by_hand.version]
+
+
+class _Flaky:
+    """A telemetry source that fails while `failing` is set (the simulated cluster otherwise)."""
+
+    def __init__(self) -> None:
+        self.inner = _cluster()
+        self.failing = False
+
+    def topology(self):  # noqa: ANN201
+        return self.inner.topology()
+
+    def sample(self):  # noqa: ANN201
+        if self.failing:
+            raise OSError("telemetry endpoint unreachable")
+        return self.inner.sample()
+
+
+def test_on_a_loop_a_failing_source_is_recorded_and_refreshing_resumes() -> None:
+    source = _Flaky()
+    r = Refresher(source, interval=0.02)
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    try:
+        r.tick()
+        source.failing = True
+        r.start(loop)
+        deadline = time.monotonic() + 5.0
+        while len(r.errors) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(r.errors) >= 3 and "telemetry endpoint unreachable" in r.errors[-1]
+        stuck = r.current().version
+        source.failing = False
+        while r.current().version <= stuck and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.current().version > stuck  # the chain survived the failures
+    finally:
+        r.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(5)
+        loop.close()
