@@ -88,19 +88,13 @@ def _table(snap: Snapshot, key: tuple[Thresholds, int | None]) -> PathTable:
     return hit
 
 
-def warm(snap: Snapshot, previous: Snapshot | None) -> int:
-    """Build, ahead of the first request, the tables requests read on the previous snapshot
-    (and always the default one: each GPU entered from its region's gateway). A table the
-    previous tick only warmed is let go: the conservative table of a moment's staleness,
-    say, is not rebuilt every tick ever after. Returns how many tables it built; each
-    costs about a millisecond at 8,000 GPUs."""
-    return sum(warm_steps(snap, previous))
-
-
 def warm_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[int]:
-    """`warm`, one table per step (a path table, then each of its dependency tables):
-    yields 1 after each, so that a refresher running on the serving event loop can let
-    requests in between two."""
+    """Build, ahead of the first request, the tables requests read on the previous snapshot
+    (and always the default one: each GPU entered from its region's gateway), one table per
+    step (a path table, then each of its dependency tables), yielding 1 after each so that
+    a refresher on the serving event loop lets requests in between two. A table the
+    previous tick only warmed is let go: the conservative table of a moment's staleness,
+    say, is not rebuilt every tick ever after. Each costs about a millisecond at 8,000 GPUs."""
     keys: dict[tuple[Thresholds, int | None], tuple[tuple[str, EndpointRole], ...]] = {(snap.thresholds, None): ()}
     if previous is not None and previous.topology is snap.topology:
         for k in tuple(previous.used):  # a copy: requests may still be adding to it
@@ -173,4 +167,4 @@ def _dependency_table(snap: Snapshot, table: PathTable, kind: str, role: Endpoin
     return DependencyTable(eps, best, latency)
 
 
-__all__ = ["DEFAULT_INGRESS", "PROXY_ROLE", "DependencyTable", "PathTable", "ingress_rows", "path_table", "warm", "warm_steps"]
+__all__ = ["DEFAULT_INGRESS", "PROXY_ROLE", "DependencyTable", "PathTable", "ingress_rows", "path_table", "warm_steps"]

@@ -102,24 +102,18 @@ def _combined(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContra
     return hit
 
 
-def warm_contracts(snap: Snapshot, previous: Snapshot | None) -> int:
+def warm_contract_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[int]:
     """Build, ahead of the first request, the per-contract tables the previous snapshot's
     requests read (its path tables' `used_contracts`), on this snapshot's path tables
-    (which `paths.warm` built first). Without it the first request of each tick and
-    contract builds its table (~0.5 ms at 8,000 GPUs) inside its own decision. Returns
-    how many."""
-    return sum(warm_contract_steps(snap, previous))
-
-
-def warm_contract_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[int]:
-    """`warm_contracts`, one table per step (yields 1 after each), for a refresher that lets
-    requests in between two."""
+    (which `paths.warm_steps` built first), one table per step (yields 1 after each).
+    Without it the first request of each tick and contract builds its table (~0.5 ms at
+    8,000 GPUs) inside its own decision."""
     if previous is None or previous.topology is not snap.topology:
         return
     for key, old in list(previous.tables.items()):
         pt = snap.tables.get(key)
         if pt is None:
-            continue  # `paths.warm` skipped it (its ingress is gone, or no request read it)
+            continue  # `paths.warm_steps` skipped it (its ingress is gone, or no request read it)
         for table in tuple(old.used_contracts):  # a copy: requests may still be adding to it
             if table.topology is snap.topology and table not in pt.contracts:
                 _combined(snap, pt, table)
@@ -153,4 +147,4 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
                              table.no_peak, pt.network, pt.raw_network, pt.port, block, layout)
 
 
-__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table", "warm_contract_steps", "warm_contracts"]
+__all__ = ["BLOCK_FLOATS", "Layout", "TickContractTable", "tick_table", "warm_contract_steps"]

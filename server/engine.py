@@ -152,10 +152,8 @@ class DecisionEngine:
                 assert contract is not None  # admission guarantees it
                 budget = self._budget(contract, prep.request.vars)
                 for i in range(0, len(cands), n):
-                    last = min(i + n, len(cands))
-                    label = model if i == 0 else f"{model} (candidates {i + 1}-{last})" if last > i + 1 else \
-                        f"{model} (candidate {i + 1})"
-                    tries.append((label, contract, tuple(cands[i:i + n]), budget, prep.input.session))
+                    window = tuple(cands[i:i + n])
+                    tries.append((_window_label(model, i, len(window)), contract, window, budget, prep.input.session))
         out = _Matched(gen, scores, now, st, m, tuple(tries), rej,
                        {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
         if memo is not None:
@@ -299,6 +297,16 @@ class DecisionEngine:
         if moved:
             self._scores += 1
         return moved
+
+
+def _window_label(model: str, start: int, size: int) -> str:
+    """How a refusal names a try: the model for its first window, then which of its
+    candidates (1-based) the window held."""
+    if start == 0:
+        return model
+    if size == 1:
+        return f"{model} (candidate {start + 1})"
+    return f"{model} (candidates {start + 1}-{start + size})"
 
 
 def narrate(d: Decision, feasibility: str, ex) -> list[str]:  # type: ignore[no-untyped-def]

@@ -65,14 +65,11 @@ class ScorePusher:
         self._topology = snap.topology
         self._pushed = np.array(snap.scores, dtype=np.float64)
 
-    def on_refresh(self, snap: Snapshot, previous: Snapshot | None = None) -> int:
-        """Push this tick's share of score changes now; returns the group moves made."""
-        return sum(self.steps(snap, previous))
-
     def steps(self, snap: Snapshot, previous: Snapshot | None = None) -> Iterator[int]:
         """This tick's share of score changes, a chunk per step: each step takes the next
         GPUs due, largest move first, until `chunk` group moves, pushes them as one batch
-        and yields the moves; the tick ends when `budget` moves are spent."""
+        and yields the moves; the tick ends when `budget` moves are spent (`sum(steps(...))`
+        pushes the whole share at once)."""
         t = snap.topology
         if self._topology is not t:
             self._topology = t

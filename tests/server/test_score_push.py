@@ -48,7 +48,7 @@ def test_budget_bounds_each_tick_and_the_biggest_move_goes_first() -> None:
     r.tick()
     snap = r.tick()  # collapse detected: the victim's score falls to 0
     assert snap.scores[5] == 0.0
-    updates = pusher.on_refresh(snap)
+    updates = sum(pusher.steps(snap))
     assert updates <= 50 and sink.scores[tuple(victim.split("/"))] == 0.0  # pushed first
     assert pusher.deferred > 0  # the noise moved more GPUs than the budget allows
 
@@ -60,11 +60,11 @@ def test_pushes_converge_to_the_snapshot_within_min_delta() -> None:
     pusher = ScorePusher(sink, budget=9)
     snap = r.tick()
     for _ in range(40):  # nothing baselined: everything is due, three GPUs per tick
-        pusher.on_refresh(snap)
+        sum(pusher.steps(snap))
     t = snap.topology
     pushed = np.array([sink.scores[(t.hosts[g.host].name, g.gpu_id)] for g in t.gpus])
     np.testing.assert_array_equal(pushed, snap.scores)
-    assert pusher.on_refresh(snap) == 0 and pusher.deferred == 0
+    assert sum(pusher.steps(snap)) == 0 and pusher.deferred == 0
 
 
 def test_gpus_without_instances_cost_nothing_and_a_bad_budget_is_refused() -> None:
@@ -72,7 +72,7 @@ def test_gpus_without_instances_cost_nothing_and_a_bad_budget_is_refused() -> No
     r = Refresher(sim)
     sink = Sink(per_gpu=0)
     pusher = ScorePusher(sink, budget=1)
-    assert pusher.on_refresh(r.tick()) == 0 and sink.calls == 0 and pusher.deferred == 0
+    assert sum(pusher.steps(r.tick())) == 0 and sink.calls == 0 and pusher.deferred == 0
     with pytest.raises(ValueError, match="at least 1"):
         ScorePusher(sink, budget=0)
 
@@ -114,7 +114,7 @@ def test_pushes_come_as_steps_of_bounded_chunks_and_a_gpu_is_pushed_once_its_bat
     steps.close()
     pushed = {k for k, v in sink.scores.items() if before.get(k) != v}
     assert tuple(victim.split("/")) in pushed
-    assert pusher.on_refresh(snap) > 0  # the rest of the tick's share is still due
+    assert sum(pusher.steps(snap)) > 0  # the rest of the tick's share is still due
     for (host, gpu), s in sink.scores.items():
         if before.get((host, gpu)) != s:
             assert s == snap.scores[snap.topology.gpu_index[(host, gpu)]]
