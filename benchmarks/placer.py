@@ -7,8 +7,9 @@ congestion event script.
 Baselines measured in the same run: the naive refresh (writing every tick's telemetry into
 the networkx graph) and naive placement (networkx Dijkstra over the full graph per request).
 The tail simulation reports the contract-aware placer without and with the bundle's request
-budget breaker (`policies/breakers.contract`, `slo-budget`, at several fractions of the SLO);
-the baselines have no breaker. `--against REV` also times `Placer.place` against the placer at
+budget breakers (`policies/breakers.contract`: `slo-budget` at several fractions of the SLO,
+and `slow-placement`, at twice the latency the placement predicted); the baselines have no
+breaker. `--against REV` also times `Placer.place` against the placer at
 a git revision, in paired rounds.
 """
 
@@ -18,14 +19,16 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import numpy as np
 
 from policyc.compiler.bundle import (
-    Compute, Contract, Dependencies, Interval, Memory, ServiceDependency, Slo, SourceRef,
+    Breaker, Bundle, Compute, Contract, Dependencies, Interval, Memory, Redirect, ServiceDependency, Slo, SourceRef,
 )
+from policyc.compiler.pipeline import compile_paths
+from policyc.enforcer.rule_table import ELAPSED, RuleTable, build_rule_table
 from policyc.matcher.instance import Instance
 from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster, Thresholds
 from policyc.placer.catalog import DEFAULT_CATALOG, catalog_by_name
@@ -377,26 +380,47 @@ def realized(truth, gpu: int, c: Contract, rng: np.random.Generator, catalog) ->
 BREAKER_FRACTIONS = (0.925, 0.75, 0.5)  # policies/breakers.contract's slo-budget rule (92.5 %), then tighter ones
 
 
-def budget_breakers(c: Contract, fractions: tuple[float, ...]) -> list[tuple[float, float, float]]:
-    """The request-scope budget breaker of `policies/breakers.contract` (`slo-budget`: elapsed
-    >= 92.5 % of the SLO -> cancel the stream, redirect to a backup with X-Retry-Count: 1,
-    report the GPU), applied to this contract at each fraction and lowered by the enforcer's
-    own rule table: (fraction, seconds after the request starts, retry budget share)."""
-    from policyc.compiler.bundle import Bundle, Redirect
-    from policyc.compiler.pipeline import compile_paths
-    from policyc.enforcer.rule_table import ELAPSED, build_rule_table
+class TailBreaker(NamedTuple):
+    """A request-scope budget rule as the tail simulation applies it: `label` for the report,
+    the enforcer's rule table it was lowered to (which says when it fires for a request
+    given its predicted latency, as the guardian arms it), and its retry budget share."""
 
+    label: str
+    table: RuleTable
+    share: float
+
+    def fires_after(self, model: str, predicted: float) -> float:
+        found = self.table.budget_for(model, predicted)
+        assert found is not None
+        return found[1]
+
+
+def budget_breakers(c: Contract, fractions: tuple[float, ...]) -> list[TailBreaker]:
+    """The request-scope budget rules of `policies/breakers.contract`, applied to this
+    contract and lowered by the enforcer's own rule table: `slo-budget` (elapsed >= 92.5 % of
+    the SLO -> cancel the stream, redirect with X-Retry-Count: 1, report the GPU) at each
+    fraction, then `slow-placement` (elapsed >= 200 % of the latency the placement predicted,
+    the same actions) as the policy writes it."""
     compiled = compile_paths([str(POLICIES)], analyse=False).bundle
-    rule = next(b for b in compiled.breakers if b.scope == "request" and any(x.signal == ELAPSED for x in b.conditions))
-    assert any(isinstance(a, Redirect) for a in rule.actions), "the budget rule redirects to a backup"
+
+    def rule_on(of: str) -> Breaker:
+        rule = next(b for b in compiled.breakers if b.scope == "request" and any(x.signal == ELAPSED and x.of == of for x in b.conditions))
+        assert any(isinstance(a, Redirect) for a in rule.actions), f"`{rule.name}` redirects to a backup"
+        return rule
+
+    def lowered(b: Breaker) -> RuleTable:
+        return build_rule_table(Bundle(compiler_version="bench", contracts=(c,), breakers=(b.model_copy(update={"models": (c.name,)}),)))
+
+    slo_rule, predicted_rule = rule_on("slo"), rule_on("predicted")
     out = []
     for f in fractions:
-        cond = next(x for x in rule.conditions if x.signal == ELAPSED).model_copy(update={"value": f})
-        b = rule.model_copy(update={"models": (c.name,), "conditions": (cond,)})
-        table = build_rule_table(Bundle(compiler_version="bench", contracts=(c,), breakers=(b,)))
-        budget = table.budget_for(c.name)
-        assert budget is not None
-        out.append((f, budget.budget, b.retry_budget))
+        cond = next(x for x in slo_rule.conditions if x.signal == ELAPSED).model_copy(update={"value": f})
+        table = lowered(slo_rule.model_copy(update={"conditions": (cond,)}))
+        out.append(TailBreaker(f"budget breaker at {f:.1%} of the SLO ({table.budget_for(c.name)[1] * 1e3:.0f} ms)",  # type: ignore[index]
+                               table, slo_rule.retry_budget))
+    factor = next(x.value for x in predicted_rule.conditions if x.of == "predicted")
+    out.append(TailBreaker(f"`{predicted_rule.name}` breaker at {factor:.0%} of the predicted latency",
+                           lowered(predicted_rule), predicted_rule.retry_budget))
     return out
 
 
@@ -415,21 +439,22 @@ class _Pinned:
         return self._r.report_anomaly(host, gpu, signal, value)
 
 
-def broken(placed: list[tuple[int, list[Instance], float]], lat: list[float], breaker: tuple[float, float, float],
+def broken(placed: list[tuple[int, list[Instance], float, float]], lat: list[float], breaker: TailBreaker,
            retry: Placer, pinned: _Pinned, snap, nxt, truth, c: Contract, rng: np.random.Generator, catalog,
            ) -> tuple[list[float], int, int]:
-    """Realised latencies (ms) of one tick's requests with the budget breaker: a request still
-    running at the breaker's budget is cancelled and redirected once (retry budget permitting)
-    to a backup GPU placed by the placer among its other candidates, on the snapshot current
-    at that moment (the next one when the request started late enough in the tick); it then
-    takes budget + the backup's realised latency. The backup is not itself broken again.
+    """Realised latencies (ms) of one tick's requests with a budget breaker: a request still
+    running when the rule fires for it (a fixed budget, or a share of the latency its
+    placement predicted) is cancelled and redirected once (retry budget permitting) to a
+    backup GPU placed by the placer among its other candidates, on the snapshot current at
+    that moment (the next one when the request started late enough in the tick); it then
+    takes that time + the backup's realised latency. The backup is not itself broken again.
     Returns the latencies, the retries, and the needless ones (requests broken that would
-    have finished within the SLO: what a lower fraction costs)."""
-    _, at, share = breaker
+    have finished within the SLO: what an eager rule costs)."""
     out, retries, needless = list(lat), 0, 0
-    cap = int(share * len(placed))
+    cap = int(breaker.share * len(placed))
     t = snap.topology
-    for i, ((g, cands, started), v) in enumerate(zip(placed, lat)):
+    for i, ((g, cands, started, predicted), v) in enumerate(zip(placed, lat)):
+        at = breaker.fires_after(c.name, predicted)
         if v < at * 1e3 or retries >= cap:
             continue
         retries += 1
@@ -477,7 +502,7 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
         for _ in range(ticks):
             snap = r.current()
             chosen: list[int] = []
-            placed: list[tuple[int, list[Instance], float]] = []
+            placed: list[tuple[int, list[Instance], float, float]] = []
             for _ in range(per_tick):
                 cands = [insts[j] for j in rng.choice(len(insts), k, replace=False)]
                 if policy == "contract-aware":
@@ -486,6 +511,7 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
                         refused += 1  # refused up front (redirected), not served late
                         continue
                     inst = next(x for x in cands if x.id == plan.instance_id)
+                    predicted = plan.latency.total
                 elif policy == "round-robin":
                     inst, rr = cands[rr % k], rr + 1
                 else:
@@ -494,7 +520,7 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
                 g = t.gpu_index[(inst.deployment.host, inst.deployment.gpu)]
                 chosen.append(g)
                 if breakers:
-                    placed.append((g, cands, float(start_rng.uniform(0.0, snap.interval))))
+                    placed.append((g, cands, float(start_rng.uniform(0.0, snap.interval)), predicted))
                 sim.occupy(t.gpu_key(g), 0.05, ticks=3)
             nxt = r.tick()
             truth = build_snapshot(nxt.version, t, nxt.frame, None, None, PERMISSIVE, 0.2, nxt.taken_at)
@@ -509,8 +535,8 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
         # on tick s hits series[s - 2], placed before any snapshot could show it
         onset = {s - 2 for s in starts if 0 <= s - 2 < ticks}
         out[policy] = dict(_tail_figures(per, onset), marks=marks, refused=refused, onset_ticks=len(onset))
-        out[policy]["breakers"] = [dict(_tail_figures(pb, onset), fraction=f, at=at, retries=n, needless=needless)
-                                   for pb, (f, at, _), (n, needless) in zip(per_b, breakers, retries)]
+        out[policy]["breakers"] = [dict(_tail_figures(pb, onset), label=b.label, retries=n, needless=needless)
+                                   for pb, b, (n, needless) in zip(per_b, breakers, retries)]
     return out
 
 
@@ -536,7 +562,7 @@ def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
         ax.plot(range(1, ticks + 1), d["series"], label=f"{name}: P99 {d['p99']:.0f} ms, ±{d['spread']:.1f} ms")
     for b in tail["contract-aware"]["breakers"]:
         ax.plot(range(1, ticks + 1), b["series"], ls="--", lw=0.9,
-                label=f"contract-aware + breaker at {b['fraction']:.1%} of SLO: P99 {b['p99']:.0f} ms, ±{b['spread']:.1f} ms")
+                label=f"contract-aware + {b['label']}: P99 {b['p99']:.0f} ms, ±{b['spread']:.1f} ms")
     for tick, label in next(iter(tail.values()))["marks"]:
         ax.axvline(tick, color="grey", lw=0.6, ls=":")
         ax.text(tick, ax.get_ylim()[1] * 0.97, label, rotation=90, fontsize=7, va="top")
@@ -599,8 +625,7 @@ def main() -> None:
               f" (±{d['spread_steady']:.1f} ms without the {d['onset_ticks']} onset ticks)"
               f"  over budget {d['over_budget']:.1%}  refused {d['refused']}")
     for b in tail["contract-aware"]["breakers"]:
-        print(f"  contract-aware + budget breaker at {b['fraction']:.1%} of the SLO ({b['at'] * 1e3:.0f} ms; cancel, redirect with "
-              f"X-Retry-Count: 1): P99 {b['p99']:.1f} ms  P50 {b['p50']:.1f} ms  spread ±{b['spread']:.1f} ms"
+        print(f"  contract-aware + {b['label']} (cancel, redirect with X-Retry-Count: 1): P99 {b['p99']:.1f} ms  P50 {b['p50']:.1f} ms  spread ±{b['spread']:.1f} ms"
               f" (±{b['spread_steady']:.1f} ms without onset ticks)  over budget {b['over_budget']:.1%}  retried {b['retries']}"
               f" ({b['needless']} of them would have met the SLO)")
     base = min(tail["round-robin"]["spread"], tail["least-loaded"]["spread"])

@@ -16,7 +16,7 @@ from .bundle import Action, Breaker, CancelStream, Quarantine, Redirect, ReportA
 from .fields import BlockReader, ref, shape
 
 SIGNALS: dict[str, str] = {
-    "elapsed": "time",  # time a request has spent so far (may be written as a fraction `of slo`)
+    "elapsed": "time",  # time a request has spent so far (may be written as a share `of slo` or `of predicted`)
     "sm_utilization": "ratio",
     "tls_handshake": "time",
     "connect_time": "time",
@@ -25,6 +25,10 @@ SIGNALS: dict[str, str] = {
     "error_rate": "ratio",
     "gpu_memory_free": "size",
 }
+# what `elapsed` may be a share of: the contract's SLO, or the end-to-end latency the placer
+# predicted for this very request (a request far past its own prediction is on a GPU or path
+# that degraded under it, which telemetry shows only on its next tick)
+SHARE_OF = ("slo", "predicted")
 ACTIONS = ("cancel_stream", "redirect", "quarantine", "report_anomaly", "self_heal")
 HEAL_STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
 FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
@@ -123,10 +127,11 @@ def _condition(p: ast.Value, diags: list[Diagnostic]) -> SignalCondition | None:
         diags.append(error("E301", f"`{signal}` is compared with {units.describe(t)}, found {shape(right)}", right.span))
         return None
     if right.of is not None:
-        if signal != "elapsed" or right.of.dotted != "slo" or right.unit != "%":
-            diags.append(error("E324", "only `elapsed` may be written as a share of the SLO: `elapsed >= 92.5 % of slo`", right.span))
+        if signal != "elapsed" or right.of.dotted not in SHARE_OF or right.unit != "%":
+            diags.append(error("E324", "only `elapsed` may be written as a share of the SLO or of the placement's predicted "
+                               "latency: `elapsed >= 92.5 % of slo`, `elapsed >= 200 % of predicted`", right.span))
             return None
-        return SignalCondition(signal=signal, cmp=op, value=right.number / 100, of="slo", origin=ref(p.span))  # type: ignore[arg-type]
+        return SignalCondition(signal=signal, cmp=op, value=right.number / 100, of=right.of.dotted, origin=ref(p.span))  # type: ignore[arg-type]
     si = units.to_si(right.number, right.unit, t)
     if si is None:
         diags.append(error("E303", f"`{signal}` is {units.describe(t)}, found {units.describe(units.quantity_type(right.unit))}", right.span))

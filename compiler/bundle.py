@@ -258,13 +258,14 @@ class IndexedAttribute(Frozen):
 
 
 class SignalCondition(Frozen):
-    """`signal cmp value`; with `of`, value is a fraction of that contract quantity
-    (e.g. elapsed >= 0.925 of slo)."""
+    """`signal cmp value`; with `of`, value is a fraction of that quantity: the contract's
+    SLO (elapsed >= 0.925 of slo) or the latency the request's placement predicted
+    (elapsed >= 2.0 of predicted)."""
 
     signal: str
     cmp: Literal["<", "<=", ">", ">="]
     value: float
-    of: Literal["slo"] | None = None
+    of: Literal["slo", "predicted"] | None = None
     origin: SourceRef
 
 

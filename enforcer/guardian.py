@@ -1,7 +1,7 @@
 """The guardian: carries out compiled circuit-break rules where per-request decisions belong.
 
-- Request budgets: each request's deadline comes from its contract's SLO and the bundle's
-  budget rule; when it passes, that one stream is cancelled (never its connection), the
+- Request budgets: each request's deadline comes from the bundle's budget rules, on its
+  contract's SLO or on the latency its placement predicted for it; when it passes, that one stream is cancelled (never its connection), the
   request is redirected to the rule's backup with `X-Retry-Count: 1` and its variant, and the
   GPU's anomaly goes to the placer.
 - GPU rules: consecutive-anomaly streaks per GPU, cross-layer classification first (a
@@ -59,6 +59,7 @@ class _Ticket:
     on_redirect: Callable[[RetryPlan], None] | None
     retry_count: int
     budget: BudgetRule | None
+    budget_s: float = 0.0  # seconds after `started` at which `budget` fires
     token: int = 0
     holds_retry_slot: bool = False
 
@@ -154,12 +155,16 @@ class Guardian:
         on_redirect: Callable[[RetryPlan], None] | None = None,
         retry_count: int = 0,
         started: float | None = None,
+        predicted: float | None = None,
     ) -> float | None:
-        """Track a request; returns its break deadline on the guardian's clock (None: no budget)."""
+        """Track a request; returns its break deadline on the guardian's clock (None: no budget).
+        `predicted`: the end-to-end seconds its placement predicted, for rules written
+        `elapsed >= N % of predicted` (without it those rules do not apply to the request)."""
         start = self._clock() if started is None else started
         with self._lock:
-            budget = self.table.budget_for(model)
-            t = _Ticket(request_id, model, start, stream, gpu_key, backend, on_redirect, retry_count, budget)
+            found = self.table.budget_for(model, predicted)
+            budget, seconds = found if found is not None else (None, 0.0)
+            t = _Ticket(request_id, model, start, stream, gpu_key, backend, on_redirect, retry_count, budget, seconds)
             if request_id in self._tickets:
                 raise ValueError(f"request `{request_id}` is already tracked")
             self._tickets[request_id] = t
@@ -169,7 +174,7 @@ class Guardian:
             rb.request_started()
             if retry_count > 0 and self._pending_slots.pop(request_id, None) is not None:
                 t.holds_retry_slot = True
-            deadline = start + budget.budget
+            deadline = start + seconds
             t.token = self._watch.arm(deadline, lambda late, rid=request_id: self._crossed(rid, late))
             return deadline
 
@@ -202,7 +207,7 @@ class Guardian:
             if isinstance(action, CancelStream):
                 try:
                     t.stream.cancel()
-                    outcome, detail = Outcome.DONE, f"budget {t.budget.budget * 1e3:.1f} ms crossed at {elapsed * 1e3:.1f} ms"
+                    outcome, detail = Outcome.DONE, f"budget {t.budget_s * 1e3:.1f} ms crossed at {elapsed * 1e3:.1f} ms"
                 except Exception as exc:  # a stream that is already gone cannot be cancelled: record it
                     outcome, detail = Outcome.FAILED, f"cancel failed: {exc}"
                 cancel_s = self._clock() - crossed_at
@@ -363,7 +368,7 @@ class Guardian:
         table = self.table
         live = np.zeros(len(values), dtype=bool)
         for rule in table.gpu_rules + table.request_rules + table.backend_rules + table.connection_rules:
-            if all(c.signal == signal and c.of is None for c in rule.conditions):  # `of: slo` needs an SLO: never here
+            if all(c.signal == signal and c.of is None for c in rule.conditions):  # `of` needs a request (its SLO or prediction): never here
                 hold = np.ones(len(values), dtype=bool)
                 for c in rule.conditions:
                     hold &= _COMPARE[c.cmp](values, c.value)

@@ -4,6 +4,9 @@ The compiler's `Breaker` rows are data; here they are grouped by scope, given st
 integer ids (the kernel knows rules by number) and, for request-scoped budget rules, turned
 into absolute budgets per contract. The kernel cannot read `:path`, so it flags streams
 against the tightest budget (`stream_budget_ns`); per-request decisions stay in user space.
+A budget relative to the request's own predicted latency (`elapsed >= 200 % of predicted`)
+is known only once the request is placed, so it is never a kernel budget: the guardian
+arms it per request.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from policyc.compiler.bundle import (
     SignalCondition,
 )
 
-ELAPSED = "elapsed"  # seconds a request has used; with `of: slo`, a fraction of its SLO
+ELAPSED = "elapsed"  # seconds a request has used; with `of`, a share of its SLO or of its predicted latency
 
 
 class RuleTableError(ValueError):
@@ -31,13 +34,26 @@ class RuleTableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BudgetRule:
-    """A request-scoped breaker whose trigger is elapsed time: fires at `budget` seconds."""
+    """A request-scoped breaker whose trigger is elapsed time: fires `budget` seconds after
+    the request starts or, for a rule on the request's prediction, at `of_predicted` times
+    the end-to-end latency its placement predicted (the later of the two when it has both)."""
 
     rule_id: int
     breaker: Breaker
     model: str
-    budget: float  # seconds after the request starts
+    budget: float | None  # seconds after the request starts; None: only relative to the prediction
     slo: float | None
+    of_predicted: float | None = None  # `elapsed >= 200 % of predicted` -> 2.0
+
+    def seconds(self, predicted: float | None) -> float | None:
+        """When the rule fires for a request placed with `predicted` seconds end to end
+        (None: unknown, so a rule on the prediction does not apply)."""
+        if self.of_predicted is None:
+            return self.budget
+        if predicted is None or not predicted > 0:
+            return None
+        relative = self.of_predicted * predicted
+        return relative if self.budget is None else max(self.budget, relative)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,33 +72,39 @@ class RuleTable:
     backend_rules: tuple[Breaker, ...]
     connection_rules: tuple[Breaker, ...]
 
-    def budget_for(self, model: str) -> BudgetRule | None:
-        """The earliest budget rule that applies to `model`."""
-        found = [b for b in self.budgets if b.model == model]
-        return min(found, key=lambda b: b.budget) if found else None
+    def budget_for(self, model: str, predicted: float | None = None) -> tuple[BudgetRule, float] | None:
+        """The budget rule that fires first for a request to `model` whose placement
+        predicted `predicted` seconds, and after how many seconds it fires."""
+        found = [(b, s) for b in self.budgets if b.model == model and (s := b.seconds(predicted)) is not None]
+        return min(found, key=lambda x: x[1]) if found else None
 
     def kernel_rules(self) -> KernelRules:
         budgets: dict[int, int] = {}
         for b in self.budgets:
+            if b.of_predicted is not None or b.budget is None:
+                continue  # known per request only: armed by the guardian
             ns = int(b.budget * 1e9)
             budgets[b.rule_id] = min(ns, budgets.get(b.rule_id, ns))
         names = {i: n for n, i in self.ids.items()}
         return KernelRules(budgets, names, min(budgets.values(), default=0))
 
 
-def holds(cond: SignalCondition, value: float, slo: float | None = None) -> bool:
-    """Does `signal cmp value` hold? With `of: slo`, the threshold is a fraction of the SLO."""
+def holds(cond: SignalCondition, value: float, slo: float | None = None, predicted: float | None = None) -> bool:
+    """Does `signal cmp value` hold? With `of`, the threshold is a share of the SLO or of the
+    predicted latency; without that quantity the condition does not hold."""
     threshold = cond.value
-    if cond.of == "slo":
-        if slo is None:
+    if cond.of is not None:
+        base = slo if cond.of == "slo" else predicted
+        if base is None:
             return False
-        threshold = cond.value * slo
+        threshold = cond.value * base
     return {"<": value < threshold, "<=": value <= threshold, ">": value > threshold, ">=": value >= threshold}[cond.cmp]
 
 
-def all_hold(breaker: Breaker, signals: Mapping[str, float], slo: float | None = None) -> bool:
+def all_hold(breaker: Breaker, signals: Mapping[str, float], slo: float | None = None,
+             predicted: float | None = None) -> bool:
     """Every condition holds on the signals present; a missing signal means the rule does not fire."""
-    return all(c.signal in signals and holds(c, signals[c.signal], slo) for c in breaker.conditions)
+    return all(c.signal in signals and holds(c, signals[c.signal], slo, predicted) for c in breaker.conditions)
 
 
 def _check(breaker: Breaker) -> None:
@@ -120,13 +142,15 @@ def build_rule_table(bundle: Bundle) -> RuleTable:
             for model in models:
                 contract = bundle.contract(model)
                 slo = contract.slo.latency if contract and contract.slo else None
-                cond = elapsed[0]
-                if cond.cmp not in (">", ">="):
-                    raise RuleTableError(f"{cond.origin}: a budget on `elapsed` must use > or >=")
-                if cond.of == "slo" and slo is None:
+                for cond in elapsed:
+                    if cond.cmp not in (">", ">="):
+                        raise RuleTableError(f"{cond.origin}: a budget on `elapsed` must use > or >=")
+                if slo is None and any(c.of == "slo" for c in elapsed):
                     continue  # the contract declares no SLO: no budget to track
-                budget = max(c.value * (slo if c.of == "slo" else 1.0) for c in elapsed)  # type: ignore[operator]
-                budgets.append(BudgetRule(ids[breaker.name], breaker, model, budget, slo))
+                fixed = [c.value * (slo if c.of == "slo" else 1.0) for c in elapsed if c.of != "predicted"]  # type: ignore[operator]
+                relative = [c.value for c in elapsed if c.of == "predicted"]
+                budgets.append(BudgetRule(ids[breaker.name], breaker, model, max(fixed, default=None), slo,
+                                          max(relative, default=None)))
         else:
             by_scope[breaker.scope].append(breaker)
     return RuleTable(

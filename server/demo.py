@@ -217,7 +217,7 @@ class Demo:
         server.refresher.tick()
 
     def _budget_break(self, stub: pb_grpc.DecisionsStub, server: DecisionServer) -> None:
-        self.head("6. a request crosses its budget: cancelled, retried on fraud-scorer-lite")
+        self.head("6. a request runs far past its prediction: cancelled, retried on fraud-scorer-lite")
         g = server.guardian
         if g is None:
             raise DemoError("the guardian is off")
@@ -234,14 +234,15 @@ class Demo:
             done.set()
 
         gpu = f"{d.placement.host}/{d.placement.gpu}"
-        deadline = g.begin(d.decision_id, "fraud-scorer", call, gpu_key=gpu, on_redirect=on_redirect)
-        self.say(f"  model call running on {gpu}: network 12 + protocol 8 + runtime 140 + hardware 25 ms … "
-                 f"(break deadline in {(deadline - time.monotonic()) * 1e3 if deadline else float('nan'):.0f} ms)")
+        predicted = d.placement.predicted.total_ms / 1e3
+        deadline = g.begin(d.decision_id, "fraud-scorer", call, gpu_key=gpu, on_redirect=on_redirect, predicted=predicted)
+        self.say(f"  model call running on {gpu} (predicted {predicted * 1e3:.1f} ms): network 12 + protocol 8 + runtime 140 "
+                 f"+ hardware 25 ms … (break deadline in {(deadline - time.monotonic()) * 1e3 if deadline else float('nan'):.0f} ms)")
         done.wait(2.0)
         g.finish(d.decision_id)
         if not call.cancelled.is_set() or not retried:
             raise DemoError("the guardian did not break the over-budget call")
-        self.say(f"  guardian: stream cancelled after {(time.monotonic() - call.started) * 1e3:.0f} ms; retry plan → "
+        self.say(f"  guardian: `{retried[0].rule}` cancelled the stream after {(time.monotonic() - call.started) * 1e3:.0f} ms; retry plan → "
                  f"`{retried[0].backup}` variant `{retried[0].variant}` headers {dict(retried[0].headers)}")
         retry_headers = {"X-Tenant": "acme-bank", "X-Model": retried[0].backup, **{k.title(): v for k, v in retried[0].headers}}
         r = self._decide(stub, "the retry", retry_headers)

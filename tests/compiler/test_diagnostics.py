@@ -96,6 +96,8 @@ CASES = [
      "E211", "lists `redirect` but has no `redirect { … }` block", "f0", 21, 3),
     ("of-slo-wrong-signal", [BASE_CONTRACT + "breaker b {\n  scope: request\n  when: tls_handshake >= 90 % of slo\n  actions: [cancel_stream]\n}\n"],
      "E324", "only `elapsed` may be written as a share of the SLO", "f0", 20, 26),
+    ("of-unknown-quantity", [BASE_CONTRACT + "breaker b {\n  scope: request\n  when: elapsed >= 90 % of budget\n  actions: [cancel_stream]\n}\n"],
+     "E324", "share of the SLO or of the placement's predicted latency", "f0", 20, 20),
     ("signal-unit", [BASE_CONTRACT + "breaker b {\n  scope: request\n  when: elapsed >= 90 %\n  actions: [cancel_stream]\n}\n"],
      "E303", "`elapsed` is a time (ns, us, ms, s, min), found a percentage", "f0", 20, 20),
 ]

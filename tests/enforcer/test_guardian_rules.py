@@ -11,7 +11,7 @@ import pytest
 
 from enforcer_support import REF, make_bundle  # noqa: E402
 
-from policyc.compiler.bundle import Breaker, Quarantine, SignalCondition
+from policyc.compiler.bundle import Breaker, CancelStream, Quarantine, Redirect, SignalCondition
 from policyc.compiler.pipeline import compile_paths
 from policyc.enforcer.collaborators import MemoryAudit
 from policyc.enforcer.endpoint import Endpoint, EndpointError
@@ -54,9 +54,11 @@ def _guardian(bundle, audit: MemoryAudit, anomalies: Anomalies, rebalanced: list
 def test_reference_pack_budget_is_185_of_200_ms() -> None:
     bundle = _reference_bundle()
     table = build_rule_table(bundle)
-    rule = table.budget_for("fraud-scorer")
-    assert rule is not None and rule.breaker.name == "slo-budget"
-    assert rule.budget == pytest.approx(0.925 * rule.slo)
+    found = table.budget_for("fraud-scorer")
+    assert found is not None
+    rule, seconds = found
+    assert rule.breaker.name == "slo-budget"
+    assert rule.budget == pytest.approx(0.925 * rule.slo) and seconds == rule.budget
     assert table.kernel_rules().stream_budget_ns == int(rule.budget * 1e9)
 
 
@@ -186,3 +188,67 @@ def test_bad_rules_and_endpoints_get_clear_errors() -> None:
     with pytest.raises(EndpointError, match="expected host:port"):
         Endpoint.parse("localhost")
     assert Endpoint.parse("[::ffff:127.0.0.1]:80") == Endpoint.of("127.0.0.1", 80)
+
+
+def _on_prediction(factor: float, at_least: float | None = None) -> Breaker:
+    """`elapsed >= factor of predicted` (and `elapsed >= at_least` seconds when given)."""
+    conds = [SignalCondition(signal="elapsed", cmp=">=", value=factor, of="predicted", origin=REF)]
+    if at_least is not None:
+        conds.append(SignalCondition(signal="elapsed", cmp=">=", value=at_least, origin=REF))
+    return Breaker(name="slow-placement", scope="request", models=("fraud-scorer",), conditions=tuple(conds),
+                   actions=(CancelStream(), Redirect(backup="fraud-scorer", headers=(("X-Retry-Count", "1"),))), origin=REF)
+
+
+@pytest.mark.parametrize("predicted, rule, seconds", [
+    (None, "slo-budget", 0.185),  # no placement prediction: only the SLO rule applies
+    (0.0, "slo-budget", 0.185),  # nor with a prediction that is no latency
+    (0.05, "slow-placement", 0.10),  # twice 50 ms comes before 185 ms
+    (0.09, "slow-placement", 0.18),
+    (0.095, "slo-budget", 0.185),  # twice 95 ms is past the SLO rule
+    (0.15, "slo-budget", 0.185),  # twice 150 ms is past the SLO rule
+])
+def test_budget_on_the_prediction_fires_first_only_when_it_is_earlier(predicted: float | None, rule: str, seconds: float) -> None:
+    table = build_rule_table(make_bundle(extra=(_on_prediction(2.0),)))
+    found = table.budget_for("fraud-scorer", predicted)
+    assert found is not None
+    assert (found[0].breaker.name, found[1]) == (rule, pytest.approx(seconds))
+
+
+def test_budget_on_the_prediction_is_never_a_kernel_budget_and_combines_with_a_fixed_one() -> None:
+    table = build_rule_table(make_bundle(extra=(_on_prediction(2.0, at_least=0.03),)))
+    assert table.kernel_rules().budgets_ns == {table.ids["slo-budget"]: 185_000_000}
+    rule = next(b for b in table.budgets if b.breaker.name == "slow-placement")
+    assert (rule.budget, rule.of_predicted) == (0.03, 2.0)
+    assert rule.seconds(0.01) == pytest.approx(0.03)  # both conditions must hold: the later one
+    assert rule.seconds(0.05) == pytest.approx(0.10)
+    assert rule.seconds(None) is None
+
+
+def test_reference_pack_breaks_a_request_at_twice_its_predicted_latency() -> None:
+    """`slow-placement` in policies/breakers.contract: a request placed with a 10 ms prediction
+    is cancelled at 20 ms, long before the 185 ms SLO budget, and redirected once to the
+    backup with X-Retry-Count: 1; its GPU is reported."""
+    import threading
+    import time
+
+    audit, anomalies = MemoryAudit(), Anomalies()
+    g = _guardian(_reference_bundle(), audit, anomalies, [])
+    cancelled, plans = threading.Event(), []
+
+    class Stream:
+        def cancel(self) -> bool:
+            cancelled.set()
+            return True
+
+    start = time.monotonic()
+    deadline = g.begin("r1", "fraud-scorer", Stream(), gpu_key="node-1/gpu3", on_redirect=plans.append, predicted=0.01)
+    assert deadline == pytest.approx(start + 0.02, abs=0.005)
+    assert cancelled.wait(1.0)
+    assert time.monotonic() - start < 0.15
+    g.finish("r1")
+    assert [(p.backup, p.variant, p.headers, p.rule) for p in plans] == [
+        ("fraud-scorer-lite", "simplified", (("x-retry-count", "1"),), "slow-placement")]
+    assert [a[0] for a in anomalies.reports] == ["node-1/gpu3"]
+    cancel = next(r for r in audit.records if r.kind is ActionKind.CANCEL_STREAM)
+    assert cancel.rule == "slow-placement" and "budget 20.0 ms" in cancel.detail
+    g.close()
