@@ -416,10 +416,10 @@ def budget_breakers(c: Contract, fractions: tuple[float, ...]) -> list[TailBreak
     for f in fractions:
         cond = next(x for x in slo_rule.conditions if x.signal == ELAPSED).model_copy(update={"value": f})
         table = lowered(slo_rule.model_copy(update={"conditions": (cond,)}))
-        out.append(TailBreaker(f"budget breaker at {f:.1%} of the SLO ({table.budget_for(c.name)[1] * 1e3:.0f} ms)",  # type: ignore[index]
+        out.append(TailBreaker(f"`{slo_rule.name}` at {f:.1%} of the SLO ({table.budget_for(c.name)[1] * 1e3:.0f} ms)",  # type: ignore[index]
                                table, slo_rule.retry_budget))
     factor = next(x.value for x in predicted_rule.conditions if x.of == "predicted")
-    out.append(TailBreaker(f"`{predicted_rule.name}` breaker at {factor:.0%} of the predicted latency",
+    out.append(TailBreaker(f"`{predicted_rule.name}` at {factor:.0%} of the predicted latency",
                            lowered(predicted_rule), predicted_rule.retry_budget))
     return out
 
@@ -557,19 +557,19 @@ def plot(tail: dict[str, dict], path: str, ticks: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(9, 7))
     for name, d in tail.items():
         ax.plot(range(1, ticks + 1), d["series"], label=f"{name}: P99 {d['p99']:.0f} ms, ±{d['spread']:.1f} ms")
     for b in tail["contract-aware"]["breakers"]:
         ax.plot(range(1, ticks + 1), b["series"], ls="--", lw=0.9,
-                label=f"contract-aware + {b['label']}: P99 {b['p99']:.0f} ms, ±{b['spread']:.1f} ms")
+                label=f"contract-aware + breaker {b['label']}: P99 {b['p99']:.0f} ms, ±{b['spread']:.1f} ms")
     for tick, label in next(iter(tail.values()))["marks"]:
         ax.axvline(tick, color="grey", lw=0.6, ls=":")
         ax.text(tick, ax.get_ylim()[1] * 0.97, label, rotation=90, fontsize=7, va="top")
     ax.set_xlabel("tick (200 ms)")
     ax.set_ylabel("per-tick P99 of end-to-end latency (ms)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=1, frameon=False)
     ax.set_title("Placement under scripted congestion (same event script for each policy)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -625,7 +625,7 @@ def main() -> None:
               f" (±{d['spread_steady']:.1f} ms without the {d['onset_ticks']} onset ticks)"
               f"  over budget {d['over_budget']:.1%}  refused {d['refused']}")
     for b in tail["contract-aware"]["breakers"]:
-        print(f"  contract-aware + {b['label']} (cancel, redirect with X-Retry-Count: 1): P99 {b['p99']:.1f} ms  P50 {b['p50']:.1f} ms  spread ±{b['spread']:.1f} ms"
+        print(f"  contract-aware + breaker {b['label']} (cancel, redirect with X-Retry-Count: 1): P99 {b['p99']:.1f} ms  P50 {b['p50']:.1f} ms  spread ±{b['spread']:.1f} ms"
               f" (±{b['spread_steady']:.1f} ms without onset ticks)  over budget {b['over_budget']:.1%}  retried {b['retries']}"
               f" ({b['needless']} of them would have met the SLO)")
     base = min(tail["round-robin"]["spread"], tail["least-loaded"]["spread"])
