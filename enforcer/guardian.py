@@ -1,9 +1,9 @@
 """The guardian: carries out compiled circuit-break rules where per-request decisions belong.
 
 - Request budgets: each request's deadline comes from the bundle's budget rules, on its
-  contract's SLO or on the latency its placement predicted for it; when it passes, that one stream is cancelled (never its connection), the
-  request is redirected to the rule's backup with `X-Retry-Count: 1` and its variant, and the
-  GPU's anomaly goes to the placer.
+  contract's SLO or on the latency its placement predicted for it; when it passes, that one
+  stream is cancelled (never its connection), the request is redirected to the rule's
+  backup with `X-Retry-Count: 1` and its variant, and the GPU's anomaly goes to the placer.
 - GPU rules: consecutive-anomaly streaks per GPU, cross-layer classification first (a
   client-network cause does not blame the GPU), then anomaly reports and self-heal through
   the one executor.

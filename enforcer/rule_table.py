@@ -89,22 +89,21 @@ class RuleTable:
         return KernelRules(budgets, names, min(budgets.values(), default=0))
 
 
-def holds(cond: SignalCondition, value: float, slo: float | None = None, predicted: float | None = None) -> bool:
-    """Does `signal cmp value` hold? With `of`, the threshold is a share of the SLO or of the
-    predicted latency; without that quantity the condition does not hold."""
+def holds(cond: SignalCondition, value: float, slo: float | None = None) -> bool:
+    """Does `signal cmp value` hold? With `of: slo`, the threshold is a fraction of the SLO;
+    without an SLO, or for a share of a request's prediction (known only to the budget
+    rules the guardian arms per request), the condition does not hold."""
     threshold = cond.value
     if cond.of is not None:
-        base = slo if cond.of == "slo" else predicted
-        if base is None:
+        if cond.of != "slo" or slo is None:
             return False
-        threshold = cond.value * base
+        threshold = cond.value * slo
     return {"<": value < threshold, "<=": value <= threshold, ">": value > threshold, ">=": value >= threshold}[cond.cmp]
 
 
-def all_hold(breaker: Breaker, signals: Mapping[str, float], slo: float | None = None,
-             predicted: float | None = None) -> bool:
+def all_hold(breaker: Breaker, signals: Mapping[str, float], slo: float | None = None) -> bool:
     """Every condition holds on the signals present; a missing signal means the rule does not fire."""
-    return all(c.signal in signals and holds(c, signals[c.signal], slo, predicted) for c in breaker.conditions)
+    return all(c.signal in signals and holds(c, signals[c.signal], slo) for c in breaker.conditions)
 
 
 def _check(breaker: Breaker) -> None:
