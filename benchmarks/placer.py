@@ -505,6 +505,7 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
             placed: list[tuple[int, list[Instance], float, float]] = []
             for _ in range(per_tick):
                 cands = [insts[j] for j in rng.choice(len(insts), k, replace=False)]
+                predicted = float("nan")  # the baselines predict nothing (and have no breakers)
                 if policy == "contract-aware":
                     plan = placer.place(cands, BUDGET, c, ingress=INGRESS)
                     if not isinstance(plan, PlacementPlan):
