@@ -129,7 +129,7 @@ def _condition(p: ast.Value, diags: list[Diagnostic]) -> SignalCondition | None:
     if right.of is not None:
         if signal != "elapsed" or right.of.dotted not in SHARE_OF or right.unit != "%":
             diags.append(error("E324", "only `elapsed` may be written as a share of the SLO or of the placement's predicted "
-                               "latency: `elapsed >= 92.5 % of slo`, `elapsed >= 200 % of predicted`", right.span))
+                               "latency: `elapsed >= 92.5 % of slo`, `elapsed >= 300 % of predicted`", right.span))
             return None
         return SignalCondition(signal=signal, cmp=op, value=right.number / 100, of=right.of.dotted, origin=ref(p.span))  # type: ignore[arg-type]
     si = units.to_si(right.number, right.unit, t)

@@ -260,7 +260,7 @@ class IndexedAttribute(Frozen):
 class SignalCondition(Frozen):
     """`signal cmp value`; with `of`, value is a fraction of that quantity: the contract's
     SLO (elapsed >= 0.925 of slo) or the latency the request's placement predicted
-    (elapsed >= 2.0 of predicted)."""
+    (elapsed >= 3.0 of predicted)."""
 
     signal: str
     cmp: Literal["<", "<=", ">", ">="]

@@ -4,7 +4,7 @@ The compiler's `Breaker` rows are data; here they are grouped by scope, given st
 integer ids (the kernel knows rules by number) and, for request-scoped budget rules, turned
 into absolute budgets per contract. The kernel cannot read `:path`, so it flags streams
 against the tightest budget (`stream_budget_ns`); per-request decisions stay in user space.
-A budget relative to the request's own predicted latency (`elapsed >= 200 % of predicted`)
+A budget relative to the request's own predicted latency (`elapsed >= 300 % of predicted`)
 is known only once the request is placed, so it is never a kernel budget: the guardian
 arms it per request.
 """
@@ -43,7 +43,7 @@ class BudgetRule:
     model: str
     budget: float | None  # seconds after the request starts; None: only relative to the prediction
     slo: float | None
-    of_predicted: float | None = None  # `elapsed >= 200 % of predicted` -> 2.0
+    of_predicted: float | None = None  # `elapsed >= 300 % of predicted` -> 3.0
 
     def seconds(self, predicted: float | None) -> float | None:
         """When the rule fires for a request placed with `predicted` seconds end to end
