@@ -21,7 +21,7 @@ from .candidate_sets import Gathered
 from .evaluate import Evaluation
 from .lookup import Figures, scalar_evaluation
 from .plan import DependencyBinding
-from .tick_table import DEPENDENCIES, MIN_SHARE, NETWORK, SIGMA
+from .tick_table import DEPENDENCIES, MIN_SHARE, NETWORK, SIGMA, TickContractTable
 
 
 class RowFigures(NamedTuple):
@@ -61,10 +61,11 @@ class Evaluated(ABC):
         self.best = best
 
     @staticmethod
-    def of_lists(gpus: np.ndarray, rows: list[int], gathered: Gathered, f: Figures) -> "Evaluated":
-        """From the scalar path: `gathered`, the candidates' rows of a tick table's block;
+    def of_lists(gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered, f: Figures) -> "Evaluated":
+        """From the scalar path: `gathered`, the candidates' rows of `table`'s block (held
+        here for as long as this evaluation lives: a plan's explanation may read it later);
         `f`, their figures."""
-        return _FromLists(gpus, rows, gathered, f)
+        return _FromLists(gpus, rows, table, gathered, f)
 
     @staticmethod
     def of_evaluation(ev: Evaluation) -> "Evaluated":
@@ -88,18 +89,19 @@ class Evaluated(ABC):
 
 
 class _FromLists(Evaluated):
-    __slots__ = ("_array", "_gathered", "_figures", "_ev")
+    __slots__ = ("_array", "_table", "_gathered", "_figures", "_ev")
 
-    def __init__(self, gpus: np.ndarray, rows: list[int], gathered: Gathered, f: Figures) -> None:
+    def __init__(self, gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered, f: Figures) -> None:
         super().__init__(rows, f.fail, f.rank)
         self._array = gpus
+        self._table = table
         self._gathered = gathered
         self._figures = f
         self._ev: Evaluation | None = None
 
     def row(self, r: int) -> RowFigures:
         x, f = self._gathered.rows[r], self._figures
-        return RowFigures(self.gpus[r], int(x[self._gathered.table.layout.port]), x[NETWORK], f.queueing[r],
+        return RowFigures(self.gpus[r], int(x[self._table.layout.port]), x[NETWORK], f.queueing[r],
                           f.compute[r], x[DEPENDENCIES], x[SIGMA], x[MIN_SHARE], self._gathered.bindings(r))
 
     def evaluation(self) -> Evaluation:
@@ -107,7 +109,7 @@ class _FromLists(Evaluated):
         threads racing here build the same figures twice, and either result is kept."""
         ev = self._ev
         if ev is None:
-            ev = self._ev = scalar_evaluation(self._gathered.table, self._gathered.g, self._array, self._figures)
+            ev = self._ev = scalar_evaluation(self._table, self._gathered.g, self._array, self._figures)
         return ev
 
 

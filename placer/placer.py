@@ -176,7 +176,7 @@ class Placer:
             gathered = cs.gather(tt)
             figures = scalar_figures(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
                                      th.stability_weight, gathered.figures)
-            ev = Evaluated.of_lists(cs.gpus, cs.rows, gathered, figures)
+            ev = Evaluated.of_lists(cs.gpus, cs.rows, tt, gathered, figures)
         else:
             ev = Evaluated.of_evaluation(lookup(snap, th, cs.gpus, node, table, np.array(reserved), budget))
 

@@ -102,6 +102,36 @@ def test_a_candidate_set_gathers_each_tick_table_once() -> None:
     assert cs.gather(tt2) is not got  # a new tick: gathered afresh
 
 
+def test_a_candidate_set_no_longer_asked_for_does_not_keep_its_last_tick_table_alive() -> None:
+    """The memo keeps sets that stopped recurring (a re-ranked shape hands the placer other
+    candidates) until it starts over; their last gathers must not pin that tick's tables,
+    or a busy server grows by megabytes a second. A plan placed on the table keeps it for
+    its explanation."""
+    import gc
+    import weakref
+
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    snap = r.tick()
+    placer = Placer(r)
+    cands = tuple(instances(sim)[:8])
+    plan = placer.place(cands, 0.2, contract())
+    assert isinstance(plan, PlacementPlan)
+    tt = weakref.ref(next(iter(snap.tables[(snap.thresholds, None)].contracts.values())))
+    del snap
+    for _ in range(3):  # later ticks: the refresher keeps only the latest snapshots
+        r.tick()
+    others = tuple(instances(sim)[8:16])  # the shape now gets other candidates
+    assert isinstance(placer.place(others, 0.2, contract()), PlacementPlan)
+    gc.collect()
+    assert tt() is not None  # the first plan's explanation still reads it
+    reasons = plan.reasons
+    del plan
+    gc.collect()
+    assert tt() is None and reasons  # the first set is still remembered, and holds its table weakly
+    assert len(placer._sets._sets) == 2
+
+
 def test_a_refused_candidate_set_is_refused_in_the_same_words_until_its_shares_or_the_tick_move() -> None:
     sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
     r = Refresher(sim)
