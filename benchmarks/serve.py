@@ -2,7 +2,7 @@
 with N registered instances, and a no-op gRPC service answering the same request with a
 pre-built response of the same size, measured in the same run.
 
-    .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 5]
+    .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 5] [--soak 120 [--unsettled]]
     POLICYC_EVENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # both servers on asyncio's loop
     POLICYC_BENCH_CLIENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # clients on asyncio's loop (passes 1-3)
 
@@ -33,6 +33,7 @@ import statistics
 import threading
 import time
 import warnings
+from array import array
 from typing import NamedTuple
 
 import grpc
@@ -106,7 +107,13 @@ class Phase(NamedTuple):
     p99_ms: float
     cpu_us: float  # server process CPU per call
     loop_cpu_us: float  # of which the server's event-loop thread
-    calls: list[tuple[float, float]]  # (start, latency) of every call, perf_counter seconds
+    starts: array  # every call's start, perf_counter seconds (arrays: untracked by the collector,
+    lats: array  # so the harness adds nothing to what the server's full collections scan)
+
+    @property
+    def calls(self) -> list[tuple[float, float]]:
+        """(start, latency) of every call."""
+        return list(zip(self.starts, self.lats))
 
 
 def _thread_cpu(native_id: int | None) -> float:
@@ -129,10 +136,11 @@ def load(port: int, concurrency: int, seconds: float, rate: float | None = None,
     rps, lat, starts = q.get()
     cpu, lcpu = time.process_time() - c0, _thread_cpu(loop_thread) - l0
     p.join()
-    calls = list(zip(starts, lat))
+    starts, lats = array("d", starts), array("d", lat)
     lat = sorted(lat)
     n = max(len(lat), 1)
-    return Phase(rps, statistics.median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3, cpu / n * 1e6, lcpu / n * 1e6, calls)
+    return Phase(rps, statistics.median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3, cpu / n * 1e6, lcpu / n * 1e6,
+                 starts, lats)
 
 
 class GcSpans:
@@ -202,13 +210,15 @@ class _Noop:
         return port
 
 
-def build_server(instances: int) -> DecisionServer:
+def build_server(instances: int, settle_heap: bool = True) -> DecisionServer:
     """The benchmarks' decision service: the example policies, a simulated 256-host x 8-GPU
-    cluster, `instances` registered instances (the admissible fleet, replicated), no enforcer."""
+    cluster, `instances` registered instances (the admissible fleet, replicated), no enforcer;
+    the heap settled as `policyc serve` does unless `settle_heap` is False."""
     bundle = compile_paths(["policies"], analyse=False).bundle
     assert bundle is not None
     cluster = ClusterSpec(seed=1, hosts=256, gpus_per_host=8, hosts_per_rack=8)
-    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False))
+    server = DecisionServer(bundle, ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False,
+                                                  settle_heap=settle_heap))
     assert server.cluster is not None
     base = admissible_fleet(bundle, server.cluster.gpu_slots())
     fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=max(1, -(-instances // len(base))))[:instances]
@@ -254,6 +264,24 @@ def freshness(server: DecisionServer) -> str:
             f"{server.scores.budget} group moves per tick)")
 
 
+def soak(server: DecisionServer, port: int, concurrency: int, seconds: float, rate: float, loop_thread: int | None) -> str:
+    """One long paced run: the tail a full garbage collection makes (a pause of the whole
+    process, every call in flight waiting it out) shows only in runs longer than the
+    collector's period (minutes at this rate without `ServeConfig.settle_heap`). No collection
+    is forced first: the collector runs on its own schedule, as in a serving process."""
+    settled = len(server.heap.passes) if server.heap is not None else 0
+    with GcSpans() as gcs:
+        ph = load(port, concurrency, seconds, rate=rate, loop_thread=loop_thread)
+    lat = sorted(ph.lats)
+    full = [b - a for a, b, g in gcs.spans if g == 2]
+    passes = list(server.heap.passes)[settled:] if server.heap is not None else []
+    return (f"soak     {seconds:.0f} s paced at {rate:.0f}/s (settle_heap {server.heap is not None}): {ph.rps} decisions/s, "
+            f"p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, p99.9 {lat[int(0.999 * (len(lat) - 1))] * 1e3:.2f} ms, "
+            f"slowest {lat[-1] * 1e3:.1f} ms; full collections {len(full)}"
+            + (f" (longest {max(full) * 1e3:.0f} ms)" if full else "")
+            + f", settling passes {len(passes)}" + (f" (longest {max(passes) * 1e3:.0f} ms)" if passes else ""))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -262,13 +290,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5,
                     help="Decide / no-op phases alternate this many times (single rounds move by ±0.06 here)")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
+                    help="then one long paced run of Decide at 70 %% of max: p99, p99.9, the slowest call and the "
+                         "collector's full passes (what short rounds rarely catch)")
+    ap.add_argument("--unsettled", action="store_true", help="serve without ServeConfig.settle_heap, for comparison")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; event loop {loop_kind().value}, "
           f"clients on {os.environ.get('POLICYC_BENCH_CLIENT_LOOP', 'uvloop')}")
     n, secs, rounds = (20_000, 3.0, 2) if args.quick else (args.instances, args.seconds, args.rounds)
     warnings.simplefilter("ignore")
     t = time.perf_counter()
-    server = build_server(n)
+    server = build_server(n, settle_heap=not args.unsettled)
     assert server.cluster is not None
     print(f"compiled and registered {n} instances on {len(server.cluster.gpu_slots())} GPUs in {time.perf_counter() - t:.1f} s")
     ranking(server)
@@ -332,19 +364,22 @@ def main() -> int:
                     load(port, args.concurrency, secs, rate=rate, loop_thread=dloop)
             events = {"refresh step": list(server.refresher.spans()),
                       "GC gen 0-1": [(a, b) for a, b, g in gcs.spans if g < 2], "GC gen 2": [(a, b) for a, b, g in gcs.spans if g == 2]}
-            counts, unexplained, quiet_p99 = tail_causes(ph.calls, events, slow)
+            calls = ph.calls
+            counts, unexplained, quiet_p99 = tail_causes(calls, events, slow)
             paced[name].append(ph)
             if name == "served":  # the refreshes of this phase (the history holds 1,000)
                 work.extend(server.refresher.latencies()[done:])
                 steps.extend(b - a for a, b in server.refresher.spans() if a >= t0)
-            tails[name].append((counts, unexplained, sum(lat > slow for _, lat in ph.calls), len(ph.calls), quiet_p99))
-            n_slow, n_all = tails[name][-1][2], len(ph.calls)
+            tails[name].append((counts, unexplained, sum(lat > slow for lat in ph.lats), len(calls), quiet_p99))
+            n_slow, n_all = tails[name][-1][2], len(calls)
+            del calls
             print(f"paced round {r + 1}, {name}: {ph.rps}/s of {rate:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, "
                   f"server CPU per call {ph.cpu_us:.0f} us; {n_slow} of {n_all} calls over {slow * 1e3:g} ms, overlapping "
                   + ", ".join(f"{k} {a} ({a / max(n_slow, 1):.0%} of slow calls, {b / max(n_all, 1):.0%} of all)"
                               for k, (a, b) in counts.items())
                   + f", none of these {unexplained}; load average {os.getloadavg()[0]:.2f}")
     server.start_refresher()
+    soaked = soak(server, port, args.concurrency, args.soak, 0.7 * rps, dloop) if args.soak > 0 else None
     th.stop()
     asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
     loop.call_soon_threadsafe(loop.stop)
@@ -373,6 +408,8 @@ def main() -> int:
     print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
           f"max {max(work) * 1e3:.1f} ms over {len(work)} refreshes; steps median {statistics.median(steps) * 1e3:.2f} ms, "
           f"longest {max(steps) * 1e3:.2f} ms")
+    if soaked is not None:
+        print(soaked)
     outcomes = server.metrics.decisions.totals()
     decided = sum(outcomes.values())
     print("outcomes all phases: " + ", ".join(f"{o} ({r}) {n} ({n / max(decided, 1):.1%})"

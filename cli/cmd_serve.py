@@ -75,7 +75,7 @@ def run(args) -> int:
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
         refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
         audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, settle_heap=True,
     )
 
     async def main() -> int:

@@ -29,6 +29,7 @@ from .engine import DecisionEngine
 from .event_loop import new_event_loop
 from .metrics import Metrics
 from .handlers import add_decisions_service
+from .heap import HeapSettler
 from .proto import SERVICE_NAME
 from .score_push import ScorePusher
 from .service import DecisionService
@@ -73,6 +74,9 @@ class DecisionServer:
         self.scores = ScorePusher(self.engine, budget=config.score_push_budget)
         self.scores.baseline(self.refresher.current())
         self.refresher.on_refresh(self.scores.steps)
+        self.heap = HeapSettler(self.engine) if config.settle_heap else None
+        if self.heap is not None:
+            self.refresher.on_refresh(self.heap)
         self.audit: AuditBridge | None = None
         if config.audit_log is not None:
             self.audit = AuditBridge(AuditLog.open(config.audit_log), bundle)
@@ -141,6 +145,8 @@ class DecisionServer:
             await self._server.stop(grace)
             self._server = None
         self.refresher.stop()
+        if self.heap is not None:
+            self.heap.release()
         if self.guardian is not None:
             self.guardian.close()
         if self.audit is not None:

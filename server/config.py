@@ -62,3 +62,6 @@ class ServeConfig:
     # the refresher's steps and the score pushes (in chunks) run on the serving event loop
     # (see placer/refresher.py, score_push.py); False: on the refresher's thread
     refresh_on_loop: bool = True
+    # freeze the long-lived heap after the registry changes, so that the collector's full
+    # passes skip it (see heap.py); process-wide, so the process owner turns it on
+    settle_heap: bool = False

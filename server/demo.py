@@ -79,7 +79,7 @@ class Demo:
 
         self.head("2. serve on the simulated cluster")
         audit_path = self.dir / "audit.db"
-        server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(), audit_log=audit_path))
+        server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(), audit_log=audit_path, settle_heap=True))
         thread = ServerThread(server)
         port = thread.start()
         sim = server.cluster

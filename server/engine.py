@@ -80,6 +80,11 @@ class DecisionEngine:
     def state(self) -> PolicyState:
         return self._state
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every registration, removal and bulk registration."""
+        return self._generation
+
     def on_reload(self, listener: Callable[[PolicyState], None]) -> None:
         self._reload_listeners.append(listener)
 

@@ -60,6 +60,12 @@ class RequestShapes:
             return None
         return self._table.get(raw)
 
+    def forget(self) -> None:
+        """Drop every shape (after a reload: the old state's entries would keep it alive
+        until the next new shape)."""
+        self._table = {}
+        self._state = None
+
     def put(self, raw: bytes, prepared: Prepared) -> ShapeEntry:
         table = self._table
         if prepared.state is not self._state:

@@ -206,6 +206,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
             except ServiceError:
                 self.metrics.reloads.labels("refused").inc()
                 raise
+            self.shapes.forget()
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_bundle(prev, bundle.content_hash)
             if self.audit is not None:

@@ -1,0 +1,83 @@
+"""Keeping the cyclic collector's full passes off the serving loop.
+
+A decision server holds a large, long-lived heap: the registry's instances, groups and
+indexes, about 430,000 objects the collector tracks at 100,000 instances. CPython rescans
+all of it in every full collection, which it starts on its own once enough objects have
+survived since the last one. Measured here (`benchmarks/RESULTS.md`, serve, ninth pass): a
+290 ms pause about once a minute at 1,000 decisions/s, with every call in flight waiting
+it out. `gc.freeze()` moves what is alive to a permanent generation that collections
+skip; reference counting still frees it when it goes.
+
+The settler does that after the registry changes (a fleet loaded, a trickle of
+registrations, a reload), at most once per `interval`. It collects first, so that garbage
+is not frozen, and that collection scans only what is not frozen yet. After a reload it
+unfreezes first, so that the previous state, whose indexes hold reference cycles, can be
+freed: one full pass per reload instead of one a minute.
+
+The freeze is process-wide, so the process decides: `ServeConfig.settle_heap`, which
+`policyc serve`, the demo and the benchmarks turn on, and tests leave off.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections import deque
+from typing import Callable, Protocol
+
+from .state import PolicyState
+
+DEFAULT_INTERVAL = 30.0  # seconds: at most one settling pass this often
+
+
+class _Engine(Protocol):
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def state(self) -> PolicyState: ...
+
+
+class HeapSettler:
+    """`settle_if_changed()` after the registry or the policy state changed; also a
+    refresher listener (`__call__`), so it runs on the refresher's tick."""
+
+    def __init__(self, engine: _Engine, interval: float = DEFAULT_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._engine = engine
+        self.interval = interval
+        self._clock = clock
+        self._generation: int | None = None
+        self._state: PolicyState | None = None
+        self._at = -math.inf
+        self.passes: deque[float] = deque(maxlen=100)  # seconds the recent settling passes took (collect and freeze)
+
+    def settle_if_changed(self) -> bool:
+        """Collect and freeze if the registry or the state changed since the last pass
+        and the last pass is `interval` seconds old; True if it did."""
+        generation, state = self._engine.generation, self._engine.state
+        if generation == self._generation and state is self._state:
+            return False
+        now = self._clock()
+        if now - self._at < self.interval:
+            return False
+        t = time.perf_counter()
+        if self._state is not None and state is not self._state:
+            self._state = None  # not kept alive by this reference either
+            gc.unfreeze()  # the old state is frozen with its cycles: let this pass free it
+        gc.collect()
+        gc.freeze()
+        self.passes.append(time.perf_counter() - t)
+        self._generation, self._state, self._at = generation, state, now
+        return True
+
+    def __call__(self, new: object, previous: object) -> None:
+        self.settle_if_changed()
+
+    def release(self) -> None:
+        """Unfreeze (the server stopped): what it held is collected as usual again."""
+        if self._state is not None:
+            gc.unfreeze()
+            self._generation = self._state = None
+            self._at = -math.inf

@@ -1,0 +1,117 @@
+"""The heap settler: freezes the long-lived heap after the registry or the policy state
+changes, at most once per interval, and lets a replaced state's reference cycles go."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_rig import SMALL, start  # noqa: E402
+
+from policyc.compiler.bundle import Bundle  # noqa: E402
+from policyc.server.config import ServeConfig  # noqa: E402
+from policyc.server.heap import HeapSettler  # noqa: E402
+from server_support import bundle  # noqa: E402,F401
+
+
+class Node:
+    """Part of a reference cycle, as the registry's groups and tiers are."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+class State:
+    def __init__(self) -> None:
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        self.cycle = a
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.generation = 0
+        self.state = State()
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    """The freeze is process-wide: leave the test process as it was."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_settles_once_per_change_and_interval() -> None:
+    now = [100.0]
+    engine = Engine()
+    s = HeapSettler(engine, interval=30.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert s.settle_if_changed() and gc.get_freeze_count() > 0
+    assert not s.settle_if_changed()  # nothing changed
+    engine.generation += 1
+    now[0] += 10
+    assert not s.settle_if_changed()  # changed, but the last pass is 10 s old
+    now[0] += 20
+    assert s.settle_if_changed()
+    assert len(s.passes) == 2 and all(p >= 0 for p in s.passes)
+
+
+def test_a_replaced_state_is_unfrozen_so_its_cycles_are_freed() -> None:
+    now = [0.0]
+    engine = Engine()
+    s = HeapSettler(engine, interval=1.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    old = weakref.ref(engine.state.cycle)
+    assert s.settle_if_changed()  # the old state's cycle is frozen now
+    engine.state = State()  # a reload: the old state is garbage, in a cycle
+    gc.collect()
+    assert old() is not None  # frozen: a collection does not see it
+    now[0] += 2
+    assert s.settle_if_changed()
+    assert old() is None  # unfrozen, collected, and the new state frozen
+    s.release()
+    assert gc.get_freeze_count() == 0
+
+
+def test_server_settles_its_heap_on_the_refresher_tick_and_releases_it_on_stop(bundle: Bundle) -> None:  # noqa: F811
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False, settle_heap=True))
+    try:
+        assert gc.get_freeze_count() == 0
+        th.server.refresher.tick()
+        assert th.server.heap is not None and len(th.server.heap.passes) == 1 and gc.get_freeze_count() > 0
+        th.server.refresher.tick()
+        assert len(th.server.heap.passes) == 1  # nothing registered since
+    finally:
+        th.stop()
+    assert gc.get_freeze_count() == 0
+
+
+def test_after_a_reload_the_old_registry_is_freed_not_frozen(bundle: Bundle) -> None:  # noqa: F811
+    """A reload unfreezes, so the previous registry (its groups and tiers reference each
+    other) is collected; the request-shape cache, which held the old state, lets it go."""
+    import grpc
+
+    from policyc.server.proto import pb, pb_grpc
+
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False, settle_heap=True))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            stub.Decide(pb.DecideRequest(headers={"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}))
+            th.server.refresher.tick()  # settles, with the shape cache holding the state
+            old = weakref.ref(th.server.state.registry)
+            th.call(th.server.service.reload(bundle))
+            assert th.server.heap is not None
+            th.server.heap.interval = 0.0  # no wait for the next pass
+            th.server.refresher.tick()
+            assert len(th.server.heap.passes) == 2
+            assert old() is None
+            d = stub.Decide(pb.DecideRequest(headers={"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}))
+            assert d.bundle_hash == bundle.content_hash
+    finally:
+        th.stop()
