@@ -4,7 +4,7 @@ A decision server holds a large, long-lived heap: the registry's instances, grou
 indexes, about 430,000 objects the collector tracks at 100,000 instances. CPython rescans
 all of it in every full collection, which it starts on its own once enough objects have
 survived since the last one. Measured here (`benchmarks/RESULTS.md`, serve, ninth pass): a
-290 ms pause about once a minute at 1,000 decisions/s, with every call in flight waiting
+280–356 ms pause every few minutes at 1,000 decisions/s, with every call in flight waiting
 it out. `gc.freeze()` moves what is alive to a permanent generation that collections
 skip; reference counting still frees it when it goes.
 
@@ -12,7 +12,7 @@ The settler does that after the registry changes (a fleet loaded, a trickle of
 registrations, a reload), at most once per `interval`. It collects first, so that garbage
 is not frozen, and that collection scans only what is not frozen yet. After a reload it
 unfreezes first, so that the previous state, whose indexes hold reference cycles, can be
-freed: one full pass per reload instead of one a minute.
+freed: one full pass per reload instead of one every few minutes.
 
 The freeze is process-wide, so the process decides: `ServeConfig.settle_heap`, which
 `policyc serve`, the demo and the benchmarks turn on, and tests leave off.
