@@ -13,7 +13,6 @@ Every act is an `ActionRecord` in the audit sink.
 
 from __future__ import annotations
 
-import operator
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ from policyc.enforcer.plane import EnforcementPlane
 from policyc.enforcer.quarantine_book import QuarantineBook
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 from policyc.enforcer.retry_budget import RetryBudget
-from policyc.enforcer.rule_table import ELAPSED, BudgetRule, RuleTable, all_hold, build_rule_table
+from policyc.enforcer.rule_table import COMPARE, ELAPSED, BudgetRule, RuleTable, all_hold, build_rule_table
 
 RETRY_HEADER = "x-retry-count"
 
@@ -77,9 +76,6 @@ class GpuVerdict:
     classification: Classification | None
     fired: tuple[str, ...]  # names of rules whose actions ran
     heal: tuple[StepResult, ...] = ()
-
-
-_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
 @dataclass
@@ -371,7 +367,7 @@ class Guardian:
             if all(c.signal == signal and c.of is None for c in rule.conditions):  # `of` needs a request (its SLO or prediction): never here
                 hold = np.ones(len(values), dtype=bool)
                 for c in rule.conditions:
-                    hold &= _COMPARE[c.cmp](values, c.value)
+                    hold &= COMPARE[c.cmp](values, c.value)
                 live |= hold
         with self._lock:
             running = {key for _, key in self._streaks.counts}

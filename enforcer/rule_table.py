@@ -11,6 +11,7 @@ arms it per request.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from policyc.compiler.bundle import (
     SignalCondition,
 )
 
+# a condition's comparison; works on scalars and, elementwise, on numpy arrays
+COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 ELAPSED = "elapsed"  # seconds a request has used; with `of`, a share of its SLO or of its predicted latency
 
 
@@ -98,7 +101,7 @@ def holds(cond: SignalCondition, value: float, slo: float | None = None) -> bool
         if cond.of != "slo" or slo is None:
             return False
         threshold = cond.value * slo
-    return {"<": value < threshold, "<=": value <= threshold, ">": value > threshold, ">=": value >= threshold}[cond.cmp]
+    return bool(COMPARE[cond.cmp](value, threshold))
 
 
 def all_hold(breaker: Breaker, signals: Mapping[str, float], slo: float | None = None) -> bool:
