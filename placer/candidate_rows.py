@@ -10,19 +10,21 @@ object's row holds for as long as the topology does.
 The memo is keyed by `id(instance)` (an int: nothing of the instance is read on a hit)
 and each entry keeps the instance itself, so an id cannot be reused by another object
 while its entry lives; a hit is only taken when the entry's object *is* the candidate.
-The memo belongs to one topology, is replaced when the topology changes, and is cleared
-when it reaches `limit` entries (instances that left the registry are then let go).
+The memo belongs to one topology and is replaced when the topology changes; past `limit`
+entries the oldest is let go, one per new entry (so instances that left the registry are
+let go in time, and no request pays for freeing the whole memo at once).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Sequence
 
 from policyc.matcher.instance import Instance
 
 from .topology import Topology
 
-DEFAULT_LIMIT = 1 << 18  # instances remembered per topology before the memo starts over
+DEFAULT_LIMIT = 1 << 18  # instances remembered per topology
 
 
 class CandidateRows:
@@ -30,12 +32,12 @@ class CandidateRows:
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self._limit = limit
-        self._memo: tuple[Topology | None, dict[int, tuple[Instance, int | None]]] = (None, {})
+        self._memo: tuple[Topology | None, OrderedDict[int, tuple[Instance, int | None]]] = (None, OrderedDict())
 
     def rows(self, topology: Topology, candidates: Sequence[Instance]) -> tuple[list[int], list[Instance], list[Instance]]:
         topo, seen = self._memo
         if topo is not topology:
-            seen = {}
+            seen = OrderedDict()
             self._memo = (topology, seen)  # one assignment: a racing reader sees the old pair or the new one
         index = topology.gpu_index
         rows: list[int] = []
@@ -46,8 +48,9 @@ class CandidateRows:
             if hit is None or hit[0] is not inst:
                 d = inst.deployment
                 hit = (inst, index.get((d.host, d.gpu)))
+                seen.pop(id(inst), None)  # a stale entry re-enters as the newest
                 if len(seen) >= self._limit:
-                    seen.clear()
+                    seen.popitem(last=False)  # the oldest
                 seen[id(inst)] = hit
             row = hit[1]
             if row is None:

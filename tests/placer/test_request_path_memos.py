@@ -59,6 +59,23 @@ def test_the_memo_starts_over_for_a_new_topology_and_at_its_limit() -> None:
     assert memo.rows(two.topology(), cands) == _fresh_rows(two.topology(), cands)  # hosts 4-7 are not in `two`
 
 
+def test_past_its_limit_each_memo_lets_go_of_its_oldest_entry_only() -> None:
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    t = sim.topology()
+    cands = instances(sim)
+    sets = CandidateSets(limit=3)
+    a, b, c = (sets.get(t, tuple(cands[i:i + 2])) for i in (0, 2, 4))
+    d = sets.get(t, tuple(cands[6:8]))  # a fourth set: the oldest (a) goes, b and c stay
+    assert sets.get(t, tuple(cands[2:4])) is b and sets.get(t, tuple(cands[4:6])) is c
+    assert sets.get(t, tuple(cands[6:8])) is d
+    assert sets.get(t, tuple(cands[0:2])) is not a  # built afresh, and now b is the oldest
+    assert sets.get(t, tuple(cands[4:6])) is c and sets.get(t, tuple(cands[2:4])) is not b
+    rows = CandidateRows(limit=4)
+    for i in range(len(cands)):  # one instance at a time through a memo of 4
+        assert rows.rows(t, [cands[i]]) == _fresh_rows(t, [cands[i]])
+        assert len(rows._memo[1]) == min(i + 1, 4) and list(rows._memo[1])[-1] == id(cands[i])
+
+
 def test_a_candidate_set_is_remembered_only_while_the_same_objects_come_back() -> None:
     sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
     t = sim.topology()
