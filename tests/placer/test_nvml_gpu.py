@@ -1,7 +1,8 @@
 """NVML telemetry on a real NVIDIA GPU: readings, the local-host source built on them, and a
 placement made on the GPU. Every test here is skipped, saying so, where NVML finds no
 NVIDIA GPU (`test_edges_and_sources.py` covers that machine); the load test also needs
-torch with CUDA. `scripts/gpu_check.sh` runs this file on a GPU machine.
+torch with CUDA. `scripts/gpu_check.sh` runs this file on a GPU machine, and
+`test_nvml_stand_in.py` runs it everywhere against a stand-in NVML driver.
 """
 
 from __future__ import annotations
