@@ -6,7 +6,9 @@ congestion event script.
 
 Baselines measured in the same run: the naive refresh (writing every tick's telemetry into
 the networkx graph) and naive placement (networkx Dijkstra over the full graph per request).
-The tail simulation reports the contract-aware placer without and with the bundle's request
+The tail simulation reports predicted end-to-end latency (the model on the snapshot each
+placement saw: the issue's measure) and realised latency (the model on the next tick's true
+state, plus noise), and the contract-aware placer without and with the bundle's request
 budget breakers (`policies/breakers.contract`: `slo-budget` at several fractions of the SLO,
 and `slow-placement`, at three times the latency the placement predicted); the baselines have no
 breaker. `--against REV` also times `Placer.place` against the placer at
@@ -361,23 +363,23 @@ def _ev(sim: SimulatedCluster, kind: str, target: str, value: float, ticks: int)
     return Event(EventKind(kind), target, value, ticks)
 
 
-def realized(truth, gpu: int, c: Contract, rng: np.random.Generator | None, catalog) -> float:
-    """What the request experiences: the latency model on the *next* tick's true state
-    (no thresholds), a collapsed GPU computing at its collapsed rate, plus noise of the
-    predicted spread. Unreachable: the request times out at twice the budget.
+def end_to_end(state, gpu: int, c: Contract, rng: np.random.Generator | None, catalog) -> float:
+    """A request's end-to-end latency on `gpu` by the latency model on `state` (no
+    thresholds), a collapsed GPU computing at its collapsed rate; unreachable, the request
+    times out at twice the budget.
 
-    With no `rng` and the snapshot the placement saw as `truth`, it is the latency the
-    model predicts for that choice, the same for every policy: the measure the issue names
-    ("the P99 of predicted end-to-end latency"), blind, as every placement is, to what
-    happens after the snapshot."""
-    t = truth.topology
+    Realised: `state` is the *next* tick's true state and `rng` adds noise of the predicted
+    spread. Predicted: `state` is the snapshot the placement saw and no `rng`, the same for
+    every policy's choice: the measure the issue names ("the P99 of predicted end-to-end
+    latency"), blind, as every placement is, to what happens after the snapshot."""
+    t = state.topology
     bounds = share_bounds(c, {t.gpus[gpu].model}, catalog, BUDGET)
-    ev = evaluate(truth, PERMISSIVE, np.array([gpu]), bounds, catalog, c, BUDGET,
-                  np.array([truth.fabric_rows[t.fabric_index[INGRESS]]]), np.zeros(1))
+    ev = evaluate(state, PERMISSIVE, np.array([gpu]), bounds, catalog, c, BUDGET,
+                  np.array([state.fabric_rows[t.fabric_index[INGRESS]]]), np.zeros(1))
     total = float(ev.total[0])
     if not np.isfinite(total):
         return 2 * BUDGET
-    if truth.gpu_collapsed[gpu]:
+    if state.gpu_collapsed[gpu]:
         total += float(ev.compute[0]) * (1 / 0.25 - 1)
     if rng is None:
         return total
@@ -473,7 +475,7 @@ def broken(placed: list[tuple[int, list[Instance], float, float]], lat: list[flo
             out[i] = 2 * BUDGET * 1e3  # cancelled with nowhere to go: the request fails at the timeout
             continue
         g2 = t.gpu_index[(plan.host, plan.gpu)]
-        out[i] = (at + realized(truth, g2, c, rng, catalog)) * 1e3
+        out[i] = (at + end_to_end(truth, g2, c, rng, catalog)) * 1e3
     pinned.snap = None
     return out, retries, needless
 
@@ -532,10 +534,10 @@ def bench_tail(hosts: int, ticks: int, per_tick: int, k: int) -> dict[str, dict]
                     placed.append((g, cands, float(start_rng.uniform(0.0, snap.interval)), predicted))
                 sim.occupy(t.gpu_key(g), 0.05, ticks=3)
             seen = build_snapshot(snap.version, t, snap.frame, None, None, PERMISSIVE, 0.2, snap.taken_at)
-            per_predicted.append([realized(seen, g, c, None, catalog) * 1e3 for g in chosen])
+            per_predicted.append([end_to_end(seen, g, c, None, catalog) * 1e3 for g in chosen])
             nxt = r.tick()
             truth = build_snapshot(nxt.version, t, nxt.frame, None, None, PERMISSIVE, 0.2, nxt.taken_at)
-            lat = [realized(truth, g, c, noise, catalog) * 1e3 for g in chosen]
+            lat = [end_to_end(truth, g, c, noise, catalog) * 1e3 for g in chosen]
             per.append(lat)
             for j, b in enumerate(breakers):
                 vals, n, needless = broken(placed, lat, b, retries_placed[j], pinned, snap, nxt, truth, c, retry_rng[j], catalog)
