@@ -189,6 +189,21 @@ def tail_causes(calls: list[tuple[float, float]], events: dict[str, list[tuple[f
             quiet[int(0.99 * (len(quiet) - 1))] * 1e3 if quiet else float("nan"))
 
 
+def backlogs(calls: list[tuple[float, float]], slow: float) -> list[tuple[float, int]]:
+    """The calls slower than `slow` seconds grouped into backlog episodes (slow calls whose
+    spans overlap, in start order): (episode length in seconds, its slow calls), longest
+    first. A few long episodes of many calls are a queue the server fell behind on and
+    drained; many one-call episodes are isolated stalls."""
+    episodes: list[list[float]] = []
+    for t, lat in sorted(c for c in calls if c[1] > slow):
+        if episodes and t <= episodes[-1][1]:
+            e = episodes[-1]
+            e[1], e[2] = max(e[1], t + lat), e[2] + 1
+        else:
+            episodes.append([t, t + lat, 1])
+    return sorted(((b - a, int(n)) for a, b, n in episodes), reverse=True)
+
+
 class _Noop:
     """A gRPC service with Decide's request and a fixed response of a real decision's size."""
 
@@ -366,6 +381,7 @@ def main() -> int:
                       "GC gen 0-1": [(a, b) for a, b, g in gcs.spans if g < 2], "GC gen 2": [(a, b) for a, b, g in gcs.spans if g == 2]}
             calls = ph.calls
             counts, unexplained, quiet_p99 = tail_causes(calls, events, slow)
+            eps = backlogs(calls, slow)
             paced[name].append(ph)
             if name == "served":  # the refreshes of this phase (the history holds 1,000)
                 work.extend(server.refresher.latencies()[done:])
@@ -377,7 +393,10 @@ def main() -> int:
                   f"server CPU per call {ph.cpu_us:.0f} us; {n_slow} of {n_all} calls over {slow * 1e3:g} ms, overlapping "
                   + ", ".join(f"{k} {a} ({a / max(n_slow, 1):.0%} of slow calls, {b / max(n_all, 1):.0%} of all)"
                               for k, (a, b) in counts.items())
-                  + f", none of these {unexplained}; load average {os.getloadavg()[0]:.2f}")
+                  + f", none of these {unexplained}; "
+                  + (f"{len(eps)} backlog episode(s), the longest {eps[0][0] * 1e3:.0f} ms with {eps[0][1]} slow calls"
+                     f" ({sum(n for _, n in eps[:3]) / max(n_slow, 1):.0%} of them in the three longest); " if eps else "")
+                  + f"load average {os.getloadavg()[0]:.2f}")
     server.start_refresher()
     soaked = soak(server, port, args.concurrency, args.soak, 0.7 * rps, dloop) if args.soak > 0 else None
     th.stop()
