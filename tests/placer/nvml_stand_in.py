@@ -21,17 +21,20 @@ SOURCE = Path(__file__).with_name("stand_in_nvml.c")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compiler() -> str | None:
-    return shutil.which("cc") or shutil.which("gcc")
+class BuildFailed(Exception):
+    """The stand-in could not be compiled here (no C compiler or no C library headers)."""
 
 
 def build(dest: Path) -> Path:
     """Compile the stand-in into `dest/libnvidia-ml.so.1`; returns `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
-    cc = compiler()
-    assert cc, "no C compiler (cc / gcc) to build the stand-in NVML driver"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(dest / "libnvidia-ml.so.1"), str(SOURCE)],
-                   check=True, capture_output=True, text=True)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise BuildFailed("no C compiler (cc / gcc) to build the stand-in NVML driver")
+    p = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(dest / "libnvidia-ml.so.1"), str(SOURCE)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise BuildFailed(f"{cc} could not build the stand-in NVML driver:\n{p.stderr}")
     return dest
 
 

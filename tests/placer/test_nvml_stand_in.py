@@ -9,6 +9,7 @@ runs them.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -16,8 +17,6 @@ import pytest
 
 import nvml_stand_in as stand_in
 from nvml_stand_in import Gpu
-
-pytestmark = pytest.mark.skipif(stand_in.compiler() is None, reason="no C compiler (cc / gcc) to build the stand-in NVML driver")
 
 NOT_SUPPORTED, DRIVER_NOT_LOADED, GPU_IS_LOST = 3, 9, 15
 GiB = 2**30
@@ -34,7 +33,14 @@ n.close()
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return stand_in.build(tmp_path_factory.mktemp("nvml-driver"))
+    """The built stand-in. As root or under CI (where `scripts/setup.sh` installs gcc) a
+    failed build fails the tests; elsewhere it skips them, saying why."""
+    try:
+        return stand_in.build(tmp_path_factory.mktemp("nvml-driver"))
+    except stand_in.BuildFailed as e:
+        if os.geteuid() == 0 or os.environ.get("CI", "").lower() == "true":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
 
 
 @pytest.fixture
