@@ -46,7 +46,7 @@ class Gathered:
     tick (`figures`), and the last refusal written for them (`refusal`).
 
     The table itself is held weakly: a set that is no longer asked for stays in the memo
-    until it starts over, and it must not keep its last tick's table alive (a few hundred
+    until it is the oldest and let go, and it must not keep its last tick's table alive (a few hundred
     KB of per-GPU arrays each; held strongly, a server making 1,000 decisions a second grew
     by ~3 MB a second). Whoever uses the rows holds the table (`CandidateSet.gather`'s
     caller)."""
