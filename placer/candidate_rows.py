@@ -22,6 +22,7 @@ from typing import Sequence
 
 from policyc.matcher.instance import Instance
 
+from .oldest_first import put_newest
 from .topology import Topology
 
 DEFAULT_LIMIT = 1 << 18  # instances remembered per topology
@@ -48,10 +49,7 @@ class CandidateRows:
             if hit is None or hit[0] is not inst:
                 d = inst.deployment
                 hit = (inst, index.get((d.host, d.gpu)))
-                seen.pop(id(inst), None)  # a stale entry re-enters as the newest
-                if len(seen) >= self._limit:
-                    seen.popitem(last=False)  # the oldest
-                seen[id(inst)] = hit
+                put_newest(seen, id(inst), hit, self._limit)
             row = hit[1]
             if row is None:
                 unknown.append(inst)

@@ -10,9 +10,8 @@ arithmetic on them (`lookup.scalar_figures`) change from one request to the next
 
 A set is keyed by the identities of its instances, in order, and a hit is only taken when
 the remembered objects *are* the candidates (the set keeps them, so no identity can be
-reused while its entry lives). Past `limit` sets the oldest is let go, one per new set:
-starting the memo over instead freed all of them inside one request (~1 ms at 256 sets).
-A set keeps the gather of one tick table at a time.
+reused while its entry lives). Past `limit` sets the oldest is let go, one per new set
+(`oldest_first.py`). A set keeps the gather of one tick table at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from policyc.matcher.instance import Instance
 
 from .candidate_rows import CandidateRows
 from .evaluate import binding
+from .oldest_first import put_newest
 from .plan import Constraint, DependencyBinding, NoPlacement, Rejection
 from .tick_table import TickContractTable
 from .topology import Topology
@@ -113,10 +113,7 @@ class CandidateSets:
         key = tuple(map(id, candidates))
         hit = self._sets.get(key)
         if hit is None or hit.topology is not topology or not all(map(is_, hit.candidates, candidates)):
-            self._sets.pop(key, None)  # a stale entry re-enters as the newest
-            if len(self._sets) >= self._limit:
-                self._sets.popitem(last=False)  # the oldest
-            hit = self._sets[key] = CandidateSet(topology, tuple(candidates), self.rows)
+            hit = put_newest(self._sets, key, CandidateSet(topology, tuple(candidates), self.rows), self._limit)
         return hit
 
 
