@@ -349,13 +349,23 @@ class Bundle(Frozen):
     signature: Signature | None = None
 
     def contract(self, name: str) -> Contract | None:
-        for c in self.contracts:
-            if c.name == name:
-                return c
-        return None
+        """The contract of that name (the first, as a scan would find): a dict look-up, so
+        a registry build asking once per deployment signature stays linear in the fleet."""
+        return _named(self, "_contract_names", self.contracts).get(name)
 
     def gpu(self, name: str) -> GpuClass | None:
-        for g in self.gpu_catalog:
-            if g.name == name:
-                return g
-        return None
+        return _named(self, "_gpu_names", self.gpu_catalog).get(name)
+
+
+def _named(bundle: Bundle, slot: str, items: tuple) -> dict:
+    """name -> first item of that name, built once per `items` tuple and kept in the
+    instance's `__dict__` beside the fields (pydantic compares and dumps fields only). The
+    tuple is checked by identity, so a `model_copy(update=...)` with new items, which copies
+    `__dict__`, never reads a stale table."""
+    hit = bundle.__dict__.get(slot)
+    if hit is None or hit[0] is not items:
+        table: dict = {}
+        for it in items:
+            table.setdefault(it.name, it)
+        hit = bundle.__dict__[slot] = (items, table)
+    return hit[1]
