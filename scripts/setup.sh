@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh machine: system packages for the eBPF kernel plane and a C
-# compiler for the stand-in NVML driver the tests build (when root),
+# compiler for the stand-in NVML driver the tests build, headless Chromium for the HTML
+# audit report's test (when root),
 # then a virtual environment with policyc and its test dependencies. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  if ! dpkg -s python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client >/dev/null 2>&1; then
+  if ! dpkg -s python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium >/dev/null 2>&1; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium >/dev/null
   fi
   # bcc compiles against kernel headers; the running kernel has no package of its own, and
   # Debian's newest headers serve for programs that use only stable public types.
@@ -31,6 +32,5 @@ if [ -d /usr/lib/python3/dist-packages/bcc ]; then
   echo "$PWD/.venv/bcc-shim" > "$purelib/bcc-shim.pth"
 fi
 
-# gRPC stubs are generated from the checked-in .proto by the build.
-if [ -f server/decision.proto ]; then .venv/bin/python -m policyc.server.protogen; fi
+# The gRPC stubs are committed (server/protogen.py regenerates them after a .proto edit).
 touch .venv/.ready

@@ -1,18 +1,15 @@
-"""The generated message and service modules, generated on first use when missing or stale.
+"""The generated message and service modules.
 
 Import `pb` (messages) and `pb_grpc` (service stubs) from here, never the generated
-modules directly, so a checkout that skipped `scripts/setup.sh` still works.
+modules directly. The stubs are committed (see `protogen.py`) and never regenerated at
+import: an installed wheel must not write into site-packages, and a stub is a build
+output that a release fixes, not something file times decide.
 """
 
 from __future__ import annotations
 
-from . import protogen
-
-if not protogen.is_current():
-    protogen.generate()
-
-from . import decision_pb2 as pb  # noqa: E402
-from . import decision_pb2_grpc as pb_grpc  # noqa: E402
+from . import decision_pb2 as pb
+from . import decision_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Decisions"].full_name
 
