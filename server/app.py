@@ -24,6 +24,7 @@ from policyc.placer import Placer, Refresher, SimulatedCluster
 from policyc.placer.catalog import DEFAULT_CATALOG
 
 from .audit_bridge import AuditBridge
+from .auth import RoleInterceptor
 from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
 from .event_loop import new_event_loop
@@ -31,6 +32,7 @@ from .metrics import Metrics
 from .handlers import add_decisions_service
 from .heap import HeapSettler
 from .proto import SERVICE_NAME
+from .readiness import Readiness
 from .score_push import ScorePusher
 from .service import DecisionService
 from .state import PolicyState, build_state
@@ -85,6 +87,7 @@ class DecisionServer:
         if config.enforcer is not EnforcerMode.OFF:
             self.guardian, self.actions = make_guardian(bundle, config.enforcer, self.placer, self.audit)
             self.engine.on_reload(lambda st: self.guardian.load_bundle(st.bundle))  # type: ignore[union-attr]
+            self.metrics.watch_enforcer(self.actions.memory.records, self.guardian.active)
             if config.watch_gpus:
                 self.gpu_watch = GpuWatch(self.guardian)
                 self.refresher.on_refresh(self.gpu_watch.on_refresh)
@@ -93,6 +96,11 @@ class DecisionServer:
         self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
                                        max_decide_bytes=config.max_decide_bytes)
         self.health = health.aio.HealthServicer()
+        self.readiness = Readiness(self.health, ("", SERVICE_NAME), interval=min(0.5, max(config.refresh_interval, 0.05)))
+        self.readiness.add("bundle", lambda: None if self.engine.state.bundle_hash else "no bundle loaded")
+        self.readiness.add("topology", self._topology_fresh)
+        self.readiness.add("registry", lambda: None if len(self.engine.state.registry) >= config.ready_min_instances
+                           else f"{len(self.engine.state.registry)} of {config.ready_min_instances} instances registered")
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
@@ -104,6 +112,15 @@ class DecisionServer:
             raise RuntimeError("the server has not been started: no event loop yet")
         self.refresher.start(self._loop if self.config.refresh_on_loop else None)
 
+    def _topology_fresh(self) -> str | None:
+        """Fresh: younger than five refresh intervals (2 s at least) while the refresher runs;
+        a test stepping the cluster by hand (no refresher) owns the clock."""
+        age = self.refresher.current().age()
+        limit = max(5 * self.config.refresh_interval, 2.0)
+        if self.config.start_refresher and age > limit:
+            return f"snapshot is {age:.1f} s old (limit {limit:.1f} s)"
+        return None
+
     @property
     def state(self) -> PolicyState:
         return self.engine.state
@@ -112,20 +129,25 @@ class DecisionServer:
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(options=opts)
+        interceptors = [RoleInterceptor(self.config.tokens, lambda m, st: self.metrics.errors.labels(m, st).inc())] \
+            if self.config.tokens.enabled else []  # without tokens every caller is an operator: nothing to check
+        server = grpc.aio.server(options=opts, interceptors=interceptors)
         add_decisions_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         self.port = bind(server, self.config)
         await server.start()
         self._server = server
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        for name in ("", SERVICE_NAME):  # NOT_SERVING until every readiness check passes
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._loop = asyncio.get_running_loop()
         if self.config.start_refresher:
+            if self._topology_fresh() is not None:
+                self.refresher.tick()  # built long before start(): a fresh snapshot first
             self.start_refresher()
+        await self.readiness.start()
         if self.config.metrics_port is not None:
-            self.metrics.serve(self.config.metrics_port, self.config.host)
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host or self.config.host)
         return self.port
 
     async def reload_path(self, path: str | Path) -> tuple[str, tuple[str, ...]]:
@@ -140,6 +162,7 @@ class DecisionServer:
     async def stop(self, grace: float = 1.0) -> None:
         """Stop answering (NOT_SERVING first, so balancers drain), then the threads, then
         flush the audit log."""
+        self.readiness.stop()
         if self._server is not None:
             await self.health.enter_graceful_shutdown()
             await self._server.stop(grace)

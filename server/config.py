@@ -23,6 +23,16 @@ class EnforcerMode(str, Enum):
     OFF = "off"  # no guardian at all (benchmarks)
 
 
+class AuditDurability(str, Enum):
+    """When a decision is acknowledged (`policyc serve --audit-durability`): `group` (the
+    default) at once, its record made durable by the next group commit (within 50 ms plus
+    one commit; the gate closes if one takes longer than `audit_window`); `sync` only once
+    its record is on disk (committed with the decisions of the same moment)."""
+
+    GROUP = "group"
+    SYNC = "sync"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """The simulated cluster: deterministic for a seed."""
@@ -52,11 +62,16 @@ class ServeConfig:
     tls: TlsFiles | None = None
     allow_insecure_remote: bool = False  # plaintext off loopback: an explicit, loud opt-in
     audit_log: Path | None = None
+    audit_durability: AuditDurability = AuditDurability.GROUP
+    audit_key: Path | None = None  # ed25519 private key (PEM or hex) that signs the log's checkpoints
+    audit_window: float = 0.5  # seconds a record may take to become durable before Decide refuses (audit_bridge.WINDOW)
     enforcer: EnforcerMode = EnforcerMode.USERSPACE
     watch_gpus: bool = True  # feed per-GPU telemetry to the guardian's GPU rules each tick
     max_decide_bytes: int = 64 * 1024
     max_message_bytes: int = 32 * 1024 * 1024  # RegisterInstance may carry an ONNX model
     metrics_port: int | None = None
+    metrics_host: str | None = None  # the metrics listener's address (default: `host`)
+    ready_min_instances: int = 0  # readiness: the registry is warm once this many instances are registered
     start_refresher: bool = True  # tests may step the cluster by hand instead
     score_push_budget: int = DEFAULT_BUDGET  # placer score -> matcher (model, GPU) group moves per tick (see score_push.py)
     # the refresher's steps and the score pushes (in chunks) run on the serving event loop

@@ -5,8 +5,10 @@ every call: five histogram observations and a counter cost a decision ~10 µs al
 µs on a busy server thread (measured), paid on the event loop that serves every call. Here
 a decision adds to a list under one uncontended lock (decisions run on the event loop, so
 it is almost never contended), and a collector turns the lists into the same metric
-families (`policyc_decisions_total`, `policyc_decision_seconds_bucket/_sum/_count`) only
-when Prometheus scrapes.
+families (`policyc_decisions_total`, `policyc_decision_seconds_bucket/_sum/_count`,
+`policyc_decision_stage_seconds_…{stage}`) only when Prometheus scrapes. The total has a
+family of its own: beside its parts under one `stage` label, a sum over `stage` would
+count every decision twice.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class _Histogram:
 
 
 class DecisionCounters(Collector):
-    """Decisions by (outcome, reason) and decision latency by stage ("total" plus the four
-    stages; a stage that took no time, e.g. placement of a request the solver rejected, is
+    """Decisions by (outcome, reason), decision latency (the total) and its parts by stage
+    (the four stages; a stage that took no time, e.g. placement of a request the solver rejected, is
     not observed)."""
 
     def __init__(self) -> None:
@@ -83,13 +85,17 @@ class DecisionCounters(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             reasons = dict(self._by_reason)
-            hists = [("total", self._total.cumulative(), self._total.total)]
-            hists += [(name, h.cumulative(), h.total) for name, h in zip(STAGES, self._stages) if any(h.counts)]
+            total = (self._total.cumulative(), self._total.total)
+            hists = [(name, h.cumulative(), h.total) for name, h in zip(STAGES, self._stages) if any(h.counts)]
         c = CounterMetricFamily("policyc_decisions", "Decisions by outcome and reason", labels=["outcome", "reason"])
         for (outcome, reason), n in sorted(reasons.items()):
             c.add_metric([outcome, reason], n)
         yield c
-        h = HistogramMetricFamily("policyc_decision_seconds", "Decision latency inside the server", labels=["stage"])
-        for stage, buckets, total in hists:
-            h.add_metric([stage], buckets, total)
+        t = HistogramMetricFamily("policyc_decision_seconds", "Decision latency inside the server, end to end")
+        t.add_metric([], *total)
+        yield t
+        h = HistogramMetricFamily("policyc_decision_stage_seconds", "Decision latency inside the server by stage "
+                                  "(parts of policyc_decision_seconds)", labels=["stage"])
+        for stage, buckets, seconds in hists:
+            h.add_metric([stage], buckets, seconds)
         yield h

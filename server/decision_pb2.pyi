@@ -136,7 +136,7 @@ class SessionMove(_message.Message):
     def __init__(self, session: _Optional[str] = ..., from_gpu: _Optional[str] = ..., to_gpu: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("instance_id", "model", "host", "gpu", "gpu_model", "numa_node", "rdma_port", "queue_depth", "share", "share_source", "predicted", "reasons", "rejected", "dependencies", "session_move", "stale", "snapshot_version", "probes", "region")
+    __slots__ = ("instance_id", "model", "host", "gpu", "gpu_model", "numa_node", "rdma_port", "queue_depth", "share", "share_source", "predicted", "reasons", "rejected", "dependencies", "session_move", "stale", "snapshot_version", "probes", "region", "endpoint")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class Placement(_message.Message):
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROBES_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     model: str
     host: str
@@ -175,7 +176,8 @@ class Placement(_message.Message):
     snapshot_version: int
     probes: _containers.RepeatedScalarFieldContainer[str]
     region: str
-    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_model: _Optional[str] = ..., numa_node: _Optional[int] = ..., rdma_port: _Optional[str] = ..., queue_depth: _Optional[int] = ..., share: _Optional[float] = ..., share_source: _Optional[str] = ..., predicted: _Optional[_Union[PredictedLatency, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Iterable[_Union[GpuRejection, _Mapping]]] = ..., dependencies: _Optional[_Iterable[_Union[DependencyBinding, _Mapping]]] = ..., session_move: _Optional[_Union[SessionMove, _Mapping]] = ..., stale: _Optional[bool] = ..., snapshot_version: _Optional[int] = ..., probes: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ...) -> None: ...
+    endpoint: str
+    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., host: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_model: _Optional[str] = ..., numa_node: _Optional[int] = ..., rdma_port: _Optional[str] = ..., queue_depth: _Optional[int] = ..., share: _Optional[float] = ..., share_source: _Optional[str] = ..., predicted: _Optional[_Union[PredictedLatency, _Mapping]] = ..., reasons: _Optional[_Iterable[str]] = ..., rejected: _Optional[_Iterable[_Union[GpuRejection, _Mapping]]] = ..., dependencies: _Optional[_Iterable[_Union[DependencyBinding, _Mapping]]] = ..., session_move: _Optional[_Union[SessionMove, _Mapping]] = ..., stale: _Optional[bool] = ..., snapshot_version: _Optional[int] = ..., probes: _Optional[_Iterable[str]] = ..., region: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class PredicateCount(_message.Message):
     __slots__ = ("predicate", "origin", "failing")
@@ -291,7 +293,7 @@ class Explanation(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., feasibility: _Optional[str] = ..., live_instances: _Optional[int] = ..., matching: _Optional[int] = ..., rules: _Optional[_Iterable[_Union[RuleExplanation, _Mapping]]] = ..., shards: _Optional[int] = ..., shards_skipped_by_bloom: _Optional[int] = ..., narrative: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Deployment(_message.Message):
-    __slots__ = ("host", "gpu", "gpu_model", "region", "numa_node", "tpm", "memory_encryption", "hardware_firewall", "tee", "session_state", "cuda")
+    __slots__ = ("host", "gpu", "gpu_model", "region", "numa_node", "tpm", "memory_encryption", "hardware_firewall", "tee", "session_state", "cuda", "endpoint")
     HOST_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +305,7 @@ class Deployment(_message.Message):
     TEE_FIELD_NUMBER: _ClassVar[int]
     SESSION_STATE_FIELD_NUMBER: _ClassVar[int]
     CUDA_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     host: str
     gpu: str
     gpu_model: str
@@ -314,7 +317,8 @@ class Deployment(_message.Message):
     tee: bool
     session_state: str
     cuda: str
-    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_model: _Optional[str] = ..., region: _Optional[str] = ..., numa_node: _Optional[int] = ..., tpm: _Optional[bool] = ..., memory_encryption: _Optional[bool] = ..., hardware_firewall: _Optional[bool] = ..., tee: _Optional[bool] = ..., session_state: _Optional[str] = ..., cuda: _Optional[str] = ...) -> None: ...
+    endpoint: str
+    def __init__(self, host: _Optional[str] = ..., gpu: _Optional[str] = ..., gpu_model: _Optional[str] = ..., region: _Optional[str] = ..., numa_node: _Optional[int] = ..., tpm: _Optional[bool] = ..., memory_encryption: _Optional[bool] = ..., hardware_firewall: _Optional[bool] = ..., tee: _Optional[bool] = ..., session_state: _Optional[str] = ..., cuda: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class RegisterInstanceRequest(_message.Message):
     __slots__ = ("id", "model", "deployment", "labels", "contract_json", "onnx_model", "score")
@@ -364,6 +368,41 @@ class DeregisterInstanceResponse(_message.Message):
     REGISTRY_SIZE_FIELD_NUMBER: _ClassVar[int]
     registry_size: int
     def __init__(self, registry_size: _Optional[int] = ...) -> None: ...
+
+class ListInstancesRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class InstanceInfo(_message.Message):
+    __slots__ = ("id", "model", "deployment", "labels", "score")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    model: str
+    deployment: Deployment
+    labels: _containers.ScalarMap[str, str]
+    score: float
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., deployment: _Optional[_Union[Deployment, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., score: _Optional[float] = ...) -> None: ...
+
+class ListInstancesResponse(_message.Message):
+    __slots__ = ("instances", "bundle_hash")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_HASH_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceInfo]
+    bundle_hash: str
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceInfo, _Mapping]]] = ..., bundle_hash: _Optional[str] = ...) -> None: ...
 
 class ReloadBundleRequest(_message.Message):
     __slots__ = ("bundle_json", "path", "evict_inadmissible")

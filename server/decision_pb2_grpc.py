@@ -59,6 +59,11 @@ class DecisionsStub:
                 request_serializer=decision__pb2.ReloadBundleRequest.SerializeToString,
                 response_deserializer=decision__pb2.ReloadBundleResponse.FromString,
                 _registered_method=True)
+        self.ListInstances = channel.unary_unary(
+                '/policyc.decision.v1.Decisions/ListInstances',
+                request_serializer=decision__pb2.ListInstancesRequest.SerializeToString,
+                response_deserializer=decision__pb2.ListInstancesResponse.FromString,
+                _registered_method=True)
 
 
 class DecisionsServicer:
@@ -98,6 +103,13 @@ class DecisionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListInstances(self, request, context):
+        """Auditor or operator: the registered instances, sorted by id (`policyc instance list`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecisionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +137,11 @@ def add_DecisionsServicer_to_server(servicer, server):
                     servicer.ReloadBundle,
                     request_deserializer=decision__pb2.ReloadBundleRequest.FromString,
                     response_serializer=decision__pb2.ReloadBundleResponse.SerializeToString,
+            ),
+            'ListInstances': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInstances,
+                    request_deserializer=decision__pb2.ListInstancesRequest.FromString,
+                    response_serializer=decision__pb2.ListInstancesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +279,33 @@ class Decisions:
             '/policyc.decision.v1.Decisions/ReloadBundle',
             decision__pb2.ReloadBundleRequest.SerializeToString,
             decision__pb2.ReloadBundleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/policyc.decision.v1.Decisions/ListInstances',
+            decision__pb2.ListInstancesRequest.SerializeToString,
+            decision__pb2.ListInstancesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import grpc
 
 from .proto import SERVICE_NAME, pb
+from .rpc_metrics import timed_handlers
 from .service import DecisionService
 
 
@@ -27,12 +28,14 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
                                 response_serializer=pb.DeregisterInstanceResponse.SerializeToString),
         "ReloadBundle": u(service.ReloadBundle, request_deserializer=pb.ReloadBundleRequest.FromString,
                           response_serializer=pb.ReloadBundleResponse.SerializeToString),
+        "ListInstances": u(service.ListInstances, request_deserializer=pb.ListInstancesRequest.FromString,
+                           response_serializer=pb.ListInstancesResponse.SerializeToString),
     }
 
 
 def add_decisions_service(service: DecisionService, server: grpc.aio.Server) -> None:
     """Register the service as the generated `add_DecisionsServicer_to_server` does:
     as registered methods (matched by gRPC core) and as a generic handler."""
-    handlers = method_handlers(service)
+    handlers = timed_handlers(method_handlers(service), service.metrics.rpcs)  # per-RPC counts and latency
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -1,6 +1,7 @@
 """Prometheus metrics of the decision service, on a registry of its own (so several servers
 in one process, as in tests, do not collide): decisions by outcome and reason, decision
-latency by stage, registry size, topology staleness, RPC errors by status."""
+latency (total, and by stage apart), per-RPC counts and latency, registry size, topology
+staleness, RPC errors by status, the enforcer's actions and quarantines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from .decision import Decision
 from .decision_counters import DecisionCounters
+from .rpc_metrics import EnforcerSeries, RpcCounters
 
 
 class Metrics:
@@ -18,6 +20,8 @@ class Metrics:
         r = self.registry
         self.decisions = DecisionCounters()  # per-decision figures: plain counters, collected at scrape time
         r.register(self.decisions)
+        self.rpcs = RpcCounters()  # per-RPC counts and latency, collected at scrape time
+        r.register(self.rpcs)
         self.errors = Counter("policyc_rpc_errors", "RPCs refused, by method and status", ["method", "status"], registry=r)
         self.registry_size = Gauge("policyc_registry_instances", "Registered model instances", registry=r)
         self.staleness = Gauge("policyc_topology_staleness_seconds", "Age of the topology snapshot", registry=r)
@@ -35,6 +39,10 @@ class Metrics:
     def watch(self, registry_size: Callable[[], int], staleness: Callable[[], float]) -> None:
         self.registry_size.set_function(registry_size)
         self.staleness.set_function(staleness)
+
+    def watch_enforcer(self, records: list, active_streams: Callable[[], int]) -> None:  # type: ignore[type-arg]
+        """Expose the enforcer's series (its action sink's records, its active streams)."""
+        self.registry.register(EnforcerSeries(records, active_streams))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
+from policyc.audit.errors import AuditError
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
 
@@ -71,8 +72,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
 
     # ------------------------------------------------------------------ common checks
     def _admit(self, context: grpc.aio.ServicerContext, permission: Permission, size: int | None = None) -> None:
-        if self.tokens.enabled:  # without tokens every caller is an operator: no metadata to read
-            self.tokens.require(context.invocation_metadata() or (), permission)
+        """Deadline and size limits (roles were checked by `auth.RoleInterceptor` before the
+        method ran; `permission` names what the method needs, for readers)."""
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
             raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decision started")
@@ -102,14 +103,14 @@ class DecisionService(pb_grpc.DecisionsServicer):
         t0 = time.perf_counter()
         try:
             try:
-                if self.tokens.enabled:
-                    self.tokens.require(context.invocation_metadata() or (), Permission.DECIDE)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
                     raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decision started")
                 if len(raw) > self.max_decide_bytes:
                     raise ServiceError(Status.RESOURCE_EXHAUSTED,
                                        f"request is {len(raw)} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
+                if self.audit is not None and (why := self.audit.refusal()) is not None:
+                    raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
                 engine = self.engine
                 st = engine.state
                 entry = self.shapes.get(st, raw)
@@ -123,8 +124,11 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 await self._refuse(context, "Decide", e)
                 raise  # unreachable: abort raises
             self.metrics.observe(d)
-            if self.audit is not None:
-                self.audit.decision(d, entry.prepared.input.headers)
+            if self.audit is not None and (durable := self.audit.record(d, entry.prepared.input.headers)) is not None:
+                try:  # sync durability: answer only once the record is on disk
+                    await durable
+                except AuditError as e:
+                    await self._refuse(context, "Decide", ServiceError(Status.UNAVAILABLE, str(e)))
             return entry.response(d)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -197,6 +201,20 @@ class DecisionService(pb_grpc.DecisionsServicer):
             raise
         return pb.ReloadBundleResponse(previous_hash=prev, bundle_hash=bundle.content_hash, evicted=list(evicted),
                                        registry_size=len(self.engine.state.registry))
+
+    @_no_tracebacks
+    async def ListInstances(self, request: pb.ListInstancesRequest, context: grpc.aio.ServicerContext) -> pb.ListInstancesResponse:
+        try:
+            self._admit(context, Permission.LIST)
+        except ServiceError as e:
+            await self._refuse(context, "ListInstances", e)
+            raise
+        st = self.engine.state
+        out = [pb.InstanceInfo(id=inst.id, model=inst.model, deployment=convert.deployment_msg(inst.deployment),
+                               labels=inst.labels, score=score)
+               for inst, _, score in st.registry.entries() if not request.model or inst.model == request.model]
+        out.sort(key=lambda i: i.id)
+        return pb.ListInstancesResponse(instances=out, bundle_hash=st.bundle_hash)
 
     async def reload(self, bundle: Bundle, evict: bool = False) -> tuple[str, tuple[str, ...]]:
         """Reload off the event loop (also called by the SIGHUP handler)."""
