@@ -47,7 +47,8 @@ class FromWriter(IntEnum):
 class Ack:
     """Tickets `first`..`end - 1` are settled: durable, except the `failed` ranges
     (lo, hi, message). `seq_base` is the seq the first stored ticket of the range got;
-    later stored tickets follow in order. `last_seq` and `commits` are the writer's totals."""
+    later stored tickets follow in order. `last_seq` and `commits` are the writer's totals;
+    `commit_s` how long this batch's commit (insert and fsync) took, -1 when none ran."""
 
     first: int
     end: int
@@ -55,14 +56,16 @@ class Ack:
     failed: tuple[tuple[int, int, str], ...]
     last_seq: int
     commits: int
+    commit_s: float = -1.0
 
     def encode(self) -> bytes:
-        return frame(FromWriter.ACK, marshal.dumps((self.first, self.end, self.seq_base, self.failed, self.last_seq, self.commits)))
+        return frame(FromWriter.ACK, marshal.dumps((self.first, self.end, self.seq_base, self.failed, self.last_seq, self.commits,
+                                                    self.commit_s)))
 
     @classmethod
     def decode(cls, payload: bytes) -> Ack:
-        first, end, seq_base, failed, last_seq, commits = marshal.loads(payload)
-        return cls(first, end, seq_base, tuple(tuple(f) for f in failed), last_seq, commits)
+        first, end, seq_base, failed, last_seq, commits, commit_s = marshal.loads(payload)
+        return cls(first, end, seq_base, tuple(tuple(f) for f in failed), last_seq, commits, commit_s)
 
 
 def frame(kind: int, payload: bytes) -> bytes:

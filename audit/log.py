@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO, Iterable, Sequence
+from typing import IO, Callable, Iterable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -116,6 +116,9 @@ class AuditLog:
         self._seq = seq
         self.commits = 0  # transactions the writer committed (group commit: fewer than records)
         self.failures = 0  # records that were not stored (each also logged to `policyc.audit`)
+        self.stored = 0  # records this log made durable since it was opened
+        self.commit_seconds = CommitTimes()  # the writer's commit (insert + fsync) times
+        self._listeners: list[Callable[[], None]] = []
         self._settled = threading.Lock()
         self._waiters: dict[int, threading.Lock] = {}
         self._send = threading.Lock()
@@ -384,11 +387,75 @@ class AuditLog:
                         if payload:
                             _log.error("%s", payload.decode(errors="replace"))
         finally:
+            if why != "closed":
+                try:  # say how it ended: "killed by signal 9" is what an operator needs to read
+                    code = self._proc.wait(timeout=1.0)
+                    why += f" (killed by signal {-code})" if code < 0 else f" (exit status {code})"
+                except subprocess.TimeoutExpired:
+                    pass
+                if not self._closing:
+                    _log.error("%s: %s; records not yet durable are lost", self.path, why)
             with self._settled:
                 self._stopped = why
                 for waiter in self._waiters.values():
                     waiter.release()
                 self._waiters.clear()
+            self._tell_listeners()
+
+    def _tell_listeners(self) -> None:
+        for fn in self._listeners:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 (a listener's bug must not stop acknowledgements)
+                _log.exception("audit: acknowledgement listener failed")
+
+    def on_settled(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` after each acknowledgement and once when the writer stops, on the
+        log's acknowledgement thread (so `fn` must be quick and must not wait on the log)."""
+        self._listeners.append(fn)
+
+    @property
+    def acked(self) -> int:
+        """Tickets below this are settled (stored, or failed)."""
+        return self._acked
+
+    @property
+    def submitted(self) -> int:
+        """Tickets handed out so far (the next record gets this one)."""
+        return self._next
+
+    @property
+    def queued_bytes(self) -> int:
+        """Frames waiting for the sender thread (the pipe holds up to 1 MiB more)."""
+        return self._frame_bytes
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the writer is gone ("closed" after `close`), or None while it runs."""
+        return self._stopped
+
+    @property
+    def lost(self) -> int:
+        """Records handed to this log that were not, and will never be, made durable:
+        those the writer refused or could not store, and, once the writer is gone, every
+        record it had not acknowledged."""
+        with self._settled:
+            gone = self._next - self._acked if self._stopped is not None else 0
+            return self.failures + gone
+
+    def unstored(self, first: int, end: int) -> int:
+        """How many of tickets `first`..`end - 1` are not stored (failed, or unsettled
+        once the writer is gone; unsettled tickets of a running writer are not counted)."""
+        with self._settled:
+            n = sum(max(0, min(hi, end) - max(lo, first)) for lo, hi, _ in self._failed)
+            if self._stopped is not None:
+                n += max(0, end - max(first, self._acked))
+            return n
+
+    def settled(self, ticket: int) -> int:
+        """The seq of a settled ticket (`ticket < acked`, or the writer stopped), without
+        waiting; raises AuditWriteError if its record was not stored."""
+        return self._settle(ticket, 0)
 
     def _settle_range(self, ack: Ack) -> None:
         with self._settled:
@@ -406,8 +473,12 @@ class AuditLog:
             self._acked = ack.end
             self._seq = ack.last_seq
             self.commits = ack.commits
+            self.stored += ack.end - ack.first - sum(hi - lo for lo, hi, _ in ack.failed)
+            if ack.commit_s >= 0:
+                self.commit_seconds.observe(ack.commit_s)
             for ticket in [t for t in self._waiters if t < ack.end]:
                 self._waiters.pop(ticket).release()
+        self._tell_listeners()
 
     def _settle(self, ticket: int, timeout: float | None) -> int:
         # One lock per waiting ticket, released by the acknowledgement that covers it: each
@@ -467,6 +538,20 @@ class AuditLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CommitTimes:
+    """A histogram of the writer's commit times (seconds), read by the metrics endpoint."""
+
+    BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        self.total += seconds
 
 
 __all__ = ["AuditLog", "Receipt", "AuditError"]

@@ -191,6 +191,7 @@ def _commit(writer: ChainWriter, fd_out: int, first: int, records: list[tuple[by
             end: int | None = None) -> None:
     end = first if end is None else end
     seq_base = writer.seq + 1
+    t0 = time.perf_counter()
     try:
         writer.write(records)
     except sqlite3.Error as e:
@@ -198,7 +199,7 @@ def _commit(writer: ChainWriter, fd_out: int, first: int, records: list[tuple[by
         if not records:
             writer.sealed_time = time.monotonic()  # a failed seal is retried after an interval, not at once
     if end > first or records:
-        _tell(fd_out, Ack(first, end, seq_base, tuple(failed), writer.seq, writer.commits).encode())
+        _tell(fd_out, Ack(first, end, seq_base, tuple(failed), writer.seq, writer.commits, time.perf_counter() - t0).encode())
 
 
 def _tell(fd_out: int, data: bytes) -> None:

@@ -3,7 +3,9 @@
 Starts on the embedded simulated cluster unless `--telemetry local` is given. SIGHUP
 reloads the bundle file atomically (as does the `ReloadBundle` RPC); SIGINT/SIGTERM stop
 cleanly (health goes NOT_SERVING, in-flight RPCs finish, the audit log is flushed).
-Exit codes: 0 stopped cleanly; 2 bad configuration (bundle, TLS files, address), one line.
+Exit codes: 0 stopped cleanly; 2 bad configuration (bundle, TLS files, address, audit log
+or key), one line; 3 stopped, but audit records were lost (the audit writer died or a record
+could not be stored: the count is printed).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def register(sub) -> None:
     p.add_argument("--sim-gpus-per-host", type=int, default=4)
     p.add_argument("--refresh", type=float, default=0.2, help="topology refresh interval, seconds")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
+    p.add_argument("--audit-durability", choices=("group", "sync"), default="group",
+                   help="acknowledge a decision at once, its record durable within 50 ms plus a commit (group, the default), "
+                        "or only once its record is on disk (sync)")
+    p.add_argument("--audit-key", help="ed25519 private key (PEM, `policyc keygen`) that signs the audit log's checkpoints")
     p.add_argument("--token", action="append", default=[], metavar="ROLE:TOKEN",
                    help="bearer token and its role (client, auditor, operator); repeatable")
     p.add_argument("--tls-cert"), p.add_argument("--tls-key")
@@ -49,7 +55,8 @@ def run(args) -> int:
     from policyc.compiler import bundle_io
     from policyc.server.app import DecisionServer
     from policyc.server.auth import Tokens
-    from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig, Telemetry, TlsFiles
+    from policyc.server.config import AuditDurability, ClusterSpec, EnforcerMode, ServeConfig, Telemetry, TlsFiles
+    from policyc.audit.errors import AuditError
     from policyc.server.transport import TransportError
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -60,6 +67,15 @@ def run(args) -> int:
 
             try:
                 key = load_public(args.public_key)
+            except KeyError_ as e:
+                return _fail(str(e))
+        if args.audit_key:
+            from policyc.cli.keys import KeyError_, load_private
+
+            if not args.audit_log:
+                return _fail("--audit-key signs the audit log's checkpoints: give --audit-log too")
+            try:
+                load_private(args.audit_key)
             except KeyError_ as e:
                 return _fail(str(e))
         bundle = bundle_io.load(args.bundle, public_key=key)
@@ -75,6 +91,7 @@ def run(args) -> int:
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
         refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
         audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
+        audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
         metrics_port=args.metrics_port, settle_heap=True,
     )
 
@@ -82,7 +99,7 @@ def run(args) -> int:
         try:
             server = DecisionServer(bundle, cfg)
             port = await server.start()
-        except (TransportError, OSError, ValueError) as e:
+        except (TransportError, OSError, ValueError, AuditError) as e:
             return _fail(str(e))
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -104,6 +121,12 @@ def run(args) -> int:
               f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}", file=sys.stderr, flush=True)
         await stop.wait()
         await server.stop(grace=2.0)
+        audit = server.audit
+        if audit is not None and (audit.lost or audit.log.stopped != "closed"):
+            print(f"policyc serve: stopped, but the audit log {audit.log.path} did not close cleanly "
+                  f"({audit.log.stopped}): {audit.lost} record(s) were never made durable, "
+                  f"{audit.acknowledged_lost} of them decisions already acknowledged", file=sys.stderr)
+            return 3
         print("policyc serve: stopped", file=sys.stderr)
         return 0
 

@@ -24,6 +24,7 @@ from policyc.placer import Placer, Refresher, SimulatedCluster
 from policyc.placer.catalog import DEFAULT_CATALOG
 
 from .audit_bridge import AuditBridge
+from .audit_metrics import AuditCollector
 from .auth import RoleInterceptor
 from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
@@ -81,7 +82,9 @@ class DecisionServer:
             self.refresher.on_refresh(self.heap)
         self.audit: AuditBridge | None = None
         if config.audit_log is not None:
-            self.audit = AuditBridge(AuditLog.open(config.audit_log), bundle)
+            self.audit = AuditBridge(AuditLog.open(config.audit_log, signing_key=config.audit_key), bundle,
+                                     durability=config.audit_durability, window=config.audit_window)
+            self.metrics.registry.register(AuditCollector(self.audit))
         self.guardian = None
         self.actions = None
         if config.enforcer is not EnforcerMode.OFF:
@@ -101,6 +104,9 @@ class DecisionServer:
         self.readiness.add("topology", self._topology_fresh)
         self.readiness.add("registry", lambda: None if len(self.engine.state.registry) >= config.ready_min_instances
                            else f"{len(self.engine.state.registry)} of {config.ready_min_instances} instances registered")
+        if self.audit is not None:  # the audit log fails closed: not ready while it refuses decisions
+            self.readiness.add("audit", self.audit.refusal)
+            self.audit.watch(self._audit_gate_changed)
         self._server: grpc.aio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.port: int | None = None
@@ -111,6 +117,16 @@ class DecisionServer:
         if self._loop is None:
             raise RuntimeError("the server has not been started: no event loop yet")
         self.refresher.start(self._loop if self.config.refresh_on_loop else None)
+
+    def _audit_gate_changed(self, why: str | None) -> None:
+        """The audit gate opened or closed (on the bridge's threads): re-evaluate readiness
+        now rather than at the next interval, so health follows the gate at once."""
+        loop = self._loop
+        if loop is not None and self._server is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self.readiness.update(), loop)
+            except RuntimeError:  # the loop has closed
+                pass
 
     def _topology_fresh(self) -> str | None:
         """Fresh: younger than five refresh intervals (2 s at least) while the refresher runs;

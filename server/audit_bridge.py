@@ -1,8 +1,9 @@
 """Adapters from the decision service and the enforcer to the audit log's record schemas.
 
-Decisions are submitted without waiting (group commit makes them durable shortly after;
-`AuditLog.close` flushes the rest), so auditing adds no fsync to a decision's latency.
-They go as drafts (`draft_of`: plain values, no pydantic): the audit log's writer process
+`AuditBridge` is also the gate in front of every acknowledged decision (`refusal()`): the
+audit log fails closed. In group mode (the default) decisions are acknowledged at once and
+made durable by group commit within FLUSH_AFTER plus one commit (WINDOW at most, or the
+gate closes); in sync mode each answer waits for its record's commit. They go as drafts (`draft_of`: plain values, no pydantic): the audit log's writer process
 validates, redacts and serialises them into the bytes `decision_record` would give, so
 the decision thread pays a few microseconds instead of ~70 and keeps the interpreter lock
 for decisions; the batch is handed over at once (`AuditLog.submit_decision_drafts`). `decision_record` stays for callers that want the validated record itself.
@@ -13,16 +14,19 @@ observations with the original kind in the detail, never dropped.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import msgspec
 
 from policyc.audit.accounting import estimate_resources, estimated_figures
 from policyc.audit.draft_encoder import DecisionWire, LatencyWire, OriginWire, PlacementWire, ResourcesWire, RuleWire
 from policyc.audit.drafts import DecisionDraft, FigureFields, decision_draft
+from policyc.audit.errors import AuditWriteError
 from policyc.audit.schemas import DECISION_SCHEMA
 from policyc.audit.log import AuditLog
 from policyc.audit.records import ActionRecord as AuditAction
@@ -31,6 +35,7 @@ from policyc.compiler.bundle import Bundle
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 from policyc.matcher import AppliedRule
 
+from .config import AuditDurability
 from .convert import render_var
 from .decision import Decision, Outcome as DecisionOutcome
 
@@ -167,30 +172,61 @@ def action_record(r: ActionRecord, bundle: Bundle | None = None) -> AuditAction:
 # decision process ~12 µs where 32 cost ~22 (same run, `benchmarks/RESULTS.md`, audit).
 FLUSH_EVERY = 128
 FLUSH_AFTER = 0.05  # seconds a draft may wait in the bridge for others (so at most ~50 ms at any rate)
+# Group mode's window: a decision acknowledged before its record is durable must be durable
+# within this many seconds, or the gate closes (Decide refuses) until the log catches up.
+# So a crash of the server loses at most the decisions acknowledged in the last WINDOW
+# seconds (typically FLUSH_AFTER plus one commit, ~50-60 ms); sync mode waits as long
+# for a record before answering UNAVAILABLE.
+WINDOW = 0.5
+QUEUE_LIMIT = 2 << 20  # bytes queued for the writer beyond which the gate closes (the log blocks submitters at 4 MiB)
 
 
 class AuditBridge:
-    """Submits decisions (as drafts) and enforcer actions to an open `AuditLog`.
+    """Submits decisions (as drafts) and enforcer actions to an open `AuditLog`, and is the
+    gate that stops Decide from acknowledging what the log cannot make durable.
 
-    Decision drafts are handed to the log in small batches (every `FLUSH_EVERY` decisions,
-    or `FLUSH_AFTER` seconds after the oldest waiting one, whichever comes first; `flush`
-    and `close` hand over the rest). One hand-over wakes the log's sender thread, and a
-    thread that wakes asks the decision thread for the interpreter lock: per decision, that
-    cost more than the draft itself (measured). A batch waits at most 50 ms longer for
-    durability than a single draft would, which a caller that does not wait never sees;
-    a crash loses them as it loses drafts queued inside the log.
+    `refusal()` is the gate (None: admit; else the one-line reason, naming the audit log):
+    the writer process is gone, a record could not be stored, the log is further behind
+    than its window, or its queue is full. Every path that acknowledges a decision calls it
+    first and then `record(decision, headers)`, which in sync mode returns a future to await
+    before answering.
+
+    Group mode: decision drafts are handed to the log in small batches (every `FLUSH_EVERY`
+    decisions, or `FLUSH_AFTER` seconds after the oldest waiting one, whichever comes first;
+    `flush` and `close` hand over the rest). One hand-over wakes the log's sender thread, and
+    a thread that wakes asks the decision thread for the interpreter lock: per decision,
+    that cost more than the draft itself (measured). Sync mode: the decisions of one turn of
+    the event loop go over in one hand-over, and each answer waits for its batch's commit.
     """
 
-    def __init__(self, log_: AuditLog, bundle: Bundle) -> None:
+    def __init__(self, log_: AuditLog, bundle: Bundle, *, durability: AuditDurability = AuditDurability.GROUP,
+                 window: float = WINDOW) -> None:
         self.log = log_
         self.bundle = bundle
-        self._refused_here = 0
+        self.durability = AuditDurability(durability)
+        self.window = window
+        self._refused_here = 0  # records refused before reaching the log
+        self._acked_lost = 0  # of those, decisions already acknowledged (group mode)
         self._pending: list[tuple[str, DecisionWire]] = []
         self._oldest = 0.0
         self._lock = threading.Lock()
+        # Hand-overs whose records are not all durable yet: (first ticket, end ticket, monotonic
+        # time of the oldest decision in it, acknowledged already). Appended under `_lock`.
+        self._handed: collections.deque[tuple[int, int, float, bool]] = collections.deque()
+        self._handed_lost = 0  # acknowledged decisions of hand-overs found unstored
+        # sync mode: drafts of this loop turn, and (ticket, future, time) waiting for durability
+        self._sync: list[tuple[DecisionWire, asyncio.Future[int], float]] = []
+        self._waiting: collections.deque[tuple[int, asyncio.Future[int], float]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resolve_due = False
+        self._watchers: list[Callable[[str | None], None]] = []
+        self._state: str | None = None  # the last refusal watchers were told
         self._stop = threading.Event()
-        self._timer = threading.Thread(target=self._flush_old, name="audit-bridge-flush", daemon=True)
+        log_.on_settled(self._on_settled)
+        self._timer = threading.Thread(target=self._tick, name="audit-bridge-flush", daemon=True)
         self._timer.start()
+
+    # ------------------------------------------------------------------ the gate
 
     @property
     def failures(self) -> int:
@@ -198,11 +234,169 @@ class AuditBridge:
         process (a draft that does not validate; also logged by `policyc.audit`)."""
         return self._refused_here + self.log.failures
 
+    @property
+    def lost(self) -> int:
+        """Records handed to the audit path that were never made durable (decisions and
+        actions), including, once the writer is gone, everything it had not acknowledged."""
+        return self._refused_here + self.log.lost
+
+    @property
+    def acknowledged_lost(self) -> int:
+        """Decisions acknowledged to a client whose record was never made durable (group
+        mode only: sync mode acknowledges nothing before it is durable)."""
+        self._prune()
+        return self._acked_lost + self._handed_lost + sum(self.log.unstored(f, e) for f, e, _, acked in list(self._handed) if acked)
+
+    def refusal(self) -> str | None:
+        """None while decisions may be acknowledged; else why not, in one line naming the
+        audit log. The single gate of every path that acknowledges a decision (Decide, the
+        gateway's picker): fail closed, never acknowledge what the log will not keep."""
+        log = self.log
+        path = log.path
+        stopped = log.stopped
+        if stopped is not None:
+            return f"audit log {path} is not accepting records ({stopped}); decisions are refused until the service is restarted"
+        if log.failures or self._refused_here:
+            return (f"audit log {path}: {self.failures} record(s) could not be stored; decisions are refused until the "
+                    "service is restarted (see the `policyc.audit` log for why)")
+        if log.queued_bytes > QUEUE_LIMIT:
+            return f"audit log {path} is behind: {log.queued_bytes >> 10} KiB of records wait for its writer; decisions are refused until it catches up"
+        oldest = self._oldest_undurable()
+        if oldest is not None and (age := time.monotonic() - oldest) > self.window:
+            return (f"audit log {path} has not made a record durable for {age:.2f} s (window {self.window:g} s); "
+                    "decisions are refused until it catches up")
+        return None
+
+    def watch(self, fn: Callable[[str | None], None]) -> None:
+        """Call `fn(refusal)` (from any thread) each time the gate opens or closes."""
+        self._watchers.append(fn)
+
+    def _prune(self) -> None:
+        """Forget hand-overs whose records are all settled (counting any not stored)."""
+        acked = self.log.acked
+        handed = self._handed
+        while handed:
+            try:
+                first, end, _, acknowledged = handed[0]
+            except IndexError:  # another thread pruned it
+                return
+            if end > acked:
+                return
+            try:
+                handed.popleft()
+            except IndexError:
+                return
+            if acknowledged:
+                self._handed_lost += self.log.unstored(first, end)
+
+    def _oldest_undurable(self) -> float | None:
+        self._prune()
+        oldest = self._oldest if self._pending else None
+        try:
+            t = self._handed[0][2]
+            oldest = t if oldest is None else min(oldest, t)
+        except IndexError:
+            pass
+        return oldest
+
+    def _check_gate(self) -> None:
+        state = self.refusal()
+        if state == self._state:
+            return
+        self._state = state
+        if state is not None:
+            log.error("%s", state)
+        for fn in self._watchers:
+            try:
+                fn(state)
+            except Exception:  # noqa: BLE001
+                log.exception("audit: gate watcher failed")
+
+    def _on_settled(self) -> None:
+        """The log's acknowledgement thread: wake sync waiters; tell watchers at once when
+        the writer is gone."""
+        if self._waiting and not self._resolve_due and self._loop is not None:
+            self._resolve_due = True
+            try:
+                self._loop.call_soon_threadsafe(self._resolve)
+            except RuntimeError:  # the loop is closed: nothing waits any more
+                pass
+        if self.log.stopped is not None and self.log.stopped != "closed":
+            self._check_gate()
+
+    # ------------------------------------------------------------------ recording
+
+    def record(self, d: Decision, headers: Mapping[str, str]) -> asyncio.Future[int] | None:
+        """Record a decision about to be acknowledged (after `refusal()` said None). Group
+        mode: queued, returns None. Sync mode: returns a future (of the running loop) that
+        gives the record's seq once it is durable, or raises AuditWriteError; answer only
+        after it. Call on the serving event loop."""
+        if self.durability is AuditDurability.GROUP:
+            self.decision(d, headers)
+            return None
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        fut: asyncio.Future[int] = loop.create_future()
+        try:
+            draft = wire_of(d, headers, self.bundle)
+        except Exception as e:  # not recorded: not acknowledged either
+            fut.set_exception(AuditWriteError(f"audit log {self.log.path}: decision {d.decision_id} could not be recorded: {e}"))
+            return fut
+        self._sync.append((draft, fut, time.monotonic()))
+        if len(self._sync) == 1:
+            loop.call_soon(self._hand_over_sync)
+        return fut
+
+    def _hand_over_sync(self) -> None:
+        """On the loop: this turn's decisions in one hand-over (one commit in the writer)."""
+        batch, self._sync = self._sync, []
+        if not batch:
+            return
+        try:
+            first = self.log.submit_decision_drafts([draft for draft, _, _ in batch])
+        except Exception as e:  # noqa: BLE001 - a stopped log: every waiter is refused
+            err = e if isinstance(e, AuditWriteError) else AuditWriteError(f"audit log {self.log.path}: {e}")
+            for _, fut, _ in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+            self._check_gate()
+            return
+        with self._lock:
+            self._handed.append((first, first + len(batch), batch[0][2], False))
+        self._waiting.extend((first + i, fut, t) for i, (_, fut, t) in enumerate(batch))
+        if self.log.acked > first or self.log.stopped is not None:
+            self._resolve()  # settled while we were handing over
+
+    def _resolve(self, expire: bool = False) -> None:
+        """On the loop: settle the futures whose tickets are acknowledged; with `expire`,
+        refuse those that waited longer than the window."""
+        self._resolve_due = False
+        log_ = self.log
+        waiting = self._waiting
+        stopped = log_.stopped is not None
+        while waiting and (waiting[0][0] < log_.acked or stopped):
+            ticket, fut, _ = waiting.popleft()
+            if fut.done():  # the caller gave up (deadline, cancelled)
+                continue
+            try:
+                fut.set_result(log_.settled(ticket))
+            except AuditWriteError as e:
+                fut.set_exception(e)
+        if expire:
+            now = time.monotonic()
+            for _ticket, fut, t in waiting:
+                if now - t > self.window and not fut.done():
+                    fut.set_exception(AuditWriteError(
+                        f"audit log {log_.path}: decision record not durable within {self.window:g} s; the decision is not acknowledged"))
+
     def decision(self, d: Decision, headers: Mapping[str, str]) -> None:
+        """Queue a decision's record without waiting (group mode's acknowledgement)."""
         try:
             draft = wire_of(d, headers, self.bundle)
         except Exception as e:  # the audit log must not take the decision path down; count and say so
             self._refused_here += 1
+            self._acked_lost += 1
             log.error("audit: decision %s not recorded: %s", d.decision_id, e)
             return
         now = time.monotonic()
@@ -224,26 +418,38 @@ class AuditBridge:
         if not batch:
             return
         try:
-            self.log.submit_decision_drafts([draft for _, draft in batch])
+            first = self.log.submit_decision_drafts([draft for _, draft in batch])
+            self._handed.append((first, first + len(batch), self._oldest, True))
             return
         except TypeError:
             pass  # a draft with a value that is not a plain one: one by one, so only it is refused
         except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
             self._refused_here += len(batch)
+            self._acked_lost += len(batch)
             log.error("audit: %d decision(s) not recorded (%s ...): %s", len(batch), batch[0][0], e)
             return
         for decision_id, draft in batch:
             try:
-                self.log.submit_decision_draft(draft)
+                t = self.log.submit_decision_draft(draft)._ticket
+                self._handed.append((t, t + 1, self._oldest, True))
             except Exception as e:
                 self._refused_here += 1
+                self._acked_lost += 1
                 log.error("audit: decision %s not recorded: %s", decision_id, e)
 
-    def _flush_old(self) -> None:
-        """Background: a quiet service's last decisions reach the log within ~FLUSH_AFTER."""
+    def _tick(self) -> None:
+        """Background: a quiet service's last decisions reach the log within ~FLUSH_AFTER;
+        the gate is re-evaluated (watchers told of a change) and sync waiters past the
+        window are refused."""
         while not self._stop.wait(FLUSH_AFTER / 2):
             if self._pending and time.monotonic() - self._oldest >= FLUSH_AFTER:
                 self.flush()
+            self._check_gate()
+            if self._waiting and self._loop is not None and self._state is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._resolve, True)
+                except RuntimeError:
+                    pass
 
     def action(self, r: ActionRecord) -> None:
         try:
