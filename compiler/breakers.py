@@ -13,18 +13,9 @@ from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error
 
 from . import units
 from .bundle import Action, Breaker, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal, SignalCondition
+from .check_values import MAX_CONSECUTIVE, SIGNALS, quarantine_problem
 from .fields import BlockReader, ref, shape
 
-SIGNALS: dict[str, str] = {
-    "elapsed": "time",  # time a request has spent so far (may be written as a share `of slo` or `of predicted`)
-    "sm_utilization": "ratio",
-    "tls_handshake": "time",
-    "connect_time": "time",
-    "rdma_watermark": "ratio",
-    "pcie_utilization": "ratio",
-    "error_rate": "ratio",
-    "gpu_memory_free": "size",
-}
 # what `elapsed` may be a share of: the contract's SLO, or the end-to-end latency the placer
 # predicted for this very request (a request far past its own prediction is on a GPU or path
 # that degraded under it, which telemetry shows only on its next tick)
@@ -46,10 +37,12 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
     scope = r.name("scope", ("request", "gpu", "backend", "connection"), required=True)
     when = r.single("when", required=True)
     conditions = _conditions(when, diags) if when is not None else None
-    consecutive = r.integer("consecutive") or 1
+    consecutive = r.integer("consecutive", maximum=MAX_CONSECUTIVE) or 1
     classify = r.name("classify")
     models = r.names("models") or ()
     retry_budget = r.quantity("retry_budget", "ratio")
+    if retry_budget is not None and retry_budget > 1:
+        r.err("E328", "`retry_budget` is a share of active requests: at most 100 %", r.fields["retry_budget"].values[0].span)
     action_names = r.names("actions", ACTIONS, required=True)
     actions: list[Action] = []
     for a in action_names or ():
@@ -80,8 +73,14 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
             max_duration = cr.quantity("max_duration", "time")
             max_share = cr.quantity("max_share", "ratio")
             if duration is not None:
-                actions.append(Quarantine(duration=duration, max_duration=max_duration or duration * 16,
-                                          max_share=min(max_share or 0.2, 1.0)))
+                q = Quarantine(duration=duration, max_duration=max_duration if max_duration is not None else duration * 16,
+                               max_share=max_share if max_share is not None else 0.2)
+                if (problem := quarantine_problem(q)) is not None:
+                    key, message = problem
+                    at = cr.fields[key].values[0].span if key in cr.fields else cfg.kind_span
+                    cr.err("E329", message, at)
+                else:
+                    actions.append(q)
         elif a == "self_heal":
             cr = BlockReader(cfg, f"`self_heal` of breaker `{name}`", diags, fields=("steps",))
             steps = cr.names("steps", HEAL_STEPS, required=True)
@@ -135,5 +134,8 @@ def _condition(p: ast.Value, diags: list[Diagnostic]) -> SignalCondition | None:
     si = units.to_si(right.number, right.unit, t)
     if si is None:
         diags.append(error("E303", f"`{signal}` is {units.describe(t)}, found {units.describe(units.quantity_type(right.unit))}", right.span))
+        return None
+    if t == "ratio" and si > 1:
+        diags.append(error("E328", f"`{signal}` is a percentage: compare it with at most 100 %", right.span))
         return None
     return SignalCondition(signal=signal, cmp=op, value=si, origin=ref(p.span))  # type: ignore[arg-type]

@@ -20,8 +20,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import ValidationError
 
+from policyc.dsl import limits
+
+from . import bounded_read
 from .bundle import SCHEMA_VERSION, Bundle, Signature
 from .gc_pause import gc_paused
+from .revalidate import check_bundle
 
 
 class BundleError(Exception):
@@ -99,30 +103,52 @@ def write(bundle: Bundle, path: str | Path) -> None:
     Path(path).write_text(dumps(bundle), encoding="utf-8")
 
 
-def loads(text: str, *, origin: str = "<bundle>", public_key: Ed25519PublicKey | None = None) -> Bundle:
-    """Parse and verify a bundle: JSON, schema version, schema, hash, and (when a public
-    key is given) an ed25519 signature. Raises BundleError naming what is wrong."""
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"`{name}` is not a JSON number")
+
+
+def loads(text: str | bytes, *, origin: str = "<bundle>", public_key: Ed25519PublicKey | None = None) -> Bundle:
+    """Parse and verify a bundle: size, JSON, schema version, schema, hash, (when a public
+    key is given) an ed25519 signature, and then the compiler's own checks
+    (`revalidate.check_bundle`), so that a re-hashed bundle the compiler would refuse never
+    loads. Raises BundleError naming what is wrong, never anything else."""
+    if len(text) > limits.MAX_BUNDLE_BYTES:
+        raise BundleError(f"{origin}: bundle is {len(text):,} bytes; at most {limits.MAX_BUNDLE_BYTES:,} are read")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BundleError(f"{origin}: not a bundle: not UTF-8 text (byte offset {e.start})") from None
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
         raise BundleError(f"{origin}:{e.lineno}:{e.colno}: not a bundle: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise BundleError(f"{origin}: not a bundle: JSON nested too deeply") from None
+    except ValueError as e:  # NaN / Infinity, or an integer beyond Python's digit limit
+        raise BundleError(f"{origin}: not a bundle: {str(e).split(';')[0]}") from None
     if not isinstance(raw, dict):
         raise BundleError(f"{origin}: not a bundle: expected a JSON object")
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise BundleError(
-            f"{origin}: unsupported bundle schema `{version}`; this policyc reads `{SCHEMA_VERSION}`"
+            f"{origin}: unsupported bundle schema `{str(version)[:64]}`; this policyc reads `{SCHEMA_VERSION}`"
         )
     try:
         bundle = Bundle.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = ".".join(str(p) for p in first["loc"])[:200]
         raise BundleError(f"{origin}: invalid bundle at `{where}`: {first['msg']} ({e.error_count()} problem(s))") from None
-    expected = content_hash(bundle)
+    except RecursionError:
+        raise BundleError(f"{origin}: invalid bundle: nested too deeply") from None
+    try:
+        expected = content_hash(bundle)
+    except (UnicodeEncodeError, RecursionError, ValueError, TypeError) as e:
+        raise BundleError(f"{origin}: invalid bundle: its content cannot be written canonically ({type(e).__name__})") from None
     if bundle.content_hash != expected:
         raise BundleError(
-            f"{origin}: bundle content does not match its hash (recorded {bundle.content_hash or 'none'}, "
+            f"{origin}: bundle content does not match its hash (recorded {bundle.content_hash[:80] or 'none'}, "
             f"computed {expected}): the bundle was modified after compilation"
         )
     if public_key is not None:
@@ -132,15 +158,21 @@ def loads(text: str, *, origin: str = "<bundle>", public_key: Ed25519PublicKey |
             public_key.verify(bytes.fromhex(bundle.signature.value), bundle.content_hash.encode())
         except (InvalidSignature, ValueError):
             raise BundleError(f"{origin}: bundle signature does not verify with the given public key") from None
+    problems = check_bundle(bundle)
+    if problems:
+        top = problems[0]
+        at = f"{top.span}: " if top.span is not None else ""
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise BundleError(f"{origin}: bundle refused: {at}error[{top.code}]: {top.message}{more}; "
+                          "the compiler would not have written it")
     return bundle
 
 
 def load(path: str | Path, *, public_key: Ed25519PublicKey | None = None) -> Bundle:
+    """Read (a regular file, bounded: see `bounded_read`) and verify a bundle file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise BundleError(f"{p}: cannot read bundle: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise BundleError(f"{p}: not a bundle: not UTF-8 text") from None
-    return loads(text, origin=str(p), public_key=public_key)
+        data = bounded_read.read_bytes(p, limits.MAX_BUNDLE_BYTES, "bundle")
+    except bounded_read.FileRefused as e:
+        raise BundleError(str(e)) from None
+    return loads(data, origin=str(p), public_key=public_key)

@@ -13,10 +13,12 @@ from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic
 
 from .bundle import SECURITY_ATTRS, Compute, Contract, Dependencies, Memory, ServiceDependency, Session, Slo, SourceRef, VersionBound
+from policyc.dsl import limits
+
+from .check_values import ARCHS, PRECISIONS, version_bounds_problem
 from .fields import BlockReader, ref, shape
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
-ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+__all__ = ["ARCHS", "PRECISIONS", "contract_header", "lower_contract"]
 
 
 def contract_header(block: ast.Block, diags: list[Diagnostic]) -> tuple[str, str] | None:
@@ -59,7 +61,7 @@ def lower_contract(block: ast.Block, diags: list[Diagnostic]) -> Contract | None
             r.missing("flops_per_request")
         key = "flops_per_request" if per_req else "flops_per_token"
         flops = r.interval(key, "flops") if (per_req or per_tok) else None
-        tokens = r.integer("tokens", required=True)
+        tokens = r.integer("tokens", required=True, maximum=limits.MAX_TOKENS)
         precision = r.name("precision", PRECISIONS) or "fp16"
         eff = r.quantity("efficiency", "ratio")
         if eff is not None and eff > 1:
@@ -174,4 +176,7 @@ def _version_bounds(r: BlockReader) -> tuple[VersionBound, ...] | None:
         else:
             r.err("E315", f"`cuda` expects version bounds such as `>= 12.1, < 13`, found {shape(v)}", v.span)
             return None
+    if (problem := version_bounds_problem(out)) is not None:
+        r.err("E326", f"`cuda`: {problem}", f.span, "a version must satisfy every bound, e.g. `>= 12.1, < 13.0`")
+        return None
     return tuple(out)

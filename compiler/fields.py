@@ -78,6 +78,8 @@ class BlockReader:
         return f
 
     def block_one(self, kind: str, required: bool = False) -> ast.Block | None:
+        """The one `kind { … }` section of this block. A section takes no label: `memory
+        extra { … }` is refused rather than read as `memory`, the label silently lost."""
         found = self.blocks.get(kind, [])
         if not found:
             if required:
@@ -86,6 +88,10 @@ class BlockReader:
         for extra in found[1:]:
             self.err("E205", f"duplicate `{kind}` block in {self.where}", extra.kind_span,
                      f"first given at line {found[0].span.line}")
+        if found[0].labels:
+            self.err("E215", f"the `{kind}` section of {self.where} takes no label, found `{found[0].labels[0].text[:64]}`",
+                     found[0].labels[0].span, f"write `{kind} {{ … }}`")
+            return None
         return found[0]
 
     def single(self, key: str, required: bool = False) -> ast.Value | None:
@@ -158,6 +164,10 @@ class BlockReader:
         if lo < 0:
             self.err("E305", f"`{key}` must not be negative", v.lo.span)
             return None
+        if lo > hi:
+            self.err("E325", f"`{key}` is upside down: the low end is above the high end", v.span,
+                     f"write `{_text(v.hi)} .. {_text(v.lo)}`")
+            return None
         return Interval(lo=lo, hi=hi)
 
     def name(self, key: str, choices: Iterable[str] | None = None, required: bool = False) -> str | None:
@@ -222,7 +232,7 @@ class BlockReader:
         self.err("E313", f"`{key}` expects yes or no, found {shape(v)} `{_text(v)}`", v.span)
         return None
 
-    def integer(self, key: str, required: bool = False, minimum: int = 1) -> int | None:
+    def integer(self, key: str, required: bool = False, minimum: int = 1, maximum: int = 1_000_000_000) -> int | None:
         v = self.single(key, required)
         if v is None:
             return None
@@ -232,6 +242,9 @@ class BlockReader:
         n = int(v.text)
         if n < minimum:
             self.err("E305", f"`{key}` must be at least {minimum}", v.span)
+            return None
+        if n > maximum:
+            self.err("E327", f"`{key}` must be at most {maximum:,}", v.span)
             return None
         return n
 

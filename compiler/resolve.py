@@ -2,7 +2,9 @@
 
 Names are unique per kind across files (contracts, GPU classes, rules, breakers, header
 mappings, request variables, tenants). Every reference must land: a breaker's models and
-backup, a rule's `model == …`, `gpu_model == …`. Runs after lowering, on bundle entities.
+backup, a rule's `model == …`, `gpu_model == …`. Runs after lowering, on bundle entities,
+and ends with the value and rule checks (`check_values`, `check_rules`) that every bundle
+loader runs too (`revalidate.py`): one function decides what a valid bundle is.
 """
 
 from __future__ import annotations
@@ -10,15 +12,13 @@ from __future__ import annotations
 from typing import Iterable
 
 from policyc.dsl.diagnostics import Diagnostic, Note, did_you_mean, error
-from policyc.dsl.source import Span
 
 from .bundle import Breaker, Contract, GpuClass, HeaderMapping, Redirect, RequestRule, SourceRef, Tenant
-from .contracts import ARCHS
+from .check_rules import check_rules
+from .check_values import ARCHS, check_values, span
 from .semantics import atoms
 
-
-def span(r: SourceRef) -> Span:
-    return Span.point(r.file, r.line, r.col)
+__all__ = ["resolve", "span"]
 
 
 def _unique(kind: str, items: Iterable[tuple[str, SourceRef]], diags: list[Diagnostic]) -> None:
@@ -63,3 +63,5 @@ def resolve(contracts: list[Contract], gpus: list[GpuClass], headers: list[Heade
             if isinstance(act, Redirect) and act.backup not in models:
                 diags.append(error("E415", f"breaker `{b.name}` redirects to `{act.backup}`, which has no contract", span(b.origin),
                                    did_you_mean(act.backup, models) or "declare the backup model's contract"))
+    check_values(contracts, gpus, headers, tenants, breakers, diags)
+    check_rules(rules, headers, tenants, diags)

@@ -120,8 +120,11 @@ def parse(src: Source) -> tuple[ast.File | None, list[Diagnostic]]:
     try:
         parser, builder = _parser()
         with _LOCK:
-            builder.file = src.name
-            items = parser.parse(src.text)
+            builder.begin(src.name)
+            try:
+                items = parser.parse(src.text)
+            finally:
+                builder.depths.clear()
     except UnexpectedInput as e:
         return None, [_syntax_diagnostic(e, src)]
     except ToAst.Problem as e:  # a problem found while building a node carries its diagnostic

@@ -23,6 +23,8 @@ from typing import Callable, Iterable
 from lark.grammar import Rule
 from lark_cython import Token
 
+from . import limits
+
 from . import ast
 from .diagnostics import Diagnostic, error
 from .source import Span
@@ -42,6 +44,31 @@ class ToAst:
 
     def __init__(self, file: str) -> None:
         self.file = file
+        # nesting depth of the compound nodes built so far in this parse, by id (the tree
+        # holds every node until the parse ends, so ids are not reused); leaves are depth 0
+        self.depths: dict[int, int] = {}
+
+    def begin(self, file: str) -> None:
+        self.file = file
+        self.depths.clear()
+
+    # ------------------------------------------------------------------ limits
+    def _nest(self, node, children, span_children):  # type: ignore[no-untyped-def]
+        """Record `node`'s depth (one more than its deepest child); refuse past the limit,
+        so that no later pass (printer, checker, solver, serialiser) can be made to recurse
+        without bound."""
+        depths = self.depths
+        d = 1 + max((depths.get(id(c), 0) for c in children), default=0)
+        if d > limits.MAX_DEPTH:
+            raise ToAst.Problem(error("E105", f"nested more than {limits.MAX_DEPTH} levels deep",
+                                      self._cover(span_children), help="split the expression or the block"))
+        depths[id(node)] = d
+        return node
+
+    def _width(self, values, children, what: str) -> None:  # type: ignore[no-untyped-def]
+        if len(values) > limits.MAX_TERMS:
+            raise ToAst.Problem(error("E106", f"{what} of {len(values):,} terms; at most {limits.MAX_TERMS:,} are allowed",
+                                      self._cover(children[:1]), help="split it into several rules or lists"))
 
     # ------------------------------------------------------------------ spans
     def _tok_span(self, tok: Token) -> Span:
@@ -64,11 +91,19 @@ class ToAst:
 
     # ------------------------------------------------------------------ leaves
     def _string(self, tok: Token) -> ast.String:
+        if len(tok.value) > limits.MAX_STRING_CHARS:
+            raise ToAst.Problem(error("E107", f"string of {len(tok.value):,} characters; at most {limits.MAX_STRING_CHARS:,} are allowed",
+                                      Span.point(self.file, tok.line, tok.column)))
         try:
-            json.loads(tok.value)
+            value = json.loads(tok.value)
         except ValueError:
-            raise ToAst.Problem(error("E104", f"invalid escape in string {tok}", self._tok_span(tok),
+            raise ToAst.Problem(error("E104", f"invalid escape in string {tok.value[:64]}", self._tok_span(tok),
                                       help='strings use JSON escapes: \\" \\\\ \\n \\t \\uXXXX')) from None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ToAst.Problem(error("E104", "string holds a lone surrogate (`\\uD800`–`\\uDFFF` not in a pair)",
+                                      self._tok_span(tok), help="write the character itself, or both halves of the pair")) from None
         return ast.String(tok.value, self._tok_span(tok))
 
     def _label(self, x: Token) -> ast.Label:
@@ -85,53 +120,72 @@ class ToAst:
         while type(children[brace]) is not Token or children[brace].type != "LBRACE":
             brace += 1
         labels = tuple(self._label(c) for c in children[1:brace])
-        return ast.Block(kind.value, labels, tuple(children[brace + 1:-1]), self._cover(children), self._tok_span(kind))
+        items = tuple(children[brace + 1:-1])
+        node = ast.Block(kind.value, labels, items, self._cover(children), self._tok_span(kind))
+        return self._nest(node, items, children[:1])
 
     def field(self, children):  # key ":" value ("," value)*
         key = children[0]
         quoted = key.type == "STRING"
         text = self._string(key).value if quoted else key.value
-        return ast.Field(text, quoted, tuple(children[2::2]), self._cover(children), self._tok_span(key))
+        values = tuple(children[2::2])
+        self._width(values, children, "a field")
+        node = ast.Field(text, quoted, values, self._cover(children), self._tok_span(key))
+        self.depths[id(node)] = max((self.depths.get(id(v), 0) for v in values), default=0)
+        return node
 
     def or_(self, children):
-        return ast.Or(tuple(self._values(children)), self._cover(children))
+        values = self._values(children)
+        self._width(values, children, "an `or`")
+        return self._nest(ast.Or(tuple(values), self._cover(children)), values, children)
 
     def and_(self, children):
-        return ast.And(tuple(self._values(children)), self._cover(children))
+        values = self._values(children)
+        self._width(values, children, "an `and`")
+        return self._nest(ast.And(tuple(values), self._cover(children)), values, children)
 
     def not_(self, children):
-        return ast.Not(children[-1], self._cover(children))
+        return self._nest(ast.Not(children[-1], self._cover(children)), children[-1:], children)
 
     def compare(self, children):
         left, op, right = children
-        return ast.Compare(left, op.value, right, self._cover(children))
+        return self._nest(ast.Compare(left, op.value, right, self._cover(children)), (left, right), children)
 
     def in_(self, children):
-        return ast.Compare(children[0], "in", children[-1], self._cover(children))
+        node = ast.Compare(children[0], "in", children[-1], self._cover(children))
+        return self._nest(node, (children[0], children[-1]), children)
 
     def not_in(self, children):
-        return ast.Compare(children[0], "not_in", children[-1], self._cover(children))
+        node = ast.Compare(children[0], "not_in", children[-1], self._cover(children))
+        return self._nest(node, (children[0], children[-1]), children)
 
     def bound(self, children):
-        return ast.Bound(children[0].value, children[1], self._cover(children))
+        return self._nest(ast.Bound(children[0].value, children[1], self._cover(children)), children[1:2], children)
 
     def range(self, children):
         return ast.Range(children[0], children[-1], self._cover(children))
 
     def list(self, children):
-        return ast.ListValue(tuple(self._values(children)), self._cover(children))
+        values = self._values(children)
+        self._width(values, children, "a list")
+        return self._nest(ast.ListValue(tuple(values), self._cover(children)), values, children)
 
     def string(self, children):
         return self._string(children[0])
 
     def call(self, children):
-        return ast.Call(children[0].value, tuple(self._values(children[1:])), self._cover(children))
+        values = self._values(children[1:])
+        self._width(values, children, "a call")
+        return self._nest(ast.Call(children[0].value, tuple(values), self._cover(children)), values, children)
 
     def operand(self, children):  # "(" value ")": parentheses only group
         return children[1]
 
     def quantity(self, children):  # NUMBER UNIT? ("of" dotted)?
         n = len(children)
+        if len(children[0].value) > limits.MAX_NUMBER_CHARS:
+            raise ToAst.Problem(error("E108", f"number of {len(children[0].value):,} characters; at most {limits.MAX_NUMBER_CHARS} are allowed",
+                                      self._tok_span(children[0])))
         unit = children[1].value if n in (2, 4) else None
         of = children[-1] if n >= 3 else None
         return ast.Quantity(children[0].value, unit, of, self._cover(children))

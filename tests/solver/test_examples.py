@@ -33,9 +33,9 @@ def test_real_policies_are_clean_and_carry_gpu_shares() -> None:
 def test_infeasible_contracts_name_their_conflicting_lines() -> None:
     r = compile_paths(["policies/gpu-catalog.contract", "policies/broken/infeasible-contracts.contract"])
     errs = {d.message.split("`")[1]: d for d in codes(r, "E501")}
-    assert set(errs) == {"upside-down", "bandwidth-hog", "too-fast"}
+    assert set(errs) == {"no-time-left", "bandwidth-hog", "too-fast"}
     lines = lambda d: sorted(n.span.line for n in d.notes if n.span)  # noqa: E731
-    assert lines(errs["upside-down"]) == [7]
+    assert lines(errs["no-time-left"]) == [8, 8]  # latency and allowance, on one line
     assert lines(errs["bandwidth-hog"]) == [30]
     assert lines(errs["too-fast"]) == [43, 46, 60, 61, 65]  # flops, efficiency, latency, allowance, arch
     assert all(n.span.file.endswith("infeasible-contracts.contract") for d in errs.values() for n in d.notes)
