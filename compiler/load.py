@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from policyc.dsl import limits
 from policyc.dsl.diagnostics import Diagnostic, error
 from policyc.dsl.source import Source, Span
+
+from . import bounded_read
 
 EXTENSION = ".contract"
 
@@ -31,11 +34,15 @@ def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.suffix == EXTENSION and q.is_file())
+            try:
+                found = sorted(q for q in p.iterdir() if q.suffix == EXTENSION and q.is_file())
+            except OSError as e:
+                diags.append(error("E001", f"cannot list directory `{p.as_posix()}`: {e.strerror or e}", None))
+                continue
             if not found:
                 diags.append(error("E003", f"no `{EXTENSION}` files in `{p.as_posix()}`", None))
             files.extend(found)
-        elif p.is_file():
+        elif p.exists():  # a FIFO or a device is refused when read, with its kind named
             files.append(p)
         else:
             diags.append(error("E001", f"no such file or directory `{p.as_posix()}`", None))
@@ -51,9 +58,9 @@ def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
 def read(path: Path) -> tuple[Source | None, list[Diagnostic]]:
     name = display_name(path)
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        return None, [error("E001", f"cannot read `{name}`: {e.strerror}", None)]
+        data = bounded_read.read_bytes(path, limits.MAX_SOURCE_BYTES, "policy source")
+    except bounded_read.FileRefused as e:
+        return None, [error("E004" if "at most" in str(e) or "larger" in str(e) else "E001", str(e), None)]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
