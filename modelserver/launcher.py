@@ -1,0 +1,347 @@
+"""Start real KServe model-server processes on loopback, wait until they serve, stop them.
+
+    files = write_model_files(bundle.contract("fraud-scorer"), workdir)
+    spec = ServerSpec((InstanceSpec("fraud-scorer@host-01/gpu0", files.full),))
+    with ModelPool([spec, backup_spec]).start() as pool:
+        pool.endpoint("fraud-scorer@host-01/gpu0")   # "127.0.0.1:40123", its OIP gRPC server
+
+Each `ServerSpec` is one process (`python -m policyc.modelserver`), serving one or more
+instances (distinct OIP model names) on one gRPC and one REST port, both picked by the
+kernel (port 0) and read back from the process's ready file, so parallel sessions never
+race for a port. `ModelPool.start` spawns every process first and then waits for all, so
+a pool starts in about the time of its slowest process. Ready means: the process wrote its
+ready file, and `ServerReady` and `ModelReady` (every served name) answer true over gRPC.
+
+Processes are stopped with SIGTERM (then SIGKILL after a grace period); a pool that is
+garbage collected or left running at interpreter exit is stopped too, so no test leaves a
+server behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import grpc
+
+from policyc.onnxgate.contract_metadata import load_contract
+from policyc.onnxgate.errors import ContractMetadataError
+
+from .oip import pb, pb_grpc
+
+STOP_GRACE_S = 5.0
+
+
+class ModelServerError(RuntimeError):
+    """A model-server process did not start, did not become ready, or died."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One registered instance a process serves.
+
+    `model` is its full variant's ONNX file (the embedded contract names the OIP model
+    unless `name` says otherwise); `simplified` the smaller variant it serves to retries;
+    `aliases` other OIP model names it answers (a backup answers the primary's name, since
+    the gateway retries the primary's request body)."""
+
+    instance_id: str
+    model: Path
+    simplified: Path | None = None
+    name: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    def oip_name(self) -> str:
+        """The OIP model name it serves: `name`, else its model file's contract name."""
+        if self.name:
+            return self.name
+        try:
+            return load_contract(self.model).name
+        except ContractMetadataError as e:
+            raise ValueError(f"instance `{self.instance_id}`: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """One model-server process: its instances and whether it honours stall requests."""
+
+    instances: tuple[InstanceSpec, ...]
+    stall_control: bool = False
+    host: str = "127.0.0.1"
+
+    def argv(self, ready_file: Path) -> list[str]:
+        out = [sys.executable, "-m", "policyc.modelserver", "--host", self.host, "--grpc-port", "0",
+               "--http-port", "0", "--ready-file", str(ready_file)]
+        for i in self.instances:
+            key = i.oip_name()
+            out += ["--model", f"{key}={i.model}", "--instance", f"{key}={i.instance_id}"]
+            if i.simplified:
+                out += ["--simplified", f"{key}={i.simplified}"]
+            out += [x for a in i.aliases for x in ("--alias", f"{key}={a}")]
+        if self.stall_control:
+            out.append("--stall-control")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServingInstance:
+    """A started instance: what the registry and the gateway need to reach it."""
+
+    instance_id: str
+    model: str               # the OIP model name (its contract's name unless renamed)
+    contract: str            # the contract embedded in its model file
+    endpoint: str            # host:port of its OIP v2 gRPC server (HTTP/2)
+    http_endpoint: str       # host:port of its OIP v2 REST server
+    model_path: Path
+    variants: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+
+
+_live: "weakref.WeakSet[ModelServerProcess]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for p in list(_live):
+        p.stop()
+
+
+class ModelServerProcess:
+    """One `python -m policyc.modelserver` child process."""
+
+    def __init__(self, spec: ServerSpec, workdir: Path) -> None:
+        if not spec.instances:
+            raise ValueError("a model server needs at least one instance")
+        self.spec = spec
+        self.workdir = workdir
+        self.ready_file = workdir / "ready.json"
+        self.log_path = workdir / "server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._facts: dict[str, object] | None = None
+        self.instances: list[ServingInstance] = []
+        self.startup_s: float | None = None
+        self._started_at = 0.0
+        self._terminated = False
+
+    # ------------------------------------------------------------------ life cycle
+    def spawn(self) -> None:
+        """Start the process; returns at once (see `wait_ready`)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        self._terminated = False
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        with open(self.log_path, "wb") as log:
+            self._started_at = time.monotonic()
+            self._proc = subprocess.Popen(self.spec.argv(self.ready_file), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env)
+        _live.add(self)
+        weakref.finalize(self, _kill, self._proc)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the process serves every instance; ModelServerError (with its log) if not."""
+        if self._proc is None:
+            raise ModelServerError("wait_ready before spawn")
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self._proc.poll() is not None:
+                raise ModelServerError(f"model server exited with {self._proc.returncode} before serving:\n"
+                                       + self.log_tail())
+            if time.monotonic() > deadline:
+                raise ModelServerError(f"model server not serving after {timeout:.0f} s:\n" + self.log_tail())
+            time.sleep(0.02)
+        self._facts = json.loads(self.ready_file.read_text())
+        self._check_ready(deadline)
+        self.startup_s = time.monotonic() - self._started_at
+        self.instances = self._serving()
+
+    def _check_ready(self, deadline: float) -> None:
+        names = [*self._models(), *self._aliases()]
+        with grpc.insecure_channel(self.endpoint) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            while True:
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    if stub.ServerReady(pb.ServerReadyRequest(), timeout=left).ready and all(
+                            stub.ModelReady(pb.ModelReadyRequest(name=n), timeout=left).ready for n in names):
+                        return
+                except grpc.RpcError as e:
+                    if time.monotonic() > deadline:
+                        raise ModelServerError(f"model server at {self.endpoint} not ready: {e.code().name} "
+                                               f"{e.details()}\n" + self.log_tail()) from None
+                if time.monotonic() > deadline:
+                    raise ModelServerError(f"model server at {self.endpoint} reports not ready\n" + self.log_tail())
+                time.sleep(0.02)
+
+    def terminate(self) -> None:
+        """Send SIGTERM once (a second one could land while Python finalises, when the
+        default handler is back, and turn a clean exit into a kill)."""
+        if self._proc is not None and self._proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self._proc.send_signal(signal.SIGTERM)
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM, then SIGKILL after `grace` seconds; the exit status (None if never started)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        _live.discard(self)
+        self.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> ModelServerProcess:
+        if self._proc is None:
+            self.spawn()
+            self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _fact(self, key: str) -> object:
+        if self._facts is None:
+            raise ModelServerError("the model server is not ready yet")
+        return self._facts[key]
+
+    @property
+    def endpoint(self) -> str:
+        """host:port of the process's OIP v2 gRPC server."""
+        return f"{self._fact('host')}:{self._fact('grpc_port')}"
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"{self._fact('host')}:{self._fact('http_port')}"
+
+    def _models(self) -> dict[str, dict[str, object]]:
+        return self._fact("models")  # type: ignore[return-value]
+
+    def _aliases(self) -> dict[str, str]:
+        return self._fact("aliases")  # type: ignore[return-value]
+
+    def _serving(self) -> list[ServingInstance]:
+        models, aliases = self._models(), self._aliases()
+        by_id = {i.instance_id: i for i in self.spec.instances}
+        out: list[ServingInstance] = []
+        for name, facts in models.items():
+            iid = str(facts["instance"])
+            spec = by_id.get(iid)
+            if spec is None:
+                raise ModelServerError(f"model server serves instance `{iid}`, which its spec does not name")
+            out.append(ServingInstance(
+                instance_id=iid, model=name, contract=str(facts["contract"]), endpoint=self.endpoint,
+                http_endpoint=self.http_endpoint, model_path=spec.model,
+                variants=tuple(facts["variants"]),  # type: ignore[arg-type]
+                aliases=tuple(sorted(a for a, target in aliases.items() if target == name))))
+        return out
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class ModelPool:
+    """Several model-server processes started together (in parallel) and stopped together."""
+
+    servers: Sequence[ServerSpec]
+    workdir: Path | None = None
+    processes: list[ModelServerProcess] = field(default_factory=list, init=False)
+    startup_s: float | None = field(default=None, init=False)
+    _own_dir: bool = field(default=False, init=False)
+
+    def start(self, timeout: float = 30.0) -> ModelPool:
+        """Spawn every process, then wait for all; on any failure stop them all and raise."""
+        if self.processes:
+            raise ModelServerError("the pool is already started")
+        ids = [i.instance_id for s in self.servers for i in s.instances]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"instance ids given twice: {', '.join(dupes)}")
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="policyc-modelpool-"))
+            self._own_dir = True
+        t = time.monotonic()
+        self.processes = [ModelServerProcess(s, self.workdir / f"server-{n}") for n, s in enumerate(self.servers)]
+        try:
+            for p in self.processes:
+                p.spawn()
+            for p in self.processes:
+                p.wait_ready(max(1.0, timeout - (time.monotonic() - t)))
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t
+        return self
+
+    @property
+    def instances(self) -> list[ServingInstance]:
+        return [i for p in self.processes for i in p.instances]
+
+    def instance(self, instance_id: str) -> ServingInstance:
+        for i in self.instances:
+            if i.instance_id == instance_id:
+                return i
+        raise KeyError(f"no instance `{instance_id}` in the pool")
+
+    def endpoint(self, instance_id: str) -> str:
+        """host:port of the OIP gRPC server serving `instance_id`."""
+        return self.instance(instance_id).endpoint
+
+    def process_of(self, instance_id: str) -> ModelServerProcess:
+        for p in self.processes:
+            if any(i.instance_id == instance_id for i in p.instances):
+                return p
+        raise KeyError(f"no instance `{instance_id}` in the pool")
+
+    def stop(self) -> None:
+        """Stop every process (in parallel: SIGTERM to all, then wait); keeps no directory it made."""
+        for p in self.processes:
+            p.terminate()
+        for p in self.processes:
+            p.stop()
+        if self._own_dir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __iter__(self) -> Iterator[ServingInstance]:
+        return iter(self.instances)
+
+    def __enter__(self) -> ModelPool:
+        if not self.processes:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

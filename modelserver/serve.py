@@ -1,0 +1,173 @@
+"""One model-server process: KServe's data plane, REST server and gRPC servicer around
+policyc's `OnnxModel`s, listening on loopback (or a chosen host).
+
+Why not `kserve.ModelServer.start`: it binds every interface, picks fixed ports, and its
+gRPC servicer drops the response headers a model returns. Here the same KServe parts —
+`ModelRepository`, `DataPlane`, `RESTServer` (v2 REST, `/metrics`, its error handlers),
+`InferenceServicer` and `ExceptionToStatusInterceptor` — are assembled so that:
+
+- ports may be 0 (the kernel picks; the process reports them in its ready file), so
+  parallel test sessions never race for a port;
+- gRPC answers carry the model's response headers as initial metadata (HTTP/2 response
+  headers that Envoy can log and route on);
+- SIGTERM/SIGINT stop both servers and the process exits 0.
+
+Import this module only after the process's own arguments are parsed: importing KServe
+parses `sys.argv` (`kserve.model_server` does so at import).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from kserve.constants.constants import MAX_GRPC_MESSAGE_LENGTH
+from kserve.model_repository import ModelRepository
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as oip
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as oip_grpc
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferRequest, InferResponse
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.server import RESTServer
+from kserve.utils.utils import to_headers
+
+from . import wire
+from .onnx_model import OnnxModel
+
+log = logging.getLogger("policyc.modelserver")
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str = "127.0.0.1"
+    grpc_port: int = 0
+    http_port: int = 0
+    ready_file: Path | None = None
+
+
+@dataclass(slots=True)
+class Served:
+    """What the process serves: models by OIP name, plus other names a model answers to."""
+
+    models: list[OnnxModel]
+    aliases: dict[str, str] = field(default_factory=dict)  # alias → model name
+
+
+class PolicycInferenceServicer(InferenceServicer):
+    """KServe's servicer, except that `ModelInfer` sends the model's response headers."""
+
+    async def ModelInfer(self, request: oip.ModelInferRequest,  # noqa: N802 (the OIP method name)
+                         context: grpc.aio.ServicerContext) -> oip.ModelInferResponse:
+        headers = to_headers(context)
+        self.validate_grpc_request(request)
+        body, response_headers = await self._data_plane.infer(
+            request=InferRequest.from_grpc(request), headers=headers, model_name=request.model_name)
+        shown = tuple((k, str(v)) for k, v in response_headers.items() if k in wire.RESPONSE_HEADERS)
+        if shown:
+            await context.send_initial_metadata(shown)
+        if isinstance(body, InferResponse):
+            return body.to_grpc()
+        if isinstance(body, oip.ModelInferResponse):
+            return body
+        raise TypeError(f"model `{request.model_name}` answered a {type(body).__name__}, not an InferResponse")
+
+
+def _repository(served: Served) -> ModelRepository:
+    repo = ModelRepository()
+    for m in served.models:
+        m.load()
+        repo.update(m)
+    by_name = {m.name: m for m in served.models}
+    for alias, target in served.aliases.items():
+        repo.update(by_name[target], alias)
+    return repo
+
+
+def _grpc_server(plane: DataPlane, ext: ModelRepositoryExtension, listen: Listen) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server(
+        interceptors=(ExceptionToStatusInterceptor(),),
+        options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_LENGTH),
+                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_LENGTH),
+                 ("grpc.so_reuseport", 0)],
+    )
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(PolicycInferenceServicer(plane, ext), server)
+    port = server.add_insecure_port(f"{listen.host}:{listen.grpc_port}")
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {listen.host}:{listen.grpc_port}")
+    return server, port
+
+
+def _http_socket(listen: Listen) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((listen.host, listen.http_port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _announce(path: Path, facts: dict[str, object]) -> None:
+    """Write the ready file atomically: a reader sees all of it or none."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(facts, sort_keys=True))
+    os.replace(tmp, path)
+
+
+async def _run(served: Served, repo: ModelRepository, listen: Listen) -> None:
+    # uvicorn captures SIGTERM/SIGINT while it serves, then restores the previous handler and
+    # raises the signal again: from here on that must be a no-op, not an exit mid-shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: None)
+    plane = DataPlane(model_registry=repo)
+    ext = ModelRepositoryExtension(model_registry=plane.model_registry)
+    grpc_server, grpc_port = _grpc_server(plane, ext, listen)
+    sock = _http_socket(listen)
+    http_port = sock.getsockname()[1]
+    rest = RESTServer("kserve.model_server:app", plane, ext, http_port, grace_period=1, timeout_keep_alive=65)
+    rest.create_application()
+    uv = rest._server  # KServe's uvicorn server: serving a socket we bound needs it (RESTServer.start cannot)
+    await grpc_server.start()
+    serving = asyncio.create_task(uv.serve(sockets=[sock]))
+    while not uv.started and not serving.done():
+        await asyncio.sleep(0.005)
+    if serving.done():
+        await serving  # uvicorn failed to start: let its error out
+    facts = {"pid": os.getpid(), "host": listen.host, "grpc_port": grpc_port, "http_port": http_port,
+             "models": {m.name: {"instance": m.instance_id, "contract": m.contract.name, "variants": list(m.variants)}
+                        for m in served.models},
+             "aliases": served.aliases}
+    log.info("serving %s on grpc %s:%d, http %s:%d", ", ".join(sorted(m.name for m in served.models)),
+             listen.host, grpc_port, listen.host, http_port)
+    if listen.ready_file is not None:
+        _announce(listen.ready_file, facts)
+    try:
+        await serving  # returns once uvicorn saw SIGTERM/SIGINT and shut down
+    finally:
+        await grpc_server.stop(grace=0.5)
+        sock.close()
+
+
+def serve(served: Served, listen: Listen) -> None:
+    """Load the models, serve until SIGTERM or SIGINT; returns after both servers stopped."""
+
+    def before_serving(sig: int, frame: FrameType | None) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, before_serving)
+    try:
+        repo = _repository(served)
+        asyncio.run(_run(served, repo, listen))
+    except SystemExit:
+        pass
