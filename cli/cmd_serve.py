@@ -10,6 +10,7 @@ could not be stored: the count is printed).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -24,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--bundle", required=True, help="compiled bundle (policyc compile … -o bundle.json)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle must be signed by it")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
-    p.add_argument("--port", type=int, default=50051, help="listen port (0: ephemeral; default 50051)")
+    p.add_argument("--port", type=_port, default=50051, help="listen port (0: ephemeral; default 50051)")
     p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
                    help="topology source: the embedded simulated cluster (default) or this machine")
     p.add_argument("--sim-seed", type=int, default=1)
@@ -42,8 +43,19 @@ def register(sub) -> None:
     p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
     p.add_argument("--insecure-plaintext", action="store_true", help="allow plaintext off loopback (not advised)")
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
     p.set_defaults(func=run)
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (an out-of-range port once listened on another one silently)."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{text[:32]}` is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"port {n} is out of range (0 to 65535)")
+    return n
 
 
 def _fail(msg: str) -> int:
@@ -92,15 +104,15 @@ def run(args) -> int:
         refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
         audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
         audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
-        metrics_port=args.metrics_port, settle_heap=True,
+        metrics_port=args.metrics_port, settle_heap=True, bundle_key=key,
     )
 
     async def main() -> int:
         try:
             server = DecisionServer(bundle, cfg)
             port = await server.start()
-        except (TransportError, OSError, ValueError, AuditError) as e:
-            return _fail(str(e))
+        except (TransportError, OSError, ValueError, RuntimeError, AuditError) as e:
+            return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
 

@@ -35,6 +35,7 @@ from .heap import HeapSettler
 from .proto import SERVICE_NAME
 from .readiness import Readiness
 from .score_push import ScorePusher
+from .bundle_verifier import BundleVerifier
 from .service import DecisionService
 from .state import PolicyState, build_state
 from .transport import bind
@@ -72,8 +73,14 @@ class DecisionServer:
             s = snap()
             return s.gpu_score(host, gpu) if (host, gpu) in s.topology.gpu_index else None
 
-        self.engine = DecisionEngine(state, self.placer, candidates=config.candidates, score_of=score_of,
-                                     score_lag=config.refresh_interval)  # rankings trail score pushes by a tick at most
+        self.replica = None  # a replica of a cluster (policyc.cluster) when the config names a fleet store
+        engine_cls, engine_placer = DecisionEngine, self.placer
+        if config.fleet is not None:
+            from policyc.cluster.serving import replica_parts
+
+            self.replica, engine_placer, engine_cls = replica_parts(config.fleet, self, self.placer)  # type: ignore[assignment]
+        self.engine = engine_cls(state, engine_placer, candidates=config.candidates, score_of=score_of,  # type: ignore[arg-type]
+                                 score_lag=config.refresh_interval)  # rankings trail score pushes by a tick at most
         self.scores = ScorePusher(self.engine, budget=config.score_push_budget)
         self.scores.baseline(self.refresher.current())
         self.refresher.on_refresh(self.scores.steps)
@@ -89,6 +96,8 @@ class DecisionServer:
         self.actions = None
         if config.enforcer is not EnforcerMode.OFF:
             self.guardian, self.actions = make_guardian(bundle, config.enforcer, self.placer, self.audit)
+            if self.replica is not None:
+                self.guardian.set_fence(self.replica)  # self-heal and quarantine: the elected leader only
             self.engine.on_reload(lambda st: self.guardian.load_bundle(st.bundle))  # type: ignore[union-attr]
             self.metrics.watch_enforcer(self.actions.memory.records, self.guardian.active)
             if config.watch_gpus:
@@ -97,7 +106,8 @@ class DecisionServer:
         self.metrics.set_bundle(None, bundle.content_hash)
         self.metrics.watch(lambda: len(self.engine.state.registry), lambda: self.refresher.current().age())
         self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
-                                       max_decide_bytes=config.max_decide_bytes)
+                                       max_decide_bytes=config.max_decide_bytes,
+                                       verifier=BundleVerifier(config.bundle_key))
         self.health = health.aio.HealthServicer()
         self.readiness = Readiness(self.health, ("", SERVICE_NAME), interval=min(0.5, max(config.refresh_interval, 0.05)))
         self.readiness.add("bundle", lambda: None if self.engine.state.bundle_hash else "no bundle loaded")
@@ -152,6 +162,8 @@ class DecisionServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         self.port = bind(server, self.config)
+        if self.replica is not None:  # join before serving: the fleet and the bundle in force first
+            await self.replica.start(f"{self.config.host}:{self.port}")
         await server.start()
         self._server = server
         for name in ("", SERVICE_NAME):  # NOT_SERVING until every readiness check passes
@@ -166,10 +178,9 @@ class DecisionServer:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host or self.config.host)
         return self.port
 
-    async def reload_path(self, path: str | Path) -> tuple[str, tuple[str, ...]]:
-        from policyc.compiler import bundle_io
-
-        return await self.service.reload(bundle_io.load(path))
+    async def reload_path(self, path: str | Path, source: str = "SIGHUP") -> tuple[str, tuple[str, ...]]:
+        """Reload from a file through the service's one verifier (read off the loop)."""
+        return await self.service.reload_path(str(path), source=source)
 
     async def wait(self) -> None:
         assert self._server is not None
@@ -183,6 +194,8 @@ class DecisionServer:
             await self.health.enter_graceful_shutdown()
             await self._server.stop(grace)
             self._server = None
+        if self.replica is not None:
+            await self.replica.stop()
         self.refresher.stop()
         if self.heap is not None:
             self.heap.release()

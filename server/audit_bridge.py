@@ -458,6 +458,19 @@ class AuditBridge:
             self._refused_here += 1
             log.error("audit: action %s on %s not recorded: %s", r.kind.value, r.target, e)
 
+    def bundle_reload(self, accepted: bool, source: str, detail: str) -> None:
+        """A bundle reload (ReloadBundle, SIGHUP), accepted or refused, as an action of the
+        system's own (no breaker). The audit schema has no bundle kind yet, so it is a
+        `report_anomaly` on target `bundle` whose detail says what happened."""
+        verdict = "accepted" if accepted else "refused"
+        try:
+            self.log.submit_action(AuditAction(
+                time=time.time(), kind="report_anomaly", target="bundle", outcome="done" if accepted else "skipped",
+                dry_run=False, detail=f"bundle reload {verdict} ({source}): {detail[:2000]}"))
+        except Exception as e:
+            self._refused_here += 1
+            log.error("audit: bundle reload (%s, %s) not recorded: %s", verdict, source, e)
+
     def close(self) -> None:
         self._stop.set()
         self._timer.join()

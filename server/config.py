@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from policyc.cluster.config import FleetConfig
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from .auth import Tokens
 from .score_push import DEFAULT_BUDGET
 
@@ -62,6 +66,8 @@ class ServeConfig:
     tls: TlsFiles | None = None
     allow_insecure_remote: bool = False  # plaintext off loopback: an explicit, loud opt-in
     audit_log: Path | None = None
+    # set: every bundle (start, ReloadBundle bytes or path, SIGHUP) must be signed by this key
+    bundle_key: Ed25519PublicKey | None = None
     audit_durability: AuditDurability = AuditDurability.GROUP
     audit_key: Path | None = None  # ed25519 private key (PEM or hex) that signs the log's checkpoints
     audit_window: float = 0.5  # seconds a record may take to become durable before Decide refuses (audit_bridge.WINDOW)
@@ -80,3 +86,6 @@ class ServeConfig:
     # freeze the long-lived heap after the registry changes, so that the collector's full
     # passes skip it (see heap.py); process-wide, so the process owner turns it on
     settle_heap: bool = False
+    # a fleet store (etcd, or the embedded default's local store): the registry, bundle in
+    # force, leadership and session affinity shared with other replicas (see policyc.cluster)
+    fleet: FleetConfig | None = None

@@ -24,11 +24,13 @@ from policyc.compiler.bundle import Bundle
 from . import convert
 from .audit_bridge import AuditBridge
 from .auth import Permission, Tokens
+from .bundle_verifier import BundleVerifier
+from .decision import Decision, DecisionInput
 from .engine import DecisionEngine
 from .errors import ServiceError, Status
 from .metrics import Metrics
 from .proto import pb, pb_grpc
-from .request_shapes import RequestShapes
+from .request_shapes import RequestShapes, ShapeEntry
 from .registration import check_against_bundle, contract_from_json, contract_from_onnx
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
@@ -36,8 +38,10 @@ log = logging.getLogger("policyc.server")
 
 
 def _ascii(text: str) -> str:
-    """Metadata values must be printable ASCII; keep the message readable anyway."""
-    return text.replace("…", "...").replace("→", "->").encode("ascii", "replace").decode()
+    """Metadata values must be printable ASCII; keep the message readable anyway (a NUL or
+    a line break echoed from the input would make the whole status INTERNAL)."""
+    text = text.replace("…", "...").replace("→", "->").encode("ascii", "replace").decode()
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -60,13 +64,15 @@ def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
 
 class DecisionService(pb_grpc.DecisionsServicer):
     def __init__(self, engine: DecisionEngine, metrics: Metrics, tokens: Tokens, *, audit: AuditBridge | None = None,
-                 max_decide_bytes: int = 64 * 1024, load_bundle: Callable[[str], Bundle] | None = None) -> None:
+                 max_decide_bytes: int = 64 * 1024, load_bundle: Callable[[str], Bundle] | None = None,
+                 verifier: BundleVerifier | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.tokens = tokens
         self.audit = audit
         self.max_decide_bytes = max_decide_bytes
-        self._load_bundle = load_bundle or (lambda path: bundle_io.load(path))
+        self.verifier = verifier or BundleVerifier()  # one trust policy for start, ReloadBundle and SIGHUP
+        self._load_bundle = load_bundle or self.verifier.load_path
         self._reload_lock = asyncio.Lock()
         self.shapes = RequestShapes()
 
@@ -93,6 +99,30 @@ class DecisionService(pb_grpc.DecisionsServicer):
         request as it came off the wire)."""
         return pb.Decision.FromString(await self.decide_bytes(request.SerializeToString(), context))
 
+    def decide_shape(self, shapes: RequestShapes, key: bytes, make_input: Callable[[], DecisionInput],
+                     t0: float) -> tuple[Decision, ShapeEntry, Awaitable[Any] | None]:
+        """One decision on the path every caller shares (the Decide RPC, the gateway's
+        endpoint picker): the audit log's fail-closed check, the request-shape cache (`key`
+        names the shape in `shapes`; `make_input` builds the input on a miss), the engine,
+        metrics and the audit record. Returns the decision, its shape entry and, when the
+        log is in sync mode, what to await before answering (it raises AuditError). Raises
+        ServiceError for bad input or an audit log that refuses. Synchronous: no coroutine
+        is added to Decide's hot path."""
+        if self.audit is not None and (why := self.audit.refusal()) is not None:
+            raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
+        engine = self.engine
+        st = engine.state
+        entry = shapes.get(st, key)
+        if entry is None:
+            prepared = engine.prepare(make_input(), st)
+            entry = shapes.put(key, prepared)
+            d = engine.decide_prepared(prepared, entry.memo)
+        else:
+            d = engine.decide_prepared(entry.prepared, entry.memo, time.perf_counter() - t0)
+        self.metrics.observe(d)
+        durable = self.audit.record(d, entry.prepared.input.headers) if self.audit is not None else None
+        return d, entry, durable
+
     async def decide_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Decide on the serialized request, returning the serialized response.
 
@@ -109,22 +139,11 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 if len(raw) > self.max_decide_bytes:
                     raise ServiceError(Status.RESOURCE_EXHAUSTED,
                                        f"request is {len(raw)} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
-                if self.audit is not None and (why := self.audit.refusal()) is not None:
-                    raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
-                engine = self.engine
-                st = engine.state
-                entry = self.shapes.get(st, raw)
-                if entry is None:
-                    prepared = engine.prepare(convert.decision_input(convert.decide_request(raw)), st)
-                    entry = self.shapes.put(raw, prepared)
-                    d = engine.decide_prepared(prepared, entry.memo)
-                else:
-                    d = engine.decide_prepared(entry.prepared, entry.memo, time.perf_counter() - t0)
+                d, entry, durable = self.decide_shape(self.shapes, raw, lambda: convert.decision_input(convert.decide_request(raw)), t0)
             except ServiceError as e:
                 await self._refuse(context, "Decide", e)
                 raise  # unreachable: abort raises
-            self.metrics.observe(d)
-            if self.audit is not None and (durable := self.audit.record(d, entry.prepared.input.headers)) is not None:
+            if durable is not None:
                 try:  # sync durability: answer only once the record is on disk
                     await durable
                 except AuditError as e:
@@ -186,16 +205,17 @@ class DecisionService(pb_grpc.DecisionsServicer):
         try:
             self._admit(context, Permission.RELOAD)
             which = request.WhichOneof("source")
-            try:
+            try:  # parsing and reading run in a worker thread: a 35 MB bundle or a slow file never stalls Decide
                 if which == "bundle_json":
-                    bundle = bundle_io.loads(request.bundle_json, origin="<ReloadBundle>")
+                    bundle = await asyncio.to_thread(self.verifier.load_text, request.bundle_json, "<ReloadBundle>")
                 elif which == "path":
-                    bundle = self._load_bundle(request.path)
+                    bundle = await asyncio.to_thread(self._load_bundle, request.path)
                 else:
                     raise ServiceError(Status.INVALID_ARGUMENT, "give `bundle_json` or `path`")
             except bundle_io.BundleError as e:
+                self._reload_refused("ReloadBundle", str(e))
                 raise ServiceError(Status.INVALID_ARGUMENT, str(e)) from None
-            prev, evicted = await self.reload(bundle, request.evict_inadmissible)
+            prev, evicted = await self.reload(bundle, request.evict_inadmissible, source="ReloadBundle")
         except ServiceError as e:
             await self._refuse(context, "ReloadBundle", e)
             raise
@@ -216,17 +236,35 @@ class DecisionService(pb_grpc.DecisionsServicer):
         out.sort(key=lambda i: i.id)
         return pb.ListInstancesResponse(instances=out, bundle_hash=st.bundle_hash)
 
-    async def reload(self, bundle: Bundle, evict: bool = False) -> tuple[str, tuple[str, ...]]:
-        """Reload off the event loop (also called by the SIGHUP handler)."""
+    async def reload_path(self, path: str, source: str = "SIGHUP") -> tuple[str, tuple[str, ...]]:
+        """Load `path` through the service's verifier (off the loop) and swap to it; a
+        refusal keeps the old bundle, counts, is audited and raises BundleError."""
+        try:
+            bundle = await asyncio.to_thread(self._load_bundle, path)
+        except bundle_io.BundleError as e:
+            self._reload_refused(source, str(e))
+            raise
+        return await self.reload(bundle, source=source)
+
+    def _reload_refused(self, source: str, reason: str) -> None:
+        self.metrics.reloads.labels("refused").inc()
+        log.warning("bundle reload refused (%s), still serving %s: %s", source, self.engine.state.bundle_hash[:19], reason)
+        if self.audit is not None:
+            self.audit.bundle_reload(False, source, reason)
+
+    async def reload(self, bundle: Bundle, evict: bool = False, source: str = "reload") -> tuple[str, tuple[str, ...]]:
+        """Swap to an already verified bundle, off the event loop."""
         async with self._reload_lock:
             try:
                 prev, evicted = await asyncio.to_thread(self.engine.reload, bundle, evict_inadmissible=evict)
-            except ServiceError:
-                self.metrics.reloads.labels("refused").inc()
+            except ServiceError as e:
+                self._reload_refused(source, e.message)
                 raise
             self.shapes.forget()
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_bundle(prev, bundle.content_hash)
             if self.audit is not None:
                 self.audit.bundle = bundle
+                self.audit.bundle_reload(True, source, f"{prev[:19]} -> {bundle.content_hash[:19]}"
+                                         + (f", {len(evicted)} evicted" if evicted else ""))
             return prev, evicted
