@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 
@@ -41,6 +41,20 @@ class StepResult:
     detail: str
 
 
+class FenceVerdict(Protocol):
+    allowed: bool
+    token: int  # the fencing token the act was checked against (0: none)
+    detail: str
+
+
+class Fence(Protocol):
+    """Where replicas share a fleet, one elected leader takes dangerous acts: `admit` says
+    whether this process may take this one now, checked against its fencing token in the
+    store (policyc.cluster). Without a fence (one process) every act is this process's."""
+
+    def admit(self, kind: str, target: str, detail: str, expires_at: float | None = None) -> FenceVerdict: ...
+
+
 @dataclass
 class ActionExecutor:
     audit: Callable[[ActionRecord], None]
@@ -48,16 +62,28 @@ class ActionExecutor:
     allow_real: bool = False
     commands: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_COMMANDS))
     timeout_s: float = 60.0
+    fence: Fence | None = None
 
     def run(self, steps: Sequence[str], target: HealTarget, rule: str) -> list[StepResult]:
-        """Run the steps in order; a failed hardware step stops the rest (no rebalance onto a broken GPU)."""
+        """Run the steps in order; a failed hardware step stops the rest (no rebalance onto a broken GPU).
+        With a fence, each step is admitted first (refused: recorded, and the rest not run);
+        the fencing token goes into the step's record."""
         results: list[StepResult] = []
         for step in steps:
+            fenced = ""
+            if self.fence is not None:
+                verdict = self.fence.admit("self_heal_step", f"{step} {target.gpu_key}", f"rule {rule}")
+                if not verdict.allowed:
+                    results.append(StepResult(step, Outcome.REFUSED, verdict.detail))
+                    self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",
+                                            rule=rule, outcome=Outcome.REFUSED, detail=verdict.detail, source="executor"))
+                    break
+                fenced = f" [fencing token {verdict.token}]"
             result = self._one(step, target)
             results.append(result)
             self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",
                                     rule=rule, outcome=result.outcome, dry_run=result.outcome is Outcome.DRY_RUN,
-                                    detail=result.detail, source="executor"))
+                                    detail=result.detail + fenced, source="executor"))
             if result.outcome is Outcome.FAILED:
                 break
         return results

@@ -26,7 +26,7 @@ from policyc.enforcer.budget_watch import BudgetWatch
 from policyc.enforcer.collaborators import AnomalySink, AuditSink, StreamHandle
 from policyc.enforcer.correlate import MODEL_FAULT, Classification, classify
 from policyc.enforcer.endpoint import Endpoint
-from policyc.enforcer.executor import ActionExecutor, HealTarget, StepResult
+from policyc.enforcer.executor import ActionExecutor, Fence, HealTarget, StepResult
 from policyc.enforcer.plane import EnforcementPlane
 from policyc.enforcer.quarantine_book import QuarantineBook
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
@@ -285,9 +285,20 @@ class Guardian:
             self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.REFUSED, decision.reason)
             return False
         assert backup is not None
+        fenced = ""
+        fence = self._executor.fence
+        if fence is not None:  # replicas sharing a fleet: only the elected leader quarantines
+            verdict = fence.admit("quarantine", str(backend), f"to {backup} for {decision.duration:g} s",
+                                  time.time() + decision.duration)
+            if not verdict.allowed:
+                with self._lock:
+                    self._book.released(backend)
+                self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.REFUSED, verdict.detail)
+                return False
+            fenced = f" [fencing token {verdict.token}]"
         deadline_ns = time.monotonic_ns() + int(decision.duration * 1e9)
         self._plane.quarantine(backend, backup, self.table.ids.get(rule.name, 0), deadline_ns)
-        self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.DONE, f"to {backup} for {decision.duration:g} s")
+        self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.DONE, f"to {backup} for {decision.duration:g} s{fenced}")
         # Ending sockets spawns `ss -K`: off the budget thread, so other breaks are not delayed.
         self._slow.submit(self._end_connections, backend, rule.name)
         return True
@@ -373,6 +384,11 @@ class Guardian:
             running = {key for _, key in self._streaks.counts}
         return [(key, self.observe_gpu(key, {signal: float(values[i])}))
                 for i, (key, hit) in enumerate(zip(keys, live.tolist())) if hit or key in running]
+
+    def set_fence(self, fence: Fence) -> None:
+        """Replicas sharing a fleet: self-heal and quarantine pass `fence` (the elected
+        leader's fencing token) before they act."""
+        self._executor.fence = fence
 
     def set_heal_target(self, target: HealTarget) -> None:
         self._heal_targets[target.gpu_key] = target

@@ -1,0 +1,83 @@
+"""Where a policyc cluster keeps what, under one prefix (default `/policyc/`).
+
+    instances/<id>        an instance (JSON), held by the lease of what keeps it alive
+    bundles/<sha256>      a bundle's canonical bytes, stored under its own hash
+    bundle                the hash of the bundle in force (changed only by compare-and-swap)
+    replicas/<name>       a replica's report (address, bundle it runs, applied revision), under its lease
+    leader                the elected leader's name, under its lease; its create revision is the fencing token
+    acts/<token>/<n>      each dangerous act the leader took, written in the fenced transaction
+    sessions/<session>    session affinity: the instance a session stays on, and until when
+    quarantines/<backend> a quarantine in force and its expiry
+    anchors/<log id>      each replica's latest audit checkpoint (seq, hash), for auditors
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "/policyc/"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/") or not self.prefix.endswith("/"):
+            raise ValueError(f"etcd prefix `{self.prefix}` must start and end with `/`")
+
+    @property
+    def instances(self) -> str:
+        return self.prefix + "instances/"
+
+    def instance(self, instance_id: str) -> str:
+        return self.instances + instance_id
+
+    @property
+    def bundles(self) -> str:
+        return self.prefix + "bundles/"
+
+    def bundle_blob(self, content_hash: str) -> str:
+        return self.bundles + content_hash
+
+    @property
+    def bundle(self) -> str:
+        return self.prefix + "bundle"
+
+    @property
+    def replicas(self) -> str:
+        return self.prefix + "replicas/"
+
+    def replica(self, name: str) -> str:
+        return self.replicas + name
+
+    @property
+    def leader(self) -> str:
+        return self.prefix + "leader"
+
+    def act(self, token: int, n: int) -> str:
+        return f"{self.prefix}acts/{token:012d}/{n:06d}"
+
+    @property
+    def sessions(self) -> str:
+        return self.prefix + "sessions/"
+
+    def session(self, session: str) -> str:
+        return self.sessions + session
+
+    @property
+    def quarantines(self) -> str:
+        return self.prefix + "quarantines/"
+
+    def quarantine(self, backend: str) -> str:
+        return self.quarantines + backend
+
+    @property
+    def anchors(self) -> str:
+        return self.prefix + "anchors/"
+
+    def anchor(self, log_id: str) -> str:
+        return self.anchors + log_id
+
+    def id_of(self, key: str, under: str) -> str:
+        return key[len(under):]

@@ -1,0 +1,454 @@
+"""One policyc replica's membership in its cluster.
+
+A `Replica` runs beside a `DecisionServer`, on its own thread and event loop (the store
+client lives there, so a slow or electing store never stalls the serving loop):
+
+- start-up: take a lease, load the whole prefix once (instances, the bundle in force,
+  sessions, quarantines, the leader), adopt the bundle in force (verified) or publish
+  ours when there is none, hand the instances to the engine, campaign for leadership;
+- then follow one watch from the revision of that read: each change is applied on the
+  serving loop (`call_soon_threadsafe`), in order; a watch that fell behind a
+  compaction reloads the prefix and applies the difference; a broken watch resumes from
+  the last revision applied;
+- report what it runs (`replicas/<name>`, under its lease) and anchor its audit log.
+
+The serving side reaches it through three synchronous doors, each bounded by
+`op_timeout`: the registry writer (RPC registrations), the fence (the guardian's
+dangerous acts), and the session book (background writes, never waited on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
+
+from policyc.compiler import bundle_io
+from policyc.matcher import Instance, admission_problems
+from policyc.server.errors import ServiceError
+
+from . import anchors, bundle_rollout, instance_codec
+from .config import FleetConfig
+from .keys import Keys
+from .lease_keeper import LeaseKeeper
+from .leadership import Election, Verdict
+from .soft_state import QuarantineBoard, QuarantineEntry, SessionBook
+from .store import Change, ChangeKind, Compacted, FleetStore, Put, Snapshot, StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from policyc.server.app import DecisionServer
+
+    from .shared_engine import SharedRegistryEngine
+
+log = logging.getLogger("policyc.cluster")
+
+
+def open_store(cfg: FleetConfig) -> FleetStore:
+    if cfg.etcd:
+        from .etcd_store import EtcdStore
+
+        return EtcdStore(cfg.etcd, op_timeout=cfg.op_timeout)
+    from .local_store import LocalStore
+
+    assert cfg.state_dir is not None
+    return LocalStore(cfg.state_dir)
+
+
+class Replica:
+    def __init__(self, cfg: FleetConfig, server: "DecisionServer") -> None:
+        self.cfg = cfg
+        self.server = server
+        self.name = cfg.replica_name
+        self.keys = Keys(cfg.prefix)
+        self.store = open_store(cfg)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=f"policyc-replica:{self.name}", daemon=True)
+        self._serving: asyncio.AbstractEventLoop | None = None
+        self.keeper = LeaseKeeper(self.store, cfg.lease_ttl, self._on_lease, f"replica {self.name}")
+        self.election = Election(self.store, self.keys, self.name, lambda: self.keeper.lease)
+        self.sessions = SessionBook(self.keys, cfg.session_ttl, self._submit_put)
+        self.quarantines = QuarantineBoard(self.keys)
+        self.applied_revision = 0
+        self.reloads = 0  # prefix reloads after a compaction
+        self.bundle_refused: tuple[str, str] | None = None  # (hash, why) of the last bundle refused
+        self._known: dict[str, tuple[Instance, float | None]] = {}  # what the store holds, admitted or not
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._running = threading.Event()
+        self._following = asyncio.Event()
+        self._bundle_lock: asyncio.Lock | None = None
+        self._anchored = 0
+        self.address = cfg.advertise
+
+    # ================================================================ life cycle
+    @property
+    def engine(self) -> "SharedRegistryEngine":
+        return self.server.engine  # type: ignore[return-value]
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def start(self, address: str) -> None:
+        """Join: called on the serving loop once the port is bound, before serving."""
+        self._serving = asyncio.get_running_loop()
+        self.address = self.cfg.advertise or address
+        self._thread.start()
+        items = await asyncio.wrap_future(self._run(self._join()))
+        self._apply_initial(items)
+        self.engine.writer = self
+        await asyncio.wrap_future(self._run(self._follow_from(self.applied_revision)))
+        self._running.set()
+
+    async def _join(self) -> list[tuple[Instance, float | None]]:
+        self._bundle_lock = asyncio.Lock()
+        await self.store.connect()
+        await self.keeper.start()
+        snap = await self.store.read_prefix(self.keys.prefix)
+        self.applied_revision = snap.revision
+        by = self._split(snap)
+        self.sessions.load(tuple(by["sessions"]))
+        self.quarantines.load(tuple(by["quarantines"]))
+        leader = next((e for e in by["leader"]), None)
+        if leader is not None:
+            self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
+        items = []
+        for e in by["instances"]:
+            try:
+                items.append(instance_codec.decode(e.key, e.value))
+            except instance_codec.InstanceCodecError as err:
+                log.warning("%s", err)
+        # instances registered here before joining are this replica's registrations: store them too
+        local = [(i, None) for i, _, _ in self.server.state.registry.entries() if i.id not in {x.id for x, _ in items}]
+        for inst, score in local:
+            await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
+        self._known = {i.id: (i, s) for i, s in items + local}
+        pointer = next((e for e in by["bundle"]), None)
+        if pointer is None:
+            try:
+                await bundle_rollout.roll_out(self.store, self.keys, self.server.state.bundle, expect="")
+            except bundle_rollout.RolloutError:  # another replica published first: follow it
+                now = await bundle_rollout.in_force(self.store, self.keys)
+                await self._adopt(now)
+        elif pointer.value.decode() != self.server.state.bundle_hash:
+            await self._adopt(pointer.value.decode())
+        if not self.election.leader:
+            await self.election.campaign()
+        await self._report()
+        return items
+
+    def _split(self, snap: Snapshot) -> dict[str, list[Any]]:
+        k = self.keys
+        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": []}
+        for e in snap.entries:
+            if e.key.startswith(k.instances):
+                out["instances"].append(e)
+            elif e.key.startswith(k.sessions):
+                out["sessions"].append(e)
+            elif e.key.startswith(k.quarantines):
+                out["quarantines"].append(e)
+            elif e.key == k.leader:
+                out["leader"].append(e)
+            elif e.key == k.bundle:
+                out["bundle"].append(e)
+        return out
+
+    def _apply_initial(self, items: list[tuple[Instance, float | None]]) -> None:
+        """On the serving loop: the store's instances this bundle admits, in one batch."""
+        bundle = self.server.state.bundle
+        ok = [(i, s) for i, s in items if i.id not in self.server.state.registry and not admission_problems(i, bundle)]
+        for i, _ in items:
+            if admission_problems(i, bundle):
+                log.warning("instance %s is in the store but this replica's bundle does not admit it: %s", i.id,
+                            admission_problems(i, bundle)[0])
+        self.engine.apply_register_many(ok)
+
+    async def _follow_from(self, revision: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow(revision)), loop.create_task(self._reporting()),
+                       loop.create_task(self._housekeeping())]
+
+    async def stop(self) -> None:
+        """Leave: revoke the lease (the report and any leadership go at once)."""
+        await self._leave(revoke=True)
+
+    async def crash(self) -> None:
+        """Stop without a goodbye, as a killed process would: the lease lapses within its TTL."""
+        await self._leave(revoke=False)
+
+    async def _leave(self, *, revoke: bool) -> None:
+        if not self._thread.is_alive():
+            return
+        self.engine.writer = None
+
+        async def leave() -> None:
+            for t in self._tasks:
+                t.cancel()
+            await self.keeper.stop(revoke=revoke)
+            await self.store.close()
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._run(leave())), self.cfg.op_timeout + 2)
+        except (asyncio.TimeoutError, StoreError) as e:
+            log.warning("replica %s: leaving: %s", self.name, e)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+    def pause(self) -> None:
+        """Stop refreshing the lease and following the store, as SIGSTOP would: the replica
+        keeps believing what it last saw (e.g. that it leads)."""
+        self.keeper.pause()
+        self.loop.call_soon_threadsafe(self._following.clear)
+
+    def resume(self) -> None:
+        self.keeper.resume()
+        self.loop.call_soon_threadsafe(self._following.set)
+
+    # ================================================================ the watch
+    async def _follow(self, revision: int) -> None:
+        self._following.set()
+        while True:
+            try:
+                async for ch in self.store.watch(self.keys.prefix, revision + 1):
+                    await self._following.wait()
+                    await self._dispatch(ch)
+                    self.applied_revision = revision = max(revision, ch.revision)
+            except Compacted as c:
+                log.warning("replica %s fell behind a compaction (%s); reloading", self.name, c)
+                revision = await self._reload()
+            except StoreUnavailable as e:
+                log.info("replica %s: watch interrupted (%s); resuming from %d", self.name, e, revision + 1)
+                await asyncio.sleep(0.1)
+            except StoreError as e:
+                log.warning("replica %s: watch: %s", self.name, e)
+                await asyncio.sleep(0.5)
+
+    async def _reload(self) -> int:
+        while True:
+            try:
+                snap = await self.store.read_prefix(self.keys.prefix)
+                break
+            except StoreError as e:
+                log.warning("replica %s: reload: %s", self.name, e)
+                await asyncio.sleep(0.2)
+        by = self._split(snap)
+        items = {}
+        for e in by["instances"]:
+            try:
+                i, s = instance_codec.decode(e.key, e.value)
+                items[i.id] = (i, s)
+            except instance_codec.InstanceCodecError as err:
+                log.warning("%s", err)
+        self._known = items
+        self.sessions.load(tuple(by["sessions"]))
+        self.quarantines.load(tuple(by["quarantines"]))
+        self._on_serving(self._converge)
+        self.reloads += 1
+        pointer = next((e for e in by["bundle"]), None)
+        if pointer is not None:
+            await self._adopt(pointer.value.decode())
+        self.applied_revision = snap.revision
+        return snap.revision
+
+    def _converge(self) -> None:
+        """On the serving loop: make the registry what the store holds."""
+        reg = self.server.state.registry
+        for inst, _, _ in reg.entries():
+            if inst.id not in self._known:
+                self.engine.apply_deregister(inst.id)
+        for i, s in list(self._known.values()):
+            self._apply_put(i, s)
+
+    def _on_serving(self, fn: Callable[[], None]) -> None:
+        assert self._serving is not None
+        self._serving.call_soon_threadsafe(fn)
+
+    def _apply_put(self, inst: Instance, score: float | None) -> None:
+        try:
+            self.engine.apply_register(inst, score)
+        except ServiceError as e:
+            log.warning("replica %s does not serve instance %s: %s", self.name, inst.id, e.message)
+
+    async def _dispatch(self, ch: Change) -> None:
+        k = self.keys
+        if ch.key.startswith(k.instances):
+            iid = k.id_of(ch.key, k.instances)
+            if ch.kind is ChangeKind.DELETE:
+                self._known.pop(iid, None)
+                self._on_serving(lambda: self.engine.apply_deregister(iid))
+            else:
+                try:
+                    inst, score = instance_codec.decode(ch.key, ch.value)
+                except instance_codec.InstanceCodecError as err:
+                    log.warning("%s", err)
+                    return
+                self._known[iid] = (inst, score)
+                self._on_serving(lambda: self._apply_put(inst, score))
+        elif ch.key.startswith(k.sessions):
+            self.sessions.on_change(ch)
+        elif ch.key.startswith(k.quarantines):
+            self.quarantines.on_change(ch)
+        elif ch.key == k.leader:
+            if self.election.on_change(ch):
+                asyncio.get_running_loop().create_task(self._campaign())
+        elif ch.key == k.bundle and ch.kind is ChangeKind.PUT:
+            asyncio.get_running_loop().create_task(self._adopt(ch.value.decode()))
+
+    async def _campaign(self) -> None:
+        try:
+            await self.election.campaign()
+            await self._report()
+        except StoreError as e:
+            log.warning("replica %s: campaign: %s", self.name, e)
+
+    # ================================================================ bundles
+    async def _adopt(self, want: str) -> None:
+        """Verify the bundle the pointer names and swap to it; refuse it otherwise."""
+        assert self._bundle_lock is not None
+        async with self._bundle_lock:
+            if want == self.server.state.bundle_hash:
+                return
+            key = self.keys.bundle_blob(want)
+            try:
+                got = await self.store.get(key)
+                bundle = bundle_rollout.verify_blob(key, got.value if got else None, want, self.cfg.public_key)
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._swap(bundle), self._serving_loop()))
+            except (bundle_io.BundleError, ServiceError) as e:
+                why = e.message if isinstance(e, ServiceError) else str(e)
+                self.bundle_refused = (want, why)
+                log.error("replica %s refused bundle %s…, still serving %s…: %s", self.name, want[:23],
+                          self.server.state.bundle_hash[:23], why)
+            except StoreError as e:
+                self.bundle_refused = (want, f"could not read it: {e}")
+                log.error("replica %s could not read bundle %s…: %s", self.name, want[:23], e)
+            else:
+                self.bundle_refused = None
+                log.warning("replica %s now runs bundle %s…", self.name, want[:23])
+            await self._report()
+
+    def _serving_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._serving is not None
+        return self._serving
+
+    async def _swap(self, bundle: Any) -> None:
+        """On the serving loop: the service's reload (metrics, audit, request shapes), with
+        inadmissible instances evicted here only (the store keeps them), then the store's
+        instances the new bundle admits."""
+        await self.server.service.reload(bundle, True)
+        self._converge()
+
+    def roll_out(self, bundle: Any, expect: str | None = None, timeout: float | None = None) -> bundle_rollout.Rollout:
+        """Make `bundle` the one in force cluster-wide (compare-and-swap); from any thread
+        but the replica's."""
+        return self._run(bundle_rollout.roll_out(self.store, self.keys, bundle, expect=expect)).result(timeout or self.cfg.op_timeout * 2)
+
+    # ================================================================ reporting
+    async def _on_lease(self, lease: int) -> None:
+        if self.election.token or self.election.leader == self.name:
+            self.election.token = 0  # the old lease took the leader key with it
+        await self._report()
+        if not self.election.leader or self.election.leader == self.name:
+            await self._campaign()
+
+    def report(self) -> dict[str, Any]:
+        return {"name": self.name, "address": self.address, "pid": os.getpid(), "bundle": self.server.state.bundle_hash,
+                "refused_bundle": ({"hash": self.bundle_refused[0], "why": self.bundle_refused[1]} if self.bundle_refused else None),
+                "applied_revision": self.applied_revision, "instances": len(self.server.state.registry),
+                "leader": self.election.token != 0, "token": self.election.token, "lease_ttl": self.cfg.lease_ttl,
+                "store": self.store.description, "time": time.time()}
+
+    async def _report(self) -> None:
+        if self.keeper.lease:
+            await self.store.put(self.keys.replica(self.name), json.dumps(self.report()).encode(), self.keeper.lease)
+
+    async def _reporting(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.report_interval)
+            await self._following.wait()
+            try:
+                await self._report()
+                audit = self.server.config.audit_log
+                if audit is not None and Path(audit).exists():
+                    self._anchored = await anchors.anchor(self.store, self.keys, self.name, Path(audit), self._anchored)
+            except StoreError as e:
+                log.info("replica %s: report: %s", self.name, e)
+            except Exception as e:  # noqa: BLE001 - an audit read problem must not stop reporting
+                log.warning("replica %s: anchoring the audit log: %s", self.name, e)
+
+    async def _housekeeping(self) -> None:
+        """The leader deletes expired sessions and quarantines (everyone already ignores them)."""
+        while True:
+            await asyncio.sleep(max(1.0, self.cfg.lease_ttl / 2))
+            if not self.election.token:
+                continue
+            try:
+                for s in self.sessions.expired():
+                    await self.store.delete(self.keys.session(s))
+                for b in self.quarantines.expired():
+                    await self.store.delete(self.keys.quarantine(b))
+            except StoreError as e:
+                log.info("replica %s: housekeeping: %s", self.name, e)
+
+    # ================================================================ doors for the serving side
+    def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:
+        """RegistryWriter: store the instances (no lease: they stay until deregistered)."""
+        async def put() -> None:
+            for inst, score in items:
+                self._known[inst.id] = (inst, score)
+                await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
+        self._wait(put(), "registration")
+
+    def delete_instance(self, instance_id: str) -> None:
+        async def delete() -> None:
+            self._known.pop(instance_id, None)
+            await self.store.delete(self.keys.instance(instance_id))
+        self._wait(delete(), "removal")
+
+    def _wait(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
+        try:
+            return self._run(coro).result(self.cfg.op_timeout + 1)
+        except TimeoutError:
+            raise StoreUnavailable(f"{self.store.description}: {what} not confirmed within {self.cfg.op_timeout + 1:g} s") from None
+
+    def admit(self, kind: str, target: str, detail: str, expires_at: float | None = None) -> Verdict:
+        """The fence (see `leadership.py`): may this replica take this dangerous act now?"""
+        if self.election.token == 0:
+            return Verdict(False, 0, f"replica {self.name} is not the leader ({self.election.leader or 'no one'} leads); the leader acts")
+        extra: list[Put] = []
+        if kind == "quarantine" and expires_at is not None:
+            backup = detail.partition(" to ")[2].split(" ")[0]
+            extra.append(Put(self.keys.quarantine(target), QuarantineBoard.encode(
+                QuarantineEntry(target, backup, expires_at, detail, self.name, self.election.token))))
+        try:
+            return self._run(self.election.fenced(kind, target, detail, extra)).result(self.cfg.op_timeout + 1)
+        except TimeoutError:
+            return Verdict(False, self.election.token, "leadership could not be confirmed in time (store unreachable)")
+
+    def _submit_put(self, op: Put) -> None:
+        """Background write (session affinity): never waited on; retried a few times."""
+        async def put() -> None:
+            for attempt in range(3):
+                try:
+                    await self.store.put(op.key, op.value, op.lease)
+                    return
+                except StoreError as e:
+                    if attempt == 2:
+                        log.warning("replica %s: could not publish %s: %s", self.name, op.key, e)
+                    await asyncio.sleep(0.2)
+        if self._thread.is_alive():
+            self._run(put())
+
+    # ================================================================ for status and tests
+    def wait_until(self, cond: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.01)
+        return cond()
+
+    def delete_key(self, key: str) -> None:
+        self._run(self.store.delete(key)).result(self.cfg.op_timeout)
