@@ -7,7 +7,8 @@ Modules (import what you need; only `serve`, `onnx_model` and `oip` import KServ
 - `wire`         header, metadata and parameter names (read this first)
 - `model_files`  the ONNX files served: real transformer graphs with their contract
                  embedded, `full` and `simplified` variants (`write_model_files`)
-- `launcher`     start/stop real server processes on loopback:
+- `launcher`     start/stop real server processes on loopback (each instance its own
+                 gRPC port = its endpoint; one REST port per process):
                  `InstanceSpec`, `ServerSpec`, `ModelServerProcess`, `ModelPool`,
                  `ServingInstance` (`.endpoint` = "127.0.0.1:port" of its gRPC server)
 - `client`       `OipClient`, `infer_request`, `parse_answer`, `token_ids`, `Answer`,

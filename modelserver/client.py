@@ -42,6 +42,7 @@ class Answer:
     stalled_ms: int
     logits: np.ndarray
     headers: dict[str, str] = field(default_factory=dict)  # response metadata / headers, lower-case keys
+    decision_id: str = ""  # the decision the gateway's picker sent it under (empty: none)
 
 
 def token_ids(length: int, *, batch: int = 1, seed: int = 0) -> np.ndarray:
@@ -76,7 +77,8 @@ def _answer(model: str, request_id: str, params: Mapping[str, Any], logits: np.n
     a = Answer(model=model, request_id=request_id, instance=str(params[wire.PARAM_INSTANCE]),
                variant=str(params[wire.PARAM_VARIANT]), compute_us=int(params[wire.PARAM_COMPUTE_US]),
                retry_count=int(params.get(wire.PARAM_RETRY_COUNT, 0)), stalled_ms=int(params.get(wire.PARAM_STALLED_MS, 0)),
-               logits=logits, headers={k.lower(): v for k, v in headers.items()})
+               logits=logits, headers={k.lower(): v for k, v in headers.items()},
+               decision_id=str(params.get(wire.PARAM_DECISION_ID, "")))
     for header, value in ((wire.INSTANCE, a.instance), (wire.VARIANT, a.variant)):
         seen = a.headers.get(header)
         if seen is not None and seen != value:

@@ -6,9 +6,10 @@
         pool.endpoint("fraud-scorer@host-01/gpu0")   # "127.0.0.1:40123", its OIP gRPC server
 
 Each `ServerSpec` is one process (`python -m policyc.modelserver`), serving one or more
-instances (distinct OIP model names) on one gRPC and one REST port, both picked by the
-kernel (port 0) and read back from the process's ready file, so parallel sessions never
-race for a port. `ModelPool.start` spawns every process first and then waits for all, so
+instances (distinct OIP model names), each on its own gRPC port — its endpoint, what a
+gateway steers to — and all of them on the process's one REST port. Ports are picked by
+the kernel (port 0) and read back from the process's ready file, so parallel sessions
+never race for a port. `ModelPool.start` spawns every process first and then waits for all, so
 a pool starts in about the time of its slowest process. Ready means: the process wrote its
 ready file, and `ServerReady` and `ModelReady` (every served name) answer true over gRPC.
 
@@ -166,22 +167,24 @@ class ModelServerProcess:
         self.instances = self._serving()
 
     def _check_ready(self, deadline: float) -> None:
-        names = [*self._models(), *self._aliases()]
-        with grpc.insecure_channel(self.endpoint) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            while True:
-                try:
-                    left = max(0.1, deadline - time.monotonic())
-                    if stub.ServerReady(pb.ServerReadyRequest(), timeout=left).ready and all(
-                            stub.ModelReady(pb.ModelReadyRequest(name=n), timeout=left).ready for n in names):
-                        return
-                except grpc.RpcError as e:
+        for inst in self._instance_facts():
+            names = [str(inst["model"]), *inst["aliases"]]  # type: ignore[misc]
+            endpoint = f"{self._fact('host')}:{inst['grpc_port']}"
+            with grpc.insecure_channel(endpoint) as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                while True:
+                    try:
+                        left = max(0.1, deadline - time.monotonic())
+                        if stub.ServerReady(pb.ServerReadyRequest(), timeout=left).ready and all(
+                                stub.ModelReady(pb.ModelReadyRequest(name=n), timeout=left).ready for n in names):
+                            break
+                    except grpc.RpcError as e:
+                        if time.monotonic() > deadline:
+                            raise ModelServerError(f"model server at {endpoint} not ready: {e.code().name} "
+                                                   f"{e.details()}\n" + self.log_tail()) from None
                     if time.monotonic() > deadline:
-                        raise ModelServerError(f"model server at {self.endpoint} not ready: {e.code().name} "
-                                               f"{e.details()}\n" + self.log_tail()) from None
-                if time.monotonic() > deadline:
-                    raise ModelServerError(f"model server at {self.endpoint} reports not ready\n" + self.log_tail())
-                time.sleep(0.02)
+                        raise ModelServerError(f"model server at {endpoint} reports not ready\n" + self.log_tail())
+                    time.sleep(0.02)
 
     def terminate(self) -> None:
         """Send SIGTERM once (a second one could land while Python finalises, when the
@@ -228,34 +231,26 @@ class ModelServerProcess:
         return self._facts[key]
 
     @property
-    def endpoint(self) -> str:
-        """host:port of the process's OIP v2 gRPC server."""
-        return f"{self._fact('host')}:{self._fact('grpc_port')}"
-
-    @property
     def http_endpoint(self) -> str:
+        """host:port of the process's OIP v2 REST server (every instance, by model name)."""
         return f"{self._fact('host')}:{self._fact('http_port')}"
 
-    def _models(self) -> dict[str, dict[str, object]]:
-        return self._fact("models")  # type: ignore[return-value]
-
-    def _aliases(self) -> dict[str, str]:
-        return self._fact("aliases")  # type: ignore[return-value]
+    def _instance_facts(self) -> list[dict[str, object]]:
+        return self._fact("instances")  # type: ignore[return-value]
 
     def _serving(self) -> list[ServingInstance]:
-        models, aliases = self._models(), self._aliases()
         by_id = {i.instance_id: i for i in self.spec.instances}
         out: list[ServingInstance] = []
-        for name, facts in models.items():
+        for facts in self._instance_facts():
             iid = str(facts["instance"])
             spec = by_id.get(iid)
             if spec is None:
                 raise ModelServerError(f"model server serves instance `{iid}`, which its spec does not name")
             out.append(ServingInstance(
-                instance_id=iid, model=name, contract=str(facts["contract"]), endpoint=self.endpoint,
-                http_endpoint=self.http_endpoint, model_path=spec.model,
-                variants=tuple(facts["variants"]),  # type: ignore[arg-type]
-                aliases=tuple(sorted(a for a, target in aliases.items() if target == name))))
+                instance_id=iid, model=str(facts["model"]), contract=str(facts["contract"]),
+                endpoint=f"{self._fact('host')}:{facts['grpc_port']}", http_endpoint=self.http_endpoint,
+                model_path=spec.model, variants=tuple(facts["variants"]),  # type: ignore[arg-type]
+                aliases=tuple(facts["aliases"])))  # type: ignore[arg-type]
         return out
 
     def log_tail(self, lines: int = 30) -> str:

@@ -206,12 +206,15 @@ class OnnxModel(Model):
         compute_us = int(round(compute_s * 1e6))
         ANSWERS.labels(self.name, self.instance_id, chosen).inc()
         COMPUTE.labels(self.instance_id, chosen).observe(compute_s)
-        log.info("instance %s answered %s: variant %s, retry %d, stalled %d ms, compute %d us", self.instance_id,
-                 payload.id, chosen, retries, stall, compute_us)
+        decision = headers.get(wire.DECISION_ID, "")
+        log.info("instance %s answered %s (decision %s): variant %s, retry %d, stalled %d ms, compute %d us",
+                 self.instance_id, payload.id, decision or "-", chosen, retries, stall, compute_us)
         facts: dict[str, str | int] = {
             wire.PARAM_INSTANCE: self.instance_id, wire.PARAM_VARIANT: chosen, wire.PARAM_COMPUTE_US: compute_us,
             wire.PARAM_RETRY_COUNT: retries, wire.PARAM_STALLED_MS: stall,
         }
+        if decision:
+            facts[wire.PARAM_DECISION_ID] = decision
         if response_headers is not None:
             response_headers.update({
                 wire.INSTANCE: self.instance_id, wire.VARIANT: chosen, wire.COMPUTE_US: str(compute_us),

@@ -6,6 +6,11 @@ gRPC servicer drops the response headers a model returns. Here the same KServe p
 `ModelRepository`, `DataPlane`, `RESTServer` (v2 REST, `/metrics`, its error handlers),
 `InferenceServicer` and `ExceptionToStatusInterceptor` — are assembled so that:
 
+- each instance has its own gRPC port (its own `DataPlane` over a repository holding
+  only that instance's model and aliases), so a gateway that steers by `ip:port` reaches
+  exactly the instance it chose, even when one process serves several; the REST port is
+  the process's (KServe's FastAPI app is one per process) and serves every instance by
+  name, so the names within one process must be distinct;
 - ports may be 0 (the kernel picks; the process reports them in its ready file), so
   parallel test sessions never race for a port;
 - gRPC answers carry the model's response headers as initial metadata (HTTP/2 response
@@ -24,7 +29,7 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -50,17 +55,32 @@ log = logging.getLogger("policyc.modelserver")
 @dataclass(frozen=True, slots=True)
 class Listen:
     host: str = "127.0.0.1"
-    grpc_port: int = 0
     http_port: int = 0
     ready_file: Path | None = None
 
 
-@dataclass(slots=True)
-class Served:
-    """What the process serves: models by OIP name, plus other names a model answers to."""
+@dataclass(frozen=True, slots=True)
+class Hosted:
+    """One instance of the process: its model, the other names it answers, its gRPC port."""
 
-    models: list[OnnxModel]
-    aliases: dict[str, str] = field(default_factory=dict)  # alias → model name
+    model: OnnxModel
+    aliases: tuple[str, ...] = ()
+    grpc_port: int = 0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model.name, *self.aliases)
+
+
+def check_names(hosted: list[Hosted]) -> None:
+    """ValueError when two instances of one process answer the same model name."""
+    seen: dict[str, str] = {}
+    for h in hosted:
+        for n in h.names:
+            if n in seen:
+                raise ValueError(f"instances `{seen[n]}` and `{h.model.instance_id}` both answer model `{n}` "
+                                 "in one process (its REST port serves each name once): use two processes")
+            seen[n] = h.model.instance_id
 
 
 class PolicycInferenceServicer(InferenceServicer):
@@ -82,18 +102,17 @@ class PolicycInferenceServicer(InferenceServicer):
         raise TypeError(f"model `{request.model_name}` answered a {type(body).__name__}, not an InferResponse")
 
 
-def _repository(served: Served) -> ModelRepository:
+def _repository(hosted: list[Hosted]) -> ModelRepository:
     repo = ModelRepository()
-    for m in served.models:
-        m.load()
-        repo.update(m)
-    by_name = {m.name: m for m in served.models}
-    for alias, target in served.aliases.items():
-        repo.update(by_name[target], alias)
+    for h in hosted:
+        for n in h.names:
+            repo.update(h.model, n)
     return repo
 
 
-def _grpc_server(plane: DataPlane, ext: ModelRepositoryExtension, listen: Listen) -> tuple[grpc.aio.Server, int]:
+def _grpc_server(h: Hosted, host: str) -> tuple[grpc.aio.Server, int]:
+    plane = DataPlane(model_registry=_repository([h]))
+    ext = ModelRepositoryExtension(model_registry=plane.model_registry)
     server = grpc.aio.server(
         interceptors=(ExceptionToStatusInterceptor(),),
         options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_LENGTH),
@@ -101,9 +120,9 @@ def _grpc_server(plane: DataPlane, ext: ModelRepositoryExtension, listen: Listen
                  ("grpc.so_reuseport", 0)],
     )
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(PolicycInferenceServicer(plane, ext), server)
-    port = server.add_insecure_port(f"{listen.host}:{listen.grpc_port}")
+    port = server.add_insecure_port(f"{host}:{h.grpc_port}")
     if port == 0:
-        raise OSError(f"cannot listen for gRPC on {listen.host}:{listen.grpc_port}")
+        raise OSError(f"cannot listen for gRPC on {host}:{h.grpc_port}")
     return server, port
 
 
@@ -124,42 +143,46 @@ def _announce(path: Path, facts: dict[str, object]) -> None:
     os.replace(tmp, path)
 
 
-async def _run(served: Served, repo: ModelRepository, listen: Listen) -> None:
+async def _run(hosted: list[Hosted], listen: Listen) -> None:
     # uvicorn captures SIGTERM/SIGINT while it serves, then restores the previous handler and
     # raises the signal again: from here on that must be a no-op, not an exit mid-shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: None)
-    plane = DataPlane(model_registry=repo)
+    grpcs = [_grpc_server(h, listen.host) for h in hosted]
+    plane = DataPlane(model_registry=_repository(hosted))
     ext = ModelRepositoryExtension(model_registry=plane.model_registry)
-    grpc_server, grpc_port = _grpc_server(plane, ext, listen)
     sock = _http_socket(listen)
     http_port = sock.getsockname()[1]
     rest = RESTServer("kserve.model_server:app", plane, ext, http_port, grace_period=1, timeout_keep_alive=65)
     rest.create_application()
     uv = rest._server  # KServe's uvicorn server: serving a socket we bound needs it (RESTServer.start cannot)
-    await grpc_server.start()
+    for server, _ in grpcs:
+        await server.start()
     serving = asyncio.create_task(uv.serve(sockets=[sock]))
     while not uv.started and not serving.done():
         await asyncio.sleep(0.005)
     if serving.done():
         await serving  # uvicorn failed to start: let its error out
-    facts = {"pid": os.getpid(), "host": listen.host, "grpc_port": grpc_port, "http_port": http_port,
-             "models": {m.name: {"instance": m.instance_id, "contract": m.contract.name, "variants": list(m.variants)}
-                        for m in served.models},
-             "aliases": served.aliases}
-    log.info("serving %s on grpc %s:%d, http %s:%d", ", ".join(sorted(m.name for m in served.models)),
-             listen.host, grpc_port, listen.host, http_port)
+    facts = {"pid": os.getpid(), "host": listen.host, "http_port": http_port,
+             "instances": [{"instance": h.model.instance_id, "model": h.model.name, "contract": h.model.contract.name,
+                            "variants": list(h.model.variants), "aliases": list(h.aliases), "grpc_port": port}
+                           for h, (_, port) in zip(hosted, grpcs)]}
+    for h, (_, port) in zip(hosted, grpcs):
+        log.info("instance %s: model %s%s on grpc %s:%d", h.model.instance_id, h.model.name,
+                 f" (also {', '.join(h.aliases)})" if h.aliases else "", listen.host, port)
+    log.info("REST (all instances by model name) on http %s:%d", listen.host, http_port)
     if listen.ready_file is not None:
         _announce(listen.ready_file, facts)
     try:
         await serving  # returns once uvicorn saw SIGTERM/SIGINT and shut down
     finally:
-        await grpc_server.stop(grace=0.5)
+        await asyncio.gather(*(server.stop(grace=0.5) for server, _ in grpcs))
         sock.close()
 
 
-def serve(served: Served, listen: Listen) -> None:
-    """Load the models, serve until SIGTERM or SIGINT; returns after both servers stopped."""
+def serve(hosted: list[Hosted], listen: Listen) -> None:
+    """Load the models, serve until SIGTERM or SIGINT; returns after every server stopped."""
+    check_names(hosted)
 
     def before_serving(sig: int, frame: FrameType | None) -> None:
         raise SystemExit(0)
@@ -167,7 +190,8 @@ def serve(served: Served, listen: Listen) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, before_serving)
     try:
-        repo = _repository(served)
-        asyncio.run(_run(served, repo, listen))
+        for h in hosted:
+            h.model.load()
+        asyncio.run(_run(hosted, listen))
     except SystemExit:
         pass

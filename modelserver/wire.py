@@ -17,6 +17,9 @@ Request metadata / headers the server reads:
   asyncio sleep: the stream stays open, siblings on the same connection go on). Honoured
   only by a server started with stall control (`--stall-control`), and never on a retry:
   it models the primary's GPU slowing under that one request.
+- `x-policyc-decision-id` — the picker's decision id (the gateway adds it); logged with
+  the answer and echoed as the parameter `policyc.decision_id`, so the model server's own
+  record ties each call to the decision that sent it.
 
 Response metadata / headers the server writes (gRPC initial metadata, HTTP response
 headers), and the same facts as OIP response parameters (`policyc.*`):
@@ -38,6 +41,7 @@ from typing import Final
 RETRY_COUNT: Final = "x-retry-count"
 ENVOY_ATTEMPT_COUNT: Final = "x-envoy-attempt-count"
 STALL_MS: Final = "x-policyc-stall-ms"
+DECISION_ID: Final = "x-policyc-decision-id"
 
 INSTANCE: Final = "x-policyc-instance"
 VARIANT: Final = "x-policyc-variant"
@@ -50,6 +54,7 @@ PARAM_VARIANT: Final = "policyc.variant"
 PARAM_COMPUTE_US: Final = "policyc.compute_us"
 PARAM_RETRY_COUNT: Final = "policyc.retry_count"
 PARAM_STALLED_MS: Final = "policyc.stalled_ms"
+PARAM_DECISION_ID: Final = "policyc.decision_id"
 
 # Every response header the server sets, in the order it sets them.
 RESPONSE_HEADERS: Final = (INSTANCE, VARIANT, COMPUTE_US, RETRY_SEEN, STALLED_MS)
