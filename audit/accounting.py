@@ -13,6 +13,7 @@ Network bytes are never estimated: without a measurement the figure is absent.
 from __future__ import annotations
 
 from policyc.compiler.bundle import Contract, GpuClass
+from policyc.compiler.meaning import compute_rate, compute_seconds, request_flops
 
 from .drafts import FigureFields
 from .records import Figure, Resources, Source
@@ -57,16 +58,15 @@ def estimated_figures(contract: Contract, gpu: GpuClass, share: float, *, tokens
     if tokens is not None and tokens <= 0:
         raise ValueError(f"token count must be positive, got {tokens}")
     c = contract.compute
-    flops = c.request_flops()
+    flops = request_flops(c)
     scale = 1.0
     if tokens is not None and c.tokens > 0:
         scale = tokens / c.tokens  # FLOPs grow linearly with tokens, per request or per token
     lo, hi = flops.lo * scale, flops.hi * scale
-    peak = gpu.peak(c.precision)
-    if peak is None or peak <= 0 or c.efficiency <= 0:
+    rate = compute_rate(c, gpu)
+    if rate is None or rate <= 0:
         return {}
-    rate = peak * c.efficiency
-    g_lo, g_hi = lo / rate, hi / rate
+    g_lo, g_hi = compute_seconds(lo, rate, 1.0), compute_seconds(hi, rate, 1.0)  # GPU-seconds: on a whole GPU
     bw = contract.memory.bandwidth_min
     estimated = Source.ESTIMATED.value
     return {

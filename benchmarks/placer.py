@@ -127,7 +127,7 @@ def bench_place(hosts: int, n: int, k: int, threaded_s: float) -> dict[str, floa
     snap = r.current()
     t = snap.topology
     catalog = catalog_by_name(DEFAULT_CATALOG)
-    bounds = share_bounds(c, {g.model for g in t.gpus}, catalog, BUDGET)
+    bounds = share_bounds(c, {g.model for g in t.gpus}, catalog)
     row = snap.fabric_rows[t.fabric_index[INGRESS]]
     ref_wall, ref_cpu = [], []
     for cands in sets[: max(100, n // 4)]:
@@ -238,7 +238,7 @@ def bench_tight(hosts: int, n: int, k: int, rounds: int) -> dict[str, float]:
 
     snap = r.current()
     t = snap.topology
-    table = contract_table(c, t, catalog_by_name(DEFAULT_CATALOG), BUDGET)
+    table = contract_table(c, t, catalog_by_name(DEFAULT_CATALOG))
     node = t.fabric_index[INGRESS]
     gpus = np.array([t.gpu_index[(x.deployment.host, x.deployment.gpu)] for x in sets[0]], dtype=np.int64)
     zero = np.zeros(len(gpus))
@@ -373,7 +373,7 @@ def end_to_end(state, gpu: int, c: Contract, rng: np.random.Generator | None, ca
     every policy's choice: the measure the issue names ("the P99 of predicted end-to-end
     latency"), blind, as every placement is, to what happens after the snapshot."""
     t = state.topology
-    bounds = share_bounds(c, {t.gpus[gpu].model}, catalog, BUDGET)
+    bounds = share_bounds(c, {t.gpus[gpu].model}, catalog)
     ev = evaluate(state, PERMISSIVE, np.array([gpu]), bounds, catalog, c, BUDGET,
                   np.array([state.fabric_rows[t.fabric_index[INGRESS]]]), np.zeros(1))
     total = float(ev.total[0])

@@ -18,6 +18,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import meaning
+
 SCHEMA_VERSION = "policyc.bundle/v2"  # v2: canonical bytes written by orjson
 
 Cmp = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in"]
@@ -61,9 +63,9 @@ class Compute(Frozen):
     efficiency: float = 0.5
 
     def request_flops(self) -> Interval:
-        """FLOPs of one request at the contract's token count."""
-        k = self.tokens if self.per == "token" else 1
-        return Interval(lo=self.flops.lo * k, hi=self.flops.hi * k)
+        """FLOPs of one request at the contract's token count (`meaning.request_flops`)."""
+        f = meaning.request_flops(self)
+        return Interval(lo=f.lo, hi=f.hi)
 
 
 class Memory(Frozen):

@@ -251,11 +251,11 @@ CONTRACT_ATTRIBUTES: tuple[str, ...] = ("model", "version", "slo_latency", "flop
 CONTRACT_QUANTITIES: tuple[str, ...] = ("slo_latency", "flops_min", "flops_max", "bandwidth")
 
 
-def contract_attributes(contract: ContractView) -> dict[str, Scalar]:
-    """The attributes the contract fixes, in SI units, its labels included (`labels.<k>`).
-    `slo_latency` is infinite without an SLO: every `slo_latency <= x` is then false."""
+def fixed_attributes(contract: ContractView) -> dict[str, Scalar]:
+    """The CONTRACT_ATTRIBUTES of the contract, in SI units. `slo_latency` is infinite
+    without an SLO: every `slo_latency <= x` is then false."""
     flops = request_flops(contract.compute)
-    attrs: dict[str, Scalar] = {
+    return {
         "model": contract.name,
         "version": contract.version,
         "slo_latency": contract.slo.latency if contract.slo is not None else math.inf,
@@ -263,6 +263,21 @@ def contract_attributes(contract: ContractView) -> dict[str, Scalar]:
         "flops_max": flops.hi,
         "bandwidth": contract.memory.bandwidth_min,
     }
+
+
+def fixed_quantity(contract: ContractView, attr: str) -> float:
+    """One of CONTRACT_QUANTITIES for the contract."""
+    if attr not in CONTRACT_QUANTITIES:
+        raise ValueError(f"`{attr}` is not a quantity the contract fixes ({', '.join(CONTRACT_QUANTITIES)})")
+    value = fixed_attributes(contract)[attr]
+    if isinstance(value, str):
+        raise TypeError(f"`{attr}` is a name, not a quantity")
+    return float(value)
+
+
+def contract_attributes(contract: ContractView) -> dict[str, Scalar]:
+    """The attributes the contract fixes, its labels included (`labels.<k>`)."""
+    attrs = fixed_attributes(contract)
     for k, v in contract.labels:
         attrs[LABEL_PREFIX + k] = v
     return attrs
@@ -270,11 +285,14 @@ def contract_attributes(contract: ContractView) -> dict[str, Scalar]:
 
 def instance_attributes(contract: ContractView, deployment: Mapping[str, Scalar],
                         labels: Mapping[str, str] | None = None) -> dict[str, Scalar]:
-    """What request rules see of a running instance: the deployment's facts (region,
-    gpu_model, gpu_arch, host, security flags, numa_node as a float, session_state), the
-    contract's attributes, then the instance's own labels (which win over the contract's)."""
-    attrs = dict(deployment)
-    attrs.update(contract_attributes(contract))
+    """What request rules see of a running instance: the contract's attributes and the
+    deployment's facts (region, gpu_model, gpu_arch, host, the security flags, numa_node
+    as a float, session_state), then the instance's own labels, which win over the
+    contract's."""
+    fixed = contract_attributes(contract)
+    attrs: dict[str, Scalar] = {"model": fixed.pop("model"), "version": fixed.pop("version")}
+    attrs.update(deployment)
+    attrs.update(fixed)
     for k, v in (labels or {}).items():
         attrs[LABEL_PREFIX + k] = v
     return attrs

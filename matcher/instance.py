@@ -8,11 +8,10 @@ view named by `policyc.compiler.attributes.INSTANCE_ATTRIBUTES`.
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from policyc.compiler.bundle import Bundle, Contract, Scalar
+from policyc.compiler.meaning import instance_attributes
 
 
 class Deployment(BaseModel):
@@ -77,13 +76,11 @@ def admission_problems(instance: Instance, bundle: Bundle) -> list[str]:
 
 
 def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[str, Scalar]:
-    """The flat attribute view that request rules are evaluated against (SI units)."""
+    """The flat attribute view that request rules are evaluated against (SI units): the
+    deployment's facts here, the contract's from `policyc.compiler.meaning`."""
     d = instance.deployment
     gpu = bundle.gpu(d.gpu_model)
-    flops = contract.compute.request_flops()
-    attrs: dict[str, Scalar] = {
-        "model": contract.name,
-        "version": contract.version,
+    facts: dict[str, Scalar] = {
         "region": d.region,
         "gpu_model": d.gpu_model,
         "gpu_arch": gpu.arch if gpu else "unknown",
@@ -94,13 +91,5 @@ def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[s
         "tee": d.tee,
         "numa_node": float(d.numa_node),
         "session_state": d.session_state,
-        "slo_latency": contract.slo.latency if contract.slo else math.inf,
-        "flops_min": flops.lo,
-        "flops_max": flops.hi,
-        "bandwidth": contract.memory.bandwidth_min,
     }
-    for k, v in contract.labels:
-        attrs["labels." + k] = v
-    for k, v in instance.labels.items():
-        attrs["labels." + k] = v
-    return attrs
+    return instance_attributes(contract, facts, instance.labels)

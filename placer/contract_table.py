@@ -3,8 +3,7 @@
 The share a contract needs on a GPU class, whether the class is allowed at all, the
 class's peak at the contract's precision and whether a NUMA node's session store suits
 the contract depend only on the contract and the structure, not on the tick. The placer
-builds one table per contract (per budget too when the contract has no SLO, since the
-budget then sets the share's window) and keeps it while the topology lasts.
+builds one table per contract and keeps it while the topology and the catalog last.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from policyc.compiler.bundle import Contract, GpuClass, ServiceDependency
+from policyc.compiler.meaning import compute_rate, request_flops
 
 from .evaluate import PROXY_ROLE, _CODE
 from .paths import NO_FAILURE
@@ -27,7 +27,6 @@ from .topology import EndpointRole, Topology
 class ContractTable:
     contract: Contract
     topology: Topology
-    budget: float | None  # the budget the shares were computed for (None: the SLO sets them)
     bounds: dict[str, ShareBound]  # per GPU class of the topology
     code: np.ndarray  # per GPU: GPU_CLASS or SESSION_STORE code, NO_FAILURE if neither
     min_share: np.ndarray
@@ -37,25 +36,26 @@ class ContractTable:
     services: tuple[tuple[ServiceDependency, EndpointRole], ...]
 
 
-def contract_table(contract: Contract, topology: Topology, catalog: Mapping[str, GpuClass], budget: float) -> ContractTable:
+def contract_table(contract: Contract, topology: Topology, catalog: Mapping[str, GpuClass]) -> ContractTable:
     """Build the table (vectorised over the topology's GPU classes, then gathered per GPU)."""
     names, model_idx = topology.gpu_models
-    bounds = share_bounds(contract, names, catalog, budget)
-    prec = contract.compute.precision
-    peaks = np.array([(catalog[m].peak(prec) if m in catalog else None) or np.nan for m in names], dtype=np.float64)
-    per_class_fail = np.array([not bounds[m].feasible for m in names], dtype=bool) | np.isnan(peaks)
+    bounds = share_bounds(contract, names, catalog)
+    rated = [compute_rate(contract.compute, catalog[m]) if m in catalog else None for m in names]
+    rates = np.array([np.nan if r is None else r for r in rated], dtype=np.float64)  # FLOP/s of a whole GPU
+    per_class_fail = np.array([not bounds[m].feasible for m in names], dtype=bool) | np.isnan(rates)
     code = np.where(per_class_fail[model_idx], _CODE[Constraint.GPU_CLASS], NO_FAILURE).astype(np.int64)
     sess = contract.session
     if sess is not None and sess.state != "remote" and sess.colocate == "same_numa":
         code = np.minimum(code, np.where(topology.gpu_store != sess.state, _CODE[Constraint.SESSION_STORE], NO_FAILURE))
     min_share = np.array([bounds[m].min_share for m in names], dtype=np.float64)[model_idx]
-    peak = peaks[model_idx]
-    arrays = (code, min_share, np.nan_to_num(peak, nan=1.0) * contract.compute.efficiency, np.isnan(peak))
+    rate = rates[model_idx]
+    no_peak = np.isnan(rate)
+    arrays = (code, min_share, np.where(no_peak, contract.compute.efficiency, rate), no_peak)
     for a in arrays:
         a.setflags(write=False)
     return ContractTable(
-        contract=contract, topology=topology, budget=None if contract.slo is not None else budget, bounds=bounds,
+        contract=contract, topology=topology, bounds=bounds,
         code=arrays[0], min_share=arrays[1], peak_eff=arrays[2], no_peak=arrays[3],
-        flops=contract.compute.request_flops().hi,
+        flops=request_flops(contract.compute).hi,
         services=tuple((s, PROXY_ROLE[s.proxy]) for s in contract.dependencies.services),
     )

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from policyc.compiler.bundle import Contract, GpuClass, ServiceDependency
+from policyc.compiler.meaning import MIN_SHARE, compute_seconds, request_flops
 
 from .latency import CROSS_NUMA_PENALTY, gpu_queue, pcie_delay
 from .plan import Constraint, DependencyBinding
@@ -122,9 +123,10 @@ def evaluate(
         stores = np.array([t.numa[t.gpus[i].numa].store.value for i in gpus.tolist()])
         mark(stores != sess.state, Constraint.SESSION_STORE)
 
-    share_used = np.clip(np.maximum(free, min_share), 1e-6, 1.0)
-    flops = contract.compute.request_flops().hi
-    compute = np.where(np.isnan(peak), np.inf, flops / (np.nan_to_num(peak, nan=1.0) * contract.compute.efficiency * share_used))
+    share_used = np.clip(np.maximum(free, min_share), MIN_SHARE, 1.0)
+    flops = request_flops(contract.compute).hi
+    compute = np.where(np.isnan(peak), np.inf,
+                       compute_seconds(flops, np.nan_to_num(peak, nan=1.0) * contract.compute.efficiency, share_used))
     queueing = gpu_queue(1.0 - free)
     k = th.stability_weight
 

@@ -5,8 +5,8 @@ Each term is a small queueing estimate, vectorised over numpy arrays:
   delay varies like an M/M/1 queue's, growing as w / (1 - w): a port at 89 % is not only
   slower but far less predictable, which is why stable paths win;
 - a GPU at utilisation rho adds `quantum * rho / (1 - rho)` of kernel-scheduling wait;
-- compute is `flops / (peak * efficiency * share)` where share is what the GPU can give
-  (at least the solver's lower bound, at most its free capacity).
+- compute is `policyc.compiler.meaning.compute_seconds` on the share the GPU can give (at
+  least the bundle's lower bound, at most its free capacity).
 Observed volatility (EWMA standard deviation of the signal between ticks) widens sigma
 further: a GPU whose load swings is riskier than its mean says.
 """
@@ -53,6 +53,3 @@ def pcie_delay(util: np.ndarray) -> np.ndarray:
     u = np.clip(util, 0.0, RHO_CAP)
     return PAYLOAD / PCIE_BANDWIDTH / (1.0 - u)
 
-
-def compute_time(flops: float, peak: np.ndarray, efficiency: float, share: np.ndarray) -> np.ndarray:
-    return flops / (peak * efficiency * np.maximum(share, 1e-6))

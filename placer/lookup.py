@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from policyc.compiler.meaning import MIN_SHARE as LEAST_SHARE, compute_seconds
+
 from .contract_table import ContractTable
 from .evaluate import _CODE, Evaluation
 from .latency import GPU_QUANTUM, RHO_CAP, gpu_queue
@@ -59,8 +61,8 @@ def lookup(
     min_share = g[:, MIN_SHARE]
     free = g[:, FREE] - reserved
     code = np.minimum(ints[:, 0], np.where(free < min_share, _SHARE, NO_FAILURE))
-    share_used = np.minimum(np.maximum(np.maximum(free, min_share), 1e-6), 1.0)  # np.clip, without its overhead
-    compute = table.flops / (g[:, PEAK_EFF] * share_used)
+    share_used = np.minimum(np.maximum(np.maximum(free, min_share), LEAST_SHARE), 1.0)  # np.clip, without its overhead
+    compute = compute_seconds(table.flops, g[:, PEAK_EFF], share_used)
     no_peak = g[:, NO_PEAK] != 0.0
     if no_peak.any():
         compute[no_peak] = np.inf
@@ -119,13 +121,13 @@ def scalar_figures(
         if free < min_share and _SHARE < code:
             code = _SHARE
         share = free if free >= min_share or free != free else min_share
-        share = share if share >= 1e-6 or share != share else 1e-6
+        share = share if share >= LEAST_SHARE or share != share else LEAST_SHARE
         share = share if share <= 1.0 or share != share else 1.0
         if no_peak:
             compute = _INF
         else:
-            denom = peak_eff * share
-            compute = flops / denom if denom != 0.0 else float(np.float64(flops) / np.float64(denom))
+            compute = compute_seconds(flops, peak_eff, share) if peak_eff * share != 0.0 else \
+                float(np.float64(flops) / np.float64(peak_eff * share))  # numpy's inf or nan
         rho = 1.0 - free
         rho = rho if rho >= 0.0 or rho != rho else 0.0
         rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP

@@ -120,15 +120,24 @@ class Placer:
 
     # ------------------------------------------------------------------ internals
 
-    def _contract_table(self, contract: Contract, topology, budget: float) -> ContractTable:
-        """The contract's table for this topology, cached per contract object (and per
-        budget when the contract has no SLO, since the budget then sets the share window)."""
-        key = (id(contract), None if contract.slo is not None else budget)
+    def load_catalog(self, catalog: Iterable[GpuClass]) -> None:
+        """Replace the GPU catalog (a bundle reload): every contract table is rebuilt from it."""
+        with self._lock:
+            self._catalog = {g.name: g for g in catalog}
+            self._tables = {}
+
+    @property
+    def catalog(self) -> dict[str, GpuClass]:
+        return dict(self._catalog)
+
+    def _contract_table(self, contract: Contract, topology) -> ContractTable:
+        """The contract's table for this topology and catalog, cached per contract object."""
+        key = (id(contract),)
         hit = self._tables.get(key)
         if hit is None or hit.contract is not contract or hit.topology is not topology:
             if len(self._tables) > 256:
                 self._tables.clear()
-            hit = self._tables[key] = contract_table(contract, topology, self._catalog, budget)
+            hit = self._tables[key] = contract_table(contract, topology, self._catalog)
         return hit
 
     def _place(
@@ -164,7 +173,7 @@ class Placer:
         elif not t.ingress:
             return refuse(Constraint.INPUT, "the topology has no ingress gateway to enter from")
 
-        table = self._contract_table(contract, t, budget)
+        table = self._contract_table(contract, t)
         with self._lock:
             if self._reserved_version != snap.version or len(self._reserved) != len(t.gpus):
                 self._reserved, self._reserved_version = [0.0] * len(t.gpus), snap.version

@@ -1,17 +1,18 @@
-"""The GPU share a request needs on each GPU class: the solver's bound when the bundle has
-one, otherwise the same formula computed here from the catalog.
+"""The GPU share a request needs on each GPU class: the bundle's, which the compiler
+stored per class of its catalog, or, for a class the bundle's catalog lacks but the
+placer's has, the same `policyc.compiler.meaning.contract_share` worked out here.
 
-share = flops_hi / (peak(precision) * efficiency * (latency - allowance)): the fraction of
-a GPU that finishes the contract's worst-case request inside its latency target, leaving
-the allowance for network and queueing.
+Either way the semantics are the compiler's (the contract's own latency window, the
+bandwidth term, bandwidth alone without an SLO): the placer never has a formula of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable
 
 from policyc.compiler.bundle import Contract, GpuClass
+from policyc.compiler.meaning import contract_share
 
 from .plan import ShareSource
 
@@ -25,38 +26,25 @@ class ShareBound:
     detail: str
 
 
-def share_bounds(contract: Contract, classes: Iterable[str], catalog: dict[str, GpuClass], budget: float) -> dict[str, ShareBound]:
-    solver = {s.gpu: s for s in contract.gpu_shares}
+def share_bounds(contract: Contract, classes: Iterable[str], catalog: Mapping[str, GpuClass]) -> dict[str, ShareBound]:
+    stored = {s.gpu: s for s in contract.gpu_shares}
     out: dict[str, ShareBound] = {}
     for name in set(classes):
-        s = solver.get(name)
+        s = stored.get(name)
         if s is not None:
             if not s.feasible or s.min_share is None:
                 out[name] = ShareBound(name, False, 1.0, ShareSource.SOLVER, f"solver: infeasible on `{name}` ({s.binding}: {s.detail})")
             else:
                 out[name] = ShareBound(name, True, float(s.min_share), ShareSource.SOLVER, f"solver: min share {s.min_share:.3f} ({s.binding})")
             continue
-        out[name] = _from_catalog(contract, name, catalog.get(name), budget)
+        gpu = catalog.get(name)
+        if gpu is None:
+            out[name] = ShareBound(name, False, 1.0, ShareSource.CATALOG, f"GPU class `{name}` is not in the catalog")
+            continue
+        m = contract_share(contract, gpu)
+        if not m.feasible or m.min_share is None:
+            out[name] = ShareBound(name, False, 1.0, ShareSource.CATALOG, f"infeasible on `{name}` ({m.binding}: {m.detail})")
+        else:
+            out[name] = ShareBound(name, True, m.min_share, ShareSource.CATALOG,
+                                   f"no stored bound for `{name}`: computed from the catalog, {m.min_share:.3f} ({m.binding}: {m.detail})")
     return out
-
-
-def _from_catalog(contract: Contract, name: str, gpu: GpuClass | None, budget: float) -> ShareBound:
-    if gpu is None:
-        return ShareBound(name, False, 1.0, ShareSource.CATALOG, f"GPU class `{name}` is not in the catalog")
-    if contract.gpu_arch and gpu.arch not in contract.gpu_arch:
-        return ShareBound(name, False, 1.0, ShareSource.CATALOG, f"architecture `{gpu.arch}` not allowed by the contract")
-    c = contract.compute
-    peak = gpu.peak(c.precision)
-    if peak is None:
-        return ShareBound(name, False, 1.0, ShareSource.CATALOG, f"`{name}` has no {c.precision} peak in the catalog")
-    latency = contract.slo.latency if contract.slo is not None else budget
-    allowance = contract.slo.allowance if contract.slo is not None else 0.0
-    window = latency - allowance
-    if window <= 0:
-        return ShareBound(name, False, 1.0, ShareSource.CATALOG, f"SLO {latency * 1e3:g} ms leaves no time after the {allowance * 1e3:g} ms allowance")
-    share = c.request_flops().hi / (peak * c.efficiency * window)
-    if share > 1.0:
-        return ShareBound(name, False, share, ShareSource.CATALOG,
-                          f"needs {share:.2f} of a `{name}` to finish {c.request_flops().hi:.3g} FLOPs in {window * 1e3:g} ms")
-    return ShareBound(name, True, share, ShareSource.CATALOG,
-                      f"no solver bound for `{name}`: computed from the catalog, share = flops_hi / (peak * efficiency * (latency - allowance)) = {share:.3f}")

@@ -14,7 +14,6 @@ the union of its members' domains — no abstraction, so every witness is concre
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -44,14 +43,6 @@ class InstanceClass:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.members)
-
-
-def fixed_quantity(c: Contract, attr: str) -> float:
-    """The value every instance of `c` has for a contract-fixed quantity."""
-    if attr == "slo_latency":
-        return c.slo.latency if c.slo else math.inf
-    rf = c.compute.request_flops()
-    return {"flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}[attr]
 
 
 def class_key(c: Contract, dom: Domains) -> ClassKey | None:

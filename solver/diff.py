@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import z3
 
 from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, Contract, RequestRule, Scalar, SourceRef
+from policyc.compiler.meaning import CONTRACT_ATTRIBUTES, fixed_attributes
 
 from .classes import InstanceClass, group
 from .domains import Domains, domains
@@ -40,7 +41,7 @@ from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
 COMPLIANCE_ROUNDS = 40
-_FIXED = frozenset({"model", "version", "slo_latency", "flops_min", "flops_max", "bandwidth"})
+_FIXED = frozenset(CONTRACT_ATTRIBUTES)
 
 
 class Direction(enum.Enum):
@@ -195,9 +196,7 @@ class Differ:
         """The contract-fixed instance attributes of `c`, as substitution pairs (cached)."""
         pairs = self._fixed_cache.get(c.name)
         if pairs is None:
-            rf = c.compute.request_flops()
-            values = {"model": c.name, "version": c.version, "flops_min": rf.lo, "flops_max": rf.hi,
-                      "bandwidth": c.memory.bandwidth_min, "slo_latency": c.slo.latency if c.slo else math.inf}
+            values = fixed_attributes(c)
             pairs = []
             for name, v in values.items():
                 slot = self.space.instance.get(name)
@@ -221,9 +220,7 @@ class Differ:
         served = z3.simplify(z3.substitute(side.serves, *deploy))
         allowed: list[Contract] = []
         for c in side.bundle.contracts:
-            rf = c.compute.request_flops()
-            inst = {**attrs, "model": c.name, "version": c.version, "slo_latency": c.slo.latency if c.slo else math.inf,
-                    "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}
+            inst = {**attrs, **fixed_attributes(c)}
             if contract_admits(c, side.dom, inst):
                 allowed.append(c)
         if not allowed:

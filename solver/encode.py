@@ -11,9 +11,10 @@ from typing import Callable
 
 import z3
 
-from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, RequestRule, Test
+from policyc.compiler.bundle import And, Atom, Contract, Expr, Not, Or, RequestRule, Test
+from policyc.compiler.meaning import fixed_attributes, fixed_quantity
 
-from .classes import InstanceClass, fixed_quantity
+from .classes import InstanceClass
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
 from .space import Slot, Space, real
 
@@ -65,14 +66,16 @@ class RuleEncoder:
         return compare(sp, slot, e.cmp, right)
 
     def expr(self, e: Expr, leaf: Leaf | None = None) -> z3.BoolRef:
-        if e.op == "and":
-            return z3.And([self.expr(a, leaf) for a in e.args])  # type: ignore[union-attr]
-        if e.op == "or":
-            return z3.Or([self.expr(a, leaf) for a in e.args])  # type: ignore[union-attr]
-        if e.op == "not":
-            return z3.Not(self.expr(e.arg, leaf))  # type: ignore[union-attr]
-        f = self.leaf_formula(e)  # type: ignore[arg-type]
-        return leaf(e, f) if leaf else f  # type: ignore[arg-type]
+        match e:
+            case And(args=args):
+                return z3.And([self.expr(a, leaf) for a in args])
+            case Or(args=args):
+                return z3.Or([self.expr(a, leaf) for a in args])
+            case Not(arg=arg):
+                return z3.Not(self.expr(arg, leaf))
+            case Atom() | Test():
+                f = self.leaf_formula(e)
+                return leaf(e, f) if leaf else f
 
     def applies(self, rule: RequestRule, leaf: Leaf | None = None) -> z3.BoolRef:
         parts = [self._req_slot(v).present for v in sorted(reads(rule))]
@@ -82,9 +85,6 @@ class RuleEncoder:
 
     def require(self, rule: RequestRule, leaf: Leaf | None = None) -> z3.BoolRef:
         return self.expr(rule.require, leaf)
-
-    def rule_holds(self, rule: RequestRule) -> z3.BoolRef:
-        return z3.Implies(self.applies(rule), self.require(rule))
 
     # ------------------------------------------------------------------ domains
     def request_domain(self) -> z3.BoolRef:
@@ -116,14 +116,9 @@ class RuleEncoder:
     def contract_domain(self, c: Contract) -> z3.BoolRef:
         sp, dom = self.space, self.dom
         a = sp.attr
-        rf = c.compute.request_flops()
-        out: list[z3.BoolRef] = [
-            a("model").value == sp.code(c.name),
-            a("version").value == sp.code(c.version),
-            a("flops_min").value == real(rf.lo),
-            a("flops_max").value == real(rf.hi),
-            a("bandwidth").value == real(c.memory.bandwidth_min),
-        ]
+        fixed = fixed_attributes(c)
+        out: list[z3.BoolRef] = [a(k).value == sp.code(str(fixed[k])) for k in ("model", "version")]
+        out += [a(k).value == real(fixed_quantity(c, k)) for k in ("flops_min", "flops_max", "bandwidth")]
         slo = a("slo_latency")
         out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency)) if c.slo else slo.infinite)  # type: ignore[arg-type]
         regions = contract_regions(c, dom)
@@ -153,10 +148,6 @@ class RuleEncoder:
         state = sp.attr("session_state").value
         return z3.And(numa >= 0, z3.IsInt(numa), z3.Or([state == sp.code(s) for s in SESSION_STATES]))
 
-    def instance_domain(self, bundle: Bundle) -> z3.BoolRef:
-        cs = [self.contract_domain(c) for c in bundle.contracts]
-        return z3.And(self.instance_frame(), z3.Or(cs) if cs else z3.BoolVal(False))
-
     def name_in(self, term: z3.ExprRef, names: tuple[str, ...]) -> z3.BoolRef:
         """`term` is one of `names`: runs of consecutive codes become one range test, so a
         class interned in one go (`Space.reserve`) costs two comparisons, not one per member."""
@@ -179,13 +170,11 @@ class RuleEncoder:
         model = a("model").value
         out: list[z3.BoolRef] = [self.name_in(model, cls.names)]
         for c in cls.members:
-            rf = c.compute.request_flops()
-            sp.fact("version", c.name, c.version)
-            sp.fact("flops_min", c.name, rf.lo)
-            sp.fact("flops_max", c.name, rf.hi)
-            sp.fact("bandwidth", c.name, c.memory.bandwidth_min)
+            fixed = fixed_attributes(c)
+            for attr in ("version", "flops_min", "flops_max", "bandwidth"):
+                sp.fact(attr, c.name, fixed[attr])
             if c.slo is not None:
-                sp.fact("slo_latency", c.name, c.slo.latency)
+                sp.fact("slo_latency", c.name, fixed["slo_latency"])
         for attr in ("version", "flops_min", "flops_max", "bandwidth"):
             out.append(a(attr).value == sp.of(attr)(model))
         slo = a("slo_latency")

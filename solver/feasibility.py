@@ -14,7 +14,6 @@ and one dict lookup — microseconds. A miss runs Z3 once (milliseconds) under a
 from __future__ import annotations
 
 import bisect
-import math
 import threading
 from dataclasses import dataclass
 from typing import Mapping, Union
@@ -22,6 +21,7 @@ from typing import Mapping, Union
 import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
+from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
 
 from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
@@ -30,7 +30,7 @@ from policyc.compiler.semantics import rule_applies
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
-FIXED_ATTRS = ("slo_latency", "flops_min", "flops_max", "bandwidth")  # one value per contract
+FIXED_ATTRS = CONTRACT_QUANTITIES  # one value per contract
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +101,7 @@ class RequestFeasibility:
                     if leaf.attr not in FIXED_ATTRS:
                         return None
                     for c in self.bundle.contracts:
-                        rf = c.compute.request_flops()
-                        points.add({"slo_latency": c.slo.latency if c.slo else math.inf, "flops_min": rf.lo,
-                                    "flops_max": rf.hi, "bandwidth": c.memory.bandwidth_min}[leaf.attr])
+                        points.add(fixed_quantity(c, leaf.attr))
         points.add(0.0)
         return tuple(sorted(points))
 

@@ -9,13 +9,13 @@ the bundle declares are not admitted. Every Z3 verdict is replayed through it in
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from policyc.compiler.bundle import Bundle, Contract, RequestRule, Scalar
+from policyc.compiler.meaning import fixed_attributes
 from policyc.compiler.semantics import admits, applicable_rules
 
-from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, reads, usable_gpus
+from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, usable_gpus
 
 Request = Mapping[str, Scalar]
 Attrs = Mapping[str, Scalar]
@@ -53,11 +53,7 @@ def request_in_domain(dom: Domains, req: Request) -> bool:
 
 def contract_admits(contract: Contract, dom: Domains, attrs: Attrs) -> bool:
     """Whether these attributes describe a possible instance of this contract."""
-    rf = contract.compute.request_flops()
-    slo = contract.slo.latency if contract.slo else math.inf
-    fixed = {"model": contract.name, "version": contract.version, "slo_latency": slo,
-             "flops_min": rf.lo, "flops_max": rf.hi, "bandwidth": contract.memory.bandwidth_min}
-    if any(attrs.get(k) != v for k, v in fixed.items()):
+    if any(attrs.get(k) != v for k, v in fixed_attributes(contract).items()):
         return False
     regions = contract_regions(contract, dom)
     if regions is not None and attrs.get("region") not in regions:

@@ -86,7 +86,7 @@ def test_lookup_equals_the_reference_evaluation(name: str, ingress: str | None, 
     c = CONTRACTS[name]
     th = snap.thresholds.conservative() if stale else snap.thresholds
     node = None if ingress is None else t.fabric_index[ingress]
-    table = contract_table(c, t, CATALOG, 0.2)
+    table = contract_table(c, t, CATALOG)
     rng = np.random.default_rng(len(name))
     failed = False
     for budget in (0.2, 0.03):
@@ -115,7 +115,7 @@ def test_both_ways_agree_on_every_gpu_including_nan_and_edge_shares(name: str, m
     free[3::17] = 0.0
     snap = dataclasses.replace(snap, gpu_free=free, tables={})
     c = CONTRACTS[name]
-    table = contract_table(c, t, CATALOG, 0.2)
+    table = contract_table(c, t, CATALOG)
     rng = np.random.default_rng(3)
     gpus = np.arange(len(t.gpus), dtype=np.int64)
     reserved = rng.uniform(0, 1.2, len(gpus)) * (rng.random(len(gpus)) < 0.3)
@@ -142,7 +142,7 @@ def test_remembered_figures_are_the_figures_computed_afresh() -> None:
     sim, r = _world()
     snap = r.current()
     c = CONTRACTS["redis proxies"]
-    table = contract_table(c, snap.topology, CATALOG, 0.2)
+    table = contract_table(c, snap.topology, CATALOG)
     tt = tick_table(snap, path_table(snap, snap.thresholds, None), table)
     rng = np.random.default_rng(11)
     rows = tt.block[rng.choice(len(snap.topology.gpus), 8, replace=False)].tolist()
