@@ -20,17 +20,25 @@ from pathlib import Path
 from policyc.server import event_loop
 
 
-def register(sub) -> None:
-    p = sub.add_parser("serve", help="run the gRPC decision service")
+def register(sub) -> None:  # type: ignore[no-untyped-def]
+    from .exit_codes import Exit
+    from .help import add_command
+
+    p = add_command(sub, "serve", help="run the gRPC decision service", description=__doc__,
+                    codes=(Exit.OK, Exit.USAGE),
+                    examples=["policyc serve --bundle bundle.json --port 50051",
+                              ("policyc serve --bundle bundle.json --token operator:$OPS_TOKEN --token client:$APP_TOKEN "
+                               "--tls-cert srv.pem --tls-key srv.key --host 0.0.0.0"),
+                              "policyc serve --bundle bundle.json --metrics-address 127.0.0.1:9464 --audit-log audit.db"])
     p.add_argument("--bundle", required=True, help="compiled bundle (policyc compile … -o bundle.json)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle must be signed by it")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     p.add_argument("--port", type=_port, default=50051, help="listen port (0: ephemeral; default 50051)")
     p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
                    help="topology source: the embedded simulated cluster (default) or this machine")
-    p.add_argument("--sim-seed", type=int, default=1)
-    p.add_argument("--sim-hosts", type=int, default=32)
-    p.add_argument("--sim-gpus-per-host", type=int, default=4)
+    p.add_argument("--sim-seed", type=int, default=1, help="simulated cluster: random seed (default 1)")
+    p.add_argument("--sim-hosts", type=int, default=32, help="simulated cluster: hosts (default 32)")
+    p.add_argument("--sim-gpus-per-host", type=int, default=4, help="simulated cluster: GPUs per host (default 4)")
     p.add_argument("--refresh", type=float, default=0.2, help="topology refresh interval, seconds")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
     p.add_argument("--audit-durability", choices=("group", "sync"), default="group",
@@ -39,11 +47,17 @@ def register(sub) -> None:
     p.add_argument("--audit-key", help="ed25519 private key (PEM, `policyc keygen`) that signs the audit log's checkpoints")
     p.add_argument("--token", action="append", default=[], metavar="ROLE:TOKEN",
                    help="bearer token and its role (client, auditor, operator); repeatable")
-    p.add_argument("--tls-cert"), p.add_argument("--tls-key")
+    p.add_argument("--tls-cert", help="server certificate (PEM); serves TLS with --tls-key")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
     p.add_argument("--insecure-plaintext", action="store_true", help="allow plaintext off loopback (not advised)")
-    p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto")
-    p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port")
+    p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto",
+                   help="circuit-break enforcement: the eBPF kernel plane where root and BPF allow (auto), "
+                        "required (kernel), user space only, or off")
+    p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port (on --host)")
+    p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics on this address instead")
+    p.add_argument("--ready-min-instances", type=int, default=0, metavar="N",
+                   help="readiness: report NOT_SERVING until N instances are registered (default 0)")
     p.set_defaults(func=run)
 
 
@@ -96,6 +110,12 @@ def run(args) -> int:
         return _fail(str(e))
     if bool(args.tls_cert) != bool(args.tls_key):
         return _fail("give both --tls-cert and --tls-key")
+    metrics_host, metrics_port = None, args.metrics_port
+    if args.metrics_address:
+        host, sep, port_text = args.metrics_address.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+            return _fail(f"--metrics-address `{args.metrics_address}`: expected HOST:PORT")
+        metrics_host, metrics_port = host.strip("[]"), int(port_text)
     tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_client_ca) if args.tls_client_ca else None) \
         if args.tls_cert else None
     cfg = ServeConfig(
@@ -104,7 +124,7 @@ def run(args) -> int:
         refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
         audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
         audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
-        metrics_port=args.metrics_port, settle_heap=True, bundle_key=key,
+        metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )
 
     async def main() -> int:
