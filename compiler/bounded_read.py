@@ -21,6 +21,11 @@ class FileRefused(Exception):
     """A path that cannot be read as asked; the message names the path and the reason."""
 
 
+def _why(e: OSError) -> str:
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -46,7 +51,7 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
-        raise FileRefused(f"{name}: cannot read {what}: {e.strerror or e}") from None
+        raise FileRefused(f"{name}: cannot read {what}: {_why(e)}") from None
     except (ValueError, UnicodeEncodeError):  # a NUL or a lone surrogate in the name
         raise FileRefused(f"{name!r}: cannot read {what}: not a valid path") from None
     try:
@@ -67,7 +72,7 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
                 raise FileRefused(f"{name}: {what} is larger than {_size(limit)} (it grew while being read)")
         return b"".join(chunks)
     except OSError as e:
-        raise FileRefused(f"{name}: cannot read {what}: {e.strerror or e}") from None
+        raise FileRefused(f"{name}: cannot read {what}: {_why(e)}") from None
     finally:
         os.close(fd)
 

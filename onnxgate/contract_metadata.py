@@ -17,6 +17,8 @@ import onnx
 from pydantic import ValidationError
 
 from policyc.compiler.bundle import Contract
+from policyc.compiler.check_values import check_values
+from policyc.dsl.diagnostics import Diagnostic
 
 from .errors import ContractMetadataError, ModelFileError
 from .model_file import ModelSource, read_model, source_name
@@ -24,6 +26,7 @@ from .model_file import ModelSource, read_model, source_name
 CONTRACT_KEY: Final = "policyc.contract"
 HASH_KEY: Final = "policyc.contract.sha256"
 REQUIRED_SECTIONS: Final = ("compute", "memory", "dependencies")
+MAX_CONTRACT_CHARS: Final = 1024 * 1024
 
 
 def canonical_json(contract: Contract) -> str:
@@ -95,23 +98,41 @@ def parse_contract(text: str, recorded_hash: str | None, origin: str) -> Contrac
             f"computed {actual}): the contract was modified or corrupted after embedding",
             field=CONTRACT_KEY,
         )
+    if len(text) > MAX_CONTRACT_CHARS:
+        raise ContractMetadataError(f"{origin}: metadata `{CONTRACT_KEY}` is {len(text):,} characters; at most "
+                                    f"{MAX_CONTRACT_CHARS:,} are read", field=CONTRACT_KEY)
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as e:
         raise ContractMetadataError(
             f"{origin}: metadata `{CONTRACT_KEY}` is not valid JSON at column {e.colno}: {e.msg}", field=CONTRACT_KEY
         ) from None
+    except (ValueError, RecursionError) as e:  # NaN / Infinity, a 5,000-digit integer, nesting
+        raise ContractMetadataError(f"{origin}: metadata `{CONTRACT_KEY}` is not a contract: {str(e).split(';')[0]}",
+                                    field=CONTRACT_KEY) from None
     if not isinstance(raw, dict):
         raise ContractMetadataError(f"{origin}: metadata `{CONTRACT_KEY}` must be a JSON object", field=CONTRACT_KEY)
-    try:
-        contract = Contract.model_validate(raw)
+    try:  # strict: a token count written as a string is refused, as the compiler would never write one
+        contract = Contract.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise _schema_error(origin, e) from None
     bad = _semantic_problems(contract)
     if bad:
         field, why = bad[0]
         raise ContractMetadataError(f"{origin}: embedded contract has a bad `{field}`: {why}", field=field)
+    # then exactly the compiler's own value checks (precision, efficiency, finite values, cuda bounds ...)
+    diags: list[Diagnostic] = []
+    check_values([contract], (), (), (), (), diags)
+    if diags:
+        d = diags[0]
+        more = f" (and {len(diags) - 1} more)" if len(diags) > 1 else ""
+        raise ContractMetadataError(f"{origin}: embedded contract refused: error[{d.code}]: {d.message}{more}",
+                                    field=CONTRACT_KEY)
     return contract
+
+
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"`{name}` is not a JSON number")
 
 
 def contract_from_model(model: onnx.ModelProto, origin: str) -> Contract:

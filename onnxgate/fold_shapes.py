@@ -38,8 +38,50 @@ def known_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return out
 
 
+def _output_bound(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> float:
+    """An upper bound on the elements `node` would produce from these inputs, computed
+    *before* evaluating it: a 17 KB model once made `Range` to 1e8 and an `Expand` to a
+    gigabyte tensor during folding. Values read here are the (small) known inputs only."""
+    known = [a for a in inputs if a is not None]
+    try:
+        op = node.op_type
+        if op == "Range" and len(known) == 3:
+            start, limit, delta = (float(np.asarray(a).reshape(-1)[0]) for a in known)
+            return float("inf") if delta == 0 else max(0.0, np.ceil((limit - start) / delta))
+        if op == "ConstantOfShape" and known:
+            return float(np.prod(np.asarray(known[0], dtype=np.float64)))
+        if op == "Expand" and len(known) == 2:
+            shape = [float(x) for x in np.asarray(known[1]).reshape(-1)]
+            data = [float(x) for x in known[0].shape]
+            n = max(len(shape), len(data))
+            a, b = [1.0] * (n - len(data)) + data, [1.0] * (n - len(shape)) + shape
+            return float(np.prod([max(x, y) for x, y in zip(a, b)]))
+        if op == "Tile" and len(known) == 2:
+            return float(known[0].size) * float(np.prod(np.asarray(known[1], dtype=np.float64)))
+        if op == "OneHot" and len(known) >= 2:
+            return float(known[0].size) * float(np.asarray(known[1]).reshape(-1)[0])
+        if op in ("Pad", "Resize", "Upsample", "Col2Im", "Unique", "Loop", "Scan", "If"):
+            return float("inf")  # sizes never need them; never evaluated
+        # everything else (pointwise, MatMul, Concat, Gather, Reshape …): at most the sum of
+        # the inputs plus their broadcast, both bounded by the known inputs' own sizes
+        shapes = [a.shape for a in known]
+        rank = max((len(sh) for sh in shapes), default=0)
+        dims = [1.0] * rank
+        for sh in shapes:
+            for i, d in enumerate(sh):
+                j = rank - len(sh) + i
+                dims[j] = max(dims[j], float(d))
+        return float(np.prod(dims)) + sum(float(a.size) for a in known)
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return float("inf")
+
+
 def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     from onnx.reference import ReferenceEvaluator
+
+    bound = _output_bound(node, inputs)
+    if not bound <= MAX_ELEMENTS * max(1, len(node.output)):  # NaN and inf too
+        return None  # a size never needs that many elements: it is data, or an attack
 
     names = [n for n in node.input]
     graph_inputs = [

@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+
+from policyc.compiler import bounded_read
+from policyc.dsl import limits
 from google.protobuf.message import DecodeError
 
 from .errors import ModelFileError
@@ -34,7 +37,30 @@ def _parse(data: bytes, origin: str) -> onnx.ModelProto:
         raise ModelFileError(f"{origin}: not an ONNX model: no IR version or graph in the file")
     if not model.graph.node:
         raise ModelFileError(f"{origin}: not an ONNX model: the graph has no nodes")
+    _check_opsets(model, origin)
+    _check_input_dims(model, origin)
     return model
+
+
+def _check_opsets(model: onnx.ModelProto, origin: str) -> None:
+    """The default-domain opset must be one this onnx knows: opset 99 would be counted with
+    rules written for other semantics."""
+    newest = onnx.defs.onnx_opset_version()
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx") and not 1 <= op.version <= newest:
+            raise ModelFileError(f"{origin}: the model imports opset {op.version} of the default domain; "
+                                 f"this policyc knows opsets 1 to {newest}")
+
+
+def _check_input_dims(model: onnx.ModelProto, origin: str) -> None:
+    """A fixed input dimension must be positive (0 or −5 were once replaced by the token count)."""
+    for inp in model.graph.input:
+        if not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
+            continue
+        for i, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                raise ModelFileError(f"{origin}: input `{inp.name[:64]}` has dimension {i} of size {d.dim_value}; "
+                                     "a fixed dimension must be positive (name it to make it dynamic)")
 
 
 def read_model(source: ModelSource) -> onnx.ModelProto:
@@ -46,13 +72,9 @@ def read_model(source: ModelSource) -> onnx.ModelProto:
         return _parse(source, "<model bytes>")
     path = Path(source)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModelFileError(f"{path}: is a directory, not an ONNX model") from None
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read: {e.strerror}") from None
+        data = bounded_read.read_bytes(path, limits.MAX_ONNX_BYTES, "ONNX model")
+    except bounded_read.FileRefused as e:
+        raise ModelFileError(str(e)) from None
     return _parse(data, str(path))
 
 
