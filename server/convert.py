@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Mapping
 
 from google.protobuf.message import DecodeError
 
 from policyc.compiler.bundle import Scalar, SourceRef
+from policyc.compiler.check_values import version_key
 from policyc.matcher import AppliedRule, Deployment, Instance, RuleExplanation
+from policyc.matcher.instance import canonical_endpoint
 from policyc.placer import PlacementPlan
 from policyc.placer.plan import Rejection as GpuRejection
 
@@ -62,22 +65,25 @@ def rule_explanation(r: RuleExplanation) -> "pb.RuleExplanation":
     )
 
 
-def placement(p: PlacementPlan, model: str | None, region: str | None, *, full: bool = True, notes: tuple[str, ...] = ()) -> "pb.Placement":
+def placement(p: PlacementPlan, model: str | None, region: str | None, *, full: bool = True, notes: tuple[str, ...] = (),
+              endpoint: str = "") -> "pb.Placement":
     """`full`: include the placer's reasons and per-GPU rejections (written lazily, so Decide's
     fast path leaves them to Explain)."""
     msg = pb.Placement()
-    fill_placement(msg, p, model, region, full=full, notes=notes)
+    fill_placement(msg, p, model, region, full=full, notes=notes, endpoint=endpoint)
     return msg
 
 
 def fill_placement(msg: "pb.Placement", p: PlacementPlan, model: str | None, region: str | None, *, full: bool,
-                   notes: tuple[str, ...] = ()) -> None:
+                   notes: tuple[str, ...] = (), endpoint: str = "") -> None:
     """Write `p` into an empty `msg` in place (on Decide's path: setting the fields of the
     response's own sub-message avoids building a message and copying it in)."""
     lat = p.latency
     msg.instance_id, msg.model, msg.host, msg.gpu, msg.gpu_model = p.instance_id, model or "", p.host, p.gpu, p.gpu_model
     msg.numa_node, msg.queue_depth, msg.share, msg.share_source = p.numa_node, p.queue_depth, p.share, p.share_source.value
     msg.rdma_port, msg.region = p.rdma_port or "", region or ""
+    if endpoint:
+        msg.endpoint = endpoint
     msg.predicted.SetInParent()  # present even if every figure were 0, as a built sub-message would be
     pr = msg.predicted
     pr.network_ms, pr.queueing_ms, pr.compute_ms = lat.network * 1e3, lat.queueing * 1e3, lat.compute * 1e3
@@ -153,7 +159,7 @@ def _fill_tail(msg: "pb.Decision", d: Decision, full: bool) -> None:
     tm.place_us, tm.total_us = t.place * 1e6, t.total * 1e6
     if d.plan is not None:
         msg.placement.SetInParent()
-        fill_placement(msg.placement, d.plan, d.model, d.region, full=full, notes=d.notes)
+        fill_placement(msg.placement, d.plan, d.model, d.region, full=full, notes=d.notes, endpoint=d.endpoint)
     if d.rejection is not None:
         r = d.rejection
         msg.rejection.CopyFrom(pb.Rejection(
@@ -198,9 +204,40 @@ def account(a: Account) -> "pb.Explanation":
     return msg
 
 
+MAX_ID_CHARS = 256
+MAX_LABELS = 64
+_PRINTABLE = re.compile(r"[\x20-\x7e]*")
+
+
+def _check_text(value: str, field: str, limit: int = MAX_ID_CHARS) -> None:
+    """Identifiers and deployment facts are short printable ASCII: a 1 MB instance id or a
+    NUL in a host name is refused here, naming the field (never echoed raw)."""
+    if len(value) > limit or not _PRINTABLE.fullmatch(value):
+        why = (f"`{field}` must be printable ASCII of at most {limit} characters "
+               f"(got {len(value):,} characters{', with control or non-ASCII characters' if not _PRINTABLE.fullmatch(value) else ''})")
+        raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=field)
+
+
+def _check_instance_fields(msg: "pb.RegisterInstanceRequest") -> None:
+    _check_text(msg.id, "id")
+    _check_text(msg.model, "model")
+    d = msg.deployment
+    for f in ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint"):
+        _check_text(getattr(d, f), f"deployment.{f}")
+    if d.cuda and version_key(d.cuda) is None:
+        why = f"`deployment.cuda` `{d.cuda}` is not a version (digits and dots, such as 12.4)"
+        raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="deployment.cuda")
+    if len(msg.labels) > MAX_LABELS:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"at most {MAX_LABELS} labels, got {len(msg.labels)}", field="labels")
+    for k, v in msg.labels.items():
+        _check_text(k, "labels")
+        _check_text(v, f"labels.{k}", 4096)
+
+
 def instance(msg: "pb.RegisterInstanceRequest", model: str) -> Instance:
     if not msg.id:
         raise ServiceError(Status.INVALID_ARGUMENT, "instance `id` is required", field="id")
+    _check_instance_fields(msg)
     if not msg.HasField("deployment"):
         raise ServiceError(Status.INVALID_ARGUMENT, f"instance `{msg.id}`: `deployment` is required", field="deployment")
     d = msg.deployment
@@ -208,9 +245,16 @@ def instance(msg: "pb.RegisterInstanceRequest", model: str) -> Instance:
     if missing:
         raise ServiceError(Status.INVALID_ARGUMENT, f"instance `{msg.id}`: deployment field `{missing[0]}` is required",
                            tuple(f"deployment.{m} is required" for m in missing), field=f"deployment.{missing[0]}")
+    endpoint = ""
+    if d.endpoint:
+        try:
+            endpoint = canonical_endpoint(d.endpoint)
+        except ValueError as e:
+            raise ServiceError(Status.INVALID_ARGUMENT, f"instance `{msg.id}`: deployment field `endpoint` {e}",
+                               (f"deployment.endpoint {e}",), field="deployment.endpoint") from None
     dep = Deployment(host=d.host, gpu=d.gpu, gpu_model=d.gpu_model, region=d.region, numa_node=d.numa_node, tpm=d.tpm,
                      memory_encryption=d.memory_encryption, hardware_firewall=d.hardware_firewall, tee=d.tee,
-                     session_state=d.session_state or "remote", cuda=d.cuda or "12.4")
+                     session_state=d.session_state or "remote", cuda=d.cuda or "12.4", endpoint=endpoint)
     return Instance(id=msg.id, model=model, deployment=dep, labels=dict(msg.labels))
 
 

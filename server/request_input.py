@@ -11,6 +11,8 @@ there with the rule that makes it impossible.
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from typing import Mapping
 
 from policyc.compiler.bundle import Bundle, Scalar
@@ -23,6 +25,20 @@ from .errors import ServiceError, Status
 RETRY_HEADER = "x-retry-count"
 MAX_HEADERS = 64
 MAX_VALUE_BYTES = 4096
+MAX_NAME_CHARS = 256  # a header or attribute name, a tenant, a session id
+MAX_RETRIES = 1000  # `X-Retry-Count`: a retry budget is a handful; 10²⁰ is an attack on a uint32
+# RFC 9110: a field name is a token; a value is visible ASCII, spaces and tabs. Anything
+# else (a NUL, a line break, full-width digits `１５０ms`) is refused here, at the edge,
+# so that no parser downstream reads a digit a client did not mean as one.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\t\x20-\x7e]*")
+_RETRY = re.compile(r"[0-9]{1,9}")
+
+
+def shown(text: str, limit: int = 64) -> str:
+    """User input as it may appear in a message: printable ASCII, escapes for the rest, cut short."""
+    out = ascii(text[:limit])[1:-1]
+    return out + ("…" if len(text) > limit else "")
 QUANTITY_TYPES = frozenset({"time", "bandwidth", "flops", "ratio", "count", "size"})
 _UNKNOWN_TENANT = "unknown tenant"
 
@@ -34,25 +50,46 @@ def split_retry(headers: Mapping[str, str], retry_count: int) -> tuple[dict[str,
     count = retry_count
     for k, v in headers.items():
         if k.lower() == RETRY_HEADER:
-            try:
-                n = int(v.strip())
-                if n < 0:
-                    raise ValueError
-            except ValueError:
-                raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k}`: `{v}` is not a non-negative whole number",
-                                   (f"header `{k}`: `{v}` is not a non-negative whole number",)) from None
-            count = max(count, n)
+            text = v.strip()
+            if not _RETRY.fullmatch(text) or int(text) > MAX_RETRIES:
+                why = f"header `{k}`: `{shown(text)}` is not a whole number from 0 to {MAX_RETRIES}"
+                raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}")
+            count = max(count, int(text))
         else:
             rest[k] = v
     return rest, count
 
 
 def _check_sizes(headers: Mapping[str, str]) -> None:
+    """Count, size and characters of every header, before anything parses one."""
     if len(headers) > MAX_HEADERS:
         raise ServiceError(Status.INVALID_ARGUMENT, f"too many headers: {len(headers)} (at most {MAX_HEADERS})")
     for k, v in headers.items():
+        if len(k) > MAX_NAME_CHARS or not _TOKEN.fullmatch(k):
+            why = f"header name `{shown(k)}` is not an HTTP field name (letters, digits and !#$%&'*+.^_`|~-, at most {MAX_NAME_CHARS})"
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="headers")
         if len(k) + len(v) > MAX_VALUE_BYTES:
-            raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k[:64]}`: value of {len(v)} bytes exceeds {MAX_VALUE_BYTES}")
+            raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k}`: value of {len(v)} bytes exceeds {MAX_VALUE_BYTES}")
+        if not _VALUE.fullmatch(v):
+            bad = next(c for c in v if not ("\x20" <= c <= "\x7e" or c == "\t"))
+            why = f"header `{k}`: the value holds {shown(bad)!s} (U+{ord(bad):04X}); a header value is printable ASCII"
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}")
+
+
+def _check_names(inp: DecisionInput) -> None:
+    for what, text in (("tenant", inp.tenant), ("session_id", inp.session)):
+        if text is not None and (len(text) > MAX_NAME_CHARS or not _VALUE.fullmatch(text)):
+            why = f"`{what}` must be printable ASCII of at most {MAX_NAME_CHARS} characters"
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=what)
+    if len(inp.attributes) > MAX_HEADERS:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"too many attributes: {len(inp.attributes)} (at most {MAX_HEADERS})")
+    for k, v in inp.attributes.items():
+        if len(k) > MAX_NAME_CHARS or (isinstance(v, str) and len(v) > MAX_VALUE_BYTES):
+            why = f"attribute `{shown(k)}`: name or value too long (at most {MAX_NAME_CHARS} and {MAX_VALUE_BYTES})"
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="attributes")
+        if isinstance(v, float) and not math.isfinite(v):
+            why = f"attribute `{shown(k)}`: {v} is not a finite number"
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"attributes.{shown(k)}")
 
 
 def _var_types(bundle: Bundle) -> dict[str, str]:
@@ -71,7 +108,7 @@ def _typed(bundle: Bundle, attributes: Mapping[str, Scalar]) -> dict[str, Scalar
         if t is None:
             close = difflib.get_close_matches(name, list(types), n=1)
             hint = f"; did you mean `{close[0]}`?" if close else f"; this policy reads {', '.join(sorted(types))}"
-            problems.append(f"attribute `{name}`: not a request variable of this bundle{hint}")
+            problems.append(f"attribute `{shown(name)}`: not a request variable of this bundle{hint}")
             continue
         if name == "tenant_class":
             problems.append("attribute `tenant_class`: derived from the tenant, never given")
@@ -80,7 +117,7 @@ def _typed(bundle: Bundle, attributes: Mapping[str, Scalar]) -> dict[str, Scalar
             isinstance(value, bool) if t == "bool" else isinstance(value, str)
         if not ok:
             want = "a number (SI units)" if t in QUANTITY_TYPES else "a flag" if t == "bool" else "text"
-            problems.append(f"attribute `{name}`: expected {want} for a `{t}` variable, got {type(value).__name__} `{value!r}`")
+            problems.append(f"attribute `{name}`: expected {want} for a `{t}` variable, got {type(value).__name__} `{shown(repr(value))}`")
             continue
         out[name] = float(value) if t in QUANTITY_TYPES else value
     if problems:
@@ -90,8 +127,9 @@ def _typed(bundle: Bundle, attributes: Mapping[str, Scalar]) -> dict[str, Scalar
 
 def to_request(registry: Registry, bundle: Bundle, inp: DecisionInput) -> tuple[Request, int]:
     """The typed request and the retry count, or ServiceError."""
+    _check_sizes(inp.headers)
+    _check_names(inp)
     headers, retry = split_retry(inp.headers, inp.retry_count)
-    _check_sizes(headers)
     typed = _typed(bundle, inp.attributes) if inp.attributes else {}
     tenant = inp.tenant or (typed.get("tenant") if isinstance(typed.get("tenant"), str) else None)
     try:
