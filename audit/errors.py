@@ -12,6 +12,10 @@ class AuditLogUnavailable(AuditError):
     """The log cannot be opened: missing, not an audit log, wrong schema, or held by another writer."""
 
 
+class AuditLogDamaged(AuditLogUnavailable):
+    """The file was an audit log but SQLite can no longer open it (a zeroed header page, an empty file)."""
+
+
 class AuditLogCorrupt(AuditError):
     """The chain's tail does not hash as written: appending on top of it would hide tampering."""
 

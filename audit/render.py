@@ -12,7 +12,7 @@ from typing import Any
 from .query import Explanation, Report, ReportRow
 from .records import ActionRecord, DecisionRecord, Figure
 from .times import format_time
-from .verify import VerifyReport
+from .verify import ProblemKind, VerifyReport
 
 # ---------------------------------------------------------------------- verify
 
@@ -31,7 +31,10 @@ def verify_json(r: VerifyReport) -> dict[str, Any]:
         "first_bad": None if first is None else {"seq": first.seq, "kind": first.kind.value, "message": first.message},
         "problems": [{"seq": p.seq, "kind": p.kind.value, "message": p.message} for p in sorted(r.problems, key=lambda p: p.seq)],
         "notes": r.notes,
+        "durable_end": r.durable_end,
+        "closed": r.closed,
         "last_checkpoint": None if r.last_checkpoint is None else r.last_checkpoint.model_dump(mode="json"),
+        "anchor": None if r.last_checkpoint is None else f"{r.last_checkpoint.seq}:{r.last_checkpoint.hash}",
     }
 
 
@@ -43,10 +46,15 @@ def verify_text(r: VerifyReport) -> str:
     else:
         first = r.first_bad
         assert first is not None
-        lines.append(f"{r.path}: TAMPERED: first bad entry {first.seq} ({first.kind.value}): {first.message}")
+        verdict = "DAMAGED" if first.kind is ProblemKind.DAMAGED else "TAMPERED"
+        lines.append(f"{r.path}: {verdict}: first bad entry {first.seq} ({first.kind.value}): {first.message}")
         for p in sorted(r.problems, key=lambda p: p.seq):
             if p is not first:
                 lines.append(f"  also: {p}")
+    lines.append(f"  durable log ends at entry {r.durable_end} (sealed through {r.sealed_seq}"
+                 + (", closed cleanly)" if r.closed else ", no close record after it)"))
+    if r.last_checkpoint is not None:
+        lines.append(f"  anchor: {r.last_checkpoint.seq}:{r.last_checkpoint.hash} (keep it apart from the log: `verify --anchor`)")
     lines.extend(f"  note: {n}" for n in r.notes)
     return "\n".join(lines)
 

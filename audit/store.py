@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from .chain import COLUMNS
-from .errors import AuditLogUnavailable
+from .errors import AuditLogDamaged, AuditLogUnavailable
 from .schemas import ACTION_SCHEMA, DECISION_SCHEMA
 
 STORE_SCHEMA = "policyc.audit.store/v2"  # what new logs are created as
@@ -80,7 +80,7 @@ def derived_expr(col: str) -> str:
 
 ENTRIES_DDL_V1 = (
     "CREATE TABLE entries (seq INTEGER PRIMARY KEY, body BLOB NOT NULL, prev_hash BLOB NOT NULL, hash BLOB NOT NULL, "
-    + f"kind TEXT GENERATED ALWAYS AS ({KIND_EXPR}) STORED, "
+     f"kind TEXT GENERATED ALWAYS AS ({KIND_EXPR}) STORED, "
     + ", ".join(f"{c} {t} GENERATED ALWAYS AS ({derived_expr(c)}) STORED" for c, (t, _, _) in INDEX_PATHS.items())
     + ")"
 )
@@ -92,9 +92,11 @@ CREATE INDEX IF NOT EXISTS entries_decision ON entries (decision_id) WHERE decis
 CREATE INDEX IF NOT EXISTS entries_time ON entries (time);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, hash BLOB NOT NULL, time REAL NOT NULL,
-    final INTEGER NOT NULL, public_key TEXT, signature TEXT
+    final INTEGER NOT NULL, public_key TEXT, signature TEXT, opens INTEGER NOT NULL DEFAULT 0, sealed BLOB
 );
 """
+# Checkpoint columns added after store v2 was first released; a writer adds them to an older log.
+CHECKPOINT_ADDED = {"opens": "INTEGER NOT NULL DEFAULT 0", "sealed": "BLOB"}
 
 ENTRY_SELECT = "SELECT seq, " + ", ".join(COLUMNS) + ", body, prev_hash, hash FROM entries"
 CHAIN_SELECT = "SELECT seq, body, prev_hash, hash FROM entries"
@@ -144,7 +146,19 @@ def connect_writer(path: Path, durability: Durability) -> sqlite3.Connection:
     except sqlite3.DatabaseError as e:
         raise AuditLogUnavailable(f"{path}: not an audit log ({e})") from None
     _check_schema(conn, path, create=True)
+    have = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
+    for col, decl in CHECKPOINT_ADDED.items():
+        if col not in have:
+            conn.execute(f"ALTER TABLE checkpoints ADD COLUMN {col} {decl}")
     return conn
+
+
+def checkpoint_select(conn: sqlite3.Connection) -> str:
+    """SELECT id, seq, hash, time, final, public_key, signature, opens, sealed FROM checkpoints
+    (NULLs for the columns an older log lacks)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
+    added = ", ".join(c if c in have else f"NULL AS {c}" for c in CHECKPOINT_ADDED)
+    return f"SELECT id, seq, hash, time, final, public_key, signature, {added} FROM checkpoints"
 
 
 def connect_reader(path: str | os.PathLike[str]) -> sqlite3.Connection:
@@ -156,9 +170,33 @@ def connect_reader(path: str | os.PathLike[str]) -> sqlite3.Connection:
         conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as e:
+        damage = _damage(p)
+        if damage:
+            raise AuditLogDamaged(f"{p}: the audit log file is damaged: {damage} (SQLite: {e}); nothing in it can be read") from None
         raise AuditLogUnavailable(f"{p}: not an audit log ({e})") from None
-    _check_schema(conn, p, create=False)
+    try:
+        _check_schema(conn, p, create=False)
+    except AuditLogUnavailable:
+        damage = _damage(p)
+        if damage:
+            raise AuditLogDamaged(f"{p}: the audit log file is damaged: {damage}; nothing in it can be read") from None
+        raise
     return conn
+
+
+def _damage(p: Path) -> str | None:
+    """What makes a file that SQLite refuses look like a damaged audit log rather than some
+    other file: a zeroed header, or an empty file beside the log's lock file."""
+    try:
+        with p.open("rb") as f:
+            head = f.read(100)
+    except OSError:
+        return None
+    if not head:
+        return "the file is empty (truncated to 0 bytes)" if Path(f"{p}.lock").exists() else None
+    if head.count(0) == len(head):
+        return "its first page is zeroed"
+    return None
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path, *, create: bool) -> None:

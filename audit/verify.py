@@ -5,6 +5,13 @@ The walk (`verify_chain.walk`) says *where* the chain stops checking out; this m
 looking at the entries around the break: every entry's hash covers its seq and its
 predecessor's hash, so a moved entry still hashes under its original seq, and an entry
 still links to the hash of the one that originally preceded it.
+
+The checkpoints say what the chain alone cannot: a chain rewritten and re-hashed is found
+at its first rewritten entry (a checkpoint keeps the hashes it sealed); entries after a
+close record (the final checkpoint of a clean stop) with no later signed opening were not
+written by policyc; an anchor the operator kept must still be in the log. A file SQLite can
+no longer read (a zeroed page, a truncated file) is reported as damaged from the first
+entry it cannot read, never as an exception.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .chain import digest, genesis
-from .checkpoints import Checkpoint, signature_valid
+from .checkpoints import HASH_BYTES, Checkpoint, sealed_digest, signature_valid
 from .consistency import first_inconsistent
-from .store import CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, connect_reader, entries_columns_missing, entries_definition_intact, log_id, store_schema
+from .store import (CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, checkpoint_select, connect_reader, entries_columns_missing,
+                    entries_definition_intact, log_id, store_schema)
 from .verify_chain import Break, WalkProblem
 from .verify_parallel import walk_log
 from .wal import WalTail, inspect_wal
@@ -37,6 +44,10 @@ class ProblemKind(str, Enum):
     RESEALED = "rewritten"  # consistent chain that no longer matches a checkpoint
     BAD_SIGNATURE = "bad_signature"
     UNSIGNED = "unsigned"
+    APPENDED = "appended"  # entries after a close record, with no signed reopening
+    SEAL_ALTERED = "checkpoint_altered"  # a checkpoint's kept hashes disagree with the hash it seals
+    DAMAGED = "damaged"  # the file cannot be read from this entry on
+    NOT_CLOSED = "not_closed"  # the log does not end with its close record (with `expect_closed`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,8 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)
     wal: WalTail | None = None
     last_checkpoint: Checkpoint | None = None
+    durable_end: int = 0  # the last entry that checks out: where the durable, verifiable log ends
+    closed: bool = False  # the log ends with its close record (a final checkpoint at its last entry)
 
     @property
     def ok(self) -> bool:
@@ -72,56 +85,36 @@ class VerifyReport:
         return min(self.problems, key=lambda p: p.seq) if self.problems else None
 
 
-def _load_checkpoints(conn: sqlite3.Connection) -> list[Checkpoint]:
-    out = []
-    for id_, seq, h, t, final, pub, sig in conn.execute("SELECT id, seq, hash, time, final, public_key, signature FROM checkpoints ORDER BY id"):
-        out.append(Checkpoint(id=id_, seq=seq, hash=h.hex() if isinstance(h, bytes) else str(h), time=t, final=bool(final), public_key=pub, signature=sig))
-    return out
+def _load_checkpoints(conn: sqlite3.Connection) -> tuple[list[Checkpoint], dict[int, bytes]]:
+    """The checkpoints in the order written, and the hashes each v2 checkpoint sealed (by id)."""
+    out, sealed = [], {}
+    for id_, seq, h, t, final, pub, sig, opens, kept in conn.execute(checkpoint_select(conn) + " ORDER BY id"):
+        digest_hex = None
+        if isinstance(kept, bytes):
+            sealed[id_] = kept
+            digest_hex = sealed_digest(kept)
+        out.append(Checkpoint(id=id_, seq=seq, hash=h.hex() if isinstance(h, bytes) else str(h), time=t, final=bool(final),
+                              public_key=pub, signature=sig, opens=bool(opens), sealed_digest=digest_hex))
+    return out, sealed
 
 
 def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None = None, anchor: Checkpoint | None = None,
-           workers: int | None = None) -> VerifyReport:
+           workers: int | None = None, expect_closed: bool = False) -> VerifyReport:
     """Verify the log at `path`. With `public_key`, every checkpoint must carry a valid
     signature by it. `anchor` is a checkpoint the auditor kept from an earlier run (or
     received from the operator): the log must still contain it, which catches a truncation
-    that also removed the later checkpoints. `workers`: processes for a large log (default:
-    one per CPU; 1 walks it in this process)."""
-    report = VerifyReport(path=str(path), wal=inspect_wal(path))
+    that also removed the later checkpoints. `expect_closed`: the log must end with its
+    close record (the service was stopped cleanly). `workers`: processes for a large log
+    (default: one per CPU; 1 walks it in this process). Raises AuditLogUnavailable when
+    `path` is not an audit log (AuditLogDamaged when it is one SQLite can no longer open)."""
+    report = VerifyReport(path=str(path), wal=inspect_wal(str(path)))
     conn = connect_reader(path)
     try:
-        lid = log_id(conn)
-        cps = _load_checkpoints(conn)
-        report.checkpoints = len(cps)
-        report.signatures_checked = public_key is not None
-        want = frozenset([c.seq for c in cps] + ([anchor.seq] if anchor else []))
-        v1 = store_schema(conn) == STORE_V1
-        missing = [] if v1 else entries_columns_missing(conn)
-        if missing:  # the columns cannot be checked, so neither can the rest: say so and stop
-            report.problems.append(Problem(1, ProblemKind.EDITED, f"the entries table was redefined: it lacks column(s) {', '.join(f'`{c}`' for c in missing)}"))
-            return report
-        select = CHAIN_SELECT if v1 else INDEXED_CHAIN_SELECT
-        result = walk_log(str(path), conn, select, genesis(lid), want, indexed=not v1, workers=workers)
-        report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
-        if result.problem is not None:
-            report.problems.append(_diagnose(conn, result.problem, result.last_hash))
-            walked_to = result.last_seq
-        else:
-            walked_to = result.last_seq
-            report.entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
-        if result.index_problem is not None:
-            seq, col = result.index_problem
-            what = "its body is not a JSON record" if col == "body" else f"its index column `{col}` was changed: it disagrees with the record"
-            report.problems.append(Problem(seq, ProblemKind.EDITED, what))
-        if v1 and not entries_definition_intact(conn):
-            bad = first_inconsistent(conn, 1, walked_to)
-            if bad is None:
-                report.problems.append(Problem(1, ProblemKind.EDITED, "the entries table was redefined: its index columns are no longer derived from the records"))
-            else:
-                what = "its body is not a JSON record" if bad[1] == "body" else f"its index column `{bad[1]}` was changed: it disagrees with the record"
-                report.problems.append(Problem(bad[0], ProblemKind.EDITED, what + " (the entries table was redefined)"))
-        _check_checkpoints(report, cps, result.hashes_at, walked_to, result.problem is None, public_key, lid)
-        if anchor is not None:
-            _check_anchor(report, anchor, result.hashes_at, walked_to, result.problem is None)
+        _verify(conn, report, public_key, anchor, workers, expect_closed)
+    except sqlite3.DatabaseError as e:  # damage outside the entries' walk (schema, checkpoints, indexes)
+        report.problems.append(Problem(report.durable_end + 1, ProblemKind.DAMAGED, f"the file is damaged (SQLite: {e}); "
+                                       f"entries 1..{report.durable_end} were read and check out" if report.durable_end else
+                                       f"the file is damaged (SQLite: {e})"))
     finally:
         conn.close()
     if report.wal is not None and report.wal.torn:
@@ -132,16 +125,61 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
     return report
 
 
+def _verify(conn: sqlite3.Connection, report: VerifyReport, public_key: Ed25519PublicKey | None, anchor: Checkpoint | None,
+            workers: int | None, expect_closed: bool) -> None:
+    lid = log_id(conn)
+    cps, sealed = _load_checkpoints(conn)
+    report.checkpoints = len(cps)
+    report.signatures_checked = public_key is not None
+    want = frozenset([c.seq for c in cps] + ([anchor.seq] if anchor else []))
+    v1 = store_schema(conn) == STORE_V1
+    missing = [] if v1 else entries_columns_missing(conn)
+    if missing:  # the columns cannot be checked, so neither can the rest: say so and stop
+        report.problems.append(Problem(1, ProblemKind.EDITED, f"the entries table was redefined: it lacks column(s) {', '.join(f'`{c}`' for c in missing)}"))
+        return
+    select = CHAIN_SELECT if v1 else INDEXED_CHAIN_SELECT
+    result = walk_log(report.path, conn, select, genesis(lid), want, indexed=not v1, workers=workers)
+    report.entries, report.last_seq, report.last_hash = result.count, result.last_seq, result.last_hash.hex()
+    walked_to = report.durable_end = result.last_seq
+    complete = result.problem is None
+    if result.problem is not None:
+        report.problems.append(_diagnose(conn, result.problem, result.last_hash))
+    else:
+        report.entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+    if result.index_problem is not None:
+        seq, col = result.index_problem
+        what = "its body is not a JSON record" if col == "body" else f"its index column `{col}` was changed: it disagrees with the record"
+        report.problems.append(Problem(seq, ProblemKind.EDITED, what))
+    if v1 and complete and not entries_definition_intact(conn):
+        bad = first_inconsistent(conn, 1, walked_to)
+        if bad is None:
+            report.problems.append(Problem(1, ProblemKind.EDITED, "the entries table was redefined: its index columns are no longer derived from the records"))
+        else:
+            what = "its body is not a JSON record" if bad[1] == "body" else f"its index column `{bad[1]}` was changed: it disagrees with the record"
+            report.problems.append(Problem(bad[0], ProblemKind.EDITED, what + " (the entries table was redefined)"))
+    valid = _check_checkpoints(report, conn, cps, sealed, result.hashes_at, walked_to, complete, public_key, lid)
+    if anchor is not None:
+        _check_anchor(report, anchor, result.hashes_at, walked_to, complete)
+    if complete:
+        _check_close(report, valid, anchor, walked_to, expect_closed)
+
+
 def _check_checkpoints(
     report: VerifyReport,
+    conn: sqlite3.Connection,
     cps: list[Checkpoint],
+    sealed: dict[int, bytes],
     hashes_at: dict[int, bytes],
     walked_to: int,
     complete: bool,
     public_key: Ed25519PublicKey | None,
     lid: str,
-) -> None:
+) -> list[Checkpoint]:
+    """Check each checkpoint against the chain; returns those that are authentic (signed by
+    `public_key` when one is given) and still match it."""
     prev_ok = 0
+    valid: list[Checkpoint] = []
+    rewritten = 0
     for cp in cps:
         if public_key is not None:
             if cp.signature is None:
@@ -150,6 +188,11 @@ def _check_checkpoints(
             if not signature_valid(public_key, lid, cp):
                 report.problems.append(Problem(cp.seq, ProblemKind.BAD_SIGNATURE, f"checkpoint #{cp.id} does not verify with the given public key (forged or altered seal)"))
                 continue
+        kept = sealed.get(cp.id)
+        if kept is not None and (len(kept) % HASH_BYTES or (kept and kept[-HASH_BYTES:].hex() != cp.hash)):
+            report.problems.append(Problem(cp.seq, ProblemKind.SEAL_ALTERED,
+                                           f"checkpoint #{cp.id} was altered: the entry hashes it keeps do not end with the hash it seals"))
+            continue
         if cp.seq > walked_to:
             if complete:
                 report.problems.append(
@@ -158,22 +201,67 @@ def _check_checkpoints(
             continue
         h = hashes_at.get(cp.seq)
         if h is None or h.hex() != cp.hash:
-            lo = prev_ok + 1
-            report.problems.append(
-                Problem(lo, ProblemKind.RESEALED, f"entries {lo}..{cp.seq} no longer match checkpoint #{cp.id}: the chain was rewritten and re-hashed (the first altered entry lies in that range)")
-            )
+            if not rewritten:
+                report.problems.append(_rewritten(conn, cp, kept, prev_ok))
+            rewritten += 1
             continue
+        valid.append(cp)
         prev_ok = max(prev_ok, cp.seq)
         report.sealed_seq = max(report.sealed_seq, cp.seq)
         report.last_checkpoint = cp
+    if rewritten > 1:
+        report.notes.append(f"{rewritten - 1} later checkpoint(s) no longer match the chain either")
     if public_key is None and cps:
         report.notes.append("checkpoint signatures were not checked (no public key given)")
     if not cps:
         report.notes.append("the log has no checkpoint: truncation of its tail cannot be detected")
     elif complete and report.sealed_seq < walked_to:
         report.notes.append(f"entries {report.sealed_seq + 1}..{walked_to} are not yet sealed by a checkpoint")
-    if report.last_checkpoint is not None and report.last_checkpoint.final and report.last_checkpoint.seq == walked_to:
+    return valid
+
+
+def _rewritten(conn: sqlite3.Connection, cp: Checkpoint, kept: bytes | None, prev_ok: int) -> Problem:
+    """A checkpoint whose entry no longer has the hash it sealed: the chain was re-hashed.
+    The hashes it kept name the first entry that differs; without them (a v1 checkpoint),
+    only the range since the last checkpoint that matches."""
+    if kept:
+        n = len(kept) // HASH_BYTES
+        lo = cp.seq - n + 1
+        stored = dict(conn.execute("SELECT seq, hash FROM entries WHERE seq BETWEEN ? AND ?", (lo, cp.seq)).fetchall())
+        for i in range(n):
+            seq = lo + i
+            if stored.get(seq) != kept[i * HASH_BYTES : (i + 1) * HASH_BYTES]:
+                return Problem(seq, ProblemKind.RESEALED, f"entry {seq} is not the entry checkpoint #{cp.id} sealed: the log was rewritten "
+                               f"and re-hashed from entry {seq} on")
+    lo = prev_ok + 1
+    return Problem(lo, ProblemKind.RESEALED, f"entries {lo}..{cp.seq} no longer match checkpoint #{cp.id}: the chain was rewritten and re-hashed (the first altered entry lies in that range)")
+
+
+def _check_close(report: VerifyReport, valid: list[Checkpoint], anchor: Checkpoint | None, walked_to: int, expect_closed: bool) -> None:
+    """Entries after the last close record need a later signed checkpoint (the next
+    writer's opening); a log that does not end with its close record is said to, and is a
+    problem when the caller expected a clean stop."""
+    closes = [c for c in valid if c.final] + ([anchor] if anchor is not None and anchor.final and anchor.seq <= walked_to else [])
+    if closes:
+        close = max(closes, key=lambda c: c.time)
+        if walked_to > close.seq and not any(c.time > close.time for c in valid):
+            where = "the anchor's close record" if close is anchor else f"its close record (checkpoint #{close.id})"
+            report.problems.append(Problem(close.seq + 1, ProblemKind.APPENDED,
+                                           f"entries {close.seq + 1}..{walked_to} follow {where} at entry {close.seq} with no signed "
+                                           "reopening: they were appended by something other than policyc's writer"))
+            return
+    last = report.last_checkpoint
+    report.closed = last is not None and last.final and last.seq == walked_to
+    if report.closed:
         report.notes.append("the log was closed cleanly (final checkpoint at its last entry)")
+        return
+    why = (f"the log does not end with a close record: the durable log ends at entry {walked_to}; the service is running, "
+           "was stopped without closing it (kill -9, power loss), or trailing entries were deleted with their checkpoints "
+           "(an anchor kept from later, `--anchor`, tells these apart)")
+    if expect_closed:
+        report.problems.append(Problem(walked_to + 1, ProblemKind.NOT_CLOSED, why))
+    else:
+        report.notes.append(why)
 
 
 def _check_anchor(report: VerifyReport, anchor: Checkpoint, hashes_at: dict[int, bytes], walked_to: int, complete: bool) -> None:
@@ -212,6 +300,9 @@ def _seq_with_hash(conn: sqlite3.Connection, h: object) -> int | None:
 
 def _diagnose(conn: sqlite3.Connection, wp: WalkProblem, prev: bytes) -> Problem:
     s = wp.seq
+    if wp.kind is Break.DAMAGED:
+        read = f"entries 1..{s - 1} were read and check out; " if s > 1 else ""
+        return Problem(s, ProblemKind.DAMAGED, f"{wp.message}: {read}the log cannot be read from entry {s} on")
     if wp.kind is Break.GAP:
         if wp.found_seq > s:
             n = wp.found_seq - s

@@ -8,6 +8,7 @@ stops at the first entry that does not check out.
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import struct
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,6 +27,7 @@ class Break(str, Enum):
     GAP = "gap"  # the next stored seq is not the expected one
     HASH = "hash"  # the entry does not hash to its stored hash
     LINK = "link"  # the entry hashes, but does not link to the entry before it
+    DAMAGED = "damaged"  # the file cannot be read from here on (SQLite reports it malformed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,17 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
     and each entry's are re-derived from its body; the first that disagrees is kept in
     `index_problem` and the walk goes on (a chain break found later is still the chain's)."""
     result = WalkResult(expect - 1, prev, 0)
+    try:
+        _walk_rows(rows, result, prev, expect, collect, indexed)
+    except sqlite3.DatabaseError as e:  # a zeroed or truncated page: the file ends here for us
+        result.problem = WalkProblem(result.last_seq + 1, result.last_seq + 1, Break.DAMAGED, f"the file is damaged (SQLite: {e})")
+    return result
+
+
+def _walk_rows(rows: Iterable[Sequence[object]], result: WalkResult, prev: bytes, expect: int, collect: frozenset[int],
+               indexed: bool) -> None:
+    """The loop of `walk`; keeps `result` current after every entry, so that a read error
+    leaves it at the last entry that checked out."""
     hashes_at = result.hashes_at
     count = 0
     for row in rows:
@@ -84,8 +97,7 @@ def walk(rows: Iterable[Sequence[object]], prev: bytes, expect: int, collect: fr
         prev = h  # type: ignore[assignment]
         expect += 1
         count += 1
-    result.last_seq, result.last_hash, result.count = expect - 1, prev, count
-    return result
+        result.last_seq, result.last_hash, result.count = seq, prev, count  # type: ignore[assignment]
 
 
 def _index_disagrees(row: Sequence[object]) -> tuple[int, str] | None:

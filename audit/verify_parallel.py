@@ -69,7 +69,7 @@ def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, c
 def _stitch(conn: sqlite3.Connection, select: str, collect: frozenset[int], indexed: bool,
             bounds: list[tuple[int, int]], chunks: list[WalkResult]) -> WalkResult:
     total = WalkResult(0, b"", 0)
-    for (lo, hi), r in zip(bounds, chunks):
+    for (_lo, hi), r in zip(bounds, chunks):
         total.count += r.count
         total.hashes_at.update(r.hashes_at)
         if total.index_problem is None:

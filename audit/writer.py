@@ -22,7 +22,7 @@ from .store import Durability, insert_rows_sql
 # (measured: executemany costs ~1.65x the CPU for 32 rows).
 ROWS_PER_INSERT = 32766 // (4 + len(COLUMNS))  # parameters per statement, under SQLite's limit
 
-Signer = Callable[[int, bytes, float, bool], tuple[str | None, str | None]]
+Signer = Callable[[int, bytes, float, bool, bool, bytes], tuple[str | None, str | None]]  # seq, hash, time, final, opens, sealed
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,8 @@ class ChainWriter:
         self._interval = cfg.checkpoint_interval
         self.sealed_seq, self.sealed_time = cfg.sealed_seq, time.monotonic()
         self.commits = 0
+        # hashes of the entries after the last checkpoint (which the next one keeps, `sealed`)
+        self._since: list[bytes] = [r[0] for r in self._conn.execute("SELECT hash FROM entries WHERE seq > ? ORDER BY seq", (cfg.sealed_seq,))]
 
     def seal_due_in(self) -> float | None:
         """Seconds until the periodic checkpoint is due (None: nothing to seal)."""
@@ -72,38 +74,50 @@ class ChainWriter:
     def force_seal(self) -> None:
         self.sealed_time = -float("inf")
 
-    def write(self, records: list[tuple[bytes, IndexRow]], *, final: bool = False) -> None:
+    def write(self, records: list[tuple[bytes, IndexRow]], *, final: bool = False, opens: bool = False) -> None:
         """Chain, insert and commit `records` (body, index columns) plus a checkpoint when
-        one is due, in one transaction. Raises sqlite3.Error with nothing changed."""
+        one is due, in one transaction. Raises sqlite3.Error with nothing changed.
+        `final`: seal with the close record; `opens`: seal the head as found (a writer's first act)."""
         seq, prev = self.seq, self.head
         rows: list[tuple[object, ...]] = []
-        seals: list[tuple[int, bytes, bool]] = []  # (seq, hash, final)
+        seals: list[tuple[int, bytes, bool, bool, bytes]] = []  # (seq, hash, final, opens, sealed hashes)
         sealed = self.sealed_seq
         indexed = self.indexed
+        since = self._since
+        kept = len(since)
+        cut = 0  # hashes of `since` that this batch's seals take
         for body, index in records:
             seq += 1
             h = digest(prev, seq, body)
             rows.append((seq, body, prev, h, *index) if indexed else (seq, body, prev, h))
+            since.append(h)
             prev = h
             if seq - sealed >= self._every:
-                seals.append((seq, h, False))
-                sealed = seq
+                end = cut + seq - sealed
+                seals.append((seq, h, False, False, b"".join(since[cut:end])))
+                sealed, cut = seq, end
         now = time.monotonic()
-        if seq > 0 and (final or (seq > sealed and now - self.sealed_time >= self._interval)):
-            seals.append((seq, prev, final))
-            sealed = seq
+        if seq > 0 and (final or opens or (seq > sealed and now - self.sealed_time >= self._interval)):
+            end = cut + seq - sealed
+            seals.append((seq, prev, final, opens, b"".join(since[cut:end])))
+            sealed, cut = seq, end
         if not rows and not seals:
             return
-        if seals or len(rows) > ROWS_PER_INSERT:
-            self._transaction(rows, seals)
-        else:  # one autocommit statement: atomic and durable by itself
-            self._conn.execute(insert_rows_sql(len(rows), indexed), [v for row in rows for v in row])
+        try:
+            if seals or len(rows) > ROWS_PER_INSERT:
+                self._transaction(rows, seals)
+            else:  # one autocommit statement: atomic and durable by itself
+                self._conn.execute(insert_rows_sql(len(rows), indexed), [v for row in rows for v in row])
+        except BaseException:
+            del since[kept:]
+            raise
+        del since[:cut]
         self.commits += 1
         self.seq, self.head = seq, prev
         if seals:
             self.sealed_seq, self.sealed_time = sealed, now
 
-    def _transaction(self, rows: list[tuple[object, ...]], seals: list[tuple[int, bytes, bool]]) -> None:
+    def _transaction(self, rows: list[tuple[object, ...]], seals: list[tuple[int, bytes, bool, bool, bytes]]) -> None:
         """Entries and the checkpoints that seal them, committed together."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -114,8 +128,9 @@ class ChainWriter:
             if seals:
                 wall = time.time()
                 conn.executemany(
-                    "INSERT INTO checkpoints (seq, hash, time, final, public_key, signature) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(s, h, wall, int(f), *(self._sign(s, h, wall, f) if self._sign else (None, None))) for s, h, f in seals],
+                    "INSERT INTO checkpoints (seq, hash, time, final, public_key, signature, opens, sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(s, h, wall, int(f), *(self._sign(s, h, wall, f, o, b) if self._sign else (None, None)), int(o), b)
+                     for s, h, f, o, b in seals],
                 )
             conn.execute("COMMIT")
         except BaseException:

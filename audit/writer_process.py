@@ -42,7 +42,7 @@ def _signer(cfg: WriterConfig) -> Signer | None:
     from . import checkpoints
 
     key = Ed25519PrivateKey.from_private_bytes(cfg.signing_key)
-    return lambda seq, h, wall, final: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final)
+    return lambda seq, h, wall, final, opens, sealed: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final, opens, sealed)
 
 
 class _Drafts:
@@ -127,6 +127,7 @@ def serve(fd_in: int, fd_out: int) -> None:
     cfg = _read_init(fd_in, buf)
     try:
         writer = ChainWriter(cfg, _signer(cfg))
+        writer.write([], opens=True)  # the session's start, signed: entries after a close record need it
     except (sqlite3.Error, ValueError) as e:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return

@@ -95,10 +95,12 @@ def _edit_rehash_and_resign_with_own_key(db: sqlite3.Connection) -> None:
     _edit_and_rehash_rest(db)
     forger = Ed25519PrivateKey.generate()
     lid = db.execute("SELECT value FROM meta WHERE key = 'log_id'").fetchone()[0]
-    for cid, seq, t, final in db.execute("SELECT id, seq, time, final FROM checkpoints").fetchall():
+    for cid, seq, t, final, opens, kept in db.execute("SELECT id, seq, time, final, opens, sealed FROM checkpoints").fetchall():
         h = db.execute("SELECT hash FROM entries WHERE seq = ?", (seq,)).fetchone()[0]
-        pub, sig = checkpoints.sign(forger, lid, seq, h.hex(), t, bool(final))
-        db.execute("UPDATE checkpoints SET hash = ?, public_key = ?, signature = ? WHERE id = ?", (h, pub, sig, cid))
+        n = len(kept) // 32  # the hashes each checkpoint keeps, rewritten as well
+        kept = b"".join(r[0] for r in db.execute("SELECT hash FROM entries WHERE seq > ? AND seq <= ? ORDER BY seq", (seq - n, seq)))
+        pub, sig = checkpoints.sign(forger, lid, seq, h.hex(), t, bool(final), bool(opens), kept)
+        db.execute("UPDATE checkpoints SET hash = ?, public_key = ?, signature = ?, sealed = ? WHERE id = ?", (h, pub, sig, kept, cid))
 
 
 def _delete(db: sqlite3.Connection) -> None:
