@@ -12,6 +12,7 @@ from __future__ import annotations
 import grpc
 
 from .proto import SERVICE_NAME, pb
+from .request_decode import decoder
 from .rpc_metrics import timed_handlers
 from .service import DecisionService
 
@@ -20,15 +21,15 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
     u = grpc.unary_unary_rpc_method_handler
     return {
         "Decide": u(service.decide_bytes),  # bytes in, bytes out
-        "Explain": u(service.Explain, request_deserializer=pb.DecideRequest.FromString,
+        "Explain": u(service.Explain, request_deserializer=decoder(pb.DecideRequest),
                      response_serializer=pb.Explanation.SerializeToString),
-        "RegisterInstance": u(service.RegisterInstance, request_deserializer=pb.RegisterInstanceRequest.FromString,
+        "RegisterInstance": u(service.RegisterInstance, request_deserializer=decoder(pb.RegisterInstanceRequest),
                               response_serializer=pb.RegisterInstanceResponse.SerializeToString),
-        "DeregisterInstance": u(service.DeregisterInstance, request_deserializer=pb.DeregisterInstanceRequest.FromString,
+        "DeregisterInstance": u(service.DeregisterInstance, request_deserializer=decoder(pb.DeregisterInstanceRequest),
                                 response_serializer=pb.DeregisterInstanceResponse.SerializeToString),
-        "ReloadBundle": u(service.ReloadBundle, request_deserializer=pb.ReloadBundleRequest.FromString,
+        "ReloadBundle": u(service.ReloadBundle, request_deserializer=decoder(pb.ReloadBundleRequest),
                           response_serializer=pb.ReloadBundleResponse.SerializeToString),
-        "ListInstances": u(service.ListInstances, request_deserializer=pb.ListInstancesRequest.FromString,
+        "ListInstances": u(service.ListInstances, request_deserializer=decoder(pb.ListInstancesRequest),
                            response_serializer=pb.ListInstancesResponse.SerializeToString),
     }
 

@@ -25,6 +25,7 @@ from . import convert
 from .audit_bridge import AuditBridge
 from .auth import Permission, Tokens
 from .bundle_verifier import BundleVerifier
+from .request_decode import Undecodable
 from .decision import Decision, DecisionInput
 from .engine import DecisionEngine
 from .errors import ServiceError, Status
@@ -50,6 +51,9 @@ def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
 
     @functools.wraps(method)
     async def run(self: "DecisionService", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):  # bytes that are not the message (see request_decode.py)
+            self.metrics.errors.labels(method.__name__, "INVALID_ARGUMENT").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _ascii(request.describe()))
         try:
             return await method(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
