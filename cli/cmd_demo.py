@@ -10,8 +10,13 @@ import sys
 from pathlib import Path
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="compile policies/, serve, register a fleet, replay a request mix, audit")
+def register(sub) -> None:  # type: ignore[no-untyped-def]
+    from .exit_codes import Exit
+    from .help import add_command
+
+    p = add_command(sub, "demo", help="compile policies/, serve, register a fleet, replay a request mix, audit",
+                    description=__doc__, codes=(Exit.OK, Exit.FAILED),
+                    examples=["policyc demo", "policyc demo --workdir out/   # keep the bundle and the audit log"])
     p.add_argument("--workdir", help="keep the bundle and audit log here (default: a temporary directory)")
     p.set_defaults(func=run)
 

@@ -1,7 +1,7 @@
 """`policyc diff OLD NEW`: semantic diff of two policy versions, usable as a CI gate.
 
 OLD and NEW are each a compiled bundle (JSON) or policy sources (a directory or
-`.contract` files, compiled here). Exit codes: 0 equivalent, 3 NEW widens what is admitted
+`.contract` files, compiled here; `-` reads a bundle from stdin). Exit codes: 0 equivalent, 3 NEW widens what is admitted
 on a security or compliance attribute (TPM, memory encryption, firewall, TEE, region),
 4 other differences, 5 the solver could not decide, 1 a version does not compile or load,
 2 usage.
@@ -15,12 +15,17 @@ from pathlib import Path
 
 from policyc.compiler.bundle import Bundle
 
+from .exit_codes import Exit
+from .help import add_command
+
 EXIT_INPUT = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("diff", help="find requests whose outcome differs between two policy versions",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "diff", help="find requests whose outcome differs between two policy versions",
+                    description=__doc__, codes=(Exit.OK, Exit.FAILED, Exit.USAGE, Exit.NEGATIVE, Exit.DIFFERENT, Exit.UNKNOWN),
+                    examples=["policyc diff main-bundle.json new-bundle.json",
+                              "policyc diff policies/versions/v1 policies/versions/v2 --format json"])
     p.add_argument("old", metavar="OLD", help="bundle file, policy directory or .contract file")
     p.add_argument("new", metavar="NEW", help="bundle file, policy directory or .contract file")
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -34,6 +39,11 @@ def _load(path: str) -> tuple[Bundle | None, str]:
     from policyc.compiler.pipeline import compile_paths
     from policyc.dsl.diagnostics import render_text, summary
 
+    if path == "-":
+        try:
+            return bundle_io.loads(sys.stdin.read(), origin="<stdin>"), ""
+        except bundle_io.BundleError as e:
+            return None, f"policyc diff: {e}\n"
     p = Path(path)
     if p.is_dir() or p.suffix == ".contract":
         result = compile_paths([p])

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from policyc.compiler.bundle import Contract
 
+from .exit_codes import Exit
+from .help import add_command
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -60,6 +63,16 @@ def select_contract(path: Path, name: str) -> Contract:
     raise _Failure(f"{path}: no contract named `{name}` (contracts found: {have})")
 
 
+def _read_stdin_model(read_model):  # type: ignore[no-untyped-def]
+    """The model on stdin, read (and refused) as a file would be."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stdin.onnx"
+        path.write_bytes(sys.stdin.buffer.read())
+        return read_model(str(path))
+
+
 def run(args: argparse.Namespace) -> int:
     import onnx
 
@@ -69,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         contract = select_contract(Path(args.contract), args.name)
-        model = read_model(args.model)
+        model = read_model(args.model) if args.model != "-" else _read_stdin_model(read_model)
     except (_Failure, ModelFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAIL
@@ -80,23 +93,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.model}: the model does not pass onnx.checker: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_FAIL
     try:
-        Path(args.output).write_bytes(out.SerializeToString())
+        if args.output == "-":
+            sys.stdout.buffer.write(out.SerializeToString())
+            sys.stdout.flush()
+        else:
+            Path(args.output).write_bytes(out.SerializeToString())
     except OSError as e:
         print(f"error: {args.output}: cannot write: {e.strerror}", file=sys.stderr)
         return EXIT_FAIL
     digest = contract_hash(canonical_json(contract))
+    report = sys.stderr if args.output == "-" else sys.stdout
     if args.format == "json":
-        print(json.dumps({"ok": True, "model": args.output, "contract": contract.name, "key": CONTRACT_KEY, "sha256": digest}, sort_keys=True))
+        print(json.dumps({"ok": True, "model": args.output, "contract": contract.name, "key": CONTRACT_KEY, "sha256": digest}, sort_keys=True), file=report)
     else:
-        print(f"embedded contract `{contract.name}` {contract.version} into {args.output} ({digest})")
+        print(f"embedded contract `{contract.name}` {contract.version} into {args.output} ({digest})", file=report)
     return EXIT_OK
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("embed", help="store a contract in an ONNX model's metadata", description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="the ONNX model to read")
+    p = add_command(subparsers, "embed", help="store a contract in an ONNX model's metadata", description=__doc__.split("\n\n")[0],
+                    codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
+                    examples=["policyc embed build/model.onnx --contract policies/fraud-scorer.contract --name fraud-scorer -o dist/model.onnx",
+                              "policyc embed model.onnx --contract bundle.json --name fraud-scorer -o - > out.onnx"])
+    p.add_argument("model", help="the ONNX model to read (`-`: stdin)")
     p.add_argument("--contract", required=True, metavar="FILE", help="a .contract source or a compiled bundle .json")
     p.add_argument("--name", required=True, help="the contract to embed")
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the model with its contract")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the model with its contract (`-`: stdout)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)

@@ -1,4 +1,8 @@
-"""`policyc inspect bundle.json`: a human summary of a verified bundle."""
+"""`policyc inspect bundle.json`: a human summary of a verified bundle (`-`: read it from stdin).
+
+Verifies the bundle's hash, and its signature with `--public-key`, before printing its
+contracts, GPU-share bounds, rules, index plan and breakers (`--format json` for machines).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,17 @@ from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle, Expr
 from policyc.compiler.units import format_si
 
+from .exit_codes import Exit
+from .help import add_command
 from .keys import KeyError_, load_public
 
 
-def register(sub) -> None:
-    p = sub.add_parser("inspect", help="summarise a bundle (verifies its hash, and signature with --public-key)")
-    p.add_argument("bundle")
+def register(sub) -> None:  # type: ignore[no-untyped-def]
+    p = add_command(sub, "inspect", help="summarise a bundle (verifies its hash, and signature with --public-key)",
+                    description=__doc__, codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
+                    examples=["policyc inspect bundle.json", "policyc inspect bundle.json --public-key ops.pub --format json",
+                              "policyc compile policies/ -o - | policyc inspect -"])
+    p.add_argument("bundle", metavar="BUNDLE", help="bundle file (`-`: stdin)")
     p.add_argument("--public-key", help="ed25519 public key the bundle must be signed with")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
@@ -23,7 +32,12 @@ def register(sub) -> None:
 def run(args) -> int:
     try:
         key = load_public(args.public_key) if args.public_key else None
-        bundle = bundle_io.load(args.bundle, public_key=key)
+        if args.bundle == "-":
+            import sys as _sys
+
+            bundle = bundle_io.loads(_sys.stdin.read(), origin="<stdin>", public_key=key)
+        else:
+            bundle = bundle_io.load(args.bundle, public_key=key)
     except (bundle_io.BundleError, KeyError_) as e:
         print(f"policyc: error: {e}", file=sys.stderr)
         return 1
@@ -94,7 +108,7 @@ def render(b: Bundle) -> str:
     for h in b.headers:
         default = f" {h.default}" if h.on_missing == "default" else ""
         out.append(f"  {h.header} -> request.{h.var}: {h.type}; missing: {h.on_missing}{default}; malformed: {h.on_malformed}")
-    out.append(f"tenants: " + ", ".join(f"{t.name}={t.tenant_class}" for t in b.tenants))
+    out.append("tenants: " + ", ".join(f"{t.name}={t.tenant_class}" for t in b.tenants))
     out.append("")
     out.append(f"rules ({len(b.rules)})")
     for r in b.rules:
@@ -116,5 +130,5 @@ def render(b: Bundle) -> str:
         out.append("")
         out.append(f"warnings ({len(b.warnings)})")
         for w in b.warnings:
-            out.append(f"  {w.origin}: {w.code}: {w.message}")
+            out.append(f"  {w}")
     return "\n".join(out)

@@ -3,23 +3,30 @@
 Compiles the `.contract` files of PATH (default `policies`), or loads `--bundle`, and runs
 every `*_test.toml` directly in PATH or in PATH/tests (or the files given with `--tests`).
 `--coverage` lists the rules no case exercised. Exit codes: 0 all passed, 1 a failed case,
-a broken test file or policy errors, 2 usage errors.
+a broken test file or policy errors, 2 usage errors. `--format json` prints one document
+(the diagnostics, the cases, the coverage); `-` reads the policies from stdin.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from policyc.compiler import bundle_io
-from policyc.compiler.pipeline import compile_paths
 
+from .compiling import compile_inputs
+from .exit_codes import Exit
+from .help import add_command
 from .report import add_format_flag, print_diagnostics
 
 
-def register(sub) -> None:
-    p = sub.add_parser("test", help="run policy test files (fleet, requests, expected outcomes)")
-    p.add_argument("paths", nargs="*", default=["policies"], help="`.contract` files or directories (default: policies)")
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "test", help="run policy test files (fleet, requests, expected outcomes)", description=__doc__,
+                    examples=["policyc test", "policyc test policies/ --coverage",
+                              "policyc test policies/ --tests policies/tests/routing_test.toml --format json"],
+                    codes=(Exit.OK, Exit.FAILED, Exit.USAGE))
+    p.add_argument("paths", nargs="*", default=["policies"], help="`.contract` files or directories (default: policies; `-`: stdin)")
     p.add_argument("--bundle", help="test this compiled bundle instead of compiling PATHs")
     p.add_argument("--tests", nargs="+", metavar="FILE", help="test files (default: *_test.toml in PATH and PATH/tests)")
     p.add_argument("--coverage", action="store_true", help="list the rules no test case exercised")
@@ -36,29 +43,45 @@ def _test_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def run(args) -> int:
+def _fail_json(message: str, diagnostics: list) -> int:  # type: ignore[type-arg]
+    print(json.dumps({"ok": False, "error": message, "diagnostics": diagnostics, "passed": 0, "failed": 0, "cases": []},
+                     indent=1, sort_keys=True))
+    return Exit.FAILED
+
+
+def run(args: argparse.Namespace) -> int:
+    from policyc.dsl.diagnostics import render_json
     from policyc.matcher.policy_tests import run_files
 
+    diagnostics: list = []  # type: ignore[type-arg]
     if args.bundle:
         try:
             bundle = bundle_io.loads(Path(args.bundle).read_text(encoding="utf-8"), origin=args.bundle)
         except (OSError, bundle_io.BundleError) as e:
+            if args.format == "json":
+                return _fail_json(f"policyc test: {e}", [])
             print(f"policyc test: {e}", flush=True)
-            return 1
+            return Exit.FAILED
     else:
-        result = compile_paths(args.paths, analyse=False)
-        print_diagnostics(result.diagnostics, result.sources, args.format)
-        if not result.ok:
-            return 1
+        result = compile_inputs(args.paths, analyse=False)
+        if args.format == "json":
+            diagnostics = json.loads(render_json(result.diagnostics))
+        else:
+            print_diagnostics(result.diagnostics, result.sources, args.format)
+        if not result.ok or result.bundle is None:
+            return _fail_json("the policies do not compile", diagnostics) if args.format == "json" else Exit.FAILED
         bundle = result.bundle
     files = [Path(f) for f in args.tests] if args.tests else _test_files(args.paths)
     if not files:
+        if args.format == "json":
+            return _fail_json("no `*_test.toml` files found", diagnostics)
         print("policyc test: no `*_test.toml` files found", flush=True)
-        return 1
+        return Exit.FAILED
     report = run_files(bundle, files)
     failed = [r for r in report.results if not r.passed]
     if args.format == "json":
         print(json.dumps({
+            "ok": report.ok, "diagnostics": diagnostics,
             "passed": len(report.results) - len(failed), "failed": len(failed), "errors": list(report.errors),
             "cases": [{"file": r.file, "name": r.name, "passed": r.passed, "failures": list(r.failures),
                        "rules_applied": list(r.applied)} for r in report.results],

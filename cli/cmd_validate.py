@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .exit_codes import Exit
+from .help import add_command
+
 EXIT_OK, EXIT_GATE, EXIT_USAGE = 0, 1, 2
 
 
@@ -35,18 +38,26 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(dims, str):
         print(f"policyc validate: error: {dims}", file=sys.stderr)
         return EXIT_USAGE
-    report = validate_model(args.model, tolerance=args.tolerance, run=args.run, dims=dims)
+    if args.model == "-":
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(tmp) / "stdin.onnx"
+            model.write_bytes(sys.stdin.buffer.read())
+            report = validate_model(str(model), tolerance=args.tolerance, run=args.run, dims=dims)
+    else:
+        report = validate_model(args.model, tolerance=args.tolerance, run=args.run, dims=dims)
     print(render_json(report) if args.format == "json" else render_text(report))
     return EXIT_OK if report.ok else EXIT_GATE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "validate",
-        help="check an ONNX model's counted FLOPs against its embedded contract (CI gate)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("model", help="the ONNX model, with its contract embedded by `policyc embed`")
+    p = add_command(subparsers, "validate", help="check an ONNX model's counted FLOPs against its embedded contract (CI gate)",
+                    description=__doc__.split("\n\n")[0], codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
+                    examples=["policyc validate dist/model.onnx", "policyc validate dist/model.onnx --tolerance 0.15 --format json",
+                              "policyc validate model.onnx --run --dim sequence=128"])
+    p.add_argument("model", help="the ONNX model, with its contract embedded by `policyc embed` (`-`: stdin)")
     p.add_argument("--tolerance", type=float, default=0.15, help="allowed relative drift outside the declared interval (default 0.15)")
     p.add_argument("--run", action="store_true", help="also execute the model in onnxruntime (~100 tokens) and check the recount; small models only")
     p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="pin a named dynamic input dim (default: batch dims 1, others the contract's tokens)")

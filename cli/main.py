@@ -2,8 +2,8 @@
 
 Each `cli/cmd_<name>.py` exposes `register(subparsers)` that adds its parser and sets
 `func` to a function taking the parsed args and returning an exit code. Modules are found
-by name, so adding a command is adding a file. Exit codes: 0 ok, 1 policy errors (or a
-failed gate), 2 usage errors; commands may document more (diff uses 3 and 4).
+by name, so adding a command is adding a file. One exit-code table holds for every command
+(`exit_codes.py`, printed by `policyc --help`); each command's help lists the codes it uses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import sys
 
 from policyc import __version__
 
-EXIT_OK, EXIT_POLICY, EXIT_USAGE = 0, 1, 2
+from .exit_codes import Exit, table_text
+
+EXIT_OK, EXIT_POLICY, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +28,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="policyc", description="Declarative policy engine for serving ML models.")
+    parser = _Parser(prog="policyc", description="Declarative policy engine for serving ML models.",
+                     epilog=table_text() + "\n\n`policyc COMMAND --help` shows a command's options and examples.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"policyc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     import policyc.cli as pkg
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:
         return 0
 

@@ -100,7 +100,9 @@ def test_fmt_check_and_rewrite(tmp_path: Path):
                                        "  memory { bandwidth: >=80 GB/s   burst:<=200 ms }"))
     r = policyc("fmt", "--check", "--diff", str(f))
     assert r.returncode == 1 and "would reformat" in r.stdout and "+    burst: <= 200 ms" in r.stdout
-    assert policyc("fmt", str(f)).returncode == 0
+    r = policyc("fmt", str(f))  # prints, changes nothing
+    assert r.returncode == 0 and r.stdout == BASE_CONTRACT and f.read_text() != BASE_CONTRACT
+    assert policyc("fmt", "-w", str(f)).returncode == 0
     assert f.read_text() == BASE_CONTRACT
     assert policyc("fmt", "--check", str(f)).returncode == 0
 

@@ -166,7 +166,7 @@ def test_cli_decide_prints_a_readable_decision(served, capsys) -> None:
     out = capsys.readouterr().out
     assert rc == 0 and out.startswith("ADMITTED") and "predicted" in out and "routing.data-region (policies/routing.contract:15)" in out
     rc = main(["decide", "--server", f"127.0.0.1:{port}", "--header", "X-Tenant=acme-bnak"])
-    assert rc == 1 and "NOT_FOUND: header `X-Tenant`: unknown tenant" in capsys.readouterr().err
+    assert rc == 7 and "NOT_FOUND: header `X-Tenant`: unknown tenant" in capsys.readouterr().err  # refused by the service
     rc = main(["decide", "--server", f"127.0.0.1:{port}", "--format", "json", "--header", "X-Model=clinical-notes", "--header", "X-Tenant=charite"])
     out = capsys.readouterr().out
     assert rc == 3 and '"outcome": "REJECTED"' in out and '"stage": "MATCH"' in out

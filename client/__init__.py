@@ -1,0 +1,7 @@
+"""`policyc.client`: a thin typed client of the decision service (what the CLI itself uses)."""
+
+from __future__ import annotations
+
+from .decisions import ClientError, DecisionClient, FieldViolation, Unavailable
+
+__all__ = ["ClientError", "DecisionClient", "FieldViolation", "Unavailable"]
