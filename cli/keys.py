@@ -13,10 +13,14 @@ class KeyError_(Exception):
 
 
 def _read(path: str) -> bytes:
+    """A key file: regular, at most 64 KiB (a FIFO or /dev/zero is refused, never read)."""
+    from policyc.compiler import bounded_read
+    from policyc.dsl import limits
+
     try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise KeyError_(f"cannot read key `{path}`: {e.strerror}") from None
+        return bounded_read.read_bytes(path, limits.MAX_KEY_BYTES, "key")
+    except bounded_read.FileRefused as e:
+        raise KeyError_(str(e)) from None
 
 
 def load_private(path: str) -> Ed25519PrivateKey:

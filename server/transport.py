@@ -24,19 +24,41 @@ def is_loopback(host: str) -> bool:
 
 
 def _read(path, what: str) -> bytes:  # type: ignore[no-untyped-def]
+    """A TLS file: regular and at most 1 MiB (see compiler/bounded_read.py)."""
+    from policyc.compiler import bounded_read
+
     try:
-        return path.read_bytes()
-    except OSError as e:
-        raise TransportError(f"{path}: cannot read the TLS {what}: {e.strerror}") from None
+        return bounded_read.read_bytes(path, 1 << 20, f"the TLS {what}")
+    except bounded_read.FileRefused as e:
+        raise TransportError(str(e)) from None
+
+
+def _pem(path, what: str) -> bytes:  # type: ignore[no-untyped-def]
+    """A TLS file that parses as what it claims to be, checked here: gRPC given a garbage
+    certificate fails later, inside the handshake or with a traceback."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    data = _read(path, what)
+    try:
+        if what == "key":
+            serialization.load_pem_private_key(data, password=None)
+        else:
+            x509.load_pem_x509_certificates(data)
+    except (ValueError, TypeError) as e:
+        raise TransportError(f"{path}: not a PEM TLS {what} ({str(e).split('.')[0][:120]})") from None
+    return data
 
 
 def bind(server: grpc.aio.Server, cfg: ServeConfig) -> int:
     """Add the listening port; returns the bound port number."""
+    if not 0 <= cfg.port <= 65535:  # gRPC would silently listen on the port modulo 65536
+        raise TransportError(f"port {cfg.port} is out of range (0 to 65535)")
     address = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
     if cfg.tls is not None:
         creds = grpc.ssl_server_credentials(
-            [(_read(cfg.tls.key, "key"), _read(cfg.tls.cert, "certificate"))],
-            root_certificates=_read(cfg.tls.client_ca, "client CA") if cfg.tls.client_ca else None,
+            [(_pem(cfg.tls.key, "key"), _pem(cfg.tls.cert, "certificate"))],
+            root_certificates=_pem(cfg.tls.client_ca, "client CA") if cfg.tls.client_ca else None,
             require_client_auth=cfg.tls.client_ca is not None,
         )
         port = server.add_secure_port(address, creds)
