@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -58,6 +59,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics on this address instead")
     p.add_argument("--ready-min-instances", type=int, default=0, metavar="N",
                    help="readiness: report NOT_SERVING until N instances are registered (default 0)")
+    from policyc.cluster.serve_flags import add_fleet_flags
+
+    add_fleet_flags(p)  # --etcd URL…, --state-dir: many replicas, or a registry that survives a restart
     p.set_defaults(func=run)
 
 
@@ -126,12 +130,20 @@ def run(args) -> int:
         audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
         metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )
+    from policyc.cluster.serve_flags import fleet_config
+
+    try:
+        cfg = dataclasses.replace(cfg, fleet=fleet_config(args, key))
+    except ValueError as e:
+        return _fail(str(e))
+
+    from policyc.cluster.store import StoreError
 
     async def main() -> int:
         try:
             server = DecisionServer(bundle, cfg)
             port = await server.start()
-        except (TransportError, OSError, ValueError, RuntimeError, AuditError) as e:
+        except (TransportError, OSError, ValueError, RuntimeError, AuditError, StoreError) as e:
             return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -139,6 +151,13 @@ def run(args) -> int:
         def reload() -> None:
             async def go() -> None:
                 try:
+                    if server.replica is not None and cfg.fleet is not None and cfg.fleet.shared:
+                        # a replica: SIGHUP rolls the file out to the whole cluster (compare-and-swap)
+                        b = await asyncio.to_thread(server.service.verifier.load_path, args.bundle)
+                        out = await asyncio.to_thread(server.replica.roll_out, b)
+                        print(f"rolled out {args.bundle}: {out.previous[:19]}… → {out.current[:19]}… (every replica "
+                              "verifies it before it swaps)", file=sys.stderr)
+                        return
                     prev, evicted = await server.reload_path(args.bundle)
                     print(f"reloaded {args.bundle}: {prev[:19]}… → {server.state.bundle_hash[:19]}…"
                           + (f" ({len(evicted)} evicted)" if evicted else ""), file=sys.stderr)

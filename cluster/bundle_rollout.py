@@ -13,6 +13,7 @@ this is refused and the old one keeps serving.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
@@ -58,16 +59,13 @@ async def roll_out(store: FleetStore, keys: Keys, bundle: Bundle, *, expect: str
     return Rollout(prev, h)
 
 
-def verify_blob(key: str, raw: bytes | None, want_hash: str, public_key: object) -> Bundle:
-    """The bundle at `key`, verified as start-up verifies a bundle file, and checked to be
-    the one the pointer names. BundleError says what is wrong."""
+def verify_blob(key: str, raw: bytes | None, want_hash: str, load_text: Callable[[bytes, str], Bundle]) -> Bundle:
+    """The bundle at `key`, verified by the server's own verifier (`load_text`: the one
+    start-up, ReloadBundle and SIGHUP use), and checked to be the one the pointer names.
+    BundleError says what is wrong."""
     if raw is None:
         raise bundle_io.BundleError(f"{key}: the bundle in force names {want_hash[:23]}…, which the store does not hold")
-    try:
-        text = raw.decode()
-    except UnicodeDecodeError:
-        raise bundle_io.BundleError(f"{key}: not a bundle: not UTF-8 text") from None
-    bundle = bundle_io.loads(text, origin=key, public_key=public_key)  # type: ignore[arg-type]
+    bundle = load_text(raw, key)
     if bundle.content_hash != want_hash:
         raise bundle_io.BundleError(f"{key}: the bundle's content hash is {bundle.content_hash[:23]}…, not the "
                                     f"{want_hash[:23]}… it is stored under")

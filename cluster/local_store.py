@@ -61,7 +61,10 @@ class LocalStore:
             who = lock.read().strip() or "another process"
             lock.close()
             raise StateDirBusy(f"{self.dir}: the state directory is in use by {who}; give another --state-dir") from None
-        lock.seek(0), lock.truncate(), lock.write(f"pid {os.getpid()}\n"), lock.flush()
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
         self._lock = lock
         self._load()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -224,10 +227,10 @@ class LocalStore:
         self._watchers.append(entry)
         try:
             while True:
-                ch = await q.get()
-                if ch is None:
+                got = await q.get()
+                if got is None:
                     return
-                yield ch
+                yield got
         finally:
             self._watchers.remove(entry)
 

@@ -236,9 +236,9 @@ class Replica:
                 await asyncio.sleep(0.2)
         by = self._split(snap)
         items = {}
-        for e in by["instances"]:
+        for entry in by["instances"]:
             try:
-                i, s = instance_codec.decode(e.key, e.value)
+                i, s = instance_codec.decode(entry.key, entry.value)
                 items[i.id] = (i, s)
             except instance_codec.InstanceCodecError as err:
                 log.warning("%s", err)
@@ -314,7 +314,7 @@ class Replica:
             key = self.keys.bundle_blob(want)
             try:
                 got = await self.store.get(key)
-                bundle = bundle_rollout.verify_blob(key, got.value if got else None, want, self.cfg.public_key)
+                bundle = await asyncio.to_thread(bundle_rollout.verify_blob, key, got.value if got else None, want, self._verify_text)
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._swap(bundle), self._serving_loop()))
             except (bundle_io.BundleError, ServiceError) as e:
                 why = e.message if isinstance(e, ServiceError) else str(e)
@@ -328,6 +328,14 @@ class Replica:
                 self.bundle_refused = None
                 log.warning("replica %s now runs bundle %s…", self.name, want[:23])
             await self._report()
+
+    def _verify_text(self, raw: bytes, origin: str) -> Any:
+        """The server's verifier (schema, hash, signature when it has a key, the compiler's
+        re-validation); a key given to the fleet config is required on top."""
+        bundle = self.server.service.verifier.load_text(raw, origin)
+        if self.cfg.public_key is not None:
+            bundle = bundle_io.loads(raw, origin=origin, public_key=self.cfg.public_key)
+        return bundle
 
     def _serving_loop(self) -> asyncio.AbstractEventLoop:
         assert self._serving is not None

@@ -1,0 +1,93 @@
+"""The embedded default: one process, no etcd, and a registry that survives a restart
+(the local store under a state directory); a second server on the same directory is
+refused, and the store's own semantics (leases, watches, guarded transactions) hold."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from cluster_rig import SMALL
+
+from policyc.cluster.config import FleetConfig
+from policyc.cluster.local_store import LocalStore, StateDirBusy
+from policyc.cluster.store import ChangeKind, Guard, Put
+from policyc.server.app import DecisionServer, ServerThread
+from policyc.server.config import EnforcerMode, ServeConfig
+from policyc.server.fleet import admissible_fleet
+from policyc.server.proto import pb, pb_grpc
+
+
+def _server(bundle, state_dir) -> ServerThread:  # type: ignore[no-untyped-def]
+    cfg = ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, watch_gpus=False,
+                      fleet=FleetConfig(state_dir=state_dir, name="solo"))
+    th = ServerThread(DecisionServer(bundle, cfg))
+    th.start()
+    return th
+
+
+def test_the_registry_survives_a_restart(bundle, tmp_path) -> None:
+    th = _server(bundle, tmp_path / "state")
+    fleet = admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["fraud-scorer"])
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            s = pb_grpc.DecisionsStub(ch)
+            for inst in fleet[:3]:
+                dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
+                s.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)))
+            s.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=fleet[1].id))
+        assert th.server.replica.election.token > 0  # one process: it is its own leader
+    finally:
+        th.stop()
+    again = _server(bundle, tmp_path / "state")
+    try:
+        assert {i.id for i, _, _ in again.server.state.registry.entries()} == {fleet[0].id, fleet[2].id}
+        with grpc.insecure_channel(f"127.0.0.1:{again.server.port}") as ch:
+            d = pb_grpc.DecisionsStub(ch).Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer"}))
+        assert d.outcome == pb.ADMITTED and d.placement.instance_id in {fleet[0].id, fleet[2].id}
+    finally:
+        again.stop()
+
+
+def test_two_servers_cannot_share_a_state_directory(tmp_path) -> None:
+    async def go() -> None:
+        a = LocalStore(tmp_path)
+        await a.connect()
+        try:
+            with pytest.raises(StateDirBusy, match="in use by pid"):
+                await LocalStore(tmp_path).connect()
+        finally:
+            await a.close()
+    asyncio.run(go())
+
+
+def test_local_leases_watches_and_transactions_behave_as_etcds(tmp_path) -> None:
+    async def go() -> None:
+        s = LocalStore(tmp_path)
+        await s.connect()
+        try:
+            snap = await s.read_prefix("/p/")
+            lease = await s.grant(1)
+            await s.put("/p/held", b"x", lease)
+            await s.put("/p/kept", b"y")
+            ok, _ = await s.transact([Guard("/p/leader", create_revision=0)], [Put("/p/leader", b"a", lease)])
+            again, _ = await s.transact([Guard("/p/leader", create_revision=0)], [Put("/p/leader", b"b", lease)])
+            assert ok and not again
+            seen = []
+            async def follow() -> None:
+                async for ch in s.watch("/p/", snap.revision + 1):
+                    seen.append((ch.kind, ch.key))
+                    if (ChangeKind.DELETE, "/p/leader") in seen:
+                        return
+            await asyncio.wait_for(follow(), 5)  # the lease lapses: its keys go, the others stay
+            assert (ChangeKind.DELETE, "/p/held") in seen and await s.get("/p/kept") is not None
+        finally:
+            await s.close()
+        s2 = LocalStore(tmp_path)  # a restart keeps durable keys only
+        await s2.connect()
+        try:
+            assert [e.key for e in (await s2.read_prefix("/p/")).entries] == ["/p/kept"]
+        finally:
+            await s2.close()
+    asyncio.run(go())
