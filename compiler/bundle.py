@@ -19,8 +19,9 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import meaning
+from .diagnostic import Diagnostic, Span
 
-SCHEMA_VERSION = "policyc.bundle/v2"  # v2: canonical bytes written by orjson
+SCHEMA_VERSION = "policyc.bundle/v3"  # v2: canonical bytes written by orjson; v3: full spans, latency targets, one Diagnostic
 
 Cmp = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in"]
 ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "name", "string", "bool"]
@@ -34,14 +35,27 @@ class Frozen(BaseModel):
 
 
 class SourceRef(Frozen):
-    """Where a bundle entity came from; `file` is relative to the compile root."""
+    """Where a bundle entity came from, the whole span; `file` is relative to the compile
+    root. The serialised form of a `Span` (`of` and `span` convert, losing nothing); an
+    end of 0 means a point (a reference written by hand, e.g. in a test)."""
 
     file: str
     line: int
     col: int
+    end_line: int = 0
+    end_col: int = 0
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
+
+    @classmethod
+    def of(cls, span: Span) -> SourceRef:
+        return cls(file=span.file, line=span.line, col=span.col, end_line=span.end_line, end_col=span.end_col)
+
+    def span(self) -> Span:
+        if self.end_line <= 0:
+            return Span.point(self.file, self.line, self.col)
+        return Span(self.file, self.line, self.col, self.end_line, self.end_col)
 
 
 # --------------------------------------------------------------------------- contracts
@@ -321,15 +335,6 @@ class Breaker(Frozen):
 # --------------------------------------------------------------------------- the bundle
 
 
-class Diagnostic(Frozen):
-    """A warning the compiler chose to keep in the bundle (e.g. a shadowed rule)."""
-
-    code: str
-    severity: Literal["warning"]
-    message: str
-    origin: SourceRef
-
-
 class Signature(Frozen):
     alg: Literal["ed25519"] = "ed25519"
     public_key: str  # hex, for identification; verification uses the caller's key
@@ -337,7 +342,7 @@ class Signature(Frozen):
 
 
 class Bundle(Frozen):
-    schema_version: Literal["policyc.bundle/v2"] = SCHEMA_VERSION
+    schema_version: Literal["policyc.bundle/v3"] = "policyc.bundle/v3"  # SCHEMA_VERSION
     compiler_version: str
     contracts: tuple[Contract, ...] = ()
     gpu_catalog: tuple[GpuClass, ...] = ()
@@ -346,7 +351,8 @@ class Bundle(Frozen):
     rules: tuple[RequestRule, ...] = ()
     index_plan: tuple[IndexedAttribute, ...] = ()
     breakers: tuple[Breaker, ...] = ()
-    warnings: tuple[Diagnostic, ...] = ()
+    latency_targets: tuple[str, ...] = ()  # request variables that bound `slo_latency` (meaning.latency_targets)
+    warnings: tuple[Diagnostic, ...] = ()  # warnings the compiler kept (e.g. a shadowed rule), shown without the source
     content_hash: str = ""
     signature: Signature | None = None
 

@@ -39,7 +39,7 @@ _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]{0,4096}")
 
 
 def span(r: SourceRef) -> Span:
-    return Span.point(r.file, r.line, r.col)
+    return r.span()
 
 
 def finite(x: float) -> bool:

@@ -20,8 +20,7 @@ from .bundle import Interval, SourceRef
 BOOL_WORDS = {"yes": True, "true": True, "no": False, "false": False}
 
 
-def ref(span: Span) -> SourceRef:
-    return SourceRef(file=span.file, line=span.line, col=span.col)
+ref = SourceRef.of  # the bundle keeps the whole span
 
 
 def shape(v: ast.Value) -> str:

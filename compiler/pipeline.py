@@ -1,33 +1,35 @@
-"""The compiler as a list of named stages: parse → lower → resolve → plan → analyse → emit.
+"""The compiler as data: `STAGES`, a sequence of (name, function) run in order over one
+`Compilation`: parse → lower → resolve → plan → analyse → emit.
 
-Each stage reads the previous stage's output and appends diagnostics; later stages run
-only while there are no errors, so one run reports every error a stage can find without
+Each stage reads what the previous ones left and appends diagnostics; the next runs only
+while there are no errors, so one run reports every error a stage can find without
 cascading noise. `stop_after` returns after a named stage, with the (unsealed) bundle from
-`plan` on.
+`plan` on. The analyse stage is the solver's (`policyc.solver.analyse`), which reads only
+the compiler's IR modules (`bundle`, `meaning`, `semantics`), never this one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from policyc import __version__
 from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, sort_key
 from policyc.dsl.source import Source
+from policyc.solver.analyse import analyse as solver_analyse
 
 from . import bundle_io, load
 from .attributes import BUILTIN_REQUEST_VARS
-from .bundle import Bundle
+from .bundle import Bundle, Var
 from .front_end import Lowered, front_end
 from .gc_pause import gc_paused
 from .index import plan_index
+from .meaning import latency_targets
 from .resolve import resolve
 from .rules import RequestScope, lower_policy
-
-STAGES = ("parse", "lower", "resolve", "plan", "analyse", "emit")
-
+from .semantics import atoms
 
 @dataclass
 class CompileResult:
@@ -60,68 +62,92 @@ def compile_paths(paths: Sequence[str | Path], *, analyse: bool = True, stop_aft
 
 
 def compile_sources(sources: Sequence[Source], *, analyse: bool = True, stop_after: str | None = None) -> CompileResult:
+    """Run the stages over `sources`. `analyse=False` skips the solver's stage (the bundle
+    then has no GPU-share bounds); `stop_after` names the last stage to run (one of
+    STAGE_NAMES) and returns its (unsealed, from `plan` on) bundle. Raises ValueError for a
+    stage name that does not exist."""
+    if stop_after is not None and stop_after not in STAGE_NAMES:
+        raise ValueError(f"no compiler stage `{stop_after}`; the stages are {', '.join(STAGE_NAMES)}")
+    if stop_after == "analyse" and not analyse:
+        raise ValueError("`stop_after='analyse'` with `analyse=False`: the analyse stage would not run")
     with gc_paused():
-        return _compile_sources(sources, analyse=analyse, stop_after=stop_after)
+        c = Compilation({s.name: s for s in sources}, analyse)
+        for name, run in STAGES:
+            run(c)
+            if any(d.is_error for d in c.diags) or name == stop_after:
+                break
+        c.diags.sort(key=sort_key)
+        errors = any(d.is_error for d in c.diags)
+        return CompileResult(None if errors else c.bundle, c.diags, c.sources)
 
 
-def _compile_sources(sources: Sequence[Source], *, analyse: bool, stop_after: str | None) -> CompileResult:
-    diags: list[Diagnostic] = []
-    result = CompileResult(None, diags, {s.name: s for s in sources})
-    # parse, and lower each file's declarations (files are independent until names resolve)
-    units = front_end(sources)
-    low, policies = Lowered(), []
-    for unit in units:
-        diags.extend(unit.diagnostics)
-        low.extend(unit.lowered)
-        policies.extend(unit.policies)
-    if _stop(result, "parse", stop_after):
-        return _done(result)
-    # lower the request policies, which may use headers and tenants from any file
-    lower_policies(policies, low, diags)
-    if _stop(result, "lower", stop_after):
-        return _done(result)
-    # resolve
-    resolve(low.contracts, low.gpus, low.headers, low.tenants, low.rules, low.breakers, diags)
-    if _stop(result, "resolve", stop_after):
-        return _done(result)
-    # plan
-    index_plan = plan_index(low.rules, low.headers)
-    b = Bundle(
+@dataclass
+class Compilation:
+    """What the stages hand on: the sources, every diagnostic so far, the declarations as
+    lowered, and the bundle from `plan` on."""
+
+    sources: dict[str, Source]
+    analyse: bool
+    diags: list[Diagnostic] = field(default_factory=list)
+    low: Lowered = field(default_factory=Lowered)
+    policies: list[ast.Block] = field(default_factory=list)
+    bundle: Bundle | None = None
+
+
+def parse(c: Compilation) -> None:
+    """Parse each file and lower its declarations (files are independent until names resolve)."""
+    for unit in front_end(list(c.sources.values())):
+        c.diags.extend(unit.diagnostics)
+        c.low.extend(unit.lowered)
+        c.policies.extend(unit.policies)
+
+
+def lower(c: Compilation) -> None:
+    """Lower the request policies, which may use headers and tenants from any file."""
+    lower_policies(c.policies, c.low, c.diags)
+
+
+def resolve_names(c: Compilation) -> None:
+    low = c.low
+    resolve(low.contracts, low.gpus, low.headers, low.tenants, low.rules, low.breakers, c.diags)
+
+
+def plan(c: Compilation) -> None:
+    """The index plan, the latency targets, and the bundle in canonical order."""
+    low = c.low
+    c.bundle = Bundle(
         compiler_version=__version__,
-        contracts=tuple(sorted(low.contracts, key=lambda c: c.name)),
+        contracts=tuple(sorted(low.contracts, key=lambda x: x.name)),
         gpu_catalog=tuple(sorted(low.gpus, key=lambda g: g.name)),
         headers=tuple(sorted(low.headers, key=lambda h: h.header.lower())),
         tenants=tuple(sorted(low.tenants, key=lambda t: t.name)),
         rules=tuple(low.rules),
-        index_plan=index_plan,
+        index_plan=plan_index(low.rules, low.headers),
         breakers=tuple(sorted(low.breakers, key=lambda x: x.name)),
+        latency_targets=latency_targets(
+            (a.attr, a.cmp, a.operand.name if isinstance(a.operand, Var) else None)
+            for r in low.rules for a in atoms(r.require)),
     )
-    if _stop(result, "plan", stop_after):
-        result.bundle = b
-        return _done(result)
-    # analyse (the solver: feasibility, GPU-share bounds, shadowed rules)
-    if analyse:
-        from policyc.solver.analyse import analyse as solver_analyse
-
-        b, more = solver_analyse(b)
-        diags.extend(more)
-        if _stop(result, "analyse", stop_after):
-            result.bundle = b
-            return _done(result)
-    # emit
-    result.bundle = bundle_io.seal(b)
-    return _done(result)
 
 
-def _stop(result: CompileResult, stage: str, stop_after: str | None) -> bool:
-    return any(d.is_error for d in result.diagnostics) or stage == stop_after
+def analyse(c: Compilation) -> None:
+    """The solver: feasibility, GPU-share bounds, rule analyses (skipped with analyse=False)."""
+    if c.analyse and c.bundle is not None:
+        c.bundle, more = solver_analyse(c.bundle)
+        c.diags.extend(more)
 
 
-def _done(result: CompileResult) -> CompileResult:
-    result.diagnostics.sort(key=sort_key)
-    if any(d.is_error for d in result.diagnostics):
-        result.bundle = None
-    return result
+def emit(c: Compilation) -> None:
+    """Seal: canonical bytes and content hash."""
+    if c.bundle is not None:
+        c.bundle = bundle_io.seal(c.bundle)
+
+
+Stage = tuple[str, Callable[[Compilation], None]]
+STAGES: tuple[Stage, ...] = (
+    ("parse", parse), ("lower", lower), ("resolve", resolve_names), ("plan", plan), ("analyse", analyse), ("emit", emit),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)
 
 
 def lower_policies(policies: list[ast.Block], low: Lowered, diags: list[Diagnostic]) -> None:
@@ -135,4 +161,4 @@ def lower_policies(policies: list[ast.Block], low: Lowered, diags: list[Diagnost
         low.rules.extend(lower_policy(p, scope, diags))
 
 
-__all__ = ["CompileResult", "compile_paths", "compile_sources", "lower_policies", "STAGES"]
+__all__ = ["CompileResult", "Compilation", "compile_paths", "compile_sources", "lower_policies", "STAGES", "STAGE_NAMES"]

@@ -3,29 +3,18 @@
 A span is where a piece of policy came from: file (as the user named it, relative to the
 compile root), 1-based line and column, and the end position so a caret can underline the
 whole token. Spans are excluded from AST equality (see `ast.py`), so two files that differ
-only in layout compare equal. A span is a named tuple rather than a frozen dataclass: the
-parser makes one per node, and a tuple is built about three times faster.
+only in layout compare equal. `Span` itself lives in `policyc.compiler.diagnostic`, the one
+diagnostic shape every stage shares (a named tuple: the parser makes one per node, and a
+tuple is built about three times faster than a frozen dataclass).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from policyc.compiler.diagnostic import Span
 
-class Span(NamedTuple):
-    file: str
-    line: int
-    col: int
-    end_line: int
-    end_col: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
-
-    @staticmethod
-    def point(file: str, line: int, col: int, width: int = 1) -> "Span":
-        return Span(file, line, col, line, col + max(width, 1))
+__all__ = ["Source", "Span"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,7 @@ runtime tools can show them without the source.
 from __future__ import annotations
 
 from policyc.compiler.bundle import Bundle
-from policyc.compiler.bundle import Diagnostic as KeptWarning
-from policyc.compiler.bundle import SourceRef
-from policyc.dsl.diagnostics import Diagnostic
+from policyc.compiler.diagnostic import Diagnostic
 
 from .contract_check import check_contract
 from .rule_check import check_rules
@@ -28,9 +26,5 @@ def analyse(bundle: Bundle) -> tuple[Bundle, list[Diagnostic]]:
     contracts = tuple(c.model_copy(update={"gpu_shares": gpu_shares(c, bundle.gpu_catalog)}) for c in bundle.contracts)
     bundle = bundle.model_copy(update={"contracts": contracts})
     diags.extend(check_rules(bundle))
-    kept = tuple(
-        KeptWarning(code=d.code, severity="warning", message=d.message,
-                    origin=SourceRef(file=d.span.file, line=d.span.line, col=d.span.col))
-        for d in diags if not d.is_error and d.span is not None
-    )
+    kept = tuple(d for d in diags if not d.is_error)
     return bundle.model_copy(update={"warnings": bundle.warnings + kept}), diags

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import z3
 
 from policyc.compiler.bundle import Contract, GpuClass, SourceRef
-from policyc.dsl.diagnostics import Diagnostic, Note, error
-from policyc.dsl.source import Span
+from policyc.compiler.diagnostic import Diagnostic, Note, Span, error, warning
 
 from .contract_clauses import Clause, ContractFacts, clause_origin, describe, facts
 from .verdict import Verdict, new_solver, verdict
@@ -112,7 +111,7 @@ def check(f: ContractFacts, solver: z3.Solver | None = None) -> ContractVerdict:
 
 
 def span(ref: SourceRef) -> Span:
-    return Span.point(ref.file, ref.line, ref.col)
+    return ref.span()
 
 
 def _why(f: ContractFacts, core: tuple[Clause, ...]) -> str:
@@ -155,8 +154,6 @@ def check_contract(contract: Contract, catalog: tuple[GpuClass, ...], solver: z3
         return []
     where = span(contract.origin)
     if result.verdict is Verdict.UNKNOWN:
-        from policyc.dsl.diagnostics import warning
-
         return [warning("W502", f"could not decide whether contract `{contract.name}` is feasible (solver timeout)", where)]
     notes = [Note(span(clause_origin(contract, c)), describe(contract, c, f)) for c in result.core]
     return [error("E501", f"contract `{contract.name}` is infeasible: {_why(f, result.core)}", where,

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import z3
 
 from policyc.compiler.bundle import Atom, Bundle, RequestRule, SourceRef, Test
-from policyc.dsl.diagnostics import Diagnostic, Note, error, warning
-from policyc.dsl.source import Span
+from policyc.compiler.diagnostic import Diagnostic, Note, Span, error, warning
 
 from policyc.compiler.attributes import attribute_type
 from policyc.compiler.units import format_si
@@ -30,7 +29,7 @@ from .verdict import Verdict, new_solver, verdict
 
 
 def span(ref: SourceRef) -> Span:
-    return Span.point(ref.file, ref.line, ref.col)
+    return ref.span()
 
 
 @dataclass(frozen=True, slots=True)
