@@ -36,3 +36,11 @@ GPU_CLASS_NAMES: tuple[str, ...] = tuple(g.name for g in DEFAULT_CATALOG)
 def catalog_by_name(catalog: tuple[GpuClass, ...] = DEFAULT_CATALOG) -> dict[str, GpuClass]:
     """Index a catalog by class name (the placer looks classes up per candidate)."""
     return {g.name: g for g in catalog}
+
+
+def catalog_for(bundle_catalog: tuple[GpuClass, ...]) -> tuple[GpuClass, ...]:
+    """The placer's catalog for a bundle: the bundle's GPU classes, which win, then this
+    module's for classes the bundle lacks (a simulated fleet may deploy them). Built at
+    start and again on every reload (`Placer.load_catalog`)."""
+    names = {g.name for g in bundle_catalog}
+    return tuple(bundle_catalog) + tuple(g for g in DEFAULT_CATALOG if g.name not in names)

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from policyc.audit.log import AuditLog
 from policyc.compiler.bundle import Bundle
 from policyc.placer import Placer, Refresher, SimulatedCluster
-from policyc.placer.catalog import DEFAULT_CATALOG
+from policyc.placer.catalog import catalog_for
 
 from .audit_bridge import AuditBridge
 from .audit_metrics import AuditCollector
@@ -44,12 +44,6 @@ from .wiring import GpuWatch, make_guardian
 log = logging.getLogger("policyc.server")
 
 
-def _catalog(bundle: Bundle):  # type: ignore[no-untyped-def]
-    """The bundle's GPU catalog, falling back to the placer's for classes it lacks."""
-    names = {g.name for g in bundle.gpu_catalog}
-    return tuple(bundle.gpu_catalog) + tuple(g for g in DEFAULT_CATALOG if g.name not in names)
-
-
 class DecisionServer:
     def __init__(self, bundle: Bundle, config: ServeConfig = ServeConfig()) -> None:
         self.config = config
@@ -65,7 +59,7 @@ class DecisionServer:
             source = LocalHostSource(nvml=NvmlSource())
         self.refresher = Refresher(source, config.refresh_interval)
         self.refresher.tick()
-        self.placer = Placer(self.refresher, _catalog(bundle))
+        self.placer = Placer(self.refresher, catalog_for(bundle.gpu_catalog))  # replaced on every reload (engine.reload)
         state = build_state(bundle)
         snap = self.refresher.current
 

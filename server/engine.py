@@ -16,9 +16,10 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from policyc.compiler.bundle import Atom, Bundle, Contract, Expr
+from policyc.compiler.bundle import Bundle, Contract
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
+from policyc.placer.catalog import catalog_for
 from policyc.solver.feasibility import Infeasible
 
 from .decision_ids import new_decision_id
@@ -33,34 +34,13 @@ SCORE_LAG = 0.2  # seconds a request shape's ranking may trail the pushed scores
 DEFAULT_BUDGET = 1.0  # seconds, for a contract without an SLO and a request without one
 
 
-def _slo_vars(e: Expr | None, out: set[str]) -> None:
-    if e is None:
-        return
-    if isinstance(e, Atom):
-        if e.attr == "slo_latency" and e.operand.kind == "var":
-            out.add(e.operand.name)  # type: ignore[union-attr]
-    elif e.op in ("and", "or"):
-        for a in e.args:  # type: ignore[union-attr]
-            _slo_vars(a, out)
-    elif e.op == "not":
-        _slo_vars(e.arg, out)  # type: ignore[union-attr]
-
-
-def slo_variables(bundle: Bundle) -> tuple[str, ...]:
-    """Request variables the rules compare `slo_latency` with: the request's latency target."""
-    out: set[str] = set()
-    for r in bundle.rules:
-        _slo_vars(r.require, out)
-    return tuple(sorted(out))
-
-
 class DecisionEngine:
     def __init__(self, state: PolicyState, placer: Placer, *, candidates: int = 8,
                  score_of: Callable[[str, str], float | None] | None = None, score_lag: float = SCORE_LAG) -> None:
         if candidates < 1:
             raise ValueError(f"candidates must be at least 1, got {candidates}")
         self._state = state
-        self._slo_vars = slo_variables(state.bundle)
+        self._slo_vars = state.bundle.latency_targets  # the request's latency target, as the compiler found it
         self.placer = placer
         self.candidates = candidates
         self._score_of = score_of
@@ -286,7 +266,8 @@ class DecisionEngine:
             new = build_state(bundle, [i for i, _ in keep], {i.id: s for i, s in keep})
             for listener in self._reload_listeners:
                 listener(new)  # e.g. the guardian's rule tables: raises before anything is swapped
-            self._slo_vars = slo_variables(bundle)
+            self.placer.load_catalog(catalog_for(bundle.gpu_catalog))  # the new bundle's GPU classes, everywhere
+            self._slo_vars = bundle.latency_targets
             self._state = new
             return old.bundle_hash, tuple(i for i, _ in evicted)
 
