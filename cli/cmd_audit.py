@@ -39,7 +39,11 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     v = add_command(asub, "verify", help="check the hash chain and checkpoints; name the first bad entry", codes=CODES,
                     examples=["policyc audit verify --log audit.db", "policyc audit verify --public-key ops.pub --format json > anchor.json",
                               "policyc audit verify --anchor anchor.json"])
-    v.add_argument("--log", default=common.get_default("log"), help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db)")
+    v.add_argument("--log", action="append", help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db); repeat it to "
+                   "verify several replicas' logs")
+    v.add_argument("--etcd", nargs="+", metavar="URL", help="replicas sharing a fleet: check each log against the "
+                   "checkpoint its replica anchored in etcd, and that no anchored log is missing")
+    v.add_argument("--etcd-prefix", default="/policyc/", help="the cluster's key prefix in etcd (default /policyc/)")
     v.add_argument("--public-key", help="operator's ed25519 public key: every checkpoint must be signed by it")
     v.add_argument("--anchor", help="a checkpoint the log must still contain, kept apart from it: a JSON file (an earlier "
                                     "`verify --format json`, or its `last_checkpoint`) or the value SEQ:HASH that `verify` prints")
@@ -98,6 +102,10 @@ def _anchor(path: str) -> Checkpoint:
 
 
 def _verify(args) -> int:
+    logs = args.log or [common_log()]
+    if len(logs) > 1 or args.etcd:
+        return _verify_many(args, logs)
+    args.log = logs[0]
     try:
         key = load_public_key(args.public_key) if args.public_key else None
         anchor = _anchor(args.anchor) if args.anchor else None
@@ -109,6 +117,59 @@ def _verify(args) -> int:
         return _fail(str(e))
     print(dumps(verify_json(result)) if args.format == "json" else verify_text(result))
     return 0 if result.ok else 1
+
+
+def common_log() -> str:
+    return os.environ.get("POLICYC_AUDIT_LOG", DEFAULT_LOG)
+
+
+def _verify_many(args, logs: list[str]) -> int:  # type: ignore[no-untyped-def]
+    """Several replicas' logs: each chain verified on its own, each against the checkpoint
+    its replica anchored in etcd (a log cut or rewritten since fails), and every anchored
+    log accounted for (`policyc.cluster.anchors`)."""
+    import json
+
+    from policyc.cluster.store import StoreError
+
+    if args.anchor:
+        return _fail("--anchor names one log's checkpoint; with several logs or --etcd the anchors come from etcd")
+    try:
+        key = load_public_key(args.public_key) if args.public_key else None
+        anchors, ids = {}, []
+        if args.etcd:
+            from policyc.cluster.anchors import fetch_anchors, log_id_of
+
+            anchors = fetch_anchors(args.etcd, args.etcd_prefix)
+            ids = [log_id_of(p) for p in logs]
+        results, notes, ok = [], [], True
+        for i, path in enumerate(logs):
+            a = anchors.get(ids[i]) if ids else None
+            if args.etcd and a is None:
+                notes.append(f"{path}: no checkpoint of this log (id {ids[i]}) is anchored in etcd")
+                ok = False
+            r = verify(path, public_key=key, anchor=a.checkpoint if a else None, expect_closed=args.expect_closed)
+            ok = ok and r.ok
+            results.append((path, a, r))
+        for lid, a in sorted(anchors.items()):
+            if lid not in ids:
+                notes.append(f"replica {a.replica}'s log (id {lid}, anchored at entry {a.checkpoint.seq}) was not given")
+                ok = False
+    except AuditLogDamaged as e:
+        print(f"policyc audit: damaged: {e}", file=sys.stderr)
+        return 1
+    except (AuditError, StoreError, ValueError) as e:
+        return _fail(str(e))
+    if args.format == "json":
+        print(json.dumps({"ok": ok, "logs": [{"path": p, "replica": a.replica if a else None, **verify_json(r)}
+                                             for p, a, r in results], "problems": notes}, indent=2, default=str))
+    else:
+        for p, a, r in results:
+            print(f"== {p}" + (f" (replica {a.replica}, anchored at entry {a.checkpoint.seq})" if a else ""))
+            print(verify_text(r))
+        for n in notes:
+            print(f"problem: {n}")
+        print("all logs verify" if ok else "verification FAILED")
+    return 0 if ok else 1
 
 
 def _report(args) -> int:

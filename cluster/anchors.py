@@ -7,6 +7,7 @@ replica whose log was not handed over at all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from dataclasses import dataclass
@@ -37,26 +38,32 @@ class Anchor:
 
 
 def latest_checkpoint(path: Path) -> tuple[str, Checkpoint | None]:
-    """The log's id and its latest checkpoint, read-only (the writer keeps writing)."""
+    """The log's id and its latest checkpoint's seq and hash (what an anchor needs),
+    read-only (the writer keeps writing)."""
     conn = connect_reader(path)
     try:
         lid = log_id(conn)
-        row = conn.execute("SELECT id, seq, hash, time, final, public_key, signature FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
+        row = conn.execute("SELECT id, seq, hash, time, final FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
     except sqlite3.Error as e:
         raise AuditError(f"{path}: cannot read checkpoints: {e}") from None
     finally:
         conn.close()
     if row is None:
         return lid, None
-    id_, seq, h, t, final, pub, sig = row
-    return lid, Checkpoint(id=id_, seq=seq, hash=h.hex() if isinstance(h, bytes) else str(h), time=t, final=bool(final),
-                           public_key=pub, signature=sig)
+    id_, seq, h, t, final = row
+    return lid, Checkpoint(id=id_, seq=seq, hash=h.hex() if isinstance(h, bytes) else str(h), time=t, final=bool(final))
+
+
+def log_id_of(path: str | Path) -> str:
+    conn = connect_reader(path)
+    try:
+        return log_id(conn)
+    finally:
+        conn.close()
 
 
 async def anchor(store: FleetStore, keys: Keys, replica: str, path: Path, last_seq: int) -> int:
     """Anchor the log's latest checkpoint if it is past `last_seq`; returns the seq anchored."""
-    import asyncio
-
     lid, cp = await asyncio.to_thread(latest_checkpoint, path)
     if cp is None or cp.seq <= last_seq:
         return last_seq
@@ -74,3 +81,17 @@ async def read_anchors(store: FleetStore, keys: Keys) -> dict[str, Anchor]:
             continue
         out[a.log_id] = a
     return out
+
+
+def fetch_anchors(endpoints: list[str], prefix: str) -> dict[str, Anchor]:
+    """Every anchored log of the cluster at `endpoints` (for `policyc audit verify --etcd`)."""
+    from .etcd_store import EtcdStore
+
+    async def go() -> dict[str, Anchor]:
+        store = EtcdStore(endpoints, op_timeout=3.0)
+        await store.connect()
+        try:
+            return await read_anchors(store, Keys(prefix))
+        finally:
+            await store.close()
+    return asyncio.run(go())

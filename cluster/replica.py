@@ -82,7 +82,7 @@ class Replica:
         self._running = threading.Event()
         self._following = asyncio.Event()
         self._bundle_lock: asyncio.Lock | None = None
-        self._anchored = 0
+        self.anchored_seq = 0
         self.address = cfg.advertise
 
     # ================================================================ life cycle
@@ -380,7 +380,7 @@ class Replica:
                 await self._report()
                 audit = self.server.config.audit_log
                 if audit is not None and Path(audit).exists():
-                    self._anchored = await anchors.anchor(self.store, self.keys, self.name, Path(audit), self._anchored)
+                    self.anchored_seq = await anchors.anchor(self.store, self.keys, self.name, Path(audit), self.anchored_seq)
             except StoreError as e:
                 log.info("replica %s: report: %s", self.name, e)
             except Exception as e:  # noqa: BLE001 - an audit read problem must not stop reporting
