@@ -1,9 +1,11 @@
 """Inverted postings for one instance attribute, with an ordered key list for ranges.
 
 Equality and set predicates read one or a few postings bitmaps; range predicates
-(`slo_latency <= request.slo`) bisect the sorted distinct values and union the smaller
-side, complementing against the instances that have the attribute at all. Contract-level
-quantities (SLO, FLOPs, bandwidth) have few distinct values, so the unions are short.
+(`slo_latency <= request.slo`) bisect the sorted distinct values and read the prefix
+unions of `prefix_bitmaps.py` (one union of two bitmaps, however many distinct values),
+complementing against the instances that have the attribute at all for `>` and `>=`.
+`keys_version` changes whenever the set of distinct values does: a request reduced to its
+position among the values (`FleetIndex.shape_key`) is only comparable under one version.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Iterable
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import Scalar
+
+from .prefix_bitmaps import PrefixBitmaps
 
 EMPTY = BitMap()
 
@@ -30,7 +34,7 @@ class AttributeIndex:
     """Postings for one attribute. Returned bitmaps may be the index's own: callers combine
     them with non-mutating operators only."""
 
-    __slots__ = ("attr", "ordered", "postings", "keys", "present")
+    __slots__ = ("attr", "ordered", "postings", "keys", "present", "prefix", "keys_version")
 
     def __init__(self, attr: str, ordered: bool) -> None:
         self.attr = attr
@@ -38,6 +42,8 @@ class AttributeIndex:
         self.postings: dict[Scalar, BitMap] = {}
         self.keys: list[float] = []  # sorted distinct values, when ordered
         self.present = BitMap()  # instances with a value, kept only when ordered
+        self.prefix = PrefixBitmaps()  # range answers, when ordered
+        self.keys_version = 0  # bumped when a distinct value appears or disappears
 
     def add(self, slot: int, value: Scalar) -> None:
         bm = self.postings.get(value)
@@ -45,22 +51,30 @@ class AttributeIndex:
             bm = self.postings[value] = BitMap()
             if self.ordered:
                 insort(self.keys, value)  # type: ignore[arg-type]
+                self.prefix.reshaped()
+            self.keys_version += 1
+        elif self.ordered:
+            self.prefix.changed(bisect_left(self.keys, value), slot, True)  # type: ignore[arg-type]
         bm.add(slot)
         if self.ordered:
             self.present.add(slot)
 
     def remove(self, slot: int, value: Scalar) -> None:
         bm = self.postings.get(value)
-        if bm is None:
+        if bm is None or slot not in bm:
             return
         bm.discard(slot)
         if self.ordered:
             self.present.discard(slot)
         if not bm:
             del self.postings[value]
+            self.keys_version += 1
             if self.ordered:
                 i = bisect_left(self.keys, value)  # type: ignore[arg-type]
                 del self.keys[i]
+                self.prefix.reshaped()
+        elif self.ordered:
+            self.prefix.changed(bisect_left(self.keys, value), slot, False)  # type: ignore[arg-type]
 
     def bulk(self, pairs: Iterable[tuple[int, Scalar]]) -> None:
         """Fill an empty index at once (index build): lists first, bitmaps once."""
@@ -71,6 +85,8 @@ class AttributeIndex:
         self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
+            self.prefix.reshaped()
+        self.keys_version += 1
 
     def bulk_groups(self, groups: Iterable[tuple[Scalar, list[int]]]) -> None:
         """`bulk` from (value, slots) groups. Each list is sorted first: the groups are
@@ -83,6 +99,8 @@ class AttributeIndex:
         self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
+            self.prefix.reshaped()
+        self.keys_version += 1
 
     # ------------------------------------------------------------------ predicates
     def eq(self, value: Scalar) -> BitMap:
@@ -93,28 +111,45 @@ class AttributeIndex:
 
     def order(self, cmp: str, value: float) -> BitMap:
         """Instances whose value satisfies `value_of_instance cmp value`."""
-        keys = self.keys
-        present = self.present
         if not self.ordered:  # an ordering on an attribute the plan did not mark as a range
-            keys = sorted(k for k in self.postings if isinstance(k, (int, float)) and not isinstance(k, bool))
-            present = union([self.postings[k] for k in keys])
+            return self._order_unindexed(cmp, value)
+        keys = self.keys
         if cmp == "<":
-            lo, hi = 0, bisect_left(keys, value)
+            h, below = bisect_left(keys, value), True
         elif cmp == "<=":
-            lo, hi = 0, bisect_right(keys, value)
+            h, below = bisect_right(keys, value), True
         elif cmp == ">":
-            lo, hi = bisect_right(keys, value), len(keys)
+            h, below = bisect_right(keys, value), False
         elif cmp == ">=":
-            lo, hi = bisect_left(keys, value), len(keys)
+            h, below = bisect_left(keys, value), False
         else:
             raise ValueError(f"`{cmp}` is not an ordering")
-        n = hi - lo
-        if n == 0:
+        n = len(keys)
+        if below:
+            if h == 0:
+                return EMPTY
+            return self.present if h == n else self.prefix.lower(h, keys, self.postings)
+        if h == n:
             return EMPTY
-        if n == len(keys):
-            return present
-        post = self.postings
-        if 2 * n <= len(keys):
-            return union([post[k] for k in keys[lo:hi]])
-        rest = keys[:lo] + keys[hi:]
-        return present - union([post[k] for k in rest])
+        return self.present if h == 0 else self.present - self.prefix.lower(h, keys, self.postings)
+
+    def position(self, value: float) -> int:
+        """`value`'s place among the sorted values: 2i between values i - 1 and i, 2i + 1 at
+        value i. Every ordering against `value` depends on this alone."""
+        keys = self.keys
+        i = bisect_left(keys, value)
+        return 2 * i + (i < len(keys) and keys[i] == value)
+
+    def _order_unindexed(self, cmp: str, value: float) -> BitMap:
+        keys = sorted(k for k in self.postings if isinstance(k, (int, float)) and not isinstance(k, bool))
+        if cmp == "<":
+            sel = keys[:bisect_left(keys, value)]
+        elif cmp == "<=":
+            sel = keys[:bisect_right(keys, value)]
+        elif cmp == ">":
+            sel = keys[bisect_right(keys, value):]
+        elif cmp == ">=":
+            sel = keys[bisect_left(keys, value):]
+        else:
+            raise ValueError(f"`{cmp}` is not an ordering")
+        return union([self.postings[k] for k in sel])

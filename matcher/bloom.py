@@ -1,7 +1,7 @@
 """Bit-sliced counting Bloom filters, one per shard of instance slots.
 
 The fleet is cut into shards of `SHARD_SIZE` consecutive slots; slots are handed out so
-that a shard holds instances of one (model, region) group (see `slots.py`), which is what
+that a shard holds instances of one rollout group (`FleetIndex.shard_group`, see `slots.py`), which is what
 lets a filter say "this shard has no `model == fraud-scorer`" and skip it whole. Instead of
 one bit array per shard, the filters are stored *sliced*: for each of the `m` bit positions,
 a bitmap of the shards that have that bit set. Probing one key across every shard is then

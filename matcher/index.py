@@ -33,12 +33,15 @@ from .bloom import SHARD_SIZE, BloomKey, ShardBloom
 from policyc.compiler.semantics import atoms, value_reads
 from .guards import Predicate, compile_applies
 from .instance_predicates import compile_static
-from .plan import PLAN_CACHE_SIZE, Plan, PlanCache
+from .plan import BASE_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .result import AppliedRule
 
 Vars = Mapping[str, Scalar]
 BitmapFn = Callable[[Vars], BitMap]
 BLOOM_KINDS = ("equality", "set", "boolean")
+# attributes a deployment shares with its rollout (few values each): the shard group, if
+# the rules index them (`shard_group`)
+SHARD_GROUP_ATTRS = ("model", "version", "region", "gpu_arch", "gpu_model", "session_state")
 ORDERINGS = ("<", "<=", ">", ">=")
 
 
@@ -73,6 +76,19 @@ class BloomStats:
     emptied: int = 0  # computations answered empty by the filters alone
 
 
+def _guard_tested(e: Expr | None) -> set[str]:
+    """Request variables a guard compares with a value (not only `has()`)."""
+    if e is None:
+        return set()
+    if e.op == "test":
+        return {e.var} if e.cmp is not None else set()  # type: ignore[union-attr]
+    if e.op in ("and", "or"):
+        return set().union(*(_guard_tested(a) for a in e.args))  # type: ignore[union-attr]
+    if e.op == "not":
+        return _guard_tested(e.arg)  # type: ignore[union-attr]
+    return set()
+
+
 def render(a: Atom) -> str:
     right = f"request.{a.operand.name}" if a.operand.kind == "var" else a.operand.value  # type: ignore[union-attr]
     if isinstance(right, bool):
@@ -92,6 +108,10 @@ class FleetIndex:
                 kinds.setdefault(a.attr, "range" if a.cmp in ORDERINGS else "equality")
         self.attr_index = {a: AttributeIndex(a, ordered=(k == "range")) for a, k in sorted(kinds.items())}
         self.bloom_attrs = tuple(a for a, k in sorted(kinds.items()) if k in BLOOM_KINDS)
+        self.range_attrs = tuple(a for a, idx in self.attr_index.items() if idx.ordered)
+        contract_labels = {"labels." + k for c in bundle.contracts for k, _ in c.labels}
+        self.group_attrs = tuple(a for a, k in sorted(kinds.items()) if k in ("equality", "set")
+                                 and (a in SHARD_GROUP_ATTRS or a in contract_labels))
         self.bloom = ShardBloom()
         self.live = BitMap()
         self.attrs: dict[int, Mapping[str, Scalar]] = {}
@@ -103,9 +123,20 @@ class FleetIndex:
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
         self.version = 0  # bumped by every insert / delete: cached candidates are older
-        self.plans = PlanCache(plan_cache)
+        self.plans = PlanCache(plan_cache)  # reduced shape -> Plan
+        self.bases = PlanCache(min(plan_cache, BASE_CACHE_SIZE))  # reduced shape less range positions -> Base
+        self.reducers = self._reducers()  # request variable -> the range attribute it is placed among
 
     # ------------------------------------------------------------------ updates
+    def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
+        """Which slot shards an instance's slot comes from (`slots.py`): instances that agree
+        on every indexed equality attribute of their rollout (model, region, architecture,
+        a contract label, ...) share shards, so the Bloom filters can skip the shards of
+        other values and each postings bitmap is a few long runs. Attributes no rule reads
+        do not split the fleet (a fleet with a contract per SLO would otherwise get a
+        nearly empty shard per contract and region)."""
+        return tuple([attrs.get(a) for a in self.group_attrs])
+
     def _bloom_keys(self, attrs: Mapping[str, Scalar]) -> list[BloomKey]:
         return [(a, attrs[a]) for a in self.bloom_attrs if a in attrs]
 
@@ -283,73 +314,147 @@ class FleetIndex:
                 out.append(frozenset([(attr, vars[v.name] if type(v) is _VarRef else v) for attr, v in tmpl]))
         return tuple(out)
 
+    # ------------------------------------------------------------------ shapes
+    def _reducers(self) -> dict[str, AttributeIndex]:
+        """Request variables that matter only through their place among one range
+        attribute's values: compared (`<`, `<=`, `>`, `>=`) with that one attribute and
+        nothing else, and read by guards only through `has()`."""
+        uses: dict[str, set[str]] = {}
+        exact: set[str] = set()
+        for r in self.bundle.rules:
+            exact.update(_guard_tested(r.guard))
+            for a in atoms(r.require):
+                if a.operand.kind != "var":
+                    continue
+                name = a.operand.name  # type: ignore[union-attr]
+                if a.cmp in ORDERINGS and self.attr_index[a.attr].ordered:
+                    uses.setdefault(name, set()).add(a.attr)
+                else:
+                    exact.add(name)
+        return {v: self.attr_index[next(iter(attrs))] for v, attrs in uses.items() if v not in exact and len(attrs) == 1}
+
+    def shape_key(self, vars: Vars) -> tuple[tuple, tuple]:
+        """(the reduced shape, the reduced shape without range positions): a reduced
+        variable becomes (name, value-set version, position), every other one stays
+        (name, value), and the base key keeps only a reduced variable's name. Equal keys
+        give equal answers: every rule reads a reduced variable through orderings against
+        its attribute's values alone. Raises TypeError for an unhashable value."""
+        red = self.reducers
+        items: list[tuple] = []
+        exact: list[object] = []
+        for item in vars.items():
+            idx = red.get(item[0])
+            x = item[1]
+            if idx is None or type(x) is not float and type(x) is not int:
+                items.append(item)
+                exact.append(item)
+            else:
+                items.append((item[0], idx.keys_version, idx.position(x)))  # type: ignore[arg-type]
+                exact.append(item[0])
+        key = tuple(items)
+        hash(key)
+        return key, tuple(exact)
+
     def plan(self, vars: Vars) -> Plan:
         """The plan for this typed request, with candidates current for the live fleet."""
-        key = tuple(vars.items())
+        key: tuple | None
         try:
+            key, bkey = self.shape_key(vars) if self.reducers else ((k := tuple(vars.items())), k)
             plan = self.plans.get(key)
         except TypeError:  # an unhashable value (only through `Request.of`): not cached
             plan = None
-            key = None
+            key = bkey = None
         if plan is None:
-            plan = self._make_plan(vars)
+            base = self.bases.get(bkey) if key is not None else None
+            if base is None:
+                base = self._make_base(vars)
+                if key is not None:
+                    self.bases.put(bkey, base)
+            plan = Plan(dict(vars), base)
             if key is not None:
                 self.plans.put(key, plan)
         if plan.version != self.version:
             self._refresh(plan)
         return plan
 
-    def _make_plan(self, vars: Vars) -> Plan:
+    def _make_base(self, vars: Vars) -> Base:
         own = dict(vars)
         rules = tuple([cr for cr in self.rules if cr.applies(own)])
-        return Plan(own, rules, tuple(cr.applied for cr in rules), tuple(cr.require for cr in rules),
-                    self._clauses(rules, own))
+        red = self.reducers
+        ranged = tuple(cr.require for cr in rules if not red.keys().isdisjoint(cr.reads))
+        exact = tuple(cr.require for cr in rules if red.keys().isdisjoint(cr.reads))
+        return Base(own, rules, tuple(cr.applied for cr in rules), exact, ranged, self._clauses(rules, own))
 
-    def _refresh(self, plan: Plan) -> None:
-        """Recompute a plan's candidates: Bloom first, then the requirement bitmaps
-        intersected smallest first (each intersection can only shrink the answer)."""
-        plan.version = self.version
-        if not plan.rules:
-            plan.cand = self.live
-            plan.count = len(self.live)
-            return
-        if plan.clauses:
+    def _refresh_base(self, base: Base) -> None:
+        """Recompute a base: Bloom first, then the exact terms intersected smallest first
+        (each intersection can only shrink the answer)."""
+        base.version = self.version
+        if base.clauses:
             bloom = self.bloom
-            if plan.bloom_version != bloom.version:
-                plan.survivors = bloom.surviving(list(plan.clauses))
-                plan.bloom_version = bloom.version
+            if base.bloom_version != bloom.version:
+                base.survivors = bloom.surviving(base.clauses)
+                base.bloom_version = bloom.version
             st = self.stats
             total = len(bloom.shards)
-            kept = len(plan.survivors)  # type: ignore[arg-type]
+            kept = len(base.survivors)  # type: ignore[arg-type]
             st.requests += 1
             st.shards_probed += total
             st.shards_skipped += total - kept
             if not kept:
                 st.emptied += 1
-                plan.cand, plan.count = EMPTY, 0
+                base.bm, base.count = EMPTY, 0
                 return
-        v = plan.vars
         live = len(self.live)
+        if not base.exact:
+            base.bm, base.count = None, live
+            return
+        v = base.vars
         bms = []
-        for t in plan.terms:
+        for t in base.exact:
             bm = t(v)
             n = len(bm)
             if not n:
-                plan.cand, plan.count = EMPTY, 0
+                base.bm, base.count = EMPTY, 0
                 return
             if n != live:  # every term is a subset of the live set: a full one changes nothing
-                bms.append(bm)
-        if len(bms) <= 1:
-            cand = bms[0] if bms else self.live  # the index's own bitmap: shared, never mutated
-        else:
-            bms.sort(key=len)
-            cand = bms[0] & bms[1]
-            for bm in bms[2:]:
-                if not cand:
-                    break
-                cand &= bm  # our own bitmap from here on
+                bms.append((n, bm))
+        if not bms:
+            base.bm, base.count = None, live
+            return
+        if len(bms) == 1:
+            base.bm, base.count = bms[0][1], bms[0][0]  # the index's own bitmap: shared, never mutated
+            return
+        bms.sort(key=lambda p: p[0])
+        cand = bms[0][1] & bms[1][1]
+        for _, bm in bms[2:]:
+            if not cand:
+                break
+            cand &= bm  # our own bitmap from here on
+        base.bm, base.count = cand, len(cand)
+
+    def _refresh(self, plan: Plan) -> None:
+        """Recompute a plan's candidates: its base's (recomputed first when the fleet
+        changed), intersected with the range terms at the plan's own values."""
+        plan.version = self.version
+        base = plan.base
+        if base.version != self.version:
+            self._refresh_base(base)
+        if not base.count:
+            plan.cand, plan.count = EMPTY, 0
+            return
+        cand = base.bm
+        v = plan.vars
+        for t in base.ranged:
+            bm = t(v)
+            if not bm:
+                plan.cand, plan.count = EMPTY, 0
+                return
+            cand = bm if cand is None else cand & bm
+        if cand is None:
+            plan.cand, plan.count = self.live, len(self.live)
+            return
         plan.cand = cand
-        plan.count = len(cand)
+        plan.count = base.count if cand is base.bm else len(cand)
 
     def evaluate(self, vars: Vars) -> tuple[BitMap, list[CompiledRule]]:
         """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""

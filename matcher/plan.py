@@ -2,22 +2,34 @@
 
 Which rules apply, the Bloom keys to probe and the bitmap terms to intersect depend only on
 the request's typed variables (which are present and their values), never on the fleet.
-A `Plan` holds them for one such request, bound to its values; a small LRU keyed by the
-typed request (`PlanCache`) hands the same plan to every later request of that shape, so
-a repeated request pays one dict look-up instead of running every guard.
+And a quantity compared with a range attribute (`slo_latency <= request.slo`) matters only
+through its place among that attribute's distinct values: `X-SLO-Latency: 137.25ms` and
+`137.5ms` select the same instances when no instance has an SLO between them. So requests
+are keyed by their **reduced shape** (`FleetIndex.shape_key`): exact values, except such a
+quantity, which becomes its position among the values (and the version of that value set).
 
-A plan also keeps the candidate bitmap it last computed together with the index's
-membership version at that time. Any insert or delete bumps the version, and a plan whose
-version is behind recomputes its candidates from its terms before answering (score
-changes do not touch candidates: best-k reads the live score tiers on every request). So a
-cached answer is never stale, and a fleet that changes between two requests costs the
-second one its intersections, not its planning.
+Plans come in two levels, each in a bounded LRU (`PlanCache`, oldest out one at a time):
+
+- a `Base`, keyed by the reduced shape *without* the range positions: the rules that apply,
+  their Bloom clauses and the shards surviving them, and the intersection of every term
+  that reads no range position (`model == request.model and region == request.region and
+  tpm`). A fleet sees few of these (every family, region and flag combination), so they
+  stay warm even when most requests are new;
+- a `Plan` per reduced shape: its base, its own variable values, the range terms, and the
+  candidates (`base ∩ ranges`).
+
+Each keeps its candidates together with the index's membership version at that time: any
+insert or delete bumps the version, and a plan or base whose version is behind recomputes
+before answering (score changes do not touch candidates: best-k reads the live score tiers
+on every request). So a cached answer is never stale, and a fleet that changes between two
+requests costs the second one its intersections, not its planning.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from pyroaring import BitMap
 
@@ -29,28 +41,54 @@ from .result import AppliedRule
 if TYPE_CHECKING:  # index.py builds plans and imports this module
     from .index import CompiledRule
 
-PLAN_CACHE_SIZE = 512
+PLAN_CACHE_SIZE = 16384
+BASE_CACHE_SIZE = 2048
 Term = Callable[[Mapping[str, Scalar]], BitMap]
 
 
 @dataclass(slots=True, eq=False)
-class Plan:
-    """The planned work for one typed request; the mutable fields are its answer cache."""
+class Base:
+    """What every reduced shape with the same exact values shares; the mutable fields are
+    its answer cache."""
 
-    vars: Mapping[str, Scalar]  # the request's own values (a private copy)
+    vars: Mapping[str, Scalar]  # the first such request's own values (a private copy)
     rules: tuple[CompiledRule, ...]  # the rules that apply, in bundle order
     applied: tuple[AppliedRule, ...]
-    terms: tuple[Term, ...]  # one requirement bitmap per applied rule (evaluated at `vars`)
+    exact: tuple[Term, ...]  # requirement bitmaps of the rules that read no range position
+    ranged: tuple[Term, ...]  # those of the rules that do (evaluated per `Plan`)
     clauses: tuple[frozenset[BloomKey], ...]  # Bloom keys every admitted instance carries
-    version: int = -1  # index membership version of `cand`
-    cand: BitMap | None = None  # may be the index's own bitmap: never mutate
-    count: int = 0
+    version: int = -1  # index membership version of `bm`
+    bm: BitMap | None = None  # the exact terms' intersection; None: the live set (no exact term)
+    count: int = 0  # len(bm)
     bloom_version: int = -1  # filter version of `survivors`
     survivors: BitMap | None = None  # shards the filters cannot rule out (None: no keys)
 
 
+@dataclass(slots=True, eq=False)
+class Plan:
+    """The planned work for one reduced shape; the mutable fields are its answer cache."""
+
+    vars: Mapping[str, Scalar]  # the first such request's own values (a private copy)
+    base: Base
+    version: int = -1  # index membership version of `cand`
+    cand: BitMap | None = None  # may be the index's own bitmap: never mutate
+    count: int = 0
+
+    @property
+    def rules(self) -> tuple[CompiledRule, ...]:
+        return self.base.rules
+
+    @property
+    def applied(self) -> tuple[AppliedRule, ...]:
+        return self.base.applied
+
+    @property
+    def clauses(self) -> tuple[frozenset[BloomKey], ...]:
+        return self.base.clauses
+
+
 class PlanCache:
-    """A small LRU of plans keyed by the typed request, `tuple(vars.items())`.
+    """A small LRU of plans (or bases) keyed by the reduced shape.
 
     Values that compare equal hash equal (`1.0` and `True`); the rules' comparisons treat
     such values identically too, so sharing a plan between them changes no answer. A key
@@ -60,26 +98,25 @@ class PlanCache:
 
     def __init__(self, size: int = PLAN_CACHE_SIZE) -> None:
         self.size = size
-        self._plans: dict[Hashable, Plan] = {}
+        self._plans: OrderedDict[Hashable, Any] = OrderedDict()  # popping a plain dict's oldest repeatedly scans its dead slots
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: Hashable) -> Plan | None:
-        plans = self._plans
-        plan = plans.pop(key, None)
+    def get(self, key: Hashable) -> Any:
+        plan = self._plans.get(key)
         if plan is None:
             self.misses += 1
             return None
-        plans[key] = plan  # most recently used last
+        self._plans.move_to_end(key)  # most recently used last
         self.hits += 1
         return plan
 
-    def put(self, key: Hashable, plan: Plan) -> None:
+    def put(self, key: Hashable, plan: Any) -> None:
         if self.size <= 0:
             return
         plans = self._plans
         if len(plans) >= self.size:
-            del plans[next(iter(plans))]
+            plans.popitem(last=False)
         plans[key] = plan
 
     def clear(self) -> None:

@@ -25,6 +25,16 @@ A batch of score changes (`move_many`) takes every moved group out first, then f
 the new tiers in one `numpy.searchsorted` over the tiers' lowest scores (`lows`; names are
 compared only where a score equals a tier's lowest), inserts, and splits the tiers that
 grew past `2 * TARGET` last, so that the tier indices found stay valid while inserting.
+
+Sparse candidates would make that walk visit hundreds of empty tiers (a fleet of 100,000
+instances has about 1,600 tiers; a request for one model in one region with a security
+flag keeps a few dozen candidates). So every tier also carries a `rank`, a float that
+grows along the tier list (a split takes the midpoint of its neighbours; the ranks are
+renumbered in the rare case a gap runs out), and every slot the rank of its tier
+(`rank_of`, a numpy array). Up to `DIRECT` candidates are ranked by gathering their tier
+ranks at once: the lowest rank names the first tier holding a candidate, and only that
+tier's candidates are ordered (the next rank when more are needed). A walk over a larger
+candidate set that meets `EMPTY_TIERS` empty tiers in a row switches to the same gather.
 """
 
 from __future__ import annotations
@@ -39,7 +49,10 @@ from pyroaring import BitMap
 
 GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
-SMALL = 64  # at most this many candidates: pick from them directly
+SMALL = 48  # at most this many candidates: order them by key directly (`key_of`)
+DIRECT = 256  # at most this many candidates: find their tiers through `rank_of`
+EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
+RANK_GAP = 1024.0  # initial distance between tier ranks
 VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
 
 
@@ -83,9 +96,11 @@ class Tier:
     counting candidates). An update bisects the doubles (one contiguous block instead of a
     tuple and a float object per probe) and compares names only among equal scores."""
 
-    __slots__ = ("bm", "groups", "keys", "negs")
+    __slots__ = ("bm", "groups", "keys", "negs", "rank")
 
-    def __init__(self, groups: list[Group], keys: list[GroupKey] | None = None, negs: array | None = None) -> None:
+    def __init__(self, groups: list[Group], keys: list[GroupKey] | None = None, negs: array | None = None,
+                 rank: float = 0.0) -> None:
+        self.rank = rank
         self.groups = groups
         self.keys = [g.key for g in groups] if keys is None else keys
         self.negs = array("d", [k[0] for k in self.keys]) if negs is None else negs
@@ -131,7 +146,7 @@ class ScoreTiers:
     """Groups in tiers by (-score, name); each instance slot found through `group_of` and
     `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
 
-    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of")
+    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of")
 
     def __init__(self) -> None:
         self.bounds: list[GroupKey] = [(-float("inf"), "")]  # each tier's lowest key
@@ -140,6 +155,26 @@ class ScoreTiers:
         self.groups: dict[Hashable, Group] = {}
         self.group_of: dict[int, Group] = {}  # slot -> its group
         self.id_of: dict[int, str] = {}  # slot -> instance id
+        self.key_of: dict[int, tuple] = {}  # slot -> (-score, group name, instance id), its place in the order
+        self.rank_of = np.zeros(1024)  # slot -> its tier's rank (free slots: stale, never read)
+
+    # ------------------------------------------------------------------ tier ranks
+    def _mark(self, slots: list[int], rank: float) -> None:
+        ro = self.rank_of
+        top = max(slots)
+        if top >= len(ro):
+            grown = np.zeros(max(2 * len(ro), top + 1))
+            grown[:len(ro)] = ro
+            ro = self.rank_of = grown
+        for s in slots:
+            ro[s] = rank
+
+    def _renumber(self) -> None:
+        """Give the tiers evenly spaced ranks again (a split found no room between two)."""
+        for i, tier in enumerate(self.tiers):
+            tier.rank = i * RANK_GAP
+            for g in tier.groups:
+                self._mark(g.slots, tier.rank)
 
     def add(self, slot: int, iid: str, name: Hashable, neg: float) -> None:
         """Add instance `slot` (id `iid`) to group `name`, whose key becomes (`neg`, `name`)
@@ -148,15 +183,19 @@ class ScoreTiers:
         g = self.groups.get(name)
         if g is None:
             g = self.groups[name] = Group(name, neg, [iid], [slot])
+            self.key_of[slot] = (neg, name, iid)
             self.group_of[slot] = g
             t = bisect_right(self.bounds, g.key) - 1
             self.tiers[t].put(g)
+            self._mark(g.slots, self.tiers[t].rank)
             if len(self.tiers[t].groups) > 2 * TARGET:
                 self._split(t)
             return
         g.join(slot, iid)
+        self.key_of[slot] = g.key + (iid,)
         assert g.tier is not None
         g.tier.bm.add(slot)
+        self._mark([slot], g.tier.rank)
         self.group_of[slot] = g
         if g.key[0] != neg:
             self.move_many([(name, neg)])
@@ -164,6 +203,7 @@ class ScoreTiers:
     def remove(self, slot: int) -> None:
         """Take instance `slot` out of its group; a group left empty is gone."""
         g = self.group_of.pop(slot)
+        del self.key_of[slot]
         g.leave(slot, self.id_of.pop(slot))
         assert g.tier is not None
         g.tier.bm.discard(slot)
@@ -180,6 +220,7 @@ class ScoreTiers:
         for its new `-score`; returns the groups that moved (an unchanged score costs
         nothing)."""
         groups = self.groups
+        key_of = self.key_of
         moved: list[Group] = []
         for name, neg in moves:
             g = groups[name]
@@ -188,6 +229,8 @@ class ScoreTiers:
             assert g.tier is not None
             g.tier.take(g)
             g.key = (neg, name)
+            for s, iid in zip(g.slots, g.ids):
+                key_of[s] = (neg, name, iid)
             moved.append(g)
         if not moved:
             return moved
@@ -197,6 +240,7 @@ class ScoreTiers:
         for g, t in zip(moved, self._locate([g.key for g in moved])):
             tier = tiers[t]
             tier.put(g)
+            self._mark(g.slots, tier.rank)
             if len(tier.groups) > limit:
                 grown.add(t)
         for t in sorted(grown, reverse=True):  # from the last: a split shifts only later indices
@@ -225,10 +269,17 @@ class ScoreTiers:
         `2 * TARGET` (a batch can grow a tier by more than one) are split again."""
         tier = self.tiers[t]
         mid = len(tier.groups) // 2
-        moved = Tier(tier.groups[mid:], tier.keys[mid:], tier.negs[mid:])
+        after = self.tiers[t + 1].rank if t + 1 < len(self.tiers) else tier.rank + 2 * RANK_GAP
+        rank = (tier.rank + after) / 2
+        moved = Tier(tier.groups[mid:], tier.keys[mid:], tier.negs[mid:], rank)
         del tier.groups[mid:], tier.keys[mid:], tier.negs[mid:]
         tier.bm -= moved.bm
         self.tiers.insert(t + 1, moved)
+        if tier.rank < rank < after:
+            for g in moved.groups:
+                self._mark(g.slots, rank)
+        else:  # no float left between the two ranks
+            self._renumber()
         self.bounds.insert(t + 1, moved.keys[0])
         self.lows = np.insert(self.lows, t + 1, moved.keys[0][0])
         if len(moved.groups) > 2 * TARGET:
@@ -260,25 +311,106 @@ class ScoreTiers:
         order = list(groups.values())  # in key order: dicts keep insertion order
         self.groups, self.group_of = groups, group_of
         self.id_of = {slot: iid for _, _, iid, slot in entries}
-        self.tiers = [Tier(order[i:i + TARGET]) for i in range(0, max(len(order), 1), TARGET)]
+        self.key_of = {slot: (neg, name, iid) for neg, name, iid, slot in entries}
+        self.tiers = [Tier(order[i:i + TARGET], rank=(i // TARGET) * RANK_GAP) for i in range(0, max(len(order), 1), TARGET)]
         self.bounds = [(-float("inf"), "")] + [tier.keys[0] for tier in self.tiers[1:]]
         self.lows = np.array([b[0] for b in self.bounds])
+        ro = np.zeros(max(1024, 2 * (max(group_of) + 1) if group_of else 0))
+        for tier in self.tiers:
+            slots = [s for g in tier.groups for s in g.slots]
+            if slots:
+                ro[slots] = tier.rank
+        self.rank_of = ro
 
     def order_key(self, slot: int) -> tuple[float, Hashable, str]:
         """`slot`'s place in the order: (-score, group name, instance id)."""
-        return self.group_of[slot].key + (self.id_of[slot],)
+        return self.key_of[slot]
 
     def best(self, cand: BitMap, count: int, k: int) -> list[int]:
         """The k best slots of `cand` (which holds `count` slots), best first."""
         if k <= 0 or count == 0:
             return []
         if count <= SMALL:
-            return heapq.nsmallest(k, cand, key=self.order_key)
+            key = self.key_of.__getitem__
+            arr = cand.to_array()  # iterating a BitMap costs far more than an array
+            return [min(arr, key=key)] if k == 1 else heapq.nsmallest(k, arr, key=key)
+        if count > DIRECT:
+            got = self._walk(cand, k)
+            if got is not None:
+                return got
+        return self._gathered(cand, k, False)
+
+    def best_distinct(self, cand: BitMap, count: int, k: int) -> list[int]:
+        """The best slot of each of the k best groups among `cand`, best first: the slots of
+        one group would otherwise fill the k places with copies of one choice."""
+        if k <= 0 or count == 0:
+            return []
+        if count <= SMALL:
+            got: list[int] = []
+            seen: set[Hashable] = set()
+            group_of = self.group_of
+            for s in sorted(cand.to_array(), key=self.key_of.__getitem__):
+                name = group_of[s].name
+                if name not in seen:
+                    seen.add(name)
+                    got.append(s)
+                    if len(got) == k:
+                        break
+            return got
+        if count > DIRECT:
+            walked = self._walk_distinct(cand, k)
+            if walked is not None:
+                return walked
+        return self._gathered(cand, k, True)
+
+    def _gathered(self, cand: BitMap, k: int, distinct: bool) -> list[int]:
+        """Best-k through the candidates' tier ranks: the candidates grouped by tier in
+        tier order (one stable sort in numpy), each tier's few ordered by key."""
+        idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
+        ranks = self.rank_of[idx]
+        key = self.key_of.__getitem__
+        if k == 1:
+            return [min(idx[ranks == ranks.min()].tolist(), key=key)]
+        order = np.argsort(ranks, kind="stable")
+        slots = idx[order].tolist()
+        sr = ranks[order]
+        cuts = (np.flatnonzero(sr[1:] != sr[:-1]) + 1).tolist()
+        cuts.append(len(slots))
+        got: list[int] = []
+        seen: set[Hashable] = set()
+        group_of = self.group_of
+        start = 0
+        for end in cuts:
+            run = slots[start:end]
+            start = end
+            if len(run) > 1:
+                run.sort(key=key)
+            if not distinct:
+                got.extend(run[:k - len(got)])
+            else:
+                for s in run:
+                    name = group_of[s].name
+                    if name not in seen:
+                        seen.add(name)
+                        got.append(s)
+                        if len(got) == k:
+                            break
+            if len(got) == k:
+                break
+        return got
+
+    def _walk(self, cand: BitMap, k: int) -> list[int] | None:
+        """Best-k by walking the tiers from the best (dense candidates find k in the first
+        few); None after `EMPTY_TIERS` empty tiers (sparse ones: gather instead)."""
         got: list[int] = []
         need = k
+        empty = 0
         for tier in self.tiers:
             n = tier.bm.intersection_cardinality(cand)  # no bitmap built: a count only
             if not n:
+                empty += 1
+                if empty >= EMPTY_TIERS:
+                    return None
                 continue
             for g in tier.groups:
                 bm = g.bm
@@ -308,26 +440,15 @@ class ScoreTiers:
                     break
         return got
 
-    def best_distinct(self, cand: BitMap, count: int, k: int) -> list[int]:
-        """The best slot of each of the k best groups among `cand`, best first: the slots of
-        one group would otherwise fill the k places with copies of one choice."""
-        if k <= 0 or count == 0:
-            return []
+    def _walk_distinct(self, cand: BitMap, k: int) -> list[int] | None:
         got: list[int] = []
-        if count <= SMALL:
-            seen: set[Hashable] = set()
-            group_of = self.group_of
-            for s in sorted(cand, key=self.order_key):
-                name = group_of[s].name
-                if name not in seen:
-                    seen.add(name)
-                    got.append(s)
-                    if len(got) == k:
-                        break
-            return got
+        empty = 0
         for tier in self.tiers:
             n = tier.bm.intersection_cardinality(cand)
             if not n:
+                empty += 1
+                if empty >= EMPTY_TIERS:
+                    return None
                 continue
             for g in tier.groups:
                 bm = g.bm

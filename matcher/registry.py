@@ -24,6 +24,8 @@ import math
 import threading
 from typing import Iterable, Mapping
 
+from pyroaring import BitMap
+
 from policyc.compiler.bundle import Bundle, Scalar
 from policyc.compiler.gc_pause import gc_paused
 
@@ -51,9 +53,16 @@ def check_score(name: str, score: float, what: str = "instance") -> float:
 
 
 
-def _group(instance: Instance) -> tuple[str, str]:
-    """The placement group whose instances share slot shards (see `slots.py`)."""
-    return instance.model, instance.deployment.region
+def _range_key(attrs: Mapping[str, Scalar], names: tuple[str, ...]) -> tuple[float, ...]:
+    """Where an instance goes within its shard group at a build: by its range attributes
+    (an instance without one last), so that `slo_latency <= x` is a prefix of each group's
+    slots, and its postings and prefix bitmaps (`prefix_bitmaps.py`) are a few long runs
+    rather than thousands of short ones."""
+    out = []
+    for a in names:
+        v = attrs.get(a)
+        out.append(v if isinstance(v, float) else math.inf)
+    return tuple(out)
 
 
 def _models(bundle: Bundle) -> tuple[str, ...]:
@@ -85,6 +94,7 @@ class Registry:
         self._models = _models(bundle)  # every registered instance's model has a contract in the bundle
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
+        self._routable = BitMap()  # slots of instances with an endpoint: a gateway may send them traffic
         items = list(instances)
         if items:
             self.add_many(items, scores)
@@ -133,11 +143,12 @@ class Registry:
         """Typed request variables, or `RequestError` naming each bad header."""
         return self._parser.parse(headers, tenant)
 
-    def match(self, request: Request, k: int = 1, *, distinct_gpus: bool = False) -> MatchResult:
+    def match(self, request: Request, k: int = 1, *, distinct_gpus: bool = False, routable: bool = False) -> MatchResult:
         """How many instances may serve the request, the best k of them, and the rules that
         applied. `distinct_gpus`: the best instance of each (model, GPU) only, for a placer
         that chooses among GPUs (instances of a model on one GPU share its score and would
-        fill the k places with one choice)."""
+        fill the k places with one choice). `routable`: only instances with an endpoint
+        (a gateway's request: an instance it cannot send bytes to is no candidate)."""
         with self._read:
             ix = self._index
             plan = ix.plan(request.vars)
@@ -145,14 +156,29 @@ class Registry:
             best = []
             tiers = self._tiers
             group_of = tiers.group_of
-            found = tiers.best_distinct(plan.cand, plan.count, k) if distinct_gpus else tiers.best(plan.cand, plan.count, k)
+            cand, count = plan.cand, plan.count
+            if routable:
+                cand = cand & self._routable if cand is not None else BitMap()
+                count = len(cand)
+            found = tiers.best_distinct(cand, count, k) if distinct_gpus else tiers.best(cand, count, k)
             for s in found:
                 score = -group_of[s].key[0]
                 sc = scored.get(s)
                 if sc is None or sc.score != score:  # built again once its group's score moved
                     sc = scored[s] = Scored(inst[s], score)
                 best.append(sc)
-            return MatchResult(plan.count, tuple(best), plan.applied, ix.bundle.content_hash)
+            return MatchResult(count, tuple(best), plan.applied, ix.bundle.content_hash)
+
+    def routable(self) -> tuple[Instance, ...]:
+        """The instances with an endpoint (the gateway's pool; a few among the fleet)."""
+        with self._read:
+            return tuple(self._instance[s] for s in self._routable)
+
+    def routable_entries(self) -> tuple[Mapping[str, Scalar], ...]:
+        """The attributes of each instance with an endpoint, as rules read them."""
+        with self._read:
+            attrs = self._index.attrs
+            return tuple(attrs[s] for s in self._routable)
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
@@ -174,7 +200,7 @@ class Registry:
                 self._insert(instance, attrs, score)
 
     def _insert(self, instance: Instance, attrs: Mapping[str, Scalar], score: float | None) -> None:
-        slot = self._slots.take(_group(instance))
+        slot = self._slots.take(self._index.shard_group(attrs))
         self._index.insert(slot, attrs)
         name = _gpu_group(instance)
         if score is None:
@@ -184,6 +210,8 @@ class Registry:
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
         self._scored.pop(slot, None)
+        if instance.deployment.endpoint:
+            self._routable.add(slot)
 
     def _delete(self, instance_id: str) -> float:
         """Take the instance out everywhere; returns its (group's) score."""
@@ -197,6 +225,7 @@ class Registry:
         score = self._group_score(slot)
         self._tiers.remove(slot)
         self._slots.give(slot)
+        self._routable.discard(slot)
         del self._instance[slot]
         self._scored.pop(slot, None)
         return score
@@ -231,19 +260,24 @@ class Registry:
         postings bitmap, Bloom filter and score tier filled from whole lists. A group's
         score is the last one given to a member (as adding them one by one would leave
         it), `DEFAULT_SCORE` where none was."""
-        by_group: dict[tuple[str, str], list[int]] = {}
+        by_group: dict[tuple, list[int]] = {}
+        shard_group = self._index.shard_group
         for n, a in enumerate(attrs):
-            key = (a["model"], a["region"])  # `_group`, read from the attributes already built
+            key = shard_group(a)
             g = by_group.get(key)
             if g is None:
                 g = by_group[key] = []
             g.append(n)
         slots = [0] * len(items)
+        ranged = self._index.range_attrs
         for group, members in by_group.items():
+            if ranged and len(members) > 1:  # within a group, slots in order of the range attributes
+                members.sort(key=lambda n: _range_key(attrs[n], ranged))
             for n, slot in zip(members, self._slots.take_many(group, len(members))):
                 slots[n] = slot
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
+        self._routable = BitMap(s for s, inst in zip(slots, items) if inst.deployment.endpoint)
         names = [_gpu_group(inst) for inst in items]
         gscore: dict[tuple[str, str, str], float] = {}
         for name, s in zip(names, scores):

@@ -1,7 +1,7 @@
 """Slot allocation: each instance gets a small integer (its bit in every bitmap).
 
 Slots are grouped into shards of `SHARD_SIZE`, and a shard is given to one placement group
-(model, region), so that the per-shard Bloom filters in `bloom.py` see few distinct keys and
+(`FleetIndex.shard_group`: model, region, ... as the rules index them), so that the per-shard Bloom filters in `bloom.py` see few distinct keys and
 can skip whole shards for selective requests. Freed slots are reused within their shard;
 a shard left empty goes back to a pool any group may take.
 """
