@@ -198,14 +198,26 @@ class Replica:
         self._thread.join(5)
 
     def pause(self) -> None:
-        """Stop refreshing the lease and following the store, as SIGSTOP would: the replica
-        keeps believing what it last saw (e.g. that it leads)."""
+        """Stop refreshing the lease and reading the store, as SIGSTOP would: the replica
+        keeps believing what it last saw (e.g. that it leads), and its watch stream is
+        gone, so `resume` watches again from the last revision it applied (and reloads if
+        the store compacted that history meanwhile)."""
         self.keeper.pause()
-        self.loop.call_soon_threadsafe(self._following.clear)
+
+        def stop_following() -> None:
+            self._following.clear()
+            if self._tasks:
+                self._tasks[0].cancel()
+        self.loop.call_soon_threadsafe(stop_following)
 
     def resume(self) -> None:
         self.keeper.resume()
-        self.loop.call_soon_threadsafe(self._following.set)
+
+        def follow_again() -> None:
+            self._following.set()
+            if self._tasks:
+                self._tasks[0] = self.loop.create_task(self._follow(self.applied_revision))
+        self.loop.call_soon_threadsafe(follow_again)
 
     # ================================================================ the watch
     async def _follow(self, revision: int) -> None:

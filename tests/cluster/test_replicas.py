@@ -253,3 +253,46 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
     assert counts["failed"] == 0, errors[:3]  # no RPC failed: every replica decided from its own copy
     assert counts["ok"] > 50 and counts["ok"] > 10 * counts["rejected"], counts
     assert write_after < 5, f"the write took {write_after:.2f} s after the etcd leader died"
+
+
+def test_a_replica_that_fell_behind_a_compaction_reloads(replicas, bundle, etcd) -> None:
+    fleet = _fleet(replicas[0], bundle)
+    replicas[0].server.engine.register_many(fleet[:2])
+    late = replicas[2]
+    eventually(lambda: len(late.server.state.registry) == 2, 5)
+    late.server.replica.pause()  # stops reading: its watch position stays behind
+    replicas[0].server.engine.deregister(fleet[0].id)
+    replicas[1].server.engine.register(fleet[2])
+
+    async def compact() -> None:
+        s = EtcdStore(etcd.endpoints)
+        await s.connect()
+        try:
+            await s.compact((await s.read_prefix("/")).revision)
+        finally:
+            await s.close()
+    asyncio.run(compact())
+    late.server.replica.resume()
+    eventually(lambda: late.server.replica.reloads == 1, 5)
+    eventually(lambda: {i.id for i, _, _ in late.server.state.registry.entries()} == {fleet[1].id, fleet[2].id}, 5)
+
+
+def test_cluster_status_shows_replicas_bundles_leases_the_leader_and_lag(replicas, etcd, capsys) -> None:
+    from policyc.cli.main import main
+
+    prefix = replicas[0].server.replica.keys.prefix
+    leader = next(th.server.replica.name for th in replicas if th.server.replica.election.token)
+    eventually(lambda: len(_reports(etcd, prefix)) == 3, 5)
+    assert main(["cluster", "status", "--etcd", *etcd.endpoints, "--etcd-prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert f"leader    {leader}  fencing token" in out
+    assert out.count("bundle in force") == 3 and "lag" in out and "lease" in out
+    assert main(["cluster", "status", "--etcd", *etcd.endpoints, "--etcd-prefix", prefix, "--format", "json"]) == 0
+    import json
+
+    view = json.loads(capsys.readouterr().out)
+    assert sorted(r["name"] for r in view["replicas"]) == ["r0", "r1", "r2"]
+    assert all(r["bundle"] == view["bundle"] and r["lease_ttl_left"] is not None for r in view["replicas"])
+    assert len(view["members"]) == 3 and sum(m["leader"] == "self" for m in view["members"]) == 1
+    assert main(["cluster", "status", "--etcd", "nonsense"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err
