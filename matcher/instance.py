@@ -8,7 +8,9 @@ view named by `policyc.compiler.attributes.INSTANCE_ATTRIBUTES`.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import ipaddress
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from policyc.compiler.bundle import Bundle, Contract, Scalar
 from policyc.compiler.meaning import instance_attributes
@@ -28,6 +30,15 @@ class Deployment(BaseModel):
     tee: bool = False
     session_state: str = "remote"  # nvme | host_memory | remote
     cuda: str = "12.4"
+    # Where a gateway sends this instance's traffic (`ip:port`, canonical: see
+    # `canonical_endpoint`); empty for an instance that takes part in placement only (the
+    # simulated fleet). Only instances with an endpoint are candidates for gateway traffic.
+    endpoint: str = ""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        return canonical_endpoint(v) if v else v
 
 
 class Instance(BaseModel):
@@ -37,6 +48,30 @@ class Instance(BaseModel):
     model: str  # contract name in the bundle
     deployment: Deployment
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+def canonical_endpoint(text: str) -> str:
+    """`text` as the `ip:port` a gateway names hosts by (`127.0.0.1:8001`, `[::1]:8001`), or
+    ValueError saying what is wrong with it. An IP literal, not a host name: Envoy's
+    override-host load balancer looks the chosen endpoint up among the addresses of a static
+    cluster, so a name would never match."""
+    if not text:
+        raise ValueError("is empty; expected `ip:port`, e.g. `127.0.0.1:8001`")
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"`{text}` is not `ip:port` (e.g. `127.0.0.1:8001`, `[::1]:8001`)")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"`{text}`: port `{port}` is not a number in 1..65535")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"`{text}`: `{host}` is not an IP address (a gateway routes to addresses, not names)") from None
+    if ip.is_unspecified or ip.is_multicast:
+        raise ValueError(f"`{text}`: `{host}` cannot receive traffic (unspecified or multicast address)")
+    return f"[{ip.compressed}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:

@@ -57,6 +57,7 @@ class DecisionInput:
     tenant: str | None = None
     session: str | None = None
     retry_count: int = 0
+    routable_only: bool = False  # a gateway's request: only instances with an endpoint may serve it
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class Decision:
     retry_count: int = 0
     tenant: str | None = None
     notes: tuple[str, ...] = ()  # e.g. models tried before the one placed, and why they were not
+    endpoint: str = ""  # the placed instance's `ip:port` ("" when it has none)
 
     @property
     def admitted(self) -> bool:

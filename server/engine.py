@@ -17,6 +17,7 @@ import time
 from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Contract
+from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.placer.catalog import catalog_for
@@ -112,7 +113,8 @@ class DecisionEngine:
                     (hit.scores == scores or now - hit.made_at < self.score_lag):
                 return hit
         st = prep.state
-        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True)
+        routable = prep.input.routable_only
+        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True, routable=routable)
         rej: Rejection | None = None
         tries: list[tuple[str, Contract, tuple[Instance, ...], float, str | None]] = []
         if not m.admitted:
@@ -121,6 +123,9 @@ class DecisionEngine:
             parts = [f"`{r.id}` ({r.origin}) excludes {r.eliminated} of {ex.live}" for r in blocking]
             reason = (f"no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
                 ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
+            if routable:  # a gateway's request: what excluded the instances it could send traffic to
+                reason, ids = _routable_rejection(st.registry, st.bundle, prep.request.vars)
+                blocking = tuple(r for r in ex.rules if r.id in ids)
             rej = Rejection(Stage.MATCH, reason, tuple(r.id for r in blocking), tuple(r.origin for r in blocking), blocking)
         else:
             # Models in the order of their best candidate's score, each model's candidates
@@ -140,7 +145,8 @@ class DecisionEngine:
                     window = tuple(cands[i:i + n])
                     tries.append((_window_label(model, i, len(window)), contract, window, budget, prep.input.session))
         out = _Matched(gen, scores, now, st, m, tuple(tries), rej,
-                       {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands})
+                       {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands},
+                       {c.id: c.deployment.endpoint for _, _, cands, _, _ in tries for c in cands if c.deployment.endpoint})
         if memo is not None:
             memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
         return out
@@ -183,7 +189,8 @@ class DecisionEngine:
         region = mt.regions.get(plan.instance_id)
         notes = tuple(f"`{mod}` was tried first: {np.message}" for mod, np in refusals)
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
-                        Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes)
+                        Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes,
+                        mt.endpoints.get(plan.instance_id, ""))
 
     def explain(self, inp: DecisionInput) -> Account:
         st = self._state
@@ -283,6 +290,21 @@ class DecisionEngine:
         if moved:
             self._scores += 1
         return moved
+
+
+def _routable_rejection(registry, bundle: Bundle, vars) -> tuple[str, frozenset[str]]:  # type: ignore[no-untyped-def]
+    """Why no instance with an endpoint matched, and the rules that excluded some of them
+    (the gateway's pool is a few instances: evaluated one by one, as the naive scan does)."""
+    pool = registry.routable_entries()
+    if not pool:
+        return "no instance with an endpoint is registered: a gateway has nowhere to send this request", frozenset()
+    rules = applicable_rules(bundle.rules, vars)
+    excluded = [(r, sum(not require_holds(r.require, a, vars) for a in pool)) for r in rules]
+    parts = [f"`{r.id}` ({r.origin}) excludes {n} of {len(pool)}" for r, n in excluded if n]
+    if not parts:
+        return f"none of the {len(pool)} instance(s) with an endpoint satisfies the applicable rules", frozenset()
+    return ("no instance with an endpoint satisfies the applicable rules: " + "; ".join(parts),
+            frozenset(r.id for r, n in excluded if n))
 
 
 def _window_label(model: str, start: int, size: int) -> str:

@@ -50,6 +50,7 @@ class Matched:
     tries: tuple[tuple[str, Contract, tuple[Instance, ...], float, str | None], ...]
     rejection: Rejection | None
     regions: dict[str, str]
+    endpoints: dict[str, str]  # candidate id -> `ip:port`, for candidates that have one
 
 
 class MatchMemo:

@@ -1,0 +1,242 @@
+"""The Envoy bootstrap for a policyc gateway: a pure function from `GatewaySpec` to the
+config dict Envoy reads (`json.dumps` it; Envoy takes JSON as YAML).
+
+What it wires, and why each piece is Envoy's own:
+
+- a listener (HTTP/1.1 or HTTP/2, gRPC included) whose `ext_proc` filter asks policyc's
+  endpoint picker about every request's headers (the Gateway API Inference Extension's
+  Endpoint Picker Protocol): policyc answers with the chosen `ip:port` list in the
+  `envoy.lb` dynamic metadata (and the `x-gateway-destination-endpoint` header), a per-try
+  timeout (`x-envoy-upstream-rq-per-try-timeout-ms`, the breaker's budget), the decision id
+  and the per-attempt headers of the redirect; or an immediate 400/403/429/503.
+- the pool cluster (HTTP/2 to the model servers' gRPC ports) balanced by Envoy's
+  `override_host` load balancer: it takes the picker's list and hands the next host to
+  each attempt, so the retry after a per-try timeout goes to the fallback (the backup);
+  the served host is written back into `envoy.lb` (`selected_host_key`) for the picker's
+  response phase. At the per-try timeout Envoy resets that one upstream stream
+  (RST_STREAM): the connection and its sibling streams carry on.
+- the route's retry policy: one retry, on a reset or a per-try timeout.
+- an upstream Lua filter that runs per attempt: Envoy can add `x-envoy-attempt-count`
+  per attempt, but no built-in header mutation is conditional on the attempt, so the
+  redirect's headers (`X-Retry-Count: 1`) are set here on attempts after the first
+  (`RETRY_LUA`).
+- the pool's endpoints either inline (`endpoints`, for users who run their own Envoy) or
+  from a file Envoy watches (`eds_path`: file-based EDS, rewritten atomically by
+  `policyc gateway` whenever the registered pool changes).
+- a hook for the access-log service (`access_log_cluster`): the evidence work (issue 20)
+  adds the gRPC ALS sink there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policyc.matcher.instance import canonical_endpoint
+
+PICKER_CLUSTER = "policyc_picker"
+POOL_CLUSTER = "policyc_pool"
+ALS_CLUSTER = "policyc_access_log"  # reserved for the access-log service (issue 20)
+LISTENER = "policyc_gateway"
+ENDPOINT_KEY = "x-gateway-destination-endpoint"  # Endpoint Picker Protocol
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+LB_NAMESPACE = "envoy.lb"
+RETRY_HEADERS = "x-policyc-retry-headers"  # picker -> Lua: headers for attempts after the first
+DECISION_HEADER = "x-policyc-decision-id"
+PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
+MAX_RETRIES = "x-envoy-max-retries"
+ATTEMPT_COUNT = "x-envoy-attempt-count"
+
+# Per attempt (an upstream filter runs once for each try): drop the picker's instructions
+# from what the model server sees and, on a retry, set the headers they name (urlencoded).
+RETRY_LUA = """
+local function unescape(s)
+  s = string.gsub(s, "+", " ")
+  return (string.gsub(s, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  local wanted = headers:get("x-policyc-retry-headers")
+  headers:remove("x-policyc-retry-headers")
+  local attempt = tonumber(headers:get("x-envoy-attempt-count"))
+  if wanted == nil or attempt == nil or attempt < 2 then return end
+  for pair in string.gmatch(wanted, "[^&]+") do
+    local k, v = string.match(pair, "^([^=]+)=(.*)$")
+    if k ~= nil then headers:replace(unescape(k), unescape(v)) end
+  end
+end
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    """What a gateway needs to know; every address is loopback unless said otherwise."""
+
+    picker: str  # `ip:port` of policyc's ext_proc endpoint picker
+    listen: str = "127.0.0.1:8080"  # where clients connect
+    admin: str = "127.0.0.1:9901"  # Envoy's admin interface (ready, stats)
+    endpoints: tuple[str, ...] = ()  # the pool inline ...
+    eds_path: str | None = None  # ... or from this file (file-based EDS), rewritten as the pool changes
+    failure_mode_allow: bool = False  # picker unreachable: False -> 500 to the client; True -> Envoy's round-robin
+    picker_timeout_ms: int = 200  # per ext_proc message
+    route_timeout_ms: int = 30_000  # the whole request, all attempts
+    retries: int = 1  # attempts after the first: the redirect to the backup
+    retry_budget: float | None = None  # share of active requests that may be retries (the breakers' `retry_budget`)
+    min_retry_concurrency: int = 3
+    use_picker: bool = True  # False: a plain round-robin gateway over the same pool (the benchmark's baseline)
+    access_log_cluster: str | None = None  # hook for issue 20: the gRPC access-log service's `ip:port`
+    node_id: str = "policyc-gateway"
+    extra_response_headers: tuple[tuple[str, str], ...] = field(default=())
+
+
+def _address(endpoint: str) -> dict[str, Any]:
+    ep = canonical_endpoint(endpoint)
+    host, _, port = ep.rpartition(":")
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
+
+
+def load_assignment(cluster: str, endpoints: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """A ClusterLoadAssignment for `endpoints` (also what the EDS file holds)."""
+    return {"cluster_name": cluster,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(e)}} for e in endpoints]}]}
+
+
+def eds_document(endpoints: tuple[str, ...] | list[str], version: str) -> dict[str, Any]:
+    """The file-based EDS document Envoy watches (a DiscoveryResponse)."""
+    cla = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+           **load_assignment(POOL_CLUSTER, endpoints)}
+    return {"version_info": version, "resources": [cla]}
+
+
+def _h2(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}}}
+    if extra:
+        opts.update(extra)
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": opts}
+
+
+def _lb_policy(name: str, type_url: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"policies": [{"typed_extension_config": {"name": name, "typed_config": {"@type": type_url, **(config or {})}}}]}
+
+
+def _round_robin() -> dict[str, Any]:
+    return _lb_policy("envoy.load_balancing_policies.round_robin",
+                      "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin")
+
+
+def _pool_cluster(spec: GatewaySpec) -> dict[str, Any]:
+    upstream_filters = [
+        {"name": "policyc.retry_headers",
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                          "default_source_code": {"inline_string": RETRY_LUA}}},
+        {"name": "envoy.filters.http.upstream_codec",
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}},
+    ]
+    cluster: dict[str, Any] = {
+        "name": POOL_CLUSTER,
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": _h2({"http_filters": upstream_filters} if spec.use_picker else None),
+    }
+    if spec.use_picker:
+        cluster["load_balancing_policy"] = _lb_policy(
+            "envoy.load_balancing_policies.override_host",
+            "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            {"override_host_sources": [{"metadata": {"key": LB_NAMESPACE, "path": [{"key": ENDPOINT_KEY}]}}],
+             "selected_host_key": {"key": LB_NAMESPACE, "path": [{"key": SERVED_KEY}]},
+             "fallback_policy": _round_robin()})
+    else:
+        cluster["load_balancing_policy"] = _round_robin()
+    if spec.retry_budget is not None:
+        cluster["circuit_breakers"] = {"thresholds": [{"retry_budget": {
+            "budget_percent": {"value": round(spec.retry_budget * 100.0, 3)},
+            "min_retry_concurrency": spec.min_retry_concurrency}}]}
+    if spec.eds_path is not None:
+        cluster["type"] = "EDS"
+        cluster["eds_cluster_config"] = {"eds_config": {"path_config_source": {"path": spec.eds_path},
+                                                        "resource_api_version": "V3"}}
+    else:
+        cluster["type"] = "STATIC"
+        cluster["load_assignment"] = load_assignment(POOL_CLUSTER, spec.endpoints)
+    return cluster
+
+
+def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}, "timeout": f"{spec.picker_timeout_ms / 1000:g}s"},
+        "failure_mode_allow": spec.failure_mode_allow,
+        "status_on_error": {"code": 503},  # picker unreachable or failing, in the deny mode: Service Unavailable
+        "message_timeout": f"{spec.picker_timeout_ms / 1000:g}s",
+        # request headers to pick; response headers to learn which host answered, on which attempt
+        "processing_mode": {"request_header_mode": "SEND", "response_header_mode": "SEND",
+                            "request_body_mode": "NONE", "response_body_mode": "NONE",
+                            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        "mutation_rules": {"allow_envoy": True},  # the picker sets x-envoy-upstream-rq-per-try-timeout-ms
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+                             "forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
+    }}
+
+
+def _access_log(spec: GatewaySpec) -> list[dict[str, Any]]:
+    """The access-log hook: issue 20 points it at policyc's ALS sink (gRPC access-log service)."""
+    if spec.access_log_cluster is None:
+        return []
+    return [{"name": "envoy.access_loggers.http_grpc", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+        "common_config": {"log_name": "policyc", "transport_api_version": "V3",
+                          "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}}},
+        "additional_request_headers_to_log": [DECISION_HEADER]}}]
+
+
+def _route(spec: GatewaySpec) -> dict[str, Any]:
+    route: dict[str, Any] = {"cluster": POOL_CLUSTER, "timeout": f"{spec.route_timeout_ms / 1000:g}s"}
+    if spec.use_picker and spec.retries > 0:
+        # a per-try timeout counts as a retriable reset: Envoy resets that stream, tries the next host
+        route["retry_policy"] = {"retry_on": "reset,connect-failure,refused-stream", "num_retries": spec.retries}
+    headers = [{"header": {"key": DECISION_HEADER, "value": f"%REQ({DECISION_HEADER})%"}, "keep_empty_value": False}]
+    headers += [{"header": {"key": k, "value": v}} for k, v in spec.extra_response_headers]
+    return {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": headers if spec.use_picker else []}
+
+
+def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
+    """The whole bootstrap for `spec` (raises ValueError naming a bad address)."""
+    if spec.eds_path is None and not spec.endpoints:
+        raise ValueError("a gateway needs its pool: give `endpoints` or `eds_path`")
+    if spec.retries < 0:
+        raise ValueError(f"retries must be at least 0, got {spec.retries}")
+    if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:
+        raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
+    http_filters = ([_ext_proc(spec)] if spec.use_picker else []) + [
+        {"name": "envoy.filters.http.router",
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": LISTENER,
+        "codec_type": "AUTO",
+        "route_config": {"name": LISTENER, "virtual_hosts": [{
+            "name": "pool", "domains": ["*"],
+            "include_request_attempt_count": True, "include_attempt_count_in_response": True,
+            "routes": [_route(spec)]}]},
+        "http_filters": http_filters,
+        "access_log": _access_log(spec),
+    }
+    clusters = [_pool_cluster(spec)]
+    if spec.use_picker:
+        clusters.append({"name": PICKER_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                         "typed_extension_protocol_options": _h2(),
+                         "load_assignment": load_assignment(PICKER_CLUSTER, (spec.picker,))})
+    if spec.access_log_cluster is not None:
+        clusters.append({"name": ALS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                         "typed_extension_protocol_options": _h2(),
+                         "load_assignment": load_assignment(ALS_CLUSTER, (spec.access_log_cluster,))})
+    return {
+        "node": {"id": spec.node_id, "cluster": "policyc"},
+        "admin": {"address": _address(spec.admin)},
+        "static_resources": {
+            "listeners": [{"name": LISTENER, "address": _address(spec.listen),
+                           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                                           "typed_config": hcm}]}]}],
+            "clusters": clusters,
+        },
+    }

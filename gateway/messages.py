@@ -1,0 +1,69 @@
+"""The ext_proc messages the picker sends Envoy (`envoy.service.ext_proc.v3`), built in one
+place: forward with the pick, refuse with an immediate response, let a phase continue."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from google.protobuf import struct_pb2
+
+from .bootstrap import DECISION_HEADER, ENDPOINT_KEY, LB_NAMESPACE, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_HEADERS
+from .pick import Pick
+from .refusal import Refusal, ascii_line
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+REASON_HEADER = "x-policyc-reason"
+RULE_HEADER = "x-policyc-rule"
+CAUSE_HEADER = "x-policyc-refusal"
+
+CONTINUE_RESPONSE_HEADERS = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+
+
+def _set(mutation: "base_pb2.HeaderMutation", key: str, value: str) -> None:  # type: ignore[name-defined]
+    mutation.set_headers.add(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE)
+
+
+def forward(pick: Pick) -> ep.ProcessingResponse:
+    """Continue upstream: the endpoints in the `envoy.lb` metadata (what the override-host
+    load balancer reads) and in `x-gateway-destination-endpoint` (the same value, as the
+    protocol asks), the per-try timeout, the retry's headers, the decision id."""
+    r = ep.ProcessingResponse()
+    m = r.request_headers.response.header_mutation
+    value = pick.endpoints
+    _set(m, ENDPOINT_KEY, value)
+    _set(m, DECISION_HEADER, pick.decision_id)
+    if pick.per_try_timeout_ms is not None:
+        _set(m, PER_TRY_TIMEOUT, str(pick.per_try_timeout_ms))
+    if pick.fallbacks:
+        _set(m, RETRY_HEADERS, pick.retry_headers_value)
+    else:
+        _set(m, MAX_RETRIES, "0")  # nowhere to redirect: a broken stream ends the request
+    md = struct_pb2.Struct()
+    md.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_KEY].string_value = value
+    r.dynamic_metadata.CopyFrom(md)
+    return r
+
+
+def immediate(refusal: Refusal) -> ep.ProcessingResponse:
+    """Answer the client now. gRPC callers get `grpc_status` and the reason as the message
+    (Envoy writes the body as `grpc-message`); everyone gets the reason in a header."""
+    ir = ep.ImmediateResponse(body=ascii_line(refusal.reason, 4000).encode(), details=f"policyc_{refusal.cause}")
+    ir.status.code = refusal.http_status  # type: ignore[assignment]
+    ir.grpc_status.status = refusal.grpc_status
+    hm = ir.headers
+    _set(hm, REASON_HEADER, ascii_line(refusal.reason))
+    _set(hm, CAUSE_HEADER, refusal.cause)
+    if refusal.decision_id:
+        _set(hm, DECISION_HEADER, refusal.decision_id)
+    if refusal.rules:
+        _set(hm, RULE_HEADER, ",".join(refusal.rules))
+    return ep.ProcessingResponse(immediate_response=ir)
+
+
+def empty_for(kind: str) -> ep.ProcessingResponse:
+    """A phase the picker has nothing to say about (bodies, trailers: the bootstrap does not
+    ask for them; answered anyway, so a differently configured Envoy does not hang)."""
+    r = ep.ProcessingResponse()
+    if kind in ep.ProcessingResponse.DESCRIPTOR.fields_by_name and kind.startswith(("request_", "response_")):
+        getattr(r, kind).SetInParent()
+    return r

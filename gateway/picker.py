@@ -1,0 +1,193 @@
+"""The endpoint picker: Envoy's `envoy.service.ext_proc.v3.ExternalProcessor`, answered by
+the decision engine.
+
+One ext_proc stream per HTTP request. On its request headers the picker decides through
+the decision service's own path (`DecisionService.decide_shape`: the audit log's
+fail-closed gate, the request-shape cache, the engine, metrics, the audit record), with
+only instances that have an endpoint as candidates, then either forwards (`messages.forward`:
+endpoints, budget, retry headers, decision id) or refuses (`messages.immediate`). On the
+response headers it learns which host answered on which attempt; a request Envoy broke
+and retried becomes acts for the placer and the audit log (`acts.py`).
+
+Shedding: at most `max_in_flight` requests between their pick and their answer; beyond,
+429 at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from policyc.audit.errors import AuditError
+from policyc.compiler.bundle import Bundle
+from policyc.enforcer.rule_table import RuleTable, build_rule_table
+from policyc.server.decision import DecisionInput
+from policyc.server.errors import ServiceError, Status
+from policyc.server.request_shapes import RequestShapes
+from policyc.server.service import DecisionService
+
+from . import messages, refusal
+from .acts import Acts, Break
+from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
+from .pick import Pick, plan_pick
+from .pool import Pool
+from .request_view import header_map, policy_headers, shape_key
+
+log = logging.getLogger("policyc.gateway")
+
+INSTANCE_HEADER = "x-policyc-instance"  # the model server names the instance that answered (modelserver/wire.py)
+VARIANT_HEADER = "x-policyc-variant"
+RECENT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PickerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: ephemeral
+    max_in_flight: int = 512  # beyond: 429 (shed)
+    forwarded_headers: frozenset[str] = frozenset()  # lower-case names for the model server, not the policy
+
+
+class RuleTables:
+    """The bundle's request-scope budgets: the guardian's table when there is a guardian
+    (lowered once per bundle by it), else lowered here once per bundle."""
+
+    def __init__(self, guardian_table: Callable[[], RuleTable] | None, bundle: Callable[[], Bundle]) -> None:
+        self._guardian_table = guardian_table
+        self._bundle = bundle
+        self._for: Bundle | None = None
+        self._table: RuleTable | None = None
+
+    def current(self) -> RuleTable:
+        if self._guardian_table is not None:
+            return self._guardian_table()
+        b = self._bundle()
+        if self._for is not b or self._table is None:
+            self._table, self._for = build_rule_table(b), b
+        return self._table
+
+
+class _Stream:
+    __slots__ = ("pick", "started", "counted")
+
+    def __init__(self) -> None:
+        self.pick: Pick | None = None
+        self.started = 0.0
+        self.counted = False
+
+
+def _value(h: Any) -> str:
+    return h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+
+
+class EndpointPicker(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, service: DecisionService, tables: RuleTables, acts: Acts, config: PickerConfig = PickerConfig()) -> None:
+        self.service = service
+        self.tables = tables
+        self.acts = acts
+        self.config = config
+        self.pool = Pool(service.engine)
+        self.shapes = RequestShapes()  # the gateway's own shapes: its inputs differ (routable only)
+        self.in_flight = 0
+        self.counts: dict[str, int] = {"forwarded": 0, "broken": 0}
+        # the last picks by decision id (bounded): what `policyc gateway`, the demo and tests show
+        self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # type: ignore[override]
+                      context: grpc.aio.ServicerContext) -> None:
+        stream = _Stream()
+        try:
+            while True:
+                req = await context.read()
+                if req is grpc.aio.EOF:
+                    return
+                kind = req.WhichOneof("request")
+                if kind == "request_headers":
+                    resp = await self._request_headers(req, stream)
+                elif kind == "response_headers":
+                    resp = self._response_headers(req, stream)
+                else:
+                    resp = messages.empty_for(kind or "")
+                await context.write(resp)
+        finally:
+            if stream.counted:
+                self.in_flight -= 1
+
+    async def _request_headers(self, req: ep.ProcessingRequest, stream: _Stream) -> ep.ProcessingResponse:
+        t0 = time.perf_counter()
+        try:
+            return await self._pick(req, stream, t0)
+        except Exception as e:  # noqa: BLE001 - the boundary: a bug refuses this request, never forwards it
+            log.exception("picker failed")
+            self._count("internal")
+            return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}"))
+
+    async def _pick(self, req: ep.ProcessingRequest, stream: _Stream, t0: float) -> ep.ProcessingResponse:
+        limit = self.config.max_in_flight
+        if self.in_flight >= limit:
+            self._count("shed")
+            return messages.immediate(refusal.shed(self.in_flight, limit))
+        headers = header_map((h.key, _value(h)) for h in req.request_headers.headers.headers)
+        policy = policy_headers(headers, self.config.forwarded_headers)
+        try:
+            d, _, durable = self.service.decide_shape(self.shapes, shape_key(policy),
+                                                      lambda: DecisionInput(policy, {}, routable_only=True), t0)
+            if durable is not None:
+                await durable  # sync audit: forward only once the decision's record is on disk
+        except ServiceError as e:
+            r = refusal.from_error(e)
+            self._count(r.cause)
+            return messages.immediate(r)
+        except AuditError as e:
+            self._count("audit")
+            return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e))))
+        if not d.admitted:
+            r = refusal.from_rejection(d)
+            self._count(r.cause)
+            return messages.immediate(r)
+        if not d.endpoint:
+            self._count("no-instance")
+            return messages.immediate(refusal.no_endpoint(d))
+        pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
+        stream.pick, stream.started, stream.counted = pick, t0, True
+        self.in_flight += 1
+        self._count("forwarded")
+        recent = self.recent
+        recent[pick.decision_id] = pick
+        if len(recent) > RECENT:
+            recent.popitem(last=False)
+        return messages.forward(pick)
+
+    def _response_headers(self, req: ep.ProcessingRequest, stream: _Stream) -> ep.ProcessingResponse:
+        pick = stream.pick
+        if pick is None:
+            return messages.CONTINUE_RESPONSE_HEADERS
+        try:
+            headers = {h.key: _value(h) for h in req.response_headers.headers.headers}
+            attempt_text = headers.get(ATTEMPT_COUNT, "1")
+            attempt = int(attempt_text) if attempt_text.isdigit() else 1
+            served = ""
+            lb = req.metadata_context.filter_metadata.get(LB_NAMESPACE)
+            if lb is not None and SERVED_KEY in lb.fields:
+                served = lb.fields[SERVED_KEY].string_value
+            if attempt >= 2 or (served and served != pick.endpoint):
+                elapsed = time.perf_counter() - stream.started
+                budget = pick.per_try_timeout_ms
+                b = Break(pick.decision_id, pick.breaker.name if pick.breaker else "", pick.endpoint, served,
+                          headers.get(INSTANCE_HEADER, ""), attempt, elapsed,
+                          budget is not None and elapsed * 1e3 >= budget)
+                self.acts.broken(pick, b, headers.get(VARIANT_HEADER, ""))
+                self._count("broken")
+        except Exception:  # noqa: BLE001 - the answer goes on; what the picker failed to record is logged
+            log.exception("picker: response phase of decision %s", pick.decision_id)
+        return messages.CONTINUE_RESPONSE_HEADERS

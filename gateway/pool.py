@@ -1,0 +1,69 @@
+"""The gateway's pool: the registered instances that have an endpoint, by model, best
+score first. The engine picks the primary (only such instances are its candidates for a
+gateway request); the pool answers "where does the retry go": the backup model's best
+instance with an endpoint other than the primary's. Rebuilt only when the registry or the
+policy state changes (a few instances among a fleet of thousands).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policyc.matcher import UnknownInstanceError
+from policyc.server.engine import DecisionEngine
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    instance_id: str
+    model: str
+    endpoint: str
+    gpu_key: str
+    score: float
+
+
+class Pool:
+    def __init__(self, engine: DecisionEngine) -> None:
+        self._engine = engine
+        self._seen: tuple[object, int] | None = None
+        self._by_model: dict[str, tuple[Member, ...]] = {}
+        self._endpoints: tuple[str, ...] = ()
+
+    def _fresh(self) -> None:
+        st, gen = self._engine.state, self._engine.generation
+        if self._seen is not None and self._seen[0] is st and self._seen[1] == gen:
+            return
+        reg = st.registry
+        members = []
+        for inst in reg.routable():
+            d = inst.deployment
+            try:
+                score = reg.score(inst.id)
+            except UnknownInstanceError:  # removed since routable() was read
+                continue
+            members.append(Member(inst.id, inst.model, d.endpoint, f"{d.host}/{d.gpu}", score))
+        members.sort(key=lambda m: (-m.score, m.instance_id))
+        by_model: dict[str, list[Member]] = {}
+        for m in members:
+            by_model.setdefault(m.model, []).append(m)
+        self._by_model = {k: tuple(v) for k, v in by_model.items()}
+        self._endpoints = tuple(sorted({m.endpoint for m in members}))
+        self._seen = (st, gen)
+
+    def endpoints(self) -> tuple[str, ...]:
+        """Every distinct endpoint of the pool (what Envoy's pool cluster must hold)."""
+        self._fresh()
+        return self._endpoints
+
+    def members(self, model: str | None = None) -> tuple[Member, ...]:
+        self._fresh()
+        if model is None:
+            return tuple(m for ms in self._by_model.values() for m in ms)
+        return self._by_model.get(model, ())
+
+    def fallbacks(self, model: str, avoid_endpoint: str, avoid_gpu: str, n: int = 1) -> tuple[Member, ...]:
+        """Up to `n` instances of `model` for a retry: never the primary's endpoint, and
+        another GPU than the primary's first (a GPU that stalled one request may stall the next)."""
+        cands = [m for m in self.members(model) if m.endpoint != avoid_endpoint]
+        cands.sort(key=lambda m: m.gpu_key == avoid_gpu)  # stable: best score first within each
+        return tuple(cands[:n])

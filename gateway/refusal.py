@@ -1,0 +1,85 @@
+"""When the picker must not forward: the HTTP status, the gRPC status for gRPC callers, and
+the reason, following the Endpoint Picker Protocol (503: no endpoint can serve; 429: the
+request is shed) and the decision service's own refusals:
+
+| cause | HTTP | gRPC |
+| --- | --- | --- |
+| bad, unknown or misspelt header, unknown tenant ("did you mean") | 400 | INVALID_ARGUMENT |
+| a rule excludes every instance (solver or matcher), named with its origin | 403 | PERMISSION_DENIED |
+| no instance can serve (none registered with an endpoint, no GPU can place it) | 503 | UNAVAILABLE |
+| the audit log refuses (it fails closed) | 503 | UNAVAILABLE |
+| too many requests in flight through the picker | 429 | RESOURCE_EXHAUSTED |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policyc.server.decision import Decision, Stage
+from policyc.server.errors import ServiceError, Status
+
+GRPC_OK, GRPC_INVALID_ARGUMENT, GRPC_PERMISSION_DENIED = 0, 3, 7
+GRPC_RESOURCE_EXHAUSTED, GRPC_INTERNAL, GRPC_UNAVAILABLE = 8, 13, 14
+
+_BY_STATUS = {
+    Status.INVALID_ARGUMENT: (400, GRPC_INVALID_ARGUMENT),
+    Status.NOT_FOUND: (400, GRPC_INVALID_ARGUMENT),  # an unknown tenant is a bad header value here
+    Status.PERMISSION_DENIED: (403, GRPC_PERMISSION_DENIED),
+    Status.UNAUTHENTICATED: (403, GRPC_PERMISSION_DENIED),
+    Status.RESOURCE_EXHAUSTED: (429, GRPC_RESOURCE_EXHAUSTED),
+    Status.UNAVAILABLE: (503, GRPC_UNAVAILABLE),
+    Status.DEADLINE_EXCEEDED: (503, GRPC_UNAVAILABLE),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    http_status: int
+    grpc_status: int
+    reason: str  # one line, for people: also the gRPC message
+    cause: str  # `bad-header`, `rule`, `no-instance`, `audit`, `shed`, `internal`
+    decision_id: str = ""
+    rules: tuple[str, ...] = ()  # the rules that reject, by id
+    problems: tuple[str, ...] = ()  # one per bad header
+
+
+def ascii_line(text: str, limit: int = 1000) -> str:
+    """Header values are printable ASCII on one line; keep the message readable anyway."""
+    text = text.replace("…", "...").replace("→", "->").replace("\n", " ").replace("\r", " ")
+    return text.encode("ascii", "replace").decode()[:limit]
+
+
+def from_error(e: ServiceError) -> Refusal:
+    http, grpc_code = _BY_STATUS.get(e.status, (500, GRPC_INTERNAL))
+    cause = "bad-header" if http == 400 else "audit" if e.status is Status.UNAVAILABLE else "shed" if http == 429 \
+        else "internal" if http == 500 else "rule"
+    return Refusal(http, grpc_code, e.message, cause, problems=tuple(e.details))
+
+
+def from_rejection(d: Decision) -> Refusal:
+    """A rejected decision: 403 when rules exclude every instance (they are named), 503
+    when nothing can serve it (no instance, no GPU with room)."""
+    r = d.rejection
+    assert r is not None
+    if r.rule_ids and r.stage in (Stage.FEASIBILITY, Stage.MATCH):
+        return Refusal(403, GRPC_PERMISSION_DENIED, f"rejected by {', '.join(f'`{i}`' for i in r.rule_ids)}: {r.reason}",
+                       "rule", d.decision_id, tuple(r.rule_ids))
+    return Refusal(503, GRPC_UNAVAILABLE, f"no instance can serve this request ({r.stage.value}): {r.reason}",
+                   "no-instance", d.decision_id)
+
+
+def no_endpoint(d: Decision) -> Refusal:
+    """Admitted on an instance the gateway cannot reach (never chosen for a gateway request;
+    kept as a guard so such a decision never becomes traffic)."""
+    who = d.plan.instance_id if d.plan is not None else "?"
+    return Refusal(503, GRPC_UNAVAILABLE, f"instance `{who}` has no endpoint a gateway can send traffic to",
+                   "no-instance", d.decision_id)
+
+
+def shed(in_flight: int, limit: int) -> Refusal:
+    return Refusal(429, GRPC_RESOURCE_EXHAUSTED,
+                   f"shedding: {in_flight} requests in flight through the picker, the limit is {limit}", "shed")
+
+
+def internal(what: str) -> Refusal:
+    return Refusal(500, GRPC_INTERNAL, f"internal error in the endpoint picker: {what}", "internal")

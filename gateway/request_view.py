@@ -1,0 +1,40 @@
+"""What of a request's headers, as Envoy hands them over, the policy reads.
+
+A request through the gateway carries more than the policy's headers: HTTP/2 pseudo
+headers, transport and tracing headers (`te`, `user-agent`, `x-request-id` — unique per
+request), Envoy's own (`x-envoy-*`) and headers meant for the model server (`x-policyc-*`,
+e.g. the stall control the tests use). Those are not the policy's to judge and must not
+key the request-shape cache (a per-request id would make every request a new shape).
+Everything else goes to the bundle's header parser, so a misspelt policy header is still
+refused with "did you mean".
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from policyc.matcher.parse import PASSTHROUGH_HEADERS
+
+NOT_POLICY_PREFIXES = (":", "x-envoy-", "x-policyc-", "x-gateway-", "grpc-")
+
+
+def header_map(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Lower-case names (HTTP/2 sends them so); a repeated header keeps its values joined
+    by `,` as HTTP does, so the parser sees one value and can refuse it."""
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        k = k.lower()
+        out[k] = f"{out[k]},{v}" if k in out else v
+    return out
+
+
+def policy_headers(headers: Mapping[str, str], forwarded: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The headers the policy reads: all but pseudo, transport/tracing, Envoy's, the
+    gateway's and model-server headers, and those named in `forwarded` (lower case)."""
+    return {k: v for k, v in headers.items()
+            if k not in PASSTHROUGH_HEADERS and k not in forwarded and not k.startswith(NOT_POLICY_PREFIXES)}
+
+
+def shape_key(headers: Mapping[str, str]) -> bytes:
+    """The request-shape cache key: the policy headers, sorted (one shape per distinct set)."""
+    return "\n".join(f"{k}\x00{v}" for k, v in sorted(headers.items())).encode("utf-8", "surrogateescape")

@@ -1,0 +1,70 @@
+"""The picker's gRPC server, next to a running `DecisionServer` and on its event loop: one
+engine, one bundle, one registry, one audit log for `Decide` and for the gateway.
+
+Its own port (Envoy's ext_proc cluster points there; the decision API keeps its tokens
+and roles) with the Endpoint Picker Protocol's health services: `liveness` (the process
+answers), `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor` and `""` (ready to
+pick: the decision service is ready and the pool has an instance with an endpoint).
+"""
+
+from __future__ import annotations
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from policyc.server.app import DecisionServer
+from policyc.server.readiness import Readiness
+from policyc.server.transport import TransportError
+
+from .acts import Acts
+from .picker import EndpointPicker, PickerConfig, RuleTables
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class PickerServer:
+    """`await start()` → port (on the decision server's loop); `await stop()`."""
+
+    def __init__(self, decision: DecisionServer, config: PickerConfig = PickerConfig()) -> None:
+        self.decision = decision
+        self.config = config
+        g = decision.guardian
+        tables = RuleTables((lambda: g.table) if g is not None else None, lambda: decision.engine.state.bundle)
+        audit = decision.audit
+        self.acts = Acts(decision.placer, audit.log if audit is not None else None, decision.engine.state.bundle)
+        decision.engine.on_reload(lambda st: setattr(self.acts, "bundle", st.bundle))
+        self.picker = EndpointPicker(decision.service, tables, self.acts, config)
+        self.health = health.aio.HealthServicer()
+        self.readiness = Readiness(self.health, ("", EXT_PROC_SERVICE), interval=0.2)
+        self.readiness.add("decision service", self._decision_ready)
+        self.readiness.add("pool", lambda: None if self.picker.pool.endpoints() else
+                           "no instance with an endpoint is registered (RegisterInstance with deployment.endpoint)")
+        self._server: grpc.aio.Server | None = None
+        self.port: int | None = None
+
+    def _decision_ready(self) -> str | None:
+        r = self.decision.readiness
+        return None if r.ready else ("; ".join(r.reasons) or "not yet checked")
+
+    async def start(self) -> int:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        ep_grpc.add_ExternalProcessorServicer_to_server(self.picker, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        except RuntimeError as e:
+            raise TransportError(f"the endpoint picker cannot listen on {self.config.host}:{self.config.port}: {e}") from None
+        if port == 0:
+            raise TransportError(f"the endpoint picker cannot listen on {self.config.host}:{self.config.port} (in use?)")
+        await server.start()
+        self._server, self.port = server, port
+        await self.readiness.start()
+        return port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.readiness.stop()
+        if self._server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._server.stop(grace)
+            self._server = None

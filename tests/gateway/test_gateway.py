@@ -1,0 +1,230 @@
+"""Through a real Envoy to real KServe model servers, with policyc as Envoy's ext_proc
+endpoint picker (one gateway for the module: `gateway_support.gateway`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from policyc.compiler import bundle_io
+from policyc.gateway.bootstrap import GatewaySpec, POOL_CLUSTER, build_bootstrap
+from policyc.gateway.envoy_process import EnvoyProcess
+from policyc.modelserver.client import OipClient, answer_of, token_ids
+from policyc.server.proto import pb, pb_grpc
+
+from gateway_rig import BACKUP, PRIMARY, Gateway, free_port
+
+IDS = token_ids(32)
+BASE = (("x-model", PRIMARY), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
+STALL = ("x-policyc-stall-ms", "5000")
+
+
+def refused(client: OipClient, metadata: tuple[tuple[str, str], ...]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        client.infer(PRIMARY, IDS, metadata=metadata, timeout=10)
+    return info.value  # type: ignore[return-value]
+
+
+def trailers(e: grpc.RpcError) -> dict[str, str]:
+    return dict(e.trailing_metadata() or ())  # type: ignore[attr-defined]
+
+
+def test_an_admitted_request_reaches_the_instance_the_picker_chose(gateway: Gateway, client: OipClient) -> None:
+    a = client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+    pick = gateway.picker.picker.recent[a.decision_id]
+    assert a.instance == pick.instance_id  # the model server names itself in its answer
+    assert pick.endpoint == gateway.endpoint_of(pick.instance_id)
+    assert pick.model == PRIMARY and a.variant == "full" and a.retry_count == 0
+    assert a.headers["x-envoy-attempt-count"] == "1"
+    # the fallback is the contract's redirect backup, and only instances with endpoints were candidates
+    assert [m.model for m in pick.fallbacks] == [BACKUP]
+    assert pick.breaker is not None and pick.per_try_timeout_ms is not None
+    # the simulated fleet is registered too (placement at scale), but never gets gateway traffic
+    assert len(gateway.server.engine.state.registry) > 100
+
+
+@pytest.mark.parametrize("metadata, code, words", [
+    ((("x-data-regoin", "us-west"),), grpc.StatusCode.INVALID_ARGUMENT, ["x-data-regoin", "did you mean `X-Data-Region`"]),
+    ((("x-data-region", "mars"),), grpc.StatusCode.INVALID_ARGUMENT, ["X-Data-Region", "`mars` is not one of"]),
+    ((("x-tenant", "acme-bnk"),), grpc.StatusCode.INVALID_ARGUMENT, ["unknown tenant `acme-bnk`", "did you mean `acme-bank`"]),
+    ((("x-slo-latency", "fast"),), grpc.StatusCode.INVALID_ARGUMENT, ["X-SLO-Latency", "`fast`"]),
+    ((("x-retry-count", "-1"),), grpc.StatusCode.INVALID_ARGUMENT, ["x-retry-count", "whole number"]),
+    ((("x-tenant", "st-marys"),), grpc.StatusCode.PERMISSION_DENIED, ["`compliance.healthcare-eu`", "routing.contract"]),
+    ((("x-model", PRIMARY), ("x-slo-latency", "150ms")), grpc.StatusCode.PERMISSION_DENIED, ["`routing.latency-target`"]),
+])
+def test_every_rejection_and_bad_header_has_its_status_and_reason(client: OipClient, metadata: tuple[tuple[str, str], ...],
+                                                                   code: grpc.StatusCode, words: list[str]) -> None:
+    e = refused(client, metadata)
+    assert e.code() == code, e.details()
+    for w in words:
+        assert w in e.details(), e.details()
+    t = trailers(e)
+    assert t["x-policyc-reason"]
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        assert t["x-policyc-rule"] and t["x-policyc-decision-id"]  # a rejection is a decision: audited by id
+
+
+def test_http_clients_get_the_http_status(gateway: Gateway) -> None:
+    req = urllib.request.Request(f"http://{gateway.listen}/v2/models/{PRIMARY}/infer", data=b"{}",
+                                 headers={"X-Data-Regoin": "us-west", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=10)  # noqa: S310 - loopback
+    assert info.value.code == 400
+    assert "did you mean `X-Data-Region`" in info.value.read().decode()
+    req = urllib.request.Request(f"http://{gateway.listen}/v2/models/{PRIMARY}/infer", data=b"{}",
+                                 headers={"X-Tenant": "st-marys", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=10)  # noqa: S310
+    assert info.value.code == 403 and info.value.headers["x-policyc-rule"] == "compliance.healthcare-eu"
+
+
+def test_a_bundle_reload_under_gateway_load_fails_no_request(gateway: Gateway, bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "bundle.json"
+    bundle_io.write(bundle, path)
+    failures: list[str] = []
+    done = threading.Event()
+    count = [0]
+
+    def load() -> None:
+        with OipClient(gateway.listen) as c:
+            while not done.is_set():
+                try:
+                    c.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+                    count[0] += 1
+                except grpc.RpcError as e:
+                    failures.append(f"{e.code()}: {e.details()}")
+                time.sleep(0.02)  # paced: within the two simulated GPUs' share per placer tick
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    hashes = []
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.server.port}") as ch:
+        stub = pb_grpc.DecisionsStub(ch)
+        for _ in range(3):
+            time.sleep(0.15)
+            hashes.append(stub.ReloadBundle(pb.ReloadBundleRequest(path=str(path)), timeout=30).bundle_hash)
+    time.sleep(0.15)
+    done.set()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+    assert count[0] > 10 and hashes == [bundle.content_hash] * 3
+
+
+def test_shedding_answers_429_beyond_the_in_flight_limit(gateway: Gateway, client: OipClient) -> None:
+    picker = gateway.picker.picker
+    config = picker.config
+    picker.config = type(config)(host=config.host, port=config.port, max_in_flight=1)
+    try:
+        first = client.infer_future(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
+        deadline = time.monotonic() + 5
+        while picker.in_flight < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        e = refused(client, BASE)
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "shedding" in e.details()
+        assert answer_of(first).variant == "simplified"
+    finally:
+        picker.config = config
+
+
+def _cancelled(gateway: Gateway, instance_id: str) -> float:
+    """`policyc_modelserver_cancelled_total` of one instance (its process's /metrics)."""
+    http = gateway.models.instance(instance_id).http_endpoint
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as r:  # noqa: S310 - loopback
+        for line in r.read().decode().splitlines():
+            if line.startswith("policyc_modelserver_cancelled_total") and f'instance="{instance_id}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_stalled_request_is_reset_at_its_budget_alone_and_answered_by_the_backup(gateway: Gateway, client: OipClient) -> None:
+    client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)  # connections up, to a primary and to the backup
+    client.infer(PRIMARY, IDS, metadata=(("x-model", BACKUP),) + BASE[1:], timeout=10)
+    envoy = gateway.envoy
+    before, hosts_before = envoy.stats(f"cluster.{POOL_CLUSTER}."), envoy.host_stats(POOL_CLUSTER)
+    futures = [client.infer_future(PRIMARY, IDS, metadata=BASE + ((STALL,) if i == 0 else ()), timeout=10) for i in range(4)]
+    answers = [answer_of(f) for f in futures]
+    after, hosts_after = envoy.stats(f"cluster.{POOL_CLUSTER}."), envoy.host_stats(POOL_CLUSTER)
+    stalled, siblings = answers[0], answers[1:]
+    pick = gateway.picker.picker.recent[stalled.decision_id]
+    # the stalled one: reset at its per-try timeout, retried once on the backup, which saw X-Retry-Count: 1
+    assert stalled.instance.startswith(BACKUP) and stalled.variant == "simplified" and stalled.retry_count == 1
+    assert stalled.headers["x-envoy-attempt-count"] == "2"
+    assert after[f"cluster.{POOL_CLUSTER}.upstream_rq_per_try_timeout"] - before[f"cluster.{POOL_CLUSTER}.upstream_rq_per_try_timeout"] == 1
+    assert after[f"cluster.{POOL_CLUSTER}.upstream_rq_retry"] - before[f"cluster.{POOL_CLUSTER}.upstream_rq_retry"] == 1
+    # the three siblings answered in full, on their first attempt, by primaries
+    for a in siblings:
+        assert a.instance.startswith(PRIMARY) and a.variant == "full" and a.headers["x-envoy-attempt-count"] == "1"
+    # one HTTP/2 connection per model server, before and after: the reset broke a stream, not a connection
+    assert after[f"cluster.{POOL_CLUSTER}.upstream_cx_total"] == before[f"cluster.{POOL_CLUSTER}.upstream_cx_total"]
+    assert after.get(f"cluster.{POOL_CLUSTER}.upstream_cx_destroy_with_active_rq", 0) == 0
+    primary_host = hosts_after[pick.endpoint]
+    assert primary_host["cx_total"] == hosts_before[pick.endpoint]["cx_total"] == 1
+    assert primary_host["cx_active"] == 1
+    siblings_on_it = [a for a in siblings if a.instance == pick.instance_id]
+    assert primary_host["rq_total"] - hosts_before[pick.endpoint]["rq_total"] == 1 + len(siblings_on_it)
+    assert _cancelled(gateway, pick.instance_id) >= 1  # the model server saw its stream reset
+    # every act with the decision id, and the anomaly on the chosen GPU
+    acts = [r for r in gateway.picker.acts.records if r.decision_id == stalled.decision_id]
+    assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"]
+    assert acts[2].target == pick.gpu_key and "x-retry-count: 1" in acts[1].detail
+    assert f"{pick.per_try_timeout_ms} ms" in acts[0].detail
+
+
+def test_the_anomaly_lowers_the_chosen_gpus_health_on_the_next_tick(gateway: Gateway, client: OipClient) -> None:
+    refresher = gateway.server.refresher  # running: a tick every 200 ms
+    a = client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
+    assert a.variant == "simplified"
+    pick = gateway.picker.picker.recent[a.decision_id]
+    snap = refresher.current()
+    i = snap.topology.gpu_index[tuple(pick.gpu_key.split("/"))]  # type: ignore[index]
+    before, version = float(snap.gpu_health[i]), snap.version
+    deadline = time.monotonic() + 5
+    while refresher.current().version < version + 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert float(refresher.current().gpu_health[i]) < before
+
+
+def test_no_instance_with_an_endpoint_is_503_and_the_picker_not_ready(gateway: Gateway, client: OipClient) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.server.port}") as ch:
+        stub = pb_grpc.DecisionsStub(ch)
+        for s in gateway.slots:
+            stub.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=s.instance_id), timeout=10)
+    e = refused(client, BASE)
+    assert e.code() == grpc.StatusCode.UNAVAILABLE and "no instance with an endpoint is registered" in e.details()
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.picker.port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        deadline = time.monotonic() + 5
+        status = None
+        while time.monotonic() < deadline:
+            status = health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=5).status
+            if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            time.sleep(0.05)
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        live = health.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5).status
+        assert live == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_dead_picker_makes_envoy_answer_as_its_failure_mode_says(gateway: Gateway, client: OipClient) -> None:
+    allow_spec = GatewaySpec(picker=f"127.0.0.1:{gateway.picker.port}", listen=f"127.0.0.1:{free_port()}",
+                             admin=f"127.0.0.1:{free_port()}", endpoints=tuple(i.endpoint for i in gateway.models.instances),
+                             failure_mode_allow=True)
+    with EnvoyProcess(build_bootstrap(allow_spec), gateway.workdir / "envoy-allow") as allow:
+        gateway.thread.call(gateway.picker.stop(grace=0.1))
+        # failure_mode_allow: false (the default): the request is refused, never sent unpicked
+        e = refused(client, BASE)
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, (e.code(), e.details())
+        # failure_mode_allow: true: Envoy's own round-robin over the pool answers
+        listen = allow_spec.listen
+        with OipClient(listen) as c:
+            served = {c.infer(PRIMARY, IDS, metadata=BASE, timeout=10).instance for _ in range(6)}
+        assert len(served) >= 2 and all(s in {x.instance_id for x in gateway.models.instances} for s in served)
+        assert allow.stats("http.policyc_gateway.ext_proc.").get("http.policyc_gateway.ext_proc.failure_mode_allowed", 0) >= 1
