@@ -6,7 +6,7 @@ force, each replica (address, bundle, lag in revisions, lease and its TTL left) 
 shared state. `rollout BUNDLE` stores the bundle under its hash and swaps the pointer by
 compare-and-swap (`--expect HASH`: only if that bundle is in force); every replica
 verifies it before it swaps. Exit codes: 0 ok; 1 the rollout lost its compare-and-swap;
-2 usage, an unreachable store, a bad bundle.
+2 usage or a bad bundle; 6 etcd could not be reached.
 """
 
 from __future__ import annotations
@@ -18,17 +18,26 @@ import sys
 
 from policyc.cluster.keys import DEFAULT_PREFIX
 
+from .exit_codes import Exit
+from .help import add_command
+
+
+CODES = (Exit.OK, Exit.FAILED, Exit.USAGE, Exit.UNAVAILABLE)
+
 
 def register(sub) -> None:  # type: ignore[no-untyped-def]
-    p = sub.add_parser("cluster", help="replicas sharing one fleet through etcd: status, rollout")
+    p = add_command(sub, "cluster", help="replicas sharing one fleet through etcd: status, rollout", codes=CODES,
+                    description=__doc__, examples=["policyc cluster status --etcd http://10.0.0.1:2379 http://10.0.0.2:2379",
+                                                   "policyc cluster rollout bundle.json --etcd http://10.0.0.1:2379"])
     csub = p.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=type(p))
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--etcd", nargs="+", required=True, metavar="URL", help="etcd endpoints")
-    common.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"the cluster's key prefix (default {DEFAULT_PREFIX})")
-    s = csub.add_parser("status", parents=[common], help="replicas, their bundles, leases, the leader and lag")
+    s = add_command(csub, "status", help="replicas, their bundles, leases, the leader and lag", codes=CODES,
+                    examples=["policyc cluster status --etcd http://127.0.0.1:2379 --format json"])
+    _store_flags(s)
     s.add_argument("--format", choices=("text", "json"), default="text")
     s.set_defaults(func=_status)
-    r = csub.add_parser("rollout", parents=[common], help="make a bundle the one in force on every replica")
+    r = add_command(csub, "rollout", help="make a bundle the one in force on every replica", codes=CODES,
+                    examples=["policyc cluster rollout new.json --etcd http://127.0.0.1:2379 --expect sha256:…"])
+    _store_flags(r)
     r.add_argument("bundle", help="compiled bundle (policyc compile … -o bundle.json)")
     r.add_argument("--public-key", help="check the bundle's signature here first (each replica checks again)")
     r.add_argument("--expect", metavar="HASH", help="only if this bundle is in force (compare-and-swap)")
@@ -36,9 +45,14 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _fail(message: str) -> int:
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd", nargs="+", required=True, metavar="URL", help="etcd endpoints")
+    p.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"the cluster's key prefix (default {DEFAULT_PREFIX})")
+
+
+def _fail(message: str, code: int = Exit.USAGE) -> int:
     print(f"policyc cluster: error: {message}", file=sys.stderr)
-    return 2
+    return int(code)
 
 
 def _store(args):  # type: ignore[no-untyped-def]
@@ -66,7 +80,7 @@ def _status(args) -> int:  # type: ignore[no-untyped-def]
     try:
         view = asyncio.run(go())
     except StoreError as e:
-        return _fail(str(e))
+        return _fail(str(e), Exit.UNAVAILABLE)
     print(json.dumps(view.to_json(), indent=2, default=lambda o: o.__dict__) if args.format == "json" else render(view))
     return 0
 
@@ -100,9 +114,9 @@ def _rollout(args) -> int:  # type: ignore[no-untyped-def]
         out = asyncio.run(go())
     except RolloutError as e:
         print(f"policyc cluster: rollout refused: {e}", file=sys.stderr)
-        return 1
+        return int(Exit.FAILED)
     except StoreError as e:
-        return _fail(str(e))
+        return _fail(str(e), Exit.UNAVAILABLE)
     print(f"in force: {out.current} (was {out.previous or 'none'}); each replica verifies it, swaps, and reports it "
           "(see `policyc cluster status`)")
     return 0
