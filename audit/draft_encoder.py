@@ -50,6 +50,8 @@ class OriginWire(Struct, **_STRICT):  # compiler.bundle.SourceRef
     file: str
     line: int
     col: int
+    end_line: int  # 0: a point; required here (the record writes its default): a draft without it takes the model's path
+    end_col: int
 
 
 class RuleWire(Struct, **_STRICT):  # records.MatchedRule

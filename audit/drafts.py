@@ -56,13 +56,13 @@ def decision_draft(
     bundle_hash: str,
     outcome: str,
     reason: str | None,
-    matched_rules: Iterable[tuple[str, str, int, int]],
+    matched_rules: Iterable[tuple[str, str, int, int, int, int]],
     placement: Mapping[str, object] | None,
     latency: float,
     stages: Mapping[str, float],
     resources: Mapping[str, FigureFields] | None = None,
 ) -> DecisionDraft:
-    """A draft from the decision's parts. `matched_rules`: (rule id, file, line, col);
+    """A draft from the decision's parts. `matched_rules`: (rule id, file, line, col, end line, end col);
     `placement`: the `Placement` fields that are known; `resources`: as `estimated_figures`
     returns (None: nothing estimated or measured)."""
     draft: DecisionDraft = {
@@ -76,7 +76,8 @@ def decision_draft(
         "bundle_hash": bundle_hash,
         "outcome": outcome,
         "reason": reason,
-        "matched_rules": [{"id": i, "origin": {"file": f, "line": ln, "col": c}} for i, f, ln, c in matched_rules],
+        "matched_rules": [{"id": i, "origin": {"file": f, "line": ln, "col": c, "end_line": el, "end_col": ec}}
+                          for i, f, ln, c, el, ec in matched_rules],
         "placement": dict(placement) if placement is not None else None,
         "latency": {"total": latency, "stages": dict(stages)},
         # written even when empty, as the record's default is: the writer's fast path wants every field that has a default other than None

@@ -41,6 +41,7 @@ class FromWriter(IntEnum):
     ACK = 1  # marshal(Ack fields): tickets [first, end) are settled
     FATAL = 2  # utf-8 message: the writer cannot continue
     CLOSED = 3  # utf-8 message (empty when the final checkpoint was written)
+    READY = 4  # empty: the log is open and its opening checkpoint durable
 
 
 @dataclass(frozen=True, slots=True)

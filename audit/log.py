@@ -21,6 +21,7 @@ import bisect
 import fcntl
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -50,6 +51,7 @@ _log = logging.getLogger("policyc.audit")
 _PIPE_BYTES = 1 << 20  # records in flight before a submit blocks (back-pressure)
 _F_SETPIPE_SZ = 1031
 _OPEN: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+_READY_TIMEOUT = 60.0  # seconds for the writer process to start, open the log and seal its opening
 
 
 @atexit.register
@@ -88,13 +90,17 @@ class AuditLog:
         checkpoint_every: int,
         checkpoint_interval: float,
         durability: Durability,
+        warm: bool = False,
     ) -> None:
         self.path = path
         self._lock_file = lock
         self._redactor = Redactor(redact)
         self._every = max(1, checkpoint_every)
         self.recovery: WalTail = inspect_wal(path)
-        self._conn = connect_writer(path, durability)
+        try:
+            self._conn = connect_writer(path, durability)
+        except sqlite3.DatabaseError as e:
+            raise AuditLogCorrupt(f"{path}: the audit log file is damaged (SQLite: {e}); run `policyc audit verify --log {path}`") from None
         try:
             if self.recovery.torn or Path(f"{path}-wal").exists():
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -102,11 +108,14 @@ class AuditLog:
             self._v1 = store_schema(self._conn) == STORE_V1
             seq, head = self._check_tail()
             row = self._conn.execute("SELECT seq FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
+        except sqlite3.DatabaseError as e:  # a zeroed or missing page: never append to it
+            raise AuditLogCorrupt(f"{path}: the audit log file is damaged (SQLite: {e}); refusing to append. "
+                                  f"Run `policyc audit verify --log {path}`") from None
         finally:
             self._conn.close()  # the writer process opens its own connection
         key = signing_key.private_bytes_raw() if signing_key is not None else None
         cfg = WriterConfig(str(path), durability, self._log_id, seq, head, row[0] if row else 0,
-                           self._every, checkpoint_interval, tuple(sorted(self._redactor.names)), key, indexed=not self._v1)
+                           self._every, checkpoint_interval, tuple(sorted(self._redactor.names)), key, indexed=not self._v1, warm=warm)
         # Settled tickets: seq(t) = t + delta of the last segment starting at or before t;
         # segments change only when a record fails (its seq goes to the next one).
         self._seg_start: list[int] = [0]
@@ -129,12 +138,32 @@ class AuditLog:
         self._closing = False
         self._closed = False
         self._stopped: str | None = None  # why the writer is gone, once it is
+        self._ready = threading.Event()
         self._proc, self._out, self._acks = self._start_writer(cfg)
         self._reader = threading.Thread(target=self._read_acks, name=f"audit-acks:{path.name}", daemon=True)
         self._reader.start()
         self._sender = threading.Thread(target=self._pump, name=f"audit-send:{path.name}", daemon=True)
         self._sender.start()
+        # Open means open: the writer has the log and its opening checkpoint is durable, so
+        # a log that cannot be written is refused here rather than by every record later.
+        if not self._ready.wait(_READY_TIMEOUT) or self._stopped is not None:
+            why = self._stopped or f"the audit writer did not start within {_READY_TIMEOUT:g} s"
+            self._abandon()
+            raise AuditLogUnavailable(why if why.startswith(str(path)) else f"{path}: {why}")
         _OPEN.add(self)
+
+    def _abandon(self) -> None:
+        """Tear down a writer that never became ready."""
+        with self._send:
+            self._closing = True
+            self._queued.notify_all()
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._sender.join()
+        self._reader.join()
+        self._proc.wait()
+        os.close(self._out)
+        os.close(self._acks)
 
     def _start_writer(self, cfg: WriterConfig) -> tuple[subprocess.Popen[bytes], int, int]:
         """Start the writer process with the records pipe on its stdin and the lock file
@@ -171,18 +200,22 @@ class AuditLog:
         checkpoint_every: int = 10_000,
         checkpoint_interval: float = 60.0,
         durability: Durability = "full",
+        warm: bool = False,
     ) -> AuditLog:
         """Open (or create) the log at `path` for appending.
 
         `signing_key`: an ed25519 private key (or a path to one) that signs checkpoints;
         None writes unsigned checkpoints. `redact`: header names never stored.
         `durability="full"` survives power loss; "normal" survives a killed process only.
+        `warm`: load the writer's draft encoder before returning (a decision service: its
+        first decision drafts are then not delayed by ~0.1 s of imports). Returns once the
+        writer process holds the log and has sealed its opening checkpoint.
         Raises AuditLogUnavailable (another writer holds it, not an audit log, ...) or
         AuditLogCorrupt (the chain's tail was altered: run `policyc audit verify`)."""
         p = Path(path)
         if not p.parent.is_dir():
             raise AuditLogUnavailable(f"{p}: directory `{p.parent}` does not exist")
-        key = signing_key if signing_key is None or isinstance(signing_key, Ed25519PrivateKey) else checkpoints.load_private_key(signing_key)
+        key = signing_key if signing_key is None or isinstance(signing_key, Ed25519PrivateKey) else checkpoints.load_private_key(os.fspath(signing_key))
         lock = open(f"{p}.lock", "a")  # noqa: SIM115 (held for the log's lifetime)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +231,7 @@ class AuditLog:
                 checkpoint_every=checkpoint_every,
                 checkpoint_interval=checkpoint_interval,
                 durability=durability,
+                warm=warm,
             )
         except BaseException:
             lock.close()
@@ -228,7 +262,7 @@ class AuditLog:
             if stored is None or stored[0] != cp[1]:
                 raise AuditLogCorrupt(
                     f"{self.path}: entry {cp[0]} no longer has the hash its last checkpoint sealed; refusing to append. "
-                    f"Run `policyc audit verify {self.path}`"
+                    f"Run `policyc audit verify --log {self.path}`"
                 )
         start = max(cp[0] if cp else 0, head - 2 * self._every)
         if start == 0:
@@ -236,30 +270,30 @@ class AuditLog:
         else:
             row = self._conn.execute("SELECT hash FROM entries WHERE seq = ?", (start,)).fetchone()
             if row is None:
-                raise AuditLogCorrupt(f"{self.path}: entry {start} is missing; run `policyc audit verify {self.path}`")
+                raise AuditLogCorrupt(f"{self.path}: entry {start} is missing; run `policyc audit verify --log {self.path}`")
             prev = row[0]
         if not self._v1 and (missing := entries_columns_missing(self._conn)):
             raise AuditLogCorrupt(f"{self.path}: the entries table was redefined (no column {', '.join(missing)}); refusing to append. "
-                                  f"Run `policyc audit verify {self.path}`")
+                                  f"Run `policyc audit verify --log {self.path}`")
         select = CHAIN_SELECT if self._v1 else INDEXED_CHAIN_SELECT
         result = walk(self._conn.execute(select + " WHERE seq > ? ORDER BY seq", (start,)), prev, start + 1, indexed=not self._v1)
         if result.problem is None and result.index_problem is not None:
             bad = result.index_problem
             raise AuditLogCorrupt(
                 f"{self.path}: the chain's tail does not verify at seq {bad[0]} (index column `{bad[1]}` disagrees with the record); "
-                f"refusing to append. Run `policyc audit verify {self.path}`"
+                f"refusing to append. Run `policyc audit verify --log {self.path}`"
             )
         if result.problem is None and self._v1 and not entries_definition_intact(self._conn):
             bad = first_inconsistent(self._conn, 1, result.last_seq) or (result.last_seq, "table definition")
             if bad is not None:
                 raise AuditLogCorrupt(
                     f"{self.path}: the chain's tail does not verify at seq {bad[0]} (index column `{bad[1]}` disagrees with the record); "
-                    f"refusing to append. Run `policyc audit verify {self.path}`"
+                    f"refusing to append. Run `policyc audit verify --log {self.path}`"
                 )
         if result.problem is not None:
             raise AuditLogCorrupt(
                 f"{self.path}: the chain's tail does not verify at seq {result.problem.seq} ({result.problem.message}); "
-                f"refusing to append. Run `policyc audit verify {self.path}`"
+                f"refusing to append. Run `policyc audit verify --log {self.path}`"
             )
         return result.last_seq, result.last_hash
 
@@ -379,6 +413,8 @@ class AuditLog:
                 for kind, payload in split(buf):
                     if kind == FromWriter.ACK:
                         self._settle_range(Ack.decode(payload))
+                    elif kind == FromWriter.READY:
+                        self._ready.set()
                     elif kind == FromWriter.FATAL:
                         why = payload.decode(errors="replace")
                         _log.error("%s", why)
@@ -400,6 +436,7 @@ class AuditLog:
                 for waiter in self._waiters.values():
                     waiter.release()
                 self._waiters.clear()
+            self._ready.set()
             self._tell_listeners()
 
     def _tell_listeners(self) -> None:

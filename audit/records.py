@@ -120,6 +120,7 @@ ActionKind = Literal[
     "rdma_link_refresh",
     "rebalance",
     "log_recovered",
+    "bundle_reload",  # a bundle reload, accepted (outcome done) or refused (skipped), with why in the detail
 ]
 ActionOutcome = Literal["done", "dry_run", "failed", "skipped"]
 

@@ -40,6 +40,7 @@ class WriterConfig:
     redact: tuple[str, ...]
     signing_key: bytes | None  # raw ed25519 private key, or None for unsigned checkpoints
     indexed: bool = True  # store v2: the writer fills the index columns (v1: SQLite generates them)
+    warm: bool = False  # load the draft encoder before READY (a decision service's first drafts are not delayed)
 
     def to_wire(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]

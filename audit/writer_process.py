@@ -131,7 +131,8 @@ def serve(fd_in: int, fd_out: int) -> None:
     except (sqlite3.Error, ValueError) as e:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return
-    drafts: _Drafts | None = None
+    drafts: _Drafts | None = _Drafts(cfg.redact) if cfg.warm else None  # (~0.1 s of imports, before READY rather than on the first draft)
+    _tell(fd_out, frame(FromWriter.READY, b""))
     indexed = cfg.indexed
     ticket = 0
     while True:

@@ -83,7 +83,7 @@ class DecisionServer:
             self.refresher.on_refresh(self.heap)
         self.audit: AuditBridge | None = None
         if config.audit_log is not None:
-            self.audit = AuditBridge(AuditLog.open(config.audit_log, signing_key=config.audit_key), bundle,
+            self.audit = AuditBridge(AuditLog.open(config.audit_log, signing_key=config.audit_key, warm=True), bundle,
                                      durability=config.audit_durability, window=config.audit_window)
             self.metrics.registry.register(AuditCollector(self.audit))
         self.guardian = None

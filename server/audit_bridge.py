@@ -84,7 +84,7 @@ def decision_record(d: Decision, headers: Mapping[str, str], bundle: Bundle) -> 
         request=dict(headers), variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
         bundle_hash=d.bundle_hash, outcome=d.outcome.value, reason=None if d.rejection is None else d.rejection.reason[:500],
         matched_rules=tuple(MatchedRule(id=r.id, origin=r.origin) for r in d.rules), placement=placement,
-        latency=Latency(total=d.timing.total, stages=d.timing.stages()), **extra,
+        latency=Latency(total=d.timing.total, stages=d.timing.stages()), **extra,  # type: ignore[arg-type]
     )
 
 
@@ -102,7 +102,8 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
         headers=headers,
         variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
         bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome], reason=None if d.rejection is None else d.rejection.reason[:500],
-        matched_rules=[(r.id, r.origin.file, r.origin.line, r.origin.col) for r in d.rules], placement=placement,
+        matched_rules=[(r.id, r.origin.file, r.origin.line, r.origin.col, r.origin.end_line, r.origin.end_col) for r in d.rules],
+        placement=placement,
         latency=d.timing.total, stages=d.timing.stages(), resources=resources,
     )
 
@@ -135,14 +136,15 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
     if rules is None:
         if len(_rules) >= _FIGURES_MAX:
             _rules.clear()
-        rules = _rules[d.rules] = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col)) for r in d.rules]
+        rules = _rules[d.rules] = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
+                                                            end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in d.rules]
     t = d.timing
     return DecisionWire(
-        schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,
+        schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,  # type: ignore[arg-type]
         tenant=d.tenant or "unknown", model=d.model, request=dict(headers),
         variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
-        bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome], reason=None if d.rejection is None else d.rejection.reason[:500],
-        matched_rules=rules, placement=placement,
+        bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome],  # type: ignore[arg-type]
+        reason=None if d.rejection is None else d.rejection.reason[:500], matched_rules=rules, placement=placement,
         latency=LatencyWire(total=t.total, stages={"parse": t.parse, "feasibility": t.feasibility, "match": t.match, "place": t.place}),
         resources=resources,
     )
@@ -460,12 +462,12 @@ class AuditBridge:
 
     def bundle_reload(self, accepted: bool, source: str, detail: str) -> None:
         """A bundle reload (ReloadBundle, SIGHUP), accepted or refused, as an action of the
-        system's own (no breaker). The audit schema has no bundle kind yet, so it is a
-        `report_anomaly` on target `bundle` whose detail says what happened."""
+        system's own (no breaker): kind `bundle_reload` on target `bundle`, outcome done
+        (accepted) or skipped (refused), the detail saying what happened."""
         verdict = "accepted" if accepted else "refused"
         try:
             self.log.submit_action(AuditAction(
-                time=time.time(), kind="report_anomaly", target="bundle", outcome="done" if accepted else "skipped",
+                time=time.time(), kind="bundle_reload", target="bundle", outcome="done" if accepted else "skipped",
                 dry_run=False, detail=f"bundle reload {verdict} ({source}): {detail[:2000]}"))
         except Exception as e:
             self._refused_here += 1

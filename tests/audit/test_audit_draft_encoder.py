@@ -63,6 +63,7 @@ def _random_draft(rng: random.Random, i: int, *, everyday: bool = False) -> dict
         d = _random_draft(random.Random(rng.random()), i)
         d.setdefault("schema_version", "policyc.audit.decision/v1")
         d.setdefault("resources", {})
+        d["matched_rules"] = [{**r, "origin": {"end_line": 0, "end_col": 0, **r["origin"]}} for r in d["matched_rules"]]
         return _cap_floats(d)
     return _random_draft_any(rng, i)
 
@@ -87,7 +88,8 @@ def _random_draft_any(rng: random.Random, i: int) -> dict[str, Any]:
         "request": request,
         "variables": {"slo": _float(rng), "region": rng.choice(TEXTS + [secret]), "tpm": rng.random() < 0.5},
         "bundle_hash": "sha256:" + "ab" * 32, "outcome": rng.choice(["admitted", "rejected", "failed"]),
-        "matched_rules": [{"id": "p.r", "origin": {"file": rng.choice(TEXTS), "line": rng.randrange(10**6), "col": 3}}] * rng.randrange(3),
+        "matched_rules": [{"id": "p.r", "origin": {"file": rng.choice(TEXTS), "line": rng.randrange(10**6), "col": 3,
+                                                   **({"end_line": 2, "end_col": 40} if rng.random() < 0.9 else {})}}] * rng.randrange(3),
         "latency": {"total": _float(rng), "stages": {"match": _float(rng), "place": _float(rng)}},
     }
     if rng.random() < 0.7:
@@ -211,7 +213,7 @@ def test_missing_required_field_goes_to_pydantic() -> None:
 
 def test_rule_in_another_key_order_and_unencodable_text() -> None:
     draft = decision(1).model_dump(mode="json")
-    draft["matched_rules"] = [{"origin": {"file": "f", "line": 1, "col": 1}, "id": "p.r"}]
+    draft["matched_rules"] = [{"origin": {"end_col": 9, "file": "f", "line": 1, "col": 1, "end_line": 1}, "id": "p.r"}]
     assert _fast_bytes(draft) == _pydantic_bytes(draft)  # written in the model's order
     assert _pydantic_bytes(draft).count(b'"id":"p.r","origin"') == 1
     with pytest.raises(TypeError, match="only dicts"):
