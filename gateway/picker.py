@@ -155,9 +155,10 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             r = refusal.from_rejection(d)
             self._count(r.cause)
             return messages.immediate(r)
-        if not d.endpoint:
+        published = self.pool.published
+        if not d.endpoint or (published is not None and d.endpoint not in published):
             self._count("no-instance")
-            return messages.immediate(refusal.no_endpoint(d))
+            return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint)))
         pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
         stream.pick, stream.started, stream.counted = pick, t0, True
         self.in_flight += 1

@@ -28,6 +28,9 @@ class Pool:
         self._seen: tuple[object, int] | None = None
         self._by_model: dict[str, tuple[Member, ...]] = {}
         self._endpoints: tuple[str, ...] = ()
+        # the endpoints the gateway's Envoy holds (None: not known, e.g. a user's own Envoy
+        # with a static pool): only those are picked, as primary or as fallback
+        self.published: frozenset[str] | None = None
 
     def _fresh(self) -> None:
         st, gen = self._engine.state, self._engine.generation
@@ -64,6 +67,7 @@ class Pool:
     def fallbacks(self, model: str, avoid_endpoint: str, avoid_gpu: str, n: int = 1) -> tuple[Member, ...]:
         """Up to `n` instances of `model` for a retry: never the primary's endpoint, and
         another GPU than the primary's first (a GPU that stalled one request may stall the next)."""
-        cands = [m for m in self.members(model) if m.endpoint != avoid_endpoint]
+        pub = self.published
+        cands = [m for m in self.members(model) if m.endpoint != avoid_endpoint and (pub is None or m.endpoint in pub)]
         cands.sort(key=lambda m: m.gpu_key == avoid_gpu)  # stable: best score first within each
         return tuple(cands[:n])

@@ -68,12 +68,13 @@ def from_rejection(d: Decision) -> Refusal:
                    "no-instance", d.decision_id)
 
 
-def no_endpoint(d: Decision) -> Refusal:
-    """Admitted on an instance the gateway cannot reach (never chosen for a gateway request;
-    kept as a guard so such a decision never becomes traffic)."""
+def no_endpoint(d: Decision, unpublished: bool = False) -> Refusal:
+    """Admitted on an instance the gateway cannot reach: one without an endpoint (never
+    chosen for a gateway request; a guard so such a decision never becomes traffic) or one
+    registered a moment ago whose endpoint Envoy has not loaded yet."""
     who = d.plan.instance_id if d.plan is not None else "?"
-    return Refusal(503, GRPC_UNAVAILABLE, f"instance `{who}` has no endpoint a gateway can send traffic to",
-                   "no-instance", d.decision_id)
+    why = f"Envoy has not loaded its endpoint {d.endpoint} yet" if unpublished else "it has no endpoint"
+    return Refusal(503, GRPC_UNAVAILABLE, f"instance `{who}` cannot take gateway traffic: {why}", "no-instance", d.decision_id)
 
 
 def shed(in_flight: int, limit: int) -> Refusal:

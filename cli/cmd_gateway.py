@@ -1,0 +1,134 @@
+"""`policyc gateway --bundle bundle.json`: the decision service, its endpoint picker and an
+Envoy in front of the registered pool, in one command.
+
+Register model servers with `RegisterInstance` (with `deployment.endpoint`, their gRPC
+`ip:port`) on the decision API; Envoy's pool follows the registry (file-based EDS). Clients
+send their requests (gRPC or HTTP) to `--listen`.
+
+`--print-bootstrap` prints the Envoy bootstrap instead, for users who run their own Envoy:
+point it at a running picker (`--picker`) and give the pool (`--endpoint`, repeatable) or
+the EDS file it should watch (`--eds-path`).
+
+Exit codes: 0 stopped cleanly; 2 bad configuration (bundle, addresses, Envoy missing or
+refusing its configuration), one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def register(sub) -> None:  # type: ignore[no-untyped-def]
+    p = sub.add_parser("gateway", help="run Envoy with policyc as its endpoint picker (or print its bootstrap)")
+    p.add_argument("--bundle", help="compiled bundle (policyc compile … -o bundle.json); required unless --print-bootstrap")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="where clients connect to Envoy (default 127.0.0.1:8080)")
+    p.add_argument("--admin", default="127.0.0.1:9901", help="Envoy's admin address (default 127.0.0.1:9901)")
+    p.add_argument("--port", type=int, default=50051, help="the decision API's port, for RegisterInstance (default 50051)")
+    p.add_argument("--picker-port", type=int, default=9002, help="the endpoint picker's port (ext_proc; default 9002)")
+    p.add_argument("--failure-mode-allow", action="store_true",
+                   help="when the picker is unreachable let Envoy round-robin over the pool (default: refuse with 503)")
+    p.add_argument("--max-in-flight", type=int, default=512, help="requests between pick and answer before 429 (default 512)")
+    p.add_argument("--concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
+    p.add_argument("--audit-log", help="append decisions and actions to this audit log")
+    p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="userspace")
+    p.add_argument("--workdir", help="where the bootstrap, the pool file and Envoy's log go (default: a temp dir)")
+    p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
+    p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")
+    p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
+                   help="with --print-bootstrap: a model server's gRPC endpoint (repeatable)")
+    p.add_argument("--eds-path", help="with --print-bootstrap: a pool file (EDS) for Envoy to watch instead")
+    p.set_defaults(func=run)
+
+
+def _fail(msg: str) -> int:
+    print(f"policyc gateway: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _print_bootstrap(args) -> int:  # type: ignore[no-untyped-def]
+    from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
+
+    budget = None
+    if args.bundle:
+        from policyc.compiler import bundle_io
+        from policyc.enforcer.rule_table import build_rule_table
+        from policyc.gateway.runner import retry_budget
+
+        try:
+            budget = retry_budget(build_rule_table(bundle_io.load(args.bundle)))
+        except (bundle_io.BundleError, ValueError) as e:
+            return _fail(str(e))
+    if not args.endpoint and not args.eds_path:
+        return _fail("--print-bootstrap needs the pool: --endpoint IP:PORT (repeatable) or --eds-path FILE")
+    try:
+        boot = build_bootstrap(GatewaySpec(picker=args.picker, listen=args.listen, admin=args.admin,
+                                           endpoints=tuple(args.endpoint), eds_path=args.eds_path,
+                                           failure_mode_allow=args.failure_mode_allow, retry_budget=budget))
+    except ValueError as e:
+        return _fail(str(e))
+    print(json.dumps(boot, indent=2))
+    return 0
+
+
+def run(args) -> int:  # type: ignore[no-untyped-def]
+    if args.print_bootstrap:
+        return _print_bootstrap(args)
+    if not args.bundle:
+        return _fail("give --bundle (or --print-bootstrap)")
+    from policyc.compiler import bundle_io
+    from policyc.gateway.envoy_process import EnvoyError
+    from policyc.gateway.runner import Gateway, GatewayOptions
+    from policyc.matcher.instance import canonical_endpoint
+    from policyc.server.app import DecisionServer, ServerThread
+    from policyc.server.config import EnforcerMode, ServeConfig
+    from policyc.server.transport import TransportError
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        bundle = bundle_io.load(args.bundle)
+        for flag, value in (("--listen", args.listen), ("--admin", args.admin)):
+            try:
+                canonical_endpoint(value)
+            except ValueError as e:
+                raise ValueError(f"{flag} {e}") from None
+        if args.max_in_flight < 1:
+            raise ValueError(f"--max-in-flight must be at least 1, got {args.max_in_flight}")
+    except (bundle_io.BundleError, ValueError) as e:
+        return _fail(str(e))
+    cfg = ServeConfig(port=args.port, audit_log=Path(args.audit_log) if args.audit_log else None,
+                      enforcer=EnforcerMode(args.enforcer), settle_heap=True)
+    try:
+        thread = ServerThread(DecisionServer(bundle, cfg))
+        api_port = thread.start()
+    except (TransportError, OSError, ValueError, RuntimeError) as e:
+        return _fail(str(e))
+    options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
+                             failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
+                             concurrency=args.concurrency, workdir=Path(args.workdir) if args.workdir else None)
+    gw = Gateway(thread, options)
+    try:
+        gw.start()
+    except (EnvoyError, TransportError, OSError) as e:
+        gw.stop()
+        thread.stop()
+        return _fail(str(e))
+    print(f"policyc gateway: clients -> {args.listen} (Envoy, admin {args.admin}); picker on 127.0.0.1:{gw.picker.port}; "
+          f"decision API (RegisterInstance with deployment.endpoint) on 127.0.0.1:{api_port}; files in {gw.workdir}",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if gw.envoy is not None and not gw.envoy.alive():
+            gw.stop()
+            thread.stop()
+            return _fail(f"envoy exited; its log: {gw.envoy.log_path}")
+    gw.stop()
+    thread.stop()
+    print("policyc gateway: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,150 @@
+"""A whole gateway next to a running decision service, in one call: the endpoint picker on
+the decision server's event loop, the Envoy bootstrap with the pool from a file Envoy
+watches (file-based EDS), Envoy itself, and a task that rewrites that file whenever the
+registered pool changes (an instance registered with an endpoint takes traffic within
+about `SYNC_INTERVAL` seconds, one deregistered stops receiving any).
+
+The picker only forwards to endpoints Envoy already has (`EndpointPicker.published`): an
+endpoint Envoy did not know would make its override-host balancer fall back to its own
+choice, which is never policyc's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from policyc.enforcer.rule_table import RuleTable, build_rule_table
+from policyc.server.app import ServerThread
+
+from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
+from .envoy_process import EnvoyProcess
+from .picker import PickerConfig
+from .server import PickerServer
+
+log = logging.getLogger("policyc.gateway")
+SYNC_INTERVAL = 0.1  # seconds between looks at the pool
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    listen: str = "127.0.0.1:8080"
+    admin: str = "127.0.0.1:9901"
+    picker_host: str = "127.0.0.1"
+    picker_port: int = 0  # 0: ephemeral
+    failure_mode_allow: bool = False
+    max_in_flight: int = 512
+    concurrency: int = 1  # Envoy worker threads (one worker: one upstream connection per model server)
+    forwarded_headers: frozenset[str] = frozenset()
+    access_log_cluster: str | None = None  # issue 20: the ALS sink's `ip:port`
+    workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
+    log_level: str = "warning"
+
+
+def retry_budget(table: RuleTable) -> float | None:
+    """The tightest `retry_budget` among the breakers that redirect (Envoy's cluster-wide
+    retry budget: the share of active requests that may be retries)."""
+    shares = [b.breaker.retry_budget for b in table.budgets if any(a.kind == "redirect" for a in b.breaker.actions)]
+    return min(shares) if shares else None
+
+
+class Gateway:
+    """`start()` → self (Envoy ready, the picker serving, the pool synced); `stop()`."""
+
+    def __init__(self, thread: ServerThread, options: GatewayOptions = GatewayOptions()) -> None:
+        self.thread = thread
+        self.options = options
+        self.workdir = Path(options.workdir) if options.workdir else Path(tempfile.mkdtemp(prefix="policyc-gateway-"))
+        self.eds_path = self.workdir / "pool.json"
+        self.picker = PickerServer(thread.server, PickerConfig(host=options.picker_host, port=options.picker_port,
+                                                                max_in_flight=options.max_in_flight,
+                                                                forwarded_headers=options.forwarded_headers))
+        self.envoy: EnvoyProcess | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._written: tuple[str, ...] | None = None
+        self._version = 0
+
+    def spec(self, picker_port: int) -> GatewaySpec:
+        o = self.options
+        g = self.thread.server.guardian
+        table = g.table if g is not None else build_rule_table(self.thread.server.engine.state.bundle)
+        return GatewaySpec(picker=f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
+                           listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
+                           failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
+                           access_log_cluster=o.access_log_cluster)
+
+    def _write_pool(self, endpoints: tuple[str, ...]) -> None:
+        self._version += 1
+        tmp = self.eds_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(eds_document(endpoints, str(self._version))))
+        os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
+        self._written = endpoints
+
+    def start(self, timeout: float = 20.0) -> "Gateway":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        port = self.thread.call(self.picker.start())
+        endpoints = self.picker.picker.pool.endpoints()
+        self._write_pool(endpoints)
+        self.bootstrap = build_bootstrap(self.spec(port))
+        self.envoy = EnvoyProcess(self.bootstrap, self.workdir, concurrency=self.options.concurrency,
+                                  log_level=self.options.log_level).start(timeout)
+        self._publish(endpoints, timeout)
+        self._task = self.thread.call(self._start_sync())
+        return self
+
+    async def _start_sync(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._sync(), name="policyc-gateway-pool")
+
+    def _publish(self, endpoints: tuple[str, ...], timeout: float = 5.0) -> None:
+        """Wait until Envoy holds every endpoint (admin `/clusters`), then let the picker use them."""
+        assert self.envoy is not None
+        import time
+
+        deadline = time.monotonic() + timeout
+        want = set(endpoints)
+        while time.monotonic() < deadline:
+            if want <= self.envoy.cluster_hosts(POOL_CLUSTER):
+                break
+            time.sleep(0.02)
+        else:
+            log.warning("envoy has not loaded the pool %s within %.1f s", sorted(want), timeout)
+        self.picker.picker.pool.published = frozenset(endpoints)
+
+    async def _sync(self) -> None:
+        pool = self.picker.picker.pool
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL)
+            try:
+                endpoints = pool.endpoints()
+                if endpoints != self._written:
+                    removed = set(self._written or ()) - set(endpoints)
+                    if removed:  # stop picking them before Envoy forgets them
+                        self.picker.picker.pool.published = frozenset(endpoints)
+                    await asyncio.to_thread(self._write_pool, endpoints)
+                    await asyncio.to_thread(self._publish, endpoints)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep syncing; say what failed
+                log.exception("gateway: pool sync failed")
+
+    def stop(self) -> None:
+        task = self._task
+        if task is not None:
+            self.thread.loop.call_soon_threadsafe(task.cancel)
+            self._task = None
+        if self.envoy is not None:
+            self.envoy.stop()
+        try:
+            self.thread.call(self.picker.stop())
+        except RuntimeError:  # the server's loop is already gone
+            pass
+
+    def __enter__(self) -> "Gateway":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
