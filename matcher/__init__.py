@@ -9,15 +9,15 @@ set_gpu_scores (the placer's per-GPU push) / swap_bundle, parse_request / match 
 
 from __future__ import annotations
 
-from .errors import AdmissionError, HeaderProblem, RegistryError, RequestError, UnknownInstanceError
+from .errors import AdmissionError, RegistryError, RequestError, UnknownInstanceError, header_problem
 from .instance import Deployment, Instance, admission_problems, attributes
 from .naive import NaiveAnswer, naive_match
 from .registry import Registry
 from .request import Request
-from .result import AppliedRule, Explanation, MatchResult, PredicateCount, RuleExplanation, Scored
+from .result import AllMatches, AppliedRule, Explanation, MatchResult, PredicateCount, RuleExplanation, Scored
 
 __all__ = [
-    "AdmissionError", "AppliedRule", "Deployment", "Explanation", "HeaderProblem", "Instance", "MatchResult",
+    "AdmissionError", "AllMatches", "AppliedRule", "Deployment", "Explanation", "header_problem", "Instance", "MatchResult",
     "NaiveAnswer", "PredicateCount", "Registry", "RegistryError", "Request", "RequestError", "RuleExplanation",
     "Scored", "UnknownInstanceError", "admission_problems", "attributes", "naive_match",
 ]

@@ -15,7 +15,7 @@ a match; its false positives only cost the exact check some work.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Hashable, Iterable
 
 from pyroaring import BitMap
@@ -35,7 +35,7 @@ class ShardBloom:
         self._positions: dict[BloomKey, tuple[int, ...]] = {}
         self.shards = BitMap()  # shards holding at least one instance
         self.version = 0  # bumped whenever a slice or the shard set changes (cache key)
-        self._memo: dict[tuple[frozenset[BloomKey], ...], BitMap] = {}  # `surviving`, at `_memo_version`
+        self._memo: OrderedDict[tuple[frozenset[BloomKey], ...], BitMap] = OrderedDict()  # `surviving`, at `_memo_version`
         self._memo_version = -1
 
     def positions(self, key: BloomKey) -> tuple[int, ...]:
@@ -99,17 +99,21 @@ class ShardBloom:
 
     def surviving(self, clauses: list[frozenset[BloomKey]] | tuple[frozenset[BloomKey], ...]) -> BitMap:
         """Shards that may hold an instance satisfying every clause (each clause: at least
-        one of its keys). Cached per clause set until the filters change: requests of
-        different shapes often probe the same keys."""
+        one of its keys). Cached per clause set until the filters change (requests of
+        different shapes often probe the same keys), in an LRU that lets its oldest entry
+        go one at a time."""
+        memo = self._memo
         if self._memo_version != self.version:
-            self._memo.clear()
+            memo.clear()  # answers about filters that are no longer these
             self._memo_version = self.version
         memo_key = tuple(clauses)
-        hit = self._memo.get(memo_key)
+        hit = memo.get(memo_key)
         if hit is None:
-            if len(self._memo) >= MEMO_SIZE:
-                self._memo.clear()
-            hit = self._memo[memo_key] = self._surviving(clauses)
+            if len(memo) >= MEMO_SIZE:
+                memo.popitem(last=False)
+            hit = memo[memo_key] = self._surviving(clauses)
+        else:
+            memo.move_to_end(memo_key)
         return hit
 
     def _surviving(self, clauses: list[frozenset[BloomKey]] | tuple[frozenset[BloomKey], ...]) -> BitMap:

@@ -24,6 +24,8 @@ import math
 import threading
 from typing import Iterable, Mapping
 
+import numpy as np
+
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import Bundle, Scalar
@@ -39,7 +41,7 @@ from .instance import Instance
 from .parse import RequestParser
 from .ranking import ScoreTiers
 from .request import Request
-from .result import Explanation, MatchResult, Scored
+from .result import AllMatches, Explanation, MatchResult, Scored
 from .slots import SlotAllocator
 
 DEFAULT_SCORE = 0.5
@@ -91,6 +93,7 @@ class Registry:
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
         self._instance: dict[int, Instance] = {}
+        self._by_slot = np.empty(1024, dtype=object)  # slot -> Instance (None when free), for `matches`
         self._models = _models(bundle)  # every registered instance's model has a contract in the bundle
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
@@ -180,6 +183,28 @@ class Registry:
             attrs = self._index.attrs
             return tuple(attrs[s] for s in self._routable)
 
+    def matches(self, request: Request) -> AllMatches:
+        """Every live instance that may serve the request (no ranking): the index's
+        candidate bitmap read out through a slot-indexed array, so the cost is the
+        plan's plus one gather, not a walk in rank order."""
+        with self._read:
+            ix = self._index
+            plan = ix.plan(request.vars)
+            cand = plan.cand
+            if not plan.count:
+                found: tuple[Instance, ...] = ()
+            else:
+                found = tuple(self._by_slot[np.frombuffer(cand.to_array(), dtype=np.uint32)].tolist())  # type: ignore[union-attr]
+            return AllMatches(found, plan.applied, ix.bundle.content_hash)
+
+    def _place(self, slot: int, instance: Instance | None) -> None:
+        by = self._by_slot
+        if slot >= len(by):
+            grown = np.empty(max(2 * len(by), slot + 1), dtype=object)
+            grown[:len(by)] = by
+            by = self._by_slot = grown
+        by[slot] = instance
+
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
         with self._read:
@@ -209,6 +234,7 @@ class Registry:
         self._tiers.add(slot, instance.id, name, -score)
         self._slot_of[instance.id] = slot
         self._instance[slot] = instance
+        self._place(slot, instance)
         self._scored.pop(slot, None)
         if instance.deployment.endpoint:
             self._routable.add(slot)
@@ -227,6 +253,7 @@ class Registry:
         self._slots.give(slot)
         self._routable.discard(slot)
         del self._instance[slot]
+        self._place(slot, None)
         self._scored.pop(slot, None)
         return score
 
@@ -277,6 +304,11 @@ class Registry:
                 slots[n] = slot
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
+        by = np.empty(max(1024, 2 * (max(slots, default=0) + 1)), dtype=object)
+        gathered = np.empty(len(items), dtype=object)  # filled element-wise: numpy would unpack the models
+        gathered[:] = items
+        by[slots] = gathered
+        self._by_slot = by
         self._routable = BitMap(s for s, inst in zip(slots, items) if inst.deployment.endpoint)
         names = [_gpu_group(inst) for inst in items]
         gscore: dict[tuple[str, str, str], float] = {}

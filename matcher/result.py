@@ -26,6 +26,21 @@ class Scored:
 
 
 @dataclass(frozen=True, slots=True)
+class AllMatches:
+    """Every instance that satisfies every applicable rule (`Registry.matches`), in no
+    particular order (the index's slot order: ranking them is what `match` is for);
+    `rules` are the rules that applied."""
+
+    instances: tuple[Instance, ...]
+    rules: tuple[AppliedRule, ...]
+    bundle_hash: str
+
+    @property
+    def count(self) -> int:
+        return len(self.instances)
+
+
+@dataclass(frozen=True, slots=True)
 class MatchResult:
     """`count` instances satisfy every applicable rule; `best` holds up to k of them, best
     score first (ties by (model, host, GPU), then instance id); `rules` are the rules that

@@ -1,0 +1,190 @@
+"""The fleet-scale fast paths keep the reference meaning, on fleets shaped like a platform
+team's (`tests/fleet_shapes.py`: a contract per family and SLO, the four request kinds).
+
+- Generated fleets, registry changes and requests: `match` (k = 1, a few, all; distinct
+  GPUs or not) and `matches` equal the naive scan, with the thresholds of the fast paths
+  (prefix blocks, gathered best-k, the empty-tier guard, rank renumbering) lowered so that
+  fleets of a few hundred instances go through every one of them.
+- The prefix bitmaps of a range attribute equal a sort-and-filter after any mix of adds,
+  removes, new values and vanished values.
+- Requests of one reduced shape share a plan; a new distinct value makes a new one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policyc.matcher import Registry, attributes, naive_match
+from policyc.matcher import prefix_bitmaps, ranking
+from policyc.matcher.attribute_index import AttributeIndex
+from pyroaring import BitMap
+
+from fleet_shapes import KINDS, make_fleet, request_headers
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every fast path at the size of a test fleet."""
+    monkeypatch.setattr(ranking, "SMALL", 2)
+    monkeypatch.setattr(ranking, "DIRECT", 12)
+    monkeypatch.setattr(ranking, "EMPTY_TIERS", 2)
+    monkeypatch.setattr(ranking, "TARGET", 2)
+    monkeypatch.setattr(ranking, "RANK_GAP", 2.0 ** -1060)  # subnormal gaps: splits soon find no room
+    monkeypatch.setattr(prefix_bitmaps, "DIRECT", 2)
+    monkeypatch.setattr(prefix_bitmaps, "MEMO", 3)
+    yield
+
+
+def naive_order(reg: Registry, q_vars: dict, k: int) -> tuple[tuple[str, ...], frozenset[str], tuple[str, ...]]:
+    bundle = reg.bundle
+    entries = [(inst, attributes(inst, bundle.contract(inst.model), bundle), score) for inst, _, score in reg.entries()]
+    want = naive_match(bundle, entries, q_vars, max(k, len(entries)))
+    by_id = {inst.id: inst for inst, _, _ in entries}
+    firsts: list[str] = []
+    taken: set[tuple[str, str, str]] = set()
+    for iid in want.best:
+        d = by_id[iid].deployment
+        if (by_id[iid].model, d.host, d.gpu) not in taken:
+            taken.add((by_id[iid].model, d.host, d.gpu))
+            firsts.append(iid)
+    return want.best, want.ids, tuple(firsts)
+
+
+def agrees(reg: Registry, headers: dict[str, str]) -> None:
+    q = reg.parse_request(headers)
+    order, ids, firsts = naive_order(reg, dict(q.vars), len(reg))
+    for k in (1, 4, len(order) + 1):
+        got = reg.match(q, k)
+        assert got.count == len(ids), headers
+        assert tuple(s.instance.id for s in got.best) == order[:k], (headers, k)
+        got_d = reg.match(q, k, distinct_gpus=True)
+        assert tuple(s.instance.id for s in got_d.best) == firsts[:k], (headers, k)
+    every = reg.matches(q)
+    assert every.count == len(ids) and {i.id for i in every.instances} == ids
+    assert every.rules == reg.match(q, 1).rules
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 300), families=st.integers(1, 4),
+       levels=st.sampled_from((0, 1, 2, 3)), churn=st.integers(0, 12), reqs=st.integers(1, 8))
+def test_generated_fleets_equal_naive_scan(small_thresholds: None, seed: int, n: int, families: int, levels: int,
+                                           churn: int, reqs: int) -> None:
+    fleet = make_fleet(n, seed, families=families, score_levels=levels)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores, shard_size=8)
+    rng = random.Random(seed)
+    headers = [request_headers(KINDS[i % 4], rng, families) for i in range(reqs)]
+    for h in headers:
+        agrees(reg, h)
+    gone = []
+    for step in range(churn):  # removals, re-additions and score moves, every request re-checked
+        insts = [e[0] for e in reg.entries()]
+        if insts and rng.random() < 0.5:
+            victim = rng.choice(insts)
+            reg.remove(victim.id)
+            gone.append(victim)
+        elif gone:
+            reg.add(gone.pop(rng.randrange(len(gone))), rng.random())
+        insts = [e[0] for e in reg.entries()]
+        if insts:
+            reg.set_scores([(rng.choice(insts).id, rng.choice((0.0, 0.5, 1.0, rng.random()))) for _ in range(3)])
+        agrees(reg, headers[step % len(headers)])
+
+
+def test_the_benchmark_fleet_shape() -> None:
+    """At a fifth of the benchmark's size: about 4.5 instances per contract, every
+    contract (family, SLO) distinct while they last, the four kinds parse."""
+    fleet = make_fleet(20_000, 3)
+    assert len(fleet.instances) == 20_000
+    assert 4_000 <= len(fleet.bundle.contracts) <= 4_600
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    rng = random.Random(4)
+    for kind in KINDS:
+        q = reg.parse_request(request_headers(kind, rng))
+        assert reg.match(q, 1).count == reg.matches(q).count
+    flags = [i.deployment.tpm for i in fleet.instances]
+    assert 0.4 < sum(flags) / len(flags) < 0.6
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from((0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 1.0, 2.0))
+                              | st.integers(0, 60).map(lambda x: x / 20)), max_size=120),
+       probes=st.lists(st.floats(0, 3.5), min_size=1, max_size=6))
+def test_prefix_bitmaps_equal_a_filter(small_thresholds: None, ops: list, probes: list) -> None:
+    idx = AttributeIndex("slo_latency", ordered=True)
+    held: dict[int, float] = {}
+    for add, slot, value in ops:
+        if add and slot not in held:
+            idx.add(slot, value)
+            held[slot] = value
+        elif not add and slot in held:
+            idx.remove(slot, held.pop(slot))
+        for x in probes + [value]:
+            for cmp, holds in (("<", float.__lt__), ("<=", float.__le__), (">", float.__gt__), (">=", float.__ge__)):
+                want = {s for s, v in held.items() if holds(float(v), float(x))}
+                assert set(idx.order(cmp, x)) == want, (cmp, x, sorted(held.items()))
+
+
+def test_requests_of_one_reduced_shape_share_a_plan() -> None:
+    fleet = make_fleet(400, 9, families=2)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    slos = sorted({c.slo.latency for c in fleet.bundle.contracts if c.slo})
+    lo, hi = slos[3], slos[4]
+    plans = reg.index.plans
+    first = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
+    size = len(plans)
+    again = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + 2 * (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
+    assert len(plans) == size and again.count == first.count  # between the same two values: one plan
+    reg.match(reg.parse_request({"X-SLO-Latency": f"{hi * 1e3:.4f}ms"}), 1)
+    assert len(plans) == size + 1  # at a value: another position
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 120), bands=st.integers(1, 6))
+def test_tier_ranks_follow_splits_and_renumbering(small_thresholds: None, seed: int, n: int, bands: int) -> None:
+    """Groups crowding into a few score bands split the same tiers again and again, until
+    no float is left between two ranks and the tiers are renumbered; best-k through the
+    gathered ranks still equals sorting by (-score, group, id)."""
+    rng = random.Random(seed)
+    tiers = ranking.ScoreTiers()
+    for s in range(n):
+        tiers.add(s, f"i{s:03d}", ("m", f"h{s % 40:02d}", f"g{s % 3}"), -rng.random())
+    for _ in range(6):
+        names = list(tiers.groups)
+        rng.shuffle(names)
+        tiers.move_many([(name, -(rng.randrange(bands) + rng.random() * 1e-9)) for name in names[: len(names) // 2 + 1]])
+    live = list(range(n))
+    for _ in range(10):
+        cand = BitMap(rng.sample(live, rng.randint(1, n)))
+        order = sorted(cand, key=tiers.order_key)
+        for k in (1, 3, n):
+            assert tiers.best(cand, len(cand), k) == order[:k]
+            firsts, seen = [], set()
+            for s in order:
+                if tiers.group_of[s].name not in seen:
+                    seen.add(tiers.group_of[s].name)
+                    firsts.append(s)
+            assert tiers.best_distinct(cand, len(cand), k) == firsts[:k]
+
+
+def test_ranks_renumber_when_a_gap_runs_out(small_thresholds: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new group is the best so far: tier 0 splits every few additions, halving the
+    same gap until it is gone."""
+    renumbered = []
+    real = ranking.ScoreTiers._renumber
+    monkeypatch.setattr(ranking.ScoreTiers, "_renumber", lambda self: (renumbered.append(1), real(self))[1])
+    tiers = ranking.ScoreTiers()
+    for s in range(80):
+        tiers.add(s, f"i{s:03d}", ("m", f"h{s:03d}", "g0"), -float(s))
+    ranks = [t.rank for t in tiers.tiers]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+    assert renumbered
+    cand = BitMap(range(0, 80, 7))
+    assert tiers.best(cand, len(cand), 3) == [77, 70, 63]
+    assert all(tiers.rank_of[s] == tiers.group_of[s].tier.rank for s in range(80))
