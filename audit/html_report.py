@@ -72,7 +72,7 @@ def gather(path: str, verdict: VerifyReport, start: float | None = None, end: fl
     reasons: dict[str, int] = {}
     for r in records:
         if r.outcome != "admitted":
-            key = (r.reason or "(no reason given)").split(":")[0][:80]
+            key = (r.reason or "(no reason given)")[:120]
             reasons[key] = reasons.get(key, 0) + 1
     series = None
     if records:
@@ -113,11 +113,11 @@ def _fmt(v: float) -> str:
 def stacked_bars(title: str, rows: Sequence[ReportRow]) -> str:
     """Horizontal bars per group: admitted, rejected, failed."""
     rows = list(rows)[:20]
-    bar_h, label_w, w = 18, 170, 640
+    bar_h, label_w, w = 18, 150, 570
     h = 30 + bar_h * len(rows) + 8 * len(rows) + 24
     top = _nice_max(max((r.decisions for r in rows), default=1))
     scale = (w - label_w - 60) / top
-    out = [f'<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(title)}">',
+    out = [f'<svg class="chart" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(title)}">',
            f'<text x="0" y="16" class="title">{_e(title)}</text>']
     y = 30
     for r in rows:
@@ -139,15 +139,16 @@ def reason_bars(reasons: Sequence[tuple[str, int]]) -> str:
     title = "Rejections by reason"
     if not reasons:
         return f'<p class="empty">{title}: none in range.</p>'
-    bar_h, label_w, w = 18, 300, 720
+    bar_h, label_w, w = 18, 470, 1150
     h = 30 + (bar_h + 8) * len(reasons)
     top = _nice_max(max(n for _, n in reasons))
     scale = (w - label_w - 60) / top
-    out = [f'<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{title}">',
+    out = [f'<svg class="chart" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{title}">',
            f'<text x="0" y="16" class="title">{title}</text>']
     y = 30
     for reason, n in reasons:
-        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_e(reason[:46])}</text>'
+        short = reason if len(reason) <= 78 else reason[:77] + "…"
+        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_e(short)}</text>'
                    f'<rect x="{label_w}" y="{y}" width="{n * scale:.1f}" height="{bar_h}" fill="{COLORS["rejected"]}">'
                    f'<title>{_e(reason)}: {n}</title></rect>'
                    f'<text x="{label_w + n * scale + 4:.1f}" y="{y + 13}">{n}</text>')
@@ -158,7 +159,7 @@ def reason_bars(reasons: Sequence[tuple[str, int]]) -> str:
 
 def line_chart(title: str, series: Series, lines: Sequence[tuple[str, Sequence[float]]], unit: str) -> str:
     """Lines over the time buckets, with a y axis and the range's first and last times."""
-    w, h, left, bottom, top_pad = 720, 260, 60, 40, 30
+    w, h, left, bottom, top_pad = 570, 270, 60, 40, 44
     n = len(lines[0][1])
     top = _nice_max(max((max(v, default=0) for _, v in lines), default=0))
     plot_w, plot_h = w - left - 20, h - bottom - top_pad
@@ -167,7 +168,7 @@ def line_chart(title: str, series: Series, lines: Sequence[tuple[str, Sequence[f
         x = left + (plot_w * (i + 0.5) / n)
         return x, top_pad + plot_h * (1 - v / top)
 
-    out = [f'<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(title)}">',
+    out = [f'<svg class="chart" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(title)}">',
            f'<text x="0" y="16" class="title">{_e(title)}</text>']
     for k in range(5):
         v = top * k / 4
@@ -176,7 +177,7 @@ def line_chart(title: str, series: Series, lines: Sequence[tuple[str, Sequence[f
                    f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
     out.append(f'<text x="{left}" y="{h - 22}">{_e(format_time(series.start))}</text>'
                f'<text x="{w - 20}" y="{h - 22}" text-anchor="end">{_e(format_time(series.start + series.width * n))}</text>'
-               f'<text x="{left - 50}" y="{top_pad - 8}">{_e(unit)}</text>')
+               f'<text x="{left - 6}" y="{top_pad - 12}" text-anchor="end">{_e(unit)}</text>')
     for name, values in lines:
         pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(values)))
         out.append(f'<polyline points="{pts}" fill="none" stroke="{COLORS[name]}" stroke-width="2"><title>{_e(name)}</title></polyline>')
@@ -242,7 +243,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .verdict.ok{background:#e8f5e9;border:1px solid #2e7d32}.verdict.bad{background:#ffebee;border:1px solid #c62828}
 table{border-collapse:collapse;width:100%;font-size:12.5px;margin:8px 0}th,td{padding:4px 6px;border-bottom:1px solid #e4e4e4;text-align:right}
 thead th{background:#f4f4f4;position:sticky;top:0}tbody th{text-align:left;font-weight:600}tr.total{background:#fafafa;font-weight:600}
-.charts{display:flex;flex-wrap:wrap;gap:16px}.chart{width:100%;max-width:720px;height:auto;font-size:11px}
+.charts{display:flex;flex-wrap:wrap;gap:16px}.chart{flex:0 1 auto;max-width:100%;height:auto;font-size:11px}
 .chart .title{font-size:13px;font-weight:600}.chart .grid{stroke:#e0e0e0}.empty{color:#666}
 footer{margin-top:32px;color:#666;font-size:12px}
 """
@@ -250,12 +251,15 @@ footer{margin-top:32px;color:#666;font-size:12px}
 
 def render(data: PageData) -> str:
     """The page, as one string."""
-    rng = f"{format_time(data.by_model.start)} .. {format_time(data.by_model.end)}"
+    s0 = data.series
+    first = data.by_model.start if data.by_model.start is not None else (s0.start if s0 else None)
+    last = data.by_model.end if data.by_model.end is not None else (s0.start + s0.width * len(s0.admitted) if s0 else None)
+    rng = f"{format_time(first)} .. {format_time(last)}"
     charts_time = ""
     if data.series is not None:
         s = data.series
         charts_time = (line_chart("Decisions over time", s, (("admitted", s.admitted), ("rejected", s.rejected),
-                                                               ("failed", s.failed)), "per bucket")
+                                                               ("failed", s.failed)), "count")
                        + line_chart("GPU seconds over time: measured vs estimated", s,
                                     (("measured", s.gpu_measured), ("estimated", s.gpu_estimated)), "GPU s"))
     return "".join([

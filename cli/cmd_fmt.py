@@ -20,7 +20,7 @@ from policyc.dsl.source import Source
 
 from .exit_codes import Exit
 from .help import add_command
-from .inputs import STDIN, STDIN_NAME
+from .inputs import STDIN, read_stdin_source
 from .report import print_diagnostics
 
 
@@ -41,10 +41,10 @@ def _inputs(paths: list[str]) -> tuple[list[tuple[Path | None, Source]], list]: 
     diags = []
     for raw in paths:
         if raw == STDIN:
-            src, more = load.read(Path("/dev/stdin"))
+            src, more = read_stdin_source()
             diags.extend(more)
             if src is not None:
-                out.append((None, Source(STDIN_NAME, src.text)))
+                out.append((None, src))
             continue
         files, more = load.collect([raw])
         diags.extend(more)

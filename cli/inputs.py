@@ -21,10 +21,10 @@ def read_sources(paths: Sequence[str]) -> tuple[list[Source], list[Diagnostic]]:
     diags: list[Diagnostic] = []
     for raw in paths:
         if raw == STDIN:
-            src, more = load.read(Path("/dev/stdin"))
+            src, more = read_stdin_source()
             diags.extend(more)
             if src is not None:
-                sources.append(Source(STDIN_NAME, src.text))
+                sources.append(src)
             continue
         files, more = load.collect([raw])
         diags.extend(more)
@@ -36,14 +36,34 @@ def read_sources(paths: Sequence[str]) -> tuple[list[Source], list[Diagnostic]]:
     return sources, diags
 
 
+def read_stdin_source() -> tuple[Source | None, list[Diagnostic]]:
+    """stdin as a policy source named `<stdin>`, decoded and refused exactly as a file is."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "stdin.contract"
+        f.write_bytes(sys.stdin.buffer.read())
+        src, diags = load.read(f)
+    return (Source(STDIN_NAME, src.text) if src is not None else None), diags
+
+
 def read_text(path: str) -> str:
     """A text file's content (`-`: stdin); OSError / UnicodeDecodeError for the caller to report."""
-    if path == STDIN:
-        return sys.stdin.read()
-    return Path(path).read_text(encoding="utf-8")
+    return read_bytes(path).decode("utf-8")
 
 
 def read_bytes(path: str) -> bytes:
+    """A file's bytes (`-`: stdin), bounded and regular files only (`compiler/bounded_read.py`):
+    a FIFO or /dev/zero is refused, never read; OSError for the caller to report."""
+    from policyc.compiler import bounded_read
+    from policyc.dsl import limits
+
     if path == STDIN:
-        return sys.stdin.buffer.read()
-    return Path(path).read_bytes()
+        data = sys.stdin.buffer.read(limits.MAX_BUNDLE_BYTES + 1)
+        if len(data) > limits.MAX_BUNDLE_BYTES:
+            raise OSError(f"standard input is larger than {limits.MAX_BUNDLE_BYTES:,} bytes")
+        return data
+    try:
+        return bounded_read.read_bytes(path, limits.MAX_ONNX_BYTES if path.endswith(".onnx") else limits.MAX_BUNDLE_BYTES)
+    except bounded_read.FileRefused as e:
+        raise OSError(str(e)) from None

@@ -5,7 +5,6 @@ caret) or JSON; no traceback for any input."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
