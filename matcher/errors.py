@@ -1,38 +1,39 @@
 """The matcher's errors: each names the place (header, instance id) and the problem.
 
-They are ordinary exceptions with structured fields so that the decision service can turn
-them into `INVALID_ARGUMENT` details and the CLI can print them without a traceback.
+They are ordinary exceptions carrying the one `Diagnostic` shape (a code from
+`policyc.compiler.codes`, the header as the `field`), so that the decision service can turn
+them into `INVALID_ARGUMENT` details (`google.rpc.BadRequest`, `ErrorInfo`) and the CLI can
+print them without a traceback.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from policyc.compiler.diagnostic import Diagnostic, error
 
 
-@dataclass(frozen=True, slots=True)
-class HeaderProblem:
+def header_problem(code: str, header: str, message: str, help: str | None = None) -> Diagnostic:
     """One problem with one request header (`header` as the policy declares it)."""
+    return error(code, message, None, help, field=header)
 
-    header: str
-    message: str
 
-    def __str__(self) -> str:
-        return f"header `{self.header}`: {self.message}"
+def detail(d: Diagnostic) -> str:
+    """The one-line form of a request problem: header `X-Tenant`: unknown tenant `acme`."""
+    return f"header `{d.field}`: {d.message}" if d.field else d.message
 
 
 class RequestError(ValueError):
     """A request the policy refuses before matching: unknown, missing or malformed headers,
     an unknown tenant. Carries every problem found; `header`/`message` are the first."""
 
-    def __init__(self, problems: list[HeaderProblem] | tuple[HeaderProblem, ...]) -> None:
+    def __init__(self, problems: list[Diagnostic] | tuple[Diagnostic, ...]) -> None:
         if not problems:
             raise ValueError("RequestError needs at least one problem")
-        self.problems: tuple[HeaderProblem, ...] = tuple(problems)
-        super().__init__("; ".join(str(p) for p in self.problems))
+        self.problems: tuple[Diagnostic, ...] = tuple(problems)
+        super().__init__("; ".join(detail(p) for p in self.problems))
 
     @property
     def header(self) -> str:
-        return self.problems[0].header
+        return self.problems[0].field or ""
 
     @property
     def message(self) -> str:

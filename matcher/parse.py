@@ -14,15 +14,16 @@ absent, or takes the declared default under `missing: default`.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Mapping
 
 from policyc.compiler import units
 from policyc.compiler.bundle import Bundle, HeaderMapping, Scalar
+from policyc.compiler.diagnostic import Diagnostic
+from policyc.compiler.meaning import QUANTITY_KINDS, did_you_mean
 
-from .errors import HeaderProblem, RequestError
+from .errors import RequestError, header_problem
 from .request import Request
 
 PASSTHROUGH_HEADERS: frozenset[str] = frozenset({
@@ -41,7 +42,6 @@ PASSTHROUGH_HEADERS: frozenset[str] = frozenset({
 _NUMBER = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*\Z")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _BOOL = {"yes": True, "true": True, "no": False, "false": False}
-_QUANTITIES = ("time", "bandwidth", "flops", "ratio", "count", "size")
 
 
 class _Malformed(Exception):
@@ -54,7 +54,7 @@ def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
     raw = text.strip()
     if not raw and t != "string":
         raise _Malformed(f"empty value; expected {units.describe(t)}")
-    if t in _QUANTITIES:
+    if t in QUANTITY_KINDS:
         m = _NUMBER.match(raw)
         if m is None:
             raise _Malformed(f"`{raw}` is not {units.describe(t)}")
@@ -82,8 +82,8 @@ def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
         if not _NAME.match(raw):
             raise _Malformed(f"`{raw}` is not a name (letters, digits, `-`, `_`, `.`)")
         if mapping.values and raw not in mapping.values:
-            close = difflib.get_close_matches(raw, mapping.values, n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
+            close = did_you_mean(raw, mapping.values)
+            hint = f"; did you mean `{close}`?" if close else ""
             raise _Malformed(f"`{raw}` is not one of {', '.join(mapping.values)}{hint}")
         return raw
     return raw  # string
@@ -101,27 +101,27 @@ class RequestParser:
     def parse(self, headers: Mapping[str, str], tenant: str | None = None) -> Request:
         """Parse or raise `RequestError` listing every problem. `tenant`, when given, is the
         caller's authenticated tenant; a tenant header that disagrees with it is refused."""
-        problems: list[HeaderProblem] = []
+        problems: list[Diagnostic] = []
         given: dict[str, tuple[str, str]] = {}  # lower name -> (name as sent, value)
         for name, value in headers.items():
             if not isinstance(name, str) or not isinstance(value, str):
-                problems.append(HeaderProblem(str(name), "header names and values must be text"))
+                problems.append(header_problem("E705", str(name), "header names and values must be text"))
                 continue
             low = name.lower()
             if low in given:
-                problems.append(HeaderProblem(name, f"given twice (also as `{given[low][0]}`)"))
+                problems.append(header_problem("E704", name, f"given twice (also as `{given[low][0]}`)"))
                 continue
             given[low] = (name, value)
             if low not in self._by_lower and low not in PASSTHROUGH_HEADERS and not low.startswith(":"):
-                close = difflib.get_close_matches(low, list(self._by_lower), n=1)
-                hint = f"; did you mean `{self._by_lower[close[0]].header}`?" if close else \
+                close = did_you_mean(low, self._by_lower)
+                hint = f"; did you mean `{self._by_lower[close].header}`?" if close else \
                     f"; this policy reads {', '.join(h.header for h in self.bundle.headers) or 'no headers'}"
-                problems.append(HeaderProblem(name, "unknown header" + hint))
+                problems.append(header_problem("E701", name, "unknown header" + hint))
         values: dict[str, Scalar] = {}
         for low, m in self._by_lower.items():
             if low not in given:
                 if m.on_missing == "reject":
-                    problems.append(HeaderProblem(m.header, "required header is missing"))
+                    problems.append(header_problem("E702", m.header, "required header is missing"))
                 elif m.on_missing == "default" and m.default is not None:
                     values[m.var] = m.default
                 continue
@@ -129,22 +129,22 @@ class RequestParser:
                 values[m.var] = parse_value(given[low][1], m)
             except _Malformed as e:
                 if m.on_malformed == "reject":
-                    problems.append(HeaderProblem(m.header, str(e)))
+                    problems.append(header_problem("E703", m.header, str(e)))
                 elif m.on_missing == "default" and m.default is not None:
                     values[m.var] = m.default
         if tenant is not None:
             sent = given.get(self._tenant_header.lower())
             if sent is not None and sent[1].strip() != tenant:
-                problems.append(HeaderProblem(self._tenant_header,
-                                              f"says `{sent[1].strip()}` but the caller is authenticated as `{tenant}`"))
+                problems.append(header_problem("E707", self._tenant_header,
+                                               f"says `{sent[1].strip()}` but the caller is authenticated as `{tenant}`"))
             values["tenant"] = tenant
         t = values.get("tenant")
         if isinstance(t, str):
             cls = self._tenant_class.get(t)
             if cls is None:
-                close = difflib.get_close_matches(t, list(self._tenant_class), n=1)
-                hint = f"; did you mean `{close[0]}`?" if close else ""
-                problems.append(HeaderProblem(self._tenant_header, f"unknown tenant `{t}`{hint}"))
+                close = did_you_mean(t, self._tenant_class)
+                hint = f"; did you mean `{close}`?" if close else ""
+                problems.append(header_problem("E706", self._tenant_header, f"unknown tenant `{t}`{hint}"))
             else:
                 values["tenant_class"] = cls
         if problems:

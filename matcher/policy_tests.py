@@ -119,9 +119,9 @@ def run_case(reg: Registry, case: Case, file: str) -> CaseResult:
     except RequestError as e:
         if case.admitted:
             failures.append(f"expected admitted, but the request was refused: {e}")
-        elif case.error_header is not None and case.error_header.lower() not in {p.header.lower() for p in e.problems}:
+        elif case.error_header is not None and case.error_header.lower() not in {(p.field or "").lower() for p in e.problems}:
             failures.append(f"expected a refusal naming header `{case.error_header}`, got: {e}")
-        elif case.reason is not None and case.reason.lower() not in {p.header.lower() for p in e.problems}:
+        elif case.reason is not None and case.reason.lower() not in {(p.field or "").lower() for p in e.problems}:
             failures.append(f"expected reason `{case.reason}`, but the request was refused: {e}")
         return CaseResult(file, case.name, not failures, tuple(failures), ())
     if case.error_header is not None:

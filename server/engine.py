@@ -17,9 +17,11 @@ import time
 from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Contract
+from policyc.compiler.diagnostic import error
 from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
+from policyc.placer.catalog import catalog_for
 from policyc.placer.catalog import catalog_for
 from policyc.solver.feasibility import Infeasible
 
@@ -213,7 +215,9 @@ class DecisionEngine:
                 st.registry.add(instance, score)
             except AdmissionError as e:
                 unknown = any(p.startswith("unknown model") for p in e.problems)
-                raise ServiceError(Status.NOT_FOUND if unknown else Status.FAILED_PRECONDITION, str(e), e.problems) from None
+                raise ServiceError(Status.NOT_FOUND if unknown else Status.FAILED_PRECONDITION, str(e), e.problems,
+                                   diagnostics=tuple(error("E720" if unknown else "E721", p, field="model" if unknown else "deployment")
+                                                     for p in e.problems)) from None
             except RegistryError as e:
                 status = Status.ALREADY_EXISTS if "already registered" in str(e) else Status.INVALID_ARGUMENT
                 raise ServiceError(status, str(e)) from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from policyc.compiler.diagnostic import Diagnostic, error
+
 
 class Status(str, Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"  # malformed or unknown headers, bad attributes, bad contract
@@ -23,9 +25,17 @@ class Status(str, Enum):
 
 
 class ServiceError(Exception):
-    def __init__(self, status: Status, message: str, details: tuple[str, ...] = (), field: str | None = None) -> None:
+    """`diagnostics`: the problems in the one Diagnostic shape (code, message, field), which
+    the gRPC layer sends as a `google.rpc.Status` (`rich_status.py`); with `code` alone, one
+    is made from the message and the field."""
+
+    def __init__(self, status: Status, message: str, details: tuple[str, ...] = (), field: str | None = None, *,
+                 code: str | None = None, diagnostics: tuple[Diagnostic, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.details = details
         self.field = field  # the offending field, when one is named (e.g. `memory.bandwidth_min`)
+        if not diagnostics and code is not None:
+            diagnostics = (error(code, message, field=field),)
+        self.diagnostics = diagnostics

@@ -14,6 +14,8 @@ from policyc.compiler.bundle import Bundle, Contract
 from policyc.onnxgate.contract_metadata import load_contract
 from policyc.onnxgate.errors import ContractMetadataError
 
+from policyc.compiler.diagnostic import error
+
 from .errors import ServiceError, Status
 
 # Where a contract was written and what the solver derived from it are not the promise itself.
@@ -69,10 +71,12 @@ def check_against_bundle(given: Contract, model: str, bundle: Bundle) -> str:
         raise ServiceError(Status.INVALID_ARGUMENT, f"the contract is `{given.name}` but the instance says model `{model}`", field="model")
     ours = bundle.contract(name)
     if ours is None:
-        raise ServiceError(Status.NOT_FOUND, f"unknown model `{name}`: the bundle has no contract of that name", field="model")
+        raise ServiceError(Status.NOT_FOUND, f"unknown model `{name}`: the bundle has no contract of that name", field="model",
+                           code="E720")
     diff = _differences(_promise(given), _promise(ours))
     if diff:
         shown = ", ".join(f"`{d}`" for d in diff[:6])
         raise ServiceError(Status.FAILED_PRECONDITION,
-                           f"contract drift: the given contract `{name}` differs from the bundle's in {shown}", tuple(diff), field=diff[0])
+                           f"contract drift: the given contract `{name}` differs from the bundle's in {shown}", tuple(diff), field=diff[0],
+                           diagnostics=tuple(error("E722", f"`{d}` differs from the bundle's contract", field=d) for d in diff))
     return name

@@ -10,13 +10,15 @@ there with the rule that makes it impossible.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Mapping
 
 from policyc.compiler.bundle import Bundle, Scalar
+from policyc.compiler.diagnostic import Diagnostic, error
+from policyc.compiler.meaning import QUANTITY_KINDS, did_you_mean
 from policyc.matcher import Request, RequestError
+from policyc.matcher.errors import detail
 from policyc.matcher.registry import Registry
 
 from .decision import DecisionInput
@@ -39,8 +41,7 @@ def shown(text: str, limit: int = 64) -> str:
     """User input as it may appear in a message: printable ASCII, escapes for the rest, cut short."""
     out = ascii(text[:limit])[1:-1]
     return out + ("…" if len(text) > limit else "")
-QUANTITY_TYPES = frozenset({"time", "bandwidth", "flops", "ratio", "count", "size"})
-_UNKNOWN_TENANT = "unknown tenant"
+QUANTITY_TYPES = QUANTITY_KINDS
 
 
 def split_retry(headers: Mapping[str, str], retry_count: int) -> tuple[dict[str, str], int]:
@@ -53,7 +54,7 @@ def split_retry(headers: Mapping[str, str], retry_count: int) -> tuple[dict[str,
             text = v.strip()
             if not _RETRY.fullmatch(text) or int(text) > MAX_RETRIES:
                 why = f"header `{k}`: `{shown(text)}` is not a whole number from 0 to {MAX_RETRIES}"
-                raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}")
+                raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}", code="E708")
             count = max(count, int(text))
         else:
             rest[k] = v
@@ -63,33 +64,36 @@ def split_retry(headers: Mapping[str, str], retry_count: int) -> tuple[dict[str,
 def _check_sizes(headers: Mapping[str, str]) -> None:
     """Count, size and characters of every header, before anything parses one."""
     if len(headers) > MAX_HEADERS:
-        raise ServiceError(Status.INVALID_ARGUMENT, f"too many headers: {len(headers)} (at most {MAX_HEADERS})")
+        raise ServiceError(Status.INVALID_ARGUMENT, f"too many headers: {len(headers)} (at most {MAX_HEADERS})",
+                           field="headers", code="E709")
     for k, v in headers.items():
         if len(k) > MAX_NAME_CHARS or not _TOKEN.fullmatch(k):
             why = f"header name `{shown(k)}` is not an HTTP field name (letters, digits and !#$%&'*+.^_`|~-, at most {MAX_NAME_CHARS})"
-            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="headers")
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="headers", code="E709")
         if len(k) + len(v) > MAX_VALUE_BYTES:
-            raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k}`: value of {len(v)} bytes exceeds {MAX_VALUE_BYTES}")
+            raise ServiceError(Status.INVALID_ARGUMENT, f"header `{k}`: value of {len(v)} bytes exceeds {MAX_VALUE_BYTES}",
+                               field=f"headers.{k}", code="E709")
         if not _VALUE.fullmatch(v):
             bad = next(c for c in v if not ("\x20" <= c <= "\x7e" or c == "\t"))
             why = f"header `{k}`: the value holds {shown(bad)!s} (U+{ord(bad):04X}); a header value is printable ASCII"
-            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}")
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"headers.{k}", code="E703")
 
 
 def _check_names(inp: DecisionInput) -> None:
     for what, text in (("tenant", inp.tenant), ("session_id", inp.session)):
         if text is not None and (len(text) > MAX_NAME_CHARS or not _VALUE.fullmatch(text)):
             why = f"`{what}` must be printable ASCII of at most {MAX_NAME_CHARS} characters"
-            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=what)
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=what, code="E711")
     if len(inp.attributes) > MAX_HEADERS:
-        raise ServiceError(Status.INVALID_ARGUMENT, f"too many attributes: {len(inp.attributes)} (at most {MAX_HEADERS})")
+        raise ServiceError(Status.INVALID_ARGUMENT, f"too many attributes: {len(inp.attributes)} (at most {MAX_HEADERS})",
+                           field="attributes", code="E711")
     for k, v in inp.attributes.items():
         if len(k) > MAX_NAME_CHARS or (isinstance(v, str) and len(v) > MAX_VALUE_BYTES):
             why = f"attribute `{shown(k)}`: name or value too long (at most {MAX_NAME_CHARS} and {MAX_VALUE_BYTES})"
-            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="attributes")
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field="attributes", code="E711")
         if isinstance(v, float) and not math.isfinite(v):
             why = f"attribute `{shown(k)}`: {v} is not a finite number"
-            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"attributes.{shown(k)}")
+            raise ServiceError(Status.INVALID_ARGUMENT, why, (why,), field=f"attributes.{shown(k)}", code="E711")
 
 
 def _var_types(bundle: Bundle) -> dict[str, str]:
@@ -101,27 +105,31 @@ def _var_types(bundle: Bundle) -> dict[str, str]:
 
 def _typed(bundle: Bundle, attributes: Mapping[str, Scalar]) -> dict[str, Scalar]:
     types = _var_types(bundle)
-    problems: list[str] = []
+    problems: list[Diagnostic] = []
     out: dict[str, Scalar] = {}
     for name, value in attributes.items():
         t = types.get(name)
         if t is None:
-            close = difflib.get_close_matches(name, list(types), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else f"; this policy reads {', '.join(sorted(types))}"
-            problems.append(f"attribute `{shown(name)}`: not a request variable of this bundle{hint}")
+            close = did_you_mean(name, types)
+            hint = f"; did you mean `{close}`?" if close else f"; this policy reads {', '.join(sorted(types))}"
+            problems.append(error("E710", f"attribute `{shown(name)}`: not a request variable of this bundle{hint}",
+                                  field=f"attributes.{shown(name)}"))
             continue
         if name == "tenant_class":
-            problems.append("attribute `tenant_class`: derived from the tenant, never given")
+            problems.append(error("E710", "attribute `tenant_class`: derived from the tenant, never given",
+                                  field="attributes.tenant_class"))
             continue
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if t in QUANTITY_TYPES else \
             isinstance(value, bool) if t == "bool" else isinstance(value, str)
         if not ok:
             want = "a number (SI units)" if t in QUANTITY_TYPES else "a flag" if t == "bool" else "text"
-            problems.append(f"attribute `{name}`: expected {want} for a `{t}` variable, got {type(value).__name__} `{shown(repr(value))}`")
+            problems.append(error("E711", f"attribute `{name}`: expected {want} for a `{t}` variable, "
+                                          f"got {type(value).__name__} `{shown(repr(value))}`", field=f"attributes.{name}"))
             continue
         out[name] = float(value) if t in QUANTITY_TYPES else value
     if problems:
-        raise ServiceError(Status.INVALID_ARGUMENT, "; ".join(problems), tuple(problems))
+        raise ServiceError(Status.INVALID_ARGUMENT, "; ".join(p.message for p in problems), tuple(p.message for p in problems),
+                           diagnostics=tuple(problems))
     return out
 
 
@@ -135,9 +143,10 @@ def to_request(registry: Registry, bundle: Bundle, inp: DecisionInput) -> tuple[
     try:
         parsed = registry.parse_request(headers, tenant)
     except RequestError as e:
-        details = tuple(str(p) for p in e.problems)
-        tenant_only = all(p.message.startswith(_UNKNOWN_TENANT) for p in e.problems)
-        raise ServiceError(Status.NOT_FOUND if tenant_only else Status.INVALID_ARGUMENT, str(e), details) from None
+        details = tuple(detail(p) for p in e.problems)
+        tenant_only = all(p.code == "E706" for p in e.problems)  # unknown tenant
+        raise ServiceError(Status.NOT_FOUND if tenant_only else Status.INVALID_ARGUMENT, str(e), details,
+                           diagnostics=e.problems) from None
     if not typed:
         return parsed, retry
     values = dict(parsed.vars)
@@ -146,6 +155,7 @@ def to_request(registry: Registry, bundle: Bundle, inp: DecisionInput) -> tuple[
     for name, value in typed.items():
         h = by_var.get(name)
         if h is not None and h.lower() in lowered and values.get(name) != value:
-            raise ServiceError(Status.INVALID_ARGUMENT, f"attribute `{name}` disagrees with header `{h}`")
+            raise ServiceError(Status.INVALID_ARGUMENT, f"attribute `{name}` disagrees with header `{h}`",
+                               field=f"attributes.{name}", code="E712")
         values[name] = value
     return Request.of(values), retry

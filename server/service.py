@@ -20,6 +20,7 @@ import grpc
 from policyc.audit.errors import AuditError
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
+from policyc.compiler.diagnostic import error
 
 from . import convert
 from .audit_bridge import AuditBridge
@@ -32,6 +33,7 @@ from .errors import ServiceError, Status
 from .metrics import Metrics
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
+from .rich_status import default_code, rich_status, trailer
 from .registration import check_against_bundle, contract_from_json, contract_from_onnx
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
@@ -92,10 +94,16 @@ class DecisionService(pb_grpc.DecisionsServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ServiceError) -> None:
         self.metrics.errors.labels(method, e.status.value).inc()
-        md: list[tuple[str, str]] = [("policyc-problem", _ascii(d[:1000])) for d in e.details[:32]]
+        md: list[tuple[str, str | bytes]] = [("policyc-problem", _ascii(d[:1000])) for d in e.details[:32]]
         if e.field:
             md.append(("policyc-field", _ascii(e.field)))
-        await context.abort(CODES[e.status], e.message[:4000], trailing_metadata=tuple(md))
+        code, message = CODES[e.status], e.message[:4000]
+        diags = e.diagnostics
+        if not diags and (default := default_code(method, code)) is not None:
+            diags = (error(default, e.message, field=e.field),)
+        if diags:  # the standard rich error: google.rpc.Status with BadRequest and ErrorInfo
+            md.append(trailer(rich_status(code, message, diags)))
+        await context.abort(code, message, trailing_metadata=tuple(md))
 
     # ------------------------------------------------------------------ RPCs
     async def Decide(self, request: pb.DecideRequest, context: grpc.aio.ServicerContext) -> pb.Decision:

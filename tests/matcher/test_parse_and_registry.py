@@ -18,7 +18,7 @@ from matcher_support import REPO, admissible
 def problems(reg: Registry, headers: dict[str, str], tenant: str | None = None) -> dict[str, str]:
     with pytest.raises(RequestError) as e:
         reg.parse_request(headers, tenant)
-    return {p.header: p.message for p in e.value.problems}
+    return {p.field: p.message for p in e.value.problems}
 
 
 def test_values_parse_by_type_to_si(shapes_bundle: Bundle) -> None:
