@@ -168,7 +168,7 @@ def cases(w: dict[str, str]) -> list[Case]:
         Case(["instance"], Exit.USAGE),
         Case(["decide", *S, "--header", "X-Data-Region=us-west", "--header", "X-Tenant=acme-bank", "--format", "json"], Exit.OK,
              lambda o, e: _js(o)["outcome"] == "ADMITTED", json_out=True),
-        Case(["decide", *S, "--request-file", "-", "--explain"], Exit.OK, lambda o, e: "ADMITTED" in o,
+        Case(["decide", *S, "--request-file", "-", "--explain"], Exit.OK, lambda o, e: "admitted: fraud-scorer" in o,
              stdin=json.dumps({"headers": {"X-Data-Region": "us-west", "X-Tenant": "acme-bank"}})),
         Case(["decide", *S, "--header", "X-Data-Region=eu-west"], Exit.NEGATIVE, lambda o, e: o.startswith("REJECTED")),
         Case(["decide", *S, "--header", "X-Tenant=acme-bnak", "--format", "json"], Exit.REFUSED,
