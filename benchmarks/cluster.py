@@ -29,7 +29,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
