@@ -129,7 +129,3 @@ class ShardBloom:
             if not out:
                 return out
         return self.shards if out is None else out & self.shards
-
-    def holds_exactly(self, shard: int, key: BloomKey) -> bool:
-        """The exact answer (from the counters), for measuring the filter's false positives."""
-        return key in self.keys.get(shard, ())

@@ -31,13 +31,12 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
 from policyc.compiler.semantics import atoms, value_reads
-from .guards import Predicate, compile_applies
+from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Vars
+from .guards import compile_applies
 from .instance_predicates import compile_static
 from .plan import BASE_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .result import AppliedRule
 
-Vars = Mapping[str, Scalar]
-BitmapFn = Callable[[Vars], BitMap]
 BLOOM_KINDS = ("equality", "set", "boolean")
 # attributes a deployment shares with its rollout (few values each): the shard group, if
 # the rules index them (`shard_group`)
@@ -48,21 +47,6 @@ ORDERINGS = ("<", "<=", ">", ">=")
 @dataclass(frozen=True, slots=True)
 class _VarRef:
     name: str
-
-
-ClauseTemplate = tuple[tuple[str, Any], ...]  # alternatives (attr, const value | _VarRef)
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledRule:
-    rule: RequestRule
-    applied: AppliedRule
-    reads: frozenset[str]
-    applies: Predicate  # every read present and the guard holds (`semantics.rule_applies`)
-    require: BitmapFn
-    const_clauses: tuple[frozenset[BloomKey], ...]  # Bloom clauses fixed by the bundle
-    var_clauses: tuple[ClauseTemplate, ...]  # Bloom clauses that read request values
-    static: bool  # the requirement reads no request variable: kept materialised
 
 
 @dataclass(slots=True)

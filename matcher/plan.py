@@ -29,17 +29,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import Scalar
 
 from .bloom import BloomKey
+from .compiled_rule import CompiledRule
 from .result import AppliedRule
-
-if TYPE_CHECKING:  # index.py builds plans and imports this module
-    from .index import CompiledRule
 
 PLAN_CACHE_SIZE = 16384
 BASE_CACHE_SIZE = 2048

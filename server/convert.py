@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Mapping
 
@@ -279,6 +278,3 @@ def register_request(inst: Instance, *, contract_json: str | None = None, onnx_m
 def attributes_msg(attrs: Mapping[str, Scalar]) -> dict[str, "pb.Value"]:
     return {k: value(v) for k, v in attrs.items()}
 
-
-def dumps_json(obj: object) -> str:
-    return json.dumps(obj, sort_keys=True, indent=2)

@@ -11,16 +11,17 @@ deregistration and reloads are serialised by one writer lock; decisions never ta
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Contract
 from policyc.compiler.diagnostic import error
+from policyc.compiler.diagnostic import error
 from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
+from policyc.placer.catalog import catalog_for
 from policyc.placer.catalog import catalog_for
 from policyc.placer.catalog import catalog_for
 from policyc.solver.feasibility import Infeasible
@@ -123,7 +124,7 @@ class DecisionEngine:
             ex = st.registry.explain(prep.request)
             blocking = tuple(r for r in ex.rules if r.applied and r.eliminated > 0)
             parts = [f"`{r.id}` ({r.origin}) excludes {r.eliminated} of {ex.live}" for r in blocking]
-            reason = (f"no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
+            reason = ("no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
                 ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
             if routable:  # a gateway's request: what excluded the instances it could send traffic to
                 reason, ids = _routable_rejection(st.registry, st.bundle, prep.request.vars)
@@ -350,6 +351,3 @@ def narrate(d: Decision, feasibility: str, ex) -> list[str]:  # type: ignore[no-
         lines.append(f"admitted: {d.model} on {d.plan.gpu_key if d.plan else '?'}")
     return lines
 
-
-def finite_ms(seconds: float) -> float:
-    return seconds * 1e3 if math.isfinite(seconds) else -1.0
