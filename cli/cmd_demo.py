@@ -1,4 +1,5 @@
-"""`policyc demo`: the end-to-end demo on the simulated cluster (see `server/demo.py`).
+"""`policyc demo`: the end-to-end demo on the real data plane — Envoy, KServe model servers,
+policyc as the endpoint picker — beside the simulated cluster (see `demo/run.py`).
 
 Exit codes: 0 the scenario ran as described; 1 a step did not (the step says which).
 """
@@ -14,7 +15,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from .exit_codes import Exit
     from .help import add_command
 
-    p = add_command(sub, "demo", help="compile policies/, serve, register a fleet, replay a request mix, audit",
+    p = add_command(sub, "demo", help="compile policies/, serve, start model servers and Envoy, send a request mix, audit",
                     description=__doc__, codes=(Exit.OK, Exit.FAILED),
                     examples=["policyc demo", "policyc demo --workdir out/   # keep the bundle and the audit log"])
     p.add_argument("--workdir", help="keep the bundle and audit log here (default: a temporary directory)")
@@ -22,7 +23,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def run(args) -> int:
-    from policyc.server.demo import DemoError, run_demo
+    from policyc.demo.run import DemoError, run_demo
 
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
     workdir = Path(args.workdir) if args.workdir else None

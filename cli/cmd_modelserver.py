@@ -1,8 +1,9 @@
 """`policyc modelserver`: serve ONNX models carrying their contracts with KServe over the
-Open Inference Protocol (v2 gRPC and REST); see `modelserver/command.py` for the options.
+Open Inference Protocol (v2 gRPC and REST); each model is one instance with its own gRPC
+port (its endpoint), all of them on one REST port. See `modelserver/command.py`.
 
-Exit codes: 0 stopped by SIGTERM/SIGINT; 1 a port could not be bound; 2 usage errors (no
-model, a bad NAME=VALUE pair, a model file that cannot be served).
+Exit codes: 0 stopped by SIGTERM/SIGINT; 2 usage errors (no model, a bad NAME=VALUE pair,
+a model file that cannot be served, a port that cannot be bound).
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import argparse
 def register(sub) -> None:  # type: ignore[no-untyped-def]
     from policyc.modelserver.command import add_arguments
 
-    p = sub.add_parser("modelserver", help="serve ONNX models with KServe (OIP v2 gRPC and REST)")
+    from .exit_codes import Exit
+    from .help import add_command
+
+    p = add_command(sub, "modelserver", help="serve ONNX models with KServe over OIP v2 gRPC and REST",
+                    description=__doc__, codes=(Exit.OK, Exit.USAGE),
+                    examples=["policyc modelserver --model fraud-scorer.onnx --grpc-port 8081 --http-port 8080",
+                              ("policyc modelserver --model lite=lite.onnx --simplified lite=lite-small.onnx "
+                               "--alias lite=fraud-scorer --instance lite=lite@host-02/gpu0 --grpc-port 0 --http-port 0 "
+                               "--ready-file ready.json   # a backup answering fraud-scorer's retries")])
     add_arguments(p)
     p.set_defaults(func=run)
 

@@ -7,7 +7,7 @@ Five instances in three processes, enough for every scene of the request mix:
 - two `fraud-scorer` primaries on finance-hardened us-west hosts (different hosts, so
   different RDMA ports: the congestion scene moves traffic from one to the other), with
   stall control so the budget scene can slow one request on its server;
-- one `fraud-scorer-lite` backup on a third finance-hardened host, with its simplified
+- one `fraud-scorer-lite` backup on a third finance-hardened us-west host, with its simplified
   variant, also answering `fraud-scorer` (Envoy retries the primary's request body);
 - one `recommender` in us-west and one `clinical-notes` in eu-west.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Redirect
 from policyc.matcher import Instance
@@ -67,9 +67,11 @@ def _pick(bundle: Bundle, slots: Iterable[GpuSlot], model: str, *, region: str |
                         + (f" in {region}" if region else "") + (" with finance hardening" if finance else ""))
 
 
-def plan(bundle: Bundle, slots: Iterable[GpuSlot]) -> list[RealInstance]:
-    """Where the real instances go (deterministic for a cluster seed)."""
-    slots = tuple(slots)
+def plan(bundle: Bundle, slots: Iterable[GpuSlot], rank: Callable[[GpuSlot], float] | None = None) -> list[RealInstance]:
+    """Where the real instances go: for each, the first admissible slot in `rank` order
+    (highest first; e.g. the free GPU share now, as a scheduler places serving replicas
+    where there is room), on a host no other real instance uses."""
+    slots = tuple(sorted(slots, key=lambda s: -rank(s))) if rank is not None else tuple(slots)
     used: set[str] = set()
     out: list[RealInstance] = []
 
@@ -80,7 +82,7 @@ def plan(bundle: Bundle, slots: Iterable[GpuSlot]) -> list[RealInstance]:
 
     add("fraud-scorer", "primary", 0, region="us-west", finance=True)
     add("fraud-scorer", "primary", 1, region="us-west", finance=True)
-    add("fraud-scorer-lite", "backup", 2, finance=True)
+    add("fraud-scorer-lite", "backup", 2, region="us-west", finance=True)
     add("recommender", "serving", 2, region="us-west")
     add("clinical-notes", "serving", 2, region="eu-west")
     return out

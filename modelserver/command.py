@@ -124,9 +124,9 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
 
     try:
         serve(hosted, Listen(args.host, args.http_port, args.ready_file))
-    except OSError as e:
+    except OSError as e:  # a port that cannot be bound: a bad configuration
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     return 0
 
 

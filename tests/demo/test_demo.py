@@ -1,11 +1,15 @@
-"""The README's main job: `policyc demo` runs end to end and stops cleanly."""
+"""The README's main job: `policyc demo` runs end to end on the real data plane (Envoy,
+KServe model servers, policyc as the endpoint picker) and stops cleanly."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
+import re
 from pathlib import Path
 
-from policyc.server.demo import run_demo
+from policyc.demo.run import run_demo
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
@@ -13,14 +17,28 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert run_demo(out, tmp_path) == 0
     text = out.getvalue()
     for expected in (
-        "ONNX model missing a contract section → INVALID_ARGUMENT",
-        "`mars-1` is not a declared value of `request.region`",
-        "INVALID_ARGUMENT  header `X-SLO-Latency`: `fast` is not a time",
-        "watermark pinned at 89 %", "placement changed:",
-        "action: cancel_stream", "x-retry-count': '1'", "retry 1",
-        "self_heal_step  gpu_reset", "dry_run", "EXPLAIN", "demo finished",
+        # the fleet: simulated, a refused ONNX model, the real servers with their endpoints
+        "ONNX model missing a contract section → INVALID_ARGUMENT", "(placement only, no endpoint)",
+        "(backup) → 127.0.0.1:", "full/simplified variants, also answers fraud-scorer",
+        # real answers and refusals through Envoy
+        "OK  fraud-scorer answered by `fraud-scorer@", "OK  clinical-notes answered by `clinical-notes@",
+        "PERMISSION_DENIED (HTTP 403, rule)  rejected by `routing.data-region`, `compliance.healthcare-eu`",
+        "INVALID_ARGUMENT (HTTP 400, bad-header)  header `X-SLO-Latency`: `fast` is not a time",
+        "did you mean `X-Data-Region`?", "did you mean `acme-bank`?", "HTTP 400  header `x-data-regoin`",
+        # congestion moves the traffic, the stalled request is broken at its budget and retried
+        "pinned at 89 % watermark", "traffic moved: `fraud-scorer@",
+        "(simplified variant,", "retry 1)", "1 stream reset by the caller", "upstream_rq_per_try_timeout +1",
+        "upstream_cx_destroy +0", "the backup saw x-retry-count: 1",
+        "action: cancel_stream", "action: redirect", "action: report_anomaly",
+        # the decision API alone
         "ADMITTED  recommender →", "`catalog-api` → http-us-west (direct,",
         "ADMITTED  support-chatbot →", "`conversation-store` → host-", "/nvme (local, 3.20 ms ≤ 4 ms)",
+        "`mars-1` is not a declared value of `request.region`",
+        "self_heal_step  gpu_reset", "dry_run", "EXPLAIN", "demo finished",
     ):
         assert expected in text, expected
     assert (tmp_path / "audit.db").exists()
+    # every model server and Envoy it started is gone
+    pids = [int(p) for p in re.findall(r"Envoy \(pid (\d+)\)", text)]
+    pids += [json.loads(f.read_text())["pid"] for f in (tmp_path / "servers").glob("server-*/ready.json")]
+    assert pids and not any(os.path.exists(f"/proc/{p}") for p in pids)

@@ -1,0 +1,246 @@
+"""The end-to-end demo (`policyc demo`) on the real data plane.
+
+It compiles `policies/` (the demo is the one place outside the compiler's own commands
+that reads contract source: the runtime it starts reads the bundle only), serves the
+decision service on the simulated cluster, starts a small pool of real KServe model
+servers on loopback and registers them with their ONNX models and endpoints beside the
+simulated fleet, puts a real Envoy in front of them with policyc as its endpoint picker,
+and then plays the scenes as real HTTP/2 traffic through Envoy: real inference answers,
+refusals with their reasons, a congestion event that moves traffic, a request stalled on
+its model server broken at its budget and answered by the backup's simplified variant;
+then the decision API's own scenes (dependency binding, sessions, a typed request the
+solver rejects), a self-heal in dry run, an `Explain`, and the audit log verified and
+reported.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+
+import policyc
+from policyc.compiler import bundle_io
+from policyc.compiler.bundle import Bundle
+from policyc.compiler.pipeline import compile_paths
+from policyc.gateway.bootstrap import POOL_CLUSTER
+from policyc.modelserver import wire
+from policyc.modelserver.launcher import ModelPool
+from policyc.server.app import DecisionServer, ServerThread
+from policyc.server.config import ClusterSpec, ServeConfig
+from policyc.server.proto import pb_grpc
+
+from . import decision_scenes, fleet_scene
+from .gateway_up import RunningGateway, start_gateway
+from .model_pool import RealInstance, plan, start_pool
+from .narration import DemoError, Narrator
+from .traffic import HTTP_OF, Outcome, Traffic
+
+POLICIES = Path(policyc.__file__).resolve().parent / "policies"
+POOL_STATS = f"cluster.{POOL_CLUSTER}."
+
+__all__ = ["DemoError", "run_demo"]
+
+
+class Demo:
+    def __init__(self, out: TextIO, workdir: Path) -> None:
+        self.say = Narrator(out)
+        self.dir = workdir
+        self.started = time.monotonic()
+
+    def run(self) -> int:
+        bundle = self._compile()
+        self.say.head("serve the decision service on the simulated cluster")
+        audit_path = self.dir / "audit.db"
+        server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(), audit_log=audit_path, settle_heap=True))
+        thread = ServerThread(server)
+        port = thread.start()
+        assert server.cluster is not None
+        slots = server.cluster.gpu_slots()
+        self.say.say(f"listening on 127.0.0.1:{port}; {len(slots)} GPUs on {ClusterSpec().hosts} hosts; "
+                     f"audit log {audit_path.name}")
+        snap = server.refresher.current()
+        real = plan(bundle, slots, lambda s: float(snap.gpu_free[snap.topology.gpu_index[(s.host, s.gpu)]]))
+        pool: ModelPool | None = None
+        gateway: RunningGateway | None = None
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.DecisionsStub(channel)
+                pool = self._pool(bundle, real)
+                self.say.head("register the fleet over gRPC")
+                fleet_scene.register_simulated(self.say, stub, bundle, slots, real)
+                fleet_scene.refuse_broken_onnx(self.say, stub, bundle, real[0])
+                self.say.say(f"{len(real)} real instances, each with the ONNX model it serves and its endpoint:")
+                fleet_scene.register_real(self.say, stub, pool, real)
+                gateway = self._gateway(server, thread, pool)
+                traffic = Traffic(self.say, gateway.listen)
+                try:
+                    self._mix(traffic)
+                    self._congestion(traffic, server, real)
+                    self._budget_break(traffic, gateway, pool, real)
+                finally:
+                    traffic.close()
+                self.say.head("the decision API alone: what `policyc serve` answers without a gateway")
+                decision_scenes.decide_mix(self.say, stub)
+                self.say.head("SM utilisation collapses on one GPU: self-heal in dry run")
+                decision_scenes.self_heal(self.say, stub, server)
+                self.say.head("Explain: why a healthcare request went where it went")
+                decision_scenes.explain(self.say, stub)
+        finally:
+            if gateway is not None:
+                gateway.stop()
+            if pool is not None:
+                pool.stop()
+            thread.stop()
+        self._audit(audit_path)
+        self.say.say(f"\ndemo finished in {time.monotonic() - self.started:.1f} s: gateway, model servers and decision "
+                     "service stopped, audit log verified")
+        return 0
+
+    # ------------------------------------------------------------------ set-up scenes
+    def _compile(self) -> Bundle:
+        self.say.head("compile policies/")
+        result = compile_paths([str(POLICIES)])
+        if not result.ok or result.bundle is None:
+            raise DemoError("the example policies do not compile: " + "; ".join(str(d) for d in result.errors[:3]))
+        bundle_path = self.dir / "bundle.json"
+        bundle_io.write(result.bundle, bundle_path)
+        bundle = bundle_io.load(bundle_path)
+        self.say.say(f"{len(bundle.contracts)} contracts, {len(bundle.rules)} request rules, {len(bundle.breakers)} "
+                     f"breakers → {bundle_path.name} ({bundle.content_hash[:23]}…)")
+        return bundle
+
+    def _pool(self, bundle: Bundle, real: list[RealInstance]) -> ModelPool:
+        self.say.head("start the model servers (KServe, ONNX with onnxruntime, OIP v2 gRPC + REST)")
+        pool = start_pool(bundle, real, self.dir)
+        assert pool.startup_s is not None
+        self.say.say(f"{len(pool.processes)} KServe processes, {len(pool.instances)} instances, ready in "
+                     f"{pool.startup_s:.1f} s (started in parallel; ServerReady and ModelReady checked)")
+        return pool
+
+    def _gateway(self, server: DecisionServer, thread: ServerThread, pool: ModelPool) -> RunningGateway:
+        self.say.head("start the gateway: Envoy, with policyc as its endpoint picker (ext_proc)")
+        t = time.monotonic()
+        endpoints = tuple(i.endpoint for i in pool.instances)
+        gw = start_gateway(server, thread, endpoints, self.dir)
+        self.say.say(f"Envoy (pid {gw.envoy.pid}) listening on {gw.listen}, HTTP/2 upstream to {len(endpoints)} model "
+                     f"server endpoints; picker on 127.0.0.1:{gw.picker.port} — up in {time.monotonic() - t:.1f} s")
+        return gw
+
+    # ------------------------------------------------------------------ traffic scenes
+    def _mix(self, t: Traffic) -> None:
+        self.say.head("a request mix through Envoy: real answers and refusals")
+        ok = [
+            t.send("the reference request", {"X-Model": "fraud-scorer-lite", "X-SLO-Latency": "150ms",
+                                             "X-Data-Region": "us-west"}),
+            t.send("finance: must land on TPM + memory encryption + hardware firewall",
+                   {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer", "X-SLO-Latency": "200ms"}),
+            t.send("healthcare: clinical notes in the EU, with TEE or memory encryption",
+                   {"X-Tenant": "charite", "X-Model": "clinical-notes", "X-Data-Region": "eu-west"}),
+            t.send("the recommender in us-west", {"X-Model": "recommender", "X-Data-Region": "us-west"}),
+        ]
+        if any(o.answer is None for o in ok):
+            raise DemoError("an admissible request through the gateway got no answer")
+        refused: list[tuple[Outcome, int | None]] = [
+            (t.send("healthcare asking for a US region: a rule excludes every instance",
+                    {"X-Tenant": "st-marys", "X-Model": "clinical-notes", "X-Data-Region": "us-east"}), 403),
+            # the gateway's refusal for a model none of whose instances has an endpoint (its status is the picker's call)
+            (t.send("the support chatbot: its instances are simulated, none has an endpoint",
+                    {"X-Model": "support-chatbot"}), None),
+            (t.send("a malformed header", {"X-SLO-Latency": "fast", "X-Data-Region": "us-west"}), 400),
+            (t.send("a misspelt header", {"X-Data-Regoin": "us-west"}), 400),
+            (t.send("an unknown tenant", {"X-Tenant": "acme-bnak"}), 400),
+        ]
+        for o, status in refused:
+            if o.answer is not None or (status is not None and HTTP_OF.get(o.code) != status):
+                raise DemoError(f"expected a {status} refusal through the gateway, got {o.code.name} {o.reason}")
+        status, _ = t.send_http("the misspelt header again, from an HTTP/1.1 client", {"X-Data-Regoin": "us-west"})
+        if status != 400:
+            raise DemoError(f"the gateway answered the misspelt header with HTTP {status}, not 400")
+
+    def _congestion(self, t: Traffic, server: DecisionServer, real: list[RealInstance]) -> None:
+        self.say.head("congestion: the RDMA ports in front of a serving GPU climb to 89 % watermark")
+        headers = {"X-Tenant": "first-federal", "X-Model": "fraud-scorer", "X-Data-Region": "us-west"}
+        before = t.send("before", headers).answer
+        if before is None:
+            raise DemoError("the congestion scene needs an answered request")
+        assert server.cluster is not None
+        topo = server.cluster.topology()
+        gpu = next(r.slot for r in real if r.id == before.instance)
+        index = topo.gpu_keys.index(f"{gpu.host}/{gpu.gpu}")
+        # both paths out of that GPU: its own NUMA node's port and the one across the socket
+        ports = [topo.port_key(int(p[index])) for p in topo.gpu_ports if p[index] >= 0]
+        for port in ports:
+            server.cluster.watermark(port, 0.89)
+        server.refresher.tick()
+        self.say.say(f"\n  event: {', '.join(ports)} (the RDMA ports in front of {gpu.host}/{gpu.gpu}) pinned at 89 % "
+                     f"watermark (collector tick {server.refresher.current().version})")
+        after = t.send("after", headers).answer
+        if after is None or after.instance == before.instance:
+            raise DemoError(f"traffic did not move off the congested ports ({after.instance if after else 'no answer'})")
+        self.say.say(f"  traffic moved: `{before.instance}` → `{after.instance}` (another host, other RDMA ports)")
+        for port in ports:
+            server.cluster.clear(port)
+        server.refresher.tick()
+
+    def _budget_break(self, t: Traffic, gw: RunningGateway, pool: ModelPool, real: list[RealInstance]) -> None:
+        self.say.head("a request stalls on its model server: broken at its budget, answered by the backup")
+        primaries = [r.id for r in real if r.role == "primary"]
+        cancelled_before = {i: _metric(pool.instance(i).http_endpoint, "policyc_modelserver_cancelled_total", i)
+                            for i in primaries}
+        envoy_before = gw.envoy.stats(POOL_STATS)
+        o = t.send("finance request to fraud-scorer; its model server is told to hold it 3 s",
+                   {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}, extra={wire.STALL_MS: "3000"})
+        a = o.answer
+        if a is None or a.variant != wire.SIMPLIFIED or a.retry_count != 1:
+            raise DemoError(f"the stalled request was not answered by the backup's simplified variant ({o.code.name} {o.reason})")
+        if o.elapsed_s >= 3.0:
+            raise DemoError(f"the stalled request waited out its stall ({o.elapsed_s:.1f} s): no budget break")
+        reset = [i for i in primaries
+                 if _metric(pool.instance(i).http_endpoint, "policyc_modelserver_cancelled_total", i) > cancelled_before[i]]
+        self.say.say(f"  model server of {', '.join(f'`{i}`' for i in reset) or '?'}: 1 stream reset by the caller "
+                     "(policyc_modelserver_cancelled_total)")
+        envoy = {k.removeprefix(POOL_STATS): v - envoy_before.get(k, 0) for k, v in gw.envoy.stats(POOL_STATS).items()}
+        self.say.say("  Envoy upstream: " + ", ".join(f"{k} +{envoy.get(k, 0)}" for k in (
+            "upstream_rq_per_try_timeout", "upstream_rq_retry", "upstream_rq_tx_reset", "upstream_cx_destroy")))
+        if len(reset) != 1 or envoy.get("upstream_rq_per_try_timeout", 0) < 1:
+            raise DemoError("the stalled stream was not reset at its budget")
+        self.say.say(f"  the backup saw {wire.RETRY_COUNT}: {a.headers.get(wire.RETRY_SEEN, '?')} and answered with "
+                     f"its {a.variant} variant in {a.compute_us} µs")
+        records = [r for r in gw.picker.acts.records if r.decision_id == a.decision_id]
+        for r in records:
+            self.say.say(f"  action: {r.kind:<15} {r.target:<40} {r.outcome:<8} {r.detail}")
+        if {r.kind for r in records} != {"cancel_stream", "redirect", "report_anomaly"}:
+            raise DemoError("the gateway did not record the break, the redirect and the anomaly")
+
+    # ------------------------------------------------------------------ audit
+    def _audit(self, audit_path: Path) -> None:
+        self.say.head("audit: verify and report")
+        from policyc.cli.main import main as cli
+
+        rc = cli(["audit", "verify", "--log", str(audit_path)])
+        if rc != 0:
+            raise DemoError(f"audit verify failed (exit {rc})")
+        rc = cli(["audit", "report", "--log", str(audit_path), "--by", "model"])
+        if rc != 0:
+            raise DemoError(f"audit report failed (exit {rc})")
+
+
+def _metric(http_endpoint: str, name: str, instance: str) -> float:
+    with urllib.request.urlopen(f"http://{http_endpoint}/metrics", timeout=5) as r:  # noqa: S310 - loopback
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") and f'instance="{instance}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def run_demo(out: TextIO, workdir: Path | None = None) -> int:
+    """Run the demo in `workdir` (a fresh temporary directory when None); 0 on success."""
+    if workdir is not None:
+        return Demo(out, workdir).run()
+    with tempfile.TemporaryDirectory(prefix="policyc-demo-") as tmp:
+        return Demo(out, Path(tmp)).run()
