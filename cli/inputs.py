@@ -56,7 +56,7 @@ def read_bytes(path: str) -> bytes:
     """A file's bytes (`-`: stdin), bounded and regular files only (`compiler/bounded_read.py`):
     a FIFO or /dev/zero is refused, never read; OSError for the caller to report."""
     from policyc.compiler import bounded_read
-    from policyc.dsl import limits
+    from policyc.compiler import limits
 
     if path == STDIN:
         data = sys.stdin.buffer.read(limits.MAX_BUNDLE_BYTES + 1)

@@ -15,7 +15,7 @@ class KeyError_(Exception):
 def _read(path: str) -> bytes:
     """A key file: regular, at most 64 KiB (a FIFO or /dev/zero is refused, never read)."""
     from policyc.compiler import bounded_read
-    from policyc.dsl import limits
+    from policyc.compiler import limits
 
     try:
         return bounded_read.read_bytes(path, limits.MAX_KEY_BYTES, "key")

@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import ValidationError
 
-from policyc.dsl import limits
+from . import limits
 
 from . import bounded_read
 from .bundle import SCHEMA_VERSION, Bundle, Signature

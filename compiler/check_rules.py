@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from policyc.dsl.diagnostics import Diagnostic, error
+from policyc.compiler.diagnostic import Diagnostic, error
 
-from policyc.dsl import limits
+from . import limits
 from .attributes import BUILTIN_REQUEST_VARS, attribute_type
 from .bundle import And, Atom, Const, Expr, HeaderMapping, Not, Or, RequestRule, SourceRef, Tenant, Test
 from .check_values import finite, span

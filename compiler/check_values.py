@@ -18,10 +18,9 @@ import math
 import re
 from typing import Iterable, Sequence
 
-from policyc.dsl.diagnostics import Diagnostic, error
-from policyc.dsl.source import Span
+from policyc.compiler.diagnostic import Diagnostic, Span, error
 
-from policyc.dsl import limits
+from . import limits
 from .bundle import (Breaker, Contract, GpuClass, HeaderMapping, Quarantine, Redirect, SelfHeal, SourceRef,
                      Tenant, VersionBound)
 

@@ -13,7 +13,7 @@ from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic
 
 from .bundle import SECURITY_ATTRS, Compute, Contract, Dependencies, Memory, ServiceDependency, Session, Slo, SourceRef, VersionBound
-from policyc.dsl import limits
+from . import limits
 
 from .check_values import ARCHS, PRECISIONS, version_bounds_problem
 from .fields import BlockReader, ref, shape

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from . import meaning
+
 Severity = Literal["error", "warning"]
 JsonLocation = dict[str, str | int]
 
@@ -103,6 +105,12 @@ def warning(code: str, message: str, span: Span | None = None, help: str | None 
 def sort_key(d: Diagnostic) -> tuple[str, int, int, str]:
     s = d.span
     return (s.file, s.line, s.col, d.code) if s else ("", 0, 0, d.code)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """A help line suggesting the closest known name, when one is close enough."""
+    best = meaning.did_you_mean(word, choices)
+    return f"did you mean `{best}`?" if best else None
 
 
 def render_json(diags: Iterable[Diagnostic]) -> str:

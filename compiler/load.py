@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from policyc.dsl import limits
+from . import limits
 from policyc.dsl.diagnostics import Diagnostic, error
 from policyc.dsl.source import Source, Span
 

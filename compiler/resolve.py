@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from policyc.dsl.diagnostics import Diagnostic, Note, did_you_mean, error
+from policyc.compiler.diagnostic import Diagnostic, Note, did_you_mean, error
 
 from .bundle import Breaker, Contract, GpuClass, HeaderMapping, Redirect, RequestRule, SourceRef, Tenant
 from .check_rules import check_rules

@@ -14,7 +14,7 @@ seconds of Z3 per thousand contracts; their stored shares are range-checked inst
 
 from __future__ import annotations
 
-from policyc.dsl.diagnostics import Diagnostic, error
+from policyc.compiler.diagnostic import Diagnostic, error
 
 from .bundle import Bundle
 from .index import plan_index

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from policyc.compiler import meaning
-from policyc.compiler.diagnostic import Diagnostic, Note, Severity, error, render_json, sort_key, summary, warning
+from policyc.compiler.diagnostic import (Diagnostic, Note, Severity, did_you_mean, error, render_json, sort_key, summary,
+                                         warning)
 
 from .source import Source, Span
 
@@ -31,11 +31,20 @@ def _snippet(span: Span, sources: Mapping[str, Source], gutter: int) -> list[str
     if not text and span.line > len(src.text.splitlines()):
         return []
     width = (span.end_col - span.col) if span.end_line == span.line else len(text) - span.col + 1
+    col = span.col
+    if len(text) > SNIPPET_CHARS:  # a 1 MB line is shown as a window around the column, never whole
+        start = max(0, min(col - 1 - SNIPPET_CHARS // 2, len(text) - SNIPPET_CHARS))
+        text = ("…" if start else "") + text[start:start + SNIPPET_CHARS] + ("…" if start + SNIPPET_CHARS < len(text) else "")
+        col = col - start + (1 if start else 0)
+        width = min(width, SNIPPET_CHARS - col + 2)
     pad = " " * gutter
     return [
         f"{span.line:>{gutter}} | {text}",
-        f"{pad} | {' ' * (span.col - 1)}{'^' * max(width, 1)}",
+        f"{pad} | {' ' * (col - 1)}{'^' * max(width, 1)}",
     ]
+
+
+SNIPPET_CHARS = 160  # the most of one source line a snippet shows
 
 
 def render_text(diags: Iterable[Diagnostic], sources: Mapping[str, Source]) -> str:
@@ -52,9 +61,3 @@ def render_text(diags: Iterable[Diagnostic], sources: Mapping[str, Source]) -> s
         if d.help:
             out.append(f"{' ' * gutter} = help: {d.help}")
     return "\n".join(out) + ("\n" if out else "")
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
-    """A help line suggesting the closest known name, when one is close enough."""
-    best = meaning.did_you_mean(word, choices)
-    return f"did you mean `{best}`?" if best else None

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from lark.grammar import Rule
 from lark_cython import Token
 
-from . import limits
+from policyc.compiler import limits
 
 from . import ast
 from .diagnostics import Diagnostic, error

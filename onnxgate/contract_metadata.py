@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from policyc.compiler.bundle import Contract
 from policyc.compiler.check_values import check_values
-from policyc.dsl.diagnostics import Diagnostic
+from policyc.compiler.diagnostic import Diagnostic
 
 from .errors import ContractMetadataError, ModelFileError
 from .model_file import ModelSource, read_model, source_name

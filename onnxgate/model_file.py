@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 
 from policyc.compiler import bounded_read
-from policyc.dsl import limits
+from policyc.compiler import limits
 from google.protobuf.message import DecodeError
 
 from .errors import ModelFileError
