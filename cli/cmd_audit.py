@@ -109,7 +109,8 @@ def _verify(args) -> int:
     try:
         key = load_public_key(args.public_key) if args.public_key else None
         anchor = _anchor(args.anchor) if args.anchor else None
-        result = verify(args.log, public_key=key, anchor=anchor, expect_closed=args.expect_closed)
+        with progress(f"verifying {args.log}"):  # a spinner on a terminal, nothing otherwise
+            result = verify(args.log, public_key=key, anchor=anchor, expect_closed=args.expect_closed)
     except AuditLogDamaged as e:
         print(f"policyc audit: damaged: {e}", file=sys.stderr)
         return 1
