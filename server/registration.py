@@ -11,6 +11,7 @@ import json
 from pydantic import ValidationError
 
 from policyc.compiler.bundle import Bundle, Contract
+from policyc.compiler.check_values import check_values
 from policyc.onnxgate.contract_metadata import load_contract
 from policyc.onnxgate.errors import ContractMetadataError
 
@@ -44,17 +45,40 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+MAX_CONTRACT_JSON = 1024 * 1024
+
+
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"`{name}` is not a JSON number")
+
+
 def contract_from_json(text: str) -> Contract:
+    """A contract as JSON, checked as the compiler and the ONNX gate check one: bounded,
+    strict types (a token count as a string is refused), no NaN or Infinity, no nesting
+    that recurses, then the compiler's value checks (`check_values`)."""
+    if len(text) > MAX_CONTRACT_JSON:
+        raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: {len(text):,} characters; at most {MAX_CONTRACT_JSON:,}",
+                           field="contract_json")
     try:
-        raw = json.loads(text)
+        json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as e:
         raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: not JSON at column {e.colno}: {e.msg}", field="contract_json") from None
+    except RecursionError:
+        raise ServiceError(Status.INVALID_ARGUMENT, "contract_json: nested too deeply", field="contract_json") from None
+    except ValueError as e:  # NaN / Infinity, a 5,000-digit integer
+        raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: {str(e).split(';')[0]}", field="contract_json") from None
     try:
-        return Contract.model_validate(raw)
+        contract = Contract.model_validate_json(text, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = ".".join(str(p) for p in first["loc"])[:200]
         raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: `{where}`: {first['msg']}", field=where) from None
+    diags: list = []
+    check_values([contract], (), (), (), (), diags)
+    if diags:
+        d = diags[0]
+        raise ServiceError(Status.INVALID_ARGUMENT, f"contract_json: error[{d.code}]: {d.message}", field="contract_json")
+    return contract
 
 
 def contract_from_onnx(data: bytes) -> Contract:
