@@ -2,7 +2,8 @@
 which GPU slots of the simulated cluster they are placed, how they are started, and how
 they register (their ONNX model carrying the contract, and their endpoint).
 
-Five instances in three processes, enough for every scene of the request mix:
+Five instances in two processes (a process costs about a second of CPU to start; each
+instance still has its own gRPC port, its endpoint), enough for every scene of the mix:
 
 - two `fraud-scorer` primaries on finance-hardened us-west hosts (different hosts, so
   different RDMA ports: the congestion scene moves traffic from one to the other), with
@@ -81,10 +82,10 @@ def plan(bundle: Bundle, slots: Iterable[GpuSlot], rank: Callable[[GpuSlot], flo
         out.append(RealInstance(instance_id(model, s.host, s.gpu), model, s, role, process))
 
     add("fraud-scorer", "primary", 0, region="us-west", finance=True)
-    add("fraud-scorer", "primary", 1, region="us-west", finance=True)
-    add("fraud-scorer-lite", "backup", 2, region="us-west", finance=True)
-    add("recommender", "serving", 2, region="us-west")
-    add("clinical-notes", "serving", 2, region="eu-west")
+    add("fraud-scorer", "primary", 0, region="us-west", finance=True)
+    add("fraud-scorer-lite", "backup", 1, region="us-west", finance=True)
+    add("recommender", "serving", 1, region="us-west")
+    add("clinical-notes", "serving", 1, region="eu-west")
     return out
 
 

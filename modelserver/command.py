@@ -1,17 +1,23 @@
 """The model server's command line, shared by `python -m policyc.modelserver` and
-`policyc modelserver`:
+`policyc modelserver`. Each `--model` starts one instance; the options after it, up to
+the next `--model`, are that instance's:
 
-    --model [NAME=]PATH        serve this ONNX model (its embedded contract names it when
-                               NAME is left out); repeat for several models in one process
-    --simplified NAME=PATH     the simplified variant NAME serves to retries
-    --instance NAME=ID         the registered instance id NAME answers as (default NAME)
-    --alias NAME=OTHER         NAME also answers requests for model OTHER (a backup takes
+    --model [NAME=]PATH        serve this ONNX model as one instance (its embedded
+                               contract names the OIP model when NAME is left out)
+      --instance ID            the registered instance id it answers as (default NAME)
+      --simplified PATH        the simplified variant it serves to retries
+      --alias OTHER            it also answers requests for model OTHER (a backup takes
                                the retries of the primary's requests, whose body names it)
-    --grpc-port P              one per --model, in order: each instance has its own gRPC
-                               port (0: the kernel picks); one 0 covers every model
-    --host H --http-port Q     the REST port serves every model of the process by name
+      --grpc-port P            its own gRPC port, its endpoint (0: the kernel picks;
+                               given before any --model: every instance's default)
+    --host H                   where every server listens (default 127.0.0.1)
+    --http-port Q              the process's REST port (every instance whose model name
+                               no other instance of the process answers)
     --stall-control            honour `x-policyc-stall-ms` (tests and the demo only)
-    --ready-file F             write the bound ports and served models here once serving
+    --ready-file F             write the bound ports and served instances here once serving
+
+    policyc modelserver --model fraud-scorer=a.onnx --instance fs@host-01/gpu0 \\
+                        --model fraud-scorer=a.onnx --instance fs@host-02/gpu0 --grpc-port 0 --http-port 0
 
 Nothing here imports KServe: that import parses `sys.argv`, so it waits until our own
 arguments are read and `sys.argv` is cleared.
@@ -22,89 +28,112 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Sequence
 
 EXIT_USAGE = 2
+DEFAULT_GRPC_PORT = 8081
 
 
 class UsageError(ValueError):
-    """A command line that names no model, a bad pair, or a model that cannot be served."""
+    """A command line that names no model, a misplaced option, or a model that cannot be served."""
+
+
+@dataclass
+class InstanceArgs:
+    """One `--model` and the options that followed it."""
+
+    model: str
+    instance: str | None = None
+    simplified: str | None = None
+    aliases: list[str] = field(default_factory=list)
+    grpc_port: int | None = None
+
+
+class _NewInstance(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any,
+                 option: str | None = None) -> None:
+        ns.instances = [*ns.instances, InstanceArgs(str(value))]
+
+
+class _OfInstance(argparse.Action):
+    """An option of the instance the last `--model` started (`--grpc-port` before any: the default)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any,
+                 option: str | None = None) -> None:
+        if not ns.instances:
+            if self.dest == "grpc_port":
+                ns.default_grpc_port = value
+                return
+            parser.error(f"{option} `{value}` comes before any --model: it belongs to the --model it follows")
+        last: InstanceArgs = ns.instances[-1]
+        if self.dest == "aliases":
+            last.aliases.append(str(value))
+        elif getattr(last, self.dest) is not None:
+            parser.error(f"{option} given twice for --model `{last.model}`")
+        else:
+            setattr(last, self.dest, value)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", action="append", default=[], metavar="[NAME=]PATH", help="an ONNX model to serve")
-    p.add_argument("--simplified", action="append", default=[], metavar="NAME=PATH",
-                   help="the simplified variant model NAME serves to retries")
-    p.add_argument("--instance", action="append", default=[], metavar="NAME=ID",
-                   help="the instance id model NAME answers as")
-    p.add_argument("--alias", action="append", default=[], metavar="NAME=OTHER",
-                   help="model NAME also answers requests for model OTHER")
-    p.add_argument("--host", default="127.0.0.1", help="address both servers listen on (default 127.0.0.1)")
-    p.add_argument("--grpc-port", type=int, action="append", default=[],
-                   help="OIP v2 gRPC port, one per --model in order (0: any free port; default 8081 for one model)")
-    p.add_argument("--http-port", type=int, default=8080, help="OIP v2 REST port (0: any free port; default 8080)")
+    p.set_defaults(instances=[], default_grpc_port=None)
+    p.add_argument("--model", action=_NewInstance, metavar="[NAME=]PATH", help="serve this ONNX model as one instance")
+    p.add_argument("--instance", action=_OfInstance, dest="instance", metavar="ID",
+                   help="the instance id the last --model answers as")
+    p.add_argument("--simplified", action=_OfInstance, dest="simplified", metavar="PATH",
+                   help="the simplified variant the last --model serves to retries")
+    p.add_argument("--alias", action=_OfInstance, dest="aliases", metavar="OTHER",
+                   help="the last --model also answers requests for model OTHER")
+    p.add_argument("--grpc-port", action=_OfInstance, dest="grpc_port", type=int, metavar="P",
+                   help=f"the last --model's gRPC port (0: any free port; before any --model: the default, {DEFAULT_GRPC_PORT})")
+    p.add_argument("--host", default="127.0.0.1", help="address every server listens on (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=8080, help="the process's OIP v2 REST port (0: any free port; default 8080)")
     p.add_argument("--stall-control", action="store_true", help="honour the x-policyc-stall-ms request header")
     p.add_argument("--ready-file", type=Path, help="write the bound ports here (JSON) once serving")
 
 
-def _pairs(values: list[str], option: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values:
-        name, sep, rest = v.partition("=")
-        if not sep or not name or not rest:
-            raise UsageError(f"{option} `{v}`: expected NAME=VALUE")
-        if name in out:
-            raise UsageError(f"{option}: `{name}` given twice")
-        out[name] = rest
+def _ports(args: argparse.Namespace) -> list[int]:
+    default = args.default_grpc_port
+    given = [i.grpc_port for i in args.instances]
+    if default is None and len(given) > 1 and any(g is None for g in given):
+        raise UsageError(f"{len(given)} models: give each its own --grpc-port (each instance is its own endpoint), "
+                         "or --grpc-port 0 before the first --model")
+    out = [g if g is not None else (default if default is not None else DEFAULT_GRPC_PORT) for g in given]
+    for port in out:
+        if not 0 <= port <= 65535:
+            raise UsageError(f"--grpc-port {port}: not a port")
+    fixed = [p for p in out if p]
+    if len(set(fixed)) != len(fixed):
+        raise UsageError("two instances given the same --grpc-port")
     return out
 
 
-def _ports(given: list[int], models: int) -> list[int]:
-    if not given:
-        if models > 1:
-            raise UsageError(f"{models} models: give one --grpc-port per --model (each instance has its own), or --grpc-port 0")
-        return [8081]
-    if given == [0]:
-        return [0] * models
-    if len(given) != models:
-        raise UsageError(f"{len(given)} --grpc-port for {models} --model: give one per model, in order")
-    for port in given:
-        if not 0 <= port <= 65535:
-            raise UsageError(f"--grpc-port {port}: not a port")
-    return given
+def _split(model: str) -> tuple[str | None, str]:
+    head, sep, tail = model.partition("=")
+    return (head, tail) if sep and "/" not in head else (None, model)
 
 
 def _hosted(args: argparse.Namespace):  # type: ignore[no-untyped-def]  # -> list[serve.Hosted] (imports KServe)
+    if not args.instances:
+        raise UsageError("no model to serve: give --model [NAME=]PATH")
+    ports = _ports(args)
+    for i in args.instances:  # before importing KServe (a second of CPU) for a command line that cannot serve
+        for path in (_split(i.model)[1], i.simplified):
+            if path is not None and not Path(path).is_file():
+                raise UsageError(f"{path}: no such model file")
     from .onnx_model import ModelLoadError, OnnxModel
     from .serve import Hosted, check_names
 
-    if not args.model:
-        raise UsageError("no model to serve: give --model [NAME=]PATH")
-    ports = _ports(args.grpc_port, len(args.model))
-    simplified = _pairs(args.simplified, "--simplified")
-    instances = _pairs(args.instance, "--instance")
-    aliases: dict[str, list[str]] = {}
-    for v in args.alias:
-        name, sep, other = v.partition("=")
-        if not sep or not name or not other:
-            raise UsageError(f"--alias `{v}`: expected NAME=OTHER")
-        aliases.setdefault(name, []).append(other)
     out: list[Hosted] = []
-    for v, port in zip(args.model, ports):
-        head, sep, tail = v.partition("=")
-        name, path = (head, tail) if sep and "/" not in head else (None, v)
-        small = simplified.get(name) if name else None
+    for i, port in zip(args.instances, ports):
+        name, path = _split(i.model)
         try:
-            m = OnnxModel(Path(path), Path(small) if small else None, name=name, stall_control=args.stall_control)
+            m = OnnxModel(Path(path), Path(i.simplified) if i.simplified else None, name=name, instance_id=i.instance,
+                          stall_control=args.stall_control)
         except ModelLoadError as e:
             raise UsageError(str(e)) from None
-        m.instance_id = instances.get(m.name, m.name)
-        out.append(Hosted(m, tuple(aliases.get(m.name, ())), port))
-    names = {h.model.name for h in out}
-    for option, keyed in (("--simplified", simplified), ("--instance", instances), ("--alias", aliases)):
-        for name in keyed:
-            if name not in names:
-                raise UsageError(f"{option} {name}=…: no --model named `{name}`")
+        out.append(Hosted(m, tuple(i.aliases), port))
     try:
         check_names(out)
     except ValueError as e:
@@ -130,7 +159,7 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m policyc.modelserver",
                                 description="A KServe model server for ONNX models carrying policyc contracts.")
     add_arguments(p)

@@ -6,8 +6,10 @@
         pool.endpoint("fraud-scorer@host-01/gpu0")   # "127.0.0.1:40123", its OIP gRPC server
 
 Each `ServerSpec` is one process (`python -m policyc.modelserver`), serving one or more
-instances (distinct OIP model names), each on its own gRPC port — its endpoint, what a
-gateway steers to — and all of them on the process's one REST port. Ports are picked by
+instances (replicas of one model too), each on its own gRPC port — its endpoint, what a
+gateway steers to; the process's one REST port serves the model names exactly one of its
+instances answers. A process costs about a second of CPU to start (importing KServe), so
+put several instances in one process where isolation does not matter. Ports are picked by
 the kernel (port 0) and read back from the process's ready file, so parallel sessions
 never race for a port. `ModelPool.start` spawns every process first and then waits for all, so
 a pool starts in about the time of its slowest process. Ready means: the process wrote its
@@ -36,9 +38,6 @@ from typing import Iterator, Sequence
 
 import grpc
 
-from policyc.onnxgate.contract_metadata import load_contract
-from policyc.onnxgate.errors import ContractMetadataError
-
 from .oip import pb, pb_grpc
 
 STOP_GRACE_S = 5.0
@@ -63,15 +62,6 @@ class InstanceSpec:
     name: str | None = None
     aliases: tuple[str, ...] = ()
 
-    def oip_name(self) -> str:
-        """The OIP model name it serves: `name`, else its model file's contract name."""
-        if self.name:
-            return self.name
-        try:
-            return load_contract(self.model).name
-        except ContractMetadataError as e:
-            raise ValueError(f"instance `{self.instance_id}`: {e}") from None
-
 
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
@@ -85,11 +75,11 @@ class ServerSpec:
         out = [sys.executable, "-m", "policyc.modelserver", "--host", self.host, "--grpc-port", "0",
                "--http-port", "0", "--ready-file", str(ready_file)]
         for i in self.instances:
-            key = i.oip_name()
-            out += ["--model", f"{key}={i.model}", "--instance", f"{key}={i.instance_id}"]
+            path = i.model.resolve()  # absolute: a `=` in it is never read as NAME=
+            out += ["--model", f"{i.name}={path}" if i.name else str(path), "--instance", i.instance_id]
             if i.simplified:
-                out += ["--simplified", f"{key}={i.simplified}"]
-            out += [x for a in i.aliases for x in ("--alias", f"{key}={a}")]
+                out += ["--simplified", str(i.simplified.resolve())]
+            out += [x for a in i.aliases for x in ("--alias", a)]
         if self.stall_control:
             out.append("--stall-control")
         return out
@@ -103,10 +93,11 @@ class ServingInstance:
     model: str               # the OIP model name (its contract's name unless renamed)
     contract: str            # the contract embedded in its model file
     endpoint: str            # host:port of its OIP v2 gRPC server (HTTP/2)
-    http_endpoint: str       # host:port of its OIP v2 REST server
+    http_endpoint: str       # host:port of its process's OIP v2 REST server (metrics, health)
     model_path: Path
     variants: tuple[str, ...]
     aliases: tuple[str, ...] = ()
+    on_rest: bool = True     # its model name is served on the REST port (no other instance of the process answers it)
 
 
 _live: "weakref.WeakSet[ModelServerProcess]" = weakref.WeakSet()
@@ -250,7 +241,8 @@ class ModelServerProcess:
                 instance_id=iid, model=str(facts["model"]), contract=str(facts["contract"]),
                 endpoint=f"{self._fact('host')}:{facts['grpc_port']}", http_endpoint=self.http_endpoint,
                 model_path=spec.model, variants=tuple(facts["variants"]),  # type: ignore[arg-type]
-                aliases=tuple(facts["aliases"])))  # type: ignore[arg-type]
+                aliases=tuple(facts["aliases"]),  # type: ignore[arg-type]
+                on_rest=str(facts["model"]) in self._fact("rest_models")))  # type: ignore[operator]
         return out
 
     def log_tail(self, lines: int = 30) -> str:

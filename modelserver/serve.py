@@ -8,9 +8,9 @@ gRPC servicer drops the response headers a model returns. Here the same KServe p
 
 - each instance has its own gRPC port (its own `DataPlane` over a repository holding
   only that instance's model and aliases), so a gateway that steers by `ip:port` reaches
-  exactly the instance it chose, even when one process serves several; the REST port is
-  the process's (KServe's FastAPI app is one per process) and serves every instance by
-  name, so the names within one process must be distinct;
+  exactly the instance it chose, even when one process serves several (two replicas of
+  one model included); the REST port is the process's (KServe's FastAPI app is one per
+  process) and serves each model name exactly one of its instances answers;
 - ports may be 0 (the kernel picks; the process reports them in its ready file), so
   parallel test sessions never race for a port;
 - gRPC answers carry the model's response headers as initial metadata (HTTP/2 response
@@ -73,14 +73,22 @@ class Hosted:
 
 
 def check_names(hosted: list[Hosted]) -> None:
-    """ValueError when two instances of one process answer the same model name."""
-    seen: dict[str, str] = {}
+    """ValueError when two instances of one process share an instance id."""
+    seen: set[str] = set()
+    for h in hosted:
+        if h.model.instance_id in seen:
+            raise ValueError(f"instance `{h.model.instance_id}` given twice in one process")
+        seen.add(h.model.instance_id)
+
+
+def rest_names(hosted: list[Hosted]) -> dict[str, Hosted]:
+    """The model names the process's REST port serves: those exactly one of its instances
+    answers (a name two instances answer is reached through each one's gRPC endpoint)."""
+    count: dict[str, int] = {}
     for h in hosted:
         for n in h.names:
-            if n in seen:
-                raise ValueError(f"instances `{seen[n]}` and `{h.model.instance_id}` both answer model `{n}` "
-                                 "in one process (its REST port serves each name once): use two processes")
-            seen[n] = h.model.instance_id
+            count[n] = count.get(n, 0) + 1
+    return {n: h for h in hosted for n in h.names if count[n] == 1}
 
 
 class PolicycInferenceServicer(InferenceServicer):
@@ -102,16 +110,15 @@ class PolicycInferenceServicer(InferenceServicer):
         raise TypeError(f"model `{request.model_name}` answered a {type(body).__name__}, not an InferResponse")
 
 
-def _repository(hosted: list[Hosted]) -> ModelRepository:
+def _repository(names: dict[str, Hosted]) -> ModelRepository:
     repo = ModelRepository()
-    for h in hosted:
-        for n in h.names:
-            repo.update(h.model, n)
+    for n, h in names.items():
+        repo.update(h.model, n)
     return repo
 
 
 def _grpc_server(h: Hosted, host: str) -> tuple[grpc.aio.Server, int]:
-    plane = DataPlane(model_registry=_repository([h]))
+    plane = DataPlane(model_registry=_repository(dict.fromkeys(h.names, h)))
     ext = ModelRepositoryExtension(model_registry=plane.model_registry)
     server = grpc.aio.server(
         interceptors=(ExceptionToStatusInterceptor(),),
@@ -149,13 +156,14 @@ async def _run(hosted: list[Hosted], listen: Listen) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: None)
     grpcs = [_grpc_server(h, listen.host) for h in hosted]
-    plane = DataPlane(model_registry=_repository(hosted))
+    rest = rest_names(hosted)
+    plane = DataPlane(model_registry=_repository(rest))
     ext = ModelRepositoryExtension(model_registry=plane.model_registry)
     sock = _http_socket(listen)
     http_port = sock.getsockname()[1]
-    rest = RESTServer("kserve.model_server:app", plane, ext, http_port, grace_period=1, timeout_keep_alive=65)
-    rest.create_application()
-    uv = rest._server  # KServe's uvicorn server: serving a socket we bound needs it (RESTServer.start cannot)
+    rest_server = RESTServer("kserve.model_server:app", plane, ext, http_port, grace_period=1, timeout_keep_alive=65)
+    rest_server.create_application()
+    uv = rest_server._server  # KServe's uvicorn server: serving a socket we bound needs it (RESTServer.start cannot)
     for server, _ in grpcs:
         await server.start()
     serving = asyncio.create_task(uv.serve(sockets=[sock]))
@@ -163,14 +171,14 @@ async def _run(hosted: list[Hosted], listen: Listen) -> None:
         await asyncio.sleep(0.005)
     if serving.done():
         await serving  # uvicorn failed to start: let its error out
-    facts = {"pid": os.getpid(), "host": listen.host, "http_port": http_port,
+    facts = {"pid": os.getpid(), "host": listen.host, "http_port": http_port, "rest_models": sorted(rest),
              "instances": [{"instance": h.model.instance_id, "model": h.model.name, "contract": h.model.contract.name,
                             "variants": list(h.model.variants), "aliases": list(h.aliases), "grpc_port": port}
                            for h, (_, port) in zip(hosted, grpcs)]}
     for h, (_, port) in zip(hosted, grpcs):
         log.info("instance %s: model %s%s on grpc %s:%d", h.model.instance_id, h.model.name,
                  f" (also {', '.join(h.aliases)})" if h.aliases else "", listen.host, port)
-    log.info("REST (all instances by model name) on http %s:%d", listen.host, http_port)
+    log.info("REST on http %s:%d for %s", listen.host, http_port, ", ".join(sorted(rest)) or "no model (every name is shared)")
     if listen.ready_file is not None:
         _announce(listen.ready_file, facts)
     try:

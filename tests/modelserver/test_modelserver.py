@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from modelserver_support import BACKUP, PRIMARY, PRIMARY_LITE
+from modelserver_support import BACKUP, PRIMARY, PRIMARY_LITE, REPLICA
 from policyc.modelserver import wire
 from policyc.modelserver.client import OipClient, answer_of, parse_rest_answer, rest_body, token_ids
 from policyc.modelserver.launcher import InstanceSpec, ModelPool, ModelServerError, ServerSpec
@@ -76,9 +76,11 @@ def test_grpc_answers_equal_onnxruntime_and_name_the_instance(pool: ModelPool, m
         assert a.compute_us > 0 and a.headers[wire.COMPUTE_US] == str(a.compute_us)
         assert a.logits.shape == (2, 24, 256)
         np.testing.assert_allclose(a.logits, _direct(path, ids), rtol=1e-5, atol=1e-5)
-    # one process, two instances, two endpoints
-    assert pool.endpoint(PRIMARY) != pool.endpoint(PRIMARY_LITE)
-    assert pool.instance(PRIMARY).http_endpoint == pool.instance(PRIMARY_LITE).http_endpoint
+    # one process, three instances (two replicas of one model among them), three endpoints
+    assert len({pool.endpoint(i) for i in (PRIMARY, PRIMARY_LITE, REPLICA)}) == 3
+    assert len({pool.instance(i).http_endpoint for i in (PRIMARY, PRIMARY_LITE, REPLICA)}) == 1
+    with OipClient(pool.endpoint(REPLICA)) as c:
+        assert c.infer("fraud-scorer", ids).instance == REPLICA
 
 
 def test_grpc_typed_contents_are_read_too(pool: ModelPool, model_files: dict[str, ModelFiles]) -> None:
@@ -94,12 +96,22 @@ def test_grpc_typed_contents_are_read_too(pool: ModelPool, model_files: dict[str
 
 def test_rest_answers_equal_onnxruntime_and_name_the_instance(pool: ModelPool, model_files: dict[str, ModelFiles]) -> None:
     ids = token_ids(9, seed=5)
-    status, headers, body = _post(pool.instance(PRIMARY).http_endpoint, "fraud-scorer", rest_body(ids, request_id="r-1"))
+    inst = pool.instance(PRIMARY_LITE)
+    assert inst.on_rest
+    status, headers, body = _post(inst.http_endpoint, "fraud-scorer-lite", rest_body(ids, request_id="r-1"))
     assert status == 200, body
     a = parse_rest_answer(body, headers)
-    assert (a.instance, a.variant, a.request_id) == (PRIMARY, wire.FULL, "r-1")
-    assert headers[wire.INSTANCE] == PRIMARY and int(headers[wire.COMPUTE_US]) == a.compute_us > 0
-    np.testing.assert_allclose(a.logits, _direct(model_files["fraud-scorer"].full, ids), rtol=1e-5, atol=1e-5)
+    assert (a.instance, a.variant, a.request_id) == (PRIMARY_LITE, wire.FULL, "r-1")
+    assert headers[wire.INSTANCE] == PRIMARY_LITE and int(headers[wire.COMPUTE_US]) == a.compute_us > 0
+    np.testing.assert_allclose(a.logits, _direct(model_files["fraud-scorer-lite"].full, ids), rtol=1e-5, atol=1e-5)
+    # two instances of the process answer fraud-scorer: REST cannot say which, so it serves neither
+    assert not pool.instance(PRIMARY).on_rest and not pool.instance(REPLICA).on_rest
+    status, _, body = _post(inst.http_endpoint, "fraud-scorer", rest_body(ids))
+    assert status == 404 and "fraud-scorer" in body.decode()
+    # the backup's process serves its model and its alias on REST, the retry header included
+    status, headers, body = _post(pool.instance(BACKUP).http_endpoint, "fraud-scorer", rest_body(ids),
+                                  {"X-Retry-Count": "1"})
+    assert status == 200 and parse_rest_answer(body, headers).variant == wire.SIMPLIFIED
 
 
 def test_readiness_and_model_metadata(pool: ModelPool) -> None:
@@ -217,9 +229,9 @@ def test_a_malformed_grpc_request_gets_a_clear_error(pool: ModelPool, tensor: pb
 
 def test_a_malformed_rest_request_gets_a_clear_error(pool: ModelPool) -> None:
     http = pool.instance(PRIMARY).http_endpoint
-    status, _, body = _post(http, "fraud-scorer", b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, -4]}]}')
+    status, _, body = _post(http, "fraud-scorer-lite", b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, -4]}]}')
     assert status == 400 and "token ids must be in [0, 256), got -4 .. 1" in json.loads(body)["error"]
-    status, _, body = _post(http, "fraud-scorer", b"{not json")
+    status, _, body = _post(http, "fraud-scorer-lite", b"{not json")
     assert status == 422 and "json" in body.decode().lower()  # KServe's (FastAPI's) answer to a body that is not JSON
     status, _, body = _post(http, "no-such-model", rest_body(token_ids(2)))
     assert status == 404 and "no-such-model" in body.decode()
@@ -243,6 +255,9 @@ def test_command_line_errors_are_one_line(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "policyc.cli.main", "modelserver", "--model", str(tmp_path / "none.onnx")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "none.onnx" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "policyc.cli.main", "modelserver", "--instance", "x@h/g"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "comes before any --model" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_stopping_leaves_no_process(model_files: dict[str, ModelFiles], tmp_path: Path) -> None:
