@@ -26,6 +26,7 @@ from policyc.matcher.instance import Instance
 from .candidate_sets import CandidateSets
 from .catalog import DEFAULT_CATALOG
 from .contract_table import ContractTable, contract_table
+from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
 from .evaluated import Evaluated, RowFigures
 from .lookup import lookup, scalar_figures
@@ -129,6 +130,11 @@ class Placer:
     @property
     def catalog(self) -> dict[str, GpuClass]:
         return dict(self._catalog)
+
+    def bounds(self, contract: Contract) -> dict[str, ShareBound]:
+        """The least share the placer reserves for one request of `contract` on each GPU
+        class of the current topology (the bundle's stored share, or `meaning`'s)."""
+        return dict(self._contract_table(contract, self._snapshots.current().topology).bounds)
 
     def _contract_table(self, contract: Contract, topology) -> ContractTable:
         """The contract's table for this topology and catalog, cached per contract object."""
