@@ -84,16 +84,18 @@ class DecisionEngine:
                 budget = min(budget, x)
         return budget
 
-    def prepare(self, inp: DecisionInput, st: PolicyState | None = None) -> Prepared:
+    def prepare(self, inp: DecisionInput, st: PolicyState | None = None, *, solve: bool = True) -> Prepared:
         """Parse `inp` and ask the solver about it, against `st` (default: the current state):
         the part of a decision every request of the same shape shares, so the service can
-        keep it per request shape. Raises ServiceError for bad input."""
+        keep it per request shape. Raises ServiceError for bad input. `solve=False`: never
+        run Z3 here (the answer may be `Pending`; the serving loop then awaits the solver
+        in a worker thread, `service.decide_bytes`)."""
         st = self._state if st is None else st
         clock = time.perf_counter
         t0 = clock()
         req, retry = to_request(st.registry, st.bundle, inp)
         t1 = clock()
-        answer = st.feasibility.check(req.vars)
+        answer = st.feasibility.check(req.vars) if solve else st.feasibility.lookup(req.vars)
         return Prepared(st, inp, req, retry, answer, t1 - t0, clock() - t1)
 
     def decide_prepared(self, prep: Prepared, memo: MatchMemo | None = None, lookup: float | None = None) -> Decision:
@@ -276,11 +278,13 @@ class DecisionEngine:
                                    f"the new bundle does not admit {len(refused)} registered instance(s): {shown}{more}; "
                                    "reload with evict_inadmissible to drop them")
             new = build_state(bundle, [i for i, _ in keep], {i.id: s for i, s in keep})
+            new.feasibility.warm(old.feasibility.seen())  # every shape seen so far, solved before the swap
             for listener in self._reload_listeners:
                 listener(new)  # e.g. the guardian's rule tables: raises before anything is swapped
             self.placer.load_catalog(catalog_for(bundle.gpu_catalog))  # the new bundle's GPU classes, everywhere
             self._slo_vars = bundle.latency_targets
             self._state = new
+            old.feasibility.close()
             return old.bundle_hash, tuple(i for i, _ in evicted)
 
     def groups_on(self, host: str, gpu: str) -> int:

@@ -3,20 +3,34 @@
 Callers repeat a few request shapes, and protobuf writes the same message as the same
 bytes, so the raw request is the cheapest exact key there is: a hit skips protobuf
 parsing, header parsing and the solver's feasibility lookup (`Prepared`) and carries the
-shape's `MatchMemo`. Entries belong to one policy state; a reload starts a new table.
-Only requests that parsed cleanly are kept: bad input is re-examined (and refused) every
-time. The table is bounded; when full it starts afresh (a shape costs one parse to
-re-enter), which is cheaper per call than keeping recency order.
+shape's `MatchMemo`. A raw shape that is new costs one parse; what comes after it is keyed
+by the *reduced* shape further down (the matcher's plans, the solver's answers), so a new
+SLO value between two known thresholds finds those warm.
+
+Entries belong to one policy state. The table is a bounded LRU: when full, the least
+recently used entry goes, one at a time (starting afresh made every warm shape cold
+whenever a diverse mix filled it). A reload re-prepares every entry against the new state
+off the loop (`rebuilt`) and swaps the warm table in (`adopt`). Only requests that parsed
+cleanly are kept: bad input is re-examined (and refused) every time. An entry whose
+feasibility answer was still pending takes the solver's answer once it is there.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from policyc.matcher import AppliedRule
+from policyc.solver.feasibility import Pending
 
 from .convert import decision_bytes, decision_head
 from .decision import Decision, Outcome
 from .prepared import MatchMemo, Prepared
 from .state import PolicyState
+
+if TYPE_CHECKING:
+    from .engine import DecisionEngine
 
 DEFAULT_MAX_SHAPES = 4096
 
@@ -50,7 +64,7 @@ class RequestShapes:
             raise ValueError(f"the request shape cache needs room for at least 1 shape, got {max_shapes}")
         self.max_shapes = max_shapes
         self._state: PolicyState | None = None
-        self._table: dict[bytes, ShapeEntry] = {}
+        self._table: OrderedDict[bytes, ShapeEntry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -58,20 +72,52 @@ class RequestShapes:
     def get(self, state: PolicyState, raw: bytes) -> ShapeEntry | None:
         if state is not self._state:
             return None
-        return self._table.get(raw)
+        table = self._table
+        entry = table.get(raw)
+        if entry is not None:
+            table.move_to_end(raw)
+            prep = entry.prepared
+            if type(prep.answer) is Pending:  # solved since? (a dict look-up; Z3 never runs here)
+                answer = state.feasibility.cached(prep.request.vars)
+                if answer is not None:
+                    entry.prepared = replace(prep, answer=answer)
+        return entry
+
+    def rebuilt(self, engine: DecisionEngine, state: PolicyState) -> OrderedDict[bytes, ShapeEntry]:
+        """Every entry prepared again against `state` (a reload's new one), in the same
+        recency order: run off the loop, then `adopt`ed. Inputs the new bundle refuses
+        are dropped (they are re-examined when they come again)."""
+        out: OrderedDict[bytes, ShapeEntry] = OrderedDict()
+        for raw, entry in list(self._table.items()):
+            try:
+                out[raw] = ShapeEntry(engine.prepare(entry.prepared.input, state))
+            except Exception:  # noqa: BLE001 - a refused input is simply not kept
+                continue
+        return out
+
+    def adopt(self, state: PolicyState, table: OrderedDict[bytes, ShapeEntry]) -> None:
+        """Serve `table` (from `rebuilt`) for `state`; entries the loop made for `state`
+        meanwhile are kept too."""
+        if self._state is state:
+            for raw, entry in self._table.items():
+                table[raw] = entry
+        while len(table) > self.max_shapes:
+            table.popitem(last=False)
+        self._table = table
+        self._state = state
 
     def forget(self) -> None:
         """Drop every shape (after a reload: the old state's entries would keep it alive
         until the next new shape)."""
-        self._table = {}
+        self._table = OrderedDict()
         self._state = None
 
     def put(self, raw: bytes, prepared: Prepared) -> ShapeEntry:
         table = self._table
         if prepared.state is not self._state:
-            table = self._table = {}  # a new table, not cleared in place: a reader may hold the old one
+            table = self._table = OrderedDict()  # a new table, not cleared in place: a reader may hold the old one
             self._state = prepared.state
         elif len(table) >= self.max_shapes:
-            table = self._table = {}
+            table.popitem(last=False)  # the least recently used
         entry = table[raw] = ShapeEntry(prepared)
         return entry

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 import grpc
@@ -21,6 +22,7 @@ from policyc.audit.errors import AuditError
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.diagnostic import error
+from policyc.solver.feasibility import Pending
 
 from . import convert
 from .audit_bridge import AuditBridge
@@ -30,7 +32,9 @@ from .request_decode import Undecodable
 from .decision import Decision, DecisionInput
 from .engine import DecisionEngine
 from .errors import ServiceError, Status
+from .feasibility_series import FeasibilitySeries
 from .metrics import Metrics
+from .prepared import Prepared
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
 from .rich_status import default_code, rich_status, trailer
@@ -81,6 +85,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
         self._load_bundle = load_bundle or self.verifier.load_path
         self._reload_lock = asyncio.Lock()
         self.shapes = RequestShapes()
+        self.feasibility_series = FeasibilitySeries(lambda: self.engine.state.feasibility)
+        metrics.registry.register(self.feasibility_series)
 
     # ------------------------------------------------------------------ common checks
     def _admit(self, context: grpc.aio.ServicerContext, permission: Permission, size: int | None = None) -> None:
@@ -112,7 +118,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
         return pb.Decision.FromString(await self.decide_bytes(request.SerializeToString(), context))
 
     def decide_shape(self, shapes: RequestShapes, key: bytes, make_input: Callable[[], DecisionInput],
-                     t0: float) -> tuple[Decision, ShapeEntry, Awaitable[Any] | None]:
+                     t0: float, prepared: Prepared | None = None) -> tuple[Decision, ShapeEntry, Awaitable[Any] | None]:
         """One decision on the path every caller shares (the Decide RPC, the gateway's
         endpoint picker): the audit log's fail-closed check, the request-shape cache (`key`
         names the shape in `shapes`; `make_input` builds the input on a miss), the engine,
@@ -126,7 +132,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
         st = engine.state
         entry = shapes.get(st, key)
         if entry is None:
-            prepared = engine.prepare(make_input(), st)
+            if prepared is None or prepared.state is not st:  # (`prepared`: made by the caller for this state)
+                prepared = engine.prepare(make_input(), st)
             entry = shapes.put(key, prepared)
             d = engine.decide_prepared(prepared, entry.memo)
         else:
@@ -151,7 +158,16 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 if len(raw) > self.max_decide_bytes:
                     raise ServiceError(Status.RESOURCE_EXHAUSTED,
                                        f"request is {len(raw)} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
-                d, entry, durable = self.decide_shape(self.shapes, raw, lambda: convert.decision_input(convert.decide_request(raw)), t0)
+                prepared = None
+                st = self.engine.state
+                if self.shapes.get(st, raw) is None:  # a new raw shape: parsed here, and a new feasibility shape
+                    prepared = self.engine.prepare(convert.decision_input(convert.decide_request(raw)), st, solve=False)
+                    if type(prepared.answer) is Pending:  # solved in a worker thread: the loop serves others meanwhile
+                        t1 = time.perf_counter()
+                        answer = await asyncio.to_thread(st.feasibility.check, prepared.request.vars)
+                        prepared = replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
+                d, entry, durable = self.decide_shape(self.shapes, raw, lambda: convert.decision_input(convert.decide_request(raw)),
+                                                      t0, prepared)
             except ServiceError as e:
                 await self._refuse(context, "Decide", e)
                 raise  # unreachable: abort raises
@@ -272,7 +288,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
             except ServiceError as e:
                 self._reload_refused(source, e.message)
                 raise
-            self.shapes.forget()
+            st = self.engine.state  # the old shapes, prepared again for it off the loop: a warm table
+            self.shapes.adopt(st, await asyncio.to_thread(self.shapes.rebuilt, self.engine, st))
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_bundle(prev, bundle.content_hash)
             if self.audit is not None:

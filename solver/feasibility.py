@@ -8,15 +8,31 @@ that apply to it conflict with every instance the bundle's contracts allow (regi
 Answers are cached by request *shape*: variables whose value cannot change the answer
 are merged (a quantity is reduced to its position among the thresholds it is compared
 with; names, strings and flags are kept as they are), so a warm check is one key build
-and one dict lookup — microseconds. A miss runs Z3 once (milliseconds) under a lock.
+and one dict lookup — microseconds. The cache is a bounded LRU (the oldest shape goes,
+one at a time; nothing is dropped wholesale).
+
+Two ways to ask. `check` answers now, running Z3 (milliseconds, under a lock) on a miss:
+for the CLI, Explain, tests. `lookup` is what the serving path calls and never runs Z3:
+a miss is answered at once by the checks that need no solver (outside the declared
+domain: infeasible; no rule applies: feasible) or else `PENDING`, and the shape is queued
+for the solver thread, which fills the cache off the serving loop; the matcher (exact
+over the live fleet) decides a pending request meanwhile, so nothing is admitted that
+the rules do not admit. `warm` solves a list of shapes in the caller's thread: a reload
+solves every shape the old state had seen before the new state goes live.
+`solves_inline`, `solves_background`, `pending` and `solves_on_loop` (Z3 in a thread that
+runs an asyncio event loop: the serving loop's promise is that this stays 0) count what
+happened.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import queue
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Iterable, Mapping, Union
 
 import z3
 
@@ -54,20 +70,39 @@ class Undecided:
     feasible: None = None
 
 
-Answer = Union[Feasible, Infeasible, Undecided]
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Not solved yet (`lookup` queued it): the matcher decides this request alone."""
+
+    reason: str = "the solver has not answered for this request shape yet"
+    feasible: None = None
+
+
+Answer = Union[Feasible, Infeasible, Undecided, Pending]
 FEASIBLE = Feasible()
+PENDING = Pending()
 _ABSENT = object()
+DEFAULT_MAX_CACHE = 1 << 16
 
 
 class RequestFeasibility:
-    def __init__(self, bundle: Bundle, *, max_cache: int = 1 << 16) -> None:
+    def __init__(self, bundle: Bundle, *, max_cache: int = DEFAULT_MAX_CACHE) -> None:
         self.bundle = bundle
         self.dom = domains(bundle)
         self.space = Space()
         self.enc = RuleEncoder(self.space, self.dom)
         self.max_cache = max_cache
-        self._cache: dict[tuple, Answer] = {}
+        self._cache: OrderedDict[tuple, Answer] = OrderedDict()
+        self._seen: dict[tuple, dict[str, Scalar]] = {}  # a request of each cached shape, for `warm` after a reload
         self._lock = threading.Lock()
+        self._queued: set[tuple] = set()
+        self._work: queue.SimpleQueue[tuple[tuple, dict[str, Scalar]] | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.solves_inline = 0  # Z3 runs in a caller's thread (`check`, `warm`)
+        self.solves_background = 0  # Z3 runs in the solver thread (shapes `lookup` queued)
+        self.pending = 0  # `lookup`s answered PENDING
+        self.solves_on_loop = 0  # Z3 runs in a thread running an asyncio event loop (a serving loop): should stay 0
         self._headers = {h.var: h for h in bundle.headers}
         self._vars = tuple(sorted(v for v in self.dom.vars))
         self._breaks = {v: self._breakpoints(v) for v in self._vars}
@@ -120,28 +155,118 @@ class RequestFeasibility:
 
     # ------------------------------------------------------------------ checks
     def check(self, variables: Mapping[str, Scalar]) -> Answer:
-        """Cached: the answer for this request's shape."""
+        """Cached: the answer for this request's shape (Z3 in this thread on a miss)."""
         key = self.shape(variables)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        self.solves_inline += 1
         answer = self.solve(variables)
-        if len(self._cache) >= self.max_cache:
-            self._cache.clear()
-        self._cache[key] = answer
+        self._store(key, variables, answer)
         return answer
 
-    def solve(self, variables: Mapping[str, Scalar]) -> Answer:
-        """Uncached: validate against the declared request domain, then ask Z3."""
+    def lookup(self, variables: Mapping[str, Scalar]) -> Answer:
+        """The serving path's question: the cached answer, or one that needs no solver,
+        or `PENDING` with the shape queued for the solver thread. Never runs Z3."""
+        key = self.shape(variables)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        quick = self._without_solver(variables)
+        if quick is not None:
+            self._store(key, variables, quick)
+            return quick
+        self.pending += 1
+        if key not in self._queued:
+            self._queued.add(key)
+            self._ensure_worker()
+            self._work.put((key, dict(variables)))
+        return PENDING
+
+    def cached(self, variables: Mapping[str, Scalar]) -> Answer | None:
+        """The cached answer only (None when the shape is not solved yet)."""
+        return self._cache.get(self.shape(variables))
+
+    def warm(self, requests: Iterable[Mapping[str, Scalar]]) -> int:
+        """Solve every shape among `requests` now, in this thread (a reload's, before the
+        new state serves); returns how many were new."""
+        n = 0
+        for variables in requests:
+            key = self.shape(variables)
+            if key in self._cache:
+                continue
+            self.solves_inline += 1
+            self._store(key, variables, self.solve(variables))
+            n += 1
+        return n
+
+    def seen(self) -> list[dict[str, Scalar]]:
+        """One request of every cached shape, most recently used last (what `warm` takes)."""
+        return [self._seen[k] for k in list(self._cache) if k in self._seen]
+
+    def close(self) -> None:
+        """Stop the solver thread (a state that is no longer served)."""
+        if self._worker is not None:
+            self._work.put(None)
+
+    def _store(self, key: tuple, variables: Mapping[str, Scalar], answer: Answer) -> None:
+        cache = self._cache
+        if key in cache:
+            cache.move_to_end(key)
+        elif len(cache) >= self.max_cache:
+            old, _ = cache.popitem(last=False)
+            self._seen.pop(old, None)
+        cache[key] = answer
+        self._seen[key] = dict(variables)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            with self._start_lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._solve_queued, name="policyc-feasibility", daemon=True)
+                    self._worker.start()
+
+    def _solve_queued(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            key, variables = item
+            try:
+                if key not in self._cache:
+                    answer = self.solve(variables)
+                    self.solves_background += 1
+                    self._store(key, variables, answer)
+            finally:
+                self._queued.discard(key)
+
+    def _without_solver(self, variables: Mapping[str, Scalar]) -> Answer | None:
+        """`solve`'s answers that need no Z3 (outside the domain; no rule applies)."""
+        req = self._with_class(variables)
+        bad = self._outside_domain(req)
+        if bad is not None:
+            return bad
+        if not any(rule_applies(r, req) for r in self.bundle.rules):
+            return FEASIBLE if self.bundle.contracts else Infeasible("the bundle declares no contracts")
+        return None
+
+    def _with_class(self, variables: Mapping[str, Scalar]) -> dict[str, Scalar]:
         req = dict(variables)
         if "tenant" in req and "tenant_class" not in req and req["tenant"] in self.dom.tenants:
             req["tenant_class"] = self.dom.tenants[str(req["tenant"])]
+        return req
+
+    def solve(self, variables: Mapping[str, Scalar]) -> Answer:
+        """Uncached: validate against the declared request domain, then ask Z3."""
+        req = self._with_class(variables)
         bad = self._outside_domain(req)
         if bad is not None:
             return bad
         rules = [r for r in self.bundle.rules if rule_applies(r, req)]
         if not rules:
             return FEASIBLE if self.bundle.contracts else Infeasible("the bundle declares no contracts")
+        if asyncio._get_running_loop() is not None:  # counted, for the serving path's promise (never on the loop)
+            self.solves_on_loop += 1
         with self._lock:
             s = self._solver
             s.push()

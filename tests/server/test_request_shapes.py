@@ -78,7 +78,8 @@ def test_the_shape_table_belongs_to_one_state_and_is_bounded(server: DecisionSer
         shapes.put(raw, eng.prepare(DecisionInput({"X-Model": "fraud-scorer"}, {}), st))
     assert len(shapes) == 2 and shapes.get(st, raws[0]) is not None
     shapes.put(raws[2], eng.prepare(DecisionInput({}, {}), st))
-    assert len(shapes) == 1 and shapes.get(st, raws[0]) is None  # full: started afresh
+    assert len(shapes) == 2 and shapes.get(st, raws[1]) is None  # full: the least recently used went
+    assert shapes.get(st, raws[0]) is not None and shapes.get(st, raws[2]) is not None
     eng.reload(bundle)
     assert shapes.get(eng.state, raws[2]) is None  # a reload's new state never sees the old entries
     with pytest.raises(ValueError, match="at least 1"):

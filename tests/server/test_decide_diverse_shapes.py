@@ -1,0 +1,70 @@
+"""Decide under a diverse header mix (random SLOs, region on 60 %, tenant on 70 %, a pinned
+model on 30 %, as a real gateway's traffic): no Z3 call ever runs on the serving loop (the
+solver's counter says so, and so does the metric), new infeasible shapes are still refused
+at the feasibility stage, the shape table never starts over, and a reload swaps in a warm
+table and a warm solver cache."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+
+from server_rig import SMALL, start
+
+from policyc.compiler.bundle import Bundle
+from policyc.server.config import ServeConfig
+from policyc.server.proto import pb, pb_grpc
+from policyc.server.request_shapes import RequestShapes
+
+REGIONS = ("us-west", "us-east", "eu-west", "eu-central")
+TENANTS = ("acme-bank", "first-federal", "st-marys", "charite", "shopwave")
+MODELS = ("fraud-scorer", "fraud-scorer-lite", "recommender", "support-chatbot", "clinical-notes")
+
+
+def diverse(rng: random.Random) -> dict[str, str]:
+    h = {"X-SLO-Latency": f"{rng.uniform(1, 500):.2f}ms"}
+    if rng.random() < 0.6:
+        h["X-Data-Region"] = rng.choice(REGIONS)
+    if rng.random() < 0.7:
+        h["X-Tenant"] = rng.choice(TENANTS)
+    if rng.random() < 0.3:
+        h["X-Model"] = rng.choice(MODELS)
+    return h
+
+
+def test_no_solver_on_the_loop_and_a_warm_reload(bundle: Bundle) -> None:
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    try:
+        svc = th.server.service
+        svc.shapes = RequestShapes(max_shapes=64)  # small, so the mix overflows it many times
+        rng = random.Random(25)
+        stages = {}
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for _ in range(160):
+                d = stub.Decide(pb.DecideRequest(headers=diverse(rng)), timeout=30)
+                stages[d.rejection.stage if d.HasField("rejection") else "admitted"] = 1
+            # a healthcare tenant pinned to a US region can never be served: the solver says so
+            infeasible = stub.Decide(pb.DecideRequest(headers={"X-Tenant": "st-marys", "X-Data-Region": "us-east",
+                                                                "X-SLO-Latency": "123.45ms"}), timeout=30)
+            assert infeasible.outcome == pb.REJECTED and infeasible.rejection.stage == pb.FEASIBILITY
+            feas = th.server.engine.state.feasibility
+            counts = svc.feasibility_series.counts()
+            assert counts["loop"] == 0 and feas.solves_on_loop == 0
+            assert counts["inline"] + counts["background"] > 0  # Z3 did run: in worker threads
+            text = th.server.metrics.text().decode()
+            assert 'policyc_feasibility_solves_total{where="loop"} 0.0' in text
+            assert len(svc.shapes) == 64  # full, and never started over
+            seen = len(feas.seen())
+            kept = len(svc.shapes)
+            th.call(svc.reload(bundle, source="test"))
+            new = th.server.engine.state.feasibility
+            assert new is not feas and len(new.seen()) >= seen  # every shape solved before the swap
+            assert len(svc.shapes) == kept and svc.shapes.get(th.server.engine.state, next(iter(svc.shapes._table))) is not None
+            again = stub.Decide(pb.DecideRequest(headers={"X-Tenant": "st-marys", "X-Data-Region": "us-east",
+                                                           "X-SLO-Latency": "123.45ms"}), timeout=30)
+            assert again.rejection.stage == pb.FEASIBILITY and again.timing.feasibility_us == 0  # warm
+            assert new.solves_on_loop == 0 and svc.feasibility_series.counts()["loop"] == 0
+    finally:
+        th.stop()
