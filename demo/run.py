@@ -35,7 +35,9 @@ from policyc.server.config import ClusterSpec, ServeConfig
 from policyc.server.proto import pb_grpc
 
 from . import decision_scenes, fleet_scene
-from .gateway_up import RunningGateway, start_gateway
+from policyc.gateway.runner import Gateway
+
+from .gateway_up import start_gateway
 from .model_pool import RealInstance, plan, start_pool
 from .narration import DemoError, Narrator
 from .traffic import HTTP_OF, Outcome, Traffic
@@ -66,7 +68,7 @@ class Demo:
         snap = server.refresher.current()
         real = plan(bundle, slots, lambda s: float(snap.gpu_free[snap.topology.gpu_index[(s.host, s.gpu)]]))
         pool: ModelPool | None = None
-        gateway: RunningGateway | None = None
+        gateway: Gateway | None = None
         try:
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = pb_grpc.DecisionsStub(channel)
@@ -76,8 +78,8 @@ class Demo:
                 fleet_scene.refuse_broken_onnx(self.say, stub, bundle, real[0])
                 self.say.say(f"{len(real)} real instances, each with the ONNX model it serves and its endpoint:")
                 fleet_scene.register_real(self.say, stub, pool, real)
-                gateway = self._gateway(server, thread, pool)
-                traffic = Traffic(self.say, gateway.listen)
+                gateway = self._gateway(thread, pool)
+                traffic = Traffic(self.say, gateway.options.listen)
                 try:
                     self._mix(traffic)
                     self._congestion(traffic, server, real)
@@ -122,13 +124,17 @@ class Demo:
                      f"{pool.startup_s:.1f} s (started in parallel; ServerReady and ModelReady checked)")
         return pool
 
-    def _gateway(self, server: DecisionServer, thread: ServerThread, pool: ModelPool) -> RunningGateway:
+    def _gateway(self, thread: ServerThread, pool: ModelPool) -> Gateway:
         self.say.head("start the gateway: Envoy, with policyc as its endpoint picker (ext_proc)")
         t = time.monotonic()
-        endpoints = tuple(i.endpoint for i in pool.instances)
-        gw = start_gateway(server, thread, endpoints, self.dir)
-        self.say.say(f"Envoy (pid {gw.envoy.pid}) listening on {gw.listen}, HTTP/2 upstream to {len(endpoints)} model "
-                     f"server endpoints; picker on 127.0.0.1:{gw.picker.port} — up in {time.monotonic() - t:.1f} s")
+        gw = start_gateway(thread, self.dir)
+        assert gw.envoy is not None
+        hosts = gw.envoy.cluster_hosts(POOL_CLUSTER)
+        if hosts != {i.endpoint for i in pool.instances}:
+            raise DemoError(f"Envoy's pool is {sorted(hosts)}, not the registered model servers")
+        self.say.say(f"Envoy (pid {gw.envoy.pid}) listening on {gw.options.listen}, HTTP/2 upstream to the "
+                     f"{len(hosts)} registered endpoints (its pool follows the registry); picker on "
+                     f"127.0.0.1:{gw.picker.port} — up in {time.monotonic() - t:.1f} s")
         return gw
 
     # ------------------------------------------------------------------ traffic scenes
@@ -187,11 +193,12 @@ class Demo:
             server.cluster.clear(port)
         server.refresher.tick()
 
-    def _budget_break(self, t: Traffic, gw: RunningGateway, pool: ModelPool, real: list[RealInstance]) -> None:
+    def _budget_break(self, t: Traffic, gw: Gateway, pool: ModelPool, real: list[RealInstance]) -> None:
         self.say.head("a request stalls on its model server: broken at its budget, answered by the backup")
         primaries = [r.id for r in real if r.role == "primary"]
         cancelled_before = {i: _metric(pool.instance(i).http_endpoint, "policyc_modelserver_cancelled_total", i)
                             for i in primaries}
+        assert gw.envoy is not None
         envoy_before = gw.envoy.stats(POOL_STATS)
         o = t.send("finance request to fraud-scorer; its model server is told to hold it 3 s",
                    {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}, extra={wire.STALL_MS: "3000"})
