@@ -92,6 +92,7 @@ class Tokens:
 DECISIONS = "/policyc.decision.v1.Decisions/"
 METHOD_PERMISSIONS: Mapping[str, Permission] = {
     DECISIONS + "Decide": Permission.DECIDE,
+    DECISIONS + "DecideBatch": Permission.DECIDE,
     DECISIONS + "Explain": Permission.EXPLAIN,
     DECISIONS + "RegisterInstance": Permission.REGISTER,
     DECISIONS + "DeregisterInstance": Permission.REGISTER,

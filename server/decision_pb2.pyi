@@ -65,6 +65,18 @@ class DecideRequest(_message.Message):
     retry_count: int
     def __init__(self, headers: _Optional[_Mapping[str, str]] = ..., attributes: _Optional[_Mapping[str, Value]] = ..., session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_count: _Optional[int] = ...) -> None: ...
 
+class DecideBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[DecideRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[DecideRequest, _Mapping]]] = ...) -> None: ...
+
+class DecideBatchResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
+
 class SourceSpan(_message.Message):
     __slots__ = ("file", "line", "col")
     FILE_FIELD_NUMBER: _ClassVar[int]

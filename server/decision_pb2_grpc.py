@@ -44,6 +44,11 @@ class DecisionsStub:
                 request_serializer=decision__pb2.DecideRequest.SerializeToString,
                 response_deserializer=decision__pb2.Explanation.FromString,
                 _registered_method=True)
+        self.DecideBatch = channel.unary_unary(
+                '/policyc.decision.v1.Decisions/DecideBatch',
+                request_serializer=decision__pb2.DecideBatchRequest.SerializeToString,
+                response_deserializer=decision__pb2.DecideBatchResponse.FromString,
+                _registered_method=True)
         self.RegisterInstance = channel.unary_unary(
                 '/policyc.decision.v1.Decisions/RegisterInstance',
                 request_serializer=decision__pb2.RegisterInstanceRequest.SerializeToString,
@@ -78,6 +83,14 @@ class DecisionsServicer:
 
     def Explain(self, request, context):
         """The same input, with a full account of why (for people and auditors). Reserves nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideBatch(self, request, context):
+        """Many decisions in one call (a gateway's picker batching its requests): each decided as
+        Decide would, in order; one call's cost spread over all of them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +135,11 @@ def add_DecisionsServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=decision__pb2.DecideRequest.FromString,
                     response_serializer=decision__pb2.Explanation.SerializeToString,
+            ),
+            'DecideBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideBatch,
+                    request_deserializer=decision__pb2.DecideBatchRequest.FromString,
+                    response_serializer=decision__pb2.DecideBatchResponse.SerializeToString,
             ),
             'RegisterInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterInstance,
@@ -198,6 +216,33 @@ class Decisions:
             '/policyc.decision.v1.Decisions/Explain',
             decision__pb2.DecideRequest.SerializeToString,
             decision__pb2.Explanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/policyc.decision.v1.Decisions/DecideBatch',
+            decision__pb2.DecideBatchRequest.SerializeToString,
+            decision__pb2.DecideBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,7 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
     u = grpc.unary_unary_rpc_method_handler
     return {
         "Decide": u(service.decide_bytes),  # bytes in, bytes out
+        "DecideBatch": u(service.decide_batch_bytes),  # bytes in, bytes out (`decide_batch.py` splits and joins)
         "Explain": u(service.Explain, request_deserializer=decoder(pb.DecideRequest),
                      response_serializer=pb.Explanation.SerializeToString),
         "RegisterInstance": u(service.RegisterInstance, request_deserializer=decoder(pb.RegisterInstanceRequest),

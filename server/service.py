@@ -32,6 +32,7 @@ from .request_decode import Undecodable
 from .decision import Decision, DecisionInput
 from .engine import DecisionEngine
 from .errors import ServiceError, Status
+from .decide_batch import BadBatch, join_decisions, split_requests
 from .feasibility_series import FeasibilitySeries
 from .metrics import Metrics
 from .prepared import Prepared
@@ -183,6 +184,64 @@ class DecisionService(pb_grpc.DecisionsServicer):
             log.exception("Decide failed")
             self.metrics.errors.labels("Decide", "INTERNAL").inc()
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in Decide: {type(e).__name__}: {e}")
+            raise
+
+    async def decide_batch_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """DecideBatch: every request of the batch decided as `decide_bytes` decides one
+        (same shape cache, same keys: `decide_batch.split_requests` hands over each
+        request's own bytes), in order, answered together. A bad request refuses the
+        whole batch, naming its index."""
+        t0 = time.perf_counter()
+        try:
+            try:
+                remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decisions started")
+                try:
+                    items = split_requests(raw)
+                except BadBatch as e:
+                    raise ServiceError(Status.INVALID_ARGUMENT, f"malformed DecideBatchRequest: {e}") from None
+                out: list[bytes] = []
+                waits: list[Awaitable[Any]] = []
+                engine, shapes = self.engine, self.shapes
+                for n, item in enumerate(items):
+                    try:
+                        if len(item) > self.max_decide_bytes:
+                            raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(item)} bytes; a Decide request may "
+                                               f"be at most {self.max_decide_bytes}")
+                        prepared = None
+                        st = engine.state
+                        if shapes.get(st, item) is None:
+                            prepared = engine.prepare(convert.decision_input(convert.decide_request(item)), st, solve=False)
+                            if type(prepared.answer) is Pending:  # solved off the loop, as for Decide
+                                t1 = time.perf_counter()
+                                answer = await asyncio.to_thread(st.feasibility.check, prepared.request.vars)
+                                prepared = replace(prepared, answer=answer,
+                                                   feasibility=prepared.feasibility + time.perf_counter() - t1)
+                        d, entry, durable = self.decide_shape(
+                            shapes, item, lambda item=item: convert.decision_input(convert.decide_request(item)), t0, prepared)
+                    except ServiceError as e:
+                        raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
+                                           diagnostics=e.diagnostics) from None
+                    if durable is not None:
+                        waits.append(durable)
+                    out.append(entry.response(d))
+                    t0 = time.perf_counter()
+            except ServiceError as e:
+                await self._refuse(context, "DecideBatch", e)
+                raise  # unreachable: abort raises
+            for w in waits:
+                try:  # sync durability: answer only once every record is on disk
+                    await w
+                except AuditError as e:
+                    await self._refuse(context, "DecideBatch", ServiceError(Status.UNAVAILABLE, str(e)))
+            return join_decisions(out)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline
+            log.exception("DecideBatch failed")
+            self.metrics.errors.labels("DecideBatch", "INTERNAL").inc()
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in DecideBatch: {type(e).__name__}: {e}")
             raise
 
     @_no_tracebacks

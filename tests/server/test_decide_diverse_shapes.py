@@ -68,3 +68,37 @@ def test_no_solver_on_the_loop_and_a_warm_reload(bundle: Bundle) -> None:
             assert new.solves_on_loop == 0 and svc.feasibility_series.counts()["loop"] == 0
     finally:
         th.stop()
+
+
+def test_decide_batch_answers_as_decide_does(bundle: Bundle) -> None:
+    """A batch of the diverse mix: one decision per request, in order, each what the unary
+    call answers for it (ids and timings apart); malformed batches and bad requests are
+    refused naming the place."""
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    try:
+        rng = random.Random(7)
+        reqs = [pb.DecideRequest(headers=diverse(rng)) for _ in range(40)]
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            batch = stub.DecideBatch(pb.DecideBatchRequest(requests=reqs), timeout=30)
+            assert len(batch.decisions) == len(reqs)
+            for r, got in zip(reqs, batch.decisions):
+                one = stub.Decide(r, timeout=30)
+                assert (got.outcome, got.model, got.candidates, got.rejection.stage, got.rejection.reason) == \
+                       (one.outcome, one.model, one.candidates, one.rejection.stage, one.rejection.reason)
+                assert got.decision_id != one.decision_id
+            assert stub.DecideBatch(pb.DecideBatchRequest(), timeout=30).decisions == []
+            bad = reqs[:3] + [pb.DecideRequest(headers={"X-SLO-Latency": "soon"})]
+            try:
+                stub.DecideBatch(pb.DecideBatchRequest(requests=bad), timeout=30)
+                raise AssertionError("a malformed header was accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details().startswith("request 3:")
+            raw = ch.unary_unary("/policyc.decision.v1.Decisions/DecideBatch")
+            try:
+                raw(b"\x12\x00", timeout=30)
+                raise AssertionError("a field other than `requests` was accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "field 1" in e.details()
+    finally:
+        th.stop()
