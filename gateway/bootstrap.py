@@ -162,13 +162,17 @@ def _pool_cluster(spec: GatewaySpec) -> dict[str, Any]:
 
 
 def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
+    """The picker. It sees each request's headers (Envoy waits for the pick) and, for a
+    request that can break (one with a budget), the answer's headers: which host answered
+    on which attempt. For the others it turns the response phase off per request
+    (`mode_override`, allowed by `allow_mode_override`), so they cost one message each way."""
     return {"name": "envoy.filters.http.ext_proc", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}, "timeout": f"{spec.picker_timeout_ms / 1000:g}s"},
         "failure_mode_allow": spec.failure_mode_allow,
         "status_on_error": {"code": 503},  # picker unreachable or failing, in the deny mode: Service Unavailable
         "message_timeout": f"{spec.picker_timeout_ms / 1000:g}s",
-        # request headers to pick; response headers to learn which host answered, on which attempt
+        "allow_mode_override": True,
         "processing_mode": {"request_header_mode": "SEND", "response_header_mode": "SEND",
                             "request_body_mode": "NONE", "response_body_mode": "NONE",
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},

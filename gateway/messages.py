@@ -4,6 +4,7 @@ place: forward with the pick, refuse with an immediate response, let a phase con
 from __future__ import annotations
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
@@ -41,6 +42,8 @@ def forward(pick: Pick) -> ep.ProcessingResponse:
     md = struct_pb2.Struct()
     md.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_KEY].string_value = value
     r.dynamic_metadata.CopyFrom(md)
+    if pick.per_try_timeout_ms is None:  # it cannot break: no need to see its answer
+        r.mode_override.response_header_mode = ProcessingMode.SKIP
     return r
 
 

@@ -5,12 +5,13 @@ One ext_proc stream per HTTP request. On its request headers the picker decides 
 the decision service's own path (`DecisionService.decide_shape`: the audit log's
 fail-closed gate, the request-shape cache, the engine, metrics, the audit record), with
 only instances that have an endpoint as candidates, then either forwards (`messages.forward`:
-endpoints, budget, retry headers, decision id) or refuses (`messages.immediate`). On the
-response headers it learns which host answered on which attempt; a request Envoy broke
-and retried becomes acts for the placer and the audit log (`acts.py`).
+endpoints, budget, retry headers, decision id) or refuses (`messages.immediate`). A
+request that can break (it has a budget) keeps the response phase: the answer's headers say
+which host answered on which attempt, and a request Envoy broke and retried becomes acts for
+the placer and the audit log (`acts.py`); for the others the pick turns that phase off.
 
 Shedding: at most `max_in_flight` requests between their pick and their answer; beyond,
-429 at once.
+429 at once (a request counts until its ext_proc stream ends, with the request).
 """
 
 from __future__ import annotations
@@ -74,15 +75,6 @@ class RuleTables:
         return self._table
 
 
-class _Stream:
-    __slots__ = ("pick", "started", "counted")
-
-    def __init__(self) -> None:
-        self.pick: Pick | None = None
-        self.started = 0.0
-        self.counted = False
-
-
 def _value(h: Any) -> str:
     return h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
 
@@ -95,7 +87,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self.config = config
         self.pool = Pool(service.engine)
         self.shapes = RequestShapes()  # the gateway's own shapes: its inputs differ (routable only)
-        self.in_flight = 0
+        self._open: dict[str, tuple[Pick, float]] = {}  # decision id -> (pick, when): picked, its request not ended
         self.counts: dict[str, int] = {"forwarded": 0, "broken": 0}
         # the last picks by decision id (bounded): what `policyc gateway`, the demo and tests show
         self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
@@ -103,9 +95,13 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._open)
+
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # type: ignore[override]
                       context: grpc.aio.ServicerContext) -> None:
-        stream = _Stream()
+        picked: list[str] = []
         try:
             while True:
                 req = await context.read()
@@ -113,28 +109,28 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     return
                 kind = req.WhichOneof("request")
                 if kind == "request_headers":
-                    resp = await self._request_headers(req, stream)
+                    resp = await self._request_headers(req, picked)
                 elif kind == "response_headers":
-                    resp = self._response_headers(req, stream)
+                    resp = self._response_headers(req, picked)
                 else:
                     resp = messages.empty_for(kind or "")
                 await context.write(resp)
         finally:
-            if stream.counted:
-                self.in_flight -= 1
+            for did in picked:
+                self._open.pop(did, None)
 
-    async def _request_headers(self, req: ep.ProcessingRequest, stream: _Stream) -> ep.ProcessingResponse:
+    async def _request_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse:
         t0 = time.perf_counter()
         try:
-            return await self._pick(req, stream, t0)
+            return await self._pick(req, t0, picked)
         except Exception as e:  # noqa: BLE001 - the boundary: a bug refuses this request, never forwards it
             log.exception("picker failed")
             self._count("internal")
             return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}"))
 
-    async def _pick(self, req: ep.ProcessingRequest, stream: _Stream, t0: float) -> ep.ProcessingResponse:
+    async def _pick(self, req: ep.ProcessingRequest, t0: float, picked: list[str]) -> ep.ProcessingResponse:
         limit = self.config.max_in_flight
-        if self.in_flight >= limit:
+        if len(self._open) >= limit:
             self._count("shed")
             return messages.immediate(refusal.shed(self.in_flight, limit))
         headers = header_map((h.key, _value(h)) for h in req.request_headers.headers.headers)
@@ -160,8 +156,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             self._count("no-instance")
             return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint)))
         pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
-        stream.pick, stream.started, stream.counted = pick, t0, True
-        self.in_flight += 1
+        self._open[pick.decision_id] = (pick, t0)
+        picked.append(pick.decision_id)
         self._count("forwarded")
         recent = self.recent
         recent[pick.decision_id] = pick
@@ -169,10 +165,11 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             recent.popitem(last=False)
         return messages.forward(pick)
 
-    def _response_headers(self, req: ep.ProcessingRequest, stream: _Stream) -> ep.ProcessingResponse:
-        pick = stream.pick
-        if pick is None:
+    def _response_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse:
+        opened = self._open.get(picked[-1]) if picked else None
+        if opened is None:  # the request was refused: nothing was sent upstream
             return messages.CONTINUE_RESPONSE_HEADERS
+        pick, started = opened
         try:
             headers = {h.key: _value(h) for h in req.response_headers.headers.headers}
             attempt_text = headers.get(ATTEMPT_COUNT, "1")
@@ -182,7 +179,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             if lb is not None and SERVED_KEY in lb.fields:
                 served = lb.fields[SERVED_KEY].string_value
             if attempt >= 2 or (served and served != pick.endpoint):
-                elapsed = time.perf_counter() - stream.started
+                elapsed = time.perf_counter() - started
                 budget = pick.per_try_timeout_ms
                 b = Break(pick.decision_id, pick.breaker.name if pick.breaker else "", pick.endpoint, served,
                           headers.get(INSTANCE_HEADER, ""), attempt, elapsed,

@@ -1,0 +1,185 @@
+"""Gateway benchmark: bounded closed-loop gRPC load through a real Envoy to the same real
+KServe model servers, with policyc picking every request (ext_proc: the decision engine,
+the placer, the audit log) against Envoy's own round-robin to the same servers, measured
+in the same run, the two alternating round by round so both see the same machine.
+
+    .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2]
+
+The model is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full
+variant on 4 tokens, ~0.1-0.3 ms of onnxruntime), so what the picker adds is visible. The
+decision service runs in this process with the simulated fleet registered (placement at
+scale: the pool's instances are a few among ~250), its refresher running and an audit log
+in group mode; the clients run in a second process (grpc.aio) so they do not share the
+picker's GIL. Reported per mode and concurrency: requests/s, p50, p99 (client-observed),
+errors; then the p50 policyc adds and its throughput as a share of round-robin's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# this folder's `validate.py` would shadow the `validate` package Envoy's protobuf stubs import
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO / "tests" / "gateway"))
+
+LITE = "fraud-scorer-lite"
+METADATA = (("x-model", LITE), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
+
+
+def _client(target: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[list[float], int, float]]") -> None:
+    """Closed loop: `concurrency` callers, each sending its next request when the last is answered."""
+    import grpc
+
+    from policyc.modelserver.client import infer_request, token_ids
+    from policyc.modelserver.oip import pb
+
+    async def main() -> tuple[list[float], int, float]:
+        req = infer_request(LITE, token_ids(4)).SerializeToString()
+        lat: list[float] = []
+        errors = 0
+        async with grpc.aio.insecure_channel(target) as ch:
+            call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
+                                  response_deserializer=pb.ModelInferResponse.FromString)
+            for _ in range(20):  # warm the connection and the shape caches
+                await call(req, metadata=METADATA, timeout=10)
+            stop = time.perf_counter() + seconds
+
+            async def caller() -> None:
+                nonlocal errors
+                while time.perf_counter() < stop:
+                    t = time.perf_counter()
+                    try:
+                        await call(req, metadata=METADATA, timeout=10)
+                        lat.append(time.perf_counter() - t)
+                    except grpc.aio.AioRpcError:
+                        errors += 1
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(caller() for _ in range(concurrency)))
+            return lat, errors, time.perf_counter() - t0
+
+    out.put(asyncio.run(main()))
+
+
+def _round(target: str, concurrency: int, seconds: float) -> tuple[list[float], int, float]:
+    ctx = mp.get_context("spawn")
+    q: "mp.Queue[tuple[list[float], int, float]]" = ctx.Queue()
+    p = ctx.Process(target=_client, args=(target, concurrency, seconds, q))
+    p.start()
+    result = q.get(timeout=seconds + 120)
+    p.join(30)
+    return result
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1e3 if s else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,8", help="closed-loop callers, comma-separated phases")
+    ap.add_argument("--servers", type=int, default=2, help="model-server processes (one lite instance each)")
+    args = ap.parse_args()
+
+    import grpc
+
+    from gateway_rig import SMALL, free_port, pool_layout
+
+    from policyc.compiler.pipeline import compile_paths
+    from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
+    from policyc.gateway.envoy_process import EnvoyProcess
+    from policyc.gateway.picker import PickerConfig
+    from policyc.gateway.server import PickerServer
+    from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
+    from policyc.modelserver.model_files import write_model_files
+    from policyc.server import convert
+    from policyc.server.app import DecisionServer, ServerThread
+    from policyc.server.config import EnforcerMode, ServeConfig
+    from policyc.server.fleet import admissible_fleet
+    from policyc.server.proto import pb_grpc
+
+    work = Path(tempfile.mkdtemp(prefix="policyc-bench-gw-"))
+    bundle = compile_paths([str(REPO / "policies")], analyse=False).bundle
+    assert bundle is not None
+    server = DecisionServer(bundle, ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, audit_log=work / "audit.db"))
+    thread = ServerThread(server)
+    thread.start()
+    assert server.cluster is not None
+    server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots()))
+    slots = [s for s in pool_layout(bundle, server, primaries=args.servers) if s.model == "fraud-scorer"]
+    lite = write_model_files(bundle.contract(LITE), work / "models")  # type: ignore[arg-type]
+    models = ModelPool([ServerSpec((InstanceSpec(s.instance_id.replace("fraud-scorer@", f"{LITE}@"), lite.full),))
+                        for s in slots], workdir=work / "servers").start(timeout=60)
+    envoys: list[EnvoyProcess] = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for s, inst in zip(slots, models.instances):
+                reg = s.instance.model_copy(update={"id": inst.instance_id, "model": LITE, "deployment":
+                                                    s.instance.deployment.model_copy(update={"endpoint": inst.endpoint})})
+                stub.RegisterInstance(convert.register_request(reg, onnx_model=lite.full.read_bytes()), timeout=10)
+        picker = PickerServer(server, PickerConfig())
+        picker_port = thread.call(picker.start())
+        endpoints = tuple(i.endpoint for i in models.instances)
+        targets = {}
+        for mode, use in (("policyc", True), ("round-robin", False)):
+            listen = f"127.0.0.1:{free_port()}"
+            spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=listen, admin=f"127.0.0.1:{free_port()}",
+                               endpoints=endpoints, use_picker=use)
+            envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode).start())
+            targets[mode] = listen
+        phases = [int(c) for c in args.concurrency.split(",")]
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
+              f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode")
+        for conc in phases:
+            res: dict[str, list[tuple[list[float], int, float]]] = {m: [] for m in targets}
+            cpu: dict[str, list[float]] = {m: [0.0, 0.0] for m in targets}  # policyc process, Envoy: CPU s
+            for _ in range(args.rounds):
+                for (mode, target), envoy in zip(targets.items(), envoys):
+                    c0, e0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0)
+                    res[mode].append(_round(target, conc, args.seconds))
+                    cpu[mode][0] += _cpu_s(os.getpid()) - c0
+                    cpu[mode][1] += _cpu_s(envoy.pid or 0) - e0
+            summary = {}
+            for mode, rounds in res.items():
+                lat = [x for r in rounds for x in r[0]]
+                rates = [len(r[0]) / r[2] for r in rounds]
+                errors = sum(r[1] for r in rounds)
+                summary[mode] = (statistics.median(rates), _pct(lat, 0.5), _pct(lat, 0.99))
+                n = max(len(lat) + 20 * len(rounds), 1)
+                print(f"  concurrency {conc:>2} {mode:>11}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
+                      f"p50 {summary[mode][1]:.2f} ms, p99 {summary[mode][2]:.2f} ms, errors {errors}; CPU per request: "
+                      f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us")
+            pc, rr = summary["policyc"], summary["round-robin"]
+            print(f"  concurrency {conc:>2}: policyc adds {pc[1] - rr[1]:+.2f} ms at p50, {pc[2] - rr[2]:+.2f} ms at p99; "
+                  f"throughput {pc[0] / rr[0]:.2f} x round-robin")
+        print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
+        thread.call(picker.stop())
+    finally:
+        for e in envoys:
+            e.stop()
+        thread.stop()
+        models.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

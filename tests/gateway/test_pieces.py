@@ -1,0 +1,103 @@
+"""The gateway's pure parts: endpoints, the bootstrap (checked by the real Envoy), which
+headers are the policy's, and how refusals map to HTTP and gRPC statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from policyc.gateway.bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
+from policyc.gateway.envoy_process import envoy_binary
+from policyc.gateway.refusal import from_error
+from policyc.gateway.request_view import header_map, policy_headers, shape_key
+from policyc.matcher.instance import Deployment, canonical_endpoint
+from policyc.server import convert
+from policyc.server.errors import ServiceError, Status
+from policyc.server.proto import pb
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ("127.0.0.1:8001", "127.0.0.1:8001"), ("[::1]:8001", "[::1]:8001"), ("[0:0::1]:08001", "[::1]:8001"),
+])
+def test_endpoints_are_canonical_ip_port(text: str, canonical: str) -> None:
+    assert canonical_endpoint(text) == canonical
+
+
+@pytest.mark.parametrize("text, words", [
+    ("localhost:8001", "not an IP address"), ("127.0.0.1", "not `ip:port`"), ("127.0.0.1:0", "1..65535"),
+    ("0.0.0.0:8001", "cannot receive traffic"), ("", "is empty"),
+])
+def test_a_bad_endpoint_is_refused_naming_the_field(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        canonical_endpoint(text)
+    if text:
+        msg = pb.RegisterInstanceRequest(id="i", model="m", deployment=pb.Deployment(
+            host="h", gpu="g", gpu_model="H100", region="us-west", endpoint=text))
+        with pytest.raises(ServiceError) as e:
+            convert.instance(msg, "m")
+        assert e.value.field == "deployment.endpoint" and words in e.value.message
+        with pytest.raises(ValueError, match="endpoint"):
+            Deployment(host="h", gpu="g", gpu_model="H100", region="us-west", endpoint=text)
+
+
+def _validate(boot: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "envoy.json"
+    path.write_text(json.dumps(boot))
+    out = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("spec", [
+    GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001", "[::1]:8002"), retry_budget=0.2,
+                access_log_cluster="127.0.0.1:9003"),
+    GatewaySpec(picker="127.0.0.1:9002", eds_path="/nonexistent/pool.json", failure_mode_allow=True),
+    GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), use_picker=False),
+], ids=["static pool, retry budget, ALS hook", "EDS file, failure mode allow", "round-robin baseline"])
+def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path: Path) -> None:
+    if spec.eds_path is not None:
+        pool = tmp_path / "pool.json"
+        pool.write_text(json.dumps(eds_document(["127.0.0.1:8001"], "1")))
+        spec = GatewaySpec(picker=spec.picker, eds_path=str(pool), failure_mode_allow=True)
+    boot = build_bootstrap(spec)
+    _validate(boot, tmp_path)
+    names = [f["name"] for f in boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+             ["typed_config"]["http_filters"]]
+    assert names == (["envoy.filters.http.ext_proc", "envoy.filters.http.router"] if spec.use_picker
+                     else ["envoy.filters.http.router"])
+    pool_cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == POOL_CLUSTER)
+    lb = pool_cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"]
+    assert lb == ("envoy.load_balancing_policies.override_host" if spec.use_picker else "envoy.load_balancing_policies.round_robin")
+
+
+@pytest.mark.parametrize("spec, words", [
+    (GatewaySpec(picker="127.0.0.1:9002"), "needs its pool"),
+    (GatewaySpec(picker="127.0.0.1:9002", endpoints=("host:1",)), "not an IP address"),
+    (GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:1",), retry_budget=2.0), "share in [0, 1]"),
+])
+def test_a_bootstrap_that_cannot_work_is_refused(spec: GatewaySpec, words: str) -> None:
+    with pytest.raises(ValueError) as e:
+        build_bootstrap(spec)
+    assert words in str(e.value)
+
+
+def test_only_the_policys_headers_reach_the_parser_and_the_shape_key() -> None:
+    h = header_map([(":path", "/x"), ("x-request-id", "1"), ("user-agent", "u"), ("x-envoy-expected-rq-timeout-ms", "5"),
+                    ("x-policyc-stall-ms", "100"), ("X-Tenant", "acme-bank"), ("x-data-regoin", "us-west"), ("te", "trailers"),
+                    ("x-retry-count", "1"), ("x-app-trace", "t")])
+    assert policy_headers(h, frozenset({"x-app-trace"})) == {"x-tenant": "acme-bank", "x-data-regoin": "us-west",
+                                                              "x-retry-count": "1"}
+    other = dict(h, **{"x-request-id": "2"})
+    assert shape_key(policy_headers(h)) == shape_key(policy_headers(other))  # a per-request id is not a new shape
+    assert header_map([("a", "1"), ("A", "2")]) == {"a": "1,2"}  # repeated: joined, so the parser can refuse it
+
+
+@pytest.mark.parametrize("status, http, grpc_code", [
+    (Status.INVALID_ARGUMENT, 400, 3), (Status.NOT_FOUND, 400, 3), (Status.UNAVAILABLE, 503, 14),
+    (Status.RESOURCE_EXHAUSTED, 429, 8), (Status.PERMISSION_DENIED, 403, 7),
+])
+def test_service_errors_map_to_http_and_grpc(status: Status, http: int, grpc_code: int) -> None:
+    r = from_error(ServiceError(status, "why", ("one", "two")))
+    assert (r.http_status, r.grpc_status, r.reason, r.problems) == (http, grpc_code, "why", ("one", "two"))
