@@ -45,21 +45,27 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _shown(name: str) -> str:
+    """The path as a message shows it: a 1 MB path is cut short, never echoed whole."""
+    return name if len(name) <= 256 else name[:256] + "…"
+
+
 def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
     """The file's bytes, or FileRefused naming `path` and saying why not."""
     name = os.fspath(path)
+    shown = _shown(name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
-        raise FileRefused(f"{name}: cannot read {what}: {_why(e)}") from None
+        raise FileRefused(f"{shown}: cannot read {what}: {_why(e)}") from None
     except (ValueError, UnicodeEncodeError):  # a NUL or a lone surrogate in the name
-        raise FileRefused(f"{name!r}: cannot read {what}: not a valid path") from None
+        raise FileRefused(f"{ascii(shown)}: cannot read {what}: not a valid path") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"{name}: cannot read {what}: it is {_kind(st.st_mode)}, not a regular file")
+            raise FileRefused(f"{shown}: cannot read {what}: it is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
-            raise FileRefused(f"{name}: {what} is {_size(st.st_size)}; at most {_size(limit)} is read")
+            raise FileRefused(f"{shown}: {what} is {_size(st.st_size)}; at most {_size(limit)} is read")
         chunks: list[bytes] = []
         got = 0
         while True:
@@ -69,10 +75,10 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
             chunks.append(chunk)
             got += len(chunk)
             if got > limit:
-                raise FileRefused(f"{name}: {what} is larger than {_size(limit)} (it grew while being read)")
+                raise FileRefused(f"{shown}: {what} is larger than {_size(limit)} (it grew while being read)")
         return b"".join(chunks)
     except OSError as e:
-        raise FileRefused(f"{name}: cannot read {what}: {_why(e)}") from None
+        raise FileRefused(f"{shown}: cannot read {what}: {_why(e)}") from None
     finally:
         os.close(fd)
 
@@ -83,4 +89,4 @@ def read_text(path: str | Path, limit: int, what: str = "file") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FileRefused(f"{os.fspath(path)}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise FileRefused(f"{_shown(os.fspath(path))}: {what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None

@@ -97,3 +97,23 @@ def test_the_file_form_is_the_full_dump_whether_or_not_the_seal_data_is_reused(b
         assert bundle_io.dumps(b) == full(b)
     assert bundle_io.canonical_bytes(other) != bundle_io.canonical_bytes(sealed)
     assert bundle_io.loads(bundle_io.dumps(signed)) == signed
+
+
+def test_loading_entity_by_entity_gives_what_one_call_gives(bundle):
+    """`loads` validates and dumps the entity lists one entity at a time (so a reload in a
+    worker thread never holds the interpreter lock for long); the bundle and the hashed
+    data must be exactly what one pydantic call gives, and errors keep their location."""
+    raw = json.loads(bundle_io.dumps(bundle))
+    assert bundle_io._validate(raw) == bundle_io.Bundle.model_validate(raw)
+    assert bundle_io._payload_by_item(bundle) == bundle.model_dump(mode="json", exclude={"content_hash", "signature"})
+    raw["contracts"][1]["compute"]["tokens"] = "many"
+    with pytest.raises(BundleError, match=r"invalid bundle at `contracts\.1\.compute\.tokens`"):
+        bundle_io.loads(json.dumps(raw))
+
+
+def test_a_rehashed_bundle_the_compiler_would_refuse_is_refused(bundle):
+    c0 = bundle.contracts[0]
+    bad = bundle.model_copy(update={"contracts": (c0.model_copy(update={"compute": c0.compute.model_copy(update={"efficiency": -1.0})}),)
+                                    + bundle.contracts[1:]})
+    with pytest.raises(BundleError, match=r"bundle refused: .*error\[E305\]: `efficiency`"):
+        bundle_io.loads(bundle_io.dumps(bundle_io.seal(bad)))
