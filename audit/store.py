@@ -186,16 +186,35 @@ def connect_reader(path: str | os.PathLike[str]) -> sqlite3.Connection:
 
 def _damage(p: Path) -> str | None:
     """What makes a file that SQLite refuses look like a damaged audit log rather than some
-    other file: a zeroed header, or an empty file beside the log's lock file."""
+    other file: a zeroed header, an empty file beside the log's lock file, a SQLite file
+    shorter than its header says (truncated), or one whose schema names the log's tables."""
     try:
         with p.open("rb") as f:
             head = f.read(100)
+        size = p.stat().st_size
     except OSError:
         return None
     if not head:
         return "the file is empty (truncated to 0 bytes)" if Path(f"{p}.lock").exists() else None
     if head.count(0) == len(head):
         return "its first page is zeroed"
+    if not head.startswith(b"SQLite format 3\x00") or len(head) < 100:
+        return None
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    if pages and size < pages * page:
+        return f"it is truncated: {size} bytes where its header says {pages * page} ({size // page} of {pages} pages)"
+    try:
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return "SQLite cannot read its schema"
+    if names & {"entries", "checkpoints", "meta"}:
+        return "a page of its tables is unreadable"
     return None
 
 

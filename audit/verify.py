@@ -191,7 +191,7 @@ def _check_checkpoints(
         kept = sealed.get(cp.id)
         if kept is not None and (len(kept) % HASH_BYTES or (kept and kept[-HASH_BYTES:].hex() != cp.hash)):
             report.problems.append(Problem(cp.seq, ProblemKind.SEAL_ALTERED,
-                                           f"checkpoint #{cp.id} was altered: the entry hashes it keeps do not end with the hash it seals"))
+                                           f"checkpoint #{cp.id} was altered or its pages damaged: the entry hashes it keeps do not end with the hash it seals"))
             continue
         if cp.seq > walked_to:
             if complete:
