@@ -303,11 +303,29 @@ class Replica:
             self.sessions.on_change(ch)
         elif ch.key.startswith(k.quarantines):
             self.quarantines.on_change(ch)
+            q = self.quarantines.get(k.id_of(ch.key, k.quarantines)) if ch.kind is ChangeKind.PUT else None
+            if q is not None and q.by != self.name:
+                self._on_serving(lambda: self._follow_quarantine(q))
         elif ch.key == k.leader:
             if self.election.on_change(ch):
                 asyncio.get_running_loop().create_task(self._campaign())
         elif ch.key == k.bundle and ch.kind is ChangeKind.PUT:
             asyncio.get_running_loop().create_task(self._adopt(ch.value.decode()))
+
+    def _follow_quarantine(self, q: QuarantineEntry) -> None:
+        """On the serving loop: the leader's quarantine, applied to this replica's guardian."""
+        g = self.server.guardian
+        if g is None:
+            return
+        from policyc.enforcer.endpoint import Endpoint, EndpointError
+
+        try:
+            backend, backup = Endpoint.parse(q.backend), Endpoint.parse(q.backup)
+        except EndpointError as e:
+            log.warning("replica %s: quarantine of %s not followed: %s", self.name, q.backend, e)
+            return
+        g.adopt_quarantine(backend, backup, q.until - time.time(), q.rule,
+                           f"decided by leader {q.by} under fencing token {q.token}")
 
     async def _campaign(self) -> None:
         try:
@@ -433,15 +451,16 @@ class Replica:
         except TimeoutError:
             raise StoreUnavailable(f"{self.store.description}: {what} not confirmed within {self.cfg.op_timeout + 1:g} s") from None
 
-    def admit(self, kind: str, target: str, detail: str, expires_at: float | None = None) -> Verdict:
-        """The fence (see `leadership.py`): may this replica take this dangerous act now?"""
+    def admit(self, kind: str, target: str, detail: str, *, rule: str = "", backup: str = "",
+              expires_at: float | None = None) -> Verdict:
+        """The fence (see `leadership.py`): may this replica take this dangerous act now?
+        A quarantine it admits is also published (same transaction) for the others to follow."""
         if self.election.token == 0:
             return Verdict(False, 0, f"replica {self.name} is not the leader ({self.election.leader or 'no one'} leads); the leader acts")
         extra: list[Put] = []
         if kind == "quarantine" and expires_at is not None:
-            backup = detail.partition(" to ")[2].split(" ")[0]
             extra.append(Put(self.keys.quarantine(target), QuarantineBoard.encode(
-                QuarantineEntry(target, backup, expires_at, detail, self.name, self.election.token))))
+                QuarantineEntry(target, backup, expires_at, rule, self.name, self.election.token))))
         try:
             return self._run(self.election.fenced(kind, target, detail, extra)).result(self.cfg.op_timeout + 1)
         except TimeoutError:

@@ -99,6 +99,9 @@ class QuarantineBoard:
     def encode(q: QuarantineEntry) -> bytes:
         return json.dumps({"backup": q.backup, "until": q.until, "rule": q.rule, "by": q.by, "token": q.token}).encode()
 
+    def get(self, backend: str) -> QuarantineEntry | None:
+        return self._map.get(backend)
+
     def active(self) -> list[QuarantineEntry]:
         now = self._clock()
         return sorted((q for q in self._map.values() if q.until > now), key=lambda q: q.backend)

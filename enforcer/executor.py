@@ -52,7 +52,8 @@ class Fence(Protocol):
     whether this process may take this one now, checked against its fencing token in the
     store (policyc.cluster). Without a fence (one process) every act is this process's."""
 
-    def admit(self, kind: str, target: str, detail: str, expires_at: float | None = None) -> FenceVerdict: ...
+    def admit(self, kind: str, target: str, detail: str, *, rule: str = "", backup: str = "",
+              expires_at: float | None = None) -> FenceVerdict: ...
 
 
 @dataclass
@@ -72,7 +73,7 @@ class ActionExecutor:
         for step in steps:
             fenced = ""
             if self.fence is not None:
-                verdict = self.fence.admit("self_heal_step", f"{step} {target.gpu_key}", f"rule {rule}")
+                verdict = self.fence.admit("self_heal_step", f"{step} {target.gpu_key}", f"rule {rule}", rule=rule)
                 if not verdict.allowed:
                     results.append(StepResult(step, Outcome.REFUSED, verdict.detail))
                     self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",

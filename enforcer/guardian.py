@@ -288,8 +288,8 @@ class Guardian:
         fenced = ""
         fence = self._executor.fence
         if fence is not None:  # replicas sharing a fleet: only the elected leader quarantines
-            verdict = fence.admit("quarantine", str(backend), f"to {backup} for {decision.duration:g} s",
-                                  time.time() + decision.duration)
+            verdict = fence.admit("quarantine", str(backend), f"to {backup} for {decision.duration:g} s", rule=rule.name,
+                                  backup=str(backup), expires_at=time.time() + decision.duration)
             if not verdict.allowed:
                 with self._lock:
                     self._book.released(backend)
@@ -384,6 +384,21 @@ class Guardian:
             running = {key for _, key in self._streaks.counts}
         return [(key, self.observe_gpu(key, {signal: float(values[i])}))
                 for i, (key, hit) in enumerate(zip(keys, live.tolist())) if hit or key in running]
+
+    def adopt_quarantine(self, backend: Endpoint, backup: Endpoint, remaining_s: float, rule: str, why: str) -> bool:
+        """A quarantine another replica's leader decided (replicas sharing a fleet): applied
+        to this replica's plane for what is left of it, and audited here too. No fence: the
+        act was the leader's, checked there; this only follows it. False when it is over or
+        already in force here."""
+        now = self._clock()
+        with self._lock:
+            if remaining_s <= 0 or backend in self._book.active(now):
+                return False
+            self._book.record(backend, now, remaining_s, remaining_s)
+        self._plane.quarantine(backend, backup, self.table.ids.get(rule, 0), time.monotonic_ns() + int(remaining_s * 1e9))
+        self._record(ActionKind.QUARANTINE, str(backend), rule, Outcome.DONE, f"to {backup} for {remaining_s:.3g} s ({why})")
+        self._slow.submit(self._end_connections, backend, rule)
+        return True
 
     def set_fence(self, fence: Fence) -> None:
         """Replicas sharing a fleet: self-heal and quarantine pass `fence` (the elected

@@ -296,3 +296,29 @@ def test_cluster_status_shows_replicas_bundles_leases_the_leader_and_lag(replica
     assert len(view["members"]) == 3 and sum(m["leader"] == "self" for m in view["members"]) == 1
     assert main(["cluster", "status", "--etcd", "nonsense"]) == 2
     assert "expected HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_leaders_quarantine_is_followed_by_every_replica_and_a_follower_does_not_decide_one(replicas) -> None:
+    from policyc.enforcer.endpoint import Endpoint
+
+    backends = [Endpoint.parse(f"127.0.0.1:{7000 + i}") for i in range(5)]  # max share 20 %: one may be out
+    for th in replicas:
+        for b in backends:
+            th.server.guardian.register_backend(b, Endpoint.parse("127.0.0.1:7999"))
+    leader = next(th for th in replicas if th.server.replica.election.token)
+    followers = [th for th in replicas if th is not leader]
+    for _ in range(3):
+        followers[0].server.guardian.observe_backend(backends[1], {"error_rate": 0.9})
+    refused = [r for r in followers[0].server.actions.memory.records if r.kind is ActionKind.QUARANTINE]
+    assert refused[-1].outcome is Outcome.REFUSED and "not the leader" in refused[-1].detail
+    for _ in range(3):
+        leader.server.guardian.observe_backend(backends[0], {"error_rate": 0.9})
+    token = leader.server.replica.election.token
+    done = [r for r in leader.server.actions.memory.records if r.kind is ActionKind.QUARANTINE]
+    assert done[-1].outcome is Outcome.DONE and f"[fencing token {token}]" in done[-1].detail
+    for th in followers:
+        eventually(lambda th=th: any(r.kind is ActionKind.QUARANTINE and r.outcome is Outcome.DONE and str(backends[0]) == r.target
+                                     for r in th.server.actions.memory.records), 5)
+        followed = [r for r in th.server.actions.memory.records if r.kind is ActionKind.QUARANTINE and r.outcome is Outcome.DONE]
+        assert f"decided by leader {leader.server.replica.name} under fencing token {token}" in followed[-1].detail
+        assert [q.backend for q in th.server.replica.quarantines.active()] == [str(backends[0])]
