@@ -14,10 +14,14 @@ large log.
      (`decision_record`, resource estimates) and `submit_decision` without waiting;
    - draft+ack: as server, and each decision waits until its record is durable (fsync'd).
    Ratios of medians to "off" are printed (floor 0.9 for "server").
-2. Verify. Writes M records through the real writer process, then times `verify` over them
+2. Durability: what sync mode costs against group mode, through the product's whole path
+   (gRPC Decide on `DecisionServer`s with `--audit-durability group` / `sync` and one with
+   no log, each on its own event loop, driven in alternating phases by the same client
+   threads): decisions/s and per-call p50/p99, with the same-run ratios.
+3. Verify. Writes M records through the real writer process, then times `verify` over them
    (floor 20 s for 1,000,000).
 
-Usage: .venv/bin/python benchmarks/audit.py [--quick] [--instances N] [--threads T]
+Usage: .venv/bin/python benchmarks/audit.py [--quick] [--instances N] [--threads T] [--only durability]
 """
 
 from __future__ import annotations
@@ -155,6 +159,87 @@ def throughput(tmp: Path, instances: int, threads: int, rounds: int, seconds: fl
           f"{records / max(commits, 1):.1f} records per commit over all audited phases (synchronous=FULL); {failures} records not stored")
 
 
+def durability(tmp: Path, instances: int, threads: int, rounds: int, seconds: float) -> None:
+    """Sync against group durability (and no audit log), through gRPC Decide."""
+    import grpc
+
+    from policyc.compiler.pipeline import compile_paths
+    from policyc.server.app import ServerThread
+    from policyc.server.config import AuditDurability, ClusterSpec, EnforcerMode, ServeConfig
+    from policyc.server.fleet import admissible_fleet
+    from policyc.server.proto import pb, pb_grpc
+
+    warnings.simplefilter("ignore")
+    bundle = compile_paths(["policies"], analyse=False).bundle
+    assert bundle is not None
+    cluster = ClusterSpec(seed=1, hosts=64, gpus_per_host=8, hosts_per_rack=8)
+    modes = {"off": None, "group": AuditDurability.GROUP, "sync": AuditDurability.SYNC}
+    servers: dict[str, ServerThread] = {}
+    for name, mode in modes.items():
+        cfg = ServeConfig(cluster=cluster, enforcer=EnforcerMode.OFF, watch_gpus=False, settle_heap=True,
+                          audit_log=None if mode is None else tmp / f"durability-{name}.db",
+                          audit_durability=mode or AuditDurability.GROUP)
+        server = DecisionServer(bundle, cfg)
+        assert server.cluster is not None
+        base = admissible_fleet(bundle, server.cluster.gpu_slots())
+        server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots(), replicas=max(1, -(-instances // len(base))))[:instances])
+        servers[name] = ServerThread(server)
+        servers[name].start()
+    requests = [pb.DecideRequest(headers=h) for h in REQUESTS]
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    lat: dict[str, list[float]] = {m: [] for m in modes}
+
+    def phase(name: str, secs: float, keep: bool) -> None:
+        port = servers[name].server.port
+        channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(threads)]
+        stubs = [pb_grpc.DecisionsStub(c) for c in channels]
+        times: list[list[float]] = [[] for _ in range(threads)]
+        stop = time.perf_counter() + secs
+
+        def work(w: int) -> None:
+            stub, out, n = stubs[w], times[w], 0
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                stub.Decide(requests[(w + n) % len(requests)], timeout=10)
+                out.append(time.perf_counter() - t0)
+                n += 1
+
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=work, args=(w,)) for w in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        wall = time.perf_counter() - t0
+        for c in channels:
+            c.close()
+        if keep:
+            done = [x for out in times for x in out]
+            rates[name].append(len(done) / wall)
+            lat[name].extend(done)
+
+    for name in modes:
+        phase(name, 0.5, keep=False)  # warm-up: channels, caches, the writers' first drafts
+    for _ in range(rounds):
+        for name in modes:
+            phase(name, seconds, keep=True)
+    lost = {n: (st.server.audit.lost if st.server.audit else 0) for n, st in servers.items()}
+    for st in servers.values():
+        st.stop()
+    print(f"durability: gRPC Decide, {threads} client threads (one channel each), {instances:,} instances, "
+          f"{rounds} rounds of {len(modes)} alternating {seconds:g} s phases")
+    group = statistics.median(rates["group"])
+    for name in modes:
+        xs = sorted(lat[name])
+        p50, p99 = xs[len(xs) // 2], xs[int(len(xs) * 0.99)]
+        m = statistics.median(rates[name])
+        print(f"  {name:5s}: {m:7,.0f} decisions/s (ratio to group {m / group:.3f}; phases {', '.join(f'{x:,.0f}' for x in rates[name])})  "
+              f"per call p50 {p50 * 1e3:.2f} ms  p99 {p99 * 1e3:.2f} ms  ({len(xs):,} calls; {lost[name]} records lost)")
+    g, sy = sorted(lat["group"]), sorted(lat["sync"])
+    print(f"  sync against group: rate x{statistics.median(rates['sync']) / group:.3f}, p50 x{sy[len(sy) // 2] / g[len(g) // 2]:.2f}, "
+          f"p99 x{sy[int(len(sy) * 0.99)] / g[int(len(g) * 0.99)]:.2f}")
+
+
 def template_record() -> DecisionRecord:
     server = make_server(2_000)
     d = server.engine.decide(INPUTS[0])
@@ -225,13 +310,21 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=20_000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", choices=("cost", "throughput", "durability", "verify"), help="run one part")
+    ap.add_argument("--client-threads", type=int, default=8, help="gRPC client threads of the durability part")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
+    seconds = 1.0 if args.quick else 2.0
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
         tmp = Path(d)
-        cost_per_decision(args.instances)
-        throughput(tmp, args.instances, args.threads, rounds=args.rounds, seconds=1.0 if args.quick else 2.0)
-        verify_bench(tmp, 100_000 if args.quick else 1_000_000)
+        if args.only in (None, "cost"):
+            cost_per_decision(args.instances)
+        if args.only in (None, "throughput"):
+            throughput(tmp, args.instances, args.threads, rounds=args.rounds, seconds=seconds)
+        if args.only in (None, "durability"):
+            durability(tmp, min(args.instances, 2_000), args.client_threads, rounds=args.rounds, seconds=seconds)
+        if args.only in (None, "verify"):
+            verify_bench(tmp, 100_000 if args.quick else 1_000_000)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -3,9 +3,9 @@
 Starts on the embedded simulated cluster unless `--telemetry local` is given. SIGHUP
 reloads the bundle file atomically (as does the `ReloadBundle` RPC); SIGINT/SIGTERM stop
 cleanly (health goes NOT_SERVING, in-flight RPCs finish, the audit log is flushed).
-Exit codes: 0 stopped cleanly; 2 bad configuration (bundle, TLS files, address, audit log
-or key), one line; 3 stopped, but audit records were lost (the audit writer died or a record
-could not be stored: the count is printed).
+Exit codes: 0 stopped cleanly; 1 stopped, but the audit log did not close cleanly (its
+writer died or a record could not be stored: the counts of lost records are printed); 2 bad
+configuration (bundle, TLS files, address, audit log or key), one line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from .help import add_command
 
     p = add_command(sub, "serve", help="run the gRPC decision service", description=__doc__,
-                    codes=(Exit.OK, Exit.USAGE),
+                    codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
                     examples=["policyc serve --bundle bundle.json --port 50051",
                               ("policyc serve --bundle bundle.json --token operator:$OPS_TOKEN --token client:$APP_TOKEN "
                                "--tls-cert srv.pem --tls-key srv.key --host 0.0.0.0"),
@@ -38,9 +38,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
                    help="topology source: the embedded simulated cluster (default) or this machine")
     p.add_argument("--sim-seed", type=int, default=1, help="simulated cluster: random seed (default 1)")
-    p.add_argument("--sim-hosts", type=int, default=32, help="simulated cluster: hosts (default 32)")
-    p.add_argument("--sim-gpus-per-host", type=int, default=4, help="simulated cluster: GPUs per host (default 4)")
-    p.add_argument("--refresh", type=float, default=0.2, help="topology refresh interval, seconds")
+    p.add_argument("--sim-hosts", type=_bounded(int, 1, 4096), default=32, help="simulated cluster: hosts (default 32)")
+    p.add_argument("--sim-gpus-per-host", type=_bounded(int, 1, 64), default=4, help="simulated cluster: GPUs per host (default 4)")
+    p.add_argument("--refresh", type=_bounded(float, 0.01, 3600.0), default=0.2, help="topology refresh interval, seconds")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
     p.add_argument("--audit-durability", choices=("group", "sync"), default="group",
                    help="acknowledge a decision at once, its record durable within 50 ms plus a commit (group, the default), "
@@ -63,6 +63,21 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_fleet_flags(p)  # --etcd URL…, --state-dir: many replicas, or a registry that survives a restart
     p.set_defaults(func=run)
+
+
+def _bounded(kind: type, lo: float, hi: float):  # type: ignore[no-untyped-def]
+    """An argparse type: a number of `kind` within [lo, hi] (a simulated cluster of 10⁹
+    hosts, or a refresh every 0 s, is a mistake to refuse with one line, not to try)."""
+    def parse(text: str):  # type: ignore[no-untyped-def]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"`{text[:32]}` is not a {'whole ' if kind is int else ''}number") from None
+        if not lo <= value <= hi:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text[:32]} is out of range ({lo:g} to {hi:g})")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _port(text: str) -> int:
@@ -177,7 +192,7 @@ def run(args) -> int:
             print(f"policyc serve: stopped, but the audit log {audit.log.path} did not close cleanly "
                   f"({audit.log.stopped}): {audit.lost} record(s) were never made durable, "
                   f"{audit.acknowledged_lost} of them decisions already acknowledged", file=sys.stderr)
-            return 3
+            return 1  # Exit.FAILED
         print("policyc serve: stopped", file=sys.stderr)
         return 0
 
