@@ -23,7 +23,7 @@ from .diagnostic import Diagnostic, Span
 
 SCHEMA_VERSION = "policyc.bundle/v3"  # v2: canonical bytes written by orjson; v3: full spans, latency targets, one Diagnostic
 
-Cmp = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in"]
+Cmp = meaning.Cmp  # an enum of the comparisons, written in the bundle as "==", "<=", "in", ...
 ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "name", "string", "bool"]
 SecurityAttr = Literal["tpm", "memory_encryption", "hardware_firewall", "tee"]
 SECURITY_ATTRS: tuple[str, ...] = ("tpm", "memory_encryption", "hardware_firewall", "tee")

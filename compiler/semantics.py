@@ -15,44 +15,57 @@ and the solver replays every Z3 verdict through it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import operator
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from policyc.compiler.bundle import Atom, Expr, RequestRule, Scalar, Test
+from policyc.compiler.bundle import And, Atom, Const, Expr, Not, Or, RequestRule, Scalar, Test, Var
 
-NEGATIVE_CMPS = frozenset({"!=", "not_in"})
+from .meaning import NEGATIVE_CMPS, Cmp
+
+__all__ = ["NEGATIVE_CMPS", "admits", "applicable_rules", "atom_holds", "atoms", "compare", "guard_holds",
+           "operand_value", "require_holds", "rule_applies", "value_reads"]
+
+Value = Scalar | tuple[Scalar, ...]
 
 
-def compare(left: Scalar, cmp: str, right: Scalar | tuple[Scalar, ...]) -> bool:
-    if cmp == "==":
-        return left == right
-    if cmp == "!=":
-        return left != right
-    if cmp == "in":
-        return left in right  # type: ignore[operator]
-    if cmp == "not_in":
-        return left not in right  # type: ignore[operator]
-    if cmp == "<":
-        return left < right  # type: ignore[operator]
-    if cmp == "<=":
-        return left <= right  # type: ignore[operator]
-    if cmp == ">":
-        return left > right  # type: ignore[operator]
-    if cmp == ">=":
-        return left >= right  # type: ignore[operator]
+def compare(left: Scalar, cmp: str, right: Value) -> bool:
+    """`left cmp right`: `in` and `not_in` take a tuple, the orderings two numbers or two
+    names, as the type checker guarantees (the values are compared as they are)."""
+    match cmp:
+        case Cmp.EQ:
+            return left == right
+        case Cmp.NE:
+            return left != right
+        case Cmp.IN:
+            return _has(right, left)
+        case Cmp.NOT_IN:
+            return not _has(right, left)
+        case Cmp.LT:
+            return bool(operator.lt(left, right))
+        case Cmp.LE:
+            return bool(operator.le(left, right))
+        case Cmp.GT:
+            return bool(operator.gt(left, right))
+        case Cmp.GE:
+            return bool(operator.ge(left, right))
     raise ValueError(f"unknown comparison `{cmp}`")
+
+
+def _has(items: Any, item: Scalar) -> bool:
+    return item in items
 
 
 def atoms(e: Expr | None) -> Iterable[Atom]:
     """Every instance-attribute comparison in an expression, in source order."""
-    if e is None:
-        return
-    if e.op == "atom":
-        yield e  # type: ignore[misc]
-    elif e.op in ("and", "or"):
-        for a in e.args:  # type: ignore[union-attr]
-            yield from atoms(a)
-    elif e.op == "not":
-        yield from atoms(e.arg)  # type: ignore[union-attr]
+    match e:
+        case Atom():
+            yield e
+        case And(args=args) | Or(args=args):
+            for a in args:
+                yield from atoms(a)
+        case Not(arg=arg):
+            yield from atoms(arg)
 
 
 def value_reads(e: Expr | None) -> set[str]:
@@ -63,38 +76,41 @@ def value_reads(e: Expr | None) -> set[str]:
 
 
 def _collect(e: Expr | None, out: set[str]) -> None:
-    if e is None:
-        return
-    if e.op == "test":
-        out.add(e.var)  # type: ignore[union-attr]
-    elif e.op == "atom":
-        if e.operand.kind == "var":  # type: ignore[union-attr]
-            out.add(e.operand.name)  # type: ignore[union-attr]
-    elif e.op in ("and", "or"):
-        for a in e.args:  # type: ignore[union-attr]
-            _collect(a, out)
-    else:
-        _collect(e.arg, out)  # type: ignore[union-attr]
+    match e:
+        case Test(var=var):
+            out.add(var)
+        case Atom(operand=Var(name=name)):
+            out.add(name)
+        case And(args=args) | Or(args=args):
+            for a in args:
+                _collect(a, out)
+        case Not(arg=arg):
+            _collect(arg, out)
 
 
 def guard_holds(e: Expr, vars: Mapping[str, Scalar]) -> bool:
     """A guard over the request; callers have checked that every value it reads is present."""
-    if e.op == "test":
-        t: Test = e  # type: ignore[assignment]
-        if t.cmp is None:
-            return t.var in vars
-        return compare(vars[t.var], t.cmp, t.operand.value)  # type: ignore[union-attr]
-    if e.op == "and":
-        return all(guard_holds(a, vars) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "or":
-        return any(guard_holds(a, vars) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "not":
-        return not guard_holds(e.arg, vars)  # type: ignore[union-attr]
-    raise ValueError(f"an instance attribute in a guard: {e}")
+    match e:
+        case Test(var=var, cmp=None):
+            return var in vars
+        case Test(var=var, cmp=cmp, operand=Const(value=value)) if cmp is not None:
+            return compare(vars[var], cmp, value)
+        case And(args=args):
+            return all(guard_holds(a, vars) for a in args)
+        case Or(args=args):
+            return any(guard_holds(a, vars) for a in args)
+        case Not(arg=arg):
+            return not guard_holds(arg, vars)
+    raise ValueError(f"not a guard over the request: {e}")
 
 
-def operand_value(a: Atom, vars: Mapping[str, Scalar]) -> Scalar | tuple[Scalar, ...]:
-    return a.operand.value if a.operand.kind == "const" else vars[a.operand.name]  # type: ignore[union-attr]
+def operand_value(a: Atom, vars: Mapping[str, Scalar]) -> Value:
+    match a.operand:
+        case Const(value=value):
+            return value
+        case Var(name=name):
+            return vars[name]
+    raise ValueError(f"an operand that is neither a constant nor a request variable: {a.operand}")
 
 
 def atom_holds(a: Atom, attrs: Mapping[str, Scalar], vars: Mapping[str, Scalar]) -> bool:
@@ -105,14 +121,15 @@ def atom_holds(a: Atom, attrs: Mapping[str, Scalar], vars: Mapping[str, Scalar])
 
 
 def require_holds(e: Expr, attrs: Mapping[str, Scalar], vars: Mapping[str, Scalar]) -> bool:
-    if e.op == "atom":
-        return atom_holds(e, attrs, vars)  # type: ignore[arg-type]
-    if e.op == "and":
-        return all(require_holds(a, attrs, vars) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "or":
-        return any(require_holds(a, attrs, vars) for a in e.args)  # type: ignore[union-attr]
-    if e.op == "not":
-        return not require_holds(e.arg, attrs, vars)  # type: ignore[union-attr]
+    match e:
+        case Atom():
+            return atom_holds(e, attrs, vars)
+        case And(args=args):
+            return all(require_holds(a, attrs, vars) for a in args)
+        case Or(args=args):
+            return any(require_holds(a, attrs, vars) for a in args)
+        case Not(arg=arg):
+            return not require_holds(arg, attrs, vars)
     raise ValueError(f"a request test in a requirement: {e}")
 
 
