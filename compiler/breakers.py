@@ -54,7 +54,7 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
             actions.append(CancelStream())
         elif a == "report_anomaly":
             actions.append(ReportAnomaly())
-        elif a == "redirect":
+        elif a == "redirect" and cfg is not None:
             cr = BlockReader(cfg, f"`redirect` of breaker `{name}`", diags, fields=("backup", "variant"), blocks=("headers",))
             backup = cr.name("backup", required=True)
             variant = cr.name("variant")
@@ -67,7 +67,7 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
                         headers.append((key, value))
             if backup is not None:
                 actions.append(Redirect(backup=backup, variant=variant, headers=tuple(headers)))
-        elif a == "quarantine":
+        elif a == "quarantine" and cfg is not None:
             cr = BlockReader(cfg, f"`quarantine` of breaker `{name}`", diags, fields=("duration", "max_duration", "max_share"))
             duration = cr.quantity("duration", "time", required=True)
             max_duration = cr.quantity("max_duration", "time")
@@ -81,7 +81,7 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
                     cr.err("E329", message, at)
                 else:
                     actions.append(q)
-        elif a == "self_heal":
+        elif a == "self_heal" and cfg is not None:
             cr = BlockReader(cfg, f"`self_heal` of breaker `{name}`", diags, fields=("steps",))
             steps = cr.names("steps", HEAL_STEPS, required=True)
             if steps:

@@ -28,6 +28,8 @@ ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "nam
 SecurityAttr = Literal["tpm", "memory_encryption", "hardware_firewall", "tee"]
 SECURITY_ATTRS: tuple[str, ...] = ("tpm", "memory_encryption", "hardware_firewall", "tee")
 Scalar = Union[bool, float, str]
+OnMissing = Literal["reject", "ignore", "default"]
+OnMalformed = Literal["reject", "ignore"]
 
 
 class Frozen(BaseModel):
@@ -185,9 +187,9 @@ class HeaderMapping(Frozen):
     type: ValueType
     range: Interval | None = None  # allowed range for quantities, SI
     values: tuple[str, ...] = ()  # allowed names (empty: any well-formed name)
-    on_missing: Literal["reject", "ignore", "default"]
+    on_missing: OnMissing
     default: Scalar | None = None
-    on_malformed: Literal["reject", "ignore"] = "reject"
+    on_malformed: OnMalformed = "reject"
     origin: SourceRef
 
 

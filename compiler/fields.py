@@ -204,7 +204,7 @@ class BlockReader:
 
     def string_value(self, v: ast.Value, key: str) -> str | None:
         if not isinstance(v, ast.String):
-            self.err("E312", f"`{key}` expects a string, found {shape(v)}", v.span, f"write it in double quotes")
+            self.err("E312", f"`{key}` expects a string, found {shape(v)}", v.span, "write it in double quotes")
             return None
         return v.value
 

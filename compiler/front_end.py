@@ -132,7 +132,7 @@ def front_end_file(src: Source) -> FileUnit:
         diags: list[Diagnostic] = []
         tree, more = parse(src)
         diags.extend(more)
-        low, policies = Lowered(), []
+        low, policies = Lowered(), list[ast.Block]()
         if tree is not None:
             _lower_file(tree, low, policies, diags)
         return FileUnit(low, policies, diags)

@@ -7,12 +7,14 @@ and `malformed: reject | ignore`.
 
 from __future__ import annotations
 
+from typing import cast
+
 from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, error
 
 from . import units
 from .attributes import BUILTIN_REQUEST_VARS
-from .bundle import HeaderMapping, Interval, Tenant, ValueType
+from .bundle import HeaderMapping, Interval, OnMalformed, OnMissing, Tenant, ValueType
 from .fields import BOOL_WORDS, BlockReader, ref, shape
 
 HEADER_TYPES: tuple[ValueType, ...] = ("time", "bandwidth", "flops", "ratio", "count", "name", "string", "bool")
@@ -56,13 +58,15 @@ def _header(block: ast.Block, diags: list[Diagnostic]) -> HeaderMapping | None:
             if default is not None and values and default not in values:
                 r.err("E310", f"default `{default}` is not one of the header's `values`", dv.span)
     elif dv is not None:
-        r.err("E210", f"`default` is only used with `missing: default`", r.fields["default"].key_span)
+        r.err("E210", "`default` is only used with `missing: default`", r.fields["default"].key_span)
     if var in BUILTIN_REQUEST_VARS and var != "tenant":
         r.err("E401", f"`{var}` is computed by policyc and cannot be fed by a header", r.fields["var"].values[0].span)
     if len(diags) > n_before or var is None or vtype is None or on_missing is None or on_malformed is None:
         return None
-    return HeaderMapping(header=header, var=var, type=vtype, range=rng, values=values, on_missing=on_missing,
-                         default=default, on_malformed=on_malformed, origin=ref(block.span))
+    # the three are among their allowed words (read with `names(..., allowed)` above); pydantic checks again
+    return HeaderMapping(header=header, var=var, type=cast(ValueType, vtype), range=rng, values=values,
+                         on_missing=cast(OnMissing, on_missing), default=default,
+                         on_malformed=cast(OnMalformed, on_malformed), origin=ref(block.span))
 
 
 def _typed_literal(v: ast.Value, vtype: str, key: str, r: BlockReader):

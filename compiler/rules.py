@@ -11,13 +11,16 @@ error, not a silent false.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error
+from policyc.dsl.source import Span
 
 from . import units
 from .attributes import INSTANCE_ATTRIBUTES, LABEL_PREFIX, attribute_type
 from .bundle import And, Atom, Const, Expr, Not, Or, RequestRule, Test, ValueType, Var
+from .meaning import Cmp
 from .fields import BOOL_WORDS, BlockReader, ref, shape
 
 QUANTITY_TYPES = {"time", "bandwidth", "flops", "ratio", "count", "size"}
@@ -79,7 +82,7 @@ class _Checker:
         self.diags = diags
         self.failed = False
 
-    def err(self, code: str, message: str, span, help: str | None = None) -> None:
+    def err(self, code: str, message: str, span: Span | None, help: str | None = None) -> NoReturn:
         self.diags.append(error(code, message, span, help))
         self.failed = True
         raise _Fail
@@ -128,7 +131,7 @@ class _Checker:
                 self._not_request(v)
             if self.scope.vars[var] != "bool":
                 self.err("E317", f"`request.{var}` is {units.describe(self.scope.vars[var])}, not yes/no; compare it", v.span)
-            return Test(var=var, cmp="==", operand=Const(value=True), origin=ref(v.span))
+            return Test(var=var, cmp=Cmp.EQ, operand=Const(value=True), origin=ref(v.span))
         if isinstance(v, ast.Compare):
             left, op, right = v.left, v.op, v.right
             lvar = self.request_var(left) if isinstance(left, ast.Name) else None
@@ -138,11 +141,11 @@ class _Checker:
             elif lvar is None:
                 self._not_request(left if isinstance(left, ast.Name) else v)
             const = self.literal(right, self.scope.vars[lvar], op, f"request.{lvar}", var=lvar)
-            return Test(var=lvar, cmp=op, operand=const, origin=ref(v.span))  # type: ignore[arg-type]
+            return Test(var=lvar, cmp=Cmp(op), operand=const, origin=ref(v.span))
         self.err("E318", f"a `when` condition must be true or false, found {shape(v)}", v.span)
         raise AssertionError
 
-    def _not_request(self, v: ast.Value) -> None:
+    def _not_request(self, v: ast.Value) -> NoReturn:
         if isinstance(v, ast.Name) and self.attribute(v):
             self.err("E406", f"`when` reads the request only; `{v.dotted}` is an instance attribute", v.span,
                      "move this condition to `require`")
