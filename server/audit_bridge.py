@@ -316,14 +316,14 @@ class AuditBridge:
 
     def _on_settled(self) -> None:
         """The log's acknowledgement thread: wake sync waiters; tell watchers at once when
-        the writer is gone."""
+        the writer is gone or a record was not stored."""
         if self._waiting and not self._resolve_due and self._loop is not None:
             self._resolve_due = True
             try:
                 self._loop.call_soon_threadsafe(self._resolve)
             except RuntimeError:  # the loop is closed: nothing waits any more
                 pass
-        if self.log.stopped is not None and self.log.stopped != "closed":
+        if (self.log.stopped is not None and self.log.stopped != "closed") or self.log.failures:
             self._check_gate()
 
     # ------------------------------------------------------------------ recording
