@@ -4,7 +4,8 @@ The generated modules are committed next to the `.proto`, so a wheel, an sdist a
 checkout all carry the same stubs and nothing runs protoc at build or import time. They
 are written by the grpcio-tools pinned in the dev extra (`GRPCIO_TOOLS`), whose protoc
 writes protobuf `STUB_PROTOBUF` gencode: the runtime floor in `pyproject.toml` is that
-version, because protobuf refuses gencode newer than its runtime.
+version, because protobuf refuses gencode newer than its runtime (the upper bound follows
+kserve, which caps protobuf below 7 today).
 
 After editing `decision.proto`: `python -m policyc.server.protogen`, then commit the three
 generated files. `python -m policyc.server.protogen --check` exits 1 when they are stale
