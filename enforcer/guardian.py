@@ -13,6 +13,7 @@ Every act is an `ActionRecord` in the audit sink.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +62,7 @@ class _Ticket:
     budget_s: float = 0.0  # seconds after `started` at which `budget` fires
     token: int = 0
     holds_retry_slot: bool = False
+    cancelled: tuple[Exception | None, float] | None = None  # the urgent cancel's error (None: done) and crossing->cancel seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +173,9 @@ class Guardian:
             if retry_count > 0 and self._pending_slots.pop(request_id, None) is not None:
                 t.holds_retry_slot = True
             deadline = start + seconds
-            t.token = self._watch.arm(deadline, lambda late, rid=request_id: self._crossed(rid, late))
+            t.token = self._watch.arm(deadline, functools.partial(self._crossed_late, request_id, t),
+                                      functools.partial(self._cancel_at, t)
+                                      if any(isinstance(a, CancelStream) for a in budget.breaker.actions) else None)
             return deadline
 
     def finish(self, request_id: str) -> None:
@@ -189,10 +193,29 @@ class Guardian:
     def active(self) -> int:
         return len(self._tickets)
 
-    def _crossed(self, request_id: str, lateness: float) -> None:
+    def _crossed_late(self, request_id: str, t: _Ticket, lateness: float) -> None:
+        self._crossed(request_id, lateness, t)
+
+    def _cancel_at(self, t: _Ticket, lateness: float) -> None:
+        self._cancel_now(t, lateness)
+
+    def _cancel_now(self, t: _Ticket, lateness: float) -> None:
+        """The stream's cancel, at the crossing itself (the budget watch's urgent step, ahead
+        of every account); `_crossed` records it."""
+        crossed_at = self._clock() - lateness
+        try:
+            t.stream.cancel()
+            err: Exception | None = None
+        except Exception as exc:  # a stream that is already gone cannot be cancelled: recorded as failed
+            err = exc
+        t.cancelled = (err, self._clock() - crossed_at)
+
+    def _crossed(self, request_id: str, lateness: float, ticket: _Ticket | None = None) -> None:
+        """The break's account and its other acts (`ticket`: the request's, kept from arming:
+        a stream cancelled at the crossing may have been finished by its owner since)."""
         crossed_at = self._clock() - lateness
         with self._lock:
-            t = self._tickets.get(request_id)
+            t = self._tickets.get(request_id, ticket)
         if t is None or t.budget is None:
             return
         rule = t.budget.breaker
@@ -201,12 +224,14 @@ class Guardian:
         map_s: float | None = None
         for action in rule.actions:
             if isinstance(action, CancelStream):
-                try:
-                    t.stream.cancel()
+                if t.cancelled is None:  # not cancelled at the crossing (no watch step ran): now
+                    self._cancel_now(t, self._clock() - crossed_at)
+                assert t.cancelled is not None
+                err, cancel_s = t.cancelled
+                if err is None:
                     outcome, detail = Outcome.DONE, f"budget {t.budget_s * 1e3:.1f} ms crossed at {elapsed * 1e3:.1f} ms"
-                except Exception as exc:  # a stream that is already gone cannot be cancelled: record it
-                    outcome, detail = Outcome.FAILED, f"cancel failed: {exc}"
-                cancel_s = self._clock() - crossed_at
+                else:
+                    outcome, detail = Outcome.FAILED, f"cancel failed: {err}"
                 self._record(ActionKind.CANCEL_STREAM, f"request {request_id}", rule.name, outcome, detail)
             elif isinstance(action, Redirect):
                 self._redirect(t, rule, action)
