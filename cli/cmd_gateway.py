@@ -24,7 +24,13 @@ from pathlib import Path
 
 
 def register(sub) -> None:  # type: ignore[no-untyped-def]
-    p = sub.add_parser("gateway", help="run Envoy with policyc as its endpoint picker (or print its bootstrap)")
+    from .exit_codes import Exit
+    from .help import add_command
+
+    p = add_command(sub, "gateway", help="run Envoy with policyc as its endpoint picker (or print its bootstrap)",
+                    description=__doc__, codes=(Exit.OK, Exit.USAGE),
+                    examples=["policyc gateway --bundle bundle.json --listen 127.0.0.1:8080",
+                              "policyc gateway --print-bootstrap --picker 127.0.0.1:9002 --endpoint 10.0.0.5:8081 > envoy.json"])
     p.add_argument("--bundle", help="compiled bundle (policyc compile … -o bundle.json); required unless --print-bootstrap")
     p.add_argument("--listen", default="127.0.0.1:8080", help="where clients connect to Envoy (default 127.0.0.1:8080)")
     p.add_argument("--admin", default="127.0.0.1:9901", help="Envoy's admin address (default 127.0.0.1:9901)")
