@@ -49,7 +49,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                                     "`verify --format json`, or its `last_checkpoint`) or the value SEQ:HASH that `verify` prints")
     v.add_argument("--expect-closed", action="store_true",
                    help="the log must end with its close record (the service was stopped cleanly): fail otherwise")
-    v.add_argument("--format", choices=("text", "json"), default="text")
+    v.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     v.set_defaults(func=_verify)
 
     r = add_command(asub, "report", help="decisions and resources per model, tenant or region", codes=CODES,
@@ -58,7 +58,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     r.add_argument("--log", default=common.get_default("log"), help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db)")
     r.add_argument("--from", dest="start", help="start time, inclusive (ISO 8601 or Unix seconds)")
     r.add_argument("--to", dest="end", help="end time, exclusive")
-    r.add_argument("--by", choices=GROUP_BY, default="model")
+    r.add_argument("--by", choices=GROUP_BY, default="model", help="group by model (default), tenant or region")
     r.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
                    help="table (default), csv, json, or html: a self-contained page with the chain's verdict, tables and charts")
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
@@ -68,8 +68,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     e = add_command(asub, "explain", help="one decision: why, where, what it cost, what followed", codes=CODES,
                     examples=["policyc audit explain --log audit.db dec-000009", "policyc audit explain dec-000009 --format json"])
     e.add_argument("--log", default=common.get_default("log"), help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db)")
-    e.add_argument("decision_id", metavar="DECISION_ID")
-    e.add_argument("--format", choices=("text", "json"), default="text")
+    e.add_argument("decision_id", metavar="DECISION_ID", help="the decision's id (from Decide, or a report)")
+    e.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     e.set_defaults(func=_explain)
 
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -33,7 +33,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     s = add_command(csub, "status", help="replicas, their bundles, leases, the leader and lag", codes=CODES,
                     examples=["policyc cluster status --etcd http://127.0.0.1:2379 --format json"])
     _store_flags(s)
-    s.add_argument("--format", choices=("text", "json"), default="text")
+    s.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     s.set_defaults(func=_status)
     r = add_command(csub, "rollout", help="make a bundle the one in force on every replica", codes=CODES,
                     examples=["policyc cluster rollout new.json --etcd http://127.0.0.1:2379 --expect sha256:…"])

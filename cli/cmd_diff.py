@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "policyc diff policies/versions/v1 policies/versions/v2 --format json"])
     p.add_argument("old", metavar="OLD", help="bundle file, policy directory or .contract file")
     p.add_argument("new", metavar="NEW", help="bundle file, policy directory or .contract file")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     p.add_argument("--max", type=int, default=20, metavar="N", help="list at most N differences (default 20)")
     p.set_defaults(func=run)
 

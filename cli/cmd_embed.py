@@ -119,5 +119,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--contract", required=True, metavar="FILE", help="a .contract source or a compiled bundle .json")
     p.add_argument("--name", required=True, help="the contract to embed")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the model with its contract (`-`: stdout)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     p.set_defaults(func=run)

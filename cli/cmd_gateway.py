@@ -41,7 +41,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--max-in-flight", type=int, default=512, help="requests between pick and answer before 429 (default 512)")
     p.add_argument("--concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
-    p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="userspace")
+    p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="userspace",
+                   help="circuit-break enforcement: eBPF kernel plane (kernel, or auto where root and BPF allow), user space (default), or off")
     p.add_argument("--workdir", help="where the bootstrap, the pool file and Envoy's log go (default: a temp dir)")
     p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
     p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")

@@ -25,7 +25,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                               "policyc compile policies/ -o - | policyc inspect -"])
     p.add_argument("bundle", metavar="BUNDLE", help="bundle file (`-`: stdin)")
     p.add_argument("--public-key", help="ed25519 public key the bundle must be signed with")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     p.set_defaults(func=run)
 
 

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = add_command(isub, "deregister", help="remove an instance", codes=codes,
                     examples=["policyc instance deregister fs-1"])
-    d.add_argument("id", metavar="ID")
+    d.add_argument("id", metavar="ID", help="the instance to remove")
     add_connection_flags(d)
     d.set_defaults(func=_deregister)
 

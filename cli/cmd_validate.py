@@ -61,5 +61,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=0.15, help="allowed relative drift outside the declared interval (default 0.15)")
     p.add_argument("--run", action="store_true", help="also execute the model in onnxruntime (~100 tokens) and check the recount; small models only")
     p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="pin a named dynamic input dim (default: batch dims 1, others the contract's tokens)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     p.set_defaults(func=run)

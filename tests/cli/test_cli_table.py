@@ -54,6 +54,12 @@ def test_every_command_has_help_and_an_example() -> None:
     assert not missing, f"commands without help text or an example: {missing}"
 
 
+def test_every_option_and_argument_has_help() -> None:
+    bare = [(" ".join(path), a.option_strings or a.dest) for path, (parser, _) in COMMANDS.items() for a in parser._actions
+            if not a.help and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    assert not bare, f"options without help: {bare}"
+
+
 def test_exit_code_table_is_in_help_and_readme() -> None:
     text = build_parser().format_help()
     readme = (REPO / "README.md").read_text()
