@@ -109,8 +109,55 @@ def _stop_leftovers() -> None:
         p.stop()
 
 
+class _Forked:
+    """A model server the pool's zygote forked: the same calls as `subprocess.Popen`'s
+    that the launcher uses, read from the files the zygote writes (`pid`, `exit`)."""
+
+    def __init__(self, workdir: Path, zygote: subprocess.Popen[bytes]) -> None:
+        self.workdir = workdir
+        self.zygote = zygote
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            return int((self.workdir / "pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = int((self.workdir / "exit").read_text())
+            except (OSError, ValueError):
+                if self.zygote.poll() is not None:  # the zygote is gone: nothing will reap or report it
+                    self.returncode = self.zygote.returncode if self.pid is None else -signal.SIGKILL
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is not None and self.poll() is None:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("model server", timeout or 0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
 class ModelServerProcess:
-    """One `python -m policyc.modelserver` child process."""
+    """One model-server process: `python -m policyc.modelserver` of its own (`spawn`), or
+    forked by its pool's zygote."""
 
     def __init__(self, spec: ServerSpec, workdir: Path) -> None:
         if not spec.instances:
@@ -119,7 +166,7 @@ class ModelServerProcess:
         self.workdir = workdir
         self.ready_file = workdir / "ready.json"
         self.log_path = workdir / "server.log"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | _Forked | None = None
         self._facts: dict[str, object] | None = None
         self.instances: list[ServingInstance] = []
         self.startup_s: float | None = None
@@ -137,6 +184,17 @@ class ModelServerProcess:
             self._started_at = time.monotonic()
             self._proc = subprocess.Popen(self.spec.argv(self.ready_file), stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, env=env)
+        _live.add(self)
+        weakref.finalize(self, _kill, self._proc)
+
+    def _forked(self, zygote: subprocess.Popen[bytes]) -> None:
+        """Adopt the child the zygote forks for this server."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for stale in ("ready.json", "pid", "exit"):
+            (self.workdir / stale).unlink(missing_ok=True)
+        self._terminated = False
+        self._started_at = time.monotonic()
+        self._proc = _Forked(self.workdir, zygote)
         _live.add(self)
         weakref.finalize(self, _kill, self._proc)
 
@@ -253,10 +311,10 @@ class ModelServerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes] | _Forked) -> None:
     if proc.poll() is None:
         proc.kill()
-        proc.wait()
+        proc.wait(STOP_GRACE_S)
 
 
 @dataclass
@@ -265,9 +323,11 @@ class ModelPool:
 
     servers: Sequence[ServerSpec]
     workdir: Path | None = None
+    fork: bool = True  # several processes: fork them from one zygote that imported KServe once
     processes: list[ModelServerProcess] = field(default_factory=list, init=False)
     startup_s: float | None = field(default=None, init=False)
     _own_dir: bool = field(default=False, init=False)
+    _zygote: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self, timeout: float = 30.0) -> ModelPool:
         """Spawn every process, then wait for all; on any failure stop them all and raise."""
@@ -283,8 +343,11 @@ class ModelPool:
         t = time.monotonic()
         self.processes = [ModelServerProcess(s, self.workdir / f"server-{n}") for n, s in enumerate(self.servers)]
         try:
-            for p in self.processes:
-                p.spawn()
+            if self.fork and len(self.processes) > 1:
+                self._start_zygote()
+            else:
+                for p in self.processes:
+                    p.spawn()
             for p in self.processes:
                 p.wait_ready(max(1.0, timeout - (time.monotonic() - t)))
         except BaseException:
@@ -292,6 +355,20 @@ class ModelPool:
             raise
         self.startup_s = time.monotonic() - t
         return self
+
+    def _start_zygote(self) -> None:
+        assert self.workdir is not None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = self.workdir / "zygote.json"
+        spec_path.write_text(json.dumps([{"argv": p.spec.argv(p.ready_file)[3:], "workdir": str(p.workdir)}
+                                         for p in self.processes]))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        with open(self.workdir / "zygote.log", "wb") as log:
+            self._zygote = subprocess.Popen([sys.executable, "-m", "policyc.modelserver.zygote", str(spec_path)],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        weakref.finalize(self, _kill, self._zygote)
+        for p in self.processes:
+            p._forked(self._zygote)
 
     @property
     def instances(self) -> list[ServingInstance]:
@@ -319,6 +396,12 @@ class ModelPool:
             p.terminate()
         for p in self.processes:
             p.stop()
+        if self._zygote is not None:  # it exits once it has reaped every child
+            try:
+                self._zygote.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
         if self._own_dir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

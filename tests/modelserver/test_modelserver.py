@@ -142,16 +142,16 @@ def test_a_stall_holds_only_its_own_stream(pool: ModelPool) -> None:
         c.infer("fraud-scorer", token_ids(4))  # connect first
         assert _connections_to(port) == 1
         t = time.monotonic()
-        stalled = c.infer_future("fraud-scorer", token_ids(16, seed=9), metadata=[(wire.STALL_MS, "5000")], timeout=0.8)
+        stalled = c.infer_future("fraud-scorer", token_ids(16, seed=9), metadata=[(wire.STALL_MS, "5000")], timeout=1.5)
         siblings = [c.infer_future("fraud-scorer", token_ids(16, seed=k), timeout=5) for k in range(3)]
         answers = [answer_of(f) for f in siblings]
         siblings_done = time.monotonic() - t
         assert all(a.instance == PRIMARY and a.stalled_ms == 0 for a in answers)
-        assert siblings_done < 0.8 and not stalled.done()
+        assert siblings_done < 1.5 and not stalled.done()
         with pytest.raises(grpc.RpcError) as e:
             answer_of(stalled)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert 0.75 < time.monotonic() - t < 3.0
+        assert 1.45 < time.monotonic() - t < 4.5
         after = c.infer("fraud-scorer", token_ids(4))
         assert after.instance == PRIMARY and _connections_to(port) == 1
     deadline = time.monotonic() + 3
@@ -268,3 +268,34 @@ def test_stopping_leaves_no_process(model_files: dict[str, ModelFiles], tmp_path
     pool.stop()
     assert [p.stop() for p in pool.processes] == [0]
     assert not any(pid is not None and os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_a_forked_pool_stops_one_server_alone_and_reports_a_bad_one(model_files: dict[str, ModelFiles],
+                                                                     tmp_path: Path) -> None:
+    """Several processes come from one zygote (KServe imported once): each is its own
+    process, stopped alone; one that cannot serve fails the pool's start with its reason."""
+    full = model_files["fraud-scorer"].full
+    pool = ModelPool([ServerSpec((InstanceSpec("a@h/g", full),)), ServerSpec((InstanceSpec("b@h/g", full),))],
+                     workdir=tmp_path / "ok").start()
+    assert pool._zygote is not None
+    pids = [p.pid for p in pool.processes]
+    assert len(set(pids)) == 2 and pool._zygote.pid not in pids
+    assert pool.process_of("a@h/g").stop() == 0
+    with OipClient(pool.endpoint("b@h/g")) as c:
+        assert c.infer("fraud-scorer", token_ids(2)).instance == "b@h/g"
+    with OipClient(pool.endpoint("a@h/g")) as c, pytest.raises(grpc.RpcError) as e:
+        c.infer("fraud-scorer", token_ids(2), timeout=2)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    pool.stop()
+    assert pool._zygote.returncode == 0
+    assert not any(pid is not None and os.path.exists(f"/proc/{pid}") for pid in [*pids, pool._zygote.pid])
+
+    bare = tmp_path / "bare.onnx"
+    onnx.save_model(build_transformer(TransformerSpec(vocab=8, d_model=4, heads=1, layers=1, d_ff=8, max_len=4)), str(bare))
+    bad = ModelPool([ServerSpec((InstanceSpec("a@h/g", full),)), ServerSpec((InstanceSpec("x@h/g", bare, name="x"),))],
+                    workdir=tmp_path / "bad")
+    with pytest.raises(ModelServerError) as err:
+        bad.start(timeout=30)
+    assert "no embedded contract" in str(err.value)
+    assert bad._zygote is not None and bad._zygote.poll() is not None
+    assert not any(p.running for p in bad.processes)
