@@ -6,12 +6,17 @@ Public API (the rest is internal):
   `submit_action(record)`, `submit_body(bytes)`, `submit_bodies(iterable)` (each returns a
   `Receipt`; `receipt.wait(timeout=None)` -> seq once durable), `submit_decision_drafts(drafts)`
   (one hand-over; returns the first ticket), `append_decision`,
-  `append_action` (submit + wait), `checkpoint`, `close`, `last_seq`, `commits`, `failures`
-  (`audit/log.py`; the chain, SQLite and fsync run in a writer process, `writer_process.py`)
+  `append_action` (submit + wait), `checkpoint`, `close`, `last_seq`, `commits`, `failures`,
+  and what a fail-closed caller reads: `stopped` (why the writer is gone), `lost`, `acked`,
+  `queued_bytes`, `on_settled(fn)`, `settled(ticket)`, `commit_seconds`
+  (`audit/log.py`; the chain, SQLite and fsync run in a writer process, `writer_process.py`;
+  open() returns once that process holds the log and sealed its opening checkpoint)
 - `decision_draft(...)` -> `DecisionDraft` (a decision record as plain values) (`audit/drafts.py`)
 - `DecisionRecord`, `ActionRecord` and their parts (`audit/records.py`)
-- `verify(path, public_key=None, anchor=None, workers=None)` -> `VerifyReport` (`audit/verify.py`;
-  a large log is walked by one process per CPU, `audit/verify_parallel.py`)
+- `verify(path, public_key=None, anchor=None, workers=None, expect_closed=False)` -> `VerifyReport`
+  (`audit/verify.py`: the first bad entry and how, rewrites re-hashed included; appends after
+  a close record; truncation against an anchor; damage; `durable_end`, `closed`; a large log
+  is walked by one process per CPU, `audit/verify_parallel.py`)
 - `AuditReader` (queries by decision id and time range, reports) (`audit/query.py`)
 - `estimate_resources(...)`, `estimated_figures(...)` (plain values, for drafts), `measured(...)`
   (`audit/accounting.py`)
