@@ -5,7 +5,9 @@ in the same run, the two alternating round by round so both see the same machine
 
     .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2]
 
-The model is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full
+A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
+policyc (same Python grpc.aio, same event loop, a fixed answer), splits what policyc adds
+into the ext_proc hop and the decision itself. The model is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full
 variant on 4 tokens, ~0.1-0.3 ms of onnxruntime), so what the picker adds is visible. The
 decision service runs in this process with the simulated fleet registered (placement at
 scale: the pool's instances are a few among ~250), its refresher running and an audit log
@@ -32,10 +34,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
 
 LITE = "fraud-scorer-lite"
-METADATA = (("x-model", LITE), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
 
 
-def _client(target: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[list[float], int, float]]") -> None:
+def _metadata(model: str) -> tuple[tuple[str, str], ...]:
+    return (("x-model", model), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
+
+
+def _client(target: str, model: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[list[float], int, float]]") -> None:
     """Closed loop: `concurrency` callers, each sending its next request when the last is answered."""
     import grpc
 
@@ -43,14 +48,15 @@ def _client(target: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[
     from policyc.modelserver.oip import pb
 
     async def main() -> tuple[list[float], int, float]:
-        req = infer_request(LITE, token_ids(4)).SerializeToString()
+        req = infer_request(model, token_ids(4)).SerializeToString()
+        md = _metadata(model)
         lat: list[float] = []
         errors = 0
         async with grpc.aio.insecure_channel(target) as ch:
             call = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
                                   response_deserializer=pb.ModelInferResponse.FromString)
             for _ in range(20):  # warm the connection and the shape caches
-                await call(req, metadata=METADATA, timeout=10)
+                await call(req, metadata=md, timeout=10)
             stop = time.perf_counter() + seconds
 
             async def caller() -> None:
@@ -58,7 +64,7 @@ def _client(target: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[
                 while time.perf_counter() < stop:
                     t = time.perf_counter()
                     try:
-                        await call(req, metadata=METADATA, timeout=10)
+                        await call(req, metadata=md, timeout=10)
                         lat.append(time.perf_counter() - t)
                     except grpc.aio.AioRpcError:
                         errors += 1
@@ -70,14 +76,49 @@ def _client(target: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[
     out.put(asyncio.run(main()))
 
 
-def _round(target: str, concurrency: int, seconds: float) -> tuple[list[float], int, float]:
+def _round(target: str, model: str, concurrency: int, seconds: float) -> tuple[list[float], int, float]:
     ctx = mp.get_context("spawn")
     q: "mp.Queue[tuple[list[float], int, float]]" = ctx.Queue()
-    p = ctx.Process(target=_client, args=(target, concurrency, seconds, q))
+    p = ctx.Process(target=_client, args=(target, model, concurrency, seconds, q))
     p.start()
     result = q.get(timeout=seconds + 120)
     p.join(30)
     return result
+
+
+class _NoopPicker:
+    """The baseline picker: the same Python grpc.aio ext_proc server on the same event loop,
+    answering every request with the same kind of message (endpoint header and `envoy.lb`
+    metadata, response phase off) without deciding anything: what the ext_proc hop costs."""
+
+    def __init__(self, endpoints: tuple[str, ...]) -> None:
+        from policyc.gateway.messages import forward
+        from policyc.gateway.pick import Pick
+
+        self._responses = [forward(Pick("0" * 32, "noop", "noop", e, "noop/gpu0", (), None, None, None, (), 0.0, 0))
+                           for e in endpoints]
+        self._n = 0
+
+    async def Process(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        import grpc
+
+        while True:
+            req = await context.read()
+            if req is grpc.aio.EOF:
+                return
+            self._n += 1
+            await context.write(self._responses[self._n % len(self._responses)])
+
+
+async def _start_noop(endpoints: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    ep_grpc.add_ExternalProcessorServicer_to_server(_NoopPicker(endpoints), server)  # type: ignore[arg-type]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
 
 
 def _cpu_s(pid: int) -> float:
@@ -96,7 +137,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,8", help="closed-loop callers, comma-separated phases")
-    ap.add_argument("--servers", type=int, default=2, help="model-server processes (one lite instance each)")
+    ap.add_argument("--servers", type=int, default=2, help="model-server processes (one instance each)")
+    ap.add_argument("--model", choices=(LITE, "fraud-scorer"), default=LITE,
+                    help="the instances' contract: fraud-scorer has budget breakers, so the picker also sees each answer")
     args = ap.parse_args()
 
     import grpc
@@ -125,26 +168,29 @@ def main() -> int:
     assert server.cluster is not None
     server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots()))
     slots = [s for s in pool_layout(bundle, server, primaries=args.servers) if s.model == "fraud-scorer"]
-    lite = write_model_files(bundle.contract(LITE), work / "models")  # type: ignore[arg-type]
-    models = ModelPool([ServerSpec((InstanceSpec(s.instance_id.replace("fraud-scorer@", f"{LITE}@"), lite.full),))
+    lite = write_model_files(bundle.contract(args.model), work / "models")  # type: ignore[arg-type]
+    models = ModelPool([ServerSpec((InstanceSpec(s.instance_id.replace("fraud-scorer@", f"{args.model}@"),
+                                                 lite.full),))
                         for s in slots], workdir=work / "servers").start(timeout=60)
     envoys: list[EnvoyProcess] = []
     try:
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s, inst in zip(slots, models.instances):
-                reg = s.instance.model_copy(update={"id": inst.instance_id, "model": LITE, "deployment":
+                reg = s.instance.model_copy(update={"id": inst.instance_id, "model": args.model, "deployment":
                                                     s.instance.deployment.model_copy(update={"endpoint": inst.endpoint})})
                 stub.RegisterInstance(convert.register_request(reg, onnx_model=lite.full.read_bytes()), timeout=10)
         picker = PickerServer(server, PickerConfig())
         picker_port = thread.call(picker.start())
         endpoints = tuple(i.endpoint for i in models.instances)
+        noop, noop_port = thread.call(_start_noop(endpoints))
         targets = {}
-        for mode, use in (("policyc", True), ("round-robin", False)):
+        for mode, use, port in (("policyc", True, picker_port), ("no-op ext_proc", True, noop_port),
+                                ("round-robin", False, picker_port)):
             listen = f"127.0.0.1:{free_port()}"
-            spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=listen, admin=f"127.0.0.1:{free_port()}",
+            spec = GatewaySpec(picker=f"127.0.0.1:{port}", listen=listen, admin=f"127.0.0.1:{free_port()}",
                                endpoints=endpoints, use_picker=use)
-            envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode).start())
+            envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
@@ -155,7 +201,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, e0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0)
-                    res[mode].append(_round(target, conc, args.seconds))
+                    res[mode].append(_round(target, args.model, conc, args.seconds))
                     cpu[mode][0] += _cpu_s(os.getpid()) - c0
                     cpu[mode][1] += _cpu_s(envoy.pid or 0) - e0
             summary = {}
@@ -165,14 +211,16 @@ def main() -> int:
                 errors = sum(r[1] for r in rounds)
                 summary[mode] = (statistics.median(rates), _pct(lat, 0.5), _pct(lat, 0.99))
                 n = max(len(lat) + 20 * len(rounds), 1)
-                print(f"  concurrency {conc:>2} {mode:>11}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
+                print(f"  concurrency {conc:>2} {mode:>14}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
                       f"p50 {summary[mode][1]:.2f} ms, p99 {summary[mode][2]:.2f} ms, errors {errors}; CPU per request: "
                       f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us")
-            pc, rr = summary["policyc"], summary["round-robin"]
+            pc, rr, nop = summary["policyc"], summary["round-robin"], summary["no-op ext_proc"]
             print(f"  concurrency {conc:>2}: policyc adds {pc[1] - rr[1]:+.2f} ms at p50, {pc[2] - rr[2]:+.2f} ms at p99; "
-                  f"throughput {pc[0] / rr[0]:.2f} x round-robin")
+                  f"throughput {pc[0] / rr[0]:.2f} x round-robin; of the p50 added, the ext_proc hop alone (no-op) "
+                  f"{nop[1] - rr[1]:+.2f} ms, the decision {pc[1] - nop[1]:+.2f} ms; no-op throughput {nop[0] / rr[0]:.2f} x")
         print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
         thread.call(picker.stop())
+        thread.call(noop.stop(0.1))
     finally:
         for e in envoys:
             e.stop()

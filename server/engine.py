@@ -17,12 +17,9 @@ from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Contract
 from policyc.compiler.diagnostic import error
-from policyc.compiler.diagnostic import error
 from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
-from policyc.placer.catalog import catalog_for
-from policyc.placer.catalog import catalog_for
 from policyc.placer.catalog import catalog_for
 from policyc.solver.feasibility import Infeasible
 
@@ -128,9 +125,8 @@ class DecisionEngine:
             parts = [f"`{r.id}` ({r.origin}) excludes {r.eliminated} of {ex.live}" for r in blocking]
             reason = ("no live instance satisfies the applicable rules: " + "; ".join(parts)) if parts else \
                 ("no instances are registered" if ex.live == 0 else "no live instance satisfies the applicable rules")
-            if routable:  # a gateway's request: what excluded the instances it could send traffic to
-                reason, ids = _routable_rejection(st.registry, st.bundle, prep.request.vars)
-                blocking = tuple(r for r in ex.rules if r.id in ids)
+            if routable and ex.count > 0:  # the rules admit instances, none a gateway can reach: none can serve
+                reason, blocking = _routable_rejection(st.registry, st.bundle, prep.request.vars, ex.count), ()
             rej = Rejection(Stage.MATCH, reason, tuple(r.id for r in blocking), tuple(r.origin for r in blocking), blocking)
         else:
             # Models in the order of their best candidate's score, each model's candidates
@@ -301,19 +297,17 @@ class DecisionEngine:
         return moved
 
 
-def _routable_rejection(registry, bundle: Bundle, vars) -> tuple[str, frozenset[str]]:  # type: ignore[no-untyped-def]
-    """Why no instance with an endpoint matched, and the rules that excluded some of them
-    (the gateway's pool is a few instances: evaluated one by one, as the naive scan does)."""
+def _routable_rejection(registry, bundle: Bundle, vars, fleet: int) -> str:  # type: ignore[no-untyped-def]
+    """Why no instance with an endpoint matched when `fleet` instances without one do: what
+    excluded the ones a gateway can reach (a few: evaluated one by one, as the naive scan does)."""
+    head = f"{fleet} live instance(s) satisfy the applicable rules, but none has an endpoint a gateway can send traffic to"
     pool = registry.routable_entries()
     if not pool:
-        return "no instance with an endpoint is registered: a gateway has nowhere to send this request", frozenset()
+        return head + "; no instance with an endpoint is registered"
     rules = applicable_rules(bundle.rules, vars)
-    excluded = [(r, sum(not require_holds(r.require, a, vars) for a in pool)) for r in rules]
-    parts = [f"`{r.id}` ({r.origin}) excludes {n} of {len(pool)}" for r, n in excluded if n]
-    if not parts:
-        return f"none of the {len(pool)} instance(s) with an endpoint satisfies the applicable rules", frozenset()
-    return ("no instance with an endpoint satisfies the applicable rules: " + "; ".join(parts),
-            frozenset(r.id for r, n in excluded if n))
+    parts = [f"`{r.id}` ({r.origin}) excludes {n}" for r in rules
+             if (n := sum(not require_holds(r.require, a, vars) for a in pool))]
+    return head + f"; of the {len(pool)} with one, " + ("; ".join(parts) if parts else "none satisfies them")
 
 
 def _window_label(model: str, start: int, size: int) -> str:
