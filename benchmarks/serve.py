@@ -3,6 +3,7 @@ with N registered instances, and a no-op gRPC service answering the same request
 pre-built response of the same size, measured in the same run.
 
     .venv/bin/python benchmarks/serve.py [--quick] [--instances 100000] [--seconds 5] [--rounds 5] [--soak 120 [--unsettled]]
+    .venv/bin/python benchmarks/serve.py --mix diverse --batch 32 [--no-paced]   # the diverse mix; DecideBatch vs Decide
     POLICYC_EVENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # both servers on asyncio's loop
     POLICYC_BENCH_CLIENT_LOOP=asyncio .venv/bin/python benchmarks/serve.py ...   # clients on asyncio's loop (passes 1-3)
 
@@ -30,6 +31,7 @@ import asyncio
 import gc
 import multiprocessing as mp
 import os
+import random
 import statistics
 import threading
 import time
@@ -47,6 +49,7 @@ from policyc.server.fleet import admissible_fleet
 from policyc.server.proto import pb
 
 METHOD = "/policyc.decision.v1.Decisions/Decide"
+BATCH_METHOD = "/policyc.decision.v1.Decisions/DecideBatch"
 IDLE_RATE = 100.0  # calls/s: the no-op's reference phase for what a nearly idle service gets here
 REQUESTS = [
     {"X-SLO-Latency": "150ms", "X-Data-Region": "us-west"},
@@ -56,10 +59,40 @@ REQUESTS = [
 ]
 
 
-async def _closed(port: int, concurrency: int, seconds: float, rate: float | None) -> tuple[int, list[float]]:
+def diverse_headers(n: int, seed: int = 25) -> list[dict[str, str]]:
+    """The issue's realistic header mix: an SLO drawn from 1-500 ms (to the hundredth), a
+    region on 60 % of requests, a tenant on 70 %, a pinned model on 30 %."""
+    rng = random.Random(seed)
+    regions = ("us-west", "us-east", "eu-west", "eu-central")
+    tenants = ("acme-bank", "first-federal", "st-marys", "charite", "shopwave")
+    models = ("fraud-scorer", "fraud-scorer-lite", "recommender", "support-chatbot", "clinical-notes")
+    out = []
+    for _ in range(n):
+        h = {"X-SLO-Latency": f"{rng.uniform(1, 500):.2f}ms"}
+        if rng.random() < 0.6:
+            h["X-Data-Region"] = rng.choice(regions)
+        if rng.random() < 0.7:
+            h["X-Tenant"] = rng.choice(tenants)
+        if rng.random() < 0.3:
+            h["X-Model"] = rng.choice(models)
+        out.append(h)
+    return out
+
+
+def _payloads(mix: str, batch: int, seed: int) -> list[bytes]:
+    headers = REQUESTS if mix == "four" else diverse_headers(20_000, seed)
+    reqs = [pb.DecideRequest(headers=h) for h in headers]
+    if not batch:
+        return [r.SerializeToString() for r in reqs]
+    return [pb.DecideBatchRequest(requests=[reqs[(i + j) % len(reqs)] for j in range(batch)]).SerializeToString()
+            for i in range(0, max(len(reqs), batch), batch)]
+
+
+async def _closed(port: int, concurrency: int, seconds: float, rate: float | None, mix: str = "four", batch: int = 0,
+                  seed: int = 25) -> tuple[int, list[float]]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = ch.unary_unary(METHOD)
-        payloads = [pb.DecideRequest(headers=h).SerializeToString() for h in REQUESTS]
+        call = ch.unary_unary(BATCH_METHOD if batch else METHOD)
+        payloads = _payloads(mix, batch, seed)
         lat: list[float] = []
         starts: list[float] = []  # perf_counter is CLOCK_MONOTONIC: comparable with the server process's
         end = time.perf_counter() + seconds
@@ -86,10 +119,11 @@ async def _closed(port: int, concurrency: int, seconds: float, rate: float | Non
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
-        return int(len(lat) / (time.perf_counter() - t0)), lat, starts
+        return int(len(lat) * max(batch, 1) / (time.perf_counter() - t0)), lat, starts
 
 
-def _client(port: int, concurrency: int, seconds: float, rate: float | None, q: mp.Queue) -> None:  # type: ignore[type-arg]
+def _client(port: int, concurrency: int, seconds: float, rate: float | None, q: mp.Queue,  # type: ignore[type-arg]
+            mix: str = "four", batch: int = 0, seed: int = 25) -> None:
     """The client process, on uvloop unless POLICYC_BENCH_CLIENT_LOOP=asyncio: with asyncio's
     loop the client process costs more CPU per call than the no-op server and, on two vCPUs,
     caps the no-op's rate (measured: no-op 2,286/s with a uvloop client vs ~1,200-1,500/s),
@@ -98,9 +132,9 @@ def _client(port: int, concurrency: int, seconds: float, rate: float | None, q: 
         import uvloop
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            q.put(runner.run(_closed(port, concurrency, seconds, rate)))
+            q.put(runner.run(_closed(port, concurrency, seconds, rate, mix, batch, seed)))
         return
-    q.put(asyncio.run(_closed(port, concurrency, seconds, rate)))
+    q.put(asyncio.run(_closed(port, concurrency, seconds, rate, mix, batch, seed)))
 
 
 class Phase(NamedTuple):
@@ -130,9 +164,15 @@ def _thread_cpu(native_id: int | None) -> float:
     return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load(port: int, concurrency: int, seconds: float, rate: float | None = None, loop_thread: int | None = None) -> Phase:
+MIX = "four"  # the request mix every phase sends (`--mix`)
+
+
+def load(port: int, concurrency: int, seconds: float, rate: float | None = None, loop_thread: int | None = None,
+         batch: int = 0, seed: int = 25) -> Phase:
+    """One phase from a client process; `batch`: DecideBatch calls of that many requests
+    (rps then counts decisions; latencies are per call)."""
     q: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
-    p = mp.get_context("spawn").Process(target=_client, args=(port, concurrency, seconds, rate, q))
+    p = mp.get_context("spawn").Process(target=_client, args=(port, concurrency, seconds, rate, q, MIX, batch, seed))
     p.start()
     c0, l0 = time.process_time(), _thread_cpu(loop_thread)
     rps, lat, starts = q.get()
@@ -311,7 +351,15 @@ def main() -> int:
                     help="then one long paced run of Decide at 70 %% of max: p99, p99.9, the slowest call and the "
                          "collector's full passes (what short rounds rarely catch)")
     ap.add_argument("--unsettled", action="store_true", help="serve without ServeConfig.settle_heap, for comparison")
+    ap.add_argument("--mix", choices=("four", "diverse"), default="four",
+                    help="four repeated request shapes, or the diverse mix (random SLOs 1-500 ms, region 60 %%, "
+                         "tenant 70 %%, pinned model 30 %%; 20,000 requests, mostly new shapes)")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="also alternate unary Decide with DecideBatch calls of N requests (decisions/s compared)")
+    ap.add_argument("--no-paced", action="store_true", help="stop after the closed-loop (and batch) rounds")
     args = ap.parse_args()
+    global MIX
+    MIX = args.mix
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start; event loop {loop_kind().value}, "
           f"clients on {os.environ.get('POLICYC_BENCH_CLIENT_LOOP', 'uvloop')}")
     n, secs, rounds = (20_000, 3.0, 2) if args.quick else (args.instances, args.seconds, args.rounds)
@@ -349,6 +397,33 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.2f}")
     rps = sum(x.rps for x in dec) / rounds
     nrps = sum(x.rps for x in nop) / rounds
+    if args.batch:
+        one: list[Phase] = []
+        many: list[Phase] = []
+        for r in range(rounds):  # unary and batched alternate, each on a fresh part of the mix
+            one.append(load(port, args.concurrency, secs, loop_thread=dloop, seed=1000 + r))
+            many.append(load(port, args.concurrency, secs, loop_thread=dloop, batch=args.batch, seed=2000 + r))
+            print(f"batch round {r + 1}: Decide {one[-1].rps}/s, DecideBatch of {args.batch} {many[-1].rps} decisions/s "
+                  f"(call p50 {many[-1].p50_ms:.2f} ms, p99 {many[-1].p99_ms:.2f} ms), ratio {many[-1].rps / one[-1].rps:.2f}; "
+                  f"server CPU per decision {one[-1].cpu_us:.0f} vs {many[-1].cpu_us / args.batch:.0f} us; "
+                  f"load average {os.getloadavg()[0]:.2f}")
+        med_ = statistics.median
+        print(f"batch    DecideBatch of {args.batch} / unary Decide decisions/s = "
+              f"{med_(b.rps for b in many) / med_(u.rps for u in one):.2f} (floor 3; medians of {rounds} rounds; "
+              f"{args.concurrency} clients each); per round " + ", ".join(f"{b.rps / u.rps:.2f}" for u, b in zip(one, many)))
+    solves = server.service.feasibility_series.counts()
+    print(f"solver   Z3 calls on the serving loop {solves['loop']}, in worker threads {solves['inline']}, in the solver "
+          f"thread {solves['background']}; {solves['pending']} look-ups found their shape unsolved; "
+          f"{len(server.engine.state.feasibility.seen())} feasibility shapes, {len(server.service.shapes)} raw shapes cached, "
+          f"matcher plans {len(server.engine.state.registry.index.plans)} (bases {len(server.engine.state.registry.index.bases)})")
+    if args.no_paced:
+        th.stop()
+        asyncio.run_coroutine_threadsafe(noop.server.stop(0), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        print(f"Decide {rps:.0f}/s, no-op {nrps:.0f}/s, ratio {rps / nrps:.2f} (means of rounds); median of paired rounds "
+              f"{statistics.median(d.rps / x.rps for d, x in zip(dec, nop)):.2f}; mix {args.mix}; "
+              f"load average {os.getloadavg()[0]:.2f} at the end")
+        return 0
     time.sleep(2 * server.refresher.interval)
     fresh = freshness(server)  # after a refresher tick or two: what the ranking trails by while serving
     # Paced: rounds alternate the served configuration (the refresher's steps paced on the

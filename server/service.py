@@ -163,9 +163,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 st = self.engine.state
                 if self.shapes.get(st, raw) is None:  # a new raw shape: parsed here, and a new feasibility shape
                     prepared = self.engine.prepare(convert.decision_input(convert.decide_request(raw)), st, solve=False)
-                    if type(prepared.answer) is Pending:  # solved in a worker thread: the loop serves others meanwhile
+                    if type(prepared.answer) is Pending:  # solved in the solver thread: the loop serves others meanwhile
                         t1 = time.perf_counter()
-                        answer = await asyncio.to_thread(st.feasibility.check, prepared.request.vars)
+                        answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
                         prepared = replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
                 d, entry, durable = self.decide_shape(self.shapes, raw, lambda: convert.decision_input(convert.decide_request(raw)),
                                                       t0, prepared)
@@ -215,7 +215,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
                             prepared = engine.prepare(convert.decision_input(convert.decide_request(item)), st, solve=False)
                             if type(prepared.answer) is Pending:  # solved off the loop, as for Decide
                                 t1 = time.perf_counter()
-                                answer = await asyncio.to_thread(st.feasibility.check, prepared.request.vars)
+                                answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
                                 prepared = replace(prepared, answer=answer,
                                                    feasibility=prepared.feasibility + time.perf_counter() - t1)
                         d, entry, durable = self.decide_shape(

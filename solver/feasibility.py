@@ -31,6 +31,7 @@ import bisect
 import queue
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Union
 
@@ -95,7 +96,7 @@ class RequestFeasibility:
         self._cache: OrderedDict[tuple, Answer] = OrderedDict()
         self._seen: dict[tuple, dict[str, Scalar]] = {}  # a request of each cached shape, for `warm` after a reload
         self._lock = threading.Lock()
-        self._queued: set[tuple] = set()
+        self._queued: dict[tuple, Future[Answer]] = {}  # shapes waiting for the solver thread
         self._work: queue.SimpleQueue[tuple[tuple, dict[str, Scalar]] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -177,11 +178,31 @@ class RequestFeasibility:
             self._store(key, variables, quick)
             return quick
         self.pending += 1
-        if key not in self._queued:
-            self._queued.add(key)
-            self._ensure_worker()
-            self._work.put((key, dict(variables)))
+        self._enqueue(key, variables)
         return PENDING
+
+    def solved(self, variables: Mapping[str, Scalar]) -> Future[Answer]:
+        """A future of this shape's answer from the solver thread (done at once when
+        cached): what a serving loop awaits instead of running Z3 itself. Requests of one
+        new shape share one solve."""
+        key = self.shape(variables)
+        hit = self._cache.get(key)
+        if hit is not None:
+            f: Future[Answer] = Future()
+            f.set_result(hit)
+            return f
+        return self._enqueue(key, variables)
+
+    def _enqueue(self, key: tuple, variables: Mapping[str, Scalar]) -> Future[Answer]:
+        with self._start_lock:
+            f = self._queued.get(key)
+            if f is None:
+                f = self._queued[key] = Future()
+                self._work.put((key, dict(variables)))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._solve_queued, name="policyc-feasibility", daemon=True)
+                self._worker.start()
+        return f
 
     def cached(self, variables: Mapping[str, Scalar]) -> Answer | None:
         """The cached answer only (None when the shape is not solved yet)."""
@@ -205,9 +226,11 @@ class RequestFeasibility:
         return [self._seen[k] for k in list(self._cache) if k in self._seen]
 
     def close(self) -> None:
-        """Stop the solver thread (a state that is no longer served)."""
-        if self._worker is not None:
-            self._work.put(None)
+        """Stop the solver thread once the shapes queued so far are solved (a state that is
+        no longer served)."""
+        with self._start_lock:
+            if self._worker is not None:
+                self._work.put(None)
 
     def _store(self, key: tuple, variables: Mapping[str, Scalar], answer: Answer) -> None:
         cache = self._cache
@@ -219,26 +242,32 @@ class RequestFeasibility:
         cache[key] = answer
         self._seen[key] = dict(variables)
 
-    def _ensure_worker(self) -> None:
-        if self._worker is None:
-            with self._start_lock:
-                if self._worker is None:
-                    self._worker = threading.Thread(target=self._solve_queued, name="policyc-feasibility", daemon=True)
-                    self._worker.start()
-
     def _solve_queued(self) -> None:
         while True:
             item = self._work.get()
-            if item is None:
+            if item is None:  # closed: a later enqueue (a request still holding this state) starts a new thread
+                with self._start_lock:  # (enqueues hold this lock too: none is lost between the check and the exit)
+                    if not self._work.empty():
+                        continue
+                    self._worker = None
                 return
             key, variables = item
+            with self._start_lock:
+                f = self._queued.get(key)
             try:
-                if key not in self._cache:
+                answer = self._cache.get(key)
+                if answer is None:
                     answer = self.solve(variables)
                     self.solves_background += 1
                     self._store(key, variables, answer)
+                if f is not None:
+                    f.set_result(answer)
+            except Exception as exc:  # noqa: BLE001 - handed to whoever waits for this shape
+                if f is not None:
+                    f.set_exception(exc)
             finally:
-                self._queued.discard(key)
+                with self._start_lock:
+                    self._queued.pop(key, None)
 
     def _without_solver(self, variables: Mapping[str, Scalar]) -> Answer | None:
         """`solve`'s answers that need no Z3 (outside the domain; no rule applies)."""
