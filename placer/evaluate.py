@@ -83,6 +83,13 @@ class Evaluation:
         code = int(self.fail[row])
         return None if code < 0 else ORDER[code]
 
+    def constraint(self, row: int) -> Constraint:
+        """The constraint a row failed; ValueError for a feasible row."""
+        c = self.failed(row)
+        if c is None:
+            raise ValueError(f"row {row} is feasible: it failed no constraint")
+        return c
+
 
 def binding(svc: ServiceDependency, eps: Sequence[Endpoint], best: int, latency: float) -> DependencyBinding | None:
     """Service `svc` bound to endpoint `eps[best]` at `latency` seconds, or None when no
@@ -138,7 +145,7 @@ def evaluate(
     mark(~np.isfinite(best_net), Constraint.NETWORK)
 
     deps = np.zeros(n)
-    dep_best: list[tuple[object, list, np.ndarray, np.ndarray]] = []  # (service, endpoints, best index, latency)
+    dep_best: list[tuple[ServiceDependency, Sequence[Endpoint], np.ndarray, np.ndarray]] = []  # (service, endpoints, best index, latency)
     chosen = np.where(best_port >= 0, best_port, 0)
     leaf = t.port_switch[chosen] if len(t.ports) else np.zeros(n, dtype=np.int64)
     for svc in contract.dependencies.services:

@@ -29,7 +29,7 @@ from scipy.sparse.csgraph import dijkstra
 from .latency import buffer_delay, buffer_sigma, serialization_delay
 from .telemetry import TelemetryFrame
 from .thresholds import Thresholds
-from .topology import NodeKind, Topology
+from .topology import Topology
 
 SWITCH_BUFFER = 32e6  # bytes of shared buffer per switch
 SWITCH_BANDWIDTH = 50e9  # bytes/s drain rate

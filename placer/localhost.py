@@ -97,7 +97,7 @@ class LocalHostSource:
             rate = np.array([max(0.0, c - p) for c, p in zip(counters, self._last[1])]) / dt
             f.port_util[:] = np.clip(rate / t.port_bandwidth, 0.0, 1.0) if len(rate) else 0.0
         self._last = (now, counters)
-        for i, (name, path, _, _, rdma) in enumerate(self._nics):
+        for i, (_name, path, _, _, rdma) in enumerate(self._nics):
             state = _read(os.path.join(path, "operstate" if not rdma else "state"), "up").lower()
             f.port_up[i] = ("up" in state) or ("active" in state) or state == "unknown"
         for i, n in enumerate(t.numa):

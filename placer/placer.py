@@ -251,7 +251,7 @@ class Placer:
             failed = failed[np.argsort(ev.fail[failed] != code, kind="stable")]
         rejected = list(unknown)
         for r in failed[:room].tolist():
-            rejected.append(Rejection(t.gpu_key(int(ev.gpus[r])), ev.failed(r), self._detail(snap, th, ev, r, bounds, budget)))
+            rejected.append(Rejection(t.gpu_key(int(ev.gpus[r])), ev.constraint(r), self._detail(snap, th, ev, r, bounds, budget)))
         return rejected, counts
 
     def _session_choice(
@@ -264,11 +264,11 @@ class Placer:
             if len(hit):
                 return int(feasible[hit[0]]), None, f"session `{session}` stays on {t.gpu_key(prev)} (affinity to its state store)"
             rows = np.nonzero(ev.gpus == prev)[0]
-            why = (f"{t.gpu_key(prev)} is no longer feasible ({ev.failed(int(rows[0])).value})" if len(rows)
+            why = (f"{t.gpu_key(prev)} is no longer feasible ({ev.constraint(int(rows[0])).value})" if len(rows)
                    else f"{t.gpu_key(prev)} is no longer a candidate")
             # prefer the state store's NUMA node, then its host, then the best anywhere
             numa, host = t.gpus[prev].numa, t.gpus[prev].host
-            for level, same in (("NUMA node", t.gpu_numa[feas_gpus] == numa), ("host", t.gpu_host[feas_gpus] == host)):
+            for level, same in (("NUMA node", t.gpu_numa[feas_gpus] == numa), ("host", t.gpu_host[feas_gpus] == host)):  # noqa: B007 - read after the break
                 if same.any():
                     opts = feasible[same]
                     choice = int(opts[np.argmin(ev.rank[opts])])

@@ -73,7 +73,7 @@ class SimulatedCluster:
         self._port_base = rng.beta(1.5, 9.0, len(t.ports))
         self._link_base = rng.beta(2.0, 8.0, len(t.links))
         self._sw_base = np.where(
-            np.isin(np.array([k for k in t.fabric_kinds]), [NodeKind.LEAF, NodeKind.SPINE, NodeKind.CORE]),
+            np.isin(np.array(list(t.fabric_kinds)), [NodeKind.LEAF, NodeKind.SPINE, NodeKind.CORE]),
             rng.beta(1.5, 12.0, len(t.fabric_nodes)), 0.0,
         )
         self._ep_base = np.array([_base_p99(e) for e in t.endpoints])

@@ -135,7 +135,7 @@ class Snapshot:
         and inspecting; placement reads the arrays)."""
         t, f = self.topology, self.frame
         g = t.graph()
-        for i, gi in enumerate(t.gpus):
+        for i, _gi in enumerate(t.gpus):
             g.nodes[t.gpu_key(i)].update(
                 sm_util=float(f.gpu_sm_util[i]), mem_free=float(f.gpu_mem_free[i]), pcie_util=float(f.gpu_pcie_util[i]),
                 health=float(self.gpu_health[i]), score=float(self.scores[i]),

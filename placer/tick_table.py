@@ -27,6 +27,8 @@ from typing import Iterator
 
 import numpy as np
 
+from policyc.compiler.bundle import ServiceDependency
+
 from .contract_table import ContractTable
 from .evaluate import _CODE
 from .paths import NO_FAILURE, PathTable
@@ -75,7 +77,7 @@ class TickContractTable:
     code: np.ndarray  # first static constraint failed (snapshot, contract, dependencies), NO_FAILURE if none
     sigma: np.ndarray  # sqrt of the path table's variance
     dependencies: np.ndarray  # seconds: the declared services' bound latencies, summed
-    services: tuple[tuple[object, tuple[Endpoint, ...], np.ndarray, np.ndarray], ...]  # (service, endpoints, best, latency)
+    services: tuple[tuple[ServiceDependency, tuple[Endpoint, ...], np.ndarray, np.ndarray], ...]  # (service, endpoints, best, latency)
     snap_free: np.ndarray  # the snapshot's free share per GPU (the same array the reference reads)
     min_share: np.ndarray  # the contract table's, per GPU
     peak_eff: np.ndarray

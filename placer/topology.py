@@ -225,9 +225,9 @@ class Topology:
         for i, g in enumerate(self.gpus):
             lp = by_host_numa.get((g.host, g.numa), -1)
             local[i] = lp
-            for p in by_host.get(g.host, []):
-                if p != lp and self.ports[p].numa != g.numa:
-                    remote[i] = p
+            for pi in by_host.get(g.host, []):
+                if pi != lp and self.ports[pi].numa != g.numa:
+                    remote[i] = pi
                     break
             if lp < 0 and remote[i] < 0 and by_host.get(g.host):
                 remote[i] = by_host[g.host][0]
@@ -312,8 +312,8 @@ class Topology:
         bandwidth bytes/s). Node names: host, `host/numaN`, `host/gpuN`, `host/port`,
         switch / ingress / endpoint names."""
         g = nx.Graph()
-        for n, k in zip(self.fabric_nodes, self.fabric_kinds):
-            g.add_node(n, kind=k.value)
+        for name, k in zip(self.fabric_nodes, self.fabric_kinds):
+            g.add_node(name, kind=k.value)
         for l in self.links:
             g.add_edge(self.fabric_nodes[l.a], self.fabric_nodes[l.b], latency=l.latency, bandwidth=l.bandwidth)
         for e in self.endpoints:
