@@ -121,7 +121,8 @@ class Demo:
         pool = start_pool(bundle, real, self.dir)
         assert pool.startup_s is not None
         self.say.say(f"{len(pool.processes)} KServe processes, {len(pool.instances)} instances, ready in "
-                     f"{pool.startup_s:.1f} s (started in parallel; ServerReady and ModelReady checked)")
+                     f"{pool.startup_s:.1f} s (forked from one process that imported KServe once; ServerReady and ModelReady "
+                     "checked on every instance's port)")
         return pool
 
     def _gateway(self, thread: ServerThread, pool: ModelPool) -> Gateway:
@@ -209,7 +210,7 @@ class Demo:
             raise DemoError(f"the stalled request waited out its stall ({o.elapsed_s:.1f} s): no budget break")
         reset = [i for i in primaries
                  if _metric(pool.instance(i).http_endpoint, "policyc_modelserver_cancelled_total", i) > cancelled_before[i]]
-        self.say.say(f"  model server of {', '.join(f'`{i}`' for i in reset) or '?'}: 1 stream reset by the caller "
+        self.say.say(f"  model server of {', '.join(f'`{i}`' for i in reset) or '?'}: 1 stream reset by Envoy while held "
                      "(policyc_modelserver_cancelled_total)")
         envoy = {k.removeprefix(POOL_STATS): v - envoy_before.get(k, 0) for k, v in gw.envoy.stats(POOL_STATS).items()}
         self.say.say("  Envoy upstream: " + ", ".join(f"{k} +{envoy.get(k, 0)}" for k in (

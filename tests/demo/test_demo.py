@@ -27,7 +27,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "did you mean `X-Data-Region`?", "did you mean `acme-bank`?", "HTTP 400  header `x-data-regoin`",
         # congestion moves the traffic, the stalled request is broken at its budget and retried
         "pinned at 89 % watermark", "traffic moved: `fraud-scorer@",
-        "(simplified variant,", "retry 1)", "1 stream reset by the caller", "upstream_rq_per_try_timeout +1",
+        "(simplified variant,", "retry 1)", "1 stream reset by Envoy while held", "upstream_rq_per_try_timeout +1",
         "upstream_cx_destroy +0", "the backup saw x-retry-count: 1",
         "action: cancel_stream", "action: redirect", "action: report_anomaly",
         # the decision API alone
