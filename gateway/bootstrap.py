@@ -73,6 +73,7 @@ class GatewaySpec:
     """What a gateway needs to know; every address is loopback unless said otherwise."""
 
     picker: str  # `ip:port` of policyc's ext_proc endpoint picker
+    pickers: tuple[str, ...] = ()  # several replicas' pickers (one ext_proc cluster); empty: `picker` alone
     listen: str = "127.0.0.1:8080"  # where clients connect
     admin: str = "127.0.0.1:9901"  # Envoy's admin interface (ready, stats)
     endpoints: tuple[str, ...] = ()  # the pool inline ...
@@ -161,6 +162,28 @@ def _pool_cluster(spec: GatewaySpec) -> dict[str, Any]:
     return cluster
 
 
+def _picker_cluster(spec: GatewaySpec) -> dict[str, Any]:
+    """The pickers: each one's readiness is health-checked (the Endpoint Picker Protocol's
+    `envoy.service.ext_proc.v3.ExternalProcessor` health service) and a picker that refuses
+    connections is ejected at once, so with several replicas a dead one costs no request.
+    With one picker it is always tried (the failure mode decides what a failure means)."""
+    pickers = spec.pickers or (spec.picker,)
+    cluster: dict[str, Any] = {
+        "name": PICKER_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+        "typed_extension_protocol_options": _h2(),
+        "load_assignment": load_assignment(PICKER_CLUSTER, pickers),
+        "health_checks": [{"timeout": "0.25s", "interval": "0.5s", "unhealthy_threshold": 1, "healthy_threshold": 1,
+                           "no_traffic_interval": "0.5s",
+                           "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+        "outlier_detection": {"split_external_local_origin_errors": True, "consecutive_local_origin_failure": 1,
+                              "enforcing_consecutive_local_origin_failure": 100, "base_ejection_time": "5s",
+                              "max_ejection_percent": 100, "interval": "0.5s"},
+    }
+    if len(pickers) > 1:  # never a known-unhealthy replica while another is healthy
+        cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
+    return cluster
+
+
 def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
     """The picker. It sees each request's headers (Envoy waits for the pick) and, for a
     request that can break (one with a budget), the answer's headers: which host answered
@@ -227,9 +250,7 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
     }
     clusters = [_pool_cluster(spec)]
     if spec.use_picker:
-        clusters.append({"name": PICKER_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
-                         "typed_extension_protocol_options": _h2(),
-                         "load_assignment": load_assignment(PICKER_CLUSTER, (spec.picker,))})
+        clusters.append(_picker_cluster(spec))
     if spec.access_log_cluster is not None:
         clusters.append({"name": ALS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
                          "typed_extension_protocol_options": _h2(),
