@@ -38,7 +38,7 @@ from grpc_rig import start_server, stub  # noqa: E402
 from policyc.compiler.bundle import Quarantine  # noqa: E402
 from policyc.enforcer.collaborators import MemoryAudit  # noqa: E402
 from policyc.enforcer.endpoint import Endpoint  # noqa: E402
-from policyc.enforcer.executor import ActionExecutor, HealTarget  # noqa: E402
+from policyc.enforcer.executor import ActionExecutor  # noqa: E402
 from policyc.enforcer.guardian import Guardian  # noqa: E402
 from policyc.enforcer.plane import open_plane  # noqa: E402
 

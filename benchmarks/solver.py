@@ -11,8 +11,7 @@ import random
 import statistics
 import time
 
-from policyc.compiler.bundle import (Atom, Bundle, Compute, Const, Contract, Dependencies, Interval, Memory, RequestRule,
-                                     Slo, SourceRef, Test, Var)
+from policyc.compiler.bundle import (Compute, Contract, Dependencies, Interval, Memory, Slo, SourceRef)
 from policyc.compiler.pipeline import compile_paths
 from policyc.solver.analyse import analyse
 from policyc.solver.contract_check import check_contract

@@ -260,7 +260,7 @@ class Guardian:
             self._record(ActionKind.REDIRECT, target, rule.name, Outcome.REFUSED,
                          f"retry budget exhausted: {rb.retries_in_flight} retries in flight, {rb.allowed()} allowed")
             return
-        headers = dict((k.lower(), v) for k, v in action.headers)
+        headers = {k.lower(): v for k, v in action.headers}
         headers[RETRY_HEADER] = str(t.retry_count + 1)
         plan = RetryPlan(t.request_id, action.backup, action.variant, tuple(sorted(headers.items())), rule.name)
         self._record(ActionKind.REDIRECT, target, rule.name, Outcome.DONE,

@@ -10,7 +10,7 @@ whether a rule applies at all) into one closure over `operator` functions. The m
 from __future__ import annotations
 
 import operator
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from policyc.compiler.bundle import Expr, RequestRule, Scalar
 
@@ -28,7 +28,7 @@ def _not_contains(left: Scalar, right: tuple[Scalar, ...]) -> bool:
     return left not in right
 
 
-COMPARATORS: dict[str, Callable[[Scalar, object], bool]] = {
+COMPARATORS: dict[str, Callable[[Any, Any], Any]] = {  # operator functions: the values are typed by the checker
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le,
     ">": operator.gt, ">=": operator.ge, "in": _contains, "not_in": _not_contains,
 }

@@ -185,8 +185,8 @@ def run_files(bundle: Bundle, files: list[Path]) -> Report:
             errors.append(f"{name}: fleet fixture: {clash}")
             continue
         try:
-            for e in tf.instance:
-                reg.add(InstanceModel(id=e.id, model=e.model, deployment=e.deployment, labels=e.labels), e.score)
+            for inst in tf.instance:
+                reg.add(InstanceModel(id=inst.id, model=inst.model, deployment=inst.deployment, labels=inst.labels), inst.score)
         except RegistryError as e:
             errors.append(f"{name}: fleet fixture: {e}")
             continue

@@ -83,7 +83,7 @@ def _evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int)
     if not bound <= MAX_ELEMENTS * max(1, len(node.output)):  # NaN and inf too
         return None  # a size never needs that many elements: it is data, or an attack
 
-    names = [n for n in node.input]
+    names = list(node.input)
     graph_inputs = [
         numpy_helper.from_array(a, n) for n, a in zip(names, inputs) if n and a is not None
     ]
@@ -160,7 +160,7 @@ def with_constants(model: onnx.ModelProto, known: dict[str, np.ndarray]) -> onnx
     out.graph.node.extend(keep)
     graph_outputs = {o.name for o in out.graph.output}
     # a folded graph output must still be produced by something: keep it as Identity of itself
-    for name in graph_outputs & {n for n in known}:
+    for name in graph_outputs & set(known):
         if not any(name in n.output for n in keep):
             out.graph.initializer[:] = [i for i in out.graph.initializer if i.name != name]
             out.graph.node.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(known[name], name)))

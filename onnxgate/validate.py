@@ -96,7 +96,7 @@ def validate_model(
     except ContractMetadataError as e:
         return ValidationReport(name, Verdict.BAD_CONTRACT, str(e), tolerance, field=e.field)
     declared = contract.compute.request_flops()
-    base = dict(tolerance=tolerance, contract=contract, declared_lo=declared.lo, declared_hi=declared.hi)
+    base = {"tolerance": tolerance, "contract": contract, "declared_lo": declared.lo, "declared_hi": declared.hi}
     try:
         count = count_flops(model, contract.compute.tokens, dims=dims)
     except CountError as e:

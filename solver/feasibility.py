@@ -39,6 +39,7 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
 from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
+from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
 
 from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
@@ -150,7 +151,7 @@ class RequestFeasibility:
             if x is _ABSENT or bp is None or isinstance(x, (bool, str)):
                 key.append(x if x is not _ABSENT else _ABSENT)
             else:
-                i = bisect.bisect_left(bp, x)
+                i = bisect.bisect_left(bp, float(x))  # type: ignore[arg-type]  # a number: the others took the branch above
                 key.append(2 * i + (i < len(bp) and bp[i] == x))
         return tuple(key)
 

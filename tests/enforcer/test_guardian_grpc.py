@@ -5,10 +5,8 @@ Runs on the user-space plane (no root needed): breaking a stream is a user-space
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
-from pathlib import Path
 
 import grpc
 

@@ -3,7 +3,6 @@ quarantine safety, retry budgets, the executor's dry run and the user-space plan
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 

@@ -168,7 +168,6 @@ def test_tc_drop_of_traffic_to_quarantined_backend_is_audited(
 
 
 def test_new_bundle_updates_rule_maps_without_reloading(kernel_plane: KernelPlane, kernel_audit: MemoryAudit) -> None:
-    import sys
 
     from enforcer_support import make_bundle
 

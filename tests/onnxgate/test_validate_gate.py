@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from policyc.cli.main import main
-from policyc.onnxgate import CountError, Convention, count_flops, embed_contract
+from policyc.onnxgate import CountError, count_flops, embed_contract
 from policyc.onnxgate.reference_models import TransformerSpec, build_transformer
 from policyc.onnxgate.validate import Verdict, validate_model
 
