@@ -70,9 +70,11 @@ def _bounded(kind: type, lo: float, hi: float):  # type: ignore[no-untyped-def]
     hosts, or a refresh every 0 s, is a mistake to refuse with one line, not to try)."""
     def parse(text: str):  # type: ignore[no-untyped-def]
         try:
+            if not text.isascii():  # int() and float() also read full-width and other scripts' digits
+                raise ValueError
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"`{text[:32]}` is not a {'whole ' if kind is int else ''}number") from None
+            raise argparse.ArgumentTypeError(f"`{ascii(text[:32])[1:-1]}` is not a {'whole ' if kind is int else ''}number") from None
         if not lo <= value <= hi:  # NaN too
             raise argparse.ArgumentTypeError(f"{text[:32]} is out of range ({lo:g} to {hi:g})")
         return value
@@ -82,10 +84,9 @@ def _bounded(kind: type, lo: float, hi: float):  # type: ignore[no-untyped-def]
 
 def _port(text: str) -> int:
     """A TCP port, 0 to 65535 (an out-of-range port once listened on another one silently)."""
-    try:
-        n = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"`{text[:32]}` is not a port number") from None
+    if not text.isascii() or not text.lstrip("-").isdigit():  # int() also reads `５０` as 50
+        raise argparse.ArgumentTypeError(f"`{ascii(text[:32])[1:-1]}` is not a port number")
+    n = int(text, 10)
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"port {n} is out of range (0 to 65535)")
     return n

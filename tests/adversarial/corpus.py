@@ -60,7 +60,22 @@ def _alarm(_signum: int, _frame: object) -> None:
     raise Timeout(f"took more than {CASE_SECONDS} s")
 
 
+_current: list[tuple[str, float]] = []  # the case running now and since when, for the watchdog
+
+
+def _watchdog() -> None:
+    """A case the alarm cannot interrupt (one stuck in C, or in an event loop that swallows
+    the alarm's exception) is reported as a hang and the runner exits, never waits forever."""
+    while True:
+        time.sleep(1)
+        if _current and time.monotonic() - _current[0][1] > 2 * CASE_SECONDS:
+            name = _current[0][0]
+            print(json.dumps(Outcome(name, False, f"HANG: still running after {2 * CASE_SECONDS} s").__dict__), flush=True)
+            os._exit(3)
+
+
 def run_case(name: str, fn: Callable[[], tuple[bool, str]]) -> Outcome:
+    _current[:] = [(name, time.monotonic())]
     t0 = time.perf_counter()
     signal.alarm(CASE_SECONDS)
     try:
@@ -73,6 +88,7 @@ def run_case(name: str, fn: Callable[[], tuple[bool, str]]) -> Outcome:
         ok, got = False, "TRACEBACK: " + "".join(traceback.format_exception(e))[-1500:]
     finally:
         signal.alarm(0)
+        _current.clear()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Outcome(name, ok, got[:2000], round(time.perf_counter() - t0, 3), round(peak, 1))
 
@@ -332,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     limit = (args.mem_mib or MEMORY_MIB[args.cls]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGALRM, _alarm)
+    import threading
+
+    threading.Thread(target=_watchdog, name="corpus-watchdog", daemon=True).start()
     with tempfile.TemporaryDirectory(prefix="policyc-adversarial-") as tmp:
         for name, fn in _cases(args.cls, Path(tmp)):
             if args.only and args.only not in name:
