@@ -7,7 +7,8 @@
 - `policyc_audit_records_lost_total`: records handed to the log that were never made
   durable (0 unless something failed; in sync mode none of them had been acknowledged);
 - `policyc_audit_acknowledged_lost_total`: decisions acknowledged to a client whose record
-  was never made durable (group mode only; always 0 in sync mode);
+  was never confirmed durable (group mode only; always 0 in sync mode; an upper bound: a
+  writer killed between a commit and its acknowledgement may have stored that batch);
 - `policyc_audit_queue_depth`: records handed over and not yet durable;
 - `policyc_audit_commit_seconds`: the writer's commit times (insert and fsync), a histogram.
 """
@@ -32,7 +33,7 @@ class AuditCollector(Collector):
                                 value=0.0 if b.refusal() is not None else 1.0)
         yield CounterMetricFamily("policyc_audit_records_written", "Audit records made durable since the log was opened",
                                   value=float(log.stored))
-        yield CounterMetricFamily("policyc_audit_records_lost", "Audit records handed over but never made durable",
+        yield CounterMetricFamily("policyc_audit_records_lost", "Audit records handed over but never confirmed durable",
                                   value=float(b.lost))
         yield CounterMetricFamily("policyc_audit_acknowledged_lost",
                                   "Decisions acknowledged whose audit record was never made durable (group mode)",

@@ -11,6 +11,7 @@ closed, and acknowledged-but-lost decisions are counted from what the client was
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import warnings
@@ -107,10 +108,13 @@ def test_kill_9_of_the_writer_makes_decide_refuse_within_one_window(bundle: Bund
         assert "policyc_audit_healthy 0.0" in text
         client.close()
         lost_ids = {i for i in client.acked if i not in logged_ids(log)}
-        assert f"policyc_audit_acknowledged_lost_total {float(len(lost_ids))}" in text, [l for l in text.splitlines() if "lost" in l]
+        # the service counts what it never saw confirmed: at least what the client lost (a writer killed
+        # between its commit and its acknowledgement stored a batch the service cannot know of)
+        counted = float(re.search(r"^policyc_audit_acknowledged_lost_total (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+        assert counted >= len(lost_ids), (counted, len(lost_ids))
         code = serve.stop()
         assert code == 1, "".join(serve.stderr)
-        assert any("did not close cleanly" in line and f"{len(lost_ids)} of them decisions already acknowledged" in line
+        assert any("did not close cleanly" in line and f"{int(counted)} of them decisions already acknowledged" in line
                    for line in serve.stderr), "".join(serve.stderr)
     finally:
         client.close()
