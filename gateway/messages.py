@@ -18,6 +18,12 @@ RULE_HEADER = "x-policyc-rule"
 CAUSE_HEADER = "x-policyc-refusal"
 
 CONTINUE_RESPONSE_HEADERS = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+# Headers by which a client could steer Envoy's routing of its own request (more retries,
+# which would send it to a host the override-host balancer did not get from the picker;
+# its own timeouts; per-attempt headers for the Lua filter): removed unless the picker sets them.
+CLIENT_CONTROLS = ("x-envoy-retry-on", "x-envoy-retry-grpc-on", "x-envoy-retriable-status-codes",
+                   "x-envoy-retriable-header-names", "x-envoy-upstream-rq-timeout-ms", "x-envoy-hedge-on-per-try-timeout",
+                   "x-envoy-upstream-rq-timeout-alt-response")
 
 
 def _set(mutation: "base_pb2.HeaderMutation", key: str, value: str) -> None:  # type: ignore[name-defined]
@@ -33,11 +39,16 @@ def forward(pick: Pick) -> ep.ProcessingResponse:
     value = pick.endpoints
     _set(m, ENDPOINT_KEY, value)
     _set(m, DECISION_HEADER, pick.decision_id)
+    m.remove_headers.extend(CLIENT_CONTROLS)
     if pick.per_try_timeout_ms is not None:
         _set(m, PER_TRY_TIMEOUT, str(pick.per_try_timeout_ms))
+    else:
+        m.remove_headers.append(PER_TRY_TIMEOUT)
     if pick.fallbacks:
         _set(m, RETRY_HEADERS, pick.retry_headers_value)
+        _set(m, MAX_RETRIES, str(len(pick.fallbacks)))  # one retry per fallback, never more
     else:
+        m.remove_headers.append(RETRY_HEADERS)
         _set(m, MAX_RETRIES, "0")  # nowhere to redirect: a broken stream ends the request
     md = struct_pb2.Struct()
     md.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_KEY].string_value = value

@@ -87,6 +87,16 @@ def test_http_clients_get_the_http_status(gateway: Gateway) -> None:
     assert info.value.code == 403 and "compliance.healthcare-eu" in info.value.headers["x-policyc-rule"]
 
 
+def test_a_client_cannot_steer_envoy_past_the_picker(gateway: Gateway, client: OipClient) -> None:
+    """More retries, its own timeouts or retry headers from the client are dropped: a lite
+    request (no budget, no fallback) that tries them is answered once, by a picked host."""
+    md = ((("x-model", BACKUP),) + BASE[1:] + (("x-envoy-max-retries", "5"), ("x-envoy-retry-on", "5xx,reset"),
+          ("x-envoy-upstream-rq-per-try-timeout-ms", "1"), ("x-policyc-retry-headers", "x-retry-count=7")))
+    a = client.infer(PRIMARY, IDS, metadata=md, timeout=10)
+    assert a.headers["x-envoy-attempt-count"] == "1" and a.retry_count == 0 and a.variant == "full"
+    assert a.instance == gateway.picker.picker.recent[a.decision_id].instance_id
+
+
 def test_a_bundle_reload_under_gateway_load_fails_no_request(gateway: Gateway, bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "bundle.json"
     bundle_io.write(bundle, path)
@@ -233,3 +243,4 @@ def test_a_dead_picker_makes_envoy_answer_as_its_failure_mode_says(gateway: Gate
             served = {c.infer(PRIMARY, IDS, metadata=BASE, timeout=10).instance for _ in range(6)}
         assert len(served) >= 2 and all(s in {x.instance_id for x in gateway.models.instances} for s in served)
         assert allow.stats("http.policyc_gateway.ext_proc.").get("http.policyc_gateway.ext_proc.failure_mode_allowed", 0) >= 1
+
