@@ -38,66 +38,17 @@ from typing import Iterator, Sequence
 
 import grpc
 
+from .forked import Forked
 from .oip import pb, pb_grpc
+from .specs import InstanceSpec, ServerSpec, ServingInstance
+
+__all__ = ["InstanceSpec", "ModelPool", "ModelServerError", "ModelServerProcess", "ServerSpec", "ServingInstance"]
 
 STOP_GRACE_S = 5.0
 
 
 class ModelServerError(RuntimeError):
     """A model-server process did not start, did not become ready, or died."""
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceSpec:
-    """One registered instance a process serves.
-
-    `model` is its full variant's ONNX file (the embedded contract names the OIP model
-    unless `name` says otherwise); `simplified` the smaller variant it serves to retries;
-    `aliases` other OIP model names it answers (a backup answers the primary's name, since
-    the gateway retries the primary's request body)."""
-
-    instance_id: str
-    model: Path
-    simplified: Path | None = None
-    name: str | None = None
-    aliases: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ServerSpec:
-    """One model-server process: its instances and whether it honours stall requests."""
-
-    instances: tuple[InstanceSpec, ...]
-    stall_control: bool = False
-    host: str = "127.0.0.1"
-
-    def argv(self, ready_file: Path) -> list[str]:
-        out = [sys.executable, "-m", "policyc.modelserver", "--host", self.host, "--grpc-port", "0",
-               "--http-port", "0", "--ready-file", str(ready_file)]
-        for i in self.instances:
-            path = i.model.resolve()  # absolute: a `=` in it is never read as NAME=
-            out += ["--model", f"{i.name}={path}" if i.name else str(path), "--instance", i.instance_id]
-            if i.simplified:
-                out += ["--simplified", str(i.simplified.resolve())]
-            out += [x for a in i.aliases for x in ("--alias", a)]
-        if self.stall_control:
-            out.append("--stall-control")
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class ServingInstance:
-    """A started instance: what the registry and the gateway need to reach it."""
-
-    instance_id: str
-    model: str               # the OIP model name (its contract's name unless renamed)
-    contract: str            # the contract embedded in its model file
-    endpoint: str            # host:port of its OIP v2 gRPC server (HTTP/2)
-    http_endpoint: str       # host:port of its process's OIP v2 REST server (metrics, health)
-    model_path: Path
-    variants: tuple[str, ...]
-    aliases: tuple[str, ...] = ()
-    on_rest: bool = True     # its model name is served on the REST port (no other instance of the process answers it)
 
 
 _live: "weakref.WeakSet[ModelServerProcess]" = weakref.WeakSet()
@@ -107,52 +58,6 @@ _live: "weakref.WeakSet[ModelServerProcess]" = weakref.WeakSet()
 def _stop_leftovers() -> None:
     for p in list(_live):
         p.stop()
-
-
-class _Forked:
-    """A model server the pool's zygote forked: the same calls as `subprocess.Popen`'s
-    that the launcher uses, read from the files the zygote writes (`pid`, `exit`)."""
-
-    def __init__(self, workdir: Path, zygote: subprocess.Popen[bytes]) -> None:
-        self.workdir = workdir
-        self.zygote = zygote
-        self.returncode: int | None = None
-
-    @property
-    def pid(self) -> int | None:
-        try:
-            return int((self.workdir / "pid").read_text())
-        except (OSError, ValueError):
-            return None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                self.returncode = int((self.workdir / "exit").read_text())
-            except (OSError, ValueError):
-                if self.zygote.poll() is not None:  # the zygote is gone: nothing will reap or report it
-                    self.returncode = self.zygote.returncode if self.pid is None else -signal.SIGKILL
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        pid = self.pid
-        if pid is not None and self.poll() is None:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("model server", timeout or 0)
-            time.sleep(0.01)
-        assert self.returncode is not None
-        return self.returncode
 
 
 class ModelServerProcess:
@@ -166,7 +71,7 @@ class ModelServerProcess:
         self.workdir = workdir
         self.ready_file = workdir / "ready.json"
         self.log_path = workdir / "server.log"
-        self._proc: subprocess.Popen[bytes] | _Forked | None = None
+        self._proc: subprocess.Popen[bytes] | Forked | None = None
         self._facts: dict[str, object] | None = None
         self.instances: list[ServingInstance] = []
         self.startup_s: float | None = None
@@ -194,7 +99,7 @@ class ModelServerProcess:
             (self.workdir / stale).unlink(missing_ok=True)
         self._terminated = False
         self._started_at = time.monotonic()
-        self._proc = _Forked(self.workdir, zygote)
+        self._proc = Forked(self.workdir, zygote)
         _live.add(self)
         weakref.finalize(self, _kill, self._proc)
 
@@ -311,7 +216,7 @@ class ModelServerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _kill(proc: subprocess.Popen[bytes] | _Forked) -> None:
+def _kill(proc: subprocess.Popen[bytes] | Forked) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(STOP_GRACE_S)
