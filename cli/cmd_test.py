@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
                          "uncovered": [{"id": r.id, "origin": str(r.origin)} for r in report.uncovered]},
         }, indent=1, sort_keys=True))
     else:
-        for e in report.errors:
-            print(f"error: {e}")
+        for problem in report.errors:
+            print(f"error: {problem}")
         for r in report.results:
             print(f"{'PASS' if r.passed else 'FAIL'}: {r.file}: {r.name}")
             for f in r.failures:
@@ -100,6 +100,6 @@ def run(args: argparse.Namespace) -> int:
         if args.coverage:
             covered = report.rules - len(report.uncovered)
             print(f"coverage: {covered}/{report.rules} rules exercised")
-            for r in report.uncovered:
-                print(f"  not exercised: {r.id} ({r.origin})")
-    return 0 if report.ok else 1
+            for rule in report.uncovered:
+                print(f"  not exercised: {rule.id} ({rule.origin})")
+    return Exit.OK if report.ok else Exit.FAILED
