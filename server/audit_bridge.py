@@ -306,7 +306,7 @@ class AuditBridge:
         if state == self._state:
             return
         self._state = state
-        if state is not None:
+        if state is not None and self.log.stopped != "closed":  # (a clean close is not news)
             log.error("%s", state)
         for fn in self._watchers:
             try:
