@@ -292,7 +292,7 @@ def test_a_forked_pool_stops_one_server_alone_and_reports_a_bad_one(model_files:
 
     bare = tmp_path / "bare.onnx"
     onnx.save_model(build_transformer(TransformerSpec(vocab=8, d_model=4, heads=1, layers=1, d_ff=8, max_len=4)), str(bare))
-    bad = ModelPool([ServerSpec((InstanceSpec("a@h/g", full),)), ServerSpec((InstanceSpec("x@h/g", bare, name="x"),))],
+    bad = ModelPool([ServerSpec((InstanceSpec("x@h/g", bare, name="x"),)), ServerSpec((InstanceSpec("a@h/g", full),))],
                     workdir=tmp_path / "bad")
     with pytest.raises(ModelServerError) as err:
         bad.start(timeout=30)
