@@ -189,6 +189,17 @@ def test_a_stalled_request_is_reset_at_its_budget_alone_and_answered_by_the_back
     assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"]
     assert acts[2].target == pick.gpu_key and "x-retry-count: 1" in acts[1].detail
     assert f"{pick.per_try_timeout_ms} ms" in acts[0].detail
+    # ... and in the audit log itself: the decision and its three acts, joined by the decision id
+    from policyc.audit.query import AuditReader
+
+    deadline, stored, decision = time.monotonic() + 5, [], None
+    while time.monotonic() < deadline and (len(stored) < 3 or decision is None):
+        with AuditReader.open(gateway.workdir / "audit.db") as reader:
+            decision, stored = reader.decision(stalled.decision_id), reader.actions_for(stalled.decision_id)
+        time.sleep(0.05)
+    assert decision is not None and decision.record.placement.instance == pick.instance_id  # type: ignore[union-attr]
+    assert [e.record.kind for e in stored] == ["cancel_stream", "redirect", "report_anomaly"]
+    assert stored[0].record.rule == pick.breaker.name and stored[0].record.rule_origin is not None  # type: ignore[union-attr]
 
 
 def test_the_anomaly_lowers_the_chosen_gpus_health_on_the_next_tick(gateway: Gateway, client: OipClient) -> None:
