@@ -83,7 +83,7 @@ class Demo:
                 try:
                     self._mix(traffic)
                     self._congestion(traffic, server, real)
-                    self._budget_break(traffic, gateway, pool, real)
+                    self._budget_break(traffic, gateway, pool, real, server)
                 finally:
                     traffic.close()
                 self.say.head("the decision API alone: what `policyc serve` answers without a gateway")
@@ -194,13 +194,17 @@ class Demo:
             server.cluster.clear(port)
         server.refresher.tick()
 
-    def _budget_break(self, t: Traffic, gw: Gateway, pool: ModelPool, real: list[RealInstance]) -> None:
+    def _budget_break(self, t: Traffic, gw: Gateway, pool: ModelPool, real: list[RealInstance],
+                      server: DecisionServer) -> None:
         self.say.head("a request stalls on its model server: broken at its budget, answered by the backup")
         primaries = [r.id for r in real if r.role == "primary"]
         cancelled_before = {i: _metric(pool.instance(i).http_endpoint, "policyc_modelserver_cancelled_total", i)
                             for i in primaries}
         assert gw.envoy is not None
         envoy_before = gw.envoy.stats(POOL_STATS)
+        slots = {r.id: r.slot for r in real}
+        snap = server.refresher.current()
+        score_before = {i: snap.gpu_score(slots[i].host, slots[i].gpu) for i in primaries}
         o = t.send("finance request to fraud-scorer; its model server is told to hold it 3 s",
                    {"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}, extra={wire.STALL_MS: "3000"})
         a = o.answer
@@ -224,6 +228,13 @@ class Demo:
             self.say.say(f"  action: {r.kind:<15} {r.target:<40} {r.outcome:<8} {r.detail}")
         if {r.kind for r in records} != {"cancel_stream", "redirect", "report_anomaly"}:
             raise DemoError("the gateway did not record the break, the redirect and the anomaly")
+        broken = slots[reset[0]]
+        before = score_before[reset[0]]
+        after = server.refresher.tick().gpu_score(broken.host, broken.gpu)
+        self.say.say(f"  placer: {broken.host}/{broken.gpu} score {before:.3f} before the request → {after:.3f} on the "
+                     "next tick (the reported anomaly lowered its health)")
+        if not after < before:
+            raise DemoError("the reported anomaly did not lower the GPU's score")
 
     # ------------------------------------------------------------------ audit
     def _audit(self, audit_path: Path) -> None:

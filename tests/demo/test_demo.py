@@ -29,7 +29,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "pinned at 89 % watermark", "traffic moved: `fraud-scorer@",
         "(simplified variant,", "retry 1)", "1 stream reset by Envoy while held", "upstream_rq_per_try_timeout +1",
         "upstream_cx_destroy +0", "the backup saw x-retry-count: 1",
-        "action: cancel_stream", "action: redirect", "action: report_anomaly",
+        "action: cancel_stream", "action: redirect", "action: report_anomaly", "(the reported anomaly lowered its health)",
         # the decision API alone
         "ADMITTED  recommender →", "`catalog-api` → http-us-west (direct,",
         "ADMITTED  support-chatbot →", "`conversation-store` → host-", "/nvme (local, 3.20 ms ≤ 4 ms)",
