@@ -216,7 +216,12 @@ class AuditLog:
         if not p.parent.is_dir():
             raise AuditLogUnavailable(f"{p}: directory `{p.parent}` does not exist")
         key = signing_key if signing_key is None or isinstance(signing_key, Ed25519PrivateKey) else checkpoints.load_private_key(os.fspath(signing_key))
-        lock = open(f"{p}.lock", "a")  # noqa: SIM115 (held for the log's lifetime)
+        if p.exists() and not p.is_file():
+            raise AuditLogUnavailable(f"{p}: not a regular file; an audit log is a file of its own")
+        try:
+            lock = open(f"{p}.lock", "a")  # noqa: SIM115 (held for the log's lifetime)
+        except OSError as e:
+            raise AuditLogUnavailable(f"{p}: cannot create the log's lock file `{p}.lock`: {e.strerror}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

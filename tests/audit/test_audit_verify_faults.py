@@ -189,3 +189,14 @@ def test_serve_refuses_a_damaged_log_in_one_line(log: Path, tmp_path: Path, caps
     code = main(["serve", "--bundle", str(tmp_path / "bundle.json"), "--audit-log", str(tmp_path / "a.db"), "--audit-key", str(tmp_path / "bad.key")])
     _, err = capsys.readouterr()
     assert code == 2 and "not an ed25519 private key" in err, err
+
+
+@pytest.mark.parametrize(("where", "says"), [("missing/audit.db", "does not exist"), ("a-directory", "not a regular file"),
+                                             ("/dev/null", "not a regular file"), ("not-a-log.txt", "not an audit log")])
+def test_unusable_audit_paths_are_refused_in_one_line(tmp_path: Path, where: str, says: str) -> None:
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "not-a-log.txt").write_text("hello\n" * 100)
+    from policyc.audit.errors import AuditLogUnavailable
+
+    with pytest.raises(AuditLogUnavailable, match=says):
+        AuditLog.open(tmp_path / where if not where.startswith("/") else where)
