@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
@@ -102,8 +103,6 @@ class Gateway:
     def _publish(self, endpoints: tuple[str, ...], timeout: float = 5.0) -> None:
         """Wait until Envoy holds every endpoint (admin `/clusters`), then let the picker use them."""
         assert self.envoy is not None
-        import time
-
         deadline = time.monotonic() + timeout
         want = set(endpoints)
         while time.monotonic() < deadline:
