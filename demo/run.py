@@ -152,18 +152,17 @@ class Demo:
         ]
         if any(o.answer is None for o in ok):
             raise DemoError("an admissible request through the gateway got no answer")
-        refused: list[tuple[Outcome, int | None]] = [
+        refused: list[tuple[Outcome, int]] = [
             (t.send("healthcare asking for a US region: a rule excludes every instance",
                     {"X-Tenant": "st-marys", "X-Model": "clinical-notes", "X-Data-Region": "us-east"}), 403),
-            # the gateway's refusal for a model none of whose instances has an endpoint (its status is the picker's call)
             (t.send("the support chatbot: its instances are simulated, none has an endpoint",
-                    {"X-Model": "support-chatbot"}), None),
+                    {"X-Model": "support-chatbot"}), 503),
             (t.send("a malformed header", {"X-SLO-Latency": "fast", "X-Data-Region": "us-west"}), 400),
             (t.send("a misspelt header", {"X-Data-Regoin": "us-west"}), 400),
             (t.send("an unknown tenant", {"X-Tenant": "acme-bnak"}), 400),
         ]
         for o, status in refused:
-            if o.answer is not None or (status is not None and HTTP_OF.get(o.code) != status):
+            if o.answer is not None or HTTP_OF.get(o.code) != status:
                 raise DemoError(f"expected a {status} refusal through the gateway, got {o.code.name} {o.reason}")
         status, _ = t.send_http("the misspelt header again, from an HTTP/1.1 client", {"X-Data-Regoin": "us-west"})
         if status != 400:

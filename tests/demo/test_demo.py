@@ -24,6 +24,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "OK  fraud-scorer answered by `fraud-scorer@", "OK  clinical-notes answered by `clinical-notes@",
         "PERMISSION_DENIED (HTTP 403, rule)  rejected by `routing.data-region`, `compliance.healthcare-eu`",
         "INVALID_ARGUMENT (HTTP 400, bad-header)  header `X-SLO-Latency`: `fast` is not a time",
+        "UNAVAILABLE (HTTP 503, no-instance)  no instance can serve this request", "none has an endpoint",
         "did you mean `X-Data-Region`?", "did you mean `acme-bank`?", "HTTP 400  header `x-data-regoin`",
         # congestion moves the traffic, the stalled request is broken at its budget and retried
         "pinned at 89 % watermark", "traffic moved: `fraud-scorer@",
