@@ -3,6 +3,7 @@ LIVE, read its stats, stop it. Nothing here knows what the bootstrap says."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import signal
@@ -11,12 +12,23 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Any
 
 
 class EnvoyError(RuntimeError):
     """Envoy could not be found, refused its configuration or did not become ready."""
+
+
+_live: "weakref.WeakSet[EnvoyProcess]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """An Envoy this process started never outlives it (a test or command that failed)."""
+    for e in list(_live):
+        e.stop(timeout=2.0)
 
 
 def envoy_binary() -> str:
@@ -61,6 +73,7 @@ class EnvoyProcess:
              "--disable-hot-restart"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        _live.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
