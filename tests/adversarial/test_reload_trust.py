@@ -117,7 +117,8 @@ def test_a_signed_valid_bundle_is_accepted_and_both_outcomes_are_audited(served,
     details: list[str] = []
     for _ in range(100):  # the writer makes records durable within a group-commit window
         with AuditReader.open(audit) as reader:
-            details = [e.record.detail for e in reader.entries(kind=EntryKind.ACTION, limit=10_000)]  # type: ignore[union-attr]
+            details = [e.record.detail for e in reader.entries(kind=EntryKind.ACTION, limit=10_000)  # type: ignore[union-attr]
+                       if e.record.kind == "bundle_reload" and e.record.target == "bundle"]  # type: ignore[union-attr]
         if any("accepted (ReloadBundle)" in d for d in details) and any("refused (ReloadBundle)" in d for d in details):
             break
         time.sleep(0.05)
