@@ -1,9 +1,11 @@
 """`policyc modelserver`: serve ONNX models carrying their contracts with KServe over the
-Open Inference Protocol (v2 gRPC and REST); each model is one instance with its own gRPC
-port (its endpoint), all of them on one REST port. See `modelserver/command.py`.
+Open Inference Protocol (v2 gRPC and REST). Each `--model` is one instance with its own
+gRPC port (its endpoint); the options after it, up to the next `--model`, are that
+instance's. The process's REST port serves the model names one instance answers. See
+`modelserver/command.py`.
 
-Exit codes: 0 stopped by SIGTERM/SIGINT; 2 usage errors (no model, a bad NAME=VALUE pair,
-a model file that cannot be served, a port that cannot be bound).
+Exit codes: 0 stopped by SIGTERM/SIGINT; 2 usage errors (no model, a misplaced option, a
+model file that cannot be served, a port that cannot be bound).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p = add_command(sub, "modelserver", help="serve ONNX models with KServe over OIP v2 gRPC and REST",
                     description=__doc__, codes=(Exit.OK, Exit.USAGE),
                     examples=["policyc modelserver --model fraud-scorer.onnx --grpc-port 8081 --http-port 8080",
-                              ("policyc modelserver --model lite=lite.onnx --simplified lite=lite-small.onnx "
-                               "--alias lite=fraud-scorer --instance lite=lite@host-02/gpu0 --grpc-port 0 --http-port 0 "
-                               "--ready-file ready.json   # a backup answering fraud-scorer's retries")])
+                              ("policyc modelserver --model lite.onnx --instance fraud-scorer-lite@host-02/gpu0 "
+                               "--simplified lite-small.onnx --alias fraud-scorer --grpc-port 8082 --http-port 8080"
+                               "   # a backup answering fraud-scorer's retries with its simplified variant"),
+                              ("policyc modelserver --grpc-port 0 --http-port 0 --ready-file ready.json "
+                               "--model a.onnx --instance a@host-01/gpu0 --model a.onnx --instance a@host-01/gpu1"
+                               "   # two replicas, each its own port")])
     add_arguments(p)
     p.set_defaults(func=run)
 
