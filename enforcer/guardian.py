@@ -451,6 +451,11 @@ class Guardian:
                                  dry_run=outcome is Outcome.DRY_RUN, detail=detail,
                                  source="guardian" if self._plane.kernel_enforcement else "userspace"))
 
+    @property
+    def plane(self) -> EnforcementPlane:
+        """The enforcement plane the guardian drives (kernel or user space)."""
+        return self._plane
+
     def close(self) -> None:
         self._watch.close()
         self._slow.shutdown(wait=True)

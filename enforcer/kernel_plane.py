@@ -181,6 +181,11 @@ class KernelPlane:
             os.close(fd)
             self._cgroups.remove((fd, path))
 
+    def attached_programs(self) -> int:
+        """BPF programs attached now: two per observed interface (ingress, egress), two per
+        cgroup (connect4, connect6). The decision service's metrics read it."""
+        return 2 * len(self._tc) + 2 * len(self._cgroups)
+
     @property
     def cgroup2_root(self) -> Path | None:
         return self._cgroup2

@@ -93,7 +93,9 @@ class DecisionServer:
             if self.replica is not None:
                 self.guardian.set_fence(self.replica)  # self-heal and quarantine: the elected leader only
             self.engine.on_reload(lambda st: self.guardian.load_bundle(st.bundle))  # type: ignore[union-attr]
-            self.metrics.watch_enforcer(self.actions.memory.records, self.guardian.active)
+            plane = self.guardian.plane
+            self.metrics.watch_enforcer(self.actions.memory.records, self.guardian.active,
+                                        lambda: plane.attached_programs() if hasattr(plane, "attached_programs") else 0)
             if config.watch_gpus:
                 self.gpu_watch = GpuWatch(self.guardian)
                 self.refresher.on_refresh(self.gpu_watch.on_refresh)

@@ -40,9 +40,11 @@ class Metrics:
         self.registry_size.set_function(registry_size)
         self.staleness.set_function(staleness)
 
-    def watch_enforcer(self, records: list, active_streams: Callable[[], int]) -> None:  # type: ignore[type-arg]
-        """Expose the enforcer's series (its action sink's records, its active streams)."""
-        self.registry.register(EnforcerSeries(records, active_streams))
+    def watch_enforcer(self, records: list, active_streams: Callable[[], int],  # type: ignore[type-arg]
+                       attached_programs: Callable[[], int]) -> None:
+        """Expose the enforcer's series (its action sink's records, its active streams, the
+        BPF programs its plane has attached)."""
+        self.registry.register(EnforcerSeries(records, active_streams, attached_programs))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

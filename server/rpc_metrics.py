@@ -5,7 +5,8 @@ call pays a dictionary update and a bisect (about a microsecond), not prometheus
 per-call label walk. Families: `policyc_rpc_requests_total{method, code}` and
 `policyc_rpc_seconds{method}` (server-side, from the handler's start to its answer);
 `policyc_enforcer_actions_total{kind, outcome}`, `policyc_enforcer_quarantines_total` and
-`policyc_enforcer_active_streams` from the guardian and its action sink.
+`policyc_enforcer_active_streams` and `policyc_enforcer_programs_attached` from the guardian,
+its plane and its action sink.
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ class EnforcerSeries(Collector):
     sink's append-only record list, from where the last scrape stopped), quarantines, and
     the streams it is timing now."""
 
-    def __init__(self, records: list[Any], active_streams: Callable[[], int]) -> None:
+    def __init__(self, records: list[Any], active_streams: Callable[[], int], attached_programs: Callable[[], int]) -> None:
         self._records = records
         self._active = active_streams
+        self._attached = attached_programs
         self._seen = 0
         self._actions: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -115,3 +117,6 @@ class EnforcerSeries(Collector):
         g = GaugeMetricFamily("policyc_enforcer_active_streams", "Requests whose budget the guardian is timing now")
         g.add_metric([], self._active())
         yield g
+        p = GaugeMetricFamily("policyc_enforcer_programs_attached", "BPF programs attached by the kernel plane (0 in user space)")
+        p.add_metric([], self._attached())
+        yield p

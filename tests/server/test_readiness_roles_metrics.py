@@ -171,3 +171,4 @@ def test_metrics_on_their_own_address_per_rpc_and_totals_apart(bundle, tmp_path:
     assert 'stage="total"' not in text  # a sum over `stage` counts each decision once
     assert 'policyc_decision_stage_seconds_count{stage="match"} 5.0' in text
     assert "policyc_enforcer_active_streams 0.0" in text and "policyc_enforcer_quarantines_total 0.0" in text
+    assert "policyc_enforcer_programs_attached 0.0" in text  # the user-space plane attaches none
