@@ -27,7 +27,7 @@ from policyc.audit.verify import verify
 from policyc.cli.keys import generate, load_public
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
-from policyc.server.audit_bridge import FLUSH_AFTER, WINDOW
+from policyc.server.audit_bridge import WINDOW
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,9 @@ def test_kill_9_of_the_writer_makes_decide_refuse_within_one_window(bundle: Bund
             refusal = client.first_refusal_after(killed)
             took = refusal.at - killed
             assert refusal.code is grpc.StatusCode.UNAVAILABLE and str(log) in refusal.details and "audit writer" in refusal.details
-            assert took <= FLUSH_AFTER, f"first refusal {took * 1000:.1f} ms after the writer died"
+            # typically a few ms (the acknowledgement pipe's end is seen at once); the bound is the documented
+            # window, which holds on a loaded shared machine too (188 ms seen at load 9.5 on 2 vCPUs)
+            assert took <= WINDOW, f"first refusal {took * 1000:.1f} ms after the writer died"
             deadline = time.monotonic() + 2
             while health.Check(health_pb2.HealthCheckRequest(service="")).status != health_pb2.HealthCheckResponse.NOT_SERVING:
                 assert time.monotonic() < deadline, "health stayed SERVING after the audit writer died"
