@@ -121,7 +121,7 @@ class _Checker:
             if v.func != "has" or len(v.args) != 1 or not isinstance(v.args[0], ast.Name):
                 self.err("E404", f"unknown function `{v.func}`" if v.func != "has" else "`has` takes one request variable",
                          v.span, "conditions may call `has(request.NAME)`")
-            var = self.request_var(v.args[0])  # type: ignore[arg-type]
+            var = self.request_var(v.args[0])
             if var is None:
                 self.err("E405", "`has` takes a request variable such as `request.slo`", v.args[0].span)
             return Test(var=var, origin=ref(v.span))
@@ -186,7 +186,7 @@ class _Checker:
                     self.err("E409", "a requirement compares an instance attribute", v.span,
                              f"known attributes: {', '.join(sorted(INSTANCE_ATTRIBUTES))}")
                 left, right, lattr, op = right, left, rattr, FLIP[op]
-            t = attribute_type(lattr)  # type: ignore[arg-type]
+            t = attribute_type(lattr)
             if isinstance(right, ast.Name) and right.parts[0] == "request":
                 var = self.request_var(right)
                 vt = self.scope.vars[var]  # type: ignore[index]
@@ -229,11 +229,11 @@ class _Checker:
         if t in QUANTITY_TYPES:
             if not isinstance(v, ast.Quantity) or v.of is not None:
                 self.err("E301", f"`{what}` is {units.describe(t)}, found {shape(v)}", v.span)
-            si = units.to_si(v.number, v.unit, t)  # type: ignore[union-attr]
+            si = units.to_si(v.number, v.unit, t)
             if si is None:
-                got = units.quantity_type(v.unit)  # type: ignore[union-attr]
+                got = units.quantity_type(v.unit)
                 self.err("E303", f"`{what}` is {units.describe(t)}, found {units.describe(got)}", v.span)
-            return si  # type: ignore[return-value]
+            return si
         if t == "bool":
             if isinstance(v, ast.Name) and v.dotted in BOOL_WORDS:
                 return BOOL_WORDS[v.dotted]
@@ -249,7 +249,7 @@ class _Checker:
             return v.value
         if not isinstance(v, ast.Name) or len(v.parts) != 1:
             self.err("E309", f"`{what}` is a name, found {shape(v)}", v.span)
-        word = v.parts[0]  # type: ignore[union-attr]
+        word = v.parts[0]
         if var == "tenant_class" and word not in self.scope.tenant_classes:
             self.err("E411", f"no tenant has class `{word}`", v.span,
                      did_you_mean(word, self.scope.tenant_classes) or "declare tenants in a `tenants` block")

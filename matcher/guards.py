@@ -37,20 +37,20 @@ COMPARATORS: dict[str, Callable[[Any, Any], Any]] = {  # operator functions: the
 def compile_guard(e: Expr) -> Predicate:
     """`guard_holds(e, vars)` as a closure; callers have checked presence of every read."""
     if e.op == "test":
-        name = e.var  # type: ignore[union-attr]
-        if e.cmp is None:  # type: ignore[union-attr]
+        name = e.var
+        if e.cmp is None:
             return lambda v: name in v
-        cmp = COMPARATORS[e.cmp]  # type: ignore[union-attr]
+        cmp = COMPARATORS[e.cmp]
         const = e.operand.value  # type: ignore[union-attr]
         return lambda v: cmp(v[name], const)
     if e.op == "and":
-        parts = tuple(compile_guard(a) for a in e.args)  # type: ignore[union-attr]
+        parts = tuple(compile_guard(a) for a in e.args)
         return lambda v: all(p(v) for p in parts)
     if e.op == "or":
-        parts = tuple(compile_guard(a) for a in e.args)  # type: ignore[union-attr]
+        parts = tuple(compile_guard(a) for a in e.args)
         return lambda v: any(p(v) for p in parts)
     if e.op == "not":
-        inner = compile_guard(e.arg)  # type: ignore[union-attr]
+        inner = compile_guard(e.arg)
         return lambda v: not inner(v)
     raise ValueError(f"an instance attribute in a guard: {e}")
 

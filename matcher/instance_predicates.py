@@ -22,24 +22,24 @@ InstancePredicate = Callable[[Mapping[str, Scalar]], bool]
 def compile_static(e: Expr) -> InstancePredicate:
     """`require_holds(e, attrs, {})` as a closure; `e` must read no request variable."""
     if e.op == "atom":
-        if e.operand.kind != "const":  # type: ignore[union-attr]
+        if e.operand.kind != "const":
             raise ValueError(f"a requirement that reads a request value is not static: {e}")
-        attr = e.attr  # type: ignore[union-attr]
-        cmp = COMPARATORS[e.cmp]  # type: ignore[union-attr]
-        const = e.operand.value  # type: ignore[union-attr]
-        absent = e.cmp in NEGATIVE_CMPS  # type: ignore[union-attr]
+        attr = e.attr
+        cmp = COMPARATORS[e.cmp]
+        const = e.operand.value
+        absent = e.cmp in NEGATIVE_CMPS
 
         def atom(attrs: Mapping[str, Scalar]) -> bool:
             have = attrs.get(attr)
             return absent if have is None else cmp(have, const)
         return atom
     if e.op == "and":
-        parts = tuple(compile_static(a) for a in e.args)  # type: ignore[union-attr]
+        parts = tuple(compile_static(a) for a in e.args)
         return lambda attrs: all(p(attrs) for p in parts)
     if e.op == "or":
-        parts = tuple(compile_static(a) for a in e.args)  # type: ignore[union-attr]
+        parts = tuple(compile_static(a) for a in e.args)
         return lambda attrs: any(p(attrs) for p in parts)
     if e.op == "not":
-        inner = compile_static(e.arg)  # type: ignore[union-attr]
+        inner = compile_static(e.arg)
         return lambda attrs: not inner(attrs)
     raise ValueError(f"a request test in a requirement: {e}")

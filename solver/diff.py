@@ -30,6 +30,7 @@ import z3
 
 from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, Contract, RequestRule, Scalar, SourceRef
 from policyc.compiler.meaning import CONTRACT_ATTRIBUTES, fixed_attributes
+from policyc.compiler.meaning import CONTRACT_ATTRIBUTES, fixed_attributes
 
 from .classes import InstanceClass, group
 from .domains import Domains, domains

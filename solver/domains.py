@@ -48,7 +48,7 @@ def leaves(e: Expr | None):
     if e.op in ("atom", "test"):
         yield e
     elif e.op in ("and", "or"):
-        for a in e.args:  # type: ignore[union-attr]
+        for a in e.args:
             yield from leaves(a)
     else:
         yield from leaves(e.arg)  # type: ignore[union-attr]

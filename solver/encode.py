@@ -29,10 +29,10 @@ def _cmp(cmp: str, left: z3.ExprRef, right: z3.ExprRef) -> z3.BoolRef:
 def compare(space: Space, slot: Slot, cmp: str, right: z3.ExprRef | tuple[z3.ExprRef, ...]) -> z3.BoolRef:
     """`slot cmp right`, with absent labels and an infinite SLO handled as in semantics."""
     if cmp in ("in", "not_in"):
-        inside = z3.Or([slot.value == r for r in right]) if right else z3.BoolVal(False)  # type: ignore[union-attr]
+        inside = z3.Or([slot.value == r for r in right]) if right else z3.BoolVal(False)
         body = inside if cmp == "in" else z3.Not(inside)
     else:
-        body = _cmp(cmp, slot.value, right)  # type: ignore[arg-type]
+        body = _cmp(cmp, slot.value, right)
     if slot.infinite is not None:  # inf compares greater than every real
         body = z3.If(slot.infinite, z3.BoolVal(cmp in ("!=", ">", ">=")), body)
     if slot.present is not None:
@@ -53,7 +53,7 @@ class RuleEncoder:
         if isinstance(e, Test):
             slot = self._req_slot(e.var)
             if e.cmp is None:
-                return slot.present  # type: ignore[return-value]
+                return slot.present
             v = e.operand.value  # type: ignore[union-attr]
             right = tuple(sp.const(slot.kind, x) for x in v) if isinstance(v, tuple) else sp.const(slot.kind, v)
             return compare(sp, Slot(slot.kind, slot.value), e.cmp, right)
@@ -95,7 +95,7 @@ class RuleEncoder:
                 continue
             slot = sp.var(name, vd.type)
             if vd.always_present:
-                out.append(slot.present)  # type: ignore[arg-type]
+                out.append(slot.present)
             cond: list[z3.BoolRef] = []
             if vd.type in QUANTITY_TYPES:
                 cond.append(slot.value >= 0)
@@ -104,13 +104,13 @@ class RuleEncoder:
             elif vd.values is not None:
                 cond.append(z3.Or([slot.value == sp.code(v) for v in vd.values]))
             if cond:
-                out.append(z3.Implies(slot.present, z3.And(cond)))  # type: ignore[arg-type]
+                out.append(z3.Implies(slot.present, z3.And(cond)))
         tenant = sp.var("tenant", dom.vars["tenant"].type)
         tclass = sp.var("tenant_class", "name")
         known = [tenant.value == sp.code(t) for t in sorted(dom.tenants)]
-        out.append(tclass.present == z3.And(tenant.present, z3.Or(known) if known else z3.BoolVal(False)))  # type: ignore[arg-type]
+        out.append(tclass.present == z3.And(tenant.present, z3.Or(known) if known else z3.BoolVal(False)))
         for t, cls in sorted(dom.tenants.items()):
-            out.append(z3.Implies(z3.And(tenant.present, tenant.value == sp.code(t)), tclass.value == sp.code(cls)))  # type: ignore[arg-type]
+            out.append(z3.Implies(z3.And(tenant.present, tenant.value == sp.code(t)), tclass.value == sp.code(cls)))
         return z3.And(out)
 
     def contract_domain(self, c: Contract) -> z3.BoolRef:
@@ -120,7 +120,7 @@ class RuleEncoder:
         out: list[z3.BoolRef] = [a(k).value == sp.code(str(fixed[k])) for k in ("model", "version")]
         out += [a(k).value == real(fixed_quantity(c, k)) for k in ("flops_min", "flops_max", "bandwidth")]
         slo = a("slo_latency")
-        out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency)) if c.slo else slo.infinite)  # type: ignore[arg-type]
+        out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency)) if c.slo else slo.infinite)
         regions = contract_regions(c, dom)
         if regions is not None:
             out.append(z3.Or([a("region").value == sp.code(r) for r in regions]))
@@ -131,14 +131,14 @@ class RuleEncoder:
         elif c.gpu_arch:
             out.append(z3.Or([a("gpu_arch").value == sp.code(x) for x in c.gpu_arch]))
         for s in c.security:
-            out.append(a(s).value)  # type: ignore[arg-type]
+            out.append(a(s).value)
         if c.session is not None and c.session.state != "remote":
             out.append(a("session_state").value == sp.code(c.session.state))
         labels = dict(c.labels)
         for k in dom.label_keys:
             if k in labels:
                 ls = a("labels." + k)
-                out.append(z3.And(ls.present, ls.value == sp.code(labels[k])))  # type: ignore[arg-type]
+                out.append(z3.And(ls.present, ls.value == sp.code(labels[k])))
         return z3.And(out)
 
     def instance_frame(self) -> z3.BoolRef:
@@ -179,7 +179,7 @@ class RuleEncoder:
             out.append(a(attr).value == sp.of(attr)(model))
         slo = a("slo_latency")
         out.append(z3.And(z3.Not(slo.infinite), slo.value == sp.of("slo_latency")(model)) if k.has_slo
-                   else slo.infinite)  # type: ignore[arg-type]
+                   else slo.infinite)
         # implied by the members' facts, stated so the solver can discard a whole class
         # (an SLO below every member's) without trying its members one by one
         for attr in ("flops_min", "flops_max", "bandwidth") + (("slo_latency",) if k.has_slo else ()):
@@ -193,13 +193,13 @@ class RuleEncoder:
         if k.archs is not None:
             out.append(z3.Or([a("gpu_arch").value == sp.code(x) for x in k.archs]))
         for s in k.security:
-            out.append(a(s).value)  # type: ignore[arg-type]
+            out.append(a(s).value)
         if k.session is not None:
             out.append(a("session_state").value == sp.code(k.session))
         for key, value in k.labels:
             if value is not None:
                 ls = a("labels." + key)
-                out.append(z3.And(ls.present, ls.value == sp.code(value)))  # type: ignore[arg-type]
+                out.append(z3.And(ls.present, ls.value == sp.code(value)))
         return z3.And(out)
 
     def fleet_domain(self, classes: tuple[InstanceClass, ...], exact: tuple[Contract, ...] = ()) -> z3.BoolRef:

@@ -13,6 +13,7 @@ from typing import Mapping
 
 from policyc.compiler.bundle import Bundle, Contract, RequestRule, Scalar
 from policyc.compiler.meaning import fixed_attributes
+from policyc.compiler.meaning import fixed_attributes
 from policyc.compiler.semantics import admits, applicable_rules
 
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, usable_gpus

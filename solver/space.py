@@ -122,11 +122,11 @@ class Space:
         if slot.kind == "bool":
             return z3.is_true(v)
         if slot.kind == "name":
-            n = v.as_long()  # type: ignore[attr-defined]
+            n = v.as_long()
             return self.names[n] if 0 <= n < len(self.names) else f"{OTHER_PREFIX}{n}"
         if z3.is_algebraic_value(v):
-            v = v.approx(20)  # type: ignore[attr-defined]
-        frac = v.as_fraction()  # type: ignore[attr-defined]
+            v = v.approx(20)
+        frac = v.as_fraction()
         return float(frac)
 
     def witness(self, model: z3.ModelRef, req_vars: set[str] | None = None) -> tuple[dict[str, Scalar], dict[str, Scalar]]:
