@@ -26,7 +26,7 @@ class FieldViolation:
     description: str
 
 
-@dataclass
+@dataclass(eq=False)  # exceptions keep identity equality and hashing
 class ClientError(Exception):
     """The service refused the call: its status code, message and details."""
 
