@@ -30,7 +30,31 @@ def _set(mutation: "base_pb2.HeaderMutation", key: str, value: str) -> None:  # 
     mutation.set_headers.add(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE)
 
 
-def forward(pick: Pick) -> ep.ProcessingResponse:
+_HEADS: dict[tuple[str, int | None, str, int], bytes] = {}
+_HEADS_MAX = 1024
+
+
+def forward_bytes(pick: Pick) -> bytes:
+    """`forward(pick)` serialized, the part every pick of the same endpoints, budget and
+    retry shares built once: protobuf reads concatenated messages as one merged message,
+    so the decision id's header, serialized alone, joins the same header mutation."""
+    key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks))
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        head = _HEADS[key] = forward(pick, with_decision_id=False).SerializeToString()
+    tail = ep.ProcessingResponse()
+    _set(tail.request_headers.response.header_mutation, DECISION_HEADER, pick.decision_id)
+    return head + tail.SerializeToString()
+
+
+def serialize(message: ep.ProcessingResponse | bytes) -> bytes:
+    """The picker's response serializer: messages, or bytes already serialized."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def forward(pick: Pick, *, with_decision_id: bool = True) -> ep.ProcessingResponse:
     """Continue upstream: the endpoints in the `envoy.lb` metadata (what the override-host
     load balancer reads) and in `x-gateway-destination-endpoint` (the same value, as the
     protocol asks), the per-try timeout, the retry's headers, the decision id."""
@@ -38,7 +62,8 @@ def forward(pick: Pick) -> ep.ProcessingResponse:
     m = r.request_headers.response.header_mutation
     value = pick.endpoints
     _set(m, ENDPOINT_KEY, value)
-    _set(m, DECISION_HEADER, pick.decision_id)
+    if with_decision_id:
+        _set(m, DECISION_HEADER, pick.decision_id)
     m.remove_headers.extend(CLIENT_CONTROLS)
     if pick.per_try_timeout_ms is not None:
         _set(m, PER_TRY_TIMEOUT, str(pick.per_try_timeout_ms))

@@ -39,7 +39,7 @@ from .acts import Acts, Break
 from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
 from .pick import Pick, plan_pick
 from .pool import Pool
-from .request_view import header_map, policy_headers, shape_key
+from .request_view import policy_view, shape_key
 
 log = logging.getLogger("policyc.gateway")
 
@@ -119,7 +119,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             for did in picked:
                 self._open.pop(did, None)
 
-    async def _request_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse:
+    async def _request_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse | bytes:
         t0 = time.perf_counter()
         try:
             return await self._pick(req, t0, picked)
@@ -128,13 +128,12 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             self._count("internal")
             return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}"))
 
-    async def _pick(self, req: ep.ProcessingRequest, t0: float, picked: list[str]) -> ep.ProcessingResponse:
+    async def _pick(self, req: ep.ProcessingRequest, t0: float, picked: list[str]) -> ep.ProcessingResponse | bytes:
         limit = self.config.max_in_flight
         if len(self._open) >= limit:
             self._count("shed")
             return messages.immediate(refusal.shed(self.in_flight, limit))
-        headers = header_map((h.key, _value(h)) for h in req.request_headers.headers.headers)
-        policy = policy_headers(headers, self.config.forwarded_headers)
+        policy = policy_view(((h.key, _value(h)) for h in req.request_headers.headers.headers), self.config.forwarded_headers)
         try:
             d, _, durable = self.service.decide_shape(self.shapes, shape_key(policy),
                                                       lambda: DecisionInput(policy, {}, routable_only=True), t0)
@@ -163,7 +162,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         recent[pick.decision_id] = pick
         if len(recent) > RECENT:
             recent.popitem(last=False)
-        return messages.forward(pick)
+        return messages.forward_bytes(pick)
 
     def _response_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse:
         opened = self._open.get(picked[-1]) if picked else None

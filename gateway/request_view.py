@@ -35,6 +35,18 @@ def policy_headers(headers: Mapping[str, str], forwarded: frozenset[str] = froze
             if k not in PASSTHROUGH_HEADERS and k not in forwarded and not k.startswith(NOT_POLICY_PREFIXES)}
 
 
+def policy_view(pairs: Iterable[tuple[str, str]], forwarded: frozenset[str] = frozenset()) -> dict[str, str]:
+    """`policy_headers(header_map(pairs), forwarded)` in one pass (the picker's hot path:
+    most of a request's headers are skipped before their value is even read)."""
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        k = k.lower()
+        if k in PASSTHROUGH_HEADERS or k in forwarded or k.startswith(NOT_POLICY_PREFIXES):
+            continue
+        out[k] = f"{out[k]},{v}" if k in out else v
+    return out
+
+
 def shape_key(headers: Mapping[str, str]) -> bytes:
     """The request-shape cache key: the policy headers, sorted (one shape per distinct set)."""
     return "\n".join(f"{k}\x00{v}" for k, v in sorted(headers.items())).encode("utf-8", "surrogateescape")

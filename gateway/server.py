@@ -10,7 +10,7 @@ pick: the decision service is ready and the pool has an instance with an endpoin
 from __future__ import annotations
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpc_health.v1 import health, health_pb2_grpc
 
 from policyc.server.app import DecisionServer
@@ -18,6 +18,7 @@ from policyc.server.readiness import Readiness
 from policyc.server.transport import TransportError
 
 from .acts import Acts
+from .messages import serialize
 from .picker import EndpointPicker, PickerConfig, RuleTables
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -49,7 +50,10 @@ class PickerServer:
 
     async def start(self) -> int:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        ep_grpc.add_ExternalProcessorServicer_to_server(self.picker, server)
+        # the stubs' handler, but with a serializer that also takes the picker's pre-serialized answers
+        process = grpc.stream_stream_rpc_method_handler(self.picker.Process, request_deserializer=ep.ProcessingRequest.FromString,
+                                                        response_serializer=serialize)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": process}),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")

@@ -101,3 +101,24 @@ def test_only_the_policys_headers_reach_the_parser_and_the_shape_key() -> None:
 def test_service_errors_map_to_http_and_grpc(status: Status, http: int, grpc_code: int) -> None:
     r = from_error(ServiceError(status, "why", ("one", "two")))
     assert (r.http_status, r.grpc_status, r.reason, r.problems) == (http, grpc_code, "why", ("one", "two"))
+
+
+def test_the_pre_serialized_forward_is_the_same_message() -> None:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from policyc.gateway.messages import forward, forward_bytes
+    from policyc.gateway.pick import Pick
+    from policyc.gateway.pool import Member
+
+    backup = Member("lite@h/g2", "fraud-scorer-lite", "127.0.0.1:8003", "h/g2", 0.5)
+    for fallbacks, timeout in (((backup,), 43), ((), None)):
+        for did in ("a" * 32, "b" * 32):  # the second reuses the cached head
+            pick = Pick(did, "fraud-scorer", "fs@h/g0", "127.0.0.1:8001", "h/g0", fallbacks, timeout, None, None,
+                        (("x-retry-count", "1"),) if fallbacks else (), 14.0, 0)
+            got, want = ep.ProcessingResponse.FromString(forward_bytes(pick)), forward(pick)
+            def headers(m: ep.ProcessingResponse) -> dict[str, bytes]:
+                return {h.header.key: h.header.raw_value for h in m.request_headers.response.header_mutation.set_headers}
+            assert headers(got) == headers(want) and headers(got)["x-policyc-decision-id"] == did.encode()
+            got.request_headers.response.header_mutation.ClearField("set_headers")
+            want.request_headers.response.header_mutation.ClearField("set_headers")
+            assert got == want  # metadata, removed headers, mode override
