@@ -30,7 +30,6 @@ import z3
 
 from policyc.compiler.bundle import SECURITY_ATTRS, Bundle, Contract, RequestRule, Scalar, SourceRef
 from policyc.compiler.meaning import CONTRACT_ATTRIBUTES, fixed_attributes
-from policyc.compiler.meaning import CONTRACT_ATTRIBUTES, fixed_attributes
 
 from .classes import InstanceClass, group
 from .domains import Domains, domains
@@ -163,9 +162,9 @@ class Differ:
         for key, slot in self.space.request.items():
             name = key.rsplit(":", 1)[0]
             if name in req:
-                s.add(slot.present, slot.value == self.space.const(slot.kind, req[name]))  # type: ignore[arg-type]
+                s.add(slot.present, slot.value == self.space.const(slot.kind, req[name]))
             else:
-                s.add(z3.Not(slot.present))  # type: ignore[arg-type]
+                s.add(z3.Not(slot.present))
 
     def _difference(self, model: z3.ModelRef, direction: Direction, compliance: tuple[str, ...] = ()) -> Difference:
         req, attrs = self.space.witness(model)

@@ -13,7 +13,6 @@ from typing import Mapping
 
 from policyc.compiler.bundle import Bundle, Contract, RequestRule, Scalar
 from policyc.compiler.meaning import fixed_attributes
-from policyc.compiler.meaning import fixed_attributes
 from policyc.compiler.semantics import admits, applicable_rules
 
 from .domains import QUANTITY_TYPES, SESSION_STATES, Domains, contract_regions, usable_gpus
@@ -61,7 +60,7 @@ def contract_admits(contract: Contract, dom: Domains, attrs: Attrs) -> bool:
         return False
     gpu = attrs.get("gpu_model")
     if dom.gpus:
-        if gpu not in usable_gpus(contract, dom) or attrs.get("gpu_arch") != dom.gpus[gpu][0]:  # type: ignore[index]
+        if gpu not in usable_gpus(contract, dom) or attrs.get("gpu_arch") != dom.gpus[gpu][0]:
             return False
     elif contract.gpu_arch and attrs.get("gpu_arch") not in contract.gpu_arch:
         return False
