@@ -216,6 +216,7 @@ class AuditBridge:
         # time of the oldest decision in it, acknowledged already). Appended under `_lock`.
         self._handed: collections.deque[tuple[int, int, float, bool]] = collections.deque()
         self._handed_lost = 0  # acknowledged decisions of hand-overs found unstored
+        self._pruning = threading.Lock()
         # sync mode: drafts of this loop turn, and (ticket, future, time) waiting for durability
         self._sync: list[tuple[DecisionWire, asyncio.Future[int], float]] = []
         self._waiting: collections.deque[tuple[int, asyncio.Future[int], float]] = collections.deque()
@@ -274,22 +275,20 @@ class AuditBridge:
         self._watchers.append(fn)
 
     def _prune(self) -> None:
-        """Forget hand-overs whose records are all settled (counting any not stored)."""
-        acked = self.log.acked
-        handed = self._handed
-        while handed:
-            try:
-                first, end, _, acknowledged = handed[0]
-            except IndexError:  # another thread pruned it
-                return
-            if end > acked:
-                return
-            try:
-                handed.popleft()
-            except IndexError:
-                return
-            if acknowledged:
-                self._handed_lost += self.log.unstored(first, end)
+        """Forget hand-overs whose records are all settled (counting any not stored). One
+        thread at a time (the loop, the timer, the acknowledgement thread and a metrics
+        scrape all call it); a thread that finds another pruning leaves it to that one."""
+        if not self._pruning.acquire(blocking=False):
+            return
+        try:
+            acked = self.log.acked
+            handed = self._handed
+            while handed and handed[0][1] <= acked:
+                first, end, _, acknowledged = handed.popleft()
+                if acknowledged:
+                    self._handed_lost += self.log.unstored(first, end)
+        finally:
+            self._pruning.release()
 
     def _oldest_undurable(self) -> float | None:
         self._prune()
