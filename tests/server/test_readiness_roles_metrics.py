@@ -133,6 +133,13 @@ def test_client_reads_error_details_and_tells_down_from_refused(bundle) -> None:
             err = e.value
             assert err.code is grpc.StatusCode.FAILED_PRECONDITION and not isinstance(err, Unavailable)
             assert any("tpm" in p for p in err.problems) and any("region" in p for p in err.problems), err.problems
+            # the google.rpc.Status details (grpc_status.rpc_status.from_call): ErrorInfo and BadRequest
+            assert err.domain == "policyc" and err.reason.startswith("E7"), (err.domain, err.reason)
+            assert err.violations and all(v.field == "deployment" for v in err.violations)
+            with pytest.raises(ClientError) as e:
+                c.decide({"X-SLO-Latency": "fast"})
+            assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert [v.field for v in e.value.violations] == ["X-SLO-Latency"] and "not a time" in e.value.violations[0].description
             with pytest.raises(ClientError) as e:
                 c.decide({"X-Tenant": "acme-bnak"})
             assert e.value.code is grpc.StatusCode.NOT_FOUND and "unknown tenant" in e.value.message
