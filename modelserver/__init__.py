@@ -2,7 +2,7 @@
 onnxruntime over the Open Inference Protocol — v2 gRPC (HTTP/2, what the gateway sends
 upstream) and v2 REST — each answer saying which registered instance answered.
 
-Modules (import what you need; only `serve`, `onnx_model` and `oip` import KServe):
+Modules (import what you need; only `serve`, `onnx_model` and `zygote` import KServe):
 
 - `wire`         header, metadata and parameter names (read this first)
 - `model_files`  the ONNX files served: real transformer graphs with their contract
@@ -16,7 +16,8 @@ Modules (import what you need; only `serve`, `onnx_model` and `oip` import KServ
                  imported KServe once (a second of CPU saved per process)
 - `client`       `OipClient`, `infer_request`, `parse_answer`, `token_ids`, `Answer`,
                  REST helpers `rest_body` / `parse_rest_answer`
-- `oip`          KServe's OIP gRPC stubs (`pb`, `pb_grpc`, `MODEL_INFER_PATH`)
+- `oip`          KServe's OIP messages without importing KServe (`pb`), a client
+                 stub (`InferenceStub`), `MODEL_INFER_PATH`
 - `onnx_model`   `OnnxModel`, the `kserve.Model` subclass (onnxruntime, stall control,
                  retry → simplified variant)
 - `serve`        one server process: KServe's DataPlane, RESTServer and gRPC servicer

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import wire
 from .model_files import MAX_LEN, VOCAB
-from .oip import pb, pb_grpc
+from .oip import InferenceStub, pb
 
 Metadata = Sequence[tuple[str, str]]
 
@@ -129,7 +129,7 @@ class OipClient:
     def __init__(self, target: str | grpc.Channel) -> None:
         self._own = isinstance(target, str)
         self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
-        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+        self.stub = InferenceStub(self.channel)
 
     def infer(self, model: str, ids: np.ndarray | Sequence[Sequence[int]], *, metadata: Metadata = (),
               timeout: float = 10.0, request_id: str = "") -> Answer:

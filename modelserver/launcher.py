@@ -39,7 +39,7 @@ from typing import Iterator, Sequence
 import grpc
 
 from .forked import Forked
-from .oip import pb, pb_grpc
+from .oip import InferenceStub, pb
 from .specs import InstanceSpec, ServerSpec, ServingInstance
 
 __all__ = ["InstanceSpec", "ModelPool", "ModelServerError", "ModelServerProcess", "ServerSpec", "ServingInstance"]
@@ -125,7 +125,7 @@ class ModelServerProcess:
             names = [str(inst["model"]), *inst["aliases"]]  # type: ignore[misc]
             endpoint = f"{self._fact('host')}:{inst['grpc_port']}"
             with grpc.insecure_channel(endpoint) as channel:
-                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                stub = InferenceStub(channel)
                 while True:
                     try:
                         left = max(0.1, deadline - time.monotonic())

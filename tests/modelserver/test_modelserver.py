@@ -25,7 +25,7 @@ from policyc.modelserver import wire
 from policyc.modelserver.client import OipClient, answer_of, parse_rest_answer, rest_body, token_ids
 from policyc.modelserver.launcher import InstanceSpec, ModelPool, ModelServerError, ServerSpec
 from policyc.modelserver.model_files import ModelFiles
-from policyc.modelserver.oip import pb, pb_grpc
+from policyc.modelserver.oip import InferenceStub, pb
 from policyc.onnxgate.reference_models import TransformerSpec, build_transformer
 
 
@@ -88,7 +88,7 @@ def test_grpc_typed_contents_are_read_too(pool: ModelPool, model_files: dict[str
     tensor = pb.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[1, 5],
                                                    contents=pb.InferTensorContents(int64_contents=ids.ravel().tolist()))
     with grpc.insecure_channel(pool.endpoint(PRIMARY)) as ch:
-        r = pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(pb.ModelInferRequest(model_name="fraud-scorer", inputs=[tensor]))
+        r = InferenceStub(ch).ModelInfer(pb.ModelInferRequest(model_name="fraud-scorer", inputs=[tensor]))
     logits = np.frombuffer(r.raw_output_contents[0], dtype=np.float32).reshape(list(r.outputs[0].shape))
     np.testing.assert_allclose(logits, _direct(model_files["fraud-scorer"].full, ids), rtol=1e-5, atol=1e-5)
     assert r.parameters[wire.PARAM_INSTANCE].string_param == PRIMARY
@@ -221,7 +221,7 @@ def test_a_malformed_grpc_request_gets_a_clear_error(pool: ModelPool, tensor: pb
                                                      message: str) -> None:
     with grpc.insecure_channel(pool.endpoint(PRIMARY)) as ch:
         with pytest.raises(grpc.RpcError) as e:
-            pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(pb.ModelInferRequest(model_name="fraud-scorer", inputs=[tensor]),
+            InferenceStub(ch).ModelInfer(pb.ModelInferRequest(model_name="fraud-scorer", inputs=[tensor]),
                                                             timeout=5)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (e.value.details() or "")
