@@ -39,7 +39,6 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
 from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
-from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
 
 from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
