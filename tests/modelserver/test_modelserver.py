@@ -299,3 +299,15 @@ def test_a_forked_pool_stops_one_server_alone_and_reports_a_bad_one(model_files:
     assert "no embedded contract" in str(err.value)
     assert bad._zygote is not None and bad._zygote.poll() is not None
     assert not any(p.running for p in bad.processes)
+
+
+def test_the_client_side_needs_no_kserve_import_and_speaks_its_types() -> None:
+    """The OIP messages come from KServe's generated file without importing the package;
+    importing KServe afterwards gives the very same classes."""
+    code = ("import sys; from policyc.modelserver import client, launcher; assert 'kserve' not in sys.modules; "
+            "from policyc.modelserver.oip import pb; "
+            "from kserve.protocol.grpc import grpc_predict_v2_pb2 as real; "
+            "assert pb.ModelInferRequest is real.ModelInferRequest and pb.ModelInferResponse is real.ModelInferResponse; "
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
