@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from policyc.compiler.attributes import BUILTIN_REQUEST_VARS
 from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, Interval, RequestRule, Test, ValueType
+from policyc.compiler.meaning import QUANTITY_KINDS
 
 SESSION_STATES: tuple[str, ...] = ("nvme", "host_memory", "remote")
-QUANTITY_TYPES = frozenset({"time", "bandwidth", "flops", "ratio", "count", "size"})
+QUANTITY_TYPES = QUANTITY_KINDS  # the quantity kinds, as the compiler defines them
 
 
 @dataclass(frozen=True, slots=True)
