@@ -4,9 +4,10 @@ Every stage reports a problem as a `Diagnostic`: a stable code (`policyc.compile
 a severity, a one-line message in lower case with user input in backticks, where it is (a
 source `Span`, or for a request or registration the `field` it is about, such as a header
 name), an optional help line and related notes (e.g. the other clauses of an unsat core).
-The CLI prints it like a compiler (`dsl.diagnostics.render_text`), `--format json` and
-audit records use `to_json`, and the gRPC API sends it as a `google.rpc.Status` whose
-`ErrorInfo` holds the code and whose `BadRequest` names the field (`server/rich_status.py`).
+The CLI prints it like a compiler (`dsl.diagnostics.render_text`), `--format json` prints
+`to_json`, the bundle keeps its warnings in this shape, and the gRPC API sends it as a
+`google.rpc.Status` whose `ErrorInfo` holds the code and whose `BadRequest` names the field
+(`server/rich_status.py`).
 
 Standard library only: the parser, the compiler and the runtime all import it, and the
 runtime never imports `dsl/`.
