@@ -170,9 +170,13 @@ def test_a_stall_that_runs_out_is_answered_with_its_hold(pool: ModelPool) -> Non
 
 
 def test_stall_needs_stall_control_and_never_holds_a_retry(pool: ModelPool) -> None:
-    with OipClient(pool.endpoint(BACKUP)) as c:  # started without stall control
+    with OipClient(pool.endpoint(BACKUP)) as c:  # started without stall control: the header is not even read
         a = c.infer("fraud-scorer-lite", token_ids(8), metadata=[(wire.STALL_MS, "3000")], timeout=2)
-    assert a.stalled_ms == 0
+        b = c.infer("fraud-scorer-lite", token_ids(8), metadata=[(wire.STALL_MS, "soon")], timeout=2)
+    assert a.stalled_ms == 0 and b.stalled_ms == 0
+    with OipClient(pool.endpoint(PRIMARY_LITE)) as c, pytest.raises(grpc.RpcError) as e:  # stall control on
+        c.infer("fraud-scorer-lite", token_ids(8), metadata=[(wire.STALL_MS, "soon")], timeout=2)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-policyc-stall-ms" in (e.value.details() or "")
     with OipClient(pool.endpoint(PRIMARY)) as c:  # stall control on, but a retry is not stalled
         a = c.infer("fraud-scorer", token_ids(8), metadata=[(wire.STALL_MS, "3000"), (wire.RETRY_COUNT, "1")], timeout=2)
     assert a.stalled_ms == 0 and a.retry_count == 1 and a.variant == wire.FULL  # no simplified variant there
