@@ -235,7 +235,7 @@ def fleet_scale(args: argparse.Namespace) -> None:
     new_raw = sum(tuple(q.vars.items()) not in seen for _, q in parsed)
     lat: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
     counts: dict[str, list[int]] = {k: [] for k in fleet_shapes.KINDS}
-    plans, bases = ix.plans, ix.bases
+    plans, bases = ix.reduced, ix.bases
     h0, m0, bh0, bm0 = plans.hits, plans.misses, bases.hits, bases.misses
     cpu: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
     pc, tc = time.perf_counter_ns, time.thread_time_ns
@@ -385,15 +385,16 @@ def five_contracts(args: argparse.Namespace) -> None:
         t = pc()
         reg.match(q, 1)
         churn[kind].append((pc() - t) / 1e3)
-    size, bsize = plans.size, ix.bases.size
-    plans.size = ix.bases.size = 0
-    plans.clear()
-    ix.bases.clear()
+    sizes = [(c, c.size) for c in (plans, ix.reduced, ix.bases)]
+    for c, _ in sizes:
+        c.size = 0
+        c.clear()
     for kind, q in parsed:  # no plan cache: planned and intersected from scratch
         t = pc()
         reg.match(q, 1)
         cold[kind].append((pc() - t) / 1e3)
-    plans.size, ix.bases.size = size, bsize
+    for c, size in sizes:
+        c.size = size
     gc.enable()
     all_lat = [x for k in KINDS for x in lat[k]]
     print("\nmatch(request, k=1) on parsed requests, µs (floor: p50 ≤ 20, p99 ≤ 100)")

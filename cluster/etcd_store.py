@@ -148,6 +148,13 @@ class EtcdStore:
             if "not found" not in str(e):
                 raise
 
+    async def time_to_live(self, lease: int) -> int | None:
+        try:
+            info = await self._client.get_lease_info(lease, keys=False)
+        except (aetcd.ClientError, rpc.AioRpcError):
+            return None
+        return int(info.TTL) if info.TTL > 0 else None
+
     async def transact(self, guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> tuple[bool, int]:
         compare = []
         for g in guards:

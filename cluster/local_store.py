@@ -192,6 +192,10 @@ class LocalStore:
         if self._leases.pop(lease, None) is not None:
             self._drop_keys_of(lease)
 
+    async def time_to_live(self, lease: int) -> int | None:
+        got = self._leases.get(lease)
+        return None if got is None else max(0, int(got[1] - time.monotonic()))
+
     def _drop_keys_of(self, lease: int) -> None:
         doomed = [k for k, e in self._kv.items() if e.lease == lease]
         if doomed:

@@ -80,14 +80,7 @@ async def gather(store: FleetStore, keys: Keys) -> ClusterView:
 
 
 async def _ttl_left(store: FleetStore, lease: int) -> int | None:
-    client = getattr(store, "_client", None)
-    if client is None or not lease:
-        return None
-    try:
-        info = await client.get_lease_info(lease, keys=False)
-        return int(info.TTL)
-    except Exception:  # noqa: BLE001 - a lease that just lapsed: shown as unknown
-        return None
+    return await store.time_to_live(lease) if lease else None
 
 
 def render(view: ClusterView) -> str:

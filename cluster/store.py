@@ -115,6 +115,10 @@ class FleetStore(Protocol):
 
     async def revoke(self, lease: int) -> None: ...
 
+    async def time_to_live(self, lease: int) -> int | None:
+        """Seconds the lease has left (None: unknown, or it has lapsed)."""
+        ...
+
     async def transact(self, guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> tuple[bool, int]:
         """Apply `ops` when every guard holds: (applied, revision)."""
         ...

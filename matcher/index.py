@@ -34,7 +34,7 @@ from policyc.compiler.semantics import atoms, value_reads
 from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Vars
 from .guards import compile_applies
 from .instance_predicates import compile_static
-from .plan import BASE_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
+from .plan import BASE_CACHE_SIZE, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .result import AppliedRule
 
 BLOOM_KINDS = ("equality", "set", "boolean")
@@ -107,9 +107,12 @@ class FleetIndex:
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
         self.version = 0  # bumped by every insert / delete: cached candidates are older
-        self.plans = PlanCache(plan_cache)  # reduced shape -> Plan
+        self.plans = PlanCache(min(plan_cache, EXACT_CACHE_SIZE))  # typed request -> Plan (a repeated request's fast path)
+        self.reduced = PlanCache(plan_cache)  # reduced shape -> Plan
         self.bases = PlanCache(min(plan_cache, BASE_CACHE_SIZE))  # reduced shape less range positions -> Base
         self.reducers = self._reducers()  # request variable -> the range attribute it is placed among
+        red = self.reducers.keys()
+        self._ranged = tuple((cr, not red.isdisjoint(cr.reads)) for cr in self.rules)  # reads a reduced variable?
 
     # ------------------------------------------------------------------ updates
     def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
@@ -340,34 +343,51 @@ class FleetIndex:
         return key, tuple(exact)
 
     def plan(self, vars: Vars) -> Plan:
-        """The plan for this typed request, with candidates current for the live fleet."""
-        key: tuple | None
+        """The plan for this typed request, with candidates current for the live fleet:
+        first by its exact values (`plans`: a repeated request pays one dict look-up), then
+        by its reduced shape (`reduced`, then `bases`)."""
+        raw: tuple | None = tuple(vars.items())
         try:
-            key, bkey = self.shape_key(vars) if self.reducers else ((k := tuple(vars.items())), k)
-            plan = self.plans.get(key)
+            plan = self.plans.get(raw)
         except TypeError:  # an unhashable value (only through `Request.of`): not cached
-            plan = None
-            key = bkey = None
+            plan, raw = None, None
         if plan is None:
-            base = self.bases.get(bkey) if key is not None else None
-            if base is None:
-                base = self._make_base(vars)
-                if key is not None:
-                    self.bases.put(bkey, base)
-            plan = Plan(dict(vars), base)
-            if key is not None:
-                self.plans.put(key, plan)
+            plan = self._reduced_plan(vars, raw is not None)
+            if raw is not None:
+                self.plans.put(raw, plan)
         if plan.version != self.version:
             self._refresh(plan)
         return plan
 
+    def _reduced_plan(self, vars: Vars, hashable: bool) -> Plan:
+        key: tuple | None = None
+        bkey: tuple | None = None
+        if hashable:
+            key, bkey = self.shape_key(vars) if self.reducers else ((k := tuple(vars.items())), k)
+            plan = self.reduced.get(key)
+            if plan is not None:
+                return plan
+        base = self.bases.get(bkey) if key is not None else None
+        if base is None:
+            base = self._make_base(vars)
+            if key is not None:
+                self.bases.put(bkey, base)
+        plan = Plan(dict(vars), base, base.applied)
+        if key is not None:
+            self.reduced.put(key, plan)
+        return plan
+
     def _make_base(self, vars: Vars) -> Base:
         own = dict(vars)
-        rules = tuple([cr for cr in self.rules if cr.applies(own)])
-        red = self.reducers
-        ranged = tuple(cr.require for cr in rules if not red.keys().isdisjoint(cr.reads))
-        exact = tuple(cr.require for cr in rules if red.keys().isdisjoint(cr.reads))
-        return Base(own, rules, tuple(cr.applied for cr in rules), exact, ranged, self._clauses(rules, own))
+        rules: list[CompiledRule] = []
+        exact: list[BitmapFn] = []
+        ranged: list[BitmapFn] = []
+        for cr, reads_range in self._ranged:
+            if cr.applies(own):
+                rules.append(cr)
+                (ranged if reads_range else exact).append(cr.require)
+        return Base(own, tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged),
+                    self._clauses(rules, own))
 
     def _refresh_base(self, base: Base) -> None:
         """Recompute a base: Bloom first, then the exact terms intersected smallest first
@@ -428,11 +448,15 @@ class FleetIndex:
             return
         cand = base.bm
         v = plan.vars
+        live = len(self.live)
         for t in base.ranged:
             bm = t(v)
-            if not bm:
+            n = len(bm)
+            if not n:
                 plan.cand, plan.count = EMPTY, 0
                 return
+            if n == live:  # a subset of the live set as large as it: changes nothing
+                continue
             cand = bm if cand is None else cand & bm
         if cand is None:
             plan.cand, plan.count = self.live, len(self.live)

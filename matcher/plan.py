@@ -8,7 +8,9 @@ through its place among that attribute's distinct values: `X-SLO-Latency: 137.25
 are keyed by their **reduced shape** (`FleetIndex.shape_key`): exact values, except such a
 quantity, which becomes its position among the values (and the version of that value set).
 
-Plans come in two levels, each in a bounded LRU (`PlanCache`, oldest out one at a time):
+A repeated request finds its plan by its exact values first (`FleetIndex.plans`, the
+cheapest key: one tuple of the typed variables). Below that, plans come in two levels, each
+in a bounded LRU (`PlanCache`, oldest out one at a time):
 
 - a `Base`, keyed by the reduced shape *without* the range positions: the rules that apply,
   their Bloom clauses and the shards surviving them, and the intersection of every term
@@ -41,6 +43,7 @@ from .result import AppliedRule
 
 PLAN_CACHE_SIZE = 16384
 BASE_CACHE_SIZE = 2048
+EXACT_CACHE_SIZE = 4096
 Term = Callable[[Mapping[str, Scalar]], BitMap]
 
 
@@ -68,6 +71,7 @@ class Plan:
 
     vars: Mapping[str, Scalar]  # the first such request's own values (a private copy)
     base: Base
+    applied: tuple[AppliedRule, ...]  # the base's (read on every match: kept here)
     version: int = -1  # index membership version of `cand`
     cand: BitMap | None = None  # may be the index's own bitmap: never mutate
     count: int = 0
@@ -75,10 +79,6 @@ class Plan:
     @property
     def rules(self) -> tuple[CompiledRule, ...]:
         return self.base.rules
-
-    @property
-    def applied(self) -> tuple[AppliedRule, ...]:
-        return self.base.applied
 
     @property
     def clauses(self) -> tuple[frozenset[BloomKey], ...]:

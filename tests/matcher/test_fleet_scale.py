@@ -136,7 +136,7 @@ def test_requests_of_one_reduced_shape_share_a_plan() -> None:
     reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
     slos = sorted({c.slo.latency for c in fleet.bundle.contracts if c.slo})
     lo, hi = slos[3], slos[4]
-    plans = reg.index.plans
+    plans = reg.index.reduced
     first = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
     size = len(plans)
     again = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + 2 * (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
