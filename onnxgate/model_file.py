@@ -81,8 +81,40 @@ def read_model(source: ModelSource) -> onnx.ModelProto:
 def read_model_with_weights(path: str | Path) -> onnx.ModelProto:
     """The full model, external data included (for executing it in onnxruntime)."""
     model = read_model(path)
+    _check_external_data(model, Path(path).parent, str(path))
     try:
         onnx.load_external_data_for_model(model, str(Path(path).parent))
     except (OSError, ValueError) as e:
         raise ModelFileError(f"{path}: cannot load the model's external weights: {e}") from None
     return model
+
+
+def _check_external_data(model: onnx.ModelProto, base: Path, origin: str) -> None:
+    """Every external weight file is a regular file inside the model's folder, and the
+    whole is at most `MAX_ONNX_BYTES`: a location naming a FIFO (or a link to /dev/zero)
+    would block or exhaust the loader, which reads them without such checks."""
+    import os
+    import stat
+
+    total = 0
+    seen: set[str] = set()
+    for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in init.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if not location or Path(location).is_absolute() or not target.is_relative_to(base.resolve()):
+            raise ModelFileError(f"{origin}: weight `{init.name[:64]}` points outside the model's folder ({location[:128]!r})")
+        if location in seen:
+            continue
+        seen.add(location)
+        try:
+            st = os.stat(target)
+        except OSError as e:
+            raise ModelFileError(f"{origin}: weight file `{location[:128]}`: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelFileError(f"{origin}: weight file `{location[:128]}` is not a regular file")
+        total += st.st_size
+        if total > limits.MAX_ONNX_BYTES:
+            raise ModelFileError(f"{origin}: external weights exceed {limits.MAX_ONNX_BYTES >> 30} GiB")
