@@ -2,8 +2,9 @@
 install` and `python -m build` do, with whatever setuptools the index has, no
 `--no-build-isolation`), installed into a fresh virtual environment outside the checkout,
 then `policyc serve` answering the real `grpcurl` (listing services, health, a Decide),
-an instance registered and a decision made with the installed CLI, and `policyc demo`
-run from the wheel alone.
+an instance registered and a decision made with the installed CLI, `policyc demo` run
+from the wheel alone, and at last the sdist installed over it by pip (built in isolation
+again) and checking the shipped examples.
 
 The fresh venv's dependencies install while the build runs (pip's cache and the index
 are shared with the machine, so a warm run is about a minute; a cold CI machine pays the
@@ -192,5 +193,11 @@ def _build_install_and_use(src: Path, dist: Path, venv: Path, work: Path, deps: 
     demo = subprocess.run([str(bin_ / "policyc"), "demo"], cwd=work, env=run_env, capture_output=True, text=True, timeout=600)
     demo_s = time.monotonic() - t_demo
     assert demo.returncode == 0, f"policyc demo from the wheel exited {demo.returncode}:\n{demo.stdout[-3000:]}\n{demo.stderr[-3000:]}"
+
+    # the sdist installs by itself too (pip builds it in isolation) and carries everything the wheel did
+    _run([str(bin_ / "pip"), "install", "-q", "--no-compile", "--no-deps", "--force-reinstall", str(sdist)], timeout=600, env=env)
+    checked = _run([str(bin_ / "policyc"), "check", where[0]], timeout=300, cwd=work, env=run_env).stdout
+    assert "ok: " in checked and "contracts" in checked
+    _run([str(bin_ / "python"), "-c", "import policyc.server.app, policyc.client"], timeout=120, cwd=work, env=run_env)
     print(f"isolated build {built:.1f} s; venv with dependencies ready at {installed:.1f} s; demo {demo_s:.1f} s; "
           f"everything {time.monotonic() - t0:.1f} s")
