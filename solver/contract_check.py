@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import z3
 
-from policyc.compiler.bundle import Contract, GpuClass, SourceRef
-from policyc.compiler.diagnostic import Diagnostic, Note, Span, error, warning
+from policyc.compiler.bundle import Contract, GpuClass
+from policyc.compiler.diagnostic import Diagnostic, Note, error, warning
 
 from .contract_clauses import Clause, ContractFacts, clause_origin, describe, facts
 from .verdict import Verdict, new_solver, verdict
@@ -110,9 +110,6 @@ def check(f: ContractFacts, solver: z3.Solver | None = None) -> ContractVerdict:
     return ContractVerdict(v, core)
 
 
-def span(ref: SourceRef) -> Span:
-    return ref.span()
-
 
 def _why(f: ContractFacts, core: tuple[Clause, ...]) -> str:
     c = set(core)
@@ -152,9 +149,9 @@ def check_contract(contract: Contract, catalog: tuple[GpuClass, ...], solver: z3
     result = check(f, solver)
     if result.verdict is Verdict.SAT:
         return []
-    where = span(contract.origin)
+    where = contract.origin.span()
     if result.verdict is Verdict.UNKNOWN:
         return [warning("W502", f"could not decide whether contract `{contract.name}` is feasible (solver timeout)", where)]
-    notes = [Note(span(clause_origin(contract, c)), describe(contract, c, f)) for c in result.core]
+    notes = [Note(clause_origin(contract, c).span(), describe(contract, c, f)) for c in result.core]
     return [error("E501", f"contract `{contract.name}` is infeasible: {_why(f, result.core)}", where,
                   _help(f, result.core), notes)]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import z3
 
-from policyc.compiler.bundle import Atom, Bundle, RequestRule, SourceRef, Test
-from policyc.compiler.diagnostic import Diagnostic, Note, Span, error, warning
+from policyc.compiler.bundle import Atom, Bundle, RequestRule, Test
+from policyc.compiler.diagnostic import Diagnostic, Note, error, warning
 
 from policyc.compiler.attributes import attribute_type
 from policyc.compiler.units import format_si
@@ -27,9 +27,6 @@ from .encode import RuleEncoder
 from .space import Space
 from .verdict import Verdict, new_solver, verdict
 
-
-def span(ref: SourceRef) -> Span:
-    return ref.span()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,17 +150,17 @@ def check_rules(bundle: Bundle, *, per_contract: bool = False) -> list[Diagnosti
     for rule in bundle.rules:
         res = a.unsat_rule(rule)
         if res is Verdict.UNKNOWN:
-            diags.append(warning("W502", f"could not decide whether rule `{rule.id}` is satisfiable (solver timeout)", span(rule.origin)))
+            diags.append(warning("W502", f"could not decide whether rule `{rule.id}` is satisfiable (solver timeout)", rule.origin.span()))
             dead.add(rule.id)
         elif isinstance(res, RuleUnsat):
             dead.add(rule.id)
             what = ("its `when` condition holds for no declared request" if res.guard_only
                     else "no declared instance meets its requirement when it applies" if res.domain
                     else "its requirement contradicts itself")
-            notes = [Note(span(n.origin), f"conflicting condition {_describe(n, a)}") for n in res.core]
+            notes = [Note(n.origin.span(), f"conflicting condition {_describe(n, a)}") for n in res.core]
             if res.domain:
                 notes.append(Note(None, "instances range over the bundle's contracts, GPU catalog and declared regions"))
-            diags.append(error("E502", f"rule `{rule.id}` can never be satisfied: {what}", span(rule.origin),
+            diags.append(error("E502", f"rule `{rule.id}` can never be satisfied: {what}", rule.origin.span(),
                                "remove the rule or relax the conflicting conditions", notes))
     live = [r for r in bundle.rules if r.id not in dead]
     index = {r.id: i for i, r in enumerate(bundle.rules)}
@@ -173,12 +170,12 @@ def check_rules(bundle: Bundle, *, per_contract: bool = False) -> list[Diagnosti
                 continue
             if index[r.id] < index[s_rule.id] and a.subsumes(r, s_rule) is Verdict.UNSAT:
                 continue  # equivalent: the later one is reported
-            diags.append(warning("W501", f"rule `{r.id}` is shadowed by rule `{s_rule.id}`", span(r.origin),
+            diags.append(warning("W501", f"rule `{r.id}` is shadowed by rule `{s_rule.id}`", r.origin.span(),
                                  "whenever it applies the other applies too and demands at least as much; remove one",
-                                 [Note(span(s_rule.origin), f"rule `{s_rule.id}` is declared here")]))
+                                 [Note(s_rule.origin.span(), f"rule `{s_rule.id}` is declared here")]))
             break
         else:
             if a.never_rejects(r) is Verdict.UNSAT:
-                diags.append(warning("W503", f"rule `{r.id}` never rejects a declared instance", span(r.origin),
+                diags.append(warning("W503", f"rule `{r.id}` never rejects a declared instance", r.origin.span(),
                                      "its requirement holds for every instance the contracts allow"))
     return diags
