@@ -31,7 +31,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                               ("policyc serve --bundle bundle.json --token operator:$OPS_TOKEN --token client:$APP_TOKEN "
                                "--tls-cert srv.pem --tls-key srv.key --host 0.0.0.0"),
                               "policyc serve --bundle bundle.json --metrics-address 127.0.0.1:9464 --audit-log audit.db"])
-    p.add_argument("--bundle", required=True, help="compiled bundle (policyc compile … -o bundle.json)")
+    p.add_argument("--bundle", required=True, help="compiled bundle (policyc compile … -o bundle.json; `-`: stdin, not reloadable by SIGHUP)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle must be signed by it")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     p.add_argument("--port", type=_port, default=50051, help="listen port (0: ephemeral; default 50051)")
@@ -124,7 +124,8 @@ def run(args) -> int:
                 load_private(args.audit_key)
             except KeyError_ as e:
                 return _fail(str(e))
-        bundle = bundle_io.load(args.bundle, public_key=key)
+        bundle = bundle_io.loads(sys.stdin.read(), origin="<stdin>", public_key=key) if args.bundle == "-" \
+            else bundle_io.load(args.bundle, public_key=key)
         tokens = Tokens.parse(args.token)
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
@@ -165,6 +166,10 @@ def run(args) -> int:
         stop = asyncio.Event()
 
         def reload() -> None:
+            if args.bundle == "-":
+                print("policyc serve: SIGHUP: the bundle came from stdin, there is no file to reload "
+                      "(use `policyc reload FILE`)", file=sys.stderr)
+                return
             async def go() -> None:
                 try:
                     if server.replica is not None and cfg.fleet is not None and cfg.fleet.shared:

@@ -192,6 +192,8 @@ def cases(w: dict[str, str]) -> list[Case]:
         # serve (a running one is the fixture; here its refusals), demo (run whole by tests/packaging and the demo's tests)
         Case(["serve", "--bundle", f"{d}/tampered.json"], Exit.USAGE, lambda o, e: "does not match its hash" in e),
         Case(["serve"], Exit.USAGE),
+        Case(["serve", "--bundle", "-"], Exit.USAGE, lambda o, e: "<stdin>" in e and "does not match its hash" in e,
+             stdin=(Path(d) / "tampered.json").read_text()),
         Case(["demo", "--no-such-flag"], Exit.USAGE),
         # audit
         Case(["audit", "verify", "--log", f"{d}/audit.db", "--format", "json"], Exit.OK, lambda o, e: _js(o)["ok"], json_out=True),
