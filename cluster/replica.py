@@ -431,23 +431,29 @@ class Replica:
                 log.info("replica %s: housekeeping: %s", self.name, e)
 
     # ================================================================ doors for the serving side
-    def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:
+    def put_instances_later(self, items: list[tuple[Instance, float | None]]) -> Future[None]:
         """RegistryWriter: store the instances (no lease: they stay until deregistered)."""
         async def put() -> None:
             for inst, score in items:
                 self._known[inst.id] = (inst, score)
                 await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
-        self._wait(put(), "registration")
+        return self._run(put())
 
-    def delete_instance(self, instance_id: str) -> None:
+    def delete_instance_later(self, instance_id: str) -> Future[None]:
         async def delete() -> None:
             self._known.pop(instance_id, None)
             await self.store.delete(self.keys.instance(instance_id))
-        self._wait(delete(), "removal")
+        return self._run(delete())
 
-    def _wait(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
+    def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:
+        self._wait(self.put_instances_later(items), "registration")
+
+    def delete_instance(self, instance_id: str) -> None:
+        self._wait(self.delete_instance_later(instance_id), "removal")
+
+    def _wait(self, fut: Future[Any], what: str) -> Any:
         try:
-            return self._run(coro).result(self.cfg.op_timeout + 1)
+            return fut.result(self.cfg.op_timeout + 1)
         except TimeoutError:
             raise StoreUnavailable(f"{self.store.description}: {what} not confirmed within {self.cfg.op_timeout + 1:g} s") from None
 

@@ -271,7 +271,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
             score = request.score if request.HasField("score") else None
             if score is not None and not 0.0 <= score <= 1.0:
                 raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
-            size = self.engine.register(inst, score)
+            shared = getattr(self.engine, "register_shared", None)  # a replica: the fleet store's write, awaited off the loop
+            size = await shared(inst, score) if shared is not None else self.engine.register(inst, score)
         except ServiceError as e:
             await self._refuse(context, "RegisterInstance", e)
             raise
@@ -281,7 +282,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
     async def DeregisterInstance(self, request: pb.DeregisterInstanceRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterInstanceResponse:
         try:
             self._admit(context, Permission.REGISTER)
-            size = self.engine.deregister(request.instance_id)
+            shared = getattr(self.engine, "deregister_shared", None)
+            size = await shared(request.instance_id) if shared is not None else self.engine.deregister(request.instance_id)
         except ServiceError as e:
             await self._refuse(context, "DeregisterInstance", e)
             raise

@@ -91,3 +91,26 @@ def test_local_leases_watches_and_transactions_behave_as_etcds(tmp_path) -> None
         finally:
             await s2.close()
     asyncio.run(go())
+
+
+def test_a_registration_the_store_does_not_take_is_refused_and_undone(bundle, tmp_path, monkeypatch) -> None:
+    from policyc.cluster.store import StoreUnavailable
+
+    th = _server(bundle, tmp_path / "state")
+    try:
+        inst = admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["fraud-scorer"])[0]
+
+        async def down(*a: object, **k: object) -> int:
+            raise StoreUnavailable("the store is down (injected)")
+        monkeypatch.setattr(th.server.replica.store, "put", down)
+        dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            with pytest.raises(grpc.RpcError) as info:
+                pb_grpc.DecisionsStub(ch).RegisterInstance(
+                    pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)), timeout=10)
+        assert info.value.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        assert "no replica would serve it" in info.value.details()  # type: ignore[attr-defined]
+        assert inst.id not in th.server.state.registry
+    finally:
+        monkeypatch.undo()
+        th.stop()

@@ -241,7 +241,9 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
     dead = etcd.leader()
     etcd.kill(dead)
     t0 = time.monotonic()
-    replicas[1].server.engine.register(fleet[3])  # a write: waits out the election, then lands
+    ch, s1 = stub(replicas[1])
+    with ch:  # a registration over RPC: its store write waits out the election (off the serving loop), then lands
+        _register_rpc(s1, fleet[3])
     write_after = time.monotonic() - t0
     for th in replicas:
         eventually(lambda th=th: fleet[3].id in th.server.state.registry, 10)
