@@ -53,8 +53,15 @@ def _contracts_from_bundle(path: Path) -> tuple[Contract, ...]:
 
 
 def select_contract(path: Path, name: str) -> Contract:
-    if not path.is_file():
+    if not path.exists():
         raise _Failure(f"{path}: no such contract file")
+    if not path.is_file():  # a FIFO, a device, a directory: refused with its kind when read, never read here
+        from policyc.compiler import bounded_read
+
+        try:
+            bounded_read.read_bytes(path, 0, "contract file")
+        except bounded_read.FileRefused as e:
+            raise _Failure(str(e)) from None
     contracts = _contracts_from_bundle(path) if path.suffix == ".json" else _contracts_from_source(path)
     for c in contracts:
         if c.name == name:
