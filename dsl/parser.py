@@ -94,7 +94,8 @@ def _describe_expected(expected: set[str]) -> str:
 def _syntax_diagnostic(e: UnexpectedInput, src: Source) -> Diagnostic:
     line, col = getattr(e, "line", 1) or 1, getattr(e, "column", 1) or 1
     if isinstance(e, UnexpectedCharacters):
-        ch = src.text[e.pos_in_stream] if e.pos_in_stream < len(src.text) else ""
+        pos = e.pos_in_stream if e.pos_in_stream is not None else len(src.text)
+        ch = src.text[pos] if pos < len(src.text) else ""
         exp = _describe_expected(set(e.allowed or ()))
         return error("E101", f"unexpected character `{ch}`", Span.point(src.name, line, col),
                      help=f"expected {exp}" if exp else None)
@@ -122,7 +123,7 @@ def parse(src: Source) -> tuple[ast.File | None, list[Diagnostic]]:
         with _LOCK:
             builder.begin(src.name)
             try:
-                items = parser.parse(src.text)
+                items: list[ast.Block | ast.Field] = parser.parse(src.text)  # type: ignore[assignment]  # the reductions build AST items, not a Tree
             finally:
                 builder.depths.clear()
     except UnexpectedInput as e:
