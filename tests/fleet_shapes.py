@@ -138,14 +138,15 @@ def make_fleet(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_le
         family, slo_ms = pairs[d % len(pairs)] if d < want else rng.choice(pairs[:want])
         used.append((family, slo_ms))
         arch = rng.choice(tuple(ARCH_GPUS))
-        flags = {a: rng.random() < 0.5 for a in SECURITY}
+        tpm, enc, fw = (rng.random() < 0.5 for _ in SECURITY)
         region = rng.choice(REGIONS)
         gpu_model = rng.choice(ARCH_GPUS[arch])
         size = min(rng.randint(1, 8), n - len(insts))
         host = f"h{d:05d}"
         name = contract_name(family, slo_ms)
         for g in range(size):
-            dep = Deployment(host=host, gpu=f"gpu{g}", gpu_model=gpu_model, region=region, numa_node=g // 4, **flags)
+            dep = Deployment(host=host, gpu=f"gpu{g}", gpu_model=gpu_model, region=region, numa_node=g // 4,
+                             tpm=tpm, memory_encryption=enc, hardware_firewall=fw)
             insts.append(Instance(id=f"{name}-{host}-{g}", model=name, deployment=dep))
         d += 1
     if score_levels:
