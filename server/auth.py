@@ -93,6 +93,7 @@ DECISIONS = "/policyc.decision.v1.Decisions/"
 METHOD_PERMISSIONS: Mapping[str, Permission] = {
     DECISIONS + "Decide": Permission.DECIDE,
     DECISIONS + "DecideBatch": Permission.DECIDE,
+    DECISIONS + "MatchAll": Permission.LIST,
     DECISIONS + "Explain": Permission.EXPLAIN,
     DECISIONS + "RegisterInstance": Permission.REGISTER,
     DECISIONS + "DeregisterInstance": Permission.REGISTER,

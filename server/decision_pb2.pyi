@@ -77,6 +77,26 @@ class DecideBatchResponse(_message.Message):
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
+class MatchAllRequest(_message.Message):
+    __slots__ = ("request", "limit")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    request: DecideRequest
+    limit: int
+    def __init__(self, request: _Optional[_Union[DecideRequest, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class MatchAllResponse(_message.Message):
+    __slots__ = ("count", "instance_ids", "rules", "bundle_hash")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_HASH_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    rules: _containers.RepeatedCompositeFieldContainer[MatchedRule]
+    bundle_hash: str
+    def __init__(self, count: _Optional[int] = ..., instance_ids: _Optional[_Iterable[str]] = ..., rules: _Optional[_Iterable[_Union[MatchedRule, _Mapping]]] = ..., bundle_hash: _Optional[str] = ...) -> None: ...
+
 class SourceSpan(_message.Message):
     __slots__ = ("file", "line", "col")
     FILE_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class DecisionsStub:
                 request_serializer=decision__pb2.DecideBatchRequest.SerializeToString,
                 response_deserializer=decision__pb2.DecideBatchResponse.FromString,
                 _registered_method=True)
+        self.MatchAll = channel.unary_unary(
+                '/policyc.decision.v1.Decisions/MatchAll',
+                request_serializer=decision__pb2.MatchAllRequest.SerializeToString,
+                response_deserializer=decision__pb2.MatchAllResponse.FromString,
+                _registered_method=True)
         self.RegisterInstance = channel.unary_unary(
                 '/policyc.decision.v1.Decisions/RegisterInstance',
                 request_serializer=decision__pb2.RegisterInstanceRequest.SerializeToString,
@@ -91,6 +96,14 @@ class DecisionsServicer:
     def DecideBatch(self, request, context):
         """Many decisions in one call (a gateway's picker batching its requests): each decided as
         Decide would, in order; one call's cost spread over all of them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MatchAll(self, request, context):
+        """Every live instance the request's rules admit (unranked, no placement, nothing
+        reserved): the matcher's candidate set as it stands.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,6 +153,11 @@ def add_DecisionsServicer_to_server(servicer, server):
                     servicer.DecideBatch,
                     request_deserializer=decision__pb2.DecideBatchRequest.FromString,
                     response_serializer=decision__pb2.DecideBatchResponse.SerializeToString,
+            ),
+            'MatchAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.MatchAll,
+                    request_deserializer=decision__pb2.MatchAllRequest.FromString,
+                    response_serializer=decision__pb2.MatchAllResponse.SerializeToString,
             ),
             'RegisterInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterInstance,
@@ -243,6 +261,33 @@ class Decisions:
             '/policyc.decision.v1.Decisions/DecideBatch',
             decision__pb2.DecideBatchRequest.SerializeToString,
             decision__pb2.DecideBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MatchAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/policyc.decision.v1.Decisions/MatchAll',
+            decision__pb2.MatchAllRequest.SerializeToString,
+            decision__pb2.MatchAllResponse.FromString,
             options,
             channel_credentials,
             insecure,

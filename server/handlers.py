@@ -22,6 +22,8 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
     return {
         "Decide": u(service.decide_bytes),  # bytes in, bytes out
         "DecideBatch": u(service.decide_batch_bytes),  # bytes in, bytes out (`decide_batch.py` splits and joins)
+        "MatchAll": u(service.MatchAll, request_deserializer=decoder(pb.MatchAllRequest),
+                      response_serializer=pb.MatchAllResponse.SerializeToString),
         "Explain": u(service.Explain, request_deserializer=decoder(pb.DecideRequest),
                      response_serializer=pb.Explanation.SerializeToString),
         "RegisterInstance": u(service.RegisterInstance, request_deserializer=decoder(pb.RegisterInstanceRequest),

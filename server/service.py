@@ -36,6 +36,7 @@ from .decide_batch import BadBatch, join_decisions, split_requests
 from .feasibility_series import FeasibilitySeries
 from .metrics import Metrics
 from .prepared import Prepared
+from .request_input import to_request
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
 from .rich_status import default_code, rich_status, trailer
@@ -243,6 +244,22 @@ class DecisionService(pb_grpc.DecisionsServicer):
             self.metrics.errors.labels("DecideBatch", "INTERNAL").inc()
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in DecideBatch: {type(e).__name__}: {e}")
             raise
+
+    @_no_tracebacks
+    async def MatchAll(self, request: pb.MatchAllRequest, context: grpc.aio.ServicerContext) -> pb.MatchAllResponse:
+        """`Registry.matches` over gRPC: the request parsed as Decide parses it, then the
+        index's candidate set (its cost is the index's, not a ranked walk)."""
+        try:
+            self._admit(context, Permission.LIST, request.request.ByteSize())
+            st = self.engine.state
+            req, _ = to_request(st.registry, st.bundle, convert.decision_input(request.request))
+        except ServiceError as e:
+            await self._refuse(context, "MatchAll", e)
+            raise
+        found = st.registry.matches(req)
+        ids = [i.id for i in (found.instances if not request.limit else found.instances[:request.limit])]
+        return pb.MatchAllResponse(count=found.count, instance_ids=ids, rules=convert.matched_rules(found.bundle_hash, found.rules),
+                                   bundle_hash=found.bundle_hash)
 
     @_no_tracebacks
     async def Explain(self, request: pb.DecideRequest, context: grpc.aio.ServicerContext) -> pb.Explanation:

@@ -102,3 +102,30 @@ def test_decide_batch_answers_as_decide_does(bundle: Bundle) -> None:
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "field 1" in e.details()
     finally:
         th.stop()
+
+
+def test_match_all_lists_what_the_index_admits(bundle: Bundle) -> None:
+    """MatchAll: the count and ids `Registry.matches` gives (every one also admitted by the
+    naive scan), `limit` caps the ids and never the count; bad headers are refused."""
+    from policyc.matcher import attributes, naive_match
+
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    try:
+        reg = th.server.engine.state.registry
+        entries = [(i, attributes(i, bundle.contract(i.model), bundle), s) for i, _, s in reg.entries()]
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for h in ({"X-Tenant": "charite", "X-Data-Region": "eu-west"}, {"X-SLO-Latency": "150ms"}, {}):
+                r = stub.MatchAll(pb.MatchAllRequest(request=pb.DecideRequest(headers=h)), timeout=30)
+                want = naive_match(bundle, entries, reg.parse_request(h).vars, 1)
+                assert r.count == len(want.ids) == len(r.instance_ids) and set(r.instance_ids) == want.ids
+                assert [x.id for x in r.rules] == list(want.rules) and r.bundle_hash == bundle.content_hash
+            few = stub.MatchAll(pb.MatchAllRequest(request=pb.DecideRequest(headers={}), limit=3), timeout=30)
+            assert len(few.instance_ids) == 3 and few.count == len(entries)
+            try:
+                stub.MatchAll(pb.MatchAllRequest(request=pb.DecideRequest(headers={"X-SLO-Latency": "soon"})), timeout=30)
+                raise AssertionError("a malformed header was accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "X-SLO-Latency" in e.details()
+    finally:
+        th.stop()
