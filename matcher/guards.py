@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Mapping
 
-from policyc.compiler.bundle import Expr, RequestRule, Scalar
+from policyc.compiler.bundle import And, Const, Expr, Not, Or, RequestRule, Scalar, Test
 
 from policyc.compiler.semantics import value_reads
 
@@ -36,22 +36,21 @@ COMPARATORS: dict[str, Callable[[Any, Any], Any]] = {  # operator functions: the
 
 def compile_guard(e: Expr) -> Predicate:
     """`guard_holds(e, vars)` as a closure; callers have checked presence of every read."""
-    if e.op == "test":
-        name = e.var
-        if e.cmp is None:
+    match e:
+        case Test(var=name, cmp=None):
             return lambda v: name in v
-        cmp = COMPARATORS[e.cmp]
-        const = e.operand.value  # type: ignore[union-attr]
-        return lambda v: cmp(v[name], const)
-    if e.op == "and":
-        parts = tuple(compile_guard(a) for a in e.args)
-        return lambda v: all(p(v) for p in parts)
-    if e.op == "or":
-        parts = tuple(compile_guard(a) for a in e.args)
-        return lambda v: any(p(v) for p in parts)
-    if e.op == "not":
-        inner = compile_guard(e.arg)
-        return lambda v: not inner(v)
+        case Test(var=name, cmp=c, operand=Const(value=const)) if c is not None:
+            cmp = COMPARATORS[c]
+            return lambda v: cmp(v[name], const)
+        case And(args=args):
+            parts = tuple(compile_guard(a) for a in args)
+            return lambda v: all(p(v) for p in parts)
+        case Or(args=args):
+            parts = tuple(compile_guard(a) for a in args)
+            return lambda v: any(p(v) for p in parts)
+        case Not(arg=arg):
+            inner = compile_guard(arg)
+            return lambda v: not inner(v)
     raise ValueError(f"an instance attribute in a guard: {e}")
 
 
@@ -63,7 +62,7 @@ def compile_applies(rule: RequestRule) -> Predicate:
         only = reads[0]
         if guard is None:
             return lambda v: only in v
-        if rule.guard is not None and rule.guard.op == "test" and rule.guard.cmp is None and rule.guard.var == only:
+        if isinstance(rule.guard, Test) and rule.guard.cmp is None and rule.guard.var == only:
             return lambda v: only in v  # `when: has(request.x)` reading only x
         return lambda v: only in v and guard(v)
 

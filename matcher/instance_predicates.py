@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from policyc.compiler.bundle import Expr, Scalar
+from policyc.compiler.bundle import And, Atom, Const, Expr, Not, Or, Scalar, Var
 
 from policyc.compiler.semantics import NEGATIVE_CMPS
 from .guards import COMPARATORS
@@ -21,25 +21,24 @@ InstancePredicate = Callable[[Mapping[str, Scalar]], bool]
 
 def compile_static(e: Expr) -> InstancePredicate:
     """`require_holds(e, attrs, {})` as a closure; `e` must read no request variable."""
-    if e.op == "atom":
-        if e.operand.kind != "const":
+    match e:
+        case Atom(operand=Var()):
             raise ValueError(f"a requirement that reads a request value is not static: {e}")
-        attr = e.attr
-        cmp = COMPARATORS[e.cmp]
-        const = e.operand.value
-        absent = e.cmp in NEGATIVE_CMPS
+        case Atom(attr=attr, cmp=c, operand=Const(value=const)):
+            cmp = COMPARATORS[c]
+            absent = c in NEGATIVE_CMPS
 
-        def atom(attrs: Mapping[str, Scalar]) -> bool:
-            have = attrs.get(attr)
-            return absent if have is None else cmp(have, const)
-        return atom
-    if e.op == "and":
-        parts = tuple(compile_static(a) for a in e.args)
-        return lambda attrs: all(p(attrs) for p in parts)
-    if e.op == "or":
-        parts = tuple(compile_static(a) for a in e.args)
-        return lambda attrs: any(p(attrs) for p in parts)
-    if e.op == "not":
-        inner = compile_static(e.arg)
-        return lambda attrs: not inner(attrs)
+            def atom(attrs: Mapping[str, Scalar]) -> bool:
+                have = attrs.get(attr)
+                return absent if have is None else cmp(have, const)
+            return atom
+        case And(args=args):
+            parts = tuple(compile_static(a) for a in args)
+            return lambda attrs: all(p(attrs) for p in parts)
+        case Or(args=args):
+            parts = tuple(compile_static(a) for a in args)
+            return lambda attrs: any(p(attrs) for p in parts)
+        case Not(arg=arg):
+            inner = compile_static(arg)
+            return lambda attrs: not inner(attrs)
     raise ValueError(f"a request test in a requirement: {e}")

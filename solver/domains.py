@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policyc.compiler.attributes import BUILTIN_REQUEST_VARS
-from policyc.compiler.bundle import Atom, Bundle, Contract, Expr, Interval, RequestRule, Test, ValueType
+from policyc.compiler.bundle import And, Atom, Bundle, Contract, Expr, Interval, Not, Or, RequestRule, Test, ValueType
 from policyc.compiler.meaning import QUANTITY_KINDS
 
 SESSION_STATES: tuple[str, ...] = ("nvme", "host_memory", "remote")
@@ -44,15 +44,14 @@ class Domains:
 
 def leaves(e: Expr | None):
     """Every Atom and Test in an expression, in source order."""
-    if e is None:
-        return
-    if e.op in ("atom", "test"):
-        yield e
-    elif e.op in ("and", "or"):
-        for a in e.args:
-            yield from leaves(a)
-    else:
-        yield from leaves(e.arg)  # type: ignore[union-attr]
+    match e:
+        case Atom() | Test():
+            yield e
+        case And(args=args) | Or(args=args):
+            for a in args:
+                yield from leaves(a)
+        case Not(arg=arg):
+            yield from leaves(arg)
 
 
 def reads(rule: RequestRule) -> frozenset[str]:
