@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import time
-from typing import AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
 from aetcd import rpc
@@ -90,13 +90,18 @@ class EtcdStore:
         host, port = _target(self._endpoints)
         opts = {"grpc.initial_reconnect_backoff_ms": 50, "grpc.min_reconnect_backoff_ms": 50,
                 "grpc.max_reconnect_backoff_ms": 500, "grpc.enable_retries": 0}
+        self._options = opts
         self._client = aetcd.Client(host=host, port=port, timeout=call_timeout, options=opts)
+        self._sync: Any = None  # a plain gRPC channel for `transact_blocking`, made on first use
 
     async def connect(self) -> None:
         await self._retry("connect", self._client.connect)
 
     async def close(self) -> None:
         await self._client.close()
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         deadline = time.monotonic() + self.op_timeout
@@ -156,6 +161,17 @@ class EtcdStore:
         return int(info.TTL) if info.TTL > 0 else None
 
     async def transact(self, guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> tuple[bool, int]:
+        req = self._txn_request(guards, ops)
+
+        async def call() -> tuple[bool, int]:
+            c = self._client
+            await c.connect()
+            resp = await c.kvstub.Txn(req, timeout=c._timeout, metadata=c.metadata)
+            return bool(resp.succeeded), int(resp.header.revision)
+        return await self._retry("transaction", call)
+
+    @staticmethod
+    def _txn_request(guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> rpc.TxnRequest:
         compare = []
         for g in guards:
             if g.create_revision is not None:
@@ -169,13 +185,32 @@ class EtcdStore:
                 success.append(rpc.RequestOp(request_put=rpc.PutRequest(key=op.key.encode(), value=op.value, lease=op.lease)))
             else:
                 success.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=op.key.encode())))
+        return rpc.TxnRequest(compare=compare, success=success)
 
-        async def call() -> tuple[bool, int]:
-            c = self._client
-            await c.connect()
-            resp = await c.kvstub.Txn(rpc.TxnRequest(compare=compare, success=success), timeout=c._timeout, metadata=c.metadata)
-            return bool(resp.succeeded), int(resp.header.revision)
-        return await self._retry("transaction", call)
+    def transact_blocking(self, guards: Sequence[Guard], ops: Sequence[Put | Delete], timeout: float) -> tuple[bool, int]:
+        """One transaction on a plain (not asyncio) gRPC channel to the same members, so a
+        synchronous caller on any thread can wait for it; retried through an election."""
+        import grpc
+
+        if self._sync is None:
+            host, port = _target(self._endpoints)
+            self._sync = grpc.insecure_channel(f"{host}:{port}", options=list(self._options.items()))
+        stub = rpc.KVStub(self._sync)
+        req = self._txn_request(guards, ops)
+        deadline = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            try:
+                resp = stub.Txn(req, timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                return bool(resp.succeeded), int(resp.header.revision)
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _transient(Exception(e.details())):  # type: ignore[attr-defined]
+                    raise StoreError(f"{self.description}: transaction: {e.details()}") from None  # type: ignore[attr-defined]
+                if time.monotonic() + pause > deadline:
+                    raise StoreUnavailable(f"{self.description}: transaction failed for {timeout:g} s: {e.details()}") from None  # type: ignore[attr-defined]
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:  # type: ignore[override]
         try:

@@ -77,16 +77,17 @@ class Election:
             self.token = 0
         return False
 
-    async def fenced(self, kind: str, target: str, detail: str, extra: list[Put]) -> Verdict:
-        """Record an act under our fencing token, if it still holds."""
+    def fenced_now(self, kind: str, target: str, detail: str, extra: list[Put], timeout: float) -> Verdict:
+        """Record an act under our fencing token, if it still holds: one blocking etcd
+        transaction (from whichever thread acts, the serving loop's included)."""
         token = self.token
         if token == 0:
             return Verdict(False, 0, f"replica {self.name} is not the leader ({self.leader or 'no one'} leads); the leader acts")
         record = json.dumps({"kind": kind, "target": target, "detail": detail, "by": self.name, "token": token,
                              "time": time.time()}).encode()
         try:
-            ok, _ = await self.store.transact([Guard(self.keys.leader, create_revision=token, value=self.name.encode())],
-                                              [Put(self.keys.act(token, next(self._acts)), record), *extra])
+            ok, _ = self.store.transact_blocking([Guard(self.keys.leader, create_revision=token, value=self.name.encode())],
+                                                 [Put(self.keys.act(token, next(self._acts)), record), *extra], timeout)
         except StoreError as e:
             return Verdict(False, token, f"leadership could not be confirmed (fencing token {token}): {e}")
         if not ok:

@@ -18,6 +18,7 @@ import base64
 import fcntl
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import IO, AsyncIterator, Sequence
@@ -44,6 +45,8 @@ class LocalStore:
         self._file: IO[str] | None = None
         self._lock: IO[str] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # everything runs there; other threads hand over
+        self._loop_thread: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def connect(self) -> None:
@@ -67,7 +70,9 @@ class LocalStore:
         lock.flush()
         self._lock = lock
         self._load()
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._sweeper = self._loop.create_task(self._sweep())
 
     def _load(self) -> None:
         path = self.dir / "store.jsonl"
@@ -160,6 +165,14 @@ class LocalStore:
         return self._rev
 
     async def transact(self, guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> tuple[bool, int]:
+        return self._transact_now(guards, ops)
+
+    def transact_blocking(self, guards: Sequence[Guard], ops: Sequence[Put | Delete], timeout: float) -> tuple[bool, int]:
+        if self._loop is None or threading.get_ident() == self._loop_thread:
+            return self._transact_now(guards, ops)
+        return asyncio.run_coroutine_threadsafe(self.transact(guards, ops), self._loop).result(timeout)
+
+    def _transact_now(self, guards: Sequence[Guard], ops: Sequence[Put | Delete]) -> tuple[bool, int]:
         for g in guards:
             e = self._kv.get(g.key)
             if g.create_revision is not None and (e.create_revision if e else 0) != g.create_revision:

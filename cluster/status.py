@@ -20,7 +20,7 @@ class ReplicaView:
     bundle: str
     refused_bundle: dict[str, str] | None
     applied_revision: int
-    lag: int  # revisions behind the store's
+    lag: int  # revisions the store is ahead of what the replica had applied at its last report
     leader: bool
     token: int
     lease: str  # lease id (hex)
@@ -86,14 +86,15 @@ async def _ttl_left(store: FleetStore, lease: int) -> int | None:
 def render(view: ClusterView) -> str:
     lines = [f"store     {view.store}  revision {view.revision}"]
     for m in view.members:
-        lines.append(f"  member  {m.endpoint:<22} leader {m.leader:<18} revision {m.revision}  term {m.raft_term}")
+        role = "raft leader" if m.leader == "self" else m.leader if m.leader.startswith("unreachable") else "follower"
+        lines.append(f"  member  {m.endpoint:<22} {role:<26} revision {m.revision}  term {m.raft_term}")
     lines.append(f"bundle    {view.bundle or '(none in force)'}")
     lines.append(f"leader    {view.leader or '(none)'}" + (f"  fencing token {view.token}" if view.token else ""))
     lines.append(f"replicas  {len(view.replicas)}")
     for r in view.replicas:
         mark = "*" if r.leader else " "
         same = "in force" if r.bundle == view.bundle else f"{r.bundle[:23]}… (not the bundle in force)"
-        lines.append(f" {mark} {r.name:<14} {r.address:<22} bundle {same}  lag {r.lag}  lease {r.lease} "
+        lines.append(f" {mark} {r.name:<14} {r.address:<22} bundle {same}  lag {r.lag} rev  lease {r.lease} "
                      f"ttl {r.lease_ttl_left if r.lease_ttl_left is not None else '?'} s  report {r.report_age_s:g} s ago")
         if r.refused_bundle:
             lines.append(f"      refused {str(r.refused_bundle.get('hash', ''))[:23]}…: {r.refused_bundle.get('why', '')}")

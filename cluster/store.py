@@ -123,6 +123,11 @@ class FleetStore(Protocol):
         """Apply `ops` when every guard holds: (applied, revision)."""
         ...
 
+    def transact_blocking(self, guards: Sequence[Guard], ops: Sequence[Put | Delete], timeout: float) -> tuple[bool, int]:
+        """`transact`, waited for by the calling thread (any thread, the event loop's
+        included): for the fence, whose callers are synchronous."""
+        ...
+
     def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
         """Changes under `prefix` from `start_revision` on (inclusive), in order; raises
         `Compacted` when that history is gone and `StoreUnavailable` when the stream broke."""
