@@ -22,16 +22,24 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import re
+import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 # this folder's `validate.py` would shadow the `validate` package Envoy's protobuf stubs import
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
+
+if TYPE_CHECKING:
+    from policyc.gateway.envoy_process import EnvoyProcess
 
 LITE = "fraud-scorer-lite"
 
@@ -74,6 +82,36 @@ def _client(target: str, model: str, concurrency: int, seconds: float, out: "mp.
             return lat, errors, time.perf_counter() - t0
 
     out.put(asyncio.run(main()))
+
+
+def _h2load_round(target: str, model: str, concurrency: int, seconds: float, body: Path, work: Path) -> tuple[list[float], int, float, float]:
+    """One round with nghttp2's `h2load` (C, one thread, one HTTP/2 connection carrying
+    `concurrency` streams: the same shape as one gRPC channel): closed loop for `seconds`
+    after a 0.5 s warm-up. Latencies from its per-request log (microseconds to the end of
+    each answer).
+    Also returns h2load's own CPU seconds, so the report shows what the client spent.
+    A refusal by the picker is HTTP 200 with a gRPC status, so the caller counts those from
+    Envoy's counters (requests taken that never went upstream)."""
+    log = work / "h2load.log"
+    log.unlink(missing_ok=True)
+    cmd = ["h2load", "-t", "1", "-c", "1", "-m", str(concurrency), "-D", f"{int(seconds * 1000)}ms", "--warm-up-time", "500ms",
+           "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
+           *[a for k, v in _metadata(model) for a in ("-H", f"{k}: {v}")], "--log-file", str(log),
+           f"http://{target}/inference.GRPCInferenceService/ModelInfer"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise SystemExit(f"h2load failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+    done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded", out.stdout)
+    rate = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out.stdout)
+    codes = re.search(r"status codes: (\d+) 2xx", out.stdout)
+    if not (done and rate and codes):
+        raise SystemExit(f"h2load's report is not the one expected:\n{out.stdout}")
+    lat = [int(line.split()[2]) / 1e6 for line in log.read_text().splitlines() if line.strip()]
+    elapsed = int(done.group(1)) / max(float(rate.group(1)), 1e-9)  # the measured phase, warm-up excluded
+    failed = int(done.group(1)) - int(codes.group(1))  # not HTTP 200 (a gRPC refusal is 200: counted by the caller)
+    return lat, failed, elapsed, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
 
 
 def _round(target: str, model: str, concurrency: int, seconds: float) -> tuple[list[float], int, float]:
@@ -127,6 +165,12 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _requests(envoy: "EnvoyProcess") -> tuple[int, int]:
+    """Requests this gateway's Envoy has taken so far, and how many it sent to the model servers."""
+    st = envoy.stats("")
+    return st.get("http.policyc_gateway.downstream_rq_total", 0), st.get("cluster.policyc_pool.upstream_rq_total", 0)
+
+
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))] * 1e3 if s else float("nan")
@@ -138,6 +182,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,8", help="closed-loop callers, comma-separated phases")
     ap.add_argument("--servers", type=int, default=2, help="model-server processes (one instance each)")
+    ap.add_argument("--client", choices=("h2load", "python"), default="h2load",
+                    help="the load generator: h2load (C, cheap: the cores go to the system under test) or Python grpc.aio")
     ap.add_argument("--model", choices=(LITE, "fraud-scorer"), default=LITE,
                     help="the instances' contract: fraud-scorer has budget breakers, so the picker also sees each answer")
     args = ap.parse_args()
@@ -151,6 +197,7 @@ def main() -> int:
     from policyc.gateway.envoy_process import EnvoyProcess
     from policyc.gateway.picker import PickerConfig
     from policyc.gateway.server import PickerServer
+    from policyc.modelserver.client import infer_request, token_ids
     from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
     from policyc.modelserver.model_files import write_model_files
     from policyc.server import convert
@@ -193,31 +240,57 @@ def main() -> int:
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
+        client = args.client
+        if client == "h2load" and shutil.which("h2load") is None:
+            raise SystemExit("benchmarks/gateway.py: `h2load` is not installed (Debian: apt-get install nghttp2-client, "
+                             "which scripts/setup.sh does); or run with --client python")
+        body = work / "request.grpc"
+        message = infer_request(args.model, token_ids(4)).SerializeToString()
+        body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
+        t, c = time.perf_counter(), _cpu_s(os.getpid())
+        time.sleep(2.0)
+        idle_rate = (_cpu_s(os.getpid()) - c) / (time.perf_counter() - t)  # the policyc process's own background work
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
-              f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode")
+              f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode; "
+              f"client {client}; policyc process idle {idle_rate * 1e3:.0f} ms CPU/s (subtracted below)")
         for conc in phases:
             res: dict[str, list[tuple[list[float], int, float]]] = {m: [] for m in targets}
-            cpu: dict[str, list[float]] = {m: [0.0, 0.0] for m in targets}  # policyc process, Envoy: CPU s
+            cpu: dict[str, list[float]] = {m: [0.0, 0.0, 0.0] for m in targets}  # policyc process, Envoy, client: CPU s
+            served = dict.fromkeys(targets, 0)
+            refused = dict.fromkeys(targets, 0)
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
-                    c0, e0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0)
-                    res[mode].append(_round(target, args.model, conc, args.seconds))
-                    cpu[mode][0] += _cpu_s(os.getpid()) - c0
+                    c0, e0, t0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0), time.perf_counter()
+                    q0 = _requests(envoy)
+                    if client == "h2load":
+                        lat, failed, elapsed, client_cpu = _h2load_round(target, args.model, conc, args.seconds, body, work)
+                        res[mode].append((lat, failed, elapsed))
+                    else:
+                        res[mode].append(_round(target, args.model, conc, args.seconds))
+                        client_cpu = float("nan")
+                    wall = time.perf_counter() - t0
+                    cpu[mode][0] += _cpu_s(os.getpid()) - c0 - idle_rate * wall
                     cpu[mode][1] += _cpu_s(envoy.pid or 0) - e0
+                    cpu[mode][2] += client_cpu
+                    taken, sent = _requests(envoy)
+                    served[mode] += taken - q0[0]
+                    refused[mode] += (taken - q0[0]) - (sent - q0[1])  # answered by Envoy without the model server
             summary = {}
             for mode, rounds in res.items():
                 lat = [x for r in rounds for x in r[0]]
                 rates = [len(r[0]) / r[2] for r in rounds]
-                errors = sum(r[1] for r in rounds)
+                errors = sum(r[1] for r in rounds) + refused[mode]
                 summary[mode] = (statistics.median(rates), _pct(lat, 0.5), _pct(lat, 0.99))
-                n = max(len(lat) + 20 * len(rounds), 1)
+                n = max(served[mode], 1)  # every request Envoy took, warm-up included: what the CPU was spent on
                 print(f"  concurrency {conc:>2} {mode:>14}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
                       f"p50 {summary[mode][1]:.2f} ms, p99 {summary[mode][2]:.2f} ms, errors {errors}; CPU per request: "
-                      f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us")
+                      f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us, "
+                      f"client {cpu[mode][2] / n * 1e6:.0f} us")
             pc, rr, nop = summary["policyc"], summary["round-robin"], summary["no-op ext_proc"]
             print(f"  concurrency {conc:>2}: policyc adds {pc[1] - rr[1]:+.2f} ms at p50, {pc[2] - rr[2]:+.2f} ms at p99; "
                   f"throughput {pc[0] / rr[0]:.2f} x round-robin; of the p50 added, the ext_proc hop alone (no-op) "
-                  f"{nop[1] - rr[1]:+.2f} ms, the decision {pc[1] - nop[1]:+.2f} ms; no-op throughput {nop[0] / rr[0]:.2f} x")
+                  f"{nop[1] - rr[1]:+.2f} ms, the decision {pc[1] - nop[1]:+.2f} ms; no-op throughput {nop[0] / rr[0]:.2f} x; "
+                  f"load average {os.getloadavg()[0]:.2f}")
         print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
         thread.call(picker.stop())
         thread.call(noop.stop(0.1))
