@@ -135,14 +135,19 @@ class Replica:
             await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
         self._known = {i.id: (i, s) for i, s in items + local}
         pointer = next((e for e in by["bundle"]), None)
-        if pointer is None:
+        current, ours = (pointer.value.decode() if pointer is not None else ""), self.server.state.bundle_hash
+        if not self.cfg.shared:
+            if current != ours:  # one process: the bundle it was started with is the one in force
+                await bundle_rollout.roll_out(self.store, self.keys, self.server.state.bundle, expect=current)
+        elif not current:
             try:
                 await bundle_rollout.roll_out(self.store, self.keys, self.server.state.bundle, expect="")
             except bundle_rollout.RolloutError:  # another replica published first: follow it
-                now = await bundle_rollout.in_force(self.store, self.keys)
-                await self._adopt(now)
-        elif pointer.value.decode() != self.server.state.bundle_hash:
-            await self._adopt(pointer.value.decode())
+                await self._adopt(await bundle_rollout.in_force(self.store, self.keys))
+        elif current != ours:
+            log.warning("replica %s joins on the cluster's bundle %s…, not the one it was started with (%s…); "
+                        "roll that out with `policyc cluster rollout`", self.name, current[:23], ours[:23])
+            await self._adopt(current)
         if not self.election.leader:
             await self.election.campaign()
         await self._report()

@@ -114,3 +114,30 @@ def test_a_registration_the_store_does_not_take_is_refused_and_undone(bundle, tm
     finally:
         monkeypatch.undo()
         th.stop()
+
+
+def test_a_restart_with_another_bundle_runs_that_bundle_and_keeps_the_registry(bundle, tmp_path) -> None:
+    from cluster_rig import REPO
+
+    from policyc.compiler.pipeline import compile_paths
+
+    src = tmp_path / "policies"
+    src.mkdir()
+    for f in (REPO / "policies").glob("*.contract"):
+        text = f.read_text()
+        (src / f.name).write_text(text.replace("latency: <= 200 ms", "latency: <= 210 ms", 1)
+                                  if f.name == "fraud-scorer-lite.contract" else text)
+    second = compile_paths([str(src)], analyse=False).bundle
+    assert second is not None and second.content_hash != bundle.content_hash
+    th = _server(bundle, tmp_path / "state")
+    inst = admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["fraud-scorer"])[0]
+    try:
+        th.server.engine.register(inst)
+    finally:
+        th.stop()
+    again = _server(second, tmp_path / "state")  # one process: the bundle it is started with is in force
+    try:
+        assert again.server.state.bundle_hash == second.content_hash
+        assert inst.id in again.server.state.registry
+    finally:
+        again.stop()
