@@ -42,6 +42,7 @@ BLOOM_KINDS = ("equality", "set", "boolean")
 # the rules index them (`shard_group`)
 SHARD_GROUP_ATTRS = ("model", "version", "region", "gpu_arch", "gpu_model", "session_state")
 ORDERINGS = ("<", "<=", ">", ">=")
+SMALL_BASE = 4096  # a base this small is intersected with a range term without counting the term first
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,8 +450,12 @@ class FleetIndex:
         cand = base.bm
         v = plan.vars
         live = len(self.live)
+        small = base.count <= SMALL_BASE
         for t in base.ranged:
             bm = t(v)
+            if small and cand is not None:  # a few candidates: intersecting costs less than counting `bm`
+                cand = cand & bm
+                continue
             n = len(bm)
             if not n:
                 plan.cand, plan.count = EMPTY, 0

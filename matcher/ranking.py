@@ -49,7 +49,7 @@ from pyroaring import BitMap
 
 GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
-SMALL = 48  # at most this many candidates: order them by key directly (`key_of`)
+SMALL = 6  # at most this many candidates: order them by key directly (`key_of`; numpy costs more below)
 DIRECT = 256  # at most this many candidates: find their tiers through `rank_of`
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
 RANK_GAP = 1024.0  # initial distance between tier ranks
