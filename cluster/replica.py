@@ -53,6 +53,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("policyc.cluster")
 
 
+# One swap at a time in a process: building a bundle's state runs the solver (z3), whose
+# default context is not safe across threads, and replicas that share a process (tests,
+# benchmarks) swap on the same rollout at once (seen: a z3 assertion and a segfault).
+_SWAPS = threading.Lock()
+
+
 def open_store(cfg: FleetConfig) -> FleetStore:
     if cfg.etcd:
         from .etcd_store import EtcdStore
@@ -386,7 +392,11 @@ class Replica:
         """The service's reload (metrics, audit, request shapes), with
         inadmissible instances evicted here only (the store keeps them), then the store's
         instances the new bundle admits."""
-        await self.server.service.reload(bundle, True)
+        await asyncio.to_thread(_SWAPS.acquire)
+        try:
+            await self.server.service.reload(bundle, True)
+        finally:
+            _SWAPS.release()
         self._converge()
 
     def roll_out(self, bundle: Any, expect: str | None = None, timeout: float | None = None) -> bundle_rollout.Rollout:
