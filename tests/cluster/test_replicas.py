@@ -234,6 +234,10 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
                     counts["failed"] += 1
                     errors.append(str(e)[:200])
 
+    for th in replicas:  # each replica's first answer for the shape runs the solver: one at a time (z3's
+        ch, s = stub(th)  # default context is process-wide, and these replicas share a process)
+        with ch:
+            s.Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer"}), timeout=10)
     threads = [threading.Thread(target=load, args=(th,)) for th in replicas]
     for t in threads:
         t.start()
