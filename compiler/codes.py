@@ -100,7 +100,6 @@ CODES: dict[str, str] = {
     "E602": "a request test with a comparison but no value, or the reverse",
     "E603": "an index plan that is not the one the rules give",
     "E604": "latency targets that are not the ones the rules give",
-    "E604": "latency targets that are not the ones the rules give",
     # requests (Decide, Explain) and registrations (RegisterInstance)
     "E701": "unknown request header",
     "E702": "required request header missing",
