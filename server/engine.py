@@ -21,7 +21,7 @@ from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.placer.catalog import catalog_for
-from policyc.solver.feasibility import Infeasible
+from policyc.solver.feasibility import Feasible, Infeasible
 
 from .decision_ids import new_decision_id
 from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage, Timing
@@ -199,7 +199,7 @@ class DecisionEngine:
         req, _ = to_request(st.registry, st.bundle, inp)
         answer = st.feasibility.check(req.vars)
         feas = answer.reason if isinstance(answer, Infeasible) else (
-            "feasible: some declared instance can serve this request" if answer.feasible else f"undecided: {answer.reason}")
+            "feasible: some declared instance can serve this request" if isinstance(answer, Feasible) else f"undecided: {answer.reason}")
         ex = st.registry.explain(req) if d.rejection is None or d.rejection.stage is not Stage.FEASIBILITY else None
         return Account(d, feas, ex, tuple(narrate(d, feas, ex)))
 
@@ -260,7 +260,9 @@ class DecisionEngine:
         with self._write:
             old = self._state
             entries = old.registry.entries()
-            keep, evicted, refused = [], [], []
+            keep: list[tuple[Instance, float]] = []
+            evicted: list[tuple[str, str]] = []
+            refused: list[tuple[str, str]] = []
             for inst, _, score in entries:
                 problems = admission_problems(inst, bundle)
                 if problems:
