@@ -97,7 +97,7 @@ def _check_names(inp: DecisionInput) -> None:
 
 
 def _var_types(bundle: Bundle) -> dict[str, str]:
-    types = {h.var: h.type for h in bundle.headers}
+    types: dict[str, str] = {h.var: h.type for h in bundle.headers}
     types.setdefault("tenant", "name")
     types["tenant_class"] = "name"
     return types
@@ -139,7 +139,8 @@ def to_request(registry: Registry, bundle: Bundle, inp: DecisionInput) -> tuple[
     _check_names(inp)
     headers, retry = split_retry(inp.headers, inp.retry_count)
     typed = _typed(bundle, inp.attributes) if inp.attributes else {}
-    tenant = inp.tenant or (typed.get("tenant") if isinstance(typed.get("tenant"), str) else None)
+    given = typed.get("tenant")
+    tenant = inp.tenant or (given if isinstance(given, str) else None)
     try:
         parsed = registry.parse_request(headers, tenant)
     except RequestError as e:
