@@ -16,7 +16,7 @@ from policyc.compiler.bundle import Contract, GpuClass
 from policyc.compiler.meaning import compute_rate, compute_seconds, request_flops
 
 from .drafts import FigureFields
-from .records import Figure, Resources, Source
+from .records import ActionRecord, Figure, Resources, Source
 
 
 def measured(value: float, method: str) -> Figure:
@@ -85,3 +85,31 @@ def estimated_figures(contract: Contract, gpu: GpuClass, share: float, *, tokens
             "high": bw * g_hi / share,
         },
     }
+
+
+def call_accounting(
+    decision_id: str,
+    time: float,
+    *,
+    network_bytes: float,
+    network_method: str,
+    compute_seconds: float | None,
+    compute_method: str,
+    target: str,
+    detail: str,
+) -> ActionRecord:
+    """The `accounting` record of one call through the gateway, joined to its decision by
+    `decision_id`: the bytes the data plane counted on the wire (both directions, every
+    attempt) and the compute time the model server measured. Both are `measured`; a
+    figure nothing measured is absent, never estimated here (the decision record holds
+    the estimates). `detail` carries the per-attempt breakdown (JSON)."""
+    if network_bytes < 0 or (compute_seconds is not None and compute_seconds < 0):
+        raise ValueError(f"decision {decision_id}: measured figures cannot be negative")
+    return ActionRecord(
+        time=time, kind="accounting", target=target, outcome="done", dry_run=False, decision_id=decision_id,
+        detail=detail,
+        resources=Resources(
+            network_bytes=measured(network_bytes, network_method),
+            gpu_seconds=measured(compute_seconds, compute_method) if compute_seconds is not None else None,
+        ),
+    )

@@ -74,10 +74,12 @@ def index_row(body: bytes) -> IndexRow:
         return _loose(body)
     except msgspec.DecodeError as e:
         raise ValueError(f"the record is not JSON ({e})") from None
-    if r.schema_version != DECISION_SCHEMA:
-        return ("action" if r.schema_version == ACTION_SCHEMA else None, r.time, r.decision_id, None, None, None, r.outcome, r.kind,
-                None, None, None, None, None, None, None)
     res = r.resources
+    if r.schema_version != DECISION_SCHEMA:  # an `accounting` action carries the call's measured figures
+        g, m, n = (res.gpu_seconds, res.memory_bytes, res.network_bytes) if res is not None else (None, None, None)
+        return ("action" if r.schema_version == ACTION_SCHEMA else None, r.time, r.decision_id, None, None, None, r.outcome, r.kind,
+                g.value if g else None, g.source if g else None, m.value if m else None, m.source if m else None,
+                n.value if n else None, n.source if n else None, None)
     g, m, n = (res.gpu_seconds, res.memory_bytes, res.network_bytes) if res is not None else (None, None, None)
     return (
         "decision", r.time, r.decision_id, r.tenant, r.model, r.placement.region if r.placement is not None else None, r.outcome, None,
@@ -115,11 +117,11 @@ def _loose(body: bytes) -> IndexRow:
         raise ValueError(f"the record is not JSON ({e})") from None
     sv = d.get("schema_version")
     t, did, outcome = _real(d.get("time")), _text(d.get("decision_id")), _text(d.get("outcome"))
-    if sv != DECISION_SCHEMA:
-        return ("action" if sv == ACTION_SCHEMA else None, t, did, None, None, None, outcome, _text(d.get("kind")),
-                None, None, None, None, None, None, None)
     res = _obj(d.get("resources"))
     figs = [_obj(res.get(k)) for k in ("gpu_seconds", "memory_bytes", "network_bytes")]
+    if sv != DECISION_SCHEMA:
+        return ("action" if sv == ACTION_SCHEMA else None, t, did, None, None, None, outcome, _text(d.get("kind")),
+                *(x for f in figs for x in (_real(f.get("value")), _text(f.get("source")))), None)
     return (
         "decision", t, did, _text(d.get("tenant")), _text(d.get("model")), _text(_obj(d.get("placement")).get("region")), outcome, None,
         *(x for f in figs for x in (_real(f.get("value")), _text(f.get("source")))),

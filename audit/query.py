@@ -145,18 +145,29 @@ class AuditReader:
         sql = f"""
             SELECT coalesce({by}, '(none)'), count(*),
                    sum(outcome = 'admitted'), sum(outcome = 'rejected'), sum(outcome = 'failed'),
-                   total(CASE WHEN gpu_src = 'measured' THEN gpu_s END),
+                   total(CASE WHEN gpu_src = 'measured' THEN gpu_s END) + total(a.gpu),
                    total(CASE WHEN gpu_src = 'estimated' THEN gpu_s END),
-                   total(CASE WHEN mem_src = 'measured' THEN mem_b END),
+                   total(CASE WHEN mem_src = 'measured' THEN mem_b END) + total(a.mem),
                    total(CASE WHEN mem_src = 'estimated' THEN mem_b END),
-                   total(CASE WHEN net_src = 'measured' THEN net_b END),
+                   total(CASE WHEN net_src = 'measured' THEN net_b END) + total(a.net),
                    total(CASE WHEN net_src = 'estimated' THEN net_b END),
-                   sum(gpu_src IS NULL OR mem_src IS NULL OR net_src IS NULL),
+                   sum((gpu_src IS NULL AND a.gpu IS NULL) OR (mem_src IS NULL AND a.mem IS NULL) OR (net_src IS NULL AND a.net IS NULL)),
                    total(latency_s) / max(count(*), 1), coalesce(max(latency_s), 0)
-            FROM entries WHERE kind = 'decision'{where} GROUP BY 1 ORDER BY 1"""
+            FROM entries LEFT JOIN ({ACCOUNTED}) AS a ON a.did = entries.decision_id
+            WHERE kind = 'decision'{where} GROUP BY 1 ORDER BY 1"""
         rows = tuple(ReportRow(*r) for r in self._conn.execute(sql, args))
         actions = self._conn.execute(f"SELECT count(*) FROM entries WHERE kind = 'action'{where}", args).fetchone()[0]
         return Report(start, end, by, rows, _total(rows), actions)
+
+
+# Per decision id, the measured figures of its `accounting` records (one per call through
+# the gateway: Envoy's access log and the model server's compute time), joined to the
+# decision in `report` so its measured columns count what the data plane measured.
+ACCOUNTED = """SELECT decision_id AS did, sum(CASE WHEN gpu_src = 'measured' THEN gpu_s END) AS gpu,
+                      sum(CASE WHEN mem_src = 'measured' THEN mem_b END) AS mem,
+                      sum(CASE WHEN net_src = 'measured' THEN net_b END) AS net
+               FROM entries WHERE kind = 'action' AND action = 'accounting' AND decision_id IS NOT NULL
+               GROUP BY decision_id"""
 
 
 def _total(rows: tuple[ReportRow, ...]) -> ReportRow:

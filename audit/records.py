@@ -121,6 +121,7 @@ ActionKind = Literal[
     "rebalance",
     "log_recovered",
     "bundle_reload",  # a bundle reload, accepted (outcome done) or refused (skipped), with why in the detail
+    "accounting",  # what one call through the gateway consumed, measured (Envoy's access log, the model server)
 ]
 ActionOutcome = Literal["done", "dry_run", "failed", "skipped"]
 
@@ -140,6 +141,7 @@ class ActionRecord(_Frozen):
     dry_run: bool
     decision_id: str | None = None  # the call that triggered it, when there is one
     detail: str = ""
+    resources: Resources | None = None  # `accounting`: the call's measured figures (absent from other kinds' bodies)
 
 
 class EntryKind(str, Enum):

@@ -205,15 +205,20 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
     }}
 
 
-def _access_log(spec: GatewaySpec) -> list[dict[str, Any]]:
-    """The access-log hook: issue 20 points it at policyc's ALS sink (gRPC access-log service)."""
+def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, Any]]:
+    """Envoy's gRPC access-log service pointed at policyc's receiver (`gateway/access_log.py`):
+    `policyc` is the connection manager's log (one entry per call), `policyc_upstream` the
+    router's (one per attempt, with the model server's compute-time header)."""
     if spec.access_log_cluster is None:
         return []
     return [{"name": "envoy.access_loggers.http_grpc", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
-        "common_config": {"log_name": "policyc", "transport_api_version": "V3",
-                          "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}}},
-        "additional_request_headers_to_log": [DECISION_HEADER]}}]
+        "common_config": {"log_name": log_name, "transport_api_version": "V3",
+                          "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
+                          "buffer_flush_interval": "0.1s"},
+        "additional_request_headers_to_log": [DECISION_HEADER],
+        "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "grpc-status"],
+        "additional_response_trailers_to_log": ["grpc-status"]}}]
 
 
 def _route(spec: GatewaySpec) -> dict[str, Any]:
@@ -236,7 +241,8 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
     http_filters = ([_ext_proc(spec)] if spec.use_picker else []) + [
         {"name": "envoy.filters.http.router",
-         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+                          **({"upstream_log": _access_log(spec, "policyc_upstream")} if spec.access_log_cluster else {})}}]
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": LISTENER,

@@ -22,6 +22,7 @@ from pathlib import Path
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
+from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from .envoy_process import EnvoyProcess
 from .picker import PickerConfig
@@ -41,7 +42,8 @@ class GatewayOptions:
     max_in_flight: int = 512
     concurrency: int = 1  # Envoy worker threads (one worker: one upstream connection per model server)
     forwarded_headers: frozenset[str] = frozenset()
-    access_log_cluster: str | None = None  # issue 20: the ALS sink's `ip:port`
+    access_log_cluster: str | None = None  # an ALS sink of the user's own (`ip:port`); None: policyc's receiver
+    accounting: bool = True  # with an audit log: policyc receives Envoy's access log, one accounting record per call
     workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
     log_level: str = "warning"
 
@@ -68,6 +70,12 @@ class Gateway:
         self._task: asyncio.Task[None] | None = None
         self._written: tuple[str, ...] | None = None
         self._version = 0
+        audit = thread.server.audit
+        self.access_log: AccessLogServer | None = None
+        if options.accounting and options.access_log_cluster is None and audit is not None:
+            self.access_log = AccessLogServer(AccessLogReceiver(audit.log.submit_action), options.picker_host
+                                              if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
+        self._als: str | None = options.access_log_cluster
 
     def spec(self, picker_port: int) -> GatewaySpec:
         o = self.options
@@ -76,7 +84,7 @@ class Gateway:
         return GatewaySpec(picker=f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
                            listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
-                           access_log_cluster=o.access_log_cluster)
+                           access_log_cluster=self._als)
 
     def _write_pool(self, endpoints: tuple[str, ...]) -> None:
         self._version += 1
@@ -88,6 +96,8 @@ class Gateway:
     def start(self, timeout: float = 20.0) -> "Gateway":
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = self.thread.call(self.picker.start())
+        if self.access_log is not None:
+            self._als = self.thread.call(self.access_log.start())
         endpoints = self.picker.picker.pool.endpoints()
         self._write_pool(endpoints)
         self.bootstrap = build_bootstrap(self.spec(port))
@@ -136,7 +146,12 @@ class Gateway:
             self.thread.loop.call_soon_threadsafe(task.cancel)
             self._task = None
         if self.envoy is not None:
-            self.envoy.stop()
+            self.envoy.stop()  # Envoy flushes its access-log buffers as it exits
+        if self.access_log is not None:
+            try:
+                self.thread.call(self.access_log.stop())
+            except RuntimeError:  # the server's loop is already gone
+                pass
         try:
             self.thread.call(self.picker.stop())
         except RuntimeError:  # the server's loop is already gone

@@ -1,0 +1,285 @@
+"""policyc's receiver for Envoy's gRPC access-log service (`envoy.service.accesslog.v3`):
+what the data plane measured about every call, turned into one `accounting` audit record
+per call, joined to its decision by the decision id the picker put on the request.
+
+Envoy sends two logs here (`bootstrap._access_log`): the connection manager's, one entry
+per downstream call (log name `policyc`), and the router's upstream log, one entry per
+attempt (log name `policyc_upstream`), so a call that broke and was retried on the backup
+has both attempts. An attempt carries the bytes Envoy wrote and read on the upstream
+connection for it (wire bytes, HTTP/2 framing included), its times, the host that served
+it, its gRPC status and the model server's own compute time (the `x-policyc-compute-us`
+header its answer carries). The call is recorded once its downstream entry and as many
+attempts as Envoy says it made have arrived (the two logs are separate streams, flushed on
+their own timers), or after `GRACE` seconds with what did arrive (the record says which
+attempts are missing).
+
+Nothing here estimates: the figures are Envoy's and the model server's, labelled
+`measured` with their source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator, Callable
+
+import grpc
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+
+from policyc.audit.accounting import call_accounting
+from policyc.audit.records import ActionRecord
+
+from .bootstrap import DECISION_HEADER
+
+log = logging.getLogger("policyc.gateway.access_log")
+
+DOWNSTREAM_LOG = "policyc"
+UPSTREAM_LOG = "policyc_upstream"
+COMPUTE_HEADER = "x-policyc-compute-us"
+INSTANCE_HEADER = "x-policyc-instance"
+GRPC_STATUS = "grpc-status"
+GRACE = 1.0  # seconds a call waits for attempts Envoy has not flushed yet
+ORPHAN_AFTER = 30.0  # seconds an attempt waits for its call's downstream entry
+NETWORK_METHOD = "envoy grpc access log: upstream wire bytes sent + received, every attempt"
+COMPUTE_METHOD = ("model server compute time (onnxruntime InferenceSession.run, x-policyc-compute-us), every attempt; "
+                  "CPU execution: no GPU on this host, so no NVML GPU-seconds")
+
+
+def _seconds(d: object) -> float | None:
+    """A protobuf Duration (unset: None)."""
+    if d is None or not d.ByteSize():  # type: ignore[attr-defined]
+        return None
+    return float(d.seconds) + d.nanos / 1e9  # type: ignore[attr-defined]
+
+
+def _address(a: object) -> str:
+    sa = a.socket_address  # type: ignore[attr-defined]
+    return f"{sa.address}:{sa.port_value}" if sa.address else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One upstream attempt as Envoy measured it."""
+
+    host: str
+    instance: str | None
+    sent: int  # bytes to the model server
+    received: int  # bytes from it
+    duration: float | None  # seconds
+    first_byte: float | None  # seconds from the call's start to the model server's first byte
+    status: int  # HTTP status (0: none, e.g. reset)
+    grpc_status: str | None
+    compute_seconds: float | None  # the model server's own measure
+    flags: str  # Envoy's response flags (e.g. upstream reset) as set fields
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A downstream call as Envoy measured it."""
+
+    decision_id: str
+    start: float  # Unix seconds
+    received: int  # bytes from the client
+    sent: int  # bytes to the client
+    duration: float | None
+    first_byte: float | None
+    attempts: int  # how many upstream attempts Envoy says it made
+    grpc_status: str | None
+    tls: bool
+
+
+def _flags(common: al.AccessLogCommon) -> str:
+    return ",".join(f.name for f, v in common.response_flags.ListFields() if v is True)
+
+
+def _header(headers: object, name: str) -> str | None:
+    v = headers.get(name)  # type: ignore[attr-defined]
+    return str(v) if v else None
+
+
+def _grpc_status(resp: al.HTTPResponseProperties) -> str | None:
+    return _header(resp.response_trailers, GRPC_STATUS) or _header(resp.response_headers, GRPC_STATUS)
+
+
+def attempt_of(entry: al.HTTPAccessLogEntry) -> tuple[str | None, Attempt]:
+    """An upstream-log entry: (decision id, the attempt)."""
+    c, req, resp = entry.common_properties, entry.request, entry.response
+    sent = c.upstream_wire_bytes_sent or (req.upstream_header_bytes_sent + req.request_body_bytes)
+    received = c.upstream_wire_bytes_received or (resp.upstream_header_bytes_received + resp.response_body_bytes)
+    us = _header(resp.response_headers, COMPUTE_HEADER)
+    try:
+        compute = int(us) / 1e6 if us is not None else None
+    except ValueError:
+        compute = None
+    return _header(req.request_headers, DECISION_HEADER), Attempt(
+        host=_address(c.upstream_remote_address), instance=_header(resp.response_headers, INSTANCE_HEADER),
+        sent=int(sent), received=int(received), duration=_seconds(c.duration) if c.HasField("duration") else None,
+        first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
+        status=int(resp.response_code.value), grpc_status=_grpc_status(resp), compute_seconds=compute, flags=_flags(c))
+
+
+def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
+    """A downstream entry (None: the request carried no decision id, so nothing was picked)."""
+    c, req, resp = entry.common_properties, entry.request, entry.response
+    did = _header(req.request_headers, DECISION_HEADER)
+    if did is None:
+        return None
+    return Call(decision_id=did, start=c.start_time.seconds + c.start_time.nanos / 1e9,
+                received=int(c.downstream_wire_bytes_received or (req.request_headers_bytes + req.request_body_bytes)),
+                sent=int(c.downstream_wire_bytes_sent or (resp.response_headers_bytes + resp.response_body_bytes)),
+                duration=_seconds(c.duration) if c.HasField("duration") else None,
+                first_byte=_seconds(c.time_to_first_downstream_tx_byte) if c.HasField("time_to_first_downstream_tx_byte") else None,
+                attempts=int(c.upstream_request_attempt_count), grpc_status=_grpc_status(resp),
+                tls=c.HasField("tls_properties") and bool(c.tls_properties.tls_version))
+
+
+def accounting_record(call: Call, attempts: list[Attempt]) -> ActionRecord:
+    """The call's one audit record: measured bytes (every attempt, both ways), compute time."""
+    computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
+    detail = {"downstream": {"received": call.received, "sent": call.sent, "duration_s": call.duration,
+                             "first_byte_s": call.first_byte, "grpc_status": call.grpc_status, "tls": call.tls},
+              "attempts": [asdict(a) for a in attempts], "attempts_expected": call.attempts,
+              "attempts_missing": max(call.attempts - len(attempts), 0)}
+    hosts = ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)"
+    return call_accounting(call.decision_id, call.start, network_bytes=float(sum(a.sent + a.received for a in attempts)),
+                           network_method=NETWORK_METHOD, compute_seconds=sum(computes) if computes else None,
+                           compute_method=COMPUTE_METHOD, target=hosts,
+                           detail=json.dumps(detail, separators=(",", ":"), sort_keys=True))
+
+
+@dataclass
+class Counts:
+    """What the receiver saw (the benchmark reads `dropped` and `recorded`)."""
+
+    entries: int = 0
+    calls: int = 0
+    recorded: int = 0
+    incomplete: int = 0  # recorded after GRACE with attempts missing
+    unpicked: int = 0  # downstream entries without a decision id (refused before any pick)
+    orphaned: int = 0  # attempts whose call never arrived
+    dropped: int = 0  # records the sink refused
+
+
+@dataclass
+class _Pending:
+    call: Call | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+
+
+class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
+    """Joins Envoy's two logs by decision id and hands each finished call's record to
+    `sink` (the audit log's `submit_action`). Runs on an asyncio loop (the decision
+    server's); `serve(server)` adds it to a grpc.aio server."""
+
+    def __init__(self, sink: Callable[[ActionRecord], object], grace: float = GRACE) -> None:
+        self.sink = sink
+        self.grace = grace
+        self.counts = Counts()
+        self._pending: dict[str, _Pending] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self.listeners: list[Callable[[Call, list[Attempt]], None]] = []  # e.g. the cross-layer signal windows
+
+    async def StreamAccessLogs(self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],  # noqa: N802 - gRPC's name
+                               context: grpc.aio.ServicerContext) -> als_pb2.StreamAccessLogsResponse:
+        name = ""
+        async for msg in request_iterator:
+            if msg.HasField("identifier"):
+                name = msg.identifier.log_name
+            for entry in msg.http_logs.log_entry:
+                self.counts.entries += 1
+                try:
+                    self._take(name, entry)
+                except Exception:  # noqa: BLE001 - one bad entry must not end Envoy's stream
+                    log.exception("access log: entry of %s not understood", name or "(unnamed log)")
+        return als_pb2.StreamAccessLogsResponse()
+
+    def _take(self, name: str, entry: al.HTTPAccessLogEntry) -> None:
+        if name == UPSTREAM_LOG:
+            did, attempt = attempt_of(entry)
+            if did is None:
+                return
+            p = self._pending.setdefault(did, _Pending())
+            p.attempts.append(attempt)
+            self._settle(did, p, False)
+            return
+        call = call_of(entry)
+        if call is None:
+            self.counts.unpicked += 1
+            return
+        self.counts.calls += 1
+        p = self._pending.setdefault(call.decision_id, _Pending())
+        p.call, p.since = call, time.monotonic()
+        self._settle(call.decision_id, p, False)
+
+    def _settle(self, did: str, p: _Pending, late: bool) -> None:
+        if p.call is None or (len(p.attempts) < p.call.attempts and not late):
+            return
+        del self._pending[did]
+        if len(p.attempts) < p.call.attempts:
+            self.counts.incomplete += 1
+        for fn in self.listeners:
+            fn(p.call, p.attempts)
+        try:
+            self.sink(accounting_record(p.call, p.attempts))
+            self.counts.recorded += 1
+        except Exception as e:  # noqa: BLE001 - counted and said, the receiver keeps going
+            self.counts.dropped += 1
+            log.error("access log: the accounting record of %s was refused: %s", did, e)
+
+    def sweep(self) -> None:
+        """Record calls whose missing attempts did not come within `grace`; forget
+        attempts whose call never came."""
+        now = time.monotonic()
+        for did, p in list(self._pending.items()):
+            if p.call is not None and now - p.since >= self.grace:
+                self._settle(did, p, True)
+            elif p.call is None and now - p.since >= ORPHAN_AFTER:
+                del self._pending[did]
+                self.counts.orphaned += len(p.attempts)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.grace / 4)
+            self.sweep()
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+
+class AccessLogServer:
+    """The receiver on its own port, on the running loop: `await start()` → `ip:port`."""
+
+    def __init__(self, receiver: AccessLogReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.receiver = receiver
+        self.host, self.port = host, port
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> str:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(self.receiver, server)
+        port = server.add_insecure_port(f"{self.host}:{self.port}")
+        if port == 0:
+            raise RuntimeError(f"the access-log receiver cannot listen on {self.host}:{self.port} (in use?)")
+        await server.start()
+        self._server, self.port = server, port
+        self.receiver._sweeper = asyncio.get_running_loop().create_task(self.receiver._sweep_forever(),
+                                                                         name="policyc-access-log-sweep")
+        return f"{self.host}:{port}"
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)  # Envoy's last flush arrives before this returns
+            self._server = None
+        task = self.receiver._sweeper
+        if task is not None:
+            task.cancel()
+            self.receiver._sweeper = None
+        self.receiver.sweep()
+        for did, p in list(self.receiver._pending.items()):  # at stop: record what arrived
+            if p.call is not None:
+                self.receiver._settle(did, p, True)

@@ -1,0 +1,75 @@
+"""A real gateway as `policyc gateway` runs it (`gateway/runner.py`: the picker, the EDS file,
+Envoy, policyc's access-log receiver) next to a decision service with an audit log, in
+front of real KServe model servers registered over `RegisterInstance`."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "gateway"))
+from gateway_rig import BACKUP, PRIMARY, SMALL, free_port, pool_layout  # noqa: E402
+
+from policyc.compiler.bundle import Bundle  # noqa: E402
+from policyc.compiler.pipeline import compile_paths  # noqa: E402
+from policyc.gateway.runner import Gateway, GatewayOptions  # noqa: E402
+from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec  # noqa: E402
+from policyc.modelserver.model_files import write_model_files  # noqa: E402
+from policyc.server import convert  # noqa: E402
+from policyc.server.app import DecisionServer, ServerThread  # noqa: E402
+from policyc.server.config import EnforcerMode, ServeConfig  # noqa: E402
+from policyc.server.proto import pb_grpc  # noqa: E402
+
+
+class EvidenceRig:
+    def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True) -> None:
+        self.workdir = workdir
+        cfg = ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, audit_log=workdir / "audit.db")
+        self.thread = ServerThread(DecisionServer(bundle, cfg))
+        self.thread.start()
+        server = self.thread.server
+        self.slots = pool_layout(bundle, server, 1)
+        files = workdir / "models"
+        full = write_model_files(bundle.contract(PRIMARY), files)  # type: ignore[arg-type]
+        lite = write_model_files(bundle.contract(BACKUP), files, simplified=True)  # type: ignore[arg-type]
+        specs = [ServerSpec((InstanceSpec(s.instance_id, full.full),), stall_control=True) if s.model == PRIMARY else
+                 ServerSpec((InstanceSpec(s.instance_id, lite.full, lite.simplified, name=BACKUP, aliases=(PRIMARY,)),))
+                 for s in self.slots]
+        self.models = ModelPool(specs, workdir=workdir / "servers").start(timeout=60)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for s in self.slots:
+                inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(
+                    update={"endpoint": self.models.endpoint(s.instance_id)})})
+                f = full.full if s.model == PRIMARY else lite.full
+                stub.RegisterInstance(convert.register_request(inst, onnx_model=f.read_bytes()), timeout=10)
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.gateway = Gateway(self.thread, GatewayOptions(listen=self.listen, admin=f"127.0.0.1:{free_port()}",
+                                                           workdir=workdir / "gateway", accounting=accounting)).start()
+
+    def stop(self) -> None:
+        for step in (self.gateway.stop, self.thread.stop, self.models.stop):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - stop everything that was started
+                pass
+
+
+@pytest.fixture(scope="session")
+def bundle() -> Bundle:
+    r = compile_paths([str(REPO / "policies")], analyse=False)
+    assert r.ok and r.bundle is not None
+    return r.bundle
+
+
+@pytest.fixture(scope="module")
+def rig(bundle: Bundle) -> Iterator[EvidenceRig]:
+    r = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-evidence-")))
+    yield r
+    r.stop()

@@ -1,0 +1,76 @@
+"""Measured per-call accounting from real traffic: calls through Envoy (as `policyc gateway`
+runs it) each get one `accounting` record in the audit log, joined to the decision id,
+with the bytes Envoy counted on the upstream wire and the model server's compute time;
+a call broken and retried on the backup shows both attempts; `policyc audit report`'s
+measured columns are filled."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from evidence_support import EvidenceRig
+from gateway_rig import PRIMARY
+
+from policyc.audit.query import AuditReader
+from policyc.modelserver.client import OipClient, infer_request, token_ids
+
+IDS = token_ids(64)
+BASE = (("x-model", PRIMARY), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
+STALL = ("x-policyc-stall-ms", "5000")
+FRAMING = 2048  # bytes of HTTP/2 frames, HPACK headers and the gRPC prefix a call may add on the wire
+
+
+def accounting_of(rig: EvidenceRig, decision_id: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with AuditReader.open(rig.workdir / "audit.db") as reader:
+            got = [e.record for e in reader.actions_for(decision_id) if e.record.kind == "accounting"]  # type: ignore[union-attr]
+        if got:
+            assert len(got) == 1, f"one accounting record per call, got {len(got)}"
+            rec = got[0]
+            return {"record": rec, "detail": json.loads(rec.detail)}  # type: ignore[union-attr]
+        time.sleep(0.05)
+    raise AssertionError(f"no accounting record for {decision_id} within {timeout} s")
+
+
+def test_every_call_gets_one_measured_record_agreeing_with_what_was_sent(rig: EvidenceRig) -> None:
+    request_bytes = infer_request(PRIMARY, IDS).ByteSize()
+    with OipClient(rig.listen) as client:
+        answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(5)]
+    for a in answers:
+        got = accounting_of(rig, a.decision_id)
+        rec, detail = got["record"], got["detail"]
+        assert rec.decision_id == a.decision_id and rec.resources.network_bytes.source == "measured"
+        [attempt] = detail["attempts"]
+        assert attempt["instance"] == a.instance and attempt["host"] == rig.models.endpoint(a.instance)
+        # the upstream wire carried the request message and the answer, plus framing only
+        assert request_bytes <= attempt["sent"] <= request_bytes + FRAMING, (attempt, request_bytes)
+        assert a.logits.nbytes <= attempt["received"] <= a.logits.nbytes + FRAMING, (attempt, a.logits.nbytes)
+        assert rec.resources.network_bytes.value == attempt["sent"] + attempt["received"]
+        # compute time as the model server measured it, the figure its answer carried
+        assert rec.resources.gpu_seconds.source == "measured"
+        assert abs(rec.resources.gpu_seconds.value - a.compute_us / 1e6) < 1e-9 and a.compute_us > 0
+        assert detail["downstream"]["grpc_status"] == "0" and attempt["grpc_status"] == "0"
+
+
+def test_a_broken_and_retried_call_shows_both_attempts(rig: EvidenceRig) -> None:
+    with OipClient(rig.listen) as client:
+        a = client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
+    assert a.variant == "simplified"  # answered by the backup after the per-try timeout
+    detail = accounting_of(rig, a.decision_id)["detail"]
+    first, second = detail["attempts"] if detail["attempts"][0]["compute_seconds"] is None else detail["attempts"][::-1]
+    assert detail["attempts_expected"] == 2 and detail["attempts_missing"] == 0
+    assert first["host"] != second["host"] and second["instance"] == a.instance
+    assert first["sent"] > 0 and first["compute_seconds"] is None  # reset before it answered
+    assert second["received"] >= a.logits.nbytes and second["compute_seconds"] == a.compute_us / 1e6
+
+
+def test_the_report_shows_measured_network_and_compute_for_the_calls(rig: EvidenceRig) -> None:
+    with OipClient(rig.listen) as client:
+        a = client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+    accounting_of(rig, a.decision_id)
+    with AuditReader.open(rig.workdir / "audit.db") as reader:
+        report = reader.report(by="model")
+    row = next(r for r in report.rows if r.key == PRIMARY)
+    assert row.network_bytes_measured > 0 and row.gpu_seconds_measured > 0
