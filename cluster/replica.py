@@ -89,7 +89,6 @@ class Replica:
         self.bundle_refused: tuple[str, str] | None = None  # (hash, why) of the last bundle refused
         self._known: dict[str, tuple[Instance, float | None]] = {}  # what the store holds, admitted or not
         self._tasks: list[asyncio.Task[Any]] = []
-        self._running = threading.Event()
         self._following = asyncio.Event()
         self._bundle_lock: asyncio.Lock | None = None
         self.anchored_seq = 0
@@ -115,7 +114,6 @@ class Replica:
         self._apply_initial(items)
         self.engine.writer = self
         await self._follow_from(self.applied_revision)
-        self._running.set()
 
     async def _join(self) -> list[tuple[Instance, float | None]]:
         self._bundle_lock = asyncio.Lock()
