@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -206,49 +207,70 @@ def _wait_ready(port: int, want: int, timeout: float = 30) -> None:
     raise RuntimeError(f"replica on port {port} not ready")
 
 
-def throughput(bundle, etcd: LocalEtcd, seconds: float, tmp: Path) -> None:  # type: ignore[no-untyped-def]
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (and its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _phase(k: int, bpath: Path, etcd: LocalEtcd, fleet: list, seconds: float) -> tuple[float, float]:  # type: ignore[type-arg]
+    """Decisions/s over `k` replica processes on etcd (k = 0: one process with no store),
+    and the replicas' CPU milliseconds per decision (a figure other load disturbs less)."""
+    prefix = f"/bench-{time.monotonic_ns()}/"
+    ports = free_ports(max(1, k))
+    procs = [_serve(bpath, p, ["--state-dir", "none"] if k == 0 else
+                    ["--etcd", *etcd.endpoints, "--etcd-prefix", prefix, "--name", f"t{i}", "--lease-ttl", str(TTL)])
+             for i, p in enumerate(ports)]
+    try:
+        _wait_ready(ports[0], 0)
+        with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as ch:
+            s = pb_grpc.DecisionsStub(ch)
+            for inst in fleet:
+                dep = {f: v for f, v in inst.deployment.model_dump().items() if f in pb.Deployment.DESCRIPTOR.fields_by_name}
+                s.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)))
+        for p in ports:
+            _wait_ready(p, 1)
+        time.sleep(1.0)
+        ctx = mp.get_context("spawn")  # this process runs gRPC threads: never fork it
+        q = ctx.Queue()
+        clients = [ctx.Process(target=_client, args=(p, seconds, q)) for p in ports]
+        cpu0 = sum(_cpu_s(p.pid) for p in procs)
+        for c in clients:
+            c.start()
+        total = sum(q.get(timeout=seconds + 60) for _ in clients)
+        cpu = sum(_cpu_s(p.pid) for p in procs) - cpu0
+        for c in clients:
+            c.join()
+        return total / seconds, cpu * 1e3 / max(1, total)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(20)
+
+
+def throughput(bundle, etcd: LocalEtcd, seconds: float, tmp: Path, rounds: int = 1) -> None:  # type: ignore[no-untyped-def]
     bpath = tmp / "bundle.json"
     bundle_io.write(bundle, bpath)
     probe = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(seed=1, hosts=32, gpus_per_host=4, hosts_per_rack=4),
                                                enforcer=EnforcerMode.OFF, start_refresher=False))
     fleet = admissible_fleet(bundle, probe.cluster.gpu_slots())  # type: ignore[union-attr]
     probe.refresher.stop()
-    results = {}
-    for k in (0, 1, 2, 3):  # 0: one process with no store
-        prefix = f"/bench-{time.monotonic_ns()}/"
-        ports = free_ports(max(1, k))
-        procs = [_serve(bpath, p, ["--state-dir", "none"] if k == 0 else
-                        ["--etcd", *etcd.endpoints, "--etcd-prefix", prefix, "--name", f"t{i}", "--lease-ttl", str(TTL)])
-                 for i, p in enumerate(ports)]
-        try:
-            _wait_ready(ports[0], 0)
-            with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as ch:
-                s = pb_grpc.DecisionsStub(ch)
-                for inst in fleet:
-                    dep = {f: v for f, v in inst.deployment.model_dump().items() if f in pb.Deployment.DESCRIPTOR.fields_by_name}
-                    s.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)))
-            for p in ports:
-                _wait_ready(p, 1)
-            time.sleep(1.0)
-            ctx = mp.get_context("spawn")  # this process runs gRPC threads: never fork it
-            q = ctx.Queue()
-            clients = [ctx.Process(target=_client, args=(p, seconds, q)) for p in ports]
-            for c in clients:
-                c.start()
-            total = sum(q.get(timeout=seconds + 60) for _ in clients)
-            for c in clients:
-                c.join()
-            results[k] = total / seconds
-        finally:
-            for p in procs:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(20)
+    runs: dict[int, list[float]] = {0: [], 1: [], 2: [], 3: []}
+    cpu: dict[int, list[float]] = {0: [], 1: [], 2: [], 3: []}
+    order = [0, 1, 2, 3]  # 0: one process with no store
+    for r in range(rounds):  # phases alternate direction each round, so drift in the machine's load hits all alike
+        for k in (order if r % 2 == 0 else order[::-1]):
+            rate, cpu_ms = _phase(k, bpath, etcd, fleet, seconds)
+            runs[k].append(rate)
+            cpu[k].append(cpu_ms)
+    results = {k: statistics.median(v) for k, v in runs.items()}
+    cpus = {k: statistics.median(v) for k, v in cpu.items()}
     base = results[0]
-    print(f"  one process, no store:   {results[0]:8.0f} decisions/s (1.00x)  [{len(fleet)} instances]")
+    print(f"  one process, no store:   {results[0]:8.0f} decisions/s (1.00x), {cpus[0]:.3f} CPU ms/decision  [{len(fleet)} instances]")
     for k in (1, 2, 3):
         print(f"  {k} replica(s) on etcd:    {results[k]:8.0f} decisions/s ({results[k] / base:.2f}x of one process, "
-              f"{results[k] / results[1]:.2f}x of one replica)")
-    print(json.dumps({"decisions_per_s": results}))
+              f"{results[k] / results[1]:.2f}x of one replica), {cpus[k]:.3f} CPU ms/decision")
+    print(json.dumps({"decisions_per_s_median": results, "runs": runs, "cpu_ms_per_decision": cpu}))
 
 
 def main() -> None:
@@ -257,9 +279,11 @@ def main() -> None:
     ap.add_argument("--registrations", type=int, default=200)
     ap.add_argument("--rollouts", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3, help="throughput rounds (median reported)")
+    ap.add_argument("--only", choices=("visible", "rollout", "failover", "throughput"), help="run one part")
     args = ap.parse_args()
     if args.quick:
-        args.registrations, args.rollouts, args.seconds = 50, 4, 2.0
+        args.registrations, args.rollouts, args.seconds, args.rounds = 50, 4, 2.0, 1
     import logging
 
     logging.basicConfig(level=logging.ERROR)
@@ -276,14 +300,19 @@ def main() -> None:
         assert second is not None
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
         with LocalEtcd.start(3) as etcd:
-            print(f"registration → visible ({args.registrations} instances, one agent each):")
-            visible_latency(bundle, etcd, args.registrations)
-            print("rollout convergence (3 replicas):")
-            rollout_convergence(bundle, second, etcd, args.rollouts)
-            print("failover:")
-            failovers(bundle, etcd)
-            print(f"decisions/s ({args.seconds:g} s per phase, a client process per replica, 16 in flight each):")
-            throughput(bundle, etcd, args.seconds, tmp)
+            if args.only in (None, "visible"):
+                print(f"registration → visible ({args.registrations} instances, one agent each):")
+                visible_latency(bundle, etcd, args.registrations)
+            if args.only in (None, "rollout"):
+                print("rollout convergence (3 replicas):")
+                rollout_convergence(bundle, second, etcd, args.rollouts)
+            if args.only in (None, "failover"):
+                print("failover:")
+                failovers(bundle, etcd)
+            if args.only in (None, "throughput"):
+                print(f"decisions/s ({args.seconds:g} s per phase, a client process per replica, 16 in flight each, "
+                      f"median of {args.rounds} rounds):")
+                throughput(bundle, etcd, args.seconds, tmp, args.rounds)
         print(f"load average {os.getloadavg()[0]:.2f} at end")
 
 
