@@ -328,3 +328,31 @@ def test_the_leaders_quarantine_is_followed_by_every_replica_and_a_follower_does
         followed = [r for r in th.server.actions.memory.records if r.kind is ActionKind.QUARANTINE and r.outcome is Outcome.DONE]
         assert f"decided by leader {leader.server.replica.name} under fencing token {token}" in followed[-1].detail
         assert [q.backend for q in th.server.replica.quarantines.active()] == [str(backends[0])]
+
+
+def test_an_idle_sessions_affinity_expires_everywhere(bundle, etcd) -> None:
+    prefix = new_prefix()
+    from policyc.cluster.config import FleetConfig
+    from policyc.server.app import DecisionServer, ServerThread
+    from policyc.server.config import EnforcerMode, ServeConfig
+
+    def start(name: str) -> ServerThread:
+        fleet = FleetConfig(etcd=tuple(etcd.endpoints), name=name, prefix=prefix, lease_ttl=TTL, session_ttl=1.0)
+        th = ServerThread(DecisionServer(bundle, ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, watch_gpus=False,
+                                                             fleet=fleet)))
+        th.start()
+        return th
+    reps = [start("s0"), start("s1")]
+    try:
+        reps[0].server.engine.register_many(_fleet(reps[0], bundle)[:2])
+        eventually(lambda: len(reps[1].server.state.registry) == 2, 5)
+        ch, s = stub(reps[0])
+        with ch:
+            d = s.Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer"}, session_id="idle"))
+        eventually(lambda: reps[1].server.replica.sessions.instance_of("idle") == d.placement.instance_id, 5)
+        # past its TTL every replica ignores it, and the leader deletes it from the store
+        eventually(lambda: all(th.server.replica.sessions.instance_of("idle") is None for th in reps), 3)
+        eventually(lambda: all(len(th.server.replica.sessions) == 0 for th in reps), 5, step=0.1)
+    finally:
+        for th in reps:
+            th.stop()
