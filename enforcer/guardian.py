@@ -276,6 +276,16 @@ class Guardian:
 
     # ----------------------------------------------------------------- backends
 
+    def backends(self) -> dict[Endpoint, Endpoint]:
+        """Every registered backend and its quarantine target (its backup)."""
+        with self._lock:
+            return dict(self._backups)
+
+    def backend_id(self, backend: Endpoint) -> int | None:
+        """The id the kernel plane counts `backend`'s traffic under (None: not registered)."""
+        with self._lock:
+            return self._backend_ids.get(backend)
+
     def register_backend(self, backend: Endpoint, backup: Endpoint) -> None:
         with self._lock:
             backend_id = self._backend_ids.setdefault(backend, len(self._backend_ids) + 1)

@@ -22,11 +22,13 @@ from pathlib import Path
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
+from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
+
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from .envoy_process import EnvoyProcess
 from .picker import PickerConfig
-from .server import PickerServer
+from .server import UNIX_PATH_MAX, PickerServer
 
 log = logging.getLogger("policyc.gateway")
 SYNC_INTERVAL = 0.1  # seconds between looks at the pool
@@ -44,6 +46,9 @@ class GatewayOptions:
     forwarded_headers: frozenset[str] = frozenset()
     access_log_cluster: str | None = None  # an ALS sink of the user's own (`ip:port`); None: policyc's receiver
     accounting: bool = True  # with an audit log: policyc receives Envoy's access log, one accounting record per call
+    kernel_data_path: bool = True  # with the kernel plane loaded: TC on `interfaces`, connect hooks on Envoy's cgroup
+    interfaces: tuple[str, ...] = ("lo",)
+    cgroup: Path | None = None  # None: a cgroup of the gateway's own under the cgroup2 mount
     workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
     log_level: str = "warning"
 
@@ -63,9 +68,12 @@ class Gateway:
         self.options = options
         self.workdir = Path(options.workdir) if options.workdir else Path(tempfile.mkdtemp(prefix="policyc-gateway-"))
         self.eds_path = self.workdir / "pool.json"
+        sock = str(self.workdir / "picker.sock")  # Envoy reaches the picker here: cheaper than TCP loopback
         self.picker = PickerServer(thread.server, PickerConfig(host=options.picker_host, port=options.picker_port,
                                                                 max_in_flight=options.max_in_flight,
-                                                                forwarded_headers=options.forwarded_headers))
+                                                                forwarded_headers=options.forwarded_headers,
+                                                                unix_socket=sock if len(sock.encode()) <= UNIX_PATH_MAX
+                                                                else None))
         self.envoy: EnvoyProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._written: tuple[str, ...] | None = None
@@ -76,12 +84,15 @@ class Gateway:
             self.access_log = AccessLogServer(AccessLogReceiver(audit.log.submit_action), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
         self._als: str | None = options.access_log_cluster
+        self.data_path: DataPath | None = None
 
     def spec(self, picker_port: int) -> GatewaySpec:
         o = self.options
         g = self.thread.server.guardian
         table = g.table if g is not None else build_rule_table(self.thread.server.engine.state.bundle)
-        return GatewaySpec(picker=f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
+        sock = self.picker.config.unix_socket
+        return GatewaySpec(picker=f"unix:{sock}" if sock is not None else
+                           f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
                            listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
                            access_log_cluster=self._als)
@@ -103,9 +114,36 @@ class Gateway:
         self.bootstrap = build_bootstrap(self.spec(port))
         self.envoy = EnvoyProcess(self.bootstrap, self.workdir, concurrency=self.options.concurrency,
                                   log_level=self.options.log_level).start(timeout)
+        self._attach_data_path()
         self._publish(endpoints, timeout)
         self._task = self.thread.call(self._start_sync())
         return self
+
+    def _attach_data_path(self) -> None:
+        """With the kernel plane loaded (`--enforcer kernel`), put it on Envoy's path."""
+        g = self.thread.server.guardian
+        if not self.options.kernel_data_path or g is None or not is_attachable(g.plane):
+            return
+        assert self.envoy is not None and self.envoy.pid is not None
+        self.data_path = DataPath(g, DataPathConfig(self.options.interfaces, self.options.cgroup)).attach()
+        self.data_path.adopt(self.envoy.pid)
+        self._sync_backends()
+
+    def _sync_backends(self) -> None:
+        """Each pool endpoint with its quarantine target: a backup the picker would retry on."""
+        if self.data_path is None:
+            return
+        from .pick import _redirect_of
+
+        g = self.thread.server.guardian
+        assert g is not None
+        pool, pairs = self.picker.picker.pool, []
+        for m in pool.members():
+            found = g.table.budget_for(m.model, None)
+            redirect = _redirect_of(found[0].breaker if found else None)
+            backups = pool.fallbacks(redirect.backup, m.endpoint, m.gpu_key) if redirect is not None else ()
+            pairs.append((m.endpoint, backups[0].endpoint if backups else None))
+        self.data_path.sync(pairs)
 
     async def _start_sync(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(self._sync(), name="policyc-gateway-pool")
@@ -135,6 +173,7 @@ class Gateway:
                         self.picker.picker.pool.published = frozenset(endpoints)
                     await asyncio.to_thread(self._write_pool, endpoints)
                     await asyncio.to_thread(self._publish, endpoints)
+                    await asyncio.to_thread(self._sync_backends)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep syncing; say what failed
@@ -147,6 +186,9 @@ class Gateway:
             self._task = None
         if self.envoy is not None:
             self.envoy.stop()  # Envoy flushes its access-log buffers as it exits
+        if self.data_path is not None:
+            self.data_path.detach()
+            self.data_path = None
         if self.access_log is not None:
             try:
                 self.thread.call(self.access_log.stop())

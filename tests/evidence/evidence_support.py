@@ -28,9 +28,10 @@ from policyc.server.proto import pb_grpc  # noqa: E402
 
 
 class EvidenceRig:
-    def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True) -> None:
+    def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True,
+                 enforcer: EnforcerMode = EnforcerMode.USERSPACE) -> None:
         self.workdir = workdir
-        cfg = ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, audit_log=workdir / "audit.db")
+        cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db")
         self.thread = ServerThread(DecisionServer(bundle, cfg))
         self.thread.start()
         server = self.thread.server
@@ -54,6 +55,9 @@ class EvidenceRig:
                                                            workdir=workdir / "gateway", accounting=accounting)).start()
 
     def stop(self) -> None:
+        if getattr(self, "_stopped", False):
+            return
+        self._stopped = True
         for step in (self.gateway.stop, self.thread.stop, self.models.stop):
             try:
                 step()
