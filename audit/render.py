@@ -64,17 +64,23 @@ def verify_text(r: VerifyReport) -> str:
 _HEAD = ("decisions", "admitted", "rejected", "failed", "gpu_s_meas", "gpu_s_est", "mem_GB_meas", "mem_GB_est", "net_MB_meas", "net_MB_est", "unacct", "lat_mean_ms", "lat_max_ms")
 
 
+def _small(v: float) -> str:
+    """Three decimals, or three significant digits for a measured figure below 0.001 (one
+    call's compute time or bytes would otherwise read 0.000)."""
+    return f"{v:.3f}" if v == 0 or v >= 0.001 else f"{v:.3g}"
+
+
 def _cells(row: ReportRow) -> list[str]:
     return [
         str(row.decisions),
         str(row.admitted),
         str(row.rejected),
         str(row.failed),
-        f"{row.gpu_seconds_measured:.3f}",
+        _small(row.gpu_seconds_measured),
         f"{row.gpu_seconds_estimated:.3f}",
         f"{row.memory_bytes_measured / 1e9:.3f}",
         f"{row.memory_bytes_estimated / 1e9:.3f}",
-        f"{row.network_bytes_measured / 1e6:.3f}",
+        _small(row.network_bytes_measured / 1e6),
         f"{row.network_bytes_estimated / 1e6:.3f}",
         str(row.unaccounted),
         f"{row.latency_mean * 1e3:.3f}",
@@ -89,7 +95,7 @@ def report_table(rep: Report) -> str:
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     out = [f"audit report {format_time(rep.start)} .. {format_time(rep.end)} by {rep.by} ({rep.actions} enforcement action(s) in range)", fmt(header), fmt(["-" * w for w in widths])]
     out += [fmt(b) for b in body[:-1]] + [fmt(["-" * w for w in widths]), fmt(body[-1])]
-    out.append("meas = measured (NVML, kernel flow counters); est = estimated from contract and placement; unacct = decisions with a figure absent")
+    out.append("meas = measured (Envoy's access log, the model server's compute time, NVML, kernel flow counters); est = estimated from contract and placement; unacct = decisions with a figure absent")
     return "\n".join(out)
 
 

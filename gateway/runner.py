@@ -185,7 +185,9 @@ class Gateway:
             self.thread.loop.call_soon_threadsafe(task.cancel)
             self._task = None
         if self.envoy is not None:
-            self.envoy.stop()  # Envoy flushes its access-log buffers as it exits
+            if self.access_log is not None:
+                self._settle_access_log()
+            self.envoy.stop()
         if self.data_path is not None:
             self.data_path.detach()
             self.data_path = None
@@ -198,6 +200,17 @@ class Gateway:
             self.thread.call(self.picker.stop())
         except RuntimeError:  # the server's loop is already gone
             pass
+
+    def _settle_access_log(self, quiet: float = 0.3, timeout: float = 3.0) -> None:
+        """Before Envoy stops: wait until its access log has been quiet for `quiet` seconds
+        (it flushes every 0.1 s), so the last calls' entries are not lost with it."""
+        assert self.access_log is not None
+        counts, deadline = self.access_log.receiver.counts, time.monotonic() + timeout
+        seen, since = counts.entries, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < quiet:
+            time.sleep(0.05)
+            if counts.entries != seen:
+                seen, since = counts.entries, time.monotonic()
 
     def __enter__(self) -> "Gateway":
         return self.start()
