@@ -43,6 +43,8 @@ from policyc.cluster.config import FleetConfig
 from policyc.cluster.etcd_store import EtcdStore
 from policyc.cluster.keys import Keys
 from policyc.cluster.local_etcd import LocalEtcd, free_ports
+from policyc.cluster.replica import Replica
+from policyc.cluster.shared_engine import SharedRegistryEngine
 from policyc.compiler import bundle_io
 from policyc.compiler.pipeline import compile_paths
 from policyc.server.app import DecisionServer, ServerThread
@@ -64,6 +66,17 @@ def ms(x: float) -> str:
     return f"{x * 1e3:.1f} ms"
 
 
+def rep(th: ServerThread) -> Replica:
+    r = th.server.replica
+    assert r is not None
+    return r
+
+
+def slots(th: ServerThread) -> list:  # type: ignore[type-arg]
+    assert th.server.cluster is not None
+    return list(th.server.cluster.gpu_slots())
+
+
 def replica(bundle, etcd: LocalEtcd, name: str, prefix: str) -> ServerThread:  # type: ignore[no-untyped-def]
     fleet = FleetConfig(etcd=tuple(etcd.endpoints), name=name, prefix=prefix, lease_ttl=TTL, report_interval=0.5)
     th = ServerThread(DecisionServer(bundle, ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE, watch_gpus=False,
@@ -78,13 +91,14 @@ def visible_latency(bundle, etcd: LocalEtcd, n: int) -> None:  # type: ignore[no
     seen: dict[tuple[int, str], float] = {}
     for i, th in enumerate(reps):
         eng = th.server.engine
+        assert isinstance(eng, SharedRegistryEngine)
         orig = eng.apply_register
 
         def timed(inst, score, _orig=orig, _i=i):  # type: ignore[no-untyped-def]
             _orig(inst, score)
             seen[(_i, inst.id)] = time.perf_counter()
-        eng.apply_register = timed  # type: ignore[method-assign]
-    fleet = admissible_fleet(bundle, reps[0].server.cluster.gpu_slots(), models=["fraud-scorer", "fraud-scorer-lite", "recommender"])
+        eng.apply_register = timed  # type: ignore[method-assign]  # timed where the watch's change is applied
+    fleet = admissible_fleet(bundle, slots(reps[0]), models=["fraud-scorer", "fraud-scorer-lite", "recommender"])
     fleet = (fleet * (n // max(1, len(fleet)) + 1))[:n]
     fleet = [f.model_copy(update={"id": f"{f.id}#{k}"}) for k, f in enumerate(fleet)]
 
@@ -124,7 +138,7 @@ def rollout_convergence(bundle, second, etcd: LocalEtcd, rounds: int) -> None:  
     for k in range(rounds):
         nxt = second if cur is bundle else bundle
         t0 = time.perf_counter()
-        reps[k % 3].server.replica.roll_out(nxt, expect=cur.content_hash)
+        rep(reps[k % 3]).roll_out(nxt, expect=cur.content_hash)
         while not all(th.server.state.bundle_hash == nxt.content_hash for th in reps):
             time.sleep(0.001)
         times.append(time.perf_counter() - t0)
@@ -137,18 +151,18 @@ def rollout_convergence(bundle, second, etcd: LocalEtcd, rounds: int) -> None:  
 def failovers(bundle, etcd: LocalEtcd) -> None:  # type: ignore[no-untyped-def]
     prefix = f"/bench-{time.monotonic_ns()}/"
     reps = [replica(bundle, etcd, f"r{i}", prefix) for i in range(3)]
-    fleet = admissible_fleet(bundle, reps[0].server.cluster.gpu_slots(), models=["fraud-scorer"])
+    fleet = admissible_fleet(bundle, slots(reps[0]), models=["fraud-scorer"])
     dead = etcd.leader()
     etcd.kill(dead)
     t0 = time.perf_counter()
     reps[1].server.engine.register(fleet[0])
     print(f"  etcd leader killed → next registration stored: {ms(time.perf_counter() - t0)}")
     etcd.restart(dead)
-    leader = next(th for th in reps if th.server.replica.election.token)
+    leader = next(th for th in reps if rep(th).election.token)
     t0 = time.perf_counter()
-    leader.call(leader.server.replica.crash())
+    leader.call(rep(leader).crash())
     others = [th for th in reps if th is not leader]
-    while not any(th.server.replica.election.token for th in others):
+    while not any(rep(th).election.token for th in others):
         time.sleep(0.005)
     print(f"  policyc leader crashed → another holds the fencing token: {ms(time.perf_counter() - t0)} (lease TTL {TTL} s)")
 
@@ -218,9 +232,9 @@ def _phase(k: int, bpath: Path, etcd: LocalEtcd, fleet: list, seconds: float) ->
     and the replicas' CPU milliseconds per decision (a figure other load disturbs less)."""
     prefix = f"/bench-{time.monotonic_ns()}/"
     ports = free_ports(max(1, k))
-    procs = [_serve(bpath, p, ["--state-dir", "none"] if k == 0 else
+    procs = [_serve(bpath, port, ["--state-dir", "none"] if k == 0 else
                     ["--etcd", *etcd.endpoints, "--etcd-prefix", prefix, "--name", f"t{i}", "--lease-ttl", str(TTL)])
-             for i, p in enumerate(ports)]
+             for i, port in enumerate(ports)]
     try:
         _wait_ready(ports[0], 0)
         with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as ch:
@@ -228,12 +242,12 @@ def _phase(k: int, bpath: Path, etcd: LocalEtcd, fleet: list, seconds: float) ->
             for inst in fleet:
                 dep = {f: v for f, v in inst.deployment.model_dump().items() if f in pb.Deployment.DESCRIPTOR.fields_by_name}
                 s.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)))
-        for p in ports:
-            _wait_ready(p, 1)
+        for port in ports:
+            _wait_ready(port, 1)
         time.sleep(1.0)
         ctx = mp.get_context("spawn")  # this process runs gRPC threads: never fork it
         q = ctx.Queue()
-        clients = [ctx.Process(target=_client, args=(p, seconds, q)) for p in ports]
+        clients = [ctx.Process(target=_client, args=(port, seconds, q)) for port in ports]
         cpu0 = sum(_cpu_s(p.pid) for p in procs)
         for c in clients:
             c.start()

@@ -42,7 +42,10 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     r.add_argument("--public-key", help="check the bundle's signature here first (each replica checks again)")
     r.add_argument("--expect", metavar="HASH", help="only if this bundle is in force (compare-and-swap)")
     r.set_defaults(func=_rollout)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    def usage(args: argparse.Namespace) -> int:
+        p.print_help()
+        return int(Exit.USAGE)
+    p.set_defaults(func=usage)
 
 
 def _store_flags(p: argparse.ArgumentParser) -> None:
