@@ -1,19 +1,26 @@
 """Gateway benchmark: bounded closed-loop gRPC load through a real Envoy to the same real
 KServe model servers, with policyc picking every request (ext_proc: the decision engine,
 the placer, the audit log) against Envoy's own round-robin to the same servers, measured
-in the same run, the two alternating round by round so both see the same machine.
+in the same run, the modes alternating round by round so all see the same machine.
 
-    .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2]
+    .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
 
 A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
-policyc (same Python grpc.aio, same event loop, a fixed answer), splits what policyc adds
-into the ext_proc hop and the decision itself. The model is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full
-variant on 4 tokens, ~0.1-0.3 ms of onnxruntime), so what the picker adds is visible. The
-decision service runs in this process with the simulated fleet registered (placement at
-scale: the pool's instances are a few among ~250), its refresher running and an audit log
-in group mode; the clients run in a second process (grpc.aio) so they do not share the
-picker's GIL. Reported per mode and concurrency: requests/s, p50, p99 (client-observed),
-errors; then the p50 policyc adds and its throughput as a share of round-robin's.
+policyc (same Python grpc.aio, same event loop, same Unix socket transport, a fixed
+answer), splits what policyc adds into the ext_proc hop and the decision itself. The model
+is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full variant on
+4 tokens, ~0.1-0.3 ms of onnxruntime), so what the picker adds is visible. The decision
+service runs in this process with the simulated fleet registered (placement at scale: the
+pool's instances are a few among ~250), its refresher running and an audit log in group
+mode; Envoy reaches the picker on its Unix socket, as `policyc gateway` runs it.
+
+The load generator is nghttp2's `h2load` (C, one thread, one HTTP/2 connection carrying
+the callers' streams, as one gRPC channel would): on a small machine a Python client would
+spend as much CPU per request as the gateway and the ratio would measure the client.
+`--client python` keeps the grpc.aio client (a second process). Reported per mode and
+concurrency: requests/s, p50, p99 (client-observed), errors, and the CPU per request of
+each process (the policyc process and the model servers net of what they spend idle, Envoy,
+the client); then the p50 policyc adds and its throughput as a share of round-robin's.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ sys.path.insert(0, str(REPO / "tests" / "gateway"))
 
 if TYPE_CHECKING:
     from policyc.gateway.envoy_process import EnvoyProcess
+    from policyc.gateway.server import PickerServer
 
 LITE = "fraud-scorer-lite"
 
@@ -91,7 +99,7 @@ def _h2load_round(target: str, model: str, concurrency: int, seconds: float, bod
     each answer).
     Also returns h2load's own CPU seconds, so the report shows what the client spent.
     A refusal by the picker is HTTP 200 with a gRPC status, so the caller counts those from
-    Envoy's counters (requests taken that never went upstream)."""
+    the picker's own counters."""
     log = work / "h2load.log"
     log.unlink(missing_ok=True)
     cmd = ["h2load", "-t", "1", "-c", "1", "-m", str(concurrency), "-D", f"{int(seconds * 1000)}ms", "--warm-up-time", "500ms",
@@ -110,7 +118,9 @@ def _h2load_round(target: str, model: str, concurrency: int, seconds: float, bod
         raise SystemExit(f"h2load's report is not the one expected:\n{out.stdout}")
     lat = [int(line.split()[2]) / 1e6 for line in log.read_text().splitlines() if line.strip()]
     elapsed = int(done.group(1)) / max(float(rate.group(1)), 1e-9)  # the measured phase, warm-up excluded
-    failed = int(done.group(1)) - int(codes.group(1))  # not HTTP 200 (a gRPC refusal is 200: counted by the caller)
+    # not HTTP 200 (a gRPC refusal is 200: counted by the caller); a stream cut at the end of the
+    # run can have its status counted and not be done
+    failed = max(0, int(done.group(1)) - int(codes.group(1)))
     return lat, failed, elapsed, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
 
 
@@ -148,13 +158,14 @@ class _NoopPicker:
             await context.write(self._responses[self._n % len(self._responses)])
 
 
-async def _start_noop(endpoints: tuple[str, ...]):  # type: ignore[no-untyped-def]
+async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ignore[no-untyped-def]
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     ep_grpc.add_ExternalProcessorServicer_to_server(_NoopPicker(endpoints), server)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
+    server.add_insecure_port(f"unix:{unix_socket}")
     await server.start()
     return server, port
 
@@ -165,10 +176,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _requests(envoy: "EnvoyProcess") -> tuple[int, int]:
-    """Requests this gateway's Envoy has taken so far, and how many it sent to the model servers."""
-    st = envoy.stats("")
-    return st.get("http.policyc_gateway.downstream_rq_total", 0), st.get("cluster.policyc_pool.upstream_rq_total", 0)
+def _requests(envoy: "EnvoyProcess") -> int:
+    """Requests this gateway's Envoy has taken so far (warm-up included)."""
+    name = "http.policyc_gateway.downstream_rq_total"
+    return envoy.stats(name).get(name, 0)
+
+
+def _refusals(picker: "PickerServer", mode: str) -> int:
+    """Requests policyc's picker refused so far (immediate responses: HTTP 200 with a gRPC
+    status for a gRPC caller, so h2load cannot count them)."""
+    if mode != "policyc":
+        return 0
+    return sum(n for what, n in picker.picker.counts.items() if what not in ("forwarded", "broken"))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -227,15 +246,17 @@ def main() -> int:
                 reg = s.instance.model_copy(update={"id": inst.instance_id, "model": args.model, "deployment":
                                                     s.instance.deployment.model_copy(update={"endpoint": inst.endpoint})})
                 stub.RegisterInstance(convert.register_request(reg, onnx_model=lite.full.read_bytes()), timeout=10)
-        picker = PickerServer(server, PickerConfig())
+        # as `policyc gateway` runs it (gateway/runner.py): Envoy reaches the picker on its Unix socket
+        picker = PickerServer(server, PickerConfig(unix_socket=str(work / "picker.sock")))
         picker_port = thread.call(picker.start())
         endpoints = tuple(i.endpoint for i in models.instances)
-        noop, noop_port = thread.call(_start_noop(endpoints))
+        noop, _ = thread.call(_start_noop(endpoints, str(work / "noop.sock")))
         targets = {}
-        for mode, use, port in (("policyc", True, picker_port), ("no-op ext_proc", True, noop_port),
-                                ("round-robin", False, picker_port)):
+        for mode, use, picker_at in (("policyc", True, f"unix:{work / 'picker.sock'}"),
+                                     ("no-op ext_proc", True, f"unix:{work / 'noop.sock'}"),
+                                     ("round-robin", False, f"127.0.0.1:{picker_port}")):
             listen = f"127.0.0.1:{free_port()}"
-            spec = GatewaySpec(picker=f"127.0.0.1:{port}", listen=listen, admin=f"127.0.0.1:{free_port()}",
+            spec = GatewaySpec(picker=picker_at, listen=listen, admin=f"127.0.0.1:{free_port()}",
                                endpoints=endpoints, use_picker=use)
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
@@ -247,21 +268,26 @@ def main() -> int:
         body = work / "request.grpc"
         message = infer_request(args.model, token_ids(4)).SerializeToString()
         body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
-        t, c = time.perf_counter(), _cpu_s(os.getpid())
+        model_pids = [p.pid for p in models.processes if p.pid is not None]
+        t, c, m = time.perf_counter(), _cpu_s(os.getpid()), sum(_cpu_s(p) for p in model_pids)
         time.sleep(2.0)
-        idle_rate = (_cpu_s(os.getpid()) - c) / (time.perf_counter() - t)  # the policyc process's own background work
+        # what the policyc process (placer refresher, audit, readiness) and the model servers spend with no load
+        idle_rate = (_cpu_s(os.getpid()) - c) / (time.perf_counter() - t)
+        model_idle = (sum(_cpu_s(p) for p in model_pids) - m) / (time.perf_counter() - t)
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
               f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode; "
-              f"client {client}; policyc process idle {idle_rate * 1e3:.0f} ms CPU/s (subtracted below)")
+              f"client {client}; idle: policyc process {idle_rate * 1e3:.0f} ms CPU/s, model servers {model_idle * 1e3:.0f} ms CPU/s "
+              "(subtracted below)")
         for conc in phases:
             res: dict[str, list[tuple[list[float], int, float]]] = {m: [] for m in targets}
-            cpu: dict[str, list[float]] = {m: [0.0, 0.0, 0.0] for m in targets}  # policyc process, Envoy, client: CPU s
+            # CPU s of the policyc process, Envoy, the client, the model servers
+            cpu: dict[str, list[float]] = {m: [0.0, 0.0, 0.0, 0.0] for m in targets}
             served = dict.fromkeys(targets, 0)
             refused = dict.fromkeys(targets, 0)
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, e0, t0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0), time.perf_counter()
-                    q0 = _requests(envoy)
+                    q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(picker, mode)
                     if client == "h2load":
                         lat, failed, elapsed, client_cpu = _h2load_round(target, args.model, conc, args.seconds, body, work)
                         res[mode].append((lat, failed, elapsed))
@@ -272,9 +298,9 @@ def main() -> int:
                     cpu[mode][0] += _cpu_s(os.getpid()) - c0 - idle_rate * wall
                     cpu[mode][1] += _cpu_s(envoy.pid or 0) - e0
                     cpu[mode][2] += client_cpu
-                    taken, sent = _requests(envoy)
-                    served[mode] += taken - q0[0]
-                    refused[mode] += (taken - q0[0]) - (sent - q0[1])  # answered by Envoy without the model server
+                    cpu[mode][3] += sum(_cpu_s(p) for p in model_pids) - m0 - model_idle * wall
+                    served[mode] += _requests(envoy) - q0
+                    refused[mode] += _refusals(picker, mode) - r0
             summary = {}
             for mode, rounds in res.items():
                 lat = [x for r in rounds for x in r[0]]
@@ -285,7 +311,7 @@ def main() -> int:
                 print(f"  concurrency {conc:>2} {mode:>14}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
                       f"p50 {summary[mode][1]:.2f} ms, p99 {summary[mode][2]:.2f} ms, errors {errors}; CPU per request: "
                       f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us, "
-                      f"client {cpu[mode][2] / n * 1e6:.0f} us")
+                      f"client {cpu[mode][2] / n * 1e6:.0f} us, model servers {cpu[mode][3] / n * 1e6:.0f} us")
             pc, rr, nop = summary["policyc"], summary["round-robin"], summary["no-op ext_proc"]
             print(f"  concurrency {conc:>2}: policyc adds {pc[1] - rr[1]:+.2f} ms at p50, {pc[2] - rr[2]:+.2f} ms at p99; "
                   f"throughput {pc[0] / rr[0]:.2f} x round-robin; of the p50 added, the ext_proc hop alone (no-op) "

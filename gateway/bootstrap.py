@@ -72,7 +72,7 @@ end
 class GatewaySpec:
     """What a gateway needs to know; every address is loopback unless said otherwise."""
 
-    picker: str  # `ip:port` of policyc's ext_proc endpoint picker
+    picker: str  # `ip:port` of policyc's ext_proc endpoint picker, or `unix:/path` (its Unix socket)
     pickers: tuple[str, ...] = ()  # several replicas' pickers (one ext_proc cluster); empty: `picker` alone
     listen: str = "127.0.0.1:8080"  # where clients connect
     admin: str = "127.0.0.1:9901"  # Envoy's admin interface (ready, stats)
@@ -162,6 +162,16 @@ def _pool_cluster(spec: GatewaySpec) -> dict[str, Any]:
     return cluster
 
 
+def _picker_address(picker: str) -> dict[str, Any]:
+    """`ip:port`, or `unix:/path` for a picker on the same machine (an Envoy `pipe`)."""
+    if picker.startswith("unix:"):
+        path = picker.removeprefix("unix:")
+        if not path.startswith("/"):
+            raise ValueError(f"the picker's Unix socket must be an absolute path, got `{picker}`")
+        return {"pipe": {"path": path}}
+    return _address(picker)
+
+
 def _picker_cluster(spec: GatewaySpec) -> dict[str, Any]:
     """The pickers: each one's readiness is health-checked (the Endpoint Picker Protocol's
     `envoy.service.ext_proc.v3.ExternalProcessor` health service) and a picker that refuses
@@ -171,7 +181,8 @@ def _picker_cluster(spec: GatewaySpec) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "name": PICKER_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
         "typed_extension_protocol_options": _h2(),
-        "load_assignment": load_assignment(PICKER_CLUSTER, pickers),
+        "load_assignment": {"cluster_name": PICKER_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _picker_address(p)}} for p in pickers]}]},
         "health_checks": [{"timeout": "0.25s", "interval": "0.5s", "unhealthy_threshold": 1, "healthy_threshold": 1,
                            "no_traffic_interval": "0.5s",
                            "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],

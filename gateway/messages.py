@@ -44,9 +44,26 @@ def forward_bytes(pick: Pick) -> bytes:
         if len(_HEADS) >= _HEADS_MAX:
             _HEADS.clear()
         head = _HEADS[key] = forward(pick, with_decision_id=False).SerializeToString()
+    return head + _decision_id_bytes(pick.decision_id)
+
+
+def _decision_id_message(decision_id: str) -> bytes:
     tail = ep.ProcessingResponse()
-    _set(tail.request_headers.response.header_mutation, DECISION_HEADER, pick.decision_id)
-    return head + tail.SerializeToString()
+    _set(tail.request_headers.response.header_mutation, DECISION_HEADER, decision_id)
+    return tail.SerializeToString()
+
+
+_ID_PLACEHOLDER = "\x00" * 32  # decision ids are 32 hex digits: every such message has the same length prefixes
+_ID_BEFORE, _, _ID_AFTER = _decision_id_message(_ID_PLACEHOLDER).partition(_ID_PLACEHOLDER.encode())
+
+
+def _decision_id_bytes(decision_id: str) -> bytes:
+    """The decision id's header mutation, serialized: the id spliced into a message built
+    once (the hot path builds no protobuf), any other length built in full."""
+    raw = decision_id.encode()
+    if len(raw) == len(_ID_PLACEHOLDER):
+        return _ID_BEFORE + raw + _ID_AFTER
+    return _decision_id_message(decision_id)
 
 
 def serialize(message: ep.ProcessingResponse | bytes) -> bytes:

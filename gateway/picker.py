@@ -54,6 +54,8 @@ class PickerConfig:
     port: int = 0  # 0: ephemeral
     max_in_flight: int = 512  # beyond: 429 (shed)
     forwarded_headers: frozenset[str] = frozenset()  # lower-case names for the model server, not the policy
+    # also serve on this Unix socket (an Envoy on the same machine: a `pipe` address, cheaper than TCP loopback)
+    unix_socket: str | None = None
 
 
 class RuleTables:

@@ -22,6 +22,7 @@ from .messages import serialize
 from .picker import EndpointPicker, PickerConfig, RuleTables
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+UNIX_PATH_MAX = 107  # sockaddr_un.sun_path, less its terminating NUL
 
 
 class PickerServer:
@@ -61,10 +62,27 @@ class PickerServer:
             raise TransportError(f"the endpoint picker cannot listen on {self.config.host}:{self.config.port}: {e}") from None
         if port == 0:
             raise TransportError(f"the endpoint picker cannot listen on {self.config.host}:{self.config.port} (in use?)")
+        if self.config.unix_socket is not None:
+            self._add_unix_socket(server, self.config.unix_socket)
         await server.start()
         self._server, self.port = server, port
         await self.readiness.start()
         return port
+
+    @staticmethod
+    def _add_unix_socket(server: grpc.aio.Server, path: str) -> None:
+        """The same services on a Unix socket: Envoy's ext_proc stream per request then costs
+        both processes fewer system calls than over TCP loopback (measured in
+        benchmarks/gateway.py: ~5 % less CPU per request in each)."""
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise TransportError(f"the endpoint picker's Unix socket path is {len(path.encode())} bytes, "
+                                 f"the limit is {UNIX_PATH_MAX}: {path}")
+        try:
+            bound = server.add_insecure_port(f"unix:{path}")
+        except RuntimeError as e:
+            raise TransportError(f"the endpoint picker cannot listen on unix:{path}: {e}") from None
+        if bound == 0:
+            raise TransportError(f"the endpoint picker cannot listen on unix:{path}")
 
     async def stop(self, grace: float = 1.0) -> None:
         self.readiness.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from policyc.gateway.bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
+from policyc.gateway.bootstrap import PICKER_CLUSTER, POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from policyc.gateway.envoy_process import envoy_binary
 from policyc.gateway.refusal import from_error
 from policyc.gateway.request_view import header_map, policy_headers, shape_key
@@ -55,7 +55,9 @@ def _validate(boot: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
                 access_log_cluster="127.0.0.1:9003"),
     GatewaySpec(picker="127.0.0.1:9002", eds_path="/nonexistent/pool.json", failure_mode_allow=True),
     GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), use_picker=False),
-], ids=["static pool, retry budget, ALS hook", "EDS file, failure mode allow", "round-robin baseline"])
+    GatewaySpec(picker="unix:/run/policyc/picker.sock", endpoints=("127.0.0.1:8001",)),
+], ids=["static pool, retry budget, ALS hook", "EDS file, failure mode allow", "round-robin baseline",
+        "picker on a Unix socket"])
 def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path: Path) -> None:
     if spec.eds_path is not None:
         pool = tmp_path / "pool.json"
@@ -70,12 +72,17 @@ def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path:
     pool_cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == POOL_CLUSTER)
     lb = pool_cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"]
     assert lb == ("envoy.load_balancing_policies.override_host" if spec.use_picker else "envoy.load_balancing_policies.round_robin")
+    if spec.picker.startswith("unix:"):  # Envoy reaches the picker over its Unix socket (a `pipe` address)
+        picker = next(c for c in boot["static_resources"]["clusters"] if c["name"] == PICKER_CLUSTER)
+        assert picker["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == \
+            {"pipe": {"path": "/run/policyc/picker.sock"}}
 
 
 @pytest.mark.parametrize("spec, words", [
     (GatewaySpec(picker="127.0.0.1:9002"), "needs its pool"),
     (GatewaySpec(picker="127.0.0.1:9002", endpoints=("host:1",)), "not an IP address"),
     (GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:1",), retry_budget=2.0), "share in [0, 1]"),
+    (GatewaySpec(picker="unix:picker.sock", endpoints=("127.0.0.1:1",)), "must be an absolute path"),
 ])
 def test_a_bootstrap_that_cannot_work_is_refused(spec: GatewaySpec, words: str) -> None:
     with pytest.raises(ValueError) as e:
