@@ -356,3 +356,19 @@ def test_an_idle_sessions_affinity_expires_everywhere(bundle, etcd) -> None:
     finally:
         for th in reps:
             th.stop()
+
+
+def test_policyc_cluster_rollout_swaps_by_compare_and_swap(replicas, bundle, etcd, tmp_path, capsys) -> None:
+    from policyc.cli.main import main
+
+    (tmp_path / "src").mkdir()
+    second = _second_bundle(bundle, tmp_path / "src")
+    path = tmp_path / "second.json"
+    bundle_io.write(second, path)
+    argv = ["cluster", "rollout", str(path), "--etcd", *etcd.endpoints, "--etcd-prefix", replicas[0].server.replica.keys.prefix]
+    assert main([*argv, "--expect", "sha256:" + "0" * 64]) == 1  # not the bundle in force: nothing swapped
+    assert "another rollout changed it" in capsys.readouterr().err
+    assert main([*argv, "--expect", bundle.content_hash]) == 0
+    assert second.content_hash in capsys.readouterr().out
+    for th in replicas:
+        eventually(lambda th=th: th.server.state.bundle_hash == second.content_hash, 10)
