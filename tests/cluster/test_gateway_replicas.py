@@ -1,6 +1,6 @@
 """Envoy reaching several pickers: two policyc replicas (sharing their fleet through etcd)
 each run the ext_proc endpoint picker; Envoy's picker cluster holds both, with gRPC health
-checks and outlier detection. Real Envoy, real KServe model servers. Both pickers serve;
+checks and outlier detection (`GatewaySpec.pickers`). Real Envoy, real KServe model servers. Both pickers serve;
 when one replica dies, only requests in flight on it fail (the gateway's failure mode,
 here: refuse), and every later request is picked by the other."""
 
@@ -17,10 +17,10 @@ import pytest
 from cluster_rig import eventually, new_prefix, replica
 
 from policyc.cluster.local_etcd import free_ports
-from policyc.gateway.bootstrap import PICKER_CLUSTER, GatewaySpec, build_bootstrap, load_assignment
+from policyc.gateway.bootstrap import PICKER_CLUSTER, GatewaySpec, build_bootstrap
 from policyc.gateway.envoy_process import EnvoyProcess
 from policyc.gateway.picker import PickerConfig
-from policyc.gateway.server import EXT_PROC_SERVICE, PickerServer
+from policyc.gateway.server import PickerServer
 from policyc.modelserver.client import OipClient, token_ids
 from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
 from policyc.modelserver.model_files import write_model_files
@@ -32,23 +32,6 @@ from policyc.server.proto import pb_grpc
 MODEL, BACKUP = "fraud-scorer", "fraud-scorer-lite"
 FLEET = ClusterSpec(seed=1, hosts=32, gpus_per_host=4, hosts_per_rack=4)
 BASE = (("x-model", MODEL), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
-
-
-def picker_cluster_of_replicas(bootstrap: dict, pickers: list[str]) -> dict:  # type: ignore[type-arg]
-    """The picker cluster over every replica's picker, skipping a dead one at once: gRPC
-    health checks on the picker's own health service, outlier ejection on local-origin
-    failures, and no panic routing to a host known to be down (see
-    /work/notes/cluster-to-gateway.md)."""
-    for c in bootstrap["static_resources"]["clusters"]:
-        if c["name"] == PICKER_CLUSTER:
-            c["load_assignment"] = load_assignment(PICKER_CLUSTER, pickers)
-            c["health_checks"] = [{"timeout": "0.25s", "interval": "0.3s", "unhealthy_threshold": 1, "healthy_threshold": 1,
-                                   "no_traffic_interval": "0.3s", "grpc_health_check": {"service_name": EXT_PROC_SERVICE}}]
-            c["outlier_detection"] = {"split_external_local_origin_errors": True, "consecutive_local_origin_failure": 1,
-                                      "enforcing_consecutive_local_origin_failure": 100, "base_ejection_time": "10s",
-                                      "max_ejection_percent": 100, "interval": "0.3s"}
-            c["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}
-    return bootstrap
 
 
 @pytest.fixture
@@ -78,11 +61,10 @@ def two_replicas_behind_envoy(bundle, etcd):  # type: ignore[no-untyped-def]
         pickers = [PickerServer(th.server, PickerConfig()) for th in reps]
         ports = [th.call(p.start()) for th, p in zip(reps, pickers)]
         listen, admin = free_ports(2)
-        spec = GatewaySpec(picker=f"127.0.0.1:{ports[0]}", listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{admin}",
+        spec = GatewaySpec(picker=f"127.0.0.1:{ports[0]}", pickers=tuple(f"127.0.0.1:{p}" for p in ports), listen=f"127.0.0.1:{listen}", admin=f"127.0.0.1:{admin}",
                            endpoints=tuple(i.endpoint for i in models.instances), failure_mode_allow=False,
                            picker_timeout_ms=2000)  # a loaded 2-core machine: a slow pick is not what is tested
-        boot = picker_cluster_of_replicas(build_bootstrap(spec), [f"127.0.0.1:{p}" for p in ports])
-        envoy = EnvoyProcess(boot, work / "envoy").start()
+        envoy = EnvoyProcess(build_bootstrap(spec), work / "envoy").start()
         started.append(envoy)
         yield reps, pickers, envoy, f"127.0.0.1:{listen}"
     finally:
