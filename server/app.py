@@ -104,6 +104,7 @@ class DecisionServer:
         self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
                                        max_decide_bytes=config.max_decide_bytes,
                                        verifier=BundleVerifier(config.bundle_key))
+        self.service.topology = lambda: self.refresher.current().topology
         self.health = health.aio.HealthServicer()
         self.readiness = Readiness(self.health, ("", SERVICE_NAME), interval=min(0.5, max(config.refresh_interval, 0.05)))
         self.readiness.add("bundle", lambda: None if self.engine.state.bundle_hash else "no bundle loaded")

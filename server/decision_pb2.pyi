@@ -378,16 +378,18 @@ class RegisterInstanceRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., deployment: _Optional[_Union[Deployment, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., contract_json: _Optional[str] = ..., onnx_model: _Optional[bytes] = ..., score: _Optional[float] = ...) -> None: ...
 
 class RegisterInstanceResponse(_message.Message):
-    __slots__ = ("instance_id", "model", "registry_size", "bundle_hash")
+    __slots__ = ("instance_id", "model", "registry_size", "bundle_hash", "unverified_facts")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_SIZE_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_HASH_FIELD_NUMBER: _ClassVar[int]
+    UNVERIFIED_FACTS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     model: str
     registry_size: int
     bundle_hash: str
-    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., registry_size: _Optional[int] = ..., bundle_hash: _Optional[str] = ...) -> None: ...
+    unverified_facts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., registry_size: _Optional[int] = ..., bundle_hash: _Optional[str] = ..., unverified_facts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeregisterInstanceRequest(_message.Message):
     __slots__ = ("instance_id",)

@@ -1,4 +1,5 @@
-"""`RegisterInstance`: the instance's contract, given inline or inside an ONNX model, must
+"""`RegisterInstance`: the instance's facts are checked against the topology that knows
+them (`check_facts`); the instance's contract, given inline or inside an ONNX model, must
 be the bundle's contract of that name. A model whose embedded contract lacks a required
 field is refused naming the field (`INVALID_ARGUMENT`); one whose contract differs from the
 bundle's (contract drift) is refused naming the fields that differ (`FAILED_PRECONDITION`).
@@ -16,6 +17,10 @@ from policyc.onnxgate.contract_metadata import load_contract
 from policyc.onnxgate.errors import ContractMetadataError
 
 from policyc.compiler.diagnostic import error
+from policyc.matcher.admission_cache import AdmissionCache
+from policyc.matcher.errors import AdmissionError
+from policyc.matcher.instance import Instance
+from policyc.placer.topology import Topology
 
 from .errors import ServiceError, Status
 
@@ -104,3 +109,67 @@ def check_against_bundle(given: Contract, model: str, bundle: Bundle) -> str:
                            f"contract drift: the given contract `{name}` differs from the bundle's in {shown}", tuple(diff), field=diff[0],
                            diagnostics=tuple(error("E722", f"`{d}` differs from the bundle's contract", field=d) for d in diff))
     return name
+
+
+# ---------------------------------------------------------------------- facts
+
+def check_facts(inst: Instance, topology: Topology | None) -> tuple[str, ...]:
+    """Check an instance's deployment facts against the telemetry that knows them (the
+    placer's topology: built from the simulated cluster, or from /sys and NVML for
+    `--cluster local`). Returns the facts no source could tell (unverified); raises
+    ServiceError (FAILED_PRECONDITION) naming the first fact that disagrees and both values.
+
+    The host, its GPU, the GPU's class and NUMA node, and the host's region, CUDA version
+    and security facts (TPM, memory encryption, hardware firewall, TEE) and the NUMA
+    node's session store are all known to a topology; with none, every fact is unverified."""
+    d = inst.deployment
+    facts = ("host", "gpu", "gpu_model", "numa_node", "region", "cuda", "tpm", "memory_encryption",
+             "hardware_firewall", "tee", "session_state")
+    if topology is None:
+        return facts
+    hosts = topology.host_index
+    h = hosts.get(d.host)
+    if h is None:
+        raise _fact_refused(inst, "host", d.host, f"no such host among the topology's {len(hosts)}")
+    g = topology.gpu_index.get((d.host, d.gpu))
+    if g is None:
+        known = sorted(x.gpu_id for x in topology.gpus if x.host == h)
+        raise _fact_refused(inst, "gpu", d.gpu, f"{d.host} has {', '.join(known) or 'no GPU'}")
+    gpu, host = topology.gpus[g], topology.hosts[h]
+    numa = topology.numa[gpu.numa]
+    where = f"{d.host}/{d.gpu}"
+    known_facts: tuple[tuple[str, object, object, str], ...] = (
+        ("gpu_model", d.gpu_model, gpu.model, where),
+        ("numa_node", d.numa_node, numa.node, where),
+        ("region", d.region, host.region, d.host),
+        ("cuda", d.cuda, host.cuda, d.host),
+        ("tpm", d.tpm, host.tpm, d.host),
+        ("memory_encryption", d.memory_encryption, host.memory_encryption, d.host),
+        ("hardware_firewall", d.hardware_firewall, host.hardware_firewall, d.host),
+        ("tee", d.tee, host.tee, d.host),
+        ("session_state", d.session_state, numa.store.value, f"{d.host} NUMA node {numa.node}"),
+    )
+    for fact, claimed, truth, of in known_facts:
+        if claimed != truth:
+            raise _fact_refused(inst, fact, claimed, f"the topology knows {of} as `{_show(truth)}`")
+    return ()
+
+
+def _show(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _fact_refused(inst: Instance, fact: str, claimed: object, known: str) -> ServiceError:
+    field = f"deployment.{fact}"
+    return ServiceError(Status.FAILED_PRECONDITION,
+                        f"instance `{inst.id}`: `{field}` is `{_show(claimed)}` but {known}", (field,), field=field)
+
+
+def admissible(inst: Instance, bundle: Bundle) -> bool:
+    """Whether the deployment can serve its contract at all (the registry's own check, which
+    refuses first and says what the contract requires)."""
+    try:
+        AdmissionCache(bundle).attributes(inst)
+    except AdmissionError:
+        return False
+    return True

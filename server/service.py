@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
+from policyc.placer.topology import Topology
 from policyc.audit.errors import AuditError
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
@@ -40,7 +41,7 @@ from .request_input import to_request
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
 from .rich_status import default_code, rich_status, trailer
-from .registration import check_against_bundle, contract_from_json, contract_from_onnx
+from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
 log = logging.getLogger("policyc.server")
@@ -88,6 +89,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
         self._reload_lock = asyncio.Lock()
         self.shapes = RequestShapes()
         self.feasibility_series = FeasibilitySeries(lambda: self.engine.state.feasibility)
+        self.topology: Callable[[], Topology | None] = lambda: None  # what registration checks facts against (app sets it)
         metrics.registry.register(self.feasibility_series)
 
     # ------------------------------------------------------------------ common checks
@@ -285,6 +287,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
             elif not model:
                 raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
             inst = convert.instance(request, model)
+            # facts checked against the telemetry that knows them; a deployment that cannot
+            # serve its contract at all is refused by the registry first, saying what it needs
+            unverified = check_facts(inst, self.topology()) if admissible(inst, bundle) else ()
             score = request.score if request.HasField("score") else None
             if score is not None and not 0.0 <= score <= 1.0:
                 raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
@@ -293,7 +298,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
         except ServiceError as e:
             await self._refuse(context, "RegisterInstance", e)
             raise
-        return pb.RegisterInstanceResponse(instance_id=inst.id, model=model, registry_size=size, bundle_hash=bundle.content_hash)
+        return pb.RegisterInstanceResponse(instance_id=inst.id, model=model, registry_size=size, bundle_hash=bundle.content_hash,
+                                           unverified_facts=unverified)
 
     @_no_tracebacks
     async def DeregisterInstance(self, request: pb.DeregisterInstanceRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterInstanceResponse:
