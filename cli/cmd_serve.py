@@ -55,6 +55,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto",
                    help="circuit-break enforcement: the eBPF kernel plane where root and BPF allow (auto), "
                         "required (kernel), user space only, or off")
+    p.add_argument("--self-heal", choices=("dry-run", "execute"), default="dry-run",
+                   help="self-heal's GPU reset, RDMA link refresh and rebalance: recorded only (dry-run, the default) "
+                        "or executed (execute: an operator's explicit switch, audited)")
     p.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on this port (on --host)")
     p.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics on this address instead")
     p.add_argument("--ready-min-instances", type=int, default=0, metavar="N",
@@ -101,7 +104,7 @@ def run(args) -> int:
     from policyc.compiler import bundle_io
     from policyc.server.app import DecisionServer
     from policyc.server.auth import Tokens
-    from policyc.server.config import AuditDurability, ClusterSpec, EnforcerMode, ServeConfig, Telemetry, TlsFiles
+    from policyc.server.config import AuditDurability, ClusterSpec, EnforcerMode, SelfHeal, ServeConfig, Telemetry, TlsFiles
     from policyc.audit.errors import AuditError
     from policyc.server.transport import TransportError
 
@@ -144,6 +147,7 @@ def run(args) -> int:
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
         refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
         audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
+        self_heal=SelfHeal(args.self_heal),
         audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
         metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )

@@ -1,7 +1,10 @@
 """The one executor for dangerous self-heal steps: records everything, dry-runs by default.
 
 GPU reset and RDMA link refresh touch hardware; they run only when an operator opted in
-(`allow_real=True`) and a command is configured for the step. Rebalance is a placement
+(`allow_real=True`: `policyc serve --self-heal execute`, or `self_heal = "execute"` in the
+config, itself audited) and a command is configured for the step. Executed, the RDMA refresh
+takes the port's device down, brings it up and waits for carrier (`heal_steps.refresh_link`),
+and a GPU reset is refused on a host without that GPU, saying so. Rebalance is a placement
 decision, not a hardware act: it always calls the rebalance hook. Every step, real or
 not, becomes an audit record.
 """
@@ -14,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from policyc.enforcer.heal_steps import HealStepError, gpu_present, refresh_link
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 
 Step = Literal["gpu_reset", "rdma_link_refresh", "rebalance"]
@@ -22,7 +26,7 @@ HARDWARE_STEPS: frozenset[str] = frozenset({"gpu_reset", "rdma_link_refresh"})
 # Default command templates; `{gpu_index}` and `{rdma_link}` come from the target's facts.
 DEFAULT_COMMANDS: Mapping[str, Sequence[str]] = {
     "gpu_reset": ("nvidia-smi", "--gpu-reset", "-i", "{gpu_index}"),
-    "rdma_link_refresh": ("rdma", "link", "set", "{rdma_link}", "down"),
+    "rdma_link_refresh": ("policyc:refresh_link", "{rdma_link}"),  # down, up, wait for carrier (heal_steps)
 }
 
 
@@ -32,6 +36,7 @@ class HealTarget:
     node: str  # host whose instances are rebalanced
     gpu_index: str = "0"
     rdma_link: str = ""
+    netns: str | None = None  # where the link lives (None: this process's namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,16 @@ class ActionExecutor:
                 break
         return results
 
+    def _refresh(self, step: str, target: HealTarget) -> StepResult:
+        if not target.rdma_link:
+            return StepResult(step, Outcome.FAILED, f"no RDMA link known for {target.gpu_key}")
+        try:
+            r = refresh_link(target.rdma_link, target.netns, carrier_timeout=self.timeout_s)
+        except HealStepError as e:
+            return StepResult(step, Outcome.FAILED, str(e))
+        return StepResult(step, Outcome.DONE, f"{target.rdma_link} ({r.device}) down {r.down_s * 1e3:.0f} ms, up, "
+                                              f"carrier after {r.carrier_after_s * 1e3:.0f} ms")
+
     def _one(self, step: str, target: HealTarget) -> StepResult:
         if step == "rebalance":
             try:
@@ -104,6 +119,12 @@ class ActionExecutor:
         argv = [part.format(gpu_index=target.gpu_index, rdma_link=target.rdma_link) for part in template]
         if not self.allow_real:
             return StepResult(step, Outcome.DRY_RUN, "would run: " + " ".join(argv))
+        if argv[0] == "policyc:refresh_link":
+            return self._refresh(step, target)
+        # nvidia-smi on a host without that GPU: refused, saying so (an operator's own command is theirs)
+        if step == "gpu_reset" and tuple(template) == tuple(DEFAULT_COMMANDS["gpu_reset"]) \
+                and (why := gpu_present(target.gpu_index)) is not None:
+            return StepResult(step, Outcome.REFUSED, why)
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -89,7 +89,9 @@ class DecisionServer:
         self.guardian = None
         self.actions = None
         if config.enforcer is not EnforcerMode.OFF:
-            self.guardian, self.actions = make_guardian(bundle, config.enforcer, self.placer, self.audit)
+            self.guardian, self.actions = make_guardian(bundle, config.enforcer, self.placer, self.audit,
+                                                        self_heal=config.self_heal, engine=self.engine,
+                                                        slots=lambda: self.refresher.current().topology.gpu_slots())
             if self.replica is not None:
                 self.guardian.set_fence(self.replica)  # self-heal and quarantine: the elected leader only
             self.engine.on_reload(lambda st: self.guardian.load_bundle(st.bundle))  # type: ignore[union-attr]

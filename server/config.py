@@ -37,6 +37,14 @@ class AuditDurability(str, Enum):
     SYNC = "sync"
 
 
+class SelfHeal(str, Enum):
+    """Self-heal's hardware and registry steps: recorded only (the default), or executed
+    (an operator's explicit switch, itself audited when the service starts)."""
+
+    DRY_RUN = "dry-run"
+    EXECUTE = "execute"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """The simulated cluster: deterministic for a seed."""
@@ -72,6 +80,7 @@ class ServeConfig:
     audit_key: Path | None = None  # ed25519 private key (PEM or hex) that signs the log's checkpoints
     audit_window: float = 0.5  # seconds a record may take to become durable before Decide refuses (audit_bridge.WINDOW)
     enforcer: EnforcerMode = EnforcerMode.USERSPACE
+    self_heal: SelfHeal = SelfHeal.DRY_RUN  # EXECUTE: GPU reset, RDMA refresh and rebalance really run
     watch_gpus: bool = True  # feed per-GPU telemetry to the guardian's GPU rules each tick
     max_decide_bytes: int = 64 * 1024
     max_message_bytes: int = 32 * 1024 * 1024  # RegisterInstance may carry an ONNX model

@@ -9,7 +9,9 @@ are otherwise kept in memory (`MemoryAudit`), never lost silently.
 
 from __future__ import annotations
 
+import time
 import warnings
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -17,12 +19,15 @@ from policyc.compiler.bundle import Bundle
 from policyc.enforcer.collaborators import MemoryAudit
 from policyc.enforcer.executor import ActionExecutor, HealTarget
 from policyc.enforcer.guardian import Guardian, GpuVerdict
-from policyc.enforcer.records import ActionRecord
+from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 from policyc.placer import Placer, Snapshot
 from policyc.placer.snapshot import COLLAPSE_MIN_DEMAND
+from policyc.placer.topology import GpuSlot
 
 from .audit_bridge import AuditBridge
-from .config import EnforcerMode
+from .config import EnforcerMode, SelfHeal
+from .engine import DecisionEngine
+from .node_rebalance import NodeRebalance
 
 SM_SIGNAL = "sm_utilization"
 
@@ -40,11 +45,25 @@ class ActionSink:
             self.audit.action(record)
 
 
-def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: AuditBridge | None) -> tuple[Guardian, ActionSink]:
+def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: AuditBridge | None, *,
+                  self_heal: SelfHeal = SelfHeal.DRY_RUN, engine: DecisionEngine | None = None,
+                  slots: Callable[[], Sequence[GpuSlot]] | None = None) -> tuple[Guardian, ActionSink]:
+    """The guardian with its plane, sink and executor. `self_heal` EXECUTE (the operator's
+    switch) lets the executor run hardware steps and rebalance for real; the switch itself
+    is the first record. With `engine` and `slots`, rebalance cordons, drains and moves the
+    node's instances (`NodeRebalance`); otherwise it only releases the placer's sessions."""
     from policyc.enforcer.plane import open_plane
     from policyc.enforcer.userspace_plane import UserSpacePlane
 
     sink = ActionSink(audit)
+    execute = self_heal is SelfHeal.EXECUTE
+    if execute:
+        sink(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target="self_heal_mode", rule="",
+                          outcome=Outcome.DONE, detail="the operator switched self-heal to execute (--self-heal execute): "
+                          "GPU reset, RDMA link refresh and rebalance run for real", source="operator"))
+    rebalance: Callable[[str], object] = placer.rebalance
+    if engine is not None and slots is not None:
+        rebalance = NodeRebalance(engine, placer, sink, slots, execute=execute)
     if mode is EnforcerMode.USERSPACE:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -52,7 +71,7 @@ def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: Aud
     else:
         plane = open_plane(sink, require_kernel=mode is EnforcerMode.KERNEL)
     g = Guardian(bundle, plane=plane, anomalies=placer, audit=sink,
-                 executor=ActionExecutor(sink, rebalance=placer.rebalance))
+                 executor=ActionExecutor(sink, rebalance=rebalance, allow_real=execute))
     return g, sink
 
 
