@@ -33,7 +33,7 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from policyc.audit.accounting import call_accounting
 from policyc.audit.records import ActionRecord
 
-from .bootstrap import DECISION_HEADER
+from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER
 
 log = logging.getLogger("policyc.gateway.access_log")
 
@@ -90,6 +90,8 @@ class Call:
     attempts: int  # how many upstream attempts Envoy says it made
     grpc_status: str | None
     tls: bool
+    tls_handshake: float | None = None  # seconds Envoy's TLS handshake with the client took (None: not TLS)
+    upstream_first_byte: float | None = None  # seconds from the call's start to the model server's first byte
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -134,14 +136,24 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 duration=_seconds(c.duration) if c.HasField("duration") else None,
                 first_byte=_seconds(c.time_to_first_downstream_tx_byte) if c.HasField("time_to_first_downstream_tx_byte") else None,
                 attempts=int(c.upstream_request_attempt_count), grpc_status=_grpc_status(resp),
-                tls=c.HasField("tls_properties") and bool(c.tls_properties.tls_version))
+                tls=c.HasField("tls_properties") and bool(c.tls_properties.tls_version),
+                tls_handshake=_us(_header(req.request_headers, TLS_HANDSHAKE_HEADER)),
+                upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None)
+
+
+def _us(text: str | None) -> float | None:
+    try:
+        return float(text) / 1e6 if text else None
+    except ValueError:
+        return None
 
 
 def accounting_record(call: Call, attempts: list[Attempt]) -> ActionRecord:
     """The call's one audit record: measured bytes (every attempt, both ways), compute time."""
     computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
     detail = {"downstream": {"received": call.received, "sent": call.sent, "duration_s": call.duration,
-                             "first_byte_s": call.first_byte, "grpc_status": call.grpc_status, "tls": call.tls},
+                             "first_byte_s": call.first_byte, "grpc_status": call.grpc_status, "tls": call.tls,
+                             "tls_handshake_s": call.tls_handshake},
               "attempts": [asdict(a) for a in attempts], "attempts_expected": call.attempts,
               "attempts_missing": max(call.attempts - len(attempts), 0)}
     hosts = ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)"

@@ -46,6 +46,7 @@ DECISION_HEADER = "x-policyc-decision-id"
 PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
 MAX_RETRIES = "x-envoy-max-retries"
 ATTEMPT_COUNT = "x-envoy-attempt-count"
+TLS_HANDSHAKE_HEADER = "x-policyc-tls-handshake-us"  # the request's connection: from its start to the end of its TLS handshake
 
 # Per attempt (an upstream filter runs once for each try): drop the picker's instructions
 # from what the model server sees and, on a retry, set the headers they name (urlencoded).
@@ -89,6 +90,8 @@ class GatewaySpec:
     min_retry_concurrency: int = 3
     use_picker: bool = True  # False: a plain round-robin gateway over the same pool (the benchmark's baseline)
     access_log_cluster: str | None = None  # hook for issue 20: the gRPC access-log service's `ip:port`
+    tls_cert: str | None = None  # with tls_key: the listener serves TLS (PEM files), its handshake times logged
+    tls_key: str | None = None
     node_id: str = "policyc-gateway"
     extra_response_headers: tuple[tuple[str, str], ...] = field(default=())
 
@@ -230,7 +233,7 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
         "common_config": {"log_name": log_name, "transport_api_version": "V3",
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
                           "buffer_flush_interval": "0.1s"},
-        "additional_request_headers_to_log": [DECISION_HEADER],
+        "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER],
         "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "grpc-status"],
         "additional_response_trailers_to_log": ["grpc-status"]}}]
 
@@ -242,7 +245,20 @@ def _route(spec: GatewaySpec) -> dict[str, Any]:
         route["retry_policy"] = {"retry_on": "reset,connect-failure,refused-stream", "num_retries": spec.retries}
     headers = [{"header": {"key": DECISION_HEADER, "value": f"%REQ({DECISION_HEADER})%"}, "keep_empty_value": False}]
     headers += [{"header": {"key": k, "value": v}} for k, v in spec.extra_response_headers]
-    return {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": headers if spec.use_picker else []}
+    out = {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": headers if spec.use_picker else []}
+    if spec.tls_cert is not None and spec.access_log_cluster is not None:
+        # the connection's TLS handshake time (µs from its start), onto the request so the access log carries it
+        out["request_headers_to_add"] = [{"header": {"key": TLS_HANDSHAKE_HEADER, "value": "%COMMON_DURATION(DS_CX_BEG:DS_HS_END:us)%"},
+                                          "keep_empty_value": False}]
+    return out
+
+
+def _tls(spec: GatewaySpec) -> dict[str, Any]:
+    return {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {"alpn_protocols": ["h2", "http/1.1"],
+                               "tls_certificates": [{"certificate_chain": {"filename": spec.tls_cert},
+                                                     "private_key": {"filename": spec.tls_key}}]}}}
 
 
 def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
@@ -251,6 +267,8 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError("a gateway needs its pool: give `endpoints` or `eds_path`")
     if spec.retries < 0:
         raise ValueError(f"retries must be at least 0, got {spec.retries}")
+    if (spec.tls_cert is None) != (spec.tls_key is None):
+        raise ValueError("a TLS listener needs both tls_cert and tls_key")
     if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:
         raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
     http_filters = ([_ext_proc(spec)] if spec.use_picker else []) + [
@@ -281,7 +299,8 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         "static_resources": {
             "listeners": [{"name": LISTENER, "address": _address(spec.listen),
                            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                                           "typed_config": hcm}]}]}],
+                                                           "typed_config": hcm}],
+                                              **({"transport_socket": _tls(spec)} if spec.tls_cert else {})}]}],
             "clusters": clusters,
         },
     }

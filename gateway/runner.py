@@ -23,6 +23,7 @@ from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
+from policyc.enforcer.signal_windows import GatewaySignals, SignalWindows
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
@@ -49,6 +50,8 @@ class GatewayOptions:
     kernel_data_path: bool = True  # with the kernel plane loaded: TC on `interfaces`, connect hooks on Envoy's cgroup
     interfaces: tuple[str, ...] = ("lo",)
     cgroup: Path | None = None  # None: a cgroup of the gateway's own under the cgroup2 mount
+    tls_cert: Path | None = None  # with tls_key: clients connect over TLS
+    tls_key: Path | None = None
     workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
     log_level: str = "warning"
 
@@ -84,6 +87,11 @@ class Gateway:
             self.access_log = AccessLogServer(AccessLogReceiver(audit.log.submit_action), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
         self._als: str | None = options.access_log_cluster
+        self.signals: SignalWindows | None = None  # the gateway's cross-layer signals, 10 ms windows, to the guardian
+        g = thread.server.guardian
+        if self.access_log is not None and g is not None:
+            self.signals = SignalWindows(lambda w: g.observe_gpu(w.key, w.signals))
+            self.access_log.receiver.listeners.append(GatewaySignals(self.signals, self._gpu_of))
         self.data_path: DataPath | None = None
 
     def spec(self, picker_port: int) -> GatewaySpec:
@@ -95,7 +103,8 @@ class Gateway:
                            f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
                            listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
-                           access_log_cluster=self._als)
+                           access_log_cluster=self._als, tls_cert=str(o.tls_cert) if o.tls_cert else None,
+                           tls_key=str(o.tls_key) if o.tls_key else None)
 
     def _write_pool(self, endpoints: tuple[str, ...]) -> None:
         self._version += 1
@@ -118,6 +127,13 @@ class Gateway:
         self._publish(endpoints, timeout)
         self._task = self.thread.call(self._start_sync())
         return self
+
+    def _gpu_of(self, instance_id: str) -> str | None:
+        try:
+            d = self.thread.server.engine.state.registry.get(instance_id).deployment
+        except Exception:  # noqa: BLE001 - deregistered since it answered
+            return None
+        return f"{d.host}/{d.gpu}"
 
     def _attach_data_path(self) -> None:
         """With the kernel plane loaded (`--enforcer kernel`), put it on Envoy's path."""
@@ -166,6 +182,8 @@ class Gateway:
         while True:
             await asyncio.sleep(SYNC_INTERVAL)
             try:
+                if self.signals is not None:
+                    await asyncio.to_thread(self.signals.flush, time.time())
                 endpoints = pool.endpoints()
                 if endpoints != self._written:
                     removed = set(self._written or ()) - set(endpoints)

@@ -29,7 +29,8 @@ from policyc.server.proto import pb_grpc  # noqa: E402
 
 class EvidenceRig:
     def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True,
-                 enforcer: EnforcerMode = EnforcerMode.USERSPACE) -> None:
+                 enforcer: EnforcerMode = EnforcerMode.USERSPACE, listen_host: str = "127.0.0.1",
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.workdir = workdir
         cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db")
         self.thread = ServerThread(DecisionServer(bundle, cfg))
@@ -50,9 +51,11 @@ class EvidenceRig:
                     update={"endpoint": self.models.endpoint(s.instance_id)})})
                 f = full.full if s.model == PRIMARY else lite.full
                 stub.RegisterInstance(convert.register_request(inst, onnx_model=f.read_bytes()), timeout=10)
-        self.listen = f"127.0.0.1:{free_port()}"
+        self.listen = f"{listen_host}:{free_port()}"
         self.gateway = Gateway(self.thread, GatewayOptions(listen=self.listen, admin=f"127.0.0.1:{free_port()}",
-                                                           workdir=workdir / "gateway", accounting=accounting)).start()
+                                                           workdir=workdir / "gateway", accounting=accounting,
+                                                           tls_cert=tls[0] if tls else None,
+                                                           tls_key=tls[1] if tls else None)).start()
 
     def stop(self) -> None:
         if getattr(self, "_stopped", False):

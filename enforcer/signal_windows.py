@@ -1,0 +1,117 @@
+"""Cross-layer signals in short windows (the design's 10 ms), per GPU, for the correlation
+rules (`correlate.py`, through `Guardian.observe_gpu`).
+
+Two kinds of signal: *events* (one value per call or stream: the gateway's TLS handshake
+time, time to first byte, gRPC status; the kernel walker's per-stream HTTP/2 time),
+averaged over the window they fall in, and *levels* (sampled state: NVML's SM
+utilisation), whose last sample holds until the next. A window is handed on once it has
+closed and its events have had `lag` seconds to arrive (Envoy's access log is flushed on a
+timer); only windows with at least one event are handed on (a level alone is what the
+telemetry tick already feeds). The gRPC statuses of a window become `error_rate` (the
+share of non-OK calls) and their distribution is kept for the window's record.
+
+`GatewaySignals` is the access-log receiver's listener: each call's TLS handshake, time to
+first byte and status, on the GPU of the instance that answered.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from policyc.enforcer.correlate import ERROR_RATE, STREAM_TIME, TLS_HANDSHAKE
+
+WINDOW = 0.010  # seconds
+TIME_TO_FIRST_BYTE = "time_to_first_byte"  # seconds, the gateway's view of the model server
+
+
+@dataclass
+class _Open:
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    statuses: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    key: str  # the GPU (`host/gpuN`)
+    start: float  # wall-clock seconds
+    signals: Mapping[str, float]
+    statuses: Mapping[str, int]
+
+
+class SignalWindows:
+    def __init__(self, on_window: Callable[[ClosedWindow], object], window: float = WINDOW, lag: float = 0.5) -> None:
+        if window <= 0:
+            raise ValueError(f"a signal window must be positive, got {window}")
+        self.window, self.lag, self.on_window = window, lag, on_window
+        self._open: dict[tuple[str, int], _Open] = {}
+        self._levels: dict[str, dict[str, tuple[float, float]]] = {}  # key -> signal -> (time, value)
+        self._lock = threading.Lock()
+
+    def _slot(self, key: str, t: float) -> _Open:
+        return self._open.setdefault((key, math.floor(t / self.window)), _Open())
+
+    def event(self, key: str, signal: str, value: float, t: float) -> None:
+        with self._lock:
+            w = self._slot(key, t)
+            w.sums[signal] = w.sums.get(signal, 0.0) + value
+            w.counts[signal] = w.counts.get(signal, 0) + 1
+
+    def status(self, key: str, code: str, t: float) -> None:
+        with self._lock:
+            self._slot(key, t).statuses[code] += 1
+
+    def level(self, key: str, signal: str, value: float, t: float) -> None:
+        with self._lock:
+            self._levels.setdefault(key, {})[signal] = (t, value)
+
+    def _level_at(self, key: str, t: float) -> dict[str, float]:
+        return {s: v for s, (ts, v) in self._levels.get(key, {}).items() if ts <= t}
+
+    def flush(self, now: float) -> list[ClosedWindow]:
+        """Hand on every window that closed at least `lag` seconds before `now`, oldest first."""
+        with self._lock:
+            due = sorted((k for k in self._open if (k[1] + 1) * self.window + self.lag <= now), key=lambda k: k[1])
+            out = []
+            for k in due:
+                w = self._open.pop(k)
+                start = k[1] * self.window
+                signals = self._level_at(k[0], start + self.window)
+                signals.update({s: w.sums[s] / w.counts[s] for s in w.sums})
+                n = sum(w.statuses.values())
+                if n:
+                    signals[ERROR_RATE] = 1.0 - w.statuses.get("0", 0) / n
+                out.append(ClosedWindow(k[0], start, signals, dict(w.statuses)))
+        for cw in out:
+            self.on_window(cw)
+        return out
+
+
+class GatewaySignals:
+    """Feeds each call the gateway's access log reports into the windows."""
+
+    def __init__(self, windows: SignalWindows, gpu_of: Callable[[str], str | None]) -> None:
+        self.windows = windows
+        self.gpu_of = gpu_of  # instance id -> its GPU key
+
+    def __call__(self, call: object, attempts: list) -> None:  # type: ignore[type-arg]
+        if not attempts or not attempts[-1].instance:
+            return
+        last = attempts[-1]
+        key = self.gpu_of(last.instance)
+        if key is None:
+            return
+        t = call.start + (call.duration or 0.0)  # type: ignore[attr-defined]
+        if call.tls_handshake is not None:  # type: ignore[attr-defined]
+            self.windows.event(key, TLS_HANDSHAKE, call.tls_handshake, t)  # type: ignore[attr-defined]
+        if last.first_byte is not None:
+            self.windows.event(key, TIME_TO_FIRST_BYTE, last.first_byte, t)
+        if call.grpc_status is not None:  # type: ignore[attr-defined]
+            self.windows.status(key, call.grpc_status, t)  # type: ignore[attr-defined]
+
+
+__all__ = ["WINDOW", "TIME_TO_FIRST_BYTE", "STREAM_TIME", "SignalWindows", "GatewaySignals", "ClosedWindow"]
