@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from policyc.compiler import bundle_io
+from policyc.gateway.bootstrap import PICKER_CLUSTER
 from policyc.gateway.envoy_process import envoy_binary
 from policyc.matcher.instance import Instance
 from policyc.modelserver.client import OipClient, token_ids
@@ -87,6 +88,11 @@ def test_one_command_gives_a_gateway_that_follows_registrations(bundle, tmp_path
                     time.sleep(0.1)
             assert answer is not None, last
             assert answer.instance == "fraud-scorer@host-0002/gpu0" and answer.decision_id
+            # Envoy reached the picker on its Unix socket in the workdir (cheaper than TCP loopback)
+            boot = json.loads((tmp_path / "gw" / "envoy.json").read_text())
+            picker_cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == PICKER_CLUSTER)
+            assert picker_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == \
+                {"pipe": {"path": str(tmp_path / "gw" / "picker.sock")}}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
