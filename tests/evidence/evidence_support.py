@@ -30,13 +30,13 @@ from policyc.server.proto import pb_grpc  # noqa: E402
 class EvidenceRig:
     def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True,
                  enforcer: EnforcerMode = EnforcerMode.USERSPACE, listen_host: str = "127.0.0.1",
-                 tls: tuple[Path, Path] | None = None) -> None:
+                 tls: tuple[Path, Path] | None = None, audit: bool = True, primaries: int = 1) -> None:
         self.workdir = workdir
-        cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db")
+        cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db" if audit else None)
         self.thread = ServerThread(DecisionServer(bundle, cfg))
         self.thread.start()
         server = self.thread.server
-        self.slots = pool_layout(bundle, server, 1)
+        self.slots = pool_layout(bundle, server, primaries)
         files = workdir / "models"
         full = write_model_files(bundle.contract(PRIMARY), files)  # type: ignore[arg-type]
         lite = write_model_files(bundle.contract(BACKUP), files, simplified=True)  # type: ignore[arg-type]
