@@ -317,6 +317,12 @@ def main() -> int:
                   f"throughput {pc[0] / rr[0]:.2f} x round-robin; of the p50 added, the ext_proc hop alone (no-op) "
                   f"{nop[1] - rr[1]:+.2f} ms, the decision {pc[1] - nop[1]:+.2f} ms; no-op throughput {nop[0] / rr[0]:.2f} x; "
                   f"load average {os.getloadavg()[0]:.2f}")
+
+            def paired(mode: str) -> str:  # each round against the round-robin round next to it: the machine's drift cancels
+                xs = sorted((len(a[0]) / a[2]) / (len(b[0]) / b[2]) for a, b in zip(res[mode], res["round-robin"]))
+                return f"{statistics.median(xs):.2f} x (rounds {xs[0]:.2f}-{xs[-1]:.2f})"
+
+            print(f"  concurrency {conc:>2}: round by round, policyc {paired('policyc')}, no-op {paired('no-op ext_proc')}")
         print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
         thread.call(picker.stop())
         thread.call(noop.stop(0.1))
