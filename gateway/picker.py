@@ -137,8 +137,10 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             return messages.immediate(refusal.shed(self.in_flight, limit))
         policy = policy_view(((h.key, _value(h)) for h in req.request_headers.headers.headers), self.config.forwarded_headers)
         try:
-            d, _, durable = self.service.decide_shape(self.shapes, shape_key(policy),
-                                                      lambda: DecisionInput(policy, {}, routable_only=True), t0)
+            key = shape_key(policy)
+            make_input = lambda: DecisionInput(policy, {}, routable_only=True)  # noqa: E731
+            prepared = await self.service.prepare_new_shape(self.shapes, key, make_input)  # Z3 off the loop
+            d, _, durable = self.service.decide_shape(self.shapes, key, make_input, t0, prepared)
             if durable is not None:
                 await durable  # sync audit: forward only once the decision's record is on disk
         except ServiceError as e:

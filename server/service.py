@@ -121,6 +121,23 @@ class DecisionService(pb_grpc.DecisionsServicer):
         request as it came off the wire)."""
         return pb.Decision.FromString(await self.decide_bytes(request.SerializeToString(), context))
 
+    async def prepare_new_shape(self, shapes: RequestShapes, key: bytes,
+                                make_input: Callable[[], DecisionInput]) -> Prepared | None:
+        """For a request shape `shapes` has not seen: parse it and get its feasibility answer
+        with Z3 kept off the serving loop (a new feasibility shape is solved in the solver
+        thread while the loop serves others). None when the shape is cached. Every caller
+        of `decide_shape` on the loop (Decide, DecideBatch, the gateway's picker) comes here
+        first, so no Z3 call runs on the loop."""
+        st = self.engine.state
+        if shapes.get(st, key) is not None:
+            return None
+        prepared = self.engine.prepare(make_input(), st, solve=False)
+        if type(prepared.answer) is Pending:
+            t1 = time.perf_counter()
+            answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
+            prepared = replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
+        return prepared
+
     def decide_shape(self, shapes: RequestShapes, key: bytes, make_input: Callable[[], DecisionInput],
                      t0: float, prepared: Prepared | None = None) -> tuple[Decision, ShapeEntry, Awaitable[Any] | None]:
         """One decision on the path every caller shares (the Decide RPC, the gateway's
@@ -162,16 +179,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 if len(raw) > self.max_decide_bytes:
                     raise ServiceError(Status.RESOURCE_EXHAUSTED,
                                        f"request is {len(raw)} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
-                prepared = None
-                st = self.engine.state
-                if self.shapes.get(st, raw) is None:  # a new raw shape: parsed here, and a new feasibility shape
-                    prepared = self.engine.prepare(convert.decision_input(convert.decide_request(raw)), st, solve=False)
-                    if type(prepared.answer) is Pending:  # solved in the solver thread: the loop serves others meanwhile
-                        t1 = time.perf_counter()
-                        answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
-                        prepared = replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
-                d, entry, durable = self.decide_shape(self.shapes, raw, lambda: convert.decision_input(convert.decide_request(raw)),
-                                                      t0, prepared)
+                make_input = lambda: convert.decision_input(convert.decide_request(raw))  # noqa: E731
+                prepared = await self.prepare_new_shape(self.shapes, raw, make_input)
+                d, entry, durable = self.decide_shape(self.shapes, raw, make_input, t0, prepared)
             except ServiceError as e:
                 await self._refuse(context, "Decide", e)
                 raise  # unreachable: abort raises
@@ -206,23 +216,15 @@ class DecisionService(pb_grpc.DecisionsServicer):
                     raise ServiceError(Status.INVALID_ARGUMENT, f"malformed DecideBatchRequest: {e}") from None
                 out: list[bytes] = []
                 waits: list[Awaitable[Any]] = []
-                engine, shapes = self.engine, self.shapes
+                shapes = self.shapes
                 for n, item in enumerate(items):
                     try:
                         if len(item) > self.max_decide_bytes:
                             raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(item)} bytes; a Decide request may "
                                                f"be at most {self.max_decide_bytes}")
-                        prepared = None
-                        st = engine.state
-                        if shapes.get(st, item) is None:
-                            prepared = engine.prepare(convert.decision_input(convert.decide_request(item)), st, solve=False)
-                            if type(prepared.answer) is Pending:  # solved off the loop, as for Decide
-                                t1 = time.perf_counter()
-                                answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
-                                prepared = replace(prepared, answer=answer,
-                                                   feasibility=prepared.feasibility + time.perf_counter() - t1)
-                        d, entry, durable = self.decide_shape(
-                            shapes, item, lambda item=item: convert.decision_input(convert.decide_request(item)), t0, prepared)
+                        make_input = lambda item=item: convert.decision_input(convert.decide_request(item))  # noqa: E731
+                        prepared = await self.prepare_new_shape(shapes, item, make_input)
+                        d, entry, durable = self.decide_shape(shapes, item, make_input, t0, prepared)
                     except ServiceError as e:
                         raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
                                            diagnostics=e.diagnostics) from None

@@ -47,6 +47,16 @@ def test_an_admitted_request_reaches_the_instance_the_picker_chose(gateway: Gate
     assert len(gateway.server.engine.state.registry) > 100
 
 
+def test_new_request_shapes_through_the_gateway_run_no_z3_on_the_serving_loop(gateway: Gateway, client: OipClient) -> None:
+    feas = gateway.server.engine.state.feasibility
+    before = feas.solves_background
+    for ms in range(301, 313):  # twelve SLOs no request has used: new raw and typed shapes
+        a = client.infer(PRIMARY, IDS, metadata=BASE + (("x-slo-latency", f"{ms}ms"),), timeout=10)
+        assert a.instance
+    assert feas.solves_on_loop == 0
+    assert feas.solves_background > before  # the new feasibility shapes were solved in the solver thread
+
+
 @pytest.mark.parametrize("metadata, code, words", [
     ((("x-data-regoin", "us-west"),), grpc.StatusCode.INVALID_ARGUMENT, ["x-data-regoin", "did you mean `X-Data-Region`"]),
     ((("x-data-region", "mars"),), grpc.StatusCode.INVALID_ARGUMENT, ["X-Data-Region", "`mars` is not one of"]),
@@ -254,4 +264,5 @@ def test_a_dead_picker_makes_envoy_answer_as_its_failure_mode_says(gateway: Gate
             served = {c.infer(PRIMARY, IDS, metadata=BASE, timeout=10).instance for _ in range(6)}
         assert len(served) >= 2 and all(s in {x.instance_id for x in gateway.models.instances} for s in served)
         assert allow.stats("http.policyc_gateway.ext_proc.").get("http.policyc_gateway.ext_proc.failure_mode_allowed", 0) >= 1
+
 
