@@ -195,6 +195,7 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         self._pending: dict[str, _Pending] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[Call, list[Attempt]], None]] = []  # e.g. the cross-layer signal windows
+        self.sent_by_host: dict[str, int] = {}  # upstream wire bytes Envoy sent each model server (the kernel cross-check)
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],  # noqa: N802 - gRPC's name
                                context: grpc.aio.ServicerContext) -> als_pb2.StreamAccessLogsResponse:
@@ -215,6 +216,8 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
             did, attempt = attempt_of(entry)
             if did is None:
                 return
+            if attempt.host:
+                self.sent_by_host[attempt.host] = self.sent_by_host.get(attempt.host, 0) + attempt.sent
             p = self._pending.setdefault(did, _Pending())
             p.attempts.append(attempt)
             self._settle(did, p, False)

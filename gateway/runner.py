@@ -22,6 +22,7 @@ from pathlib import Path
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
+from policyc.audit.records import ActionRecord as AuditAction
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
 from policyc.enforcer.signal_windows import GatewaySignals, SignalWindows
 
@@ -128,6 +129,33 @@ class Gateway:
         self._task = self.thread.call(self._start_sync())
         return self
 
+    def byte_agreement(self) -> dict[str, tuple[int, int]]:
+        """Per model server: (TCP payload bytes the kernel plane's TC counted toward it, upstream
+        wire bytes Envoy's access log reported sending it) since the plane was attached."""
+        g, dp = self.thread.server.guardian, self.data_path
+        if g is None or dp is None or self.access_log is None:
+            return {}
+        out = {}
+        for backend in dp.backends():
+            bid = g.backend_id(backend)
+            if bid is not None:
+                kernel = g.plane.backend_counters(bid, "egress", True).payload  # type: ignore[attr-defined]
+                out[str(backend)] = (int(kernel), self.access_log.receiver.sent_by_host.get(str(backend), 0))
+        return out
+
+    def _record_agreement(self) -> None:
+        """At stop: the kernel/Envoy byte agreement per model server, into the audit log."""
+        audit, figures = self.thread.server.audit, self.byte_agreement()
+        if audit is None or not figures:
+            return
+        detail = json.dumps({ep: {"kernel_payload": k, "envoy_upstream_wire": e, "ratio": round(k / e, 4) if e else None}
+                             for ep, (k, e) in figures.items()}, sort_keys=True)
+        try:
+            audit.log.submit_action(AuditAction(time=time.time(), kind="accounting", target="kernel cross-check",
+                                                outcome="done", dry_run=False, detail=detail))
+        except Exception as e:  # noqa: BLE001 - said, never fatal at stop
+            log.error("gateway: the byte agreement could not be recorded: %s", e)
+
     def _gpu_of(self, instance_id: str) -> str | None:
         try:
             d = self.thread.server.engine.state.registry.get(instance_id).deployment
@@ -207,6 +235,7 @@ class Gateway:
                 self._settle_access_log()
             self.envoy.stop()
         if self.data_path is not None:
+            self._record_agreement()
             self.data_path.detach()
             self.data_path = None
         if self.access_log is not None:

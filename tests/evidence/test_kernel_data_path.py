@@ -16,6 +16,8 @@ from evidence_support import EvidenceRig
 from gateway_rig import BACKUP, PRIMARY
 from test_gateway_accounting import BASE, IDS, accounting_of
 
+from policyc.audit.query import AuditReader
+from policyc.audit.records import EntryKind
 from policyc.compiler.bundle import Bundle
 from policyc.enforcer.endpoint import Endpoint
 from policyc.enforcer.kernel_plane import monotonic_deadline_ns
@@ -72,6 +74,8 @@ def test_tc_counts_the_traffic_envoy_measured(krig: EvidenceRig) -> None:
     assert envoy_sent > 0 and kernel_sent >= envoy_sent * 0.98, (kernel_sent, envoy_sent)
     assert kernel_sent <= envoy_sent * 1.5 + 4096, (kernel_sent, envoy_sent)
     print(f"\nagreement kernel/envoy bytes to the model server: {kernel_sent}/{envoy_sent} = {kernel_sent / envoy_sent:.4f}")
+    k, e = krig.gateway.byte_agreement()[str(primary)]  # the gateway's own cross-check, since it attached
+    assert e > 0 and 0.98 <= k / e <= 1.5, (k, e)
 
 
 def test_quarantine_moves_envoys_new_upstream_connections_to_the_backup(krig: EvidenceRig) -> None:
@@ -101,6 +105,9 @@ def test_stop_detaches_everything(krig: EvidenceRig) -> None:  # last: it stops 
     assert dp is not None and dp.cgroup is not None
     cgroup = dp.cgroup
     krig.stop()
+    with AuditReader.open(krig.workdir / "audit.db") as reader:
+        checks = [e.record for e in reader.entries(kind=EntryKind.ACTION) if e.record.target == "kernel cross-check"]
+    assert len(checks) == 1 and "kernel_payload" in checks[0].detail  # the agreement is in the audit log
     assert "tc_ingress" not in our_tc_filters() and "tc_egress" not in our_tc_filters()
     assert not cgroup.exists()
     tree = subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
