@@ -1,0 +1,40 @@
+"""The 10 ms signal windows: events averaged per window, gRPC statuses as an error rate,
+levels (NVML's SM utilisation) carried forward, windows handed on only after their lag."""
+
+from __future__ import annotations
+
+import pytest
+
+from policyc.enforcer.correlate import ERROR_RATE, SM_UTIL, TLS_HANDSHAKE
+from policyc.enforcer.signal_windows import ClosedWindow, SignalWindows
+
+
+def test_events_are_averaged_per_window_and_levels_carry_forward() -> None:
+    got: list[ClosedWindow] = []
+    w = SignalWindows(got.append, window=0.01, lag=0.5)
+    w.level("h/gpu0", SM_UTIL, 0.15, 100.000)
+    w.event("h/gpu0", TLS_HANDSHAKE, 0.2, 100.001)
+    w.event("h/gpu0", TLS_HANDSHAKE, 0.4, 100.009)
+    w.event("h/gpu0", TLS_HANDSHAKE, 0.01, 100.012)  # the next window
+    for code in ("0", "0", "0", "14"):
+        w.status("h/gpu0", code, 100.005)
+    assert w.flush(100.3) == []  # not yet: the access log may still be delivering
+    first, second = w.flush(100.6)
+    assert first.signals[TLS_HANDSHAKE] == pytest.approx(0.3) and first.signals[SM_UTIL] == 0.15
+    assert first.signals[ERROR_RATE] == pytest.approx(0.25) and first.statuses == {"0": 3, "14": 1}
+    assert second.signals[TLS_HANDSHAKE] == pytest.approx(0.01) and second.signals[SM_UTIL] == 0.15
+    assert ERROR_RATE not in second.signals
+    assert [c.start for c in got] == [first.start, second.start] and second.start - first.start == pytest.approx(0.01)
+
+
+def test_a_level_sampled_after_a_window_does_not_reach_back_into_it() -> None:
+    w = SignalWindows(lambda _: None, window=0.01, lag=0.0)
+    w.event("g", TLS_HANDSHAKE, 0.2, 10.001)
+    w.level("g", SM_UTIL, 0.9, 10.5)
+    [cw] = w.flush(11.0)
+    assert SM_UTIL not in cw.signals
+
+
+def test_a_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        SignalWindows(lambda _: None, window=0)
