@@ -79,7 +79,10 @@ out = []
 for _ in range(int(sys.argv[3])):  # a new connection, so a new TLS handshake, per call
     ch = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca), options=[("grpc.ssl_target_name_override", "policyc-gateway")])
     with OipClient(ch) as c:
-        out.append(c.infer("fraud-scorer", token_ids(16), metadata=md, timeout=20).decision_id)
+        try:
+            out.append(c.infer("fraud-scorer", token_ids(16), metadata=md, timeout=20).decision_id)
+        except grpc.RpcError as e:
+            sys.exit(f"call {len(out) + 1}: {e.code()}: {e.details()}")
 print(json.dumps(out))
 """
 
