@@ -196,6 +196,7 @@ class DecisionServer:
         if self.replica is not None:
             await self.replica.stop()
         self.refresher.stop()
+        self.engine.state.feasibility.close()  # its solver thread ends once the queued shapes are solved
         if self.heap is not None:
             self.heap.release()
         if self.guardian is not None:

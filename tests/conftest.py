@@ -13,3 +13,10 @@ from policy_text import REPO
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `single_threaded` run first: they need a process with no thread but the
+    main one (the compiler's front end forks workers only then), and the first grpc.aio
+    server or channel in the session starts a poller thread that lives until the end."""
+    items.sort(key=lambda item: item.get_closest_marker("single_threaded") is None)

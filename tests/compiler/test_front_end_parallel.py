@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from policyc.compiler import bundle_io, front_end
 from policyc.compiler.pipeline import compile_sources
 from policyc.dsl.source import Source
+
+
+# forking happens only in a process with no other thread: these run before any test starts one
+pytestmark = pytest.mark.single_threaded
+
+
+@pytest.fixture(autouse=True)
+def _no_other_thread() -> None:
+    assert threading.active_count() == 1, f"threads running: {[t.name for t in threading.enumerate()]}"
 
 
 def _sources(repo: Path) -> list[Source]:
