@@ -40,7 +40,11 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                    help="when the picker is unreachable let Envoy round-robin over the pool (default: refuse with 503)")
     p.add_argument("--max-in-flight", type=int, default=512, help="requests between pick and answer before 429 (default 512)")
     p.add_argument("--concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
+    p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle, and every reload, must be signed by it")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
+    p.add_argument("--self-heal", choices=("dry-run", "execute"), default="dry-run",
+                   help="self-heal's GPU reset, RDMA link refresh and rebalance: recorded only (dry-run, the default) "
+                        "or executed (execute: an operator's explicit switch, audited)")
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="userspace",
                    help="circuit-break enforcement: eBPF kernel plane (kernel, or auto where root and BPF allow), user space (default), or off")
     p.add_argument("--workdir", help="where the bootstrap, the pool file and Envoy's log go (default: a temp dir)")
@@ -92,12 +96,17 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     from policyc.gateway.runner import Gateway, GatewayOptions
     from policyc.matcher.instance import canonical_endpoint
     from policyc.server.app import DecisionServer, ServerThread
-    from policyc.server.config import EnforcerMode, ServeConfig
+    from policyc.cli.keys import KeyError_, load_public
+    from policyc.server.config import EnforcerMode, SelfHeal, ServeConfig
     from policyc.server.transport import TransportError
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        bundle = bundle_io.load(args.bundle)
+        key = load_public(args.public_key) if args.public_key else None
+    except KeyError_ as e:
+        return _fail(str(e))
+    try:
+        bundle = bundle_io.load(args.bundle, public_key=key)
         for flag, value in (("--listen", args.listen), ("--admin", args.admin)):
             try:
                 canonical_endpoint(value)
@@ -108,7 +117,8 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
     cfg = ServeConfig(port=args.port, audit_log=Path(args.audit_log) if args.audit_log else None,
-                      enforcer=EnforcerMode(args.enforcer), settle_heap=True)
+                      enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
+                      settle_heap=True)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
         api_port = thread.start()

@@ -107,3 +107,15 @@ def _slots():  # type: ignore[no-untyped-def]
 
     c = ClusterSpec()
     return SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack).gpu_slots()
+
+
+def test_a_gateway_with_a_public_key_refuses_an_unsigned_bundle(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from policyc.cli.keys import generate
+
+    path = tmp_path / "bundle.json"
+    bundle_io.write(bundle, path)  # unsigned
+    generate(str(tmp_path / "op.key"), str(tmp_path / "op.pub"))
+    out = subprocess.run(POLICYC + ["gateway", "--bundle", str(path), "--public-key", str(tmp_path / "op.pub"),
+                                    "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "sign" in out.stderr, out.stderr
