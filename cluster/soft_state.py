@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 from .keys import Keys
 from .store import Change, ChangeKind, Entry, Put
 
 Submit = Callable[[Put], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +39,49 @@ class QuarantineEntry:
     token: int  # its fencing token
 
 
-class SessionBook:
-    def __init__(self, keys: Keys, ttl: float, submit: Submit, clock: Callable[[], float] = time.time) -> None:
+class _Mirror(Generic[T]):
+    """A dict mirroring one key prefix of the store, filled by a load and the watch. A value
+    this version cannot read is skipped, never fatal (a newer replica may have written it)."""
+
+    def __init__(self, keys: Keys, prefix: str, clock: Callable[[], float]) -> None:
         self.keys = keys
+        self._prefix = prefix
+        self._clock = clock
+        self._map: dict[str, T] = {}
+
+    def _decode(self, name: str, body: dict) -> T:  # type: ignore[type-arg]
+        raise NotImplementedError
+
+    def load(self, entries: tuple[Entry, ...]) -> None:
+        self._map = {}
+        for e in entries:
+            self._put(e.key, e.value)
+
+    def on_change(self, ch: Change) -> None:
+        if ch.kind is ChangeKind.DELETE:
+            self._map.pop(self.keys.id_of(ch.key, self._prefix), None)
+        else:
+            self._put(ch.key, ch.value)
+
+    def _put(self, key: str, value: bytes) -> None:
+        name = self.keys.id_of(key, self._prefix)
+        try:
+            self._map[name] = self._decode(name, json.loads(value))
+        except (ValueError, KeyError, TypeError):
+            pass
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
+class SessionBook(_Mirror[Affinity]):
+    def __init__(self, keys: Keys, ttl: float, submit: Submit, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(keys, keys.sessions, clock)
         self.ttl = ttl
         self._submit = submit
-        self._clock = clock
-        self._map: dict[str, Affinity] = {}
+
+    def _decode(self, name: str, body: dict) -> Affinity:  # type: ignore[type-arg]
+        return Affinity(str(body["instance"]), float(body["expires"]))
 
     def instance_of(self, session: str) -> str | None:
         a = self._map.get(session)
@@ -61,39 +98,20 @@ class SessionBook:
         self._map[session] = a
         self._submit(Put(self.keys.session(session), json.dumps({"instance": a.instance_id, "expires": a.expires}).encode()))
 
-    def load(self, entries: tuple[Entry, ...]) -> None:
-        self._map = {}
-        for e in entries:
-            self._put(e.key, e.value)
-
-    def on_change(self, ch: Change) -> None:
-        if ch.kind is ChangeKind.DELETE:
-            self._map.pop(self.keys.id_of(ch.key, self.keys.sessions), None)
-        else:
-            self._put(ch.key, ch.value)
-
-    def _put(self, key: str, value: bytes) -> None:
-        try:
-            body = json.loads(value)
-            self._map[self.keys.id_of(key, self.keys.sessions)] = Affinity(str(body["instance"]), float(body["expires"]))
-        except (ValueError, KeyError, TypeError):
-            pass  # not ours to interpret: ignored, never fatal
-
     def expired(self) -> list[str]:
         now = self._clock()
         return [s for s, a in self._map.items() if a.expires <= now]
 
-    def __len__(self) -> int:
-        return len(self._map)
 
-
-class QuarantineBoard:
+class QuarantineBoard(_Mirror[QuarantineEntry]):
     """The quarantines in force, fleet-wide (written by the leader in its fenced act)."""
 
     def __init__(self, keys: Keys, clock: Callable[[], float] = time.time) -> None:
-        self.keys = keys
-        self._clock = clock
-        self._map: dict[str, QuarantineEntry] = {}
+        super().__init__(keys, keys.quarantines, clock)
+
+    def _decode(self, name: str, body: dict) -> QuarantineEntry:  # type: ignore[type-arg]
+        return QuarantineEntry(name, str(body["backup"]), float(body["until"]), str(body["rule"]), str(body["by"]),
+                               int(body["token"]))
 
     @staticmethod
     def encode(q: QuarantineEntry) -> bytes:
@@ -109,22 +127,3 @@ class QuarantineBoard:
     def expired(self) -> list[str]:
         now = self._clock()
         return [b for b, q in self._map.items() if q.until <= now]
-
-    def load(self, entries: tuple[Entry, ...]) -> None:
-        self._map = {}
-        for e in entries:
-            self._put(e.key, e.value)
-
-    def on_change(self, ch: Change) -> None:
-        if ch.kind is ChangeKind.DELETE:
-            self._map.pop(self.keys.id_of(ch.key, self.keys.quarantines), None)
-        else:
-            self._put(ch.key, ch.value)
-
-    def _put(self, key: str, value: bytes) -> None:
-        backend = self.keys.id_of(key, self.keys.quarantines)
-        try:
-            b = json.loads(value)
-            self._map[backend] = QuarantineEntry(backend, str(b["backup"]), float(b["until"]), str(b["rule"]), str(b["by"]), int(b["token"]))
-        except (ValueError, KeyError, TypeError):
-            pass
