@@ -37,6 +37,9 @@ class ShardBloom:
         self.version = 0  # bumped whenever a slice or the shard set changes (cache key)
         self._memo: OrderedDict[tuple[frozenset[BloomKey], ...], BitMap] = OrderedDict()  # `surviving`, at `_memo_version`
         self._memo_version = -1
+        # one clause's shards (the union over its keys), at `_memo_version`: a new clause set
+        # is mostly clauses seen before (family, region, flag), so it pays a few `&` only
+        self._clause_memo: dict[frozenset[BloomKey], BitMap] = {}
 
     def positions(self, key: BloomKey) -> tuple[int, ...]:
         p = self._positions.get(key)
@@ -105,6 +108,7 @@ class ShardBloom:
         memo = self._memo
         if self._memo_version != self.version:
             memo.clear()  # answers about filters that are no longer these
+            self._clause_memo.clear()
             self._memo_version = self.version
         memo_key = tuple(clauses)
         hit = memo.get(memo_key)
@@ -118,14 +122,24 @@ class ShardBloom:
 
     def _surviving(self, clauses: list[frozenset[BloomKey]] | tuple[frozenset[BloomKey], ...]) -> BitMap:
         out: BitMap | None = None
+        cm = self._clause_memo
         for clause in clauses:
-            keys = list(clause)
-            if not keys:
-                return BitMap()
-            bm = self.maybe(keys[0])
-            for key in keys[1:]:
-                bm = bm | self.maybe(key)
+            bm = cm.get(clause)
+            if bm is None:
+                if len(cm) >= MEMO_SIZE:
+                    del cm[next(iter(cm))]  # the oldest goes
+                bm = cm[clause] = self._clause(clause)
             out = bm if out is None else out & bm
             if not out:
                 return out
         return self.shards if out is None else out & self.shards
+
+    def _clause(self, clause: frozenset[BloomKey]) -> BitMap:
+        """Shards that may hold an instance with at least one of the clause's keys."""
+        keys = list(clause)
+        if not keys:
+            return BitMap()
+        bm = self.maybe(keys[0])
+        for key in keys[1:]:
+            bm = bm | self.maybe(key)
+        return bm
