@@ -11,18 +11,27 @@ telemetry tick already feeds). The gRPC statuses of a window become `error_rate`
 share of non-OK calls) and their distribution is kept for the window's record.
 
 `GatewaySignals` is the access-log receiver's listener: each call's TLS handshake, time to
-first byte and status, on the GPU of the instance that answered.
+first byte and status, on the GPU of the instance that answered, and the TCP connect time
+of each upstream connection Envoy opened to it (`connect_time`, once per connection: calls
+that reuse a pooled connection did not connect).
+
+`KernelStreamSignals` is the kernel plane's ring-buffer listener: each HTTP/2 stream the TC
+walker saw end (both sides' END_STREAM) toward a model server of the pool, its kernel-timed
+duration as `stream_time` on that server's GPU (a reset stream has no duration to speak of;
+streams toward anything else, e.g. the gateway's own listener, are not the model's).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from policyc.enforcer.correlate import ERROR_RATE, STREAM_TIME, TLS_HANDSHAKE
+from policyc.enforcer.kernel_abi import EventKind
+from policyc.enforcer.correlate import CONNECT_TIME, ERROR_RATE, STREAM_TIME, TLS_HANDSHAKE
 
 WINDOW = 0.010  # seconds
 TIME_TO_FIRST_BYTE = "time_to_first_byte"  # seconds, the gateway's view of the model server
@@ -97,6 +106,7 @@ class GatewaySignals:
     def __init__(self, windows: SignalWindows, gpu_of: Callable[[str], str | None]) -> None:
         self.windows = windows
         self.gpu_of = gpu_of  # instance id -> its GPU key
+        self._connections: dict[str, None] = {}  # upstream connections whose connect was counted (bounded, oldest out)
 
     def __call__(self, call: object, attempts: list) -> None:  # type: ignore[type-arg]
         if not attempts or not attempts[-1].instance:
@@ -108,10 +118,36 @@ class GatewaySignals:
         t = call.start + (call.duration or 0.0)  # type: ignore[attr-defined]
         if call.tls_handshake is not None:  # type: ignore[attr-defined]
             self.windows.event(key, TLS_HANDSHAKE, call.tls_handshake, t)  # type: ignore[attr-defined]
+        conn = call.upstream_connection  # type: ignore[attr-defined]
+        if call.upstream_connect is not None and conn is not None and conn not in self._connections:  # type: ignore[attr-defined]
+            self._connections[conn] = None
+            if len(self._connections) > 4096:
+                del self._connections[next(iter(self._connections))]
+            self.windows.event(key, CONNECT_TIME, call.upstream_connect, t)  # type: ignore[attr-defined]
         if last.first_byte is not None:
             self.windows.event(key, TIME_TO_FIRST_BYTE, last.first_byte, t)
         if call.grpc_status is not None:  # type: ignore[attr-defined]
             self.windows.status(key, call.grpc_status, t)  # type: ignore[attr-defined]
 
 
-__all__ = ["WINDOW", "TIME_TO_FIRST_BYTE", "STREAM_TIME", "SignalWindows", "GatewaySignals", "ClosedWindow"]
+class KernelStreamSignals:
+    """Feeds the kernel walker's per-stream HTTP/2 times into the windows (`KernelPlane.subscribe`)."""
+
+    def __init__(self, windows: SignalWindows, gpu_of_endpoint: Callable[[str], str | None]) -> None:
+        self.windows = windows
+        self.gpu_of_endpoint = gpu_of_endpoint  # `ip:port` of a model server -> its GPU key
+        self.fed = 0
+
+    def __call__(self, event: object) -> None:
+        if event.kind is not EventKind.STREAM_DONE or event.reset:  # type: ignore[attr-defined]
+            return
+        key = self.gpu_of_endpoint(str(event.b))  # type: ignore[attr-defined]
+        if key is None:
+            return
+        # the event's clock is CLOCK_MONOTONIC; the windows are on wall-clock time like the access log
+        t = time.time() - (time.monotonic_ns() - event.ts_ns) / 1e9  # type: ignore[attr-defined]
+        self.windows.event(key, STREAM_TIME, event.duration_s, t)  # type: ignore[attr-defined]
+        self.fed += 1
+
+
+__all__ = ["WINDOW", "KernelStreamSignals", "CONNECT_TIME", "TIME_TO_FIRST_BYTE", "STREAM_TIME", "SignalWindows", "GatewaySignals", "ClosedWindow"]

@@ -33,7 +33,7 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from policyc.audit.accounting import call_accounting
 from policyc.audit.records import ActionRecord
 
-from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER
+from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER, UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER
 
 log = logging.getLogger("policyc.gateway.access_log")
 
@@ -92,6 +92,8 @@ class Call:
     tls: bool
     tls_handshake: float | None = None  # seconds Envoy's TLS handshake with the client took (None: not TLS)
     upstream_first_byte: float | None = None  # seconds from the call's start to the model server's first byte
+    upstream_connect: float | None = None  # seconds the TCP connect of the last attempt's upstream connection took
+    upstream_connection: str | None = None  # Envoy's id of that connection (its connect is counted once)
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -138,7 +140,9 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 attempts=int(c.upstream_request_attempt_count), grpc_status=_grpc_status(resp),
                 tls=c.HasField("tls_properties") and bool(c.tls_properties.tls_version),
                 tls_handshake=_us(_header(req.request_headers, TLS_HANDSHAKE_HEADER)),
-                upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None)
+                upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
+                upstream_connect=_us(_header(resp.response_headers, UPSTREAM_CONNECT_HEADER)),
+                upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER))
 
 
 def _us(text: str | None) -> float | None:
@@ -153,7 +157,8 @@ def accounting_record(call: Call, attempts: list[Attempt]) -> ActionRecord:
     computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
     detail = {"downstream": {"received": call.received, "sent": call.sent, "duration_s": call.duration,
                              "first_byte_s": call.first_byte, "grpc_status": call.grpc_status, "tls": call.tls,
-                             "tls_handshake_s": call.tls_handshake},
+                             "tls_handshake_s": call.tls_handshake, "upstream_connect_s": call.upstream_connect,
+                             "upstream_connection": call.upstream_connection},
               "attempts": [asdict(a) for a in attempts], "attempts_expected": call.attempts,
               "attempts_missing": max(call.attempts - len(attempts), 0)}
     hosts = ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)"

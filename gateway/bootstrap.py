@@ -47,6 +47,11 @@ PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
 MAX_RETRIES = "x-envoy-max-retries"
 ATTEMPT_COUNT = "x-envoy-attempt-count"
 TLS_HANDSHAKE_HEADER = "x-policyc-tls-handshake-us"  # the request's connection: from its start to the end of its TLS handshake
+# on the answer, for the access log: the TCP connect time of the upstream connection that carried the
+# call's last attempt (Envoy's US_CX_BEG..US_CX_END; the ALS entry has no field for it) and that
+# connection's id, so the receiver counts each connection's connect once
+UPSTREAM_CONNECT_HEADER = "x-policyc-upstream-connect-us"
+UPSTREAM_CONNECTION_HEADER = "x-policyc-upstream-connection"
 
 # Per attempt (an upstream filter runs once for each try): drop the picker's instructions
 # from what the model server sees and, on a retry, set the headers they name (urlencoded).
@@ -234,7 +239,8 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
                           "buffer_flush_interval": "0.1s"},
         "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER],
-        "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "grpc-status"],
+        "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "grpc-status",
+                                               UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER],
         "additional_response_trailers_to_log": ["grpc-status"]}}]
 
 
@@ -245,7 +251,14 @@ def _route(spec: GatewaySpec) -> dict[str, Any]:
         route["retry_policy"] = {"retry_on": "reset,connect-failure,refused-stream", "num_retries": spec.retries}
     headers = [{"header": {"key": DECISION_HEADER, "value": f"%REQ({DECISION_HEADER})%"}, "keep_empty_value": False}]
     headers += [{"header": {"key": k, "value": v}} for k, v in spec.extra_response_headers]
-    out = {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": headers if spec.use_picker else []}
+    answer_headers: list[dict[str, Any]] = headers if spec.use_picker else []
+    if spec.access_log_cluster is not None:
+        # set once the upstream answered, so its connection is known; the connection manager's log reads them
+        answer_headers = answer_headers + [
+            {"header": {"key": UPSTREAM_CONNECT_HEADER, "value": "%COMMON_DURATION(US_CX_BEG:US_CX_END:us)%"},
+             "keep_empty_value": False},
+            {"header": {"key": UPSTREAM_CONNECTION_HEADER, "value": "%UPSTREAM_CONNECTION_ID%"}, "keep_empty_value": False}]
+    out: dict[str, Any] = {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": answer_headers}
     if spec.tls_cert is not None and spec.access_log_cluster is not None:
         # the connection's TLS handshake time (µs from its start), onto the request so the access log carries it
         out["request_headers_to_add"] = [{"header": {"key": TLS_HANDSHAKE_HEADER, "value": "%COMMON_DURATION(DS_CX_BEG:DS_HS_END:us)%"},

@@ -19,12 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
-from policyc.enforcer.signal_windows import GatewaySignals, SignalWindows
+from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
@@ -94,6 +95,8 @@ class Gateway:
             self.signals = SignalWindows(lambda w: g.observe_gpu(w.key, w.signals))
             self.access_log.receiver.listeners.append(GatewaySignals(self.signals, self._gpu_of))
         self.data_path: DataPath | None = None
+        self.kernel_streams: KernelStreamSignals | None = None
+        self._unsubscribe_streams: Callable[[], object] | None = None
 
     def spec(self, picker_port: int) -> GatewaySpec:
         o = self.options
@@ -172,6 +175,13 @@ class Gateway:
         self.data_path = DataPath(g, DataPathConfig(self.options.interfaces, self.options.cgroup)).attach()
         self.data_path.adopt(self.envoy.pid)
         self._sync_backends()
+        if self.signals is not None:  # the TC walker's per-stream HTTP/2 times into the same windows
+            self.kernel_streams = KernelStreamSignals(self.signals, self._gpu_of_endpoint)
+            self._unsubscribe_streams = g.plane.subscribe(self.kernel_streams)  # type: ignore[attr-defined]
+
+    def _gpu_of_endpoint(self, endpoint: str) -> str | None:
+        m = next((m for m in self.picker.picker.pool.members() if m.endpoint == endpoint), None)
+        return m.gpu_key if m is not None else None
 
     def _sync_backends(self) -> None:
         """Each pool endpoint with its quarantine target: a backup the picker would retry on."""
@@ -234,6 +244,9 @@ class Gateway:
             if self.access_log is not None:
                 self._settle_access_log()
             self.envoy.stop()
+        if self._unsubscribe_streams is not None:
+            self._unsubscribe_streams()
+            self._unsubscribe_streams = None
         if self.data_path is not None:
             self._record_agreement()
             self.data_path.detach()

@@ -13,6 +13,7 @@ from evidence_support import EvidenceRig
 from gateway_rig import PRIMARY
 
 from policyc.audit.query import AuditReader
+from policyc.enforcer.signal_windows import GatewaySignals
 from policyc.modelserver.client import OipClient, infer_request, token_ids
 
 IDS = token_ids(64)
@@ -74,3 +75,40 @@ def test_the_report_shows_measured_network_and_compute_for_the_calls(rig: Eviden
         report = reader.report(by="model")
     row = next(r for r in report.rows if r.key == PRIMARY)
     assert row.network_bytes_measured > 0 and row.gpu_seconds_measured > 0
+
+
+def test_upstream_connect_time_is_measured_and_reaches_the_signal_windows_once_per_connection(rig: EvidenceRig) -> None:
+    """Envoy's TCP connect to the model server (US_CX_BEG..US_CX_END) rides on the answer into
+    the access log; the windows get it as `connect_time`, once per upstream connection."""
+    windows = rig.gateway.signals
+    assert windows is not None
+    seen: list[tuple[str, str, float]] = []
+    real_event = windows.event
+
+    def spy(key: str, signal: str, value: float, t: float) -> None:
+        seen.append((key, signal, value))
+        real_event(key, signal, value, t)
+
+    windows.event = spy  # type: ignore[method-assign]
+    try:
+        with OipClient(rig.listen) as client:
+            answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(4)]
+        details = [accounting_of(rig, a.decision_id)["detail"]["downstream"] for a in answers]
+        time.sleep(0.3)  # the listener runs as each record settles; nothing further to wait for
+    finally:
+        windows.event = real_event  # type: ignore[method-assign]
+    for d in details:
+        assert d["upstream_connection"], d
+        assert d["upstream_connect_s"] is not None and 0 < d["upstream_connect_s"] < d["duration_s"], d
+    connects = [v for _, s, v in seen if s == "connect_time"]
+    # each connection's connect counted at most once (the earlier tests' connections were counted then)
+    assert len(connects) <= len({d["upstream_connection"] for d in details})
+    assert all(any(abs(v - d["upstream_connect_s"]) < 1e-9 for d in details) for v in connects)
+    # every connection these calls used has had its connect fed (now or by an earlier call)
+    [listener] = [fn for fn in rig.gateway.access_log.receiver.listeners if isinstance(fn, GatewaySignals)]  # type: ignore[union-attr]
+    assert {d["upstream_connection"] for d in details} <= set(listener._connections)
+    # and the figure is the connection's, so every call over one connection reports the same
+    by_conn: dict[str, set[float]] = {}
+    for d in details:
+        by_conn.setdefault(d["upstream_connection"], set()).add(d["upstream_connect_s"])
+    assert all(len(v) == 1 for v in by_conn.values()), by_conn

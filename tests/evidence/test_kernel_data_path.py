@@ -19,6 +19,7 @@ from test_gateway_accounting import BASE, IDS, accounting_of
 from policyc.audit.query import AuditReader
 from policyc.audit.records import EntryKind
 from policyc.compiler.bundle import Bundle
+from policyc.enforcer.correlate import STREAM_TIME
 from policyc.enforcer.endpoint import Endpoint
 from policyc.enforcer.kernel_plane import monotonic_deadline_ns
 from policyc.modelserver.client import OipClient
@@ -98,6 +99,37 @@ def test_quarantine_moves_envoys_new_upstream_connections_to_the_backup(krig: Ev
     with OipClient(krig.listen) as client:
         b = client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
     assert b.instance.startswith(PRIMARY)  # released: new connections reach the primary again
+
+
+def test_the_walkers_per_stream_http2_times_reach_the_signal_windows(krig: EvidenceRig) -> None:
+    """Each upstream HTTP/2 stream the TC walker saw end becomes a `stream_time` event on the
+    GPU of the model server it went to, agreeing with Envoy's own time for the attempt."""
+    windows, g = krig.gateway.signals, krig.thread.server.guardian
+    assert windows is not None and g is not None and krig.gateway.kernel_streams is not None
+    seen: list[tuple[str, str, float]] = []
+    real_event = windows.event
+
+    def spy(key: str, signal: str, value: float, t: float) -> None:
+        seen.append((key, signal, value))
+        real_event(key, signal, value, t)
+
+    windows.event = spy  # type: ignore[method-assign]
+    try:
+        with OipClient(krig.listen) as client:
+            answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(5)]
+        attempts = [accounting_of(krig, a.decision_id)["detail"]["attempts"][0] for a in answers]
+        g.plane.drain()  # type: ignore[attr-defined]
+    finally:
+        windows.event = real_event  # type: ignore[method-assign]
+    [gpu] = {krig.gateway._gpu_of(a.instance) for a in answers}
+    streams = [v for k, sig, v in seen if sig == STREAM_TIME and k == gpu]
+    assert len(streams) == len(answers), (streams, seen)  # one per call: each call was one upstream stream
+    envoy = sorted(a["duration"] for a in attempts)
+    kernel = sorted(streams)
+    # the kernel times the stream from its HEADERS to the last END_STREAM on the wire; Envoy from
+    # the attempt's start to its end: the same stream, within a few ms on loopback
+    assert all(0 < k <= e + 0.005 for k, e in zip(kernel, envoy)), (kernel, envoy)
+    print(f"\nstream time kernel/envoy median: {kernel[2] * 1e3:.3f}/{envoy[2] * 1e3:.3f} ms")
 
 
 def test_stop_detaches_everything(krig: EvidenceRig) -> None:  # last: it stops the module's gateway
