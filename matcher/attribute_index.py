@@ -114,16 +114,7 @@ class AttributeIndex:
         if not self.ordered:  # an ordering on an attribute the plan did not mark as a range
             return self._order_unindexed(cmp, value)
         keys = self.keys
-        if cmp == "<":
-            h, below = bisect_left(keys, value), True
-        elif cmp == "<=":
-            h, below = bisect_right(keys, value), True
-        elif cmp == ">":
-            h, below = bisect_right(keys, value), False
-        elif cmp == ">=":
-            h, below = bisect_left(keys, value), False
-        else:
-            raise ValueError(f"`{cmp}` is not an ordering")
+        h, below = self._cut(cmp, value)
         n = len(keys)
         if below:
             if h == 0:
@@ -132,6 +123,37 @@ class AttributeIndex:
         if h == n:
             return EMPTY
         return self.present if h == 0 else self.present - self.prefix.lower(h, keys, self.postings)
+
+    def order_within(self, cmp: str, value: float, within: BitMap) -> BitMap:
+        """`within & order(cmp, value)`, built from `within` (a few candidates) without
+        building the range's own bitmap: a new range position would otherwise pay a union
+        of two prefix bitmaps the size of the fleet."""
+        if not self.ordered:
+            return within & self._order_unindexed(cmp, value)
+        keys = self.keys
+        h, below = self._cut(cmp, value)
+        n = len(keys)
+        if below:
+            if h == 0:
+                return EMPTY
+            return within & self.present if h == n else self.prefix.lower_within(h, keys, self.postings, within)
+        if h == n:
+            return EMPTY
+        mine = within & self.present
+        return mine if h == 0 else mine - self.prefix.lower_within(h, keys, self.postings, mine)
+
+    def _cut(self, cmp: str, value: float) -> tuple[int, bool]:
+        """(h, below): the ordering holds for the first h sorted values (below) or the rest."""
+        keys = self.keys
+        if cmp == "<":
+            return bisect_left(keys, value), True
+        if cmp == "<=":
+            return bisect_right(keys, value), True
+        if cmp == ">":
+            return bisect_right(keys, value), False
+        if cmp == ">=":
+            return bisect_left(keys, value), False
+        raise ValueError(f"`{cmp}` is not an ordering")
 
     def position(self, value: float) -> int:
         """`value`'s place among the sorted values: 2i between values i - 1 and i, 2i + 1 at

@@ -22,6 +22,7 @@ from .result import AppliedRule
 
 Vars = Mapping[str, Scalar]
 BitmapFn = Callable[[Vars], BitMap]
+WithinFn = Callable[[Vars, BitMap], BitMap]
 ClauseTemplate = tuple[tuple[str, Any], ...]  # alternatives (attr, const value | index._VarRef)
 
 
@@ -35,3 +36,6 @@ class CompiledRule:
     const_clauses: tuple[frozenset[BloomKey], ...]  # Bloom clauses fixed by the bundle
     var_clauses: tuple[ClauseTemplate, ...]  # Bloom clauses that read request values
     static: bool  # the requirement reads no request variable: kept materialised
+    # the requirement met with a few candidates (`within & require(v)`) without building the
+    # requirement's own bitmap; set for a lone ordering against a request variable
+    within: WithinFn | None = None

@@ -31,7 +31,7 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
 from policyc.compiler.semantics import atoms, value_reads
-from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Vars
+from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Vars, WithinFn
 from .guards import compile_applies
 from .instance_predicates import compile_static
 from .plan import BASE_CACHE_SIZE, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
@@ -209,8 +209,20 @@ class FleetIndex:
             applies=compile_applies(rule), require=require,
             const_clauses=tuple(frozenset(c) for c in clauses if not any(isinstance(v, _VarRef) for _, v in c)),
             var_clauses=tuple(c for c in clauses if any(isinstance(v, _VarRef) for _, v in c)),
-            static=static,
+            static=static, within=None if static else self._within(rule.require),
         )
+
+    def _within(self, e: Expr) -> WithinFn | None:
+        """The restricted form of a requirement that is one ordering of a range attribute
+        against a request variable (`slo_latency <= request.slo`), else None."""
+        if e.op != "atom":
+            return None
+        a: Atom = e  # type: ignore[assignment]
+        idx = self.attr_index[a.attr]
+        if a.cmp not in ORDERINGS or a.operand.kind != "var" or not idx.ordered:
+            return None
+        name, cmp, order_within = a.operand.name, a.cmp, idx.order_within  # type: ignore[union-attr]
+        return lambda v, within: order_within(cmp, v[name], within)  # type: ignore[arg-type]
 
     def _compile(self, e: Expr) -> BitmapFn:
         if e.op == "atom":
@@ -382,11 +394,14 @@ class FleetIndex:
         own = dict(vars)
         rules: list[CompiledRule] = []
         exact: list[BitmapFn] = []
-        ranged: list[BitmapFn] = []
+        ranged: list[tuple[BitmapFn, WithinFn | None]] = []
         for cr, reads_range in self._ranged:
             if cr.applies(own):
                 rules.append(cr)
-                (ranged if reads_range else exact).append(cr.require)
+                if reads_range:
+                    ranged.append((cr.require, cr.within))
+                else:
+                    exact.append(cr.require)
         return Base(own, tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged),
                     self._clauses(rules, own))
 
@@ -451,11 +466,11 @@ class FleetIndex:
         v = plan.vars
         live = len(self.live)
         small = base.count <= SMALL_BASE
-        for t in base.ranged:
-            bm = t(v)
-            if small and cand is not None:  # a few candidates: intersecting costs less than counting `bm`
-                cand = cand & bm
+        for t, within in base.ranged:
+            if small and cand is not None:  # a few candidates: met with the term directly
+                cand = within(v, cand) if within is not None else cand & t(v)
                 continue
+            bm = t(v)
             n = len(bm)
             if not n:
                 plan.cand, plan.count = EMPTY, 0

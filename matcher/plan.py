@@ -45,6 +45,7 @@ PLAN_CACHE_SIZE = 16384
 BASE_CACHE_SIZE = 2048
 EXACT_CACHE_SIZE = 4096
 Term = Callable[[Mapping[str, Scalar]], BitMap]
+Within = Callable[[Mapping[str, Scalar], BitMap], BitMap]  # a term already met with a few candidates
 
 
 @dataclass(slots=True, eq=False)
@@ -56,7 +57,8 @@ class Base:
     rules: tuple[CompiledRule, ...]  # the rules that apply, in bundle order
     applied: tuple[AppliedRule, ...]
     exact: tuple[Term, ...]  # requirement bitmaps of the rules that read no range position
-    ranged: tuple[Term, ...]  # those of the rules that do (evaluated per `Plan`)
+    ranged: tuple[tuple[Term, Within | None], ...]  # those of the rules that do (evaluated per `Plan`), each
+    # with its restricted form when it has one (`CompiledRule.within`)
     clauses: tuple[frozenset[BloomKey], ...]  # Bloom keys every admitted instance carries
     version: int = -1  # index membership version of `bm`
     bm: BitMap | None = None  # the exact terms' intersection; None: the live set (no exact term)

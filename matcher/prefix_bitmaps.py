@@ -128,3 +128,25 @@ class PrefixBitmaps:
             del memo[next(iter(memo))]
         memo[h] = out
         return out
+
+    def lower_within(self, h: int, keys: list[float], postings: dict[Scalar, BitMap], within: BitMap) -> BitMap:
+        """`within & lower(h)` (a new bitmap) without the union `lower` would build: `within`
+        met with each of the two prefixes (`outer[j]` and `inner[j][r]` are disjoint), which
+        costs what `within` holds, not what the fleet holds."""
+        if h <= 0:
+            return EMPTY
+        if self.memo_version == self.version:
+            hit = self.memo.get(h)
+            if hit is not None:
+                return within & hit
+        if self.stale:
+            self.rebuild(keys, postings)
+        if not self.block:
+            return within & self.lower(h, keys, postings)
+        if h >= len(keys):
+            return within & self.outer[-1]
+        j, r = divmod(h, self.block)
+        out = within & self.outer[j]
+        if r:
+            out |= within & self.inner[j][r]
+        return out
