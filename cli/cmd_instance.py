@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, Callable
 
 from .connection import add_connection_flags, connect, fail, usage
 from .exit_codes import Exit
@@ -114,21 +114,37 @@ def _request(args: argparse.Namespace) -> Any:
     return msg
 
 
-def _register(args: argparse.Namespace) -> int:
+class _Refused(Exception):
+    """The call did not happen or was refused: `code` is the command's exit code (already reported)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _call(args: argparse.Namespace, command: str, call: Callable[[Any], Any]) -> Any:
+    """Connect as the connection flags say and make one call; a connection that cannot be
+    set up is a usage error, a refusal or an unreachable service the client's exit code."""
     from policyc.client import ClientError
 
+    try:
+        client = connect(args)
+    except OSError as e:
+        raise _Refused(usage(command, f"{args.tls_ca}: {e.strerror}")) from None
+    with client:
+        try:
+            return call(client)
+        except ClientError as e:
+            raise _Refused(fail(command, args, e)) from None
+
+
+def _register(args: argparse.Namespace) -> int:
     msg = _request(args)
     if isinstance(msg, str):
         return usage("instance register", msg)
     try:
-        client = connect(args)
-    except OSError as e:
-        return usage("instance register", f"{args.tls_ca}: {e.strerror}")
-    with client:
-        try:
-            r = client.register_message(msg)
-        except ClientError as e:
-            return fail("instance register", args, e)
+        r = _call(args, "instance register", lambda c: c.register_message(msg))
+    except _Refused as e:
+        return e.code
     if args.format == "json":
         print(json.dumps({"ok": True, "instance_id": r.instance_id, "model": r.model, "registry_size": r.registry_size,
                           "bundle_hash": r.bundle_hash}, indent=1, sort_keys=True))
@@ -138,17 +154,10 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _deregister(args: argparse.Namespace) -> int:
-    from policyc.client import ClientError
-
     try:
-        client = connect(args)
-    except OSError as e:
-        return usage("instance deregister", f"{args.tls_ca}: {e.strerror}")
-    with client:
-        try:
-            r = client.deregister(args.id)
-        except ClientError as e:
-            return fail("instance deregister", args, e)
+        r = _call(args, "instance deregister", lambda c: c.deregister(args.id))
+    except _Refused as e:
+        return e.code
     if args.format == "json":
         print(json.dumps({"ok": True, "instance_id": args.id, "registry_size": r.registry_size}, indent=1, sort_keys=True))
     else:
@@ -159,17 +168,10 @@ def _deregister(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
-    from policyc.client import ClientError
-
     try:
-        client = connect(args)
-    except OSError as e:
-        return usage("instance list", f"{args.tls_ca}: {e.strerror}")
-    with client:
-        try:
-            r = client.list_instances(args.model)
-        except ClientError as e:
-            return fail("instance list", args, e)
+        r = _call(args, "instance list", lambda c: c.list_instances(args.model))
+    except _Refused as e:
+        return e.code
     if args.format == "json":
         print(json.dumps({"ok": True, "bundle_hash": r.bundle_hash,
                           "instances": [json_format.MessageToDict(i, preserving_proto_field_name=True) for i in r.instances]},
