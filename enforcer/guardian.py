@@ -466,6 +466,11 @@ class Guardian:
         """The enforcement plane the guardian drives (kernel or user space)."""
         return self._plane
 
+    @property
+    def executor(self) -> ActionExecutor:
+        """The self-heal executor (the gateway links its rebalance hook to its in-flight picks)."""
+        return self._executor
+
     def close(self) -> None:
         self._watch.close()
         self._slow.shutdown(wait=True)

@@ -26,6 +26,7 @@ from policyc.server.app import ServerThread
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
 from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows
+from policyc.server.node_rebalance import NodeRebalance
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
@@ -97,6 +98,7 @@ class Gateway:
         self.data_path: DataPath | None = None
         self.kernel_streams: KernelStreamSignals | None = None
         self._unsubscribe_streams: Callable[[], object] | None = None
+        self._unlink_rebalance: Callable[[], None] | None = None
 
     def spec(self, picker_port: int) -> GatewaySpec:
         o = self.options
@@ -128,6 +130,7 @@ class Gateway:
         self.envoy = EnvoyProcess(self.bootstrap, self.workdir, concurrency=self.options.concurrency,
                                   log_level=self.options.log_level).start(timeout)
         self._attach_data_path()
+        self._link_rebalance()
         self._publish(endpoints, timeout)
         self._task = self.thread.call(self._start_sync())
         return self
@@ -178,6 +181,18 @@ class Gateway:
         if self.signals is not None:  # the TC walker's per-stream HTTP/2 times into the same windows
             self.kernel_streams = KernelStreamSignals(self.signals, self._gpu_of_endpoint)
             self._unsubscribe_streams = g.plane.subscribe(self.kernel_streams)  # type: ignore[attr-defined]
+
+    def _link_rebalance(self) -> None:
+        """Self-heal's rebalance drains a node by waiting for this gateway's picks to it that
+        have not ended (the picker's open requests)."""
+        g = self.thread.server.guardian
+        hook = g.executor.rebalance if g is not None else None
+        if isinstance(hook, NodeRebalance):
+            self._unlink_rebalance = hook.link_in_flight(self.in_flight_to)
+
+    def in_flight_to(self, endpoints: frozenset[str]) -> int:
+        """Requests picked onto one of `endpoints` whose ext_proc stream has not ended."""
+        return sum(1 for pick, _ in tuple(self.picker.picker._open.values()) if pick.endpoint in endpoints)
 
     def _gpu_of_endpoint(self, endpoint: str) -> str | None:
         m = next((m for m in self.picker.picker.pool.members() if m.endpoint == endpoint), None)
@@ -244,6 +259,9 @@ class Gateway:
             if self.access_log is not None:
                 self._settle_access_log()
             self.envoy.stop()
+        if self._unlink_rebalance is not None:
+            self._unlink_rebalance()
+            self._unlink_rebalance = None
         if self._unsubscribe_streams is not None:
             self._unsubscribe_streams()
             self._unsubscribe_streams = None

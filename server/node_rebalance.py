@@ -4,7 +4,9 @@
    request is placed afresh);
 2. cordon: the node's registered instances are deregistered, so nothing more is placed
    there (the gateway stops picking their endpoints within its pool sync);
-3. drain: wait (bounded) until the calls in flight to their endpoints have answered;
+3. drain: wait (bounded) until the calls in flight to their endpoints have answered (the
+   sum over every in-flight source: the one given at construction and those a gateway
+   links with `link_in_flight`, its picks whose requests have not ended);
 4. re-register: each instance is registered again on a GPU of another host whose facts its
    contract admits and that holds no instance of that model yet; without one it stays off,
    and the record says so. The copy is a placement-only instance (no endpoint): the model
@@ -43,6 +45,16 @@ class NodeRebalance:
         self.execute = execute
         self.in_flight = in_flight
         self.drain_timeout = drain_timeout
+        self._sources: list[InFlight] = []  # linked gateways' in-flight picks
+
+    def link_in_flight(self, source: InFlight) -> Callable[[], None]:
+        """Count `source`'s calls in the drain (a gateway's in-flight picks); returns the unlink."""
+        self._sources.append(source)
+        return lambda: self._sources.remove(source) if source in self._sources else None
+
+    def _in_flight(self, endpoints: frozenset[str]) -> int:
+        own = [self.in_flight] if self.in_flight is not None else []
+        return sum(src(endpoints) for src in own + list(self._sources))
 
     def _say(self, host: str, step: str, outcome: Outcome, detail: str) -> None:
         self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"rebalance {host}", rule="",
@@ -71,14 +83,14 @@ class NodeRebalance:
             self._move(host, inst)
 
     def _drain(self, host: str, endpoints: frozenset[str]) -> None:
-        if self.in_flight is None or not endpoints:
+        if (self.in_flight is None and not self._sources) or not endpoints:
             self._say(host, "drain", Outcome.DONE, "no gateway endpoint on the node: nothing in flight to wait for")
             return
         t0 = time.monotonic()
-        first = left = self.in_flight(endpoints)
+        first = left = self._in_flight(endpoints)
         while left and time.monotonic() - t0 < self.drain_timeout:
             time.sleep(0.01)
-            left = self.in_flight(endpoints)
+            left = self._in_flight(endpoints)
         took = (time.monotonic() - t0) * 1e3
         if left:
             self._say(host, "drain", Outcome.FAILED, f"{left} of {first} call(s) still in flight after {took:.0f} ms")

@@ -20,7 +20,7 @@ from policyc.audit.query import AuditReader
 from policyc.compiler.bundle import Bundle
 from policyc.enforcer.collaborators import MemoryAudit
 from policyc.enforcer.executor import ActionExecutor, HealTarget
-from policyc.enforcer.records import Outcome
+from policyc.enforcer.records import ActionRecord, Outcome
 from policyc.server.app import DecisionServer, ServerThread
 from policyc.server.config import ClusterSpec, EnforcerMode, SelfHeal, ServeConfig
 from policyc.server.fleet import admissible_fleet
@@ -154,3 +154,53 @@ def test_a_link_that_never_regains_carrier_fails_the_refresh(netns: str) -> None
     ex = ActionExecutor(MemoryAudit(), rebalance=lambda n: None, allow_real=True, timeout_s=0.3)
     [r] = ex.run(("rdma_link_refresh",), HealTarget("h/gpu0", "h", "0", "rdma0/1", netns=netns), "r")
     assert r.outcome is Outcome.FAILED and "no carrier after 0.3 s" in r.detail
+
+
+def test_rebalance_drain_waits_for_the_gateways_in_flight_picks(bundle: Bundle) -> None:
+    """`policyc gateway` links self-heal's rebalance to its picker: the drain step waits for a
+    call really in flight through Envoy to the node's model server, and ends when it answers."""
+    import threading
+
+    from evidence_support import EvidenceRig
+    from gateway_rig import PRIMARY
+    from test_gateway_accounting import BASE, IDS
+
+    from policyc.modelserver.client import OipClient
+
+    rig = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-drain-")))
+    try:
+        g = rig.thread.server.guardian
+        assert g is not None
+        hook = g.executor.rebalance
+        assert isinstance(hook, NodeRebalance)
+        said: list[ActionRecord] = []
+        hook.audit = said.append
+        [slot] = [s for s in rig.slots if s.model == PRIMARY]
+        endpoint = frozenset({rig.models.endpoint(slot.instance_id)})
+        answer: list[object] = []
+        with OipClient(rig.listen) as client:
+            def infer() -> None:  # stalled on the primary: broken at its budget, answered by the backup
+                answer.append(client.infer(PRIMARY, IDS, metadata=BASE + (("x-policyc-stall-ms", "400"),), timeout=10))
+                answer.append(time.monotonic())
+
+            call = threading.Thread(target=infer)
+            t0 = time.monotonic()
+            call.start()
+            while hook._in_flight(endpoint) == 0 and time.monotonic() - t0 < 5:
+                time.sleep(0.005)
+            assert hook._in_flight(endpoint) == 1  # the gateway's pick, seen by the rebalance hook
+            hook._drain(slot.instance.deployment.host, endpoint)
+            drained = time.monotonic() - t0
+            call.join(10)
+        assert len(answer) == 2 and hook._in_flight(endpoint) == 0
+        answered = answer[1] - t0  # type: ignore[operator]
+        [rec] = [r for r in said if r.detail.startswith("drain:")]
+        assert rec.outcome is Outcome.DONE and "1 call(s) in flight answered" in rec.detail, rec.detail
+        # it waited for the call: the drain ended when the request did (its ext_proc stream ends
+        # with it, about when the client has the answer)
+        assert drained >= answered - 0.02, (drained, answered)
+        print(f"\ndrain waited {drained * 1e3:.0f} ms, the call answered after {answered * 1e3:.0f} ms")
+        rig.gateway.stop()
+        assert hook._in_flight(endpoint) == 0 and not hook._sources  # unlinked at stop
+    finally:
+        rig.stop()
