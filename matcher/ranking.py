@@ -51,6 +51,7 @@ GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
 SMALL = 6  # at most this many candidates: order them by key directly (`key_of`; numpy costs more below)
 DIRECT = 256  # at most this many candidates: find their tiers through `rank_of`
+FEW = 32  # k = 1 and at most this many hits in the first tier that has any: ordered by key at once
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
 RANK_GAP = 1024.0  # initial distance between tier ranks
 VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
@@ -412,6 +413,8 @@ class ScoreTiers:
                 if empty >= EMPTY_TIERS:
                     return None
                 continue
+            if k == 1 and n <= FEW:  # the best of a few hits by key: no walk over the tier's groups
+                return [min((tier.bm & cand).to_array(), key=self.key_of.__getitem__)]
             for g in tier.groups:
                 bm = g.bm
                 if bm is None:  # one member: a membership test costs less than a count
