@@ -114,7 +114,16 @@ class AttributeIndex:
         if not self.ordered:  # an ordering on an attribute the plan did not mark as a range
             return self._order_unindexed(cmp, value)
         keys = self.keys
-        h, below = self._cut(cmp, value)
+        if cmp == "<":  # `_cut`, inlined: this runs on every request with a range term
+            h, below = bisect_left(keys, value), True
+        elif cmp == "<=":
+            h, below = bisect_right(keys, value), True
+        elif cmp == ">":
+            h, below = bisect_right(keys, value), False
+        elif cmp == ">=":
+            h, below = bisect_left(keys, value), False
+        else:
+            raise ValueError(f"`{cmp}` is not an ordering")
         n = len(keys)
         if below:
             if h == 0:
