@@ -68,11 +68,16 @@ def _no_tracebacks(method: Callable[..., Awaitable[Any]]) -> Callable[..., Await
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:  # noqa: BLE001 - the boundary where bugs are contained
-            log.exception("%s failed", method.__name__)
-            self.metrics.errors.labels(method.__name__, "INTERNAL").inc()
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}: {type(e).__name__}: {e}")
+            await _internal(self, context, method.__name__, e)
 
     return run
+
+
+async def _internal(service: "DecisionService", context: grpc.aio.ServicerContext, method: str, e: Exception) -> None:
+    """A bug in `method`: logged in full, counted, answered INTERNAL with one line (abort raises)."""
+    log.exception("%s failed", method)
+    service.metrics.errors.labels(method, "INTERNAL").inc()
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}")
 
 
 class DecisionService(pb_grpc.DecisionsServicer):
@@ -193,10 +198,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
             return entry.response(d)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline
-            log.exception("Decide failed")
-            self.metrics.errors.labels("Decide", "INTERNAL").inc()
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in Decide: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline (no wrapper coroutine on the hot path)
+            await _internal(self, context, "Decide", e)
             raise
 
     async def decide_batch_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -243,10 +246,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
             return join_decisions(out)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline
-            log.exception("DecideBatch failed")
-            self.metrics.errors.labels("DecideBatch", "INTERNAL").inc()
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in DecideBatch: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline (no wrapper coroutine on the hot path)
+            await _internal(self, context, "DecideBatch", e)
             raise
 
     @_no_tracebacks
