@@ -94,14 +94,12 @@ def _rollout(args) -> int:  # type: ignore[no-untyped-def]
     from policyc.compiler import bundle_io
 
     try:
-        key = None
-        if args.public_key:
-            from policyc.cli.keys import KeyError_, load_public
+        from policyc.cli.keys import KeyError_, load_public
 
-            try:
-                key = load_public(args.public_key)
-            except KeyError_ as e:
-                return _fail(str(e))
+        try:
+            key = load_public(args.public_key) if args.public_key else None
+        except KeyError_ as e:
+            return _fail(str(e))
         bundle = bundle_io.load(args.bundle, public_key=key)
         store, keys = _store(args)
     except (bundle_io.BundleError, ValueError) as e:

@@ -110,14 +110,12 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
-        key = None
-        if args.public_key:
-            from policyc.cli.keys import KeyError_, load_public
+        from policyc.cli.keys import KeyError_, load_public
 
-            try:
-                key = load_public(args.public_key)
-            except KeyError_ as e:
-                return _fail(str(e))
+        try:
+            key = load_public(args.public_key) if args.public_key else None
+        except KeyError_ as e:
+            return _fail(str(e))
         if args.audit_key:
             from policyc.cli.keys import KeyError_, load_private
 
