@@ -305,9 +305,9 @@ class Registry:
         self._slot_of = dict(zip(ids, slots))
         self._instance = dict(zip(slots, items))
         by = np.empty(max(1024, 2 * (max(slots, default=0) + 1)), dtype=object)
-        gathered = np.empty(len(items), dtype=object)  # filled element-wise: numpy would unpack the models
-        gathered[:] = items
-        by[slots] = gathered
+        # fromiter stores each object as it is; assigning the list would make numpy probe every
+        # model for the array protocols (three failing pydantic look-ups each: ~1 s per 100,000)
+        by[slots] = np.fromiter(items, dtype=object, count=len(items))
         self._by_slot = by
         self._routable = BitMap(s for s, inst in zip(slots, items) if inst.deployment.endpoint)
         names = [_gpu_group(inst) for inst in items]
