@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -244,16 +243,17 @@ class KernelPlane:
         return {k.value: v.value for k, v in self._bpf[b"rules"].items()}
 
     def end_connections(self, backend: Endpoint) -> int:
-        """End established TCP connections to `backend` in every attached namespace (ss -K)."""
-        flt = ["dst", backend.host if backend.is_ipv4 else f"[{backend.host}]", "dport", "=", f":{backend.port}"]
+        """End established TCP connections to `backend` in every attached namespace, as
+        `ss -K` would, through sock_diag netlink in this process (`sock_destroy`)."""
+        from policyc.enforcer.sock_destroy import end_tcp_to
+
         namespaces = {a.netns for a in self._tc} or {None}
         killed = 0
         for ns in namespaces:
-            prefix = ["nsenter", f"--net=/run/netns/{ns}"] if ns else []
-            out = subprocess.run([*prefix, "ss", "-K", "-t", "-n", *flt], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise KernelPlaneError(f"ss -K for {backend} failed: {out.stderr.strip()}")
-            killed += max(0, len(out.stdout.strip().splitlines()) - 1)
+            try:
+                killed += end_tcp_to(backend, ns)
+            except OSError as exc:
+                raise KernelPlaneError(f"ending connections to {backend}{f' in netns {ns}' if ns else ''}: {exc}") from exc
         return killed
 
     # ----------------------------------------------------------------- counters

@@ -1,0 +1,176 @@
+"""End the established TCP connections to one address, in the kernel, by netlink (sock_diag).
+
+This is what `ss -K dst A dport = :P` does, without spawning it: one dump request whose
+filter the kernel runs itself (an inet_diag bytecode condition on the destination address
+and port), then one `SOCK_DESTROY` per socket found, all sent in a single message and
+acknowledged one by one. The kernel aborts each socket as `tcp_abort` does (the peer gets a
+RST, the owner ECONNABORTED), so its owner reconnects and the connect hooks send the new
+connection to the backup. Where the process ran `ss` for every quarantine (fork, exec,
+parse its output: milliseconds holding the interpreter lock, which made the next budget
+crossing late), this costs tens of microseconds. Needs CAP_NET_ADMIN and a kernel built
+with CONFIG_INET_DIAG_DESTROY.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from policyc.enforcer.endpoint import Endpoint
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+SOCK_DESTROY = 21
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_DUMP = 0x300
+INET_DIAG_REQ_BYTECODE = 1
+INET_DIAG_BC_D_COND = 8
+CLONE_NEWNET = 0x40000000
+
+# The states `ss` calls connected (its default): all but LISTEN, CLOSE, TIME_WAIT, SYN_RECV.
+_TCP_ESTABLISHED, _TCP_SYN_SENT, _TCP_FIN_WAIT1, _TCP_FIN_WAIT2, _TCP_CLOSE_WAIT, _TCP_LAST_ACK, _TCP_CLOSING = 1, 2, 4, 5, 8, 9, 11
+CONNECTED_STATES = sum(1 << s for s in (_TCP_ESTABLISHED, _TCP_SYN_SENT, _TCP_FIN_WAIT1, _TCP_FIN_WAIT2,
+                                         _TCP_CLOSE_WAIT, _TCP_LAST_ACK, _TCP_CLOSING))
+
+_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_REQ_V2 = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then the 48-byte socket id
+_SOCKID_LEN = 48  # sport, dport (be16), src[16], dst[16], if (u32), cookie (2 x u32)
+_DIAG_MSG_HEAD = 4  # family, state, timer, retrans; then the socket id
+_NLATTR = struct.Struct("=HH")
+_BC_OP = struct.Struct("=BBH")  # code, yes, no
+_HOSTCOND = struct.Struct("=BBxxi")  # family, prefix_len, (pad), port
+
+_libc = ct.CDLL(None, use_errno=True)
+
+
+class SockDestroyError(OSError):
+    """The kernel refused the dump or a destroy (the message names the backend and why)."""
+
+
+def end_tcp_to(backend: Endpoint, netns: str | None = None) -> int:
+    """Abort every connected TCP socket whose peer is `backend`, in network namespace
+    `netns` (a name under /run/netns; None: this process's own). Returns how many ended."""
+    with _diag_socket(netns) as sock:
+        found: list[tuple[int, bytes]] = []
+        families = (socket.AF_INET, socket.AF_INET6) if backend.is_ipv4 else (socket.AF_INET6,)
+        for seq, family in enumerate(families, start=1):  # AF_INET6 too: dual-stack sockets to ::ffff:a.b.c.d
+            found.extend(_dump(sock, backend, family, seq))
+        if not found:
+            return 0
+        base = 100
+        sock.sendall(b"".join(_destroy_msg(family, sock_id, base + i) for i, (family, sock_id) in enumerate(found)))
+        ended = 0
+        for seq, err in _acks(sock, len(found)):
+            if err == 0:
+                ended += 1
+            elif err not in (errno.ENOENT, errno.ESRCH):  # gone since the dump: it ended on its own
+                raise SockDestroyError(err, f"ending connection to {backend} (request {seq - base}): {os.strerror(err)}")
+        return ended
+
+
+@contextmanager
+def _diag_socket(netns: str | None) -> Iterator[socket.socket]:
+    """A sock_diag netlink socket in `netns`: made with this thread switched into the
+    namespace and back (a netlink socket stays in the namespace it was made in)."""
+    if netns is None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+    else:
+        sock = _in_netns(netns)
+    try:
+        sock.bind((0, 0))
+        yield sock
+    finally:
+        sock.close()
+
+
+def _in_netns(netns: str) -> socket.socket:
+    try:
+        target = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SockDestroyError(exc.errno, f"network namespace `{netns}`: {exc.strerror}") from exc
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target, netns)
+        try:
+            return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        finally:
+            _setns(home, "this process's own")
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ct.get_errno()
+        raise SockDestroyError(err, f"entering network namespace {what}: {os.strerror(err)}")
+
+
+def _dst_filter(backend: Endpoint) -> bytes:
+    """inet_diag bytecode: one D_COND op (destination address/prefix and port); `yes` jumps
+    to the end (accept), `no` past it (reject)."""
+    if backend.is_ipv4:
+        family, addr, plen = socket.AF_INET, socket.inet_pton(socket.AF_INET, backend.host), 32
+    else:
+        family, addr, plen = socket.AF_INET6, socket.inet_pton(socket.AF_INET6, backend.host), 128
+    length = _BC_OP.size + _HOSTCOND.size + len(addr)
+    return _BC_OP.pack(INET_DIAG_BC_D_COND, length, length + 4) + _HOSTCOND.pack(family, plen, backend.port) + addr
+
+
+def _dump(sock: socket.socket, backend: Endpoint, family: int, seq: int) -> list[tuple[int, bytes]]:
+    bc = _dst_filter(backend)
+    attr = _NLATTR.pack(_NLATTR.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
+    body = _REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 0, CONNECTED_STATES) + b"\x00" * _SOCKID_LEN + attr
+    sock.sendall(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
+    found: list[tuple[int, bytes]] = []
+    while True:
+        data = sock.recv(65536)
+        for mtype, payload in _messages(data):
+            if mtype == NLMSG_DONE:
+                return found
+            if mtype == NLMSG_ERROR:
+                err = -struct.unpack_from("=i", payload)[0]
+                if err == 0:
+                    continue
+                raise SockDestroyError(err, f"listing connections to {backend}: {os.strerror(err)}")
+            if mtype == SOCK_DIAG_BY_FAMILY:
+                found.append((payload[0], bytes(payload[_DIAG_MSG_HEAD:_DIAG_MSG_HEAD + _SOCKID_LEN])))
+
+
+def _destroy_msg(family: int, sock_id: bytes, seq: int) -> bytes:
+    body = _REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sock_id
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body
+
+
+def _acks(sock: socket.socket, n: int) -> Iterator[tuple[int, int]]:
+    """(sequence number, errno) of the next `n` acknowledgements."""
+    seen = 0
+    while seen < n:
+        for mtype, payload, seq in _messages_seq(sock.recv(65536)):
+            if mtype == NLMSG_ERROR:
+                seen += 1
+                yield seq, -struct.unpack_from("=i", payload)[0]
+
+
+def _messages(data: bytes) -> Iterator[tuple[int, memoryview]]:
+    for mtype, payload, _ in _messages_seq(data):
+        yield mtype, payload
+
+
+def _messages_seq(data: bytes) -> Iterator[tuple[int, memoryview, int]]:
+    view = memoryview(data)
+    off = 0
+    while off + _NLMSGHDR.size <= len(view):
+        length, mtype, _flags, seq, _pid = _NLMSGHDR.unpack_from(view, off)
+        if length < _NLMSGHDR.size:
+            return
+        yield mtype, view[off + _NLMSGHDR.size:off + length], seq
+        off += (length + 3) & ~3

@@ -1,0 +1,110 @@
+"""Ending a quarantined backend's connections through sock_diag netlink (`ss -K`'s way, in process).
+
+Real sockets in a network namespace the test makes: the connections to the backend end
+(their owner reads ECONNABORTED), the listener and connections to any other address stay.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from policyc.enforcer.endpoint import Endpoint
+from policyc.enforcer.sock_destroy import SockDestroyError, end_tcp_to
+
+
+@pytest.fixture
+def bare_netns() -> Iterator[str]:
+    if os.geteuid() != 0 and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("ending sockets needs root (CAP_NET_ADMIN)")
+    name = f"pc-sd-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _sockets_in(netns: str, make):  # type: ignore[no-untyped-def]
+    from pyroute2.netns import popns, pushns
+
+    pushns(netns)
+    try:
+        return make()
+    finally:
+        popns()
+
+
+def _aborted(s: socket.socket) -> bool:
+    s.settimeout(2)
+    try:
+        s.sendall(b"x")
+        s.recv(1)
+    except OSError as exc:
+        return exc.errno == errno.ECONNABORTED
+    return False
+
+
+def _alive(client: socket.socket, server_side: socket.socket) -> bool:
+    client.sendall(b"ping")
+    server_side.settimeout(2)
+    return server_side.recv(4) == b"ping"
+
+
+def test_connections_to_the_backend_end_and_nothing_else(bare_netns: str) -> None:
+    def make():  # type: ignore[no-untyped-def]
+        backend = socket.create_server(("127.0.0.1", 0))
+        other = socket.create_server(("127.0.0.1", 0))
+        port, other_port = backend.getsockname()[1], other.getsockname()[1]
+        to_backend = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        dual = socket.socket(socket.AF_INET6)  # a dual-stack socket, as gRPC opens them: ::ffff:127.0.0.1
+        dual.connect(("::ffff:127.0.0.1", port))
+        to_backend.append(dual)
+        to_other = socket.create_connection(("127.0.0.1", other_port))
+        accepted = [backend.accept()[0] for _ in to_backend]
+        return backend, other, port, to_backend, to_other, other.accept()[0], accepted
+
+    backend, other, port, to_backend, to_other, other_side, accepted = _sockets_in(bare_netns, make)
+    late: socket.socket | None = None
+    try:
+        assert end_tcp_to(Endpoint.of("127.0.0.1", port), bare_netns) == 3
+        assert all(_aborted(s) for s in to_backend)
+        assert _alive(to_other, other_side)  # another port on the same address: untouched
+        backend.settimeout(0.2)
+        late = _sockets_in(bare_netns, lambda: socket.create_connection(("127.0.0.1", port)))  # the listener stays
+        accepted.append(backend.accept()[0])
+        assert _alive(late, accepted[-1])
+        assert end_tcp_to(Endpoint.of("127.0.0.1", port), bare_netns) == 1  # only the new one: the ended ones are gone
+        assert _aborted(late)
+        assert end_tcp_to(Endpoint.of("127.0.0.1", port), bare_netns) == 0
+    finally:
+        for s in (backend, other, to_other, other_side, *to_backend, *accepted, *([late] if late else [])):
+            s.close()
+
+
+def test_ipv6_backend(bare_netns: str) -> None:
+    def make():  # type: ignore[no-untyped-def]
+        srv = socket.create_server(("::1", 0), family=socket.AF_INET6)
+        port = srv.getsockname()[1]
+        client = socket.create_connection(("::1", port))
+        return srv, port, client, srv.accept()[0]
+
+    srv, port, client, accepted = _sockets_in(bare_netns, make)
+    try:
+        assert end_tcp_to(Endpoint.of("::1", port), bare_netns) == 1
+        assert _aborted(client)
+    finally:
+        for s in (srv, client, accepted):
+            s.close()
+
+
+def test_a_missing_namespace_is_named(bare_netns: str) -> None:
+    with pytest.raises(SockDestroyError, match=f"network namespace `{bare_netns}-gone`: No such file"):
+        end_tcp_to(Endpoint.of("127.0.0.1", 9), f"{bare_netns}-gone")
