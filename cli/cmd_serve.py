@@ -5,7 +5,14 @@ reloads the bundle file atomically (as does the `ReloadBundle` RPC); SIGINT/SIGT
 cleanly (health goes NOT_SERVING, in-flight RPCs finish, the audit log is flushed).
 Exit codes: 0 stopped cleanly; 1 stopped, but the audit log did not close cleanly (its
 writer died or a record could not be stored: the counts of lost records are printed); 2 bad
-configuration (bundle, TLS files, address, audit log or key), one line.
+configuration (bundle, TLS files, address, audit log or key; with `--enforcer kernel`, a kernel
+plane that cannot load or be put on the data path), one line.
+
+With the kernel plane loaded (`--enforcer kernel`, or `auto` where root and BPF allow) the
+service puts it on the data path: its TC programs on `--data-path-interface` (default lo),
+its connect hooks on the gateway's cgroup (`--gateway-cgroup`, or one it makes and prints),
+its backend map following the registry. Under `auto` a failure to attach is a warning, and
+the plane stays loaded but attached to nothing. Stop detaches everything.
 """
 
 from __future__ import annotations
@@ -55,6 +62,13 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto",
                    help="circuit-break enforcement: the eBPF kernel plane where root and BPF allow (auto), "
                         "required (kernel), user space only, or off")
+    p.add_argument("--data-path-interface", action="append", default=[], metavar="IF",
+                   help="with the kernel plane loaded: attach its TC programs (per-backend counters, the HTTP/2 "
+                        "walker) to this interface; repeatable (default: lo, the demo's data plane)")
+    p.add_argument("--gateway-cgroup", metavar="PATH",
+                   help="with the kernel plane loaded: the cgroup v2 directory the gateway's Envoy runs in, for the "
+                        "connect hooks that send a quarantined model server's new connections to its backup "
+                        "(default: one made under the cgroup2 mount, printed at start, removed at stop)")
     p.add_argument("--self-heal", choices=("dry-run", "execute"), default="dry-run",
                    help="self-heal's GPU reset, RDMA link refresh and rebalance: recorded only (dry-run, the default) "
                         "or executed (execute: an operator's explicit switch, audited)")
@@ -98,6 +112,26 @@ def _port(text: str) -> int:
 def _fail(msg: str) -> int:
     print(f"policyc serve: error: {msg}", file=sys.stderr)
     return 2
+
+
+def _data_path(args):  # type: ignore[no-untyped-def]
+    """The kernel plane's place on the data path from the flags (ValueError: a flag that
+    cannot work, one line)."""
+    from policyc.enforcer.data_path import DataPathConfig
+
+    given = bool(args.data_path_interface or args.gateway_cgroup)
+    if given and args.enforcer in ("userspace", "off"):
+        raise ValueError(f"--data-path-interface and --gateway-cgroup place the kernel plane: "
+                         f"they need --enforcer kernel or auto, not {args.enforcer}")
+    cgroup = None
+    if args.gateway_cgroup:
+        cgroup = Path(args.gateway_cgroup)
+        if not (cgroup / "cgroup.procs").is_file():
+            raise ValueError(f"--gateway-cgroup {args.gateway_cgroup}: not a cgroup v2 directory (no cgroup.procs in it)")
+    for name in args.data_path_interface:
+        if not name or len(name) > 15 or "/" in name or not name.isprintable() or name.isspace():
+            raise ValueError(f"--data-path-interface `{ascii(name[:32])[1:-1]}` is not an interface name")
+    return DataPathConfig(tuple(dict.fromkeys(args.data_path_interface)) or ("lo",), cgroup)
 
 
 def run(args) -> int:
@@ -152,7 +186,7 @@ def run(args) -> int:
     from policyc.cluster.serve_flags import fleet_config
 
     try:
-        cfg = dataclasses.replace(cfg, fleet=fleet_config(args, key))
+        cfg = dataclasses.replace(cfg, fleet=fleet_config(args, key), data_path=_data_path(args))
     except ValueError as e:
         return _fail(str(e))
 
@@ -191,6 +225,10 @@ def run(args) -> int:
         loop.add_signal_handler(signal.SIGHUP, reload)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
+        if server.kernel_path is not None:
+            cg = server.kernel_path.data_path.cgroup
+            print(f"policyc serve: kernel plane on the data path: {server.kernel_path.describe()} "
+                  f"(run the gateway's Envoy in it: echo PID > {cg}/cgroup.procs)", file=sys.stderr, flush=True)
         print(f"policyc serve: listening on {cfg.host}:{port} ({'TLS' if tls else 'plaintext'}), bundle "
               f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}", file=sys.stderr, flush=True)
         await stop.wait()

@@ -4,7 +4,7 @@ its backend map in step with the registered pool.
 
 Why a cgroup of its own: the connect hooks redirect every `connect()` made from their
 cgroup, so they must see Envoy's upstream connections and nothing else of the host. With
-no cgroup configured, one is made under the cgroup2 mount (`policyc-gateway-<pid>`) and
+no cgroup configured, one is made under the cgroup2 mount (`policyc-gateway-<pid>-<n>`) and
 removed at `detach()`; a configured one is used as it is and left in place.
 
 Backends: every pool endpoint is registered with the guardian, its quarantine target being
@@ -18,14 +18,17 @@ connect hooks detached, a cgroup we made removed (its processes moved back to th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from policyc.enforcer.endpoint import Endpoint, EndpointError
-from policyc.enforcer.guardian import Guardian
+
+if TYPE_CHECKING:  # the configuration is read by `ServeConfig` without the enforcer's weight
+    from policyc.enforcer.guardian import Guardian
 
 log = logging.getLogger("policyc.enforcer")
 
@@ -46,6 +49,9 @@ class Attachable(Protocol):
     def cgroup2_root(self) -> Path | None: ...
 
 
+_cgroups = itertools.count(1)  # one process may hold several data paths (tests): each its own cgroup
+
+
 @dataclass(frozen=True, slots=True)
 class DataPathConfig:
     interfaces: tuple[str, ...] = ("lo",)  # the demo's data plane is on loopback
@@ -57,7 +63,7 @@ def is_attachable(plane: object) -> bool:
 
 
 class DataPath:
-    def __init__(self, guardian: Guardian, config: DataPathConfig = DataPathConfig()) -> None:
+    def __init__(self, guardian: "Guardian", config: DataPathConfig = DataPathConfig()) -> None:
         plane = guardian.plane
         if not is_attachable(plane):
             raise DataPathError("the kernel plane is not loaded (start with --enforcer kernel)")
@@ -85,8 +91,11 @@ class DataPath:
         root = self.plane.cgroup2_root
         if root is None:
             raise DataPathError("no cgroup2 mount found (findmnt -t cgroup2) for the gateway's connect hooks")
-        path = Path(root) / f"policyc-gateway-{os.getpid()}"
-        path.mkdir(exist_ok=True)
+        path = Path(root) / f"policyc-gateway-{os.getpid()}-{next(_cgroups)}"
+        try:
+            path.mkdir()
+        except OSError as e:
+            raise DataPathError(f"making the gateway's cgroup {path}: {e.strerror}") from e
         self._made_cgroup = True
         return path
 

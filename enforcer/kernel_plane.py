@@ -10,6 +10,7 @@ new bundle arrives, only map contents change.
 from __future__ import annotations
 
 import ctypes as ct
+import itertools
 import logging
 import os
 import threading
@@ -30,7 +31,13 @@ log = logging.getLogger("policyc.enforcer")
 SOURCE = Path(__file__).with_name("kernel") / "enforcer.bpf.c"
 _TC_INGRESS_PARENT = "ffff:fff2"
 _TC_EGRESS_PARENT = "ffff:fff3"
-_TC_PRIO = 0xC0DE & 0x7FFF  # our filters' priority, so detach removes only ours
+_TC_PRIO = 0xC0DE & 0x7FFF  # our filters' priority ...
+_planes = itertools.count(1)  # ... and each plane's own handle under it, so detach removes only its own
+
+
+def _tc_handle() -> int:
+    """A filter handle unique to this plane among processes: the pid, and a count within it."""
+    return ((os.getpid() & 0xFFFFFF) << 8 | next(_planes) & 0xFF) or 1
 
 
 class KernelPlaneError(RuntimeError):
@@ -49,6 +56,7 @@ class _TcAttachment:
     ifname: str
     ifindex: int
     netns: str | None
+    made_clsact: bool = False  # we added the interface's clsact qdisc: we remove it when our filters go
 
 
 class KernelPlane:
@@ -78,6 +86,7 @@ class KernelPlane:
         self._listeners: list[Callable[[KernelEvent], None]] = []
         self._rule_names: dict[int, str] = {}
         self._tc: list[_TcAttachment] = []
+        self._tc_handle = _tc_handle()
         self._cgroups: list[tuple[int, Path]] = []
         self._lock = threading.Lock()
         self._bpf[b"events"].open_ring_buffer(self._on_raw_event)
@@ -116,7 +125,11 @@ class KernelPlane:
     # ----------------------------------------------------------------- attach
 
     def attach_tc(self, ifname: str = "lo", netns: str | None = None) -> None:
-        """Observe an interface at ingress and egress (clsact, direct action)."""
+        """Observe an interface at ingress and egress (clsact, direct action).
+
+        Our filters carry our priority and a handle of this plane's own, so that several
+        planes (processes) can observe one interface and each detaches only its filters;
+        a clsact qdisc we had to add is remembered and removed again by `detach_tc`."""
         from pyroute2 import IPRoute
 
         with IPRoute(netns=netns) if netns else IPRoute() as ipr:
@@ -124,15 +137,42 @@ class KernelPlane:
             if not found:
                 raise KernelPlaneError(f"interface `{ifname}` not found{f' in netns {netns}' if netns else ''}")
             idx = found[0]
+            made_clsact = True
             try:
                 ipr.tc("add", "clsact", idx)
             except Exception as exc:  # already present: keep it, we only add our filters
                 if "File exists" not in str(exc):
                     raise KernelPlaneError(f"adding clsact to `{ifname}`: {exc}") from exc
-            for fn, parent in ((self._fn_ingress, _TC_INGRESS_PARENT), (self._fn_egress, _TC_EGRESS_PARENT)):
-                ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
-                       direct_action=True, prio=_TC_PRIO)
-        self._tc.append(_TcAttachment(ifname, idx, netns))
+                made_clsact = False
+            added: list[str] = []
+            try:
+                for fn, parent in ((self._fn_ingress, _TC_INGRESS_PARENT), (self._fn_egress, _TC_EGRESS_PARENT)):
+                    ipr.tc("add-filter", "bpf", idx, self._tc_handle, fd=fn.fd, name=fn.name, parent=parent, classid=1,
+                           direct_action=True, prio=_TC_PRIO)
+                    added.append(parent)
+            except Exception as exc:
+                attachment = _TcAttachment(ifname, idx, netns, made_clsact)
+                self._remove_tc(ipr, attachment, added)
+                raise KernelPlaneError(f"attaching TC to `{ifname}`: {exc}") from exc
+        self._tc.append(_TcAttachment(ifname, idx, netns, made_clsact))
+
+    def _remove_tc(self, ipr: object, a: _TcAttachment, parents: list[str]) -> None:
+        """Delete our filters under `parents`, then the clsact qdisc if we added it and no
+        filter (ours or anyone's) is left under it."""
+        for parent in parents:
+            try:
+                ipr.tc("del-filter", "bpf", a.ifindex, self._tc_handle, parent=parent, prio=_TC_PRIO)  # type: ignore[attr-defined]
+            except Exception as exc:  # already gone (the namespace or the qdisc went first)
+                log.debug("detach tc %s/%s %s: %s", a.netns, a.ifname, parent, exc)
+        if not a.made_clsact:
+            return
+        try:
+            left = [f for parent in (_TC_INGRESS_PARENT, _TC_EGRESS_PARENT)
+                    for f in ipr.get_filters(a.ifindex, parent=parent)]  # type: ignore[attr-defined]
+            if not left:
+                ipr.tc("del", "clsact", a.ifindex)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.debug("removing clsact from %s/%s: %s", a.netns, a.ifname, exc)
 
     def detach_tc(self, ifname: str = "lo", netns: str | None = None) -> None:
         from pyroute2 import IPRoute
@@ -144,8 +184,7 @@ class KernelPlane:
                 continue
             try:
                 with IPRoute(netns=netns) if netns else IPRoute() as ipr:
-                    for parent in (_TC_INGRESS_PARENT, _TC_EGRESS_PARENT):
-                        ipr.tc("del-filter", "bpf", a.ifindex, ":1", parent=parent, prio=_TC_PRIO)
+                    self._remove_tc(ipr, a, [_TC_INGRESS_PARENT, _TC_EGRESS_PARENT])
             except Exception as exc:  # the namespace may be gone already, which detaches too
                 log.debug("detach tc %s/%s: %s", netns, ifname, exc)
         self._tc = keep

@@ -24,6 +24,7 @@ from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
 from policyc.audit.records import ActionRecord as AuditAction
+from policyc.enforcer.backup_choice import quarantine_targets
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
 from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows
 from policyc.server.node_rebalance import NodeRebalance
@@ -95,7 +96,8 @@ class Gateway:
         if self.access_log is not None and g is not None:
             self.signals = SignalWindows(lambda w: g.observe_gpu(w.key, w.signals))
             self.access_log.receiver.listeners.append(GatewaySignals(self.signals, self._gpu_of))
-        self.data_path: DataPath | None = None
+        self.data_path: DataPath | None = None  # the decision service's (server.kernel_path), or ...
+        self._own_data_path: DataPath | None = None  # ... the gateway's own when the service attached none
         self.kernel_streams: KernelStreamSignals | None = None
         self._unsubscribe_streams: Callable[[], object] | None = None
         self._unlink_rebalance: Callable[[], None] | None = None
@@ -175,7 +177,12 @@ class Gateway:
         if not self.options.kernel_data_path or g is None or not is_attachable(g.plane):
             return
         assert self.envoy is not None and self.envoy.pid is not None
-        self.data_path = DataPath(g, DataPathConfig(self.options.interfaces, self.options.cgroup)).attach()
+        owner = self.thread.server.kernel_path
+        if owner is not None:  # the decision service put the plane on the data path: Envoy joins its cgroup
+            self.data_path = owner.data_path
+        else:
+            self.data_path = self._own_data_path = DataPath(g, DataPathConfig(self.options.interfaces,
+                                                                             self.options.cgroup)).attach()
         self.data_path.adopt(self.envoy.pid)
         self._sync_backends()
         if self.signals is not None:  # the TC walker's per-stream HTTP/2 times into the same windows
@@ -199,20 +206,13 @@ class Gateway:
         return m.gpu_key if m is not None else None
 
     def _sync_backends(self) -> None:
-        """Each pool endpoint with its quarantine target: a backup the picker would retry on."""
-        if self.data_path is None:
+        """Each pool endpoint with its quarantine target: a backup the picker would retry on
+        (the decision service's data path, when it owns the attachment, follows its registry)."""
+        if self._own_data_path is None:
             return
-        from .pick import _redirect_of
-
         g = self.thread.server.guardian
         assert g is not None
-        pool, pairs = self.picker.picker.pool, []
-        for m in pool.members():
-            found = g.table.budget_for(m.model, None)
-            redirect = _redirect_of(found[0].breaker if found else None)
-            backups = pool.fallbacks(redirect.backup, m.endpoint, m.gpu_key) if redirect is not None else ()
-            pairs.append((m.endpoint, backups[0].endpoint if backups else None))
-        self.data_path.sync(pairs)
+        self._own_data_path.sync(quarantine_targets(g.table, self.picker.picker.pool))
 
     async def _start_sync(self) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(self._sync(), name="policyc-gateway-pool")
@@ -267,7 +267,9 @@ class Gateway:
             self._unsubscribe_streams = None
         if self.data_path is not None:
             self._record_agreement()
-            self.data_path.detach()
+            if self._own_data_path is not None:
+                self._own_data_path.detach()  # the service's own is detached when the service stops
+                self._own_data_path = None
             self.data_path = None
         if self.access_log is not None:
             try:

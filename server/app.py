@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from .event_loop import new_event_loop
 from .metrics import Metrics
 from .handlers import add_decisions_service
 from .heap import HeapSettler
+from .kernel_path import KernelPath, kernel_plane_loaded
 from .proto import SERVICE_NAME
 from .readiness import Readiness
 from .score_push import ScorePusher
@@ -101,6 +103,7 @@ class DecisionServer:
             if config.watch_gpus:
                 self.gpu_watch = GpuWatch(self.guardian)
                 self.refresher.on_refresh(self.gpu_watch.on_refresh)
+        self.kernel_path: KernelPath | None = None  # the kernel plane on the data path, from start() to stop()
         self.metrics.set_bundle(None, bundle.content_hash)
         self.metrics.watch(lambda: len(self.engine.state.registry), lambda: self.refresher.current().age())
         self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
@@ -160,10 +163,15 @@ class DecisionServer:
         add_decisions_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        self.port = bind(server, self.config)
-        if self.replica is not None:  # join before serving: the fleet and the bundle in force first
-            await self.replica.start(f"{self.config.host}:{self.port}")
-        await server.start()
+        await asyncio.to_thread(self._attach_data_path)  # off the loop: pyroute2 runs a loop of its own
+        try:
+            self.port = bind(server, self.config)
+            if self.replica is not None:  # join before serving: the fleet and the bundle in force first
+                await self.replica.start(f"{self.config.host}:{self.port}")
+            await server.start()
+        except BaseException:
+            await asyncio.to_thread(self._detach_data_path)  # BPF attachments outlive the process: never leave them
+            raise
         self._server = server
         for name in ("", SERVICE_NAME):  # NOT_SERVING until every readiness check passes
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -176,6 +184,33 @@ class DecisionServer:
         if self.config.metrics_port is not None:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host or self.config.host)
         return self.port
+
+    def _attach_data_path(self) -> None:
+        """With the kernel plane loaded, put it on the data path (`config.data_path`). Under
+        `--enforcer kernel` a failure is the start's (DataPathError, fail closed); under
+        `auto` it is said loudly and audited, and the service runs with the plane loaded but
+        attached to nothing, as the user-space fallback does."""
+        cfg = self.config
+        if cfg.data_path is None or not kernel_plane_loaded(self.guardian):
+            return
+        assert self.guardian is not None and self.actions is not None
+        try:
+            self.kernel_path = KernelPath(self.guardian, self.engine, cfg.data_path).start()
+        except Exception as e:
+            if cfg.enforcer is EnforcerMode.KERNEL:
+                raise
+            from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
+
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            log.warning("the kernel plane is loaded but NOT on the data path (--enforcer auto): %s", why)
+            self.actions(ActionRecord(time=time.time(), kind=ActionKind.CLASSIFY, target="data_path", rule="",
+                                      outcome=Outcome.FAILED, detail=f"the kernel plane is not on the data path: {why}",
+                                      source="kernel"))
+
+    def _detach_data_path(self) -> None:
+        if self.kernel_path is not None:
+            self.kernel_path.stop()
+            self.kernel_path = None
 
     async def reload_path(self, path: str | Path, source: str = "SIGHUP") -> tuple[str, tuple[str, ...]]:
         """Reload from a file through the service's one verifier (read off the loop)."""
@@ -199,6 +234,7 @@ class DecisionServer:
         self.engine.state.feasibility.close()  # its solver thread ends once the queued shapes are solved
         if self.heap is not None:
             self.heap.release()
+        await asyncio.to_thread(self._detach_data_path)
         if self.guardian is not None:
             self.guardian.close()
         if self.audit is not None:

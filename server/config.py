@@ -8,6 +8,7 @@ from enum import Enum
 from pathlib import Path
 
 from policyc.cluster.config import FleetConfig
+from policyc.enforcer.data_path import DataPathConfig
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -98,3 +99,8 @@ class ServeConfig:
     # a fleet store (etcd, or the embedded default's local store): the registry, bundle in
     # force, leadership and session affinity shared with other replicas (see policyc.cluster)
     fleet: FleetConfig | None = None
+    # with the kernel plane loaded (`enforcer` kernel, or auto where it loads): its TC programs
+    # on these interfaces, its connect hooks on the gateway's cgroup (made and removed by the
+    # service when none is named), its backend map following the registry (server/kernel_path.py);
+    # None: loaded, attached to nothing
+    data_path: DataPathConfig | None = DataPathConfig()
