@@ -1,8 +1,10 @@
 """What the gateway did to a request, told to the placer and the audit log.
 
 Envoy breaks the stream (the per-try timeout resets it) and retries it on the backup; the
-picker learns it in the response phase: the answer came on attempt 2 from another host
-than the one it chose. Then, with the decision id in every record:
+picker learns it from Envoy's access log (`policyc gateway`: the call's entry says 2
+attempts, the answering one from another host than the one it chose; within a flush
+interval, tens of ms) or, for an Envoy that sends policyc no access log, in the response
+phase. Then, with the decision id in every record:
 - `cancel_stream`: the upstream stream was reset at its budget (its connection stayed);
 - `redirect`: the retry went to the backup with the redirect's headers and answered;
 - `report_anomaly`: the chosen GPU's anomaly goes to the placer (`report_anomaly`, the
@@ -39,7 +41,7 @@ class ActionLog(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Break:
-    """One request Envoy broke and retried, as the response phase saw it."""
+    """One request Envoy broke and retried, as the access log (or the response phase) told it."""
 
     decision_id: str
     breaker: str
@@ -47,8 +49,9 @@ class Break:
     served: str  # endpoint that answered
     answered_by: str  # the instance id the answer names ("" when it did not say)
     attempt: int
-    elapsed_s: float  # from the picker's decision to the answer's headers
+    elapsed_s: float  # from the call's start (access log) or the picker's decision (response phase) to the answer's headers
     at_budget: bool  # the first attempt ran into its per-try timeout (else: reset by the upstream)
+    lag_s: float | None = None  # from the break (the broken attempt's end) to the picker learning it; None: response phase
 
 
 class Acts:
@@ -79,8 +82,10 @@ class Acts:
         budget = f"{pick.per_try_timeout_ms} ms" if pick.per_try_timeout_ms is not None else "no budget"
         how = (f"at its per-try timeout ({budget}, predicted {pick.predicted_ms:.1f} ms)" if b.at_budget
                else f"after the upstream reset it (before its {budget} budget)")
+        seen = (f"; seen in Envoy's access log {b.lag_s * 1e3:.0f} ms after the break" if b.lag_s is not None
+                else "; seen in the answer's headers")
         self._record("cancel_stream", f"stream of request {pick.decision_id} to {pick.endpoint}", rule,
-                     f"Envoy reset the upstream stream {how}: RST_STREAM on that stream only, its connection stays",
+                     f"Envoy reset the upstream stream {how}: RST_STREAM on that stream only, its connection stays{seen}",
                      pick.decision_id)
         redirect = pick.redirect
         headers = ", ".join(f"{k}: {v}" for k, v in pick.retry_headers)
@@ -98,3 +103,14 @@ class Acts:
             else:
                 self._record("report_anomaly", pick.gpu_key, rule, "no placer to report to", pick.decision_id, "skipped")
         self.breaks.append(b)
+
+    def of(self, decision_id: str, at_least: int = 1, timeout: float = 0.0) -> list[ActionRecord]:
+        """The acts recorded for `decision_id`, waiting up to `timeout` seconds for `at_least`
+        of them: from the access log they come a flush interval after the answer. Call it
+        from another thread than the server's loop (it sleeps)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [r for r in tuple(self.records) if r.decision_id == decision_id]
+            if len(found) >= at_least or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.005)

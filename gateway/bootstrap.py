@@ -12,8 +12,8 @@ What it wires, and why each piece is Envoy's own:
 - the pool cluster (HTTP/2 to the model servers' gRPC ports) balanced by Envoy's
   `override_host` load balancer: it takes the picker's list and hands the next host to
   each attempt, so the retry after a per-try timeout goes to the fallback (the backup);
-  the served host is written back into `envoy.lb` (`selected_host_key`) for the picker's
-  response phase. At the per-try timeout Envoy resets that one upstream stream
+  the served host is written back into `envoy.lb` (`selected_host_key`) for a picker that
+  learns breaks in the response phase (an Envoy with no policyc access log). At the per-try timeout Envoy resets that one upstream stream
   (RST_STREAM): the connection and its sibling streams carry on.
 - the route's retry policy: one retry, on a reset or a per-try timeout.
 - an upstream Lua filter that runs per attempt: Envoy can add `x-envoy-attempt-count`
@@ -23,8 +23,11 @@ What it wires, and why each piece is Envoy's own:
 - the pool's endpoints either inline (`endpoints`, for users who run their own Envoy) or
   from a file Envoy watches (`eds_path`: file-based EDS, rewritten atomically by
   `policyc gateway` whenever the registered pool changes).
-- a hook for the access-log service (`access_log_cluster`): the evidence work (issue 20)
-  adds the gRPC ALS sink there.
+- Envoy's gRPC access-log service (`access_log_cluster`, policyc's receiver in
+  `gateway/access_log.py`), flushed every `access_log_flush_ms`: per-call accounting and,
+  with `breaks_from_access_log`, how the picker learns that Envoy broke a stream and
+  retried it (attempt count, the host that answered), so the response phase is off for
+  every request and each call costs one ext_proc exchange.
 """
 
 from __future__ import annotations
@@ -94,7 +97,9 @@ class GatewaySpec:
     retry_budget: float | None = None  # share of active requests that may be retries (the breakers' `retry_budget`)
     min_retry_concurrency: int = 3
     use_picker: bool = True  # False: a plain round-robin gateway over the same pool (the benchmark's baseline)
-    access_log_cluster: str | None = None  # hook for issue 20: the gRPC access-log service's `ip:port`
+    access_log_cluster: str | None = None  # the gRPC access-log service's `ip:port` (policyc's receiver or the user's)
+    access_log_flush_ms: int = 50  # how long Envoy buffers entries: bounds how late the picker learns of a break
+    breaks_from_access_log: bool = False  # the picker follows that log (policyc's receiver): no response phase at all
     tls_cert: str | None = None  # with tls_key: the listener serves TLS (PEM files), its handshake times logged
     tls_key: str | None = None
     node_id: str = "policyc-gateway"
@@ -207,10 +212,12 @@ def _picker_cluster(spec: GatewaySpec) -> dict[str, Any]:
 
 
 def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
-    """The picker. It sees each request's headers (Envoy waits for the pick) and, for a
-    request that can break (one with a budget), the answer's headers: which host answered
-    on which attempt. For the others it turns the response phase off per request
-    (`mode_override`, allowed by `allow_mode_override`), so they cost one message each way."""
+    """The picker. It sees each request's headers (Envoy waits for the pick). With
+    `breaks_from_access_log` that is all: it learns breaks from the access log, so the
+    response phase is off (one message each way per call). Without, for a request that can
+    break (one with a budget) it also sees the answer's headers: which host answered on
+    which attempt; for the others it turns the response phase off per request
+    (`mode_override`, allowed by `allow_mode_override`)."""
     return {"name": "envoy.filters.http.ext_proc", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": PICKER_CLUSTER}, "timeout": f"{spec.picker_timeout_ms / 1000:g}s"},
@@ -218,7 +225,8 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
         "status_on_error": {"code": 503},  # picker unreachable or failing, in the deny mode: Service Unavailable
         "message_timeout": f"{spec.picker_timeout_ms / 1000:g}s",
         "allow_mode_override": True,
-        "processing_mode": {"request_header_mode": "SEND", "response_header_mode": "SEND",
+        "processing_mode": {"request_header_mode": "SEND",
+                            "response_header_mode": "SKIP" if spec.breaks_from_access_log else "SEND",
                             "request_body_mode": "NONE", "response_body_mode": "NONE",
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
         "mutation_rules": {"allow_envoy": True},  # the picker sets x-envoy-upstream-rq-per-try-timeout-ms
@@ -237,9 +245,9 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {"log_name": log_name, "transport_api_version": "V3",
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
-                          "buffer_flush_interval": "0.1s"},
+                          "buffer_flush_interval": f"{spec.access_log_flush_ms / 1000:g}s"},
         "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER],
-        "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "grpc-status",
+        "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "x-policyc-variant", "grpc-status",
                                                UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER],
         "additional_response_trailers_to_log": ["grpc-status"]}}]
 
@@ -282,6 +290,10 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError(f"retries must be at least 0, got {spec.retries}")
     if (spec.tls_cert is None) != (spec.tls_key is None):
         raise ValueError("a TLS listener needs both tls_cert and tls_key")
+    if spec.breaks_from_access_log and spec.access_log_cluster is None:
+        raise ValueError("breaks_from_access_log needs the access log: give access_log_cluster")
+    if not 1 <= spec.access_log_flush_ms <= 10_000:
+        raise ValueError(f"access_log_flush_ms must be 1-10000 ms, got {spec.access_log_flush_ms}")
     if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:
         raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
     http_filters = ([_ext_proc(spec)] if spec.use_picker else []) + [

@@ -30,20 +30,20 @@ def _set(mutation: "base_pb2.HeaderMutation", key: str, value: str) -> None:  # 
     mutation.set_headers.add(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE)
 
 
-_HEADS: dict[tuple[str, int | None, str, int], bytes] = {}
+_HEADS: dict[tuple[str, int | None, str, int, bool], bytes] = {}
 _HEADS_MAX = 1024
 
 
-def forward_bytes(pick: Pick) -> bytes:
-    """`forward(pick)` serialized, the part every pick of the same endpoints, budget and
-    retry shares built once: protobuf reads concatenated messages as one merged message,
-    so the decision id's header, serialized alone, joins the same header mutation."""
-    key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks))
+def forward_bytes(pick: Pick, see_answer: bool) -> bytes:
+    """`forward(pick, see_answer=...)` serialized, the part every pick of the same endpoints,
+    budget and retry shares built once: protobuf reads concatenated messages as one merged
+    message, so the decision id's header, serialized alone, joins the same header mutation."""
+    key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks), see_answer)
     head = _HEADS.get(key)
     if head is None:
         if len(_HEADS) >= _HEADS_MAX:
             _HEADS.clear()
-        head = _HEADS[key] = forward(pick, with_decision_id=False).SerializeToString()
+        head = _HEADS[key] = forward(pick, with_decision_id=False, see_answer=see_answer).SerializeToString()
     return head + _decision_id_bytes(pick.decision_id)
 
 
@@ -71,10 +71,12 @@ def serialize(message: ep.ProcessingResponse | bytes) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def forward(pick: Pick, *, with_decision_id: bool = True) -> ep.ProcessingResponse:
+def forward(pick: Pick, *, with_decision_id: bool = True, see_answer: bool = False) -> ep.ProcessingResponse:
     """Continue upstream: the endpoints in the `envoy.lb` metadata (what the override-host
     load balancer reads) and in `x-gateway-destination-endpoint` (the same value, as the
-    protocol asks), the per-try timeout, the retry's headers, the decision id."""
+    protocol asks), the per-try timeout, the retry's headers, the decision id. Unless
+    `see_answer` (a picker that learns breaks from the answer's headers, for a request that
+    can break), the response phase is turned off for this request."""
     r = ep.ProcessingResponse()
     m = r.request_headers.response.header_mutation
     value = pick.endpoints
@@ -95,7 +97,7 @@ def forward(pick: Pick, *, with_decision_id: bool = True) -> ep.ProcessingRespon
     md = struct_pb2.Struct()
     md.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_KEY].string_value = value
     r.dynamic_metadata.CopyFrom(md)
-    if pick.per_try_timeout_ms is None:  # it cannot break: no need to see its answer
+    if not see_answer:
         r.mode_override.response_header_mode = ProcessingMode.SKIP
     return r
 

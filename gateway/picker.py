@@ -5,13 +5,21 @@ One ext_proc stream per HTTP request. On its request headers the picker decides 
 the decision service's own path (`DecisionService.decide_shape`: the audit log's
 fail-closed gate, the request-shape cache, the engine, metrics, the audit record), with
 only instances that have an endpoint as candidates, then either forwards (`messages.forward`:
-endpoints, budget, retry headers, decision id) or refuses (`messages.immediate`). A
-request that can break (it has a budget) keeps the response phase: the answer's headers say
-which host answered on which attempt, and a request Envoy broke and retried becomes acts for
-the placer and the audit log (`acts.py`); for the others the pick turns that phase off.
+endpoints, budget, retry headers, decision id) or refuses (`messages.immediate`).
 
-Shedding: at most `max_in_flight` requests between their pick and their answer; beyond,
-429 at once (a request counts until its ext_proc stream ends, with the request).
+How it learns that Envoy broke a request (its per-try timeout reset the stream) and retried
+it on the backup, which becomes acts for the placer and the audit log (`acts.py`):
+- following Envoy's access log (`follow_access_log`, what `policyc gateway` does): the
+  call's entry says how many attempts Envoy made and which host answered, a flush interval
+  (tens of ms) after the answer. The pick is then the stream's only message: the picker
+  answers and closes it, Envoy asks nothing about the answer;
+- else (an Envoy that sends policyc no access log) in the response phase, kept open for a
+  request that can break (it has a budget): the answer's headers say which host answered
+  on which attempt; for the others the pick turns that phase off.
+
+Shedding: at most `max_in_flight` requests between their pick and their end; beyond, 429
+at once. A request counts until its ext_proc stream ends (with the request) or, following
+the access log, until its entry there (at most `OPEN_MAX_S`, should the entry never come).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from policyc.server.request_shapes import RequestShapes
 from policyc.server.service import DecisionService
 
 from . import messages, refusal
+from .access_log import AccessLogReceiver, Attempt, Call
 from .acts import Acts, Break
 from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
 from .pick import Pick, plan_pick
@@ -46,6 +55,9 @@ log = logging.getLogger("policyc.gateway")
 INSTANCE_HEADER = "x-policyc-instance"  # the model server names the instance that answered (modelserver/wire.py)
 VARIANT_HEADER = "x-policyc-variant"
 RECENT = 1024
+# a pick's longest wait for its access-log entry: the route's timeout (30 s, every attempt), the
+# receiver's grace for late attempts, margin; beyond, the request no longer counts as in flight
+OPEN_MAX_S = 40.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +101,12 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self.config = config
         self.pool = Pool(service.engine)
         self.shapes = RequestShapes()  # the gateway's own shapes: its inputs differ (routable only)
-        self._open: dict[str, tuple[Pick, float]] = {}  # decision id -> (pick, when): picked, its request not ended
+        # decision id -> (pick, when): picked, its request not ended (oldest first)
+        self._open: dict[str, tuple[Pick, float]] = {}
         self.counts: dict[str, int] = {"forwarded": 0, "broken": 0}
         # the last picks by decision id (bounded): what `policyc gateway`, the demo and tests show
         self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
+        self.from_access_log = False  # True once `follow_access_log`: breaks and request ends from Envoy's log
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -101,8 +115,26 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
     def in_flight(self) -> int:
         return len(self._open)
 
+    def follow_access_log(self, receiver: AccessLogReceiver) -> None:
+        """Learn breaks and request ends from the access log `receiver` gets from Envoy (the
+        bootstrap's `breaks_from_access_log`): the pick becomes each stream's only message.
+        Every Envoy this picker serves must then send that log (a pick whose entry never
+        comes counts as in flight for `OPEN_MAX_S`)."""
+        receiver.listeners.append(self._logged)
+        self.from_access_log = True
+
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # type: ignore[override]
                       context: grpc.aio.ServicerContext) -> None:
+        if self.from_access_log:
+            while True:  # the request's headers are the only message asked for: answer them and end the stream
+                req = await context.read()
+                if req is grpc.aio.EOF:
+                    return
+                if req.HasField("request_headers"):
+                    resp, _ = await self._request_headers(req)
+                    await context.write(resp)
+                    return
+                await context.write(messages.empty_for(req.WhichOneof("request") or ""))
         picked: list[str] = []
         try:
             while True:
@@ -111,7 +143,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     return
                 kind = req.WhichOneof("request")
                 if kind == "request_headers":
-                    resp = await self._request_headers(req, picked)
+                    resp, pick = await self._request_headers(req)
+                    if pick is not None:
+                        picked.append(pick.decision_id)
                 elif kind == "response_headers":
                     resp = self._response_headers(req, picked)
                 else:
@@ -121,20 +155,23 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             for did in picked:
                 self._open.pop(did, None)
 
-    async def _request_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse | bytes:
+    async def _request_headers(self, req: ep.ProcessingRequest) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
         t0 = time.perf_counter()
         try:
-            return await self._pick(req, t0, picked)
+            return await self._pick(req, t0)
         except Exception as e:  # noqa: BLE001 - the boundary: a bug refuses this request, never forwards it
             log.exception("picker failed")
             self._count("internal")
-            return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}"))
+            return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}")), None
 
-    async def _pick(self, req: ep.ProcessingRequest, t0: float, picked: list[str]) -> ep.ProcessingResponse | bytes:
+    async def _pick(self, req: ep.ProcessingRequest, t0: float) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
         limit = self.config.max_in_flight
-        if len(self._open) >= limit:
+        open_ = self._open
+        if open_ and self.from_access_log:
+            self._expire(t0)
+        if len(open_) >= limit:
             self._count("shed")
-            return messages.immediate(refusal.shed(self.in_flight, limit))
+            return messages.immediate(refusal.shed(self.in_flight, limit)), None
         policy = policy_view(((h.key, _value(h)) for h in req.request_headers.headers.headers), self.config.forwarded_headers)
         try:
             key = shape_key(policy)
@@ -146,27 +183,66 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         except ServiceError as e:
             r = refusal.from_error(e)
             self._count(r.cause)
-            return messages.immediate(r)
+            return messages.immediate(r), None
         except AuditError as e:
             self._count("audit")
-            return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e))))
+            return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e)))), None
         if not d.admitted:
             r = refusal.from_rejection(d)
             self._count(r.cause)
-            return messages.immediate(r)
+            return messages.immediate(r), None
         published = self.pool.published
         if not d.endpoint or (published is not None and d.endpoint not in published):
             self._count("no-instance")
-            return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint)))
+            return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
         pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
-        self._open[pick.decision_id] = (pick, t0)
-        picked.append(pick.decision_id)
+        open_[pick.decision_id] = (pick, t0)
         self._count("forwarded")
         recent = self.recent
         recent[pick.decision_id] = pick
         if len(recent) > RECENT:
             recent.popitem(last=False)
-        return messages.forward_bytes(pick)
+        see_answer = not self.from_access_log and pick.per_try_timeout_ms is not None
+        return messages.forward_bytes(pick, see_answer), pick
+
+    def _expire(self, now: float) -> None:
+        """Forget the picks whose access-log entry has not come in `OPEN_MAX_S` (oldest first)."""
+        open_ = self._open
+        while open_:
+            did, (_, since) = next(iter(open_.items()))
+            if now - since < OPEN_MAX_S:
+                return
+            del open_[did]
+            self._count("unlogged")
+
+    def _logged(self, call: Call, attempts: list[Attempt]) -> None:
+        """The access log's entry for one call (every attempt of it, as Envoy measured them):
+        the request has ended; if Envoy broke it and retried, record the acts."""
+        opened = self._open.pop(call.decision_id, None)
+        if opened is None:  # not picked here (another replica's), or forgotten after OPEN_MAX_S
+            return
+        pick, _ = opened
+        if pick.per_try_timeout_ms is None:  # no budget: Envoy makes a single attempt
+            return
+        try:
+            answered = next((a for a in attempts if a.status), None)  # a reset attempt has no HTTP status
+            served = answered.host if answered is not None else ""
+            if call.attempts < 2 and (not served or served == pick.endpoint):
+                return
+            broken = [a for a in attempts if a is not answered]
+            budget_s = pick.per_try_timeout_ms / 1e3
+            # the per-try timeout: Envoy's flag on the attempt, or the attempt lasted its budget
+            at_budget = any("upstream_request_timeout" in a.flags or (a.duration is not None and a.duration >= budget_s * 0.98)
+                            for a in broken)
+            end = call.start + (call.duration or 0.0)
+            lag = time.time() - (end - (answered.duration or 0.0) if answered is not None else end)
+            b = Break(pick.decision_id, pick.breaker.name if pick.breaker else "", pick.endpoint, served,
+                      (answered.instance or "") if answered is not None else "", max(call.attempts, len(attempts)),
+                      call.first_byte if call.first_byte is not None else (call.duration or 0.0), at_budget, max(lag, 0.0))
+            self.acts.broken(pick, b, call.variant or "")
+            self._count("broken")
+        except Exception:  # noqa: BLE001 - the log goes on; what the picker failed to record is logged
+            log.exception("picker: access-log entry of decision %s", pick.decision_id)
 
     def _response_headers(self, req: ep.ProcessingRequest, picked: list[str]) -> ep.ProcessingResponse:
         opened = self._open.get(picked[-1]) if picked else None

@@ -7,6 +7,11 @@ about `SYNC_INTERVAL` seconds, one deregistered stops receiving any).
 The picker only forwards to endpoints Envoy already has (`EndpointPicker.published`): an
 endpoint Envoy did not know would make its override-host balancer fall back to its own
 choice, which is never policyc's.
+
+Envoy sends its access log to policyc's receiver (unless the user names an ALS sink of
+their own): the picker learns from it which requests Envoy broke and retried and when each
+request ended, so Envoy consults the picker once per call; with an audit log, each call
+also gets its accounting record from it.
 """
 
 from __future__ import annotations
@@ -87,13 +92,18 @@ class Gateway:
         self._version = 0
         audit = thread.server.audit
         self.access_log: AccessLogServer | None = None
-        if options.accounting and options.access_log_cluster is None and audit is not None:
-            self.access_log = AccessLogServer(AccessLogReceiver(audit.log.submit_action), options.picker_host
+        accounting = options.accounting and audit is not None
+        if options.access_log_cluster is None:
+            # policyc's receiver: the picker learns breaks and request ends from it (so Envoy asks
+            # it nothing about answers); with an audit log, one accounting record per call too
+            sink = audit.log.submit_action if accounting and audit is not None else None
+            self.access_log = AccessLogServer(AccessLogReceiver(sink), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
+            self.picker.picker.follow_access_log(self.access_log.receiver)
         self._als: str | None = options.access_log_cluster
         self.signals: SignalWindows | None = None  # the gateway's cross-layer signals, 10 ms windows, to the guardian
         g = thread.server.guardian
-        if self.access_log is not None and g is not None:
+        if self.access_log is not None and accounting and g is not None:
             self.signals = SignalWindows(lambda w: g.observe_gpu(w.key, w.signals))
             self.access_log.receiver.listeners.append(GatewaySignals(self.signals, self._gpu_of))
         self.data_path: DataPath | None = None  # the decision service's (server.kernel_path), or ...
@@ -111,7 +121,8 @@ class Gateway:
                            f"{o.picker_host if o.picker_host not in ('0.0.0.0', '::') else '127.0.0.1'}:{picker_port}",
                            listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
-                           access_log_cluster=self._als, tls_cert=str(o.tls_cert) if o.tls_cert else None,
+                           access_log_cluster=self._als, breaks_from_access_log=self.access_log is not None,
+                           tls_cert=str(o.tls_cert) if o.tls_cert else None,
                            tls_key=str(o.tls_key) if o.tls_key else None)
 
     def _write_pool(self, endpoints: tuple[str, ...]) -> None:
@@ -283,7 +294,7 @@ class Gateway:
 
     def _settle_access_log(self, quiet: float = 0.3, timeout: float = 3.0) -> None:
         """Before Envoy stops: wait until its access log has been quiet for `quiet` seconds
-        (it flushes every 0.1 s), so the last calls' entries are not lost with it."""
+        (it flushes every `GatewaySpec.access_log_flush_ms`), so the last calls' entries are not lost with it."""
         assert self.access_log is not None
         counts, deadline = self.access_log.receiver.counts, time.monotonic() + timeout
         seen, since = counts.entries, time.monotonic()

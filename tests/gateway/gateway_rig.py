@@ -4,7 +4,9 @@
 `pool_layout(bundle, cluster)` chooses simulated GPU slots the contracts admit for the
 primaries and the backup; `Gateway.start(...)` registers each model server as an instance
 with its endpoint over the real `RegisterInstance` RPC (the ONNX model carries its
-contract) and starts Envoy on the bootstrap `policyc gateway` writes.
+contract) and starts Envoy on the bootstrap `policyc gateway` writes: its access log goes
+to policyc's receiver, from which the picker learns breaks (`access_log=False`: an Envoy
+without it, the picker learning them in the response phase).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from policyc.compiler.bundle import Bundle
+from policyc.gateway.access_log import AccessLogReceiver, AccessLogServer
 from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
 from policyc.gateway.envoy_process import EnvoyProcess
 from policyc.gateway.picker import PickerConfig
@@ -73,12 +76,14 @@ class Gateway:
     primaries: int = 2
     audit: bool = True
     max_in_flight: int = 512
+    access_log: bool = True  # the picker follows Envoy's access log (as `policyc gateway` runs it)
     thread: ServerThread = field(init=False)
     picker: PickerServer = field(init=False)
     models: ModelPool = field(init=False)
     envoy: EnvoyProcess = field(init=False)
     slots: list[Slot] = field(init=False)
     listen: str = field(init=False)
+    als: AccessLogServer | None = field(init=False, default=None)
 
     def start(self) -> "Gateway":
         cfg = ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE,
@@ -110,10 +115,16 @@ class Gateway:
                 stub.RegisterInstance(convert.register_request(inst, onnx_model=model_file.read_bytes()), timeout=10)
         self.picker = PickerServer(server, PickerConfig(max_in_flight=self.max_in_flight))
         picker_port = self.thread.call(self.picker.start())
+        als = None
+        if self.access_log:
+            self.als = AccessLogServer(AccessLogReceiver(None))
+            als = self.thread.call(self.als.start())
+            self.picker.picker.follow_access_log(self.als.receiver)
         self.listen = f"127.0.0.1:{free_port()}"
         spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=self.listen, admin=f"127.0.0.1:{free_port()}",
                            endpoints=tuple(i.endpoint for i in self.models.instances),
-                           failure_mode_allow=self.failure_mode_allow)
+                           failure_mode_allow=self.failure_mode_allow, access_log_cluster=als,
+                           breaks_from_access_log=als is not None)
         self.envoy = EnvoyProcess(build_bootstrap(spec), self.workdir / "envoy").start()
         return self
 
@@ -125,7 +136,9 @@ class Gateway:
         return self.models.endpoint(instance_id)
 
     def stop(self) -> None:
-        for step in (self.envoy.stop, lambda: self.thread.call(self.picker.stop()), self.thread.stop, self.models.stop):
+        als = self.als
+        for step in (self.envoy.stop, lambda: als is not None and self.thread.call(als.stop()),
+                     lambda: self.thread.call(self.picker.stop()), self.thread.stop, self.models.stop):
             try:
                 step()
             except Exception:  # noqa: BLE001 - stop everything that was started, whatever failed first

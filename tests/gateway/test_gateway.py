@@ -144,6 +144,9 @@ def test_a_bundle_reload_under_gateway_load_fails_no_request(gateway: Gateway, b
 def test_shedding_answers_429_beyond_the_in_flight_limit(gateway: Gateway, client: OipClient) -> None:
     picker = gateway.picker.picker
     config = picker.config
+    deadline = time.monotonic() + 5
+    while picker.in_flight and time.monotonic() < deadline:  # earlier requests end with their access-log entry
+        time.sleep(0.01)
     picker.config = type(config)(host=config.host, port=config.port, max_in_flight=1)
     try:
         first = client.infer_future(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
@@ -195,8 +198,9 @@ def test_a_stalled_request_is_reset_at_its_budget_alone_and_answered_by_the_back
     assert primary_host["rq_total"] - hosts_before[pick.endpoint]["rq_total"] == 1 + len(siblings_on_it)
     assert _cancelled(gateway, pick.instance_id) >= 1  # the model server saw its stream reset
     # every act with the decision id, and the anomaly on the chosen GPU
-    acts = [r for r in gateway.picker.acts.records if r.decision_id == stalled.decision_id]
+    acts = gateway.picker.acts.of(stalled.decision_id, 3, timeout=5)  # learnt from Envoy's access log
     assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"]
+    assert "seen in Envoy's access log" in acts[0].detail and "simplified variant" in acts[1].detail
     assert acts[2].target == pick.gpu_key and "x-retry-count: 1" in acts[1].detail
     assert f"{pick.per_try_timeout_ms} ms" in acts[0].detail
     # ... and in the audit log itself: the decision and its three acts, joined by the decision id
@@ -217,6 +221,7 @@ def test_the_anomaly_lowers_the_chosen_gpus_health_on_the_next_tick(gateway: Gat
     a = client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
     assert a.variant == "simplified"
     pick = gateway.picker.picker.recent[a.decision_id]
+    assert len(gateway.picker.acts.of(a.decision_id, 3, timeout=5)) == 3  # reported once the access log told
     snap = refresher.current()
     i = snap.topology.gpu_index[tuple(pick.gpu_key.split("/"))]  # type: ignore[index]
     before, version = float(snap.gpu_health[i]), snap.version
@@ -224,6 +229,72 @@ def test_the_anomaly_lowers_the_chosen_gpus_health_on_the_next_tick(gateway: Gat
     while refresher.current().version < version + 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert float(refresher.current().gpu_health[i]) < before
+
+
+def _stalled(client: OipClient, tries: int = 5):  # type: ignore[no-untyped-def]
+    """A request held 5 s by its primary (broken at its budget, answered by the backup); the
+    simulated fleet's health can rule a GPU out for a moment: then try again."""
+    for i in range(tries):
+        try:
+            return client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
+        except grpc.RpcError as e:
+            if e.code() is not grpc.StatusCode.UNAVAILABLE or i == tries - 1:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def test_each_call_is_one_ext_proc_exchange_and_breaks_come_from_the_access_log(gateway: Gateway, client: OipClient) -> None:
+    """Requests with a budget (they can break) cost Envoy one message to the picker and one
+    back, the stream closed by the picker; the break is learnt from the access log within
+    a flush interval or so (Envoy flushes every 50 ms)."""
+    prefix = "http.policyc_gateway.ext_proc."
+    client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+    before = gateway.envoy.stats(prefix)
+    for _ in range(5):
+        a = client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+        assert gateway.picker.picker.recent[a.decision_id].per_try_timeout_ms is not None
+    after = gateway.envoy.stats(prefix)
+    delta = {k.removeprefix(prefix): after[k] - before.get(k, 0) for k in after}
+    assert delta["streams_started"] == delta["stream_msgs_sent"] == delta["stream_msgs_received"] == 5, delta
+    assert delta.get("streams_failed", 0) == 0 and delta.get("message_timeouts", 0) == 0
+    a = _stalled(client)
+    answered = time.monotonic()
+    acts = gateway.picker.acts.of(a.decision_id, 3, timeout=5)
+    seen = time.monotonic() - answered
+    b = next(b for b in gateway.picker.acts.breaks if b.decision_id == a.decision_id)
+    assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"] and b.at_budget and b.attempt == 2
+    assert b.lag_s is not None and b.lag_s < 1.0 and seen < 1.0, (b.lag_s, seen)
+    print(f"\nbreak -> act recorded {b.lag_s * 1e3:.0f} ms (answer at the client -> act {seen * 1e3:.0f} ms)")
+    deadline = time.monotonic() + 5
+    while gateway.picker.picker.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gateway.picker.picker.in_flight == 0  # every request ended with its access-log entry
+
+
+def test_an_envoy_without_policycs_access_log_breaks_are_learnt_in_the_response_phase(gateway: Gateway) -> None:
+    """A user's own Envoy with no access log to policyc (`policyc gateway --print-bootstrap`):
+    a picker not following one keeps the response phase for requests that can break."""
+    from policyc.gateway.picker import PickerConfig
+    from policyc.gateway.server import PickerServer
+
+    picker = PickerServer(gateway.server, PickerConfig())
+    port = gateway.thread.call(picker.start())
+    spec = GatewaySpec(picker=f"127.0.0.1:{port}", listen=f"127.0.0.1:{free_port()}", admin=f"127.0.0.1:{free_port()}",
+                       endpoints=tuple(i.endpoint for i in gateway.models.instances))
+    try:
+        with EnvoyProcess(build_bootstrap(spec), gateway.workdir / "envoy-response-phase") as envoy, \
+                OipClient(spec.listen) as c:
+            a = _stalled(c)
+            # recorded before the answer left Envoy: no waiting
+            acts = [r for r in picker.acts.records if r.decision_id == a.decision_id]
+            assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"]
+            assert "seen in the answer's headers" in acts[0].detail
+            msgs = envoy.stats("http.policyc_gateway.ext_proc.stream_msgs_sent")
+            assert msgs["http.policyc_gateway.ext_proc.stream_msgs_sent"] == 2  # request headers and response headers
+        assert picker.picker.in_flight == 0
+    finally:
+        gateway.thread.call(picker.stop(grace=0.1))
 
 
 def test_no_instance_with_an_endpoint_is_503_and_the_picker_not_ready(gateway: Gateway, client: OipClient) -> None:
@@ -264,5 +335,3 @@ def test_a_dead_picker_makes_envoy_answer_as_its_failure_mode_says(gateway: Gate
             served = {c.infer(PRIMARY, IDS, metadata=BASE, timeout=10).instance for _ in range(6)}
         assert len(served) >= 2 and all(s in {x.instance_id for x in gateway.models.instances} for s in served)
         assert allow.stats("http.policyc_gateway.ext_proc.").get("http.policyc_gateway.ext_proc.failure_mode_allowed", 0) >= 1
-
-

@@ -56,8 +56,10 @@ def _validate(boot: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
     GatewaySpec(picker="127.0.0.1:9002", eds_path="/nonexistent/pool.json", failure_mode_allow=True),
     GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), use_picker=False),
     GatewaySpec(picker="unix:/run/policyc/picker.sock", endpoints=("127.0.0.1:8001",)),
-], ids=["static pool, retry budget, ALS hook", "EDS file, failure mode allow", "round-robin baseline",
-        "picker on a Unix socket"])
+    GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), access_log_cluster="127.0.0.1:9003",
+                breaks_from_access_log=True, access_log_flush_ms=80),
+], ids=["static pool, retry budget, user's ALS", "EDS file, failure mode allow", "round-robin baseline",
+        "picker on a Unix socket", "breaks from policyc's access log"])
 def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path: Path) -> None:
     if spec.eds_path is not None:
         pool = tmp_path / "pool.json"
@@ -72,6 +74,14 @@ def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path:
     pool_cluster = next(c for c in boot["static_resources"]["clusters"] if c["name"] == POOL_CLUSTER)
     lb = pool_cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]["name"]
     assert lb == ("envoy.load_balancing_policies.override_host" if spec.use_picker else "envoy.load_balancing_policies.round_robin")
+    if spec.use_picker:  # the response phase: asked about only when the picker cannot learn breaks from the access log
+        ext_proc = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
+        mode = ext_proc["typed_config"]["processing_mode"]["response_header_mode"]
+        assert mode == ("SKIP" if spec.breaks_from_access_log else "SEND")
+    if spec.access_log_cluster is not None:
+        hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        flush = hcm["access_log"][0]["typed_config"]["common_config"]["buffer_flush_interval"]
+        assert flush == f"{spec.access_log_flush_ms / 1000:g}s"
     if spec.picker.startswith("unix:"):  # Envoy reaches the picker over its Unix socket (a `pipe` address)
         picker = next(c for c in boot["static_resources"]["clusters"] if c["name"] == PICKER_CLUSTER)
         assert picker["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == \
@@ -83,6 +93,8 @@ def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path:
     (GatewaySpec(picker="127.0.0.1:9002", endpoints=("host:1",)), "not an IP address"),
     (GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:1",), retry_budget=2.0), "share in [0, 1]"),
     (GatewaySpec(picker="unix:picker.sock", endpoints=("127.0.0.1:1",)), "must be an absolute path"),
+    (GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:1",), breaks_from_access_log=True), "give access_log_cluster"),
+    (GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:1",), access_log_flush_ms=0), "access_log_flush_ms must be"),
 ])
 def test_a_bootstrap_that_cannot_work_is_refused(spec: GatewaySpec, words: str) -> None:
     with pytest.raises(ValueError) as e:
@@ -122,7 +134,8 @@ def test_the_pre_serialized_forward_is_the_same_message() -> None:
         for did in ("a" * 32, "b" * 32):  # the second reuses the cached head
             pick = Pick(did, "fraud-scorer", "fs@h/g0", "127.0.0.1:8001", "h/g0", fallbacks, timeout, None, None,
                         (("x-retry-count", "1"),) if fallbacks else (), 14.0, 0)
-            got, want = ep.ProcessingResponse.FromString(forward_bytes(pick)), forward(pick)
+            see = timeout is not None  # a picker learning breaks from the answer's headers
+            got, want = ep.ProcessingResponse.FromString(forward_bytes(pick, see)), forward(pick, see_answer=see)
             def headers(m: ep.ProcessingResponse) -> dict[str, bytes]:
                 return {h.header.key: h.header.raw_value for h in m.request_headers.response.header_mutation.set_headers}
             assert headers(got) == headers(want) and headers(got)["x-policyc-decision-id"] == did.encode()
