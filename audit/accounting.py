@@ -1,8 +1,8 @@
 """Per-call resource accounting: what one model call consumed, and how we know.
 
-Where something measured a quantity (NVML for GPU time, the enforcer's kernel per-flow
-counters for network bytes), the caller passes the figure in and it is labelled
-`measured`. Otherwise GPU time and memory traffic are estimated from the contract and the
+Where something measured a quantity (NVML for GPU time, Envoy's access log for network
+bytes, the model server for its compute time), the caller passes the figure in and it is
+labelled `measured` with its source. Otherwise GPU time and memory traffic are estimated from the contract and the
 placement: a request of F FLOPs on a GPU whose peak at the contract's precision is P, at the
 contract's efficiency e, occupies F / (P * e) GPU-seconds; on a share s of the GPU it runs
 for that divided by s; at the contract's sustained bandwidth B it moves B times that many
@@ -97,19 +97,25 @@ def call_accounting(
     compute_method: str,
     target: str,
     detail: str,
+    gpu_seconds: Figure | None = None,
 ) -> ActionRecord:
     """The `accounting` record of one call through the gateway, joined to its decision by
     `decision_id`: the bytes the data plane counted on the wire (both directions, every
-    attempt) and the compute time the model server measured. Both are `measured`; a
-    figure nothing measured is absent, never estimated here (the decision record holds
-    the estimates). `detail` carries the per-attempt breakdown (JSON)."""
+    attempt) and the compute time the model server measured (`compute_seconds`, on whatever
+    device it computed). `gpu_seconds` is GPU time only, from NVML, when the caller has it
+    (per process, or labelled device-wide in its method); it is never the compute time. A
+    figure nothing measured is absent, never estimated here (the decision record holds the
+    estimates). `detail` carries the per-attempt breakdown (JSON)."""
     if network_bytes < 0 or (compute_seconds is not None and compute_seconds < 0):
         raise ValueError(f"decision {decision_id}: measured figures cannot be negative")
+    if gpu_seconds is not None and gpu_seconds.source is not Source.MEASURED:
+        raise ValueError(f"decision {decision_id}: an accounting record holds measured GPU time only, got {gpu_seconds.source.value}")
     return ActionRecord(
         time=time, kind="accounting", target=target, outcome="done", dry_run=False, decision_id=decision_id,
         detail=detail,
         resources=Resources(
             network_bytes=measured(network_bytes, network_method),
-            gpu_seconds=measured(compute_seconds, compute_method) if compute_seconds is not None else None,
+            compute_seconds=measured(compute_seconds, compute_method) if compute_seconds is not None else None,
+            gpu_seconds=gpu_seconds,
         ),
     )

@@ -78,6 +78,7 @@ class ResourcesWire(Struct, **_STRICT):  # records.Resources
     gpu_seconds: FigureWire | None = None
     memory_bytes: FigureWire | None = None
     network_bytes: FigureWire | None = None
+    compute_seconds: FigureWire | None = None
 
 
 class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord

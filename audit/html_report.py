@@ -199,12 +199,12 @@ def _legend(names: Sequence[str], x: float, y: float) -> str:
 
 
 # ---------------------------------------------------------------------- page
-_HEAD = ("decisions", "admitted", "rejected", "failed", "GPU s meas", "GPU s est", "HBM GB meas", "HBM GB est",
+_HEAD = ("decisions", "admitted", "rejected", "failed", "compute s meas", "GPU s meas", "GPU s est", "HBM GB meas", "HBM GB est",
          "net MB meas", "net MB est", "unaccounted", "latency mean ms", "latency max ms")
 
 
 def _cells(r: ReportRow) -> list[str]:
-    return [str(r.decisions), str(r.admitted), str(r.rejected), str(r.failed),
+    return [str(r.decisions), str(r.admitted), str(r.rejected), str(r.failed), _fmt(r.compute_seconds_measured),
             _fmt(r.gpu_seconds_measured), _fmt(r.gpu_seconds_estimated),
             _fmt(r.memory_bytes_measured / 1e9), _fmt(r.memory_bytes_estimated / 1e9),
             _fmt(r.network_bytes_measured / 1e6), _fmt(r.network_bytes_estimated / 1e6), str(r.unaccounted),

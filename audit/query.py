@@ -33,6 +33,7 @@ class ReportRow:
     admitted: int
     rejected: int
     failed: int
+    compute_seconds_measured: float  # the model servers' own compute time (any device), from `accounting` records
     gpu_seconds_measured: float
     gpu_seconds_estimated: float
     memory_bytes_measured: float
@@ -145,6 +146,7 @@ class AuditReader:
         sql = f"""
             SELECT coalesce({by}, '(none)'), count(*),
                    sum(outcome = 'admitted'), sum(outcome = 'rejected'), sum(outcome = 'failed'),
+                   total(a.cmp),
                    total(CASE WHEN gpu_src = 'measured' THEN gpu_s END) + total(a.gpu),
                    total(CASE WHEN gpu_src = 'estimated' THEN gpu_s END),
                    total(CASE WHEN mem_src = 'measured' THEN mem_b END) + total(a.mem),
@@ -155,18 +157,30 @@ class AuditReader:
                    total(latency_s) / max(count(*), 1), coalesce(max(latency_s), 0)
             FROM entries LEFT JOIN ({ACCOUNTED}) AS a ON a.did = entries.decision_id
             WHERE kind = 'decision'{where} GROUP BY 1 ORDER BY 1"""
-        rows = tuple(ReportRow(*r) for r in self._conn.execute(sql, args))
+        rows = tuple(ReportRow(*r) for r in self._conn.execute(sql, [LEGACY_COMPUTE_METHOD, *args]))
         actions = self._conn.execute(f"SELECT count(*) FROM entries WHERE kind = 'action'{where}", args).fetchone()[0]
         return Report(start, end, by, rows, _total(rows), actions)
 
 
+# How an `accounting` record written before `Resources.compute_seconds` existed is read:
+# those records carried the model server's compute time in `gpu_seconds` (measured, with
+# this method), which was never GPU time; the report counts it as compute time, so old logs
+# report what they measured under the right name. Their bodies (and hashes) are untouched.
+LEGACY_COMPUTE_METHOD = "model server compute time (%"
+_LEGACY = "(gpu_src = 'measured' AND json_extract(CAST(body AS TEXT), '$.resources.gpu_seconds.method') LIKE ?)"
+
 # Per decision id, the measured figures of its `accounting` records (one per call through
 # the gateway: Envoy's access log and the model server's compute time), joined to the
 # decision in `report` so its measured columns count what the data plane measured.
-ACCOUNTED = """SELECT decision_id AS did, sum(CASE WHEN gpu_src = 'measured' THEN gpu_s END) AS gpu,
+ACCOUNTED = f"""SELECT decision_id AS did,
+                      sum(CASE WHEN gpu_src = 'measured' AND NOT legacy THEN gpu_s END) AS gpu,
                       sum(CASE WHEN mem_src = 'measured' THEN mem_b END) AS mem,
-                      sum(CASE WHEN net_src = 'measured' THEN net_b END) AS net
-               FROM entries WHERE kind = 'action' AND action = 'accounting' AND decision_id IS NOT NULL
+                      sum(CASE WHEN net_src = 'measured' THEN net_b END) AS net,
+                      sum(CASE WHEN legacy THEN gpu_s WHEN cmp_src = 'measured' THEN cmp END) AS cmp
+               FROM (SELECT decision_id, gpu_s, gpu_src, mem_b, mem_src, net_b, net_src, {_LEGACY} AS legacy,
+                            json_extract(CAST(body AS TEXT), '$.resources.compute_seconds.value') AS cmp,
+                            json_extract(CAST(body AS TEXT), '$.resources.compute_seconds.source') AS cmp_src
+                     FROM entries WHERE kind = 'action' AND action = 'accounting' AND decision_id IS NOT NULL)
                GROUP BY decision_id"""
 
 
@@ -178,6 +192,7 @@ def _total(rows: tuple[ReportRow, ...]) -> ReportRow:
         sum(r.admitted for r in rows),
         sum(r.rejected for r in rows),
         sum(r.failed for r in rows),
+        sum(r.compute_seconds_measured for r in rows),
         sum(r.gpu_seconds_measured for r in rows),
         sum(r.gpu_seconds_estimated for r in rows),
         sum(r.memory_bytes_measured for r in rows),

@@ -48,11 +48,21 @@ class Figure(_Frozen):
 
 class Resources(_Frozen):
     """What one call consumed. A figure is None only when nothing could measure or estimate
-    it (e.g. network bytes with no enforcer and no payload sizes): absent, never invented."""
+    it (e.g. network bytes with no enforcer and no payload sizes): absent, never invented.
+
+    `compute_seconds` is the model server's own time computing the call, on whatever device
+    it ran (an `accounting` record's, from the model server); `gpu_seconds` is GPU time only
+    (NVML, or the contract's estimate), never CPU time. `compute_seconds` came after the
+    first records were written: a record without it reads as before and its body, so its
+    hash, is unchanged (bodies omit absent figures). The record schema id stays v1, because
+    store-v1 logs, still appended to, classify entries by that exact id in their table
+    definition; `LEGACY_COMPUTE_METHOD` in `query.py` says how older `accounting` records,
+    which carried the compute time as `gpu_seconds`, are read."""
 
     gpu_seconds: Figure | None = None  # GPU-equivalent seconds (share x wall time)
     memory_bytes: Figure | None = None  # bytes moved over GPU memory (HBM)
     network_bytes: Figure | None = None  # bytes on the wire, both directions
+    compute_seconds: Figure | None = None  # the model server's measured compute time (CPU or GPU), every attempt
 
 
 class MatchedRule(_Frozen):

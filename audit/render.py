@@ -61,13 +61,13 @@ def verify_text(r: VerifyReport) -> str:
 
 # ---------------------------------------------------------------------- report
 
-_HEAD = ("decisions", "admitted", "rejected", "failed", "gpu_s_meas", "gpu_s_est", "mem_GB_meas", "mem_GB_est", "net_MB_meas", "net_MB_est", "unacct", "lat_mean_ms", "lat_max_ms")
+_HEAD = ("decisions", "admitted", "rejected", "failed", "compute_s_meas", "gpu_s_meas", "gpu_s_est", "mem_GB_meas", "mem_GB_est", "net_MB_meas", "net_MB_est", "unacct", "lat_mean_ms", "lat_max_ms")
 
 
 def _small(v: float) -> str:
-    """Three decimals, or three significant digits for a measured figure below 0.001 (one
-    call's compute time or bytes would otherwise read 0.000)."""
-    return f"{v:.3f}" if v == 0 or v >= 0.001 else f"{v:.3g}"
+    """Three decimals, or three significant digits for a measured figure below 1 (a few
+    calls' compute seconds or network MB would otherwise read 0.000 or 0.001)."""
+    return f"{v:.3f}" if v == 0 or v >= 1 else f"{v:.3g}"
 
 
 def _cells(row: ReportRow) -> list[str]:
@@ -76,6 +76,7 @@ def _cells(row: ReportRow) -> list[str]:
         str(row.admitted),
         str(row.rejected),
         str(row.failed),
+        _small(row.compute_seconds_measured),
         _small(row.gpu_seconds_measured),
         f"{row.gpu_seconds_estimated:.3f}",
         f"{row.memory_bytes_measured / 1e9:.3f}",
@@ -95,7 +96,8 @@ def report_table(rep: Report) -> str:
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     out = [f"audit report {format_time(rep.start)} .. {format_time(rep.end)} by {rep.by} ({rep.actions} enforcement action(s) in range)", fmt(header), fmt(["-" * w for w in widths])]
     out += [fmt(b) for b in body[:-1]] + [fmt(["-" * w for w in widths]), fmt(body[-1])]
-    out.append("meas = measured (Envoy's access log, the model server's compute time, NVML, kernel flow counters); est = estimated from contract and placement; unacct = decisions with a figure absent")
+    out.append("meas = measured (net: Envoy's access log; compute: the model server's own time, on any device; gpu: NVML); "
+               "est = estimated from contract and placement; unacct = decisions with a figure absent")
     return "\n".join(out)
 
 
@@ -131,11 +133,11 @@ def explain_json(ex: Explanation) -> dict[str, Any]:
     }
 
 
-def _fig(name: str, f: Figure | None, unit: str) -> str:
+def _fig(name: str, f: Figure | None, unit: str, indent: str = "    ") -> str:
     if f is None:
-        return f"    {name}: absent (nothing measured it and it cannot be estimated)"
+        return f"{indent}{name}: absent (nothing measured it and it cannot be estimated)"
     rng = f" (range {f.low:.6g}..{f.high:.6g})" if f.low is not None and f.high is not None else ""
-    return f"    {name}: {f.value:.6g} {unit}{rng}, {f.source.value} by {f.method}"
+    return f"{indent}{name}: {f.value:.6g} {unit}{rng}, {f.source.value} by {f.method}"
 
 
 def explain_text(ex: Explanation) -> str:
@@ -167,6 +169,11 @@ def explain_text(ex: Explanation) -> str:
         assert isinstance(act, ActionRecord)
         where = f" at {act.rule_origin.file}:{act.rule_origin.line}" if act.rule_origin else ""
         out.append(f"  action #{a.seq}: {act.kind} {act.target} -> {act.outcome}{' (dry run)' if act.dry_run else ''} by {act.rule or 'system'}{where}: {act.detail}")
+        if act.resources is not None:  # an `accounting` record: what the call consumed, measured
+            res = act.resources
+            out.append(_fig("network", res.network_bytes, "bytes", "      "))
+            out.append(_fig("compute", res.compute_seconds, "s", "      "))
+            out.append(_fig("GPU time", res.gpu_seconds, "GPU-s", "      "))
     out.append(f"  chain: entry {ex.entry.seq}, hash {ex.entry.hash[:16]}...")
     s = ex.sealed_by
     out.append(f"  sealed by checkpoint #{s.id} at entry {s.seq} ({'signed' if s.signature else 'unsigned'}, {format_time(s.time)})" if s else "  not yet sealed by a checkpoint")

@@ -15,6 +15,7 @@ reported.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import urllib.request
@@ -222,7 +223,7 @@ class Demo:
             raise DemoError("the stalled stream was not reset at its budget")
         self.say.say(f"  the backup saw {wire.RETRY_COUNT}: {a.headers.get(wire.RETRY_SEEN, '?')} and answered with "
                      f"its {a.variant} variant in {a.compute_us} µs")
-        records = gw.picker.acts.of(a.decision_id, 3, timeout=5)  # learnt from Envoy's access log, one flush later
+        records = [r for r in gw.picker.acts.records if r.decision_id == a.decision_id]
         for r in records:
             self.say.say(f"  action: {r.kind:<15} {r.target:<40} {r.outcome:<8} {r.detail}")
         if {r.kind for r in records} != {"cancel_stream", "redirect", "report_anomaly"}:
@@ -246,6 +247,31 @@ class Demo:
         rc = cli(["audit", "report", "--log", str(audit_path), "--by", "model"])
         if rc != 0:
             raise DemoError(f"audit report failed (exit {rc})")
+        self._per_call(audit_path)
+
+    def _per_call(self, audit_path: Path) -> None:
+        """Every call through the gateway: its measured network bytes and compute seconds,
+        from its `accounting` record (Envoy's access log, the model server's own time)."""
+        from policyc.audit.query import AuditReader
+        from policyc.audit.records import ActionRecord, EntryKind
+
+        calls: list[ActionRecord] = []
+        with AuditReader.open(audit_path) as reader:
+            after = 0
+            while page := reader.entries(kind=EntryKind.ACTION, after_seq=after):
+                after = page[-1].seq
+                calls += [e.record for e in page if isinstance(e.record, ActionRecord) and e.record.kind == "accounting"
+                          and e.record.decision_id is not None]
+        answered = [c for c in calls if json.loads(c.detail).get("downstream", {}).get("grpc_status") == "0"]
+        net = [c.resources.network_bytes.value for c in answered if c.resources and c.resources.network_bytes]
+        cpu = [c.resources.compute_seconds.value for c in answered if c.resources and c.resources.compute_seconds]
+        if not answered or len(net) != len(answered) or len(cpu) != len(answered) or min(net) <= 0 or min(cpu) <= 0:
+            raise DemoError(f"{len(answered)} answered calls through the gateway, {len(net)} with measured network bytes and "
+                            f"{len(cpu)} with measured compute seconds: every answered call must have both, non-zero")
+        self.say.say(f"measured per call through the gateway: {len(answered)} answered calls, network {min(net) / 1e6:.4f}-"
+                     f"{max(net) / 1e6:.4f} MB and compute {min(cpu) * 1e3:.3f}-{max(cpu) * 1e3:.3f} ms each "
+                     "(Envoy's access log; the model server's own time on its CPU; GPU-seconds: none measured)"
+                     + (f"; {len(calls) - len(answered)} not answered by a model server" if len(calls) > len(answered) else ""))
 
 
 def _metric(http_endpoint: str, name: str, instance: str) -> float:

@@ -8,10 +8,10 @@ attempt (log name `policyc_upstream`), so a call that broke and was retried on t
 has both attempts. An attempt carries the bytes Envoy wrote and read on the upstream
 connection for it (wire bytes, HTTP/2 framing included), its times, the host that served
 it, its gRPC status and the model server's own compute time (the `x-policyc-compute-us`
-header its answer carries). The call is recorded once its downstream entry and as many
-attempts as Envoy says it made have arrived (the two logs are separate streams, flushed on
-their own timers), or after `GRACE` seconds with what did arrive (the record says which
-attempts are missing).
+header its answer carries: the record's `compute_seconds`, not GPU-seconds). The call is
+recorded once its downstream entry and as many attempts as Envoy says it made have
+arrived (the two logs are separate streams, flushed on their own timers), or after `GRACE`
+seconds with what did arrive (the record says which attempts are missing).
 
 Nothing here estimates: the figures are Envoy's and the model server's, labelled
 `measured` with their source.
@@ -41,13 +41,14 @@ DOWNSTREAM_LOG = "policyc"
 UPSTREAM_LOG = "policyc_upstream"
 COMPUTE_HEADER = "x-policyc-compute-us"
 INSTANCE_HEADER = "x-policyc-instance"
-VARIANT_HEADER = "x-policyc-variant"
 GRPC_STATUS = "grpc-status"
 GRACE = 1.0  # seconds a call waits for attempts Envoy has not flushed yet
 ORPHAN_AFTER = 30.0  # seconds an attempt waits for its call's downstream entry
 NETWORK_METHOD = "envoy grpc access log: upstream wire bytes sent + received, every attempt"
-COMPUTE_METHOD = ("model server compute time (onnxruntime InferenceSession.run, x-policyc-compute-us), every attempt; "
-                  "CPU execution: no GPU on this host, so no NVML GPU-seconds")
+COMPUTE_METHOD = "model server: onnxruntime InferenceSession.run time (x-policyc-compute-us), every attempt"
+# why an accounting record has no `gpu_seconds` (compute time is not GPU time)
+GPU_ABSENT = ("absent: the model servers run onnxruntime's CPU execution provider, so a call holds no GPU "
+              "for NVML to measure; the decision record holds the contract's GPU-seconds estimate")
 
 
 def _seconds(d: object) -> float | None:
@@ -95,7 +96,6 @@ class Call:
     upstream_first_byte: float | None = None  # seconds from the call's start to the model server's first byte
     upstream_connect: float | None = None  # seconds the TCP connect of the last attempt's upstream connection took
     upstream_connection: str | None = None  # Envoy's id of that connection (its connect is counted once)
-    variant: str | None = None  # the answer's model variant (`x-policyc-variant`: full, simplified)
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -144,8 +144,7 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 tls_handshake=_us(_header(req.request_headers, TLS_HANDSHAKE_HEADER)),
                 upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
                 upstream_connect=_us(_header(resp.response_headers, UPSTREAM_CONNECT_HEADER)),
-                upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER),
-                variant=_header(resp.response_headers, VARIANT_HEADER))
+                upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER))
 
 
 def _us(text: str | None) -> float | None:
@@ -156,14 +155,15 @@ def _us(text: str | None) -> float | None:
 
 
 def accounting_record(call: Call, attempts: list[Attempt]) -> ActionRecord:
-    """The call's one audit record: measured bytes (every attempt, both ways), compute time."""
+    """The call's one audit record: measured bytes (every attempt, both ways), the model
+    server's compute time as `compute_seconds` (GPU-seconds stay absent: see GPU_ABSENT)."""
     computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
     detail = {"downstream": {"received": call.received, "sent": call.sent, "duration_s": call.duration,
                              "first_byte_s": call.first_byte, "grpc_status": call.grpc_status, "tls": call.tls,
                              "tls_handshake_s": call.tls_handshake, "upstream_connect_s": call.upstream_connect,
                              "upstream_connection": call.upstream_connection},
               "attempts": [asdict(a) for a in attempts], "attempts_expected": call.attempts,
-              "attempts_missing": max(call.attempts - len(attempts), 0)}
+              "attempts_missing": max(call.attempts - len(attempts), 0), "gpu_seconds": GPU_ABSENT}
     hosts = ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)"
     return call_accounting(call.decision_id, call.start, network_bytes=float(sum(a.sent + a.received for a in attempts)),
                            network_method=NETWORK_METHOD, compute_seconds=sum(computes) if computes else None,
@@ -193,11 +193,10 @@ class _Pending:
 
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     """Joins Envoy's two logs by decision id and hands each finished call's record to
-    `sink` (the audit log's `submit_action`; None: no accounting records, the listeners
-    alone, e.g. the picker learning breaks). Runs on an asyncio loop (the decision
+    `sink` (the audit log's `submit_action`). Runs on an asyncio loop (the decision
     server's); `serve(server)` adds it to a grpc.aio server."""
 
-    def __init__(self, sink: Callable[[ActionRecord], object] | None, grace: float = GRACE) -> None:
+    def __init__(self, sink: Callable[[ActionRecord], object], grace: float = GRACE) -> None:
         self.sink = sink
         self.grace = grace
         self.counts = Counts()
@@ -248,8 +247,6 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
             self.counts.incomplete += 1
         for fn in self.listeners:
             fn(p.call, p.attempts)
-        if self.sink is None:
-            return
         try:
             self.sink(accounting_record(p.call, p.attempts))
             self.counts.recorded += 1

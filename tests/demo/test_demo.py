@@ -36,6 +36,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "ADMITTED  support-chatbot →", "`conversation-store` → host-", "/nvme (local, 3.20 ms ≤ 4 ms)",
         "`mars-1` is not a declared value of `request.region`",
         "self_heal_step  gpu_reset", "dry_run", "EXPLAIN", "demo finished",
+        # every answered call through the gateway has measured network bytes and compute seconds
+        "measured per call through the gateway: ",
     ):
         assert expected in text, expected
     assert (tmp_path / "audit.db").exists()

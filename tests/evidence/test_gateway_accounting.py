@@ -13,6 +13,7 @@ from evidence_support import EvidenceRig
 from gateway_rig import PRIMARY
 
 from policyc.audit.query import AuditReader
+from policyc.audit.render import explain_text
 from policyc.enforcer.signal_windows import GatewaySignals
 from policyc.modelserver.client import OipClient, infer_request, token_ids
 
@@ -49,9 +50,11 @@ def test_every_call_gets_one_measured_record_agreeing_with_what_was_sent(rig: Ev
         assert request_bytes <= attempt["sent"] <= request_bytes + FRAMING, (attempt, request_bytes)
         assert a.logits.nbytes <= attempt["received"] <= a.logits.nbytes + FRAMING, (attempt, a.logits.nbytes)
         assert rec.resources.network_bytes.value == attempt["sent"] + attempt["received"]
-        # compute time as the model server measured it, the figure its answer carried
-        assert rec.resources.gpu_seconds.source == "measured"
-        assert abs(rec.resources.gpu_seconds.value - a.compute_us / 1e6) < 1e-9 and a.compute_us > 0
+        # compute time as the model server measured it, the figure its answer carried; it ran on
+        # the CPU, so no GPU time was measured (the decision record holds the estimate)
+        assert rec.resources.compute_seconds.source == "measured"
+        assert abs(rec.resources.compute_seconds.value - a.compute_us / 1e6) < 1e-9 and a.compute_us > 0
+        assert rec.resources.gpu_seconds is None
         assert detail["downstream"]["grpc_status"] == "0" and attempt["grpc_status"] == "0"
 
 
@@ -65,6 +68,12 @@ def test_a_broken_and_retried_call_shows_both_attempts(rig: EvidenceRig) -> None
     assert first["host"] != second["host"] and second["instance"] == a.instance
     assert first["sent"] > 0 and first["compute_seconds"] is None  # reset before it answered
     assert second["received"] >= a.logits.nbytes and second["compute_seconds"] == a.compute_us / 1e6
+    # what an auditor reads (`policyc audit explain`): both attempts, their bytes summed, the answer's compute time
+    with AuditReader.open(rig.workdir / "audit.db") as reader:
+        text = explain_text(reader.explain(a.decision_id))  # type: ignore[arg-type]
+    assert first["host"] in text and second["host"] in text
+    assert f"network: {first['sent'] + first['received'] + second['sent'] + second['received']} bytes, measured" in text
+    assert f"compute: {a.compute_us / 1e6:.6g} s, measured" in text
 
 
 def test_the_report_shows_measured_network_and_compute_for_the_calls(rig: EvidenceRig) -> None:
@@ -74,7 +83,7 @@ def test_the_report_shows_measured_network_and_compute_for_the_calls(rig: Eviden
     with AuditReader.open(rig.workdir / "audit.db") as reader:
         report = reader.report(by="model")
     row = next(r for r in report.rows if r.key == PRIMARY)
-    assert row.network_bytes_measured > 0 and row.gpu_seconds_measured > 0
+    assert row.network_bytes_measured > 0 and row.compute_seconds_measured > 0 and row.gpu_seconds_measured == 0
 
 
 def test_upstream_connect_time_is_measured_and_reaches_the_signal_windows_once_per_connection(rig: EvidenceRig) -> None:
