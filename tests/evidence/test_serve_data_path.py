@@ -1,0 +1,285 @@
+"""`policyc serve --enforcer kernel` puts the kernel plane on the real data path by itself:
+a plain round-robin Envoy (no picker) runs in the cgroup the service reports, the model
+servers are registered over the `RegisterInstance` RPC, and then
+- the TC programs the service attached count Envoy's traffic to each registered model server;
+- the model server that stops answering (its streams reset by Envoy at the route timeout) trips
+  the bundle's backend breaker from what the kernel saw, and its quarantine sends Envoy's new
+  upstream connections to the backup, until it expires;
+- SIGTERM leaves no TC filter, no cgroup hook, no cgroup and no clsact qdisc of the service's.
+
+The service's counters are read from outside, as an operator would: its BPF maps (found
+through its file descriptors) dumped with bpftool. Root and BPF, as in CI."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes as ct
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+import grpc
+import pytest
+from evidence_support import REPO
+from gateway_rig import BACKUP, PRIMARY, SMALL, free_port, pool_layout
+
+from policyc.audit.query import AuditReader
+from policyc.audit.records import EntryKind
+from policyc.compiler import bundle_io
+from policyc.compiler.bundle import Bundle
+from policyc.compiler.pipeline import compile_paths
+from policyc.enforcer.endpoint import Endpoint
+from policyc.enforcer.kernel_abi import CBackendKey, CEndpoint
+from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
+from policyc.gateway.envoy_process import EnvoyProcess
+from policyc.modelserver.client import OipClient, infer_request, token_ids
+from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
+from policyc.modelserver.model_files import write_model_files
+from policyc.placer import SimulatedCluster
+from policyc.server import convert
+from policyc.server.proto import pb_grpc
+
+IDS = token_ids(64)
+STALL = ("x-policyc-stall-ms", "3000")  # the primary holds the call; Envoy resets it at its route timeout
+QUARANTINE_S = 3  # the test bundle's backend quarantine
+
+
+def short_quarantine_bundle(workdir: Path) -> Bundle:
+    """The shipped policies, with the backend breaker's quarantine short and allowed to take
+    the one registered backend (the shipped 20 % of one backend is none)."""
+    src = workdir / "policies"
+    shutil.copytree(REPO / "policies", src)
+    breakers = src / "breakers.contract"
+    text = breakers.read_text()
+    for old, new in (("duration: 30 s", f"duration: {QUARANTINE_S} s"), ("max_share: 20 %", "max_share: 100 %")):
+        assert old in text
+        text = text.replace(old, new)
+    breakers.write_text(text)
+    r = compile_paths([str(src)], analyse=False)
+    assert r.ok and r.bundle is not None
+    return r.bundle
+
+
+def tc_lo() -> tuple[str, str]:
+    """(the filters on lo at ingress and egress, lo's qdiscs)."""
+    run = lambda *a: subprocess.run(list(a), capture_output=True, text=True).stdout  # noqa: E731
+    return (run("tc", "filter", "show", "dev", "lo", "ingress") + run("tc", "filter", "show", "dev", "lo", "egress"),
+            run("tc", "qdisc", "show", "dev", "lo"))
+
+
+class KernelMaps:
+    """A process's BPF maps by name, read with bpftool (the ids from its fds' fdinfo)."""
+
+    def __init__(self, pid: int) -> None:
+        self.ids: dict[str, str] = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if "bpf-map" not in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                    continue
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            mid = re.search(r"^map_id:\s*(\d+)", info, re.M)
+            if mid:
+                name = json.loads(subprocess.run(["bpftool", "map", "show", "id", mid[1], "-j"], capture_output=True,
+                                                 text=True, check=True).stdout)["name"]
+                self.ids[name] = mid[1]
+
+    def dump(self, name: str) -> list[tuple[bytes, dict]]:  # type: ignore[type-arg]
+        out = subprocess.run(["bpftool", "map", "dump", "id", self.ids[name], "-j"], capture_output=True, text=True,
+                             check=True).stdout
+        return [(bytes(int(b, 16) for b in e["key"]), e.get("formatted", {}).get("value")) for e in json.loads(out)]
+
+    def backends(self) -> dict[Endpoint, int]:
+        return {CEndpoint.from_buffer_copy(k).endpoint(): int(v) for k, v in self.dump("backends")}
+
+    def quarantined(self) -> set[Endpoint]:
+        return {CEndpoint.from_buffer_copy(k[: ct.sizeof(CEndpoint)]).endpoint() for k, _ in self.dump("quarantine")}
+
+    def payload_toward(self, backend_id: int) -> int:
+        """TCP payload bytes TC counted at egress toward the backend."""
+        for k, v in self.dump("backend_stats"):
+            key = CBackendKey.from_buffer_copy(k)
+            if key.id == backend_id and key.hook == 1 and key.toward == 1:
+                return int(v["payload"])
+        return 0
+
+
+class Serve:
+    """`policyc serve --enforcer kernel` as a process; its stderr lines are collected."""
+
+    def __init__(self, bundle_path: Path, workdir: Path) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "policyc.cli.main", "serve", "--bundle", str(bundle_path), "--port", "0",
+             "--enforcer", "kernel", "--audit-log", str(workdir / "audit.db")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not any("listening on" in ln for ln in self.lines):
+            assert self.proc.poll() is None, f"policyc serve exited: {self.lines}"
+            assert time.monotonic() < deadline, f"policyc serve did not start: {self.lines}"
+            time.sleep(0.05)
+        self.port = int(re.search(r"listening on [\d.]+:(\d+)", "\n".join(self.lines))[1])  # type: ignore[index]
+        found = re.search(r"connect hooks on cgroup (\S+)", "\n".join(self.lines))
+        assert found, f"policyc serve did not say where the connect hooks are: {self.lines}"
+        self.cgroup = Path(found[1])
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[SimpleNamespace]:
+    workdir = Path(tempfile.mkdtemp(prefix="policyc-serve-path-"))
+    bundle = short_quarantine_bundle(workdir)
+    bundle_io.write(bundle, workdir / "bundle.json")
+    filters_before, qdisc_before = tc_lo()
+    serve = Serve(workdir / "bundle.json", workdir)
+    models = envoy = None
+    try:
+        slots = pool_layout(bundle, SimpleNamespace(cluster=SimulatedCluster(  # type: ignore[arg-type]
+            SMALL.seed, SMALL.hosts, SMALL.gpus_per_host, hosts_per_rack=SMALL.hosts_per_rack)), primaries=1)
+        files = workdir / "models"
+        full = write_model_files(bundle.contract(PRIMARY), files)  # type: ignore[arg-type]
+        lite = write_model_files(bundle.contract(BACKUP), files, simplified=True)  # type: ignore[arg-type]
+        models = ModelPool([ServerSpec((InstanceSpec(s.instance_id, full.full),), stall_control=True)
+                            if s.model == PRIMARY else
+                            ServerSpec((InstanceSpec(s.instance_id, lite.full, lite.simplified, name=BACKUP,
+                                                     aliases=(PRIMARY,)),)) for s in slots],
+                           workdir=workdir / "servers").start(timeout=60)
+        endpoint = {s.model: Endpoint.parse(models.endpoint(s.instance_id)) for s in slots}
+        listen = f"127.0.0.1:{free_port()}"
+        spec = GatewaySpec(picker="127.0.0.1:1", use_picker=False, listen=listen, admin=f"127.0.0.1:{free_port()}",
+                           endpoints=tuple(str(e) for e in endpoint.values()), route_timeout_ms=300)
+        envoy = EnvoyProcess(build_bootstrap(spec), workdir / "envoy").start()
+        (serve.cgroup / "cgroup.procs").write_text(f"{envoy.pid}\n")  # the gateway runs in the hooked cgroup
+        with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for s in slots:
+                inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(
+                    update={"endpoint": models.endpoint(s.instance_id)})})
+                f = full.full if s.model == PRIMARY else lite.full
+                stub.RegisterInstance(convert.register_request(inst, onnx_model=f.read_bytes()), timeout=10)
+        yield SimpleNamespace(serve=serve, envoy=envoy, models=models, listen=listen, endpoint=endpoint,
+                              maps=KernelMaps(serve.proc.pid), workdir=workdir, before=(filters_before, qdisc_before))
+    finally:
+        serve.stop()
+        for step in (envoy.stop if envoy else None, models.stop if models else None):
+            if step is not None:
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - stop everything that was started
+                    pass
+
+
+def wait_for(what: str, check, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def test_tc_counts_envoys_traffic_to_the_registered_model_server(world: SimpleNamespace) -> None:
+    primary, backup = world.endpoint[PRIMARY], world.endpoint[BACKUP]
+    # the backend map follows the registry: the primary, whose contract's redirect breaker
+    # names the backup model, is registered (the backup, with no backup of its own, is not)
+    backends = wait_for("the registered primary in the kernel's backend map", lambda: world.maps.backends().get(primary))
+    assert backup not in world.maps.backends()
+    before = world.maps.payload_toward(backends)
+    with OipClient(world.listen) as client:
+        answers = [client.infer(PRIMARY, IDS, timeout=10) for _ in range(6)]
+    to_primary = [a for a in answers if a.instance.startswith(PRIMARY + "@")]
+    assert len(to_primary) == 3 and len(answers) - len(to_primary) == 3  # Envoy's round robin over both
+    sent = world.maps.payload_toward(backends) - before
+    request = infer_request(PRIMARY, IDS).ByteSize()
+    # TCP payload toward the primary: its three requests, plus HTTP/2 framing and headers
+    assert 3 * request <= sent <= 3 * request + 3 * 2048 + 4096, (sent, request)
+    print(f"\nTC payload toward the primary: {sent} B for 3 requests of {request} B")
+
+
+def test_a_failing_model_server_is_quarantined_onto_its_backup_then_released(world: SimpleNamespace) -> None:
+    primary, backup = world.endpoint[PRIMARY], world.endpoint[BACKUP]
+    stop = threading.Event()
+    first: dict[str, float] = {}
+
+    def stalled_calls() -> None:  # half of them reach the primary, which holds them past Envoy's timeout
+        with OipClient(world.listen) as client:
+            while not stop.is_set():
+                try:
+                    client.infer(PRIMARY, IDS, metadata=(STALL,), timeout=5)
+                except grpc.RpcError:
+                    first.setdefault("failed", time.monotonic())
+
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(stalled_calls) for _ in range(4)]
+        try:
+            wait_for("the backend breaker's quarantine in the kernel map", lambda: primary in world.maps.quarantined(), 10)
+        finally:
+            stop.set()
+        for r in runs:
+            r.result()
+    tripped = time.monotonic() - t0
+    print(f"\nquarantined {tripped:.2f} s after the primary stopped answering")
+    # Envoy's connection to the primary was ended; its new one lands on the backup, in the kernel
+    with OipClient(world.listen) as client:
+        answers = [client.infer(PRIMARY, IDS, timeout=10) for _ in range(6)]
+    assert all(a.instance.startswith(BACKUP + "@") for a in answers), [a.instance for a in answers]
+    # the quarantine expires: the service releases it (and audits the release)
+    wait_for("the quarantine's release", lambda: primary not in world.maps.quarantined(), QUARANTINE_S + 3)
+    assert backup not in world.maps.quarantined()
+
+
+def test_sigterm_detaches_everything(world: SimpleNamespace) -> None:  # last: it stops the service
+    serve = world.serve
+    handle = f"handle 0x{(serve.proc.pid & 0xFFFFFF) << 8 | 1:x} "
+    filters, _ = tc_lo()
+    assert handle in filters  # ours, while it runs
+    hooks = subprocess.run(["bpftool", "cgroup", "show", str(serve.cgroup)], capture_output=True, text=True).stdout
+    assert "connect4" in hooks and "connect6" in hooks
+    world.envoy.stop()  # the gateway goes first, as an operator would stop it
+    assert serve.stop() == 0, serve.lines
+    filters, qdisc = tc_lo()
+    assert handle not in filters
+    assert not serve.cgroup.exists()
+    assert str(serve.cgroup) not in subprocess.run(["bpftool", "cgroup", "tree"], capture_output=True, text=True).stdout
+    if "clsact" not in world.before[1] and "bpf" not in filters:  # the service added lo's clsact: it removed it
+        assert "clsact" not in qdisc, qdisc
+    with AuditReader.open(world.workdir / "audit.db") as reader:
+        actions = [e.record for e in reader.entries(kind=EntryKind.ACTION)]
+    primary, backup = str(world.endpoint[PRIMARY]), str(world.endpoint[BACKUP])
+    # the whole story, in order: the breaker's quarantine, Envoy's connection ended, its new
+    # connect rewritten in the kernel, the release at expiry (the audit log files the acts it
+    # has no kind for under report_anomaly, tagged with their own)
+    story = [f"{a.kind} {a.detail}" for a in actions if a.target == primary and a.outcome == "done"  # type: ignore[union-attr]
+             and "map_change" not in a.detail]  # type: ignore[union-attr]
+    expected = [f"quarantine to {backup} for {QUARANTINE_S} s", "[end_connections] ",
+                f"[kernel_redirect] connect to {primary} rewritten to {backup}", "release quarantine expired"]
+    found = [next((i for i, line in enumerate(story) if what in line), None) for what in expected]
+    assert None not in found and found == sorted(found), story
