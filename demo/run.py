@@ -223,7 +223,7 @@ class Demo:
             raise DemoError("the stalled stream was not reset at its budget")
         self.say.say(f"  the backup saw {wire.RETRY_COUNT}: {a.headers.get(wire.RETRY_SEEN, '?')} and answered with "
                      f"its {a.variant} variant in {a.compute_us} µs")
-        records = [r for r in gw.picker.acts.records if r.decision_id == a.decision_id]
+        records = gw.picker.acts.of(a.decision_id, 3, timeout=5)  # learnt from Envoy's access log, one flush later
         for r in records:
             self.say.say(f"  action: {r.kind:<15} {r.target:<40} {r.outcome:<8} {r.detail}")
         if {r.kind for r in records} != {"cancel_stream", "redirect", "report_anomaly"}:

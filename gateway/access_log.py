@@ -41,6 +41,7 @@ DOWNSTREAM_LOG = "policyc"
 UPSTREAM_LOG = "policyc_upstream"
 COMPUTE_HEADER = "x-policyc-compute-us"
 INSTANCE_HEADER = "x-policyc-instance"
+VARIANT_HEADER = "x-policyc-variant"
 GRPC_STATUS = "grpc-status"
 GRACE = 1.0  # seconds a call waits for attempts Envoy has not flushed yet
 ORPHAN_AFTER = 30.0  # seconds an attempt waits for its call's downstream entry
@@ -96,6 +97,7 @@ class Call:
     upstream_first_byte: float | None = None  # seconds from the call's start to the model server's first byte
     upstream_connect: float | None = None  # seconds the TCP connect of the last attempt's upstream connection took
     upstream_connection: str | None = None  # Envoy's id of that connection (its connect is counted once)
+    variant: str | None = None  # the answer's model variant (`x-policyc-variant`: full, simplified)
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -144,7 +146,8 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 tls_handshake=_us(_header(req.request_headers, TLS_HANDSHAKE_HEADER)),
                 upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
                 upstream_connect=_us(_header(resp.response_headers, UPSTREAM_CONNECT_HEADER)),
-                upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER))
+                upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER),
+                variant=_header(resp.response_headers, VARIANT_HEADER))
 
 
 def _us(text: str | None) -> float | None:
@@ -193,10 +196,11 @@ class _Pending:
 
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     """Joins Envoy's two logs by decision id and hands each finished call's record to
-    `sink` (the audit log's `submit_action`). Runs on an asyncio loop (the decision
+    `sink` (the audit log's `submit_action`; None: no accounting records, the listeners
+    alone, e.g. the picker learning breaks). Runs on an asyncio loop (the decision
     server's); `serve(server)` adds it to a grpc.aio server."""
 
-    def __init__(self, sink: Callable[[ActionRecord], object], grace: float = GRACE) -> None:
+    def __init__(self, sink: Callable[[ActionRecord], object] | None, grace: float = GRACE) -> None:
         self.sink = sink
         self.grace = grace
         self.counts = Counts()
@@ -247,6 +251,8 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
             self.counts.incomplete += 1
         for fn in self.listeners:
             fn(p.call, p.attempts)
+        if self.sink is None:
+            return
         try:
             self.sink(accounting_record(p.call, p.attempts))
             self.counts.recorded += 1
