@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
+from typing import Any, Iterator
 
 import grpc
 import pytest
@@ -95,7 +95,7 @@ class KernelMaps:
                                                  text=True, check=True).stdout)["name"]
                 self.ids[name] = mid[1]
 
-    def dump(self, name: str) -> list[tuple[bytes, dict]]:  # type: ignore[type-arg]
+    def dump(self, name: str) -> list[tuple[bytes, Any]]:
         out = subprocess.run(["bpftool", "map", "dump", "id", self.ids[name], "-j"], capture_output=True, text=True,
                              check=True).stdout
         return [(bytes(int(b, 16) for b in e["key"]), e.get("formatted", {}).get("value")) for e in json.loads(out)]
@@ -281,5 +281,5 @@ def test_sigterm_detaches_everything(world: SimpleNamespace) -> None:  # last: i
              and "map_change" not in a.detail]  # type: ignore[union-attr]
     expected = [f"quarantine to {backup} for {QUARANTINE_S} s", "[end_connections] ",
                 f"[kernel_redirect] connect to {primary} rewritten to {backup}", "release quarantine expired"]
-    found = [next((i for i, line in enumerate(story) if what in line), None) for what in expected]
-    assert None not in found and found == sorted(found), story
+    found = [next((i for i, line in enumerate(story) if what in line), -1) for what in expected]
+    assert -1 not in found and found == sorted(found), story
