@@ -40,6 +40,13 @@ def _tc_handle() -> int:
     return ((os.getpid() & 0xFFFFFF) << 8 | next(_planes) & 0xFF) or 1
 
 
+# Stream observations (over budget, a frame walk that lost its place) are audited only for
+# streams to or from a registered backend: TC on an interface sees every HTTP/2 stream on
+# it (on lo: etcd watches, health checks, the clients' side of the gateway), and those are
+# not the model servers' to answer for. Listeners still receive every event.
+_OF_A_STREAM = frozenset({EventKind.STREAM_DONE, EventKind.H2_DESYNC})
+
+
 class KernelPlaneError(RuntimeError):
     """The kernel plane could not load or attach; the message says why in plain words."""
 
@@ -85,6 +92,7 @@ class KernelPlane:
         self._audit = audit
         self._listeners: list[Callable[[KernelEvent], None]] = []
         self._rule_names: dict[int, str] = {}
+        self._backend_eps: set[Endpoint] = set()  # registered backends: the streams worth an audit record
         self._tc: list[_TcAttachment] = []
         self._tc_handle = _tc_handle()
         self._cgroups: list[tuple[int, Path]] = []
@@ -107,7 +115,7 @@ class KernelPlane:
 
     def _on_raw_event(self, _ctx: object, data: int, size: int) -> None:
         ev = KernelEvent.decode(ct.string_at(data, size))
-        if self._audit is not None:
+        if self._audit is not None and (ev.kind not in _OF_A_STREAM or ev.a in self._backend_eps or ev.b in self._backend_eps):
             record = ev.to_record(self._rule_names)
             if record is not None:
                 self._audit(record)
@@ -260,9 +268,11 @@ class KernelPlane:
 
     def register_backend(self, backend: Endpoint, backend_id: int) -> None:
         self._ctl(MapOp.BACKEND_SET, 0, backend, None, backend_id)
+        self._backend_eps.add(backend)
 
     def unregister_backend(self, backend: Endpoint) -> None:
         self._ctl(MapOp.BACKEND_DEL, 0, backend)
+        self._backend_eps.discard(backend)
 
     def set_tc_drop(self, enabled: bool) -> None:
         """Also drop, at TC egress, packets still flowing to a quarantined backend."""

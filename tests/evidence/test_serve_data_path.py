@@ -283,3 +283,8 @@ def test_sigterm_detaches_everything(world: SimpleNamespace) -> None:  # last: i
                 f"[kernel_redirect] connect to {primary} rewritten to {backup}", "release quarantine expired"]
     found = [next((i for i, line in enumerate(story) if what in line), -1) for what in expected]
     assert -1 not in found and found == sorted(found), story
+    # the kernel flags streams over the bundle's tightest budget, and the audit log keeps those
+    # of the registered model servers only: the primary's (reset at Envoy's 300 ms), never the
+    # clients' own 300 ms streams to Envoy, nor anything else on lo
+    slow = [a.target for a in actions if "[stream_over_budget]" in a.detail]  # type: ignore[union-attr]  # client->server#stream
+    assert slow and all(t.partition("->")[2].rpartition("#")[0] == primary for t in slow), slow[:5]
