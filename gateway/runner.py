@@ -191,6 +191,8 @@ class Gateway:
         owner = self.thread.server.kernel_path
         if owner is not None:  # the decision service put the plane on the data path: Envoy joins its cgroup
             self.data_path = owner.data_path
+            if self.data_path.cgroup is None:  # detached since (a benchmark's detached rounds): on again
+                self.data_path.attach()
         else:
             self.data_path = self._own_data_path = DataPath(g, DataPathConfig(self.options.interfaces,
                                                                              self.options.cgroup)).attach()
