@@ -151,6 +151,67 @@ class Serve:
             return self.proc.wait(5)
 
 
+def serve_once(workdir: Path, *flags: str, stop_after: float | None = None) -> tuple[int, list[str], int]:
+    """Run `policyc serve` with `flags` (SIGTERM once it listens, with `stop_after`): (exit
+    status, stderr lines, pid)."""
+    p = subprocess.Popen([sys.executable, "-m", "policyc.cli.main", "serve", "--bundle", str(workdir / "bundle.json"),
+                          "--port", "0", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if stop_after is None:
+        _, err = p.communicate(timeout=60)
+        return p.returncode, err.splitlines(), p.pid
+    assert p.stderr is not None
+    lines: list[str] = []
+    for line in p.stderr:
+        lines.append(line.rstrip())
+        if "listening on" in line:
+            time.sleep(stop_after)
+            p.send_signal(signal.SIGTERM)
+    return p.wait(15), lines, p.pid
+
+
+@pytest.fixture(scope="module")
+def bundle_dir() -> Path:
+    workdir = Path(tempfile.mkdtemp(prefix="policyc-serve-flags-"))
+    bundle_io.write(short_quarantine_bundle(workdir), workdir / "bundle.json")
+    return workdir
+
+
+def leftovers_of(pid: int) -> tuple[bool, list[str]]:
+    """(a TC filter on lo with the process's handle, cgroups the process made)."""
+    filters, _ = tc_lo()
+    root = Path(subprocess.run(["findmnt", "-rn", "-t", "cgroup2", "-o", "TARGET"], capture_output=True,
+                               text=True).stdout.split()[0])
+    return (f"handle 0x{(pid & 0xFFFFFF) << 8 | 1:x} " in filters,
+            [p.name for p in root.glob(f"policyc-gateway-{pid}-*")])
+
+
+def test_kernel_fails_closed_when_it_cannot_attach_and_leaves_nothing(bundle_dir: Path) -> None:
+    # lo attaches, then the second interface does not exist: one line, exit 2, lo undone
+    rc, err, pid = serve_once(bundle_dir, "--enforcer", "kernel", "--data-path-interface", "lo",
+                              "--data-path-interface", "nope0")
+    assert rc == 2 and err == ["policyc serve: error: attaching the kernel plane to the data path: interface `nope0` not found"], err
+    assert leftovers_of(pid) == (False, [])
+
+
+def test_auto_warns_audits_and_serves_unattached(bundle_dir: Path) -> None:
+    rc, err, pid = serve_once(bundle_dir, "--enforcer", "auto", "--data-path-interface", "nope0",
+                              "--audit-log", str(bundle_dir / "auto.db"), stop_after=0.2)
+    assert rc == 0, err
+    assert any("NOT on the data path" in ln and "nope0" in ln for ln in err), err
+    assert not any("kernel plane on the data path:" in ln for ln in err), err
+    with AuditReader.open(bundle_dir / "auto.db") as reader:
+        failed = [e.record for e in reader.entries(kind=EntryKind.ACTION) if e.record.target == "data_path"]  # type: ignore[union-attr]
+    assert len(failed) == 1 and failed[0].outcome == "failed" and "nope0" in failed[0].detail  # type: ignore[union-attr]
+    assert leftovers_of(pid) == (False, [])
+
+
+def test_data_path_flags_without_the_kernel_plane_are_refused(bundle_dir: Path) -> None:
+    rc, err, _ = serve_once(bundle_dir, "--enforcer", "userspace", "--gateway-cgroup", "/sys/fs/cgroup")
+    assert rc == 2 and len(err) == 1 and "need --enforcer kernel or auto, not userspace" in err[0], err
+    rc, err, _ = serve_once(bundle_dir, "--enforcer", "kernel", "--gateway-cgroup", str(bundle_dir))
+    assert rc == 2 and len(err) == 1 and "not a cgroup v2 directory" in err[0], err
+
+
 @pytest.fixture(scope="module")
 def world() -> Iterator[SimpleNamespace]:
     workdir = Path(tempfile.mkdtemp(prefix="policyc-serve-path-"))
