@@ -104,6 +104,7 @@ class DecisionServer:
                 self.gpu_watch = GpuWatch(self.guardian)
                 self.refresher.on_refresh(self.gpu_watch.on_refresh)
         self.kernel_path: KernelPath | None = None  # the kernel plane on the data path, from start() to stop()
+        self._kernel_path_series = False  # its Prometheus series, registered once it first attaches
         self.metrics.set_bundle(None, bundle.content_hash)
         self.metrics.watch(lambda: len(self.engine.state.registry), lambda: self.refresher.current().age())
         self.service = DecisionService(self.engine, self.metrics, config.tokens, audit=self.audit,
@@ -196,6 +197,11 @@ class DecisionServer:
         assert self.guardian is not None and self.actions is not None
         try:
             self.kernel_path = KernelPath(self.guardian, self.engine, cfg.data_path).start()
+            if not self._kernel_path_series:
+                from .kernel_path_metrics import KernelPathSeries
+
+                self.metrics.registry.register(KernelPathSeries(lambda: self.kernel_path))
+                self._kernel_path_series = True
         except Exception as e:
             if cfg.enforcer is EnforcerMode.KERNEL:
                 raise

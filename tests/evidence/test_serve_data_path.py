@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -120,9 +121,11 @@ class Serve:
 
     def __init__(self, bundle_path: Path, workdir: Path) -> None:
         self.lines: list[str] = []
+        self.metrics = f"http://127.0.0.1:{free_port()}/metrics"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "policyc.cli.main", "serve", "--bundle", str(bundle_path), "--port", "0",
-             "--enforcer", "kernel", "--audit-log", str(workdir / "audit.db")],
+             "--enforcer", "kernel", "--audit-log", str(workdir / "audit.db"),
+             "--metrics-address", self.metrics.split("/")[2]],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
         threading.Thread(target=self._read, daemon=True).start()
@@ -135,6 +138,11 @@ class Serve:
         found = re.search(r"connect hooks on cgroup (\S+)", "\n".join(self.lines))
         assert found, f"policyc serve did not say where the connect hooks are: {self.lines}"
         self.cgroup = Path(found[1])
+
+    def series(self, name: str) -> dict[str, float]:
+        """One Prometheus metric's samples from the service's /metrics: labels text -> value."""
+        text = urllib.request.urlopen(self.metrics, timeout=5).read().decode()
+        return {m[1] or "": float(m[2]) for m in re.finditer(rf"^{name}(?:\{{(.*)\}})? (\S+)$", text, re.M)}
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -282,6 +290,11 @@ def test_tc_counts_envoys_traffic_to_the_registered_model_server(world: SimpleNa
     # TCP payload toward the primary: its three requests, plus HTTP/2 framing and headers
     assert 3 * request <= sent <= 3 * request + 3 * 2048 + 4096, (sent, request)
     print(f"\nTC payload toward the primary: {sent} B for 3 requests of {request} B")
+    # the service shows the same counters, and where it is attached, on its metrics endpoint
+    shown = world.serve.series("policyc_kernel_backend_payload_bytes_total")
+    assert shown[f'backend="{primary}",direction="toward"'] == world.maps.payload_toward(backends)
+    assert shown[f'backend="{primary}",direction="from"'] > 0  # the answers
+    assert world.serve.series("policyc_data_path_info") == {f'cgroup="{world.serve.cgroup}",interfaces="lo"': 1.0}
 
 
 def test_a_failing_model_server_is_quarantined_onto_its_backup_then_released(world: SimpleNamespace) -> None:
