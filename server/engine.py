@@ -193,11 +193,16 @@ class DecisionEngine:
                         Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes,
                         mt.endpoints.get(plan.instance_id, ""))
 
-    def explain(self, inp: DecisionInput) -> Account:
-        st = self._state
-        d = self._decide(st, inp, explain=True)
-        req, _ = to_request(st.registry, st.bundle, inp)
-        answer = st.feasibility.check(req.vars)
+    def explain(self, inp: DecisionInput, prepared: Prepared | None = None) -> Account:
+        """The decision for `inp` with the matcher's per-rule account. `prepared`: `inp`
+        prepared with its feasibility answer (the service's, solved off the serving loop);
+        the account then reads its state, and no Z3 call runs here. Without it, the
+        solver may run in this thread."""
+        if prepared is None:
+            prepared = self.prepare(inp, self._state)
+        st = prepared.state
+        d = self._decide_prepared(prepared, None, None)
+        req, answer = prepared.request, prepared.answer
         feas = answer.reason if isinstance(answer, Infeasible) else (
             "feasible: some declared instance can serve this request" if isinstance(answer, Feasible) else f"undecided: {answer.reason}")
         ex = st.registry.explain(req) if d.rejection is None or d.rejection.stage is not Stage.FEASIBILITY else None

@@ -40,6 +40,7 @@ from .prepared import Prepared
 from .request_input import to_request
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
+from .state import PolicyState
 from .rich_status import default_code, rich_status, trailer
 from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx
 
@@ -136,7 +137,13 @@ class DecisionService(pb_grpc.DecisionsServicer):
         st = self.engine.state
         if shapes.get(st, key) is not None:
             return None
-        prepared = self.engine.prepare(make_input(), st, solve=False)
+        return await self.prepare_off_loop(make_input(), st)
+
+    async def prepare_off_loop(self, inp: DecisionInput, st: PolicyState) -> Prepared:
+        """`inp` parsed against `st` with its feasibility answer, Z3 kept off the serving
+        loop: a shape the solver has not seen is solved in the solver thread while the
+        loop serves others (Decide's new shapes, every Explain)."""
+        prepared = self.engine.prepare(inp, st, solve=False)
         if type(prepared.answer) is Pending:
             t1 = time.perf_counter()
             answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
@@ -270,7 +277,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
     async def Explain(self, request: pb.DecideRequest, context: grpc.aio.ServicerContext) -> pb.Explanation:
         try:
             self._admit(context, Permission.EXPLAIN, request.ByteSize())
-            a = self.engine.explain(convert.decision_input(request))
+            inp = convert.decision_input(request)
+            a = self.engine.explain(inp, await self.prepare_off_loop(inp, self.engine.state))  # no Z3 on the loop
         except ServiceError as e:
             await self._refuse(context, "Explain", e)
             raise

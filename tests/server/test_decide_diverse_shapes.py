@@ -14,7 +14,9 @@ from server_rig import SMALL, start
 
 from policyc.compiler.bundle import Bundle
 from policyc.server.config import ServeConfig
+from policyc.server.decision import DecisionInput
 from policyc.server.proto import pb, pb_grpc
+from policyc.server.request_input import to_request
 from policyc.server.request_shapes import RequestShapes
 
 REGIONS = ("us-west", "us-east", "eu-west", "eu-central")
@@ -50,6 +52,20 @@ def test_no_solver_on_the_loop_and_a_warm_reload(bundle: Bundle) -> None:
                                                                 "X-SLO-Latency": "123.45ms"}), timeout=30)
             assert infeasible.outcome == pb.REJECTED and infeasible.rejection.stage == pb.FEASIBILITY
             feas = th.server.engine.state.feasibility
+            # Explain of shapes the solver has not seen (new SLOs): solved in the solver
+            # thread too, with the same account an inline check gives
+            background = feas.solves_background
+            st = th.server.engine.state
+            new_shapes = ({"X-Tenant": "st-marys", "X-Data-Region": "us-east", "X-SLO-Latency": "950ms"},
+                          {"X-Tenant": "acme-bank", "X-Data-Region": "us-west", "X-Model": "fraud-scorer",
+                           "X-SLO-Latency": "900ms"})
+            for h in new_shapes:
+                assert feas.cached(to_request(st.registry, st.bundle, DecisionInput(h, {}))[0].vars) is None  # unseen
+            healthcare, finance = (stub.Explain(pb.DecideRequest(headers=h), timeout=30) for h in new_shapes)
+            assert healthcare.decision.rejection.stage == pb.FEASIBILITY and "feasible" not in healthcare.feasibility
+            assert finance.decision.outcome == pb.ADMITTED and finance.matching > 0 and finance.narrative
+            assert finance.feasibility.startswith("feasible")
+            assert feas.solves_background >= background + 2  # both new shapes were solved in the solver thread
             counts = svc.feasibility_series.counts()
             assert counts["loop"] == 0 and feas.solves_on_loop == 0
             assert counts["inline"] + counts["background"] > 0  # Z3 did run: in worker threads
