@@ -2,7 +2,10 @@
 
 1. Budget crossing -> stream cancelled, and -> kernel quarantine map updated (p50/p99), on
    real gRPC streams through the guardian (kernel plane when root, else user space), with
-   100 watched requests in flight (started at a steady pace; floor: cancel p99 <= 1 ms).
+   100 watched requests in flight (started at a steady pace; floor: cancel p99 <= 1 ms),
+   with the quarantine action and without it. The backend is a process of its own; the
+   cancel is timed from the crossing (the deadline) to the client's cancel() returning, and
+   the backend reports when it saw each stream end (the same monotonic clock).
 2. Loopback request/response throughput in a private netns with the kernel plane's TC
    programs attached vs not, alternating phases in the same run (floor: >= 0.9).
 3. Self-heal in the placer's simulator: ticks (200 ms each) and wall time from the first
@@ -20,6 +23,7 @@ Usage: .venv/bin/python benchmarks/enforcer.py [--quick]
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -37,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests" / "enforcer"))
 
 import grpc  # noqa: E402
 from conftest import make_bundle  # noqa: E402
-from grpc_rig import start_server, stub  # noqa: E402
+from grpc_rig import stub  # noqa: E402
 
 from policyc.compiler.bundle import Quarantine  # noqa: E402
 from policyc.enforcer.collaborators import MemoryAudit  # noqa: E402
@@ -59,60 +63,120 @@ class _Sink:
         pass
 
 
-def bench_break(plane, n: int, concurrency: int = 100, slo: float = 0.2) -> None:  # type: ignore[no-untyped-def]
+STALL = textwrap.dedent("""
+    # The budget benchmark's backend, in its own process as a model server is: each call
+    # stalls for the milliseconds its body asks, and the CLOCK_MONOTONIC instant at which a
+    # call's stream ended before it answered (the client's RST_STREAM arrived) is noted.
+    import json, sys, threading, time
+    from concurrent import futures
+    import grpc
+    ended, lock = {}, threading.Lock()
+    def call(request, context):
+        rid = dict(context.invocation_metadata()).get("request-id", "?")
+        over = threading.Event()
+        answered = threading.Event()
+        def gone():
+            t = time.monotonic()
+            over.set()
+            if not answered.is_set():
+                with lock:
+                    ended[rid] = t
+        if not context.add_callback(gone):
+            gone()
+            return b""
+        over.wait(float(request.decode() or "0") / 1e3)
+        answered.set()
+        return b"ok"
+    handler = grpc.method_handlers_generic_handler(
+        "policyc.test.Echo", {"Call": grpc.unary_unary_rpc_method_handler(call, lambda b: b, lambda b: b)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=256))
+    server.add_generic_rpc_handlers((handler,))
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    server.start()
+    sys.stdin.readline()
+    with lock:
+        print(json.dumps(ended), flush=True)
+    server.stop(0)
+""")
+
+
+def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo: float = 0.2) -> None:  # type: ignore[no-untyped-def]
     """`n` requests through the guardian with `concurrency` of them in flight at once:
     started at a steady pace (one every budget / concurrency seconds), each served by a
-    backend that would take 1 s, so every one crosses its budget (92.5 % of `slo`) and is
-    cancelled there; its stream's owner finishes it when the call ends (as a server does).
-    Reports crossing -> cancel and crossing -> quarantine map update, and how many were in
-    flight when each crossed."""
+    backend (its own process, as a model server is) that would take 1 s, so every one
+    crosses its budget (92.5 % of `slo`) and is cancelled there; its stream's owner
+    finishes it when the call ends. With `quarantine`, every break also quarantines the
+    request's backend (kernel map update, its connections ended, audited).
+    Reports, from the crossing instant (the deadline `begin` returned): to the client's
+    cancel (`cancel()` returned: the RST_STREAM is with gRPC's transport), to the backend
+    seeing the stream end (its CLOCK_MONOTONIC, the same clock), and to the quarantine map
+    update; and how many were in flight when each was started."""
+    import json
+
     audit = MemoryAudit()
-    bundle = make_bundle(slo=slo, quarantine=Quarantine(duration=5, max_duration=10, max_share=1.0))
+    bundle = make_bundle(slo=slo, quarantine=Quarantine(duration=5, max_duration=10, max_share=1.0) if quarantine else None)
     g = Guardian(bundle, plane=plane, anomalies=_Sink(), audit=audit, executor=ActionExecutor(audit, rebalance=lambda n: None))
     backup = Endpoint.of("127.0.0.1", 9)
-    server, port = start_server("primary")
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    call = stub(channel)
-    grpc.channel_ready_future(channel).result(timeout=5)
-    budget = 0.925 * slo
-    gap = budget / concurrency
-    in_flight: list[int] = []
-    done = threading.Semaphore(0)
-    t0 = time.monotonic()
-    for i in range(n):
-        wait = t0 + i * gap - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        rid = f"r{i}"
-        be = Endpoint.of("10.250.0.1", 1000 + i)
-        g.register_backend(be, backup)
-        fut = call.future(b"1000", timeout=5)
-        g.begin(rid, "fraud-scorer", fut, backend=be)
-        in_flight.append(g.active())
+    backend = subprocess.Popen([sys.executable, "-c", STALL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert backend.stdin is not None and backend.stdout is not None
+    channel = grpc.insecure_channel(f"127.0.0.1:{int(backend.stdout.readline())}")
+    try:
+        call = stub(channel)
+        grpc.channel_ready_future(channel).result(timeout=10)
+        call(b"0", timeout=5)  # the connection is up before the first watched request
+        budget = 0.925 * slo
+        gap = budget / concurrency
+        in_flight: list[int] = []
+        deadlines: dict[str, float] = {}
+        done = threading.Semaphore(0)
+        load = os.getloadavg()[0]
+        t0 = time.monotonic()
+        for i in range(n):
+            wait = t0 + i * gap - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            rid = f"r{i}"
+            be = Endpoint.of("10.250.0.1", 1000 + i)
+            g.register_backend(be, backup)
+            fut = call.future(b"1000", timeout=5, metadata=(("request-id", rid),))
+            deadline = g.begin(rid, "fraud-scorer", fut, backend=be)
+            assert deadline is not None
+            deadlines[rid] = deadline
+            in_flight.append(g.active())
 
-        def ended(_: object, rid: str = rid) -> None:
-            g.finish(rid)
-            done.release()
-        fut.add_done_callback(ended)
-    for _ in range(n):
-        done.acquire(timeout=10)
-    deadline = time.monotonic() + 5
-    while len(g.break_timings) < n and time.monotonic() < deadline:  # the accounts follow the cancels
-        time.sleep(0.01)
+            def ended(_: object, rid: str = rid) -> None:
+                g.finish(rid)
+                done.release()
+            fut.add_done_callback(ended)
+        for _ in range(n):
+            done.acquire(timeout=10)
+        deadline = time.monotonic() + 5
+        while len(g.break_timings) < n and time.monotonic() < deadline:  # the accounts follow the cancels
+            time.sleep(0.01)
+        backend.stdin.write("\n")
+        backend.stdin.flush()
+        seen = json.loads(backend.stdout.readline())
+    finally:
+        channel.close()
+        backend.kill()
+        backend.wait()
     g.tick()
     cancel = [t.cancel_s * 1e6 for t in g.break_timings]
+    rst = [(seen[rid] - at) * 1e6 for rid, at in deadlines.items() if rid in seen]
     maps = [t.map_update_s * 1e6 for t in g.break_timings if t.map_update_s is not None]
     where = "kernel map" if plane.kernel_enforcement else "user-space table (kernel enforcement off)"
-    print(f"break: n={len(cancel)}, {concurrency} in flight (median seen {statistics.median(in_flight):.0f}), "
-          f"budget {budget * 1e3:.0f} ms: crossing->cancel p50 {pct(cancel, 50):.0f} us  p99 {pct(cancel, 99):.0f} us  "
-          f"max {max(cancel):.0f} us (floor: p99 <= 1000 us)")
+    print(f"break, {'with' if quarantine else 'without'} the quarantine action: n={len(cancel)}, {concurrency} in flight "
+          f"(median seen {statistics.median(in_flight):.0f}), budget {budget * 1e3:.0f} ms, load {load:.1f}: crossing->cancel "
+          f"(client's cancel() returned) p50 {pct(cancel, 50):.0f} us  p99 {pct(cancel, 99):.0f} us  max {max(cancel):.0f} us "
+          f"(floor: p99 <= 1000 us)")
+    if rst:
+        print(f"break: crossing->stream end seen by the backend process ({len(rst)} of {n}) p50 {pct(rst, 50):.0f} us  "
+              f"p99 {pct(rst, 99):.0f} us")
     if maps:
         print(f"break: crossing->{where} update p50 {pct(maps, 50):.0f} us  p99 {pct(maps, 99):.0f} us")
     for be in list(plane.quarantined()):
         plane.release(be)
     g.close()
-    channel.close()
-    server.stop(0)
 
 
 ECHO = textwrap.dedent("""
@@ -341,7 +405,8 @@ def main() -> None:
     args = ap.parse_args()
     plane = open_plane(MemoryAudit())
     print(f"kernel enforcement: {'on' if plane.kernel_enforcement else 'OFF'}")
-    bench_break(plane, 200 if args.quick else 1000)
+    for quarantine in (True, False):
+        bench_break(plane, 200 if args.quick else 1000, quarantine=quarantine)
     if plane.kernel_enforcement:
         bench_throughput(plane, 0.5 if args.quick else 2.0, 2 if args.quick else 3)
     else:
