@@ -6,8 +6,11 @@ IPv4 addresses are stored IPv4-mapped (::ffff:a.b.c.d) so that one map serves bo
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
+
+_V4_MAPPED = b"\x00" * 10 + b"\xff\xff"
 
 
 class EndpointError(ValueError):
@@ -44,20 +47,34 @@ class Endpoint:
 
     @property
     def is_ipv4(self) -> bool:
-        return ipaddress.ip_address(self.host).version == 4
+        return _version(self.host) == 4
 
     def packed16(self) -> bytes:
         """The 16 address bytes in network order, IPv4 mapped into IPv6."""
-        ip = ipaddress.ip_address(self.host)
-        if ip.version == 4:
-            return b"\x00" * 10 + b"\xff\xff" + ip.packed
-        return ip.packed
+        return _packed16(self.host)
 
     @staticmethod
     def from_packed16(raw: bytes, port: int) -> "Endpoint":
-        ip = ipaddress.IPv6Address(bytes(raw))
-        host = str(ip.ipv4_mapped) if ip.ipv4_mapped is not None else str(ip)
-        return Endpoint(host, port)
+        return Endpoint(_host_of(bytes(raw)), port)
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}" if self.is_ipv4 else f"[{self.host}]:{self.port}"
+
+
+# A fleet has few distinct backend addresses and the enforcer converts them on every map
+# change and kernel event (ipaddress costs ~10 us a parse), so the conversions are memoised.
+@functools.lru_cache(maxsize=65536)
+def _version(host: str) -> int:
+    return ipaddress.ip_address(host).version
+
+
+@functools.lru_cache(maxsize=65536)
+def _packed16(host: str) -> bytes:
+    ip = ipaddress.ip_address(host)
+    return _V4_MAPPED + ip.packed if ip.version == 4 else ip.packed
+
+
+@functools.lru_cache(maxsize=65536)
+def _host_of(raw16: bytes) -> str:
+    ip = ipaddress.IPv6Address(raw16)
+    return str(ip.ipv4_mapped) if ip.ipv4_mapped is not None else str(ip)

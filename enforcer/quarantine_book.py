@@ -7,6 +7,8 @@ cause the outage it exists to prevent.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -28,9 +30,16 @@ class _Entry:
 
 
 class QuarantineBook:
+    """`decide` runs on every break's account: the backends out now are kept apart (with
+    their ends in a heap, dropped as the clock passes them), so the check and the cap
+    cost the same whatever the number of backends ever quarantined (`now` never goes back)."""
+
     def __init__(self) -> None:
         self._entries: dict[Endpoint, _Entry] = {}
         self._backends: set[Endpoint] = set()
+        self._out: dict[Endpoint, float] = {}  # backend -> until, for those not yet seen to end
+        self._ends: list[tuple[float, int, Endpoint]] = []  # (until, order, backend)
+        self._order = itertools.count()
 
     def add_backend(self, backend: Endpoint) -> None:
         self._backends.add(backend)
@@ -39,13 +48,21 @@ class QuarantineBook:
         self._backends.discard(backend)
 
     def active(self, now: float) -> list[Endpoint]:
-        return [b for b, e in self._entries.items() if e.until > now]
+        return list(self._live(now))
+
+    def _live(self, now: float) -> dict[Endpoint, float]:
+        ends, out = self._ends, self._out
+        while ends and ends[0][0] <= now:
+            until, _, backend = heapq.heappop(ends)
+            if out.get(backend) == until:
+                del out[backend]
+        return out
 
     def decide(self, backend: Endpoint, now: float, duration: float, max_duration: float, max_share: float) -> QuarantineDecision:
         """May `backend` be quarantined now, and for how long? Does not record anything."""
         if backend not in self._backends:
             return QuarantineDecision(False, 0.0, f"{backend} is not a registered backend")
-        active = self.active(now)
+        active = self._live(now)
         if backend in active:
             return QuarantineDecision(False, 0.0, f"{backend} is already quarantined")
         cap = math.floor(max_share * len(self._backends))
@@ -61,6 +78,8 @@ class QuarantineBook:
         entry = self._entries.get(backend)
         strikes = entry.strikes + 1 if entry is not None and now - entry.last_end < 2 * max_duration else 1
         self._entries[backend] = _Entry(until=now + duration, strikes=strikes, last_end=now + duration)
+        self._out[backend] = now + duration
+        heapq.heappush(self._ends, (now + duration, next(self._order), backend))
 
     def expired(self, now: float) -> list[Endpoint]:
         """Backends whose quarantine has ended and that still need releasing."""
@@ -70,3 +89,4 @@ class QuarantineBook:
         entry = self._entries.get(backend)
         if entry is not None:
             entry.until = 0.0
+        self._out.pop(backend, None)
