@@ -4,6 +4,7 @@ the placer, the audit log) against Envoy's own round-robin to the same servers, 
 in the same run, the modes alternating round by round so all see the same machine.
 
     .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
+                                           [--model fraud-scorer] [--breaks access-log|response] [--accounting]
 
 A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
 policyc (same Python grpc.aio, same event loop, same Unix socket transport, a fixed
@@ -12,7 +13,9 @@ is the cheapest the model servers serve (the `fraud-scorer-lite` contract's full
 4 tokens, ~0.1-0.3 ms of onnxruntime), so what the picker adds is visible. The decision
 service runs in this process with the simulated fleet registered (placement at scale: the
 pool's instances are a few among ~250), its refresher running and an audit log in group
-mode; Envoy reaches the picker on its Unix socket, as `policyc gateway` runs it.
+mode; Envoy reaches the picker on its Unix socket and sends policyc its access log, from
+which the picker learns breaks and request ends (one ext_proc exchange per call), as
+`policyc gateway` runs it (`--breaks response`: the picker's response-phase path instead).
 
 The load generator is nghttp2's `h2load` (C, one thread, one HTTP/2 connection carrying
 the callers' streams, as one gRPC channel would): on a small machine a Python client would
@@ -137,7 +140,8 @@ def _round(target: str, model: str, concurrency: int, seconds: float) -> tuple[l
 class _NoopPicker:
     """The baseline picker: the same Python grpc.aio ext_proc server on the same event loop,
     answering every request with the same kind of message (endpoint header and `envoy.lb`
-    metadata, response phase off) without deciding anything: what the ext_proc hop costs."""
+    metadata, response phase off) without deciding anything, and ending the stream after
+    it as policyc's picker does: what the ext_proc hop costs."""
 
     def __init__(self, endpoints: tuple[str, ...]) -> None:
         from policyc.gateway.messages import forward
@@ -150,12 +154,11 @@ class _NoopPicker:
     async def Process(self, request_iterator, context):  # type: ignore[no-untyped-def]
         import grpc
 
-        while True:
-            req = await context.read()
-            if req is grpc.aio.EOF:
-                return
-            self._n += 1
-            await context.write(self._responses[self._n % len(self._responses)])
+        req = await context.read()
+        if req is grpc.aio.EOF:
+            return
+        self._n += 1
+        await context.write(self._responses[self._n % len(self._responses)])
 
 
 async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ignore[no-untyped-def]
@@ -187,7 +190,7 @@ def _refusals(picker: "PickerServer", mode: str) -> int:
     status for a gRPC caller, so h2load cannot count them)."""
     if mode != "policyc":
         return 0
-    return sum(n for what, n in picker.picker.counts.items() if what not in ("forwarded", "broken"))
+    return sum(n for what, n in picker.picker.counts.items() if what not in ("forwarded", "broken", "unlogged"))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -205,6 +208,11 @@ def main() -> int:
                     help="the load generator: h2load (C, cheap: the cores go to the system under test) or Python grpc.aio")
     ap.add_argument("--model", choices=(LITE, "fraud-scorer"), default=LITE,
                     help="the instances' contract: fraud-scorer has budget breakers, so the picker also sees each answer")
+    ap.add_argument("--breaks", choices=("access-log", "response"), default="access-log",
+                    help="how the picker learns of breaks: Envoy's access log (as `policyc gateway` runs it: one "
+                         "ext_proc exchange per call) or the response phase (requests with a budget: two)")
+    ap.add_argument("--accounting", action="store_true",
+                    help="with --breaks access-log: also write each call's accounting record to the audit log")
     args = ap.parse_args()
 
     import grpc
@@ -212,6 +220,7 @@ def main() -> int:
     from gateway_rig import SMALL, free_port, pool_layout
 
     from policyc.compiler.pipeline import compile_paths
+    from policyc.gateway.access_log import AccessLogReceiver, AccessLogServer
     from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
     from policyc.gateway.envoy_process import EnvoyProcess
     from policyc.gateway.picker import PickerConfig
@@ -247,8 +256,18 @@ def main() -> int:
                                                     s.instance.deployment.model_copy(update={"endpoint": inst.endpoint})})
                 stub.RegisterInstance(convert.register_request(reg, onnx_model=lite.full.read_bytes()), timeout=10)
         # as `policyc gateway` runs it (gateway/runner.py): Envoy reaches the picker on its Unix socket
+        # and sends policyc its access log, from which the picker learns breaks and request ends
         picker = PickerServer(server, PickerConfig(unix_socket=str(work / "picker.sock")))
         picker_port = thread.call(picker.start())
+        als: AccessLogServer | None = None
+        if args.breaks == "access-log":
+            assert server.audit is not None
+            als = AccessLogServer(AccessLogReceiver(server.audit.log.submit_action if args.accounting else None,
+                                                    every_attempt=args.accounting))
+            als_at: str | None = thread.call(als.start())
+            picker.picker.follow_access_log(als.receiver)
+        else:
+            als_at = None
         endpoints = tuple(i.endpoint for i in models.instances)
         noop, _ = thread.call(_start_noop(endpoints, str(work / "noop.sock")))
         targets = {}
@@ -256,8 +275,11 @@ def main() -> int:
                                      ("no-op ext_proc", True, f"unix:{work / 'noop.sock'}"),
                                      ("round-robin", False, f"127.0.0.1:{picker_port}")):
             listen = f"127.0.0.1:{free_port()}"
+            policyc = mode == "policyc"
             spec = GatewaySpec(picker=picker_at, listen=listen, admin=f"127.0.0.1:{free_port()}",
-                               endpoints=endpoints, use_picker=use)
+                               endpoints=endpoints, use_picker=use, access_log_cluster=als_at if policyc else None,
+                               breaks_from_access_log=policyc and als_at is not None,
+                               log_every_call=not (policyc and als_at is not None) or args.accounting)
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
@@ -276,7 +298,9 @@ def main() -> int:
         model_idle = (sum(_cpu_s(p) for p in model_pids) - m) / (time.perf_counter() - t)
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
               f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode; "
-              f"client {client}; idle: policyc process {idle_rate * 1e3:.0f} ms CPU/s, model servers {model_idle * 1e3:.0f} ms CPU/s "
+              f"client {client}; model {args.model}; breaks from the {args.breaks.replace('-', ' ')}"
+              f"{', accounting records on' if als is not None and args.accounting else ''}; "
+              f"idle: policyc process {idle_rate * 1e3:.0f} ms CPU/s, model servers {model_idle * 1e3:.0f} ms CPU/s "
               "(subtracted below)")
         for conc in phases:
             res: dict[str, list[tuple[list[float], int, float]]] = {m: [] for m in targets}
@@ -324,6 +348,9 @@ def main() -> int:
 
             print(f"  concurrency {conc:>2}: round by round, policyc {paired('policyc')}, no-op {paired('no-op ext_proc')}")
         print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
+        if als is not None:
+            print(f"access log: {als.receiver.counts}")
+            thread.call(als.stop())
         thread.call(picker.stop())
         thread.call(noop.stop(0.1))
     finally:

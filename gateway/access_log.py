@@ -98,6 +98,8 @@ class Call:
     upstream_connect: float | None = None  # seconds the TCP connect of the last attempt's upstream connection took
     upstream_connection: str | None = None  # Envoy's id of that connection (its connect is counted once)
     variant: str | None = None  # the answer's model variant (`x-policyc-variant`: full, simplified)
+    upstream_host: str = ""  # the host of the last attempt (the one that answered, if any)
+    instance: str | None = None  # the instance the answer names (`x-policyc-instance`)
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -147,7 +149,8 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 upstream_first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
                 upstream_connect=_us(_header(resp.response_headers, UPSTREAM_CONNECT_HEADER)),
                 upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER),
-                variant=_header(resp.response_headers, VARIANT_HEADER))
+                variant=_header(resp.response_headers, VARIANT_HEADER), upstream_host=_address(c.upstream_remote_address),
+                instance=_header(resp.response_headers, INSTANCE_HEADER))
 
 
 def _us(text: str | None) -> float | None:
@@ -200,9 +203,13 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     alone, e.g. the picker learning breaks). Runs on an asyncio loop (the decision
     server's); `serve(server)` adds it to a grpc.aio server."""
 
-    def __init__(self, sink: Callable[[ActionRecord], object] | None, grace: float = GRACE) -> None:
+    def __init__(self, sink: Callable[[ActionRecord], object] | None, grace: float = GRACE,
+                 every_attempt: bool = True) -> None:
         self.sink = sink
         self.grace = grace
+        # False: Envoy logs only the broken attempts (`GatewaySpec.log_every_call` off), so a call
+        # waits for one attempt fewer than it made (the answering one is not logged)
+        self.every_attempt = every_attempt
         self.counts = Counts()
         self._pending: dict[str, _Pending] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -244,10 +251,13 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         self._settle(call.decision_id, p, False)
 
     def _settle(self, did: str, p: _Pending, late: bool) -> None:
-        if p.call is None or (len(p.attempts) < p.call.attempts and not late):
+        if p.call is None:
+            return
+        want = p.call.attempts if self.every_attempt else p.call.attempts - 1
+        if len(p.attempts) < want and not late:
             return
         del self._pending[did]
-        if len(p.attempts) < p.call.attempts:
+        if len(p.attempts) < want:
             self.counts.incomplete += 1
         for fn in self.listeners:
             fn(p.call, p.attempts)

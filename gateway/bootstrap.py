@@ -44,6 +44,12 @@ LISTENER = "policyc_gateway"
 ENDPOINT_KEY = "x-gateway-destination-endpoint"  # Endpoint Picker Protocol
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE = "envoy.lb"
+# the picker marks a request that can break (it has a budget) in this dynamic metadata, so an
+# access log that carries only what the picker needs logs only those calls
+WATCH_NAMESPACE = "policyc.gateway"
+WATCH_KEY = "breakable"
+# an attempt Envoy broke: its per-try timeout (UT), a reset by the upstream (UR), the connection ended (UC)
+BROKEN_ATTEMPT_FLAGS = ("UT", "UR", "UC")
 RETRY_HEADERS = "x-policyc-retry-headers"  # picker -> Lua: headers for attempts after the first
 DECISION_HEADER = "x-policyc-decision-id"
 PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
@@ -100,6 +106,9 @@ class GatewaySpec:
     access_log_cluster: str | None = None  # the gRPC access-log service's `ip:port` (policyc's receiver or the user's)
     access_log_flush_ms: int = 50  # how long Envoy buffers entries: bounds how late the picker learns of a break
     breaks_from_access_log: bool = False  # the picker follows that log (policyc's receiver): no response phase at all
+    # every call in that log, both logs (per-call accounting); False (with breaks_from_access_log): only the
+    # calls the picker marked breakable, the connection manager's log alone (what finding breaks needs)
+    log_every_call: bool = True
     tls_cert: str | None = None  # with tls_key: the listener serves TLS (PEM files), its handshake times logged
     tls_key: str | None = None
     node_id: str = "policyc-gateway"
@@ -230,7 +239,8 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
                             "request_body_mode": "NONE", "response_body_mode": "NONE",
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
         "mutation_rules": {"allow_envoy": True},  # the picker sets x-envoy-upstream-rq-per-try-timeout-ms
-        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE, WATCH_NAMESPACE]
+                                                      if spec.breaks_from_access_log else [LB_NAMESPACE]},
                              "forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
     }}
 
@@ -238,10 +248,20 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
 def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, Any]]:
     """Envoy's gRPC access-log service pointed at policyc's receiver (`gateway/access_log.py`):
     `policyc` is the connection manager's log (one entry per call), `policyc_upstream` the
-    router's (one per attempt, with the model server's compute-time header)."""
+    router's (one per attempt, with the model server's compute-time header). Without
+    `log_every_call`, what the picker needs alone: the calls it marked breakable
+    (`WATCH_NAMESPACE`; the entry's attempt count and answering host say whether Envoy broke
+    and retried it) and the attempts Envoy broke (per-try timeout, reset: the router's log
+    does not see the call's metadata, so it is filtered by Envoy's response flags)."""
     if spec.access_log_cluster is None:
         return []
-    return [{"name": "envoy.access_loggers.http_grpc", "typed_config": {
+    only: dict[str, Any] = {}
+    if not spec.log_every_call:
+        only = {"filter": {"response_flag_filter": {"flags": list(BROKEN_ATTEMPT_FLAGS)}} if log_name == "policyc_upstream"
+                else {"metadata_filter": {"matcher": {"filter": WATCH_NAMESPACE, "path": [{"key": WATCH_KEY}],
+                                                      "value": {"bool_match": True}},
+                                          "match_if_key_not_found": False}}}
+    return [{"name": "envoy.access_loggers.http_grpc", **only, "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {"log_name": log_name, "transport_api_version": "V3",
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
@@ -292,6 +312,8 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError("a TLS listener needs both tls_cert and tls_key")
     if spec.breaks_from_access_log and spec.access_log_cluster is None:
         raise ValueError("breaks_from_access_log needs the access log: give access_log_cluster")
+    if not spec.log_every_call and not spec.breaks_from_access_log:
+        raise ValueError("log_every_call=False logs only what the picker needs: it needs breaks_from_access_log")
     if not 1 <= spec.access_log_flush_ms <= 10_000:
         raise ValueError(f"access_log_flush_ms must be 1-10000 ms, got {spec.access_log_flush_ms}")
     if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:

@@ -8,7 +8,8 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
-from .bootstrap import DECISION_HEADER, ENDPOINT_KEY, LB_NAMESPACE, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_HEADERS
+from .bootstrap import (DECISION_HEADER, ENDPOINT_KEY, LB_NAMESPACE, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_HEADERS,
+                        WATCH_KEY, WATCH_NAMESPACE)
 from .pick import Pick
 from .refusal import Refusal, ascii_line
 
@@ -30,20 +31,20 @@ def _set(mutation: "base_pb2.HeaderMutation", key: str, value: str) -> None:  # 
     mutation.set_headers.add(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE)
 
 
-_HEADS: dict[tuple[str, int | None, str, int, bool], bytes] = {}
+_HEADS: dict[tuple[str, int | None, str, int, bool, bool], bytes] = {}
 _HEADS_MAX = 1024
 
 
-def forward_bytes(pick: Pick, see_answer: bool) -> bytes:
-    """`forward(pick, see_answer=...)` serialized, the part every pick of the same endpoints,
+def forward_bytes(pick: Pick, see_answer: bool, watch: bool) -> bytes:
+    """`forward(pick, see_answer=..., watch=...)` serialized, the part every pick of the same endpoints,
     budget and retry shares built once: protobuf reads concatenated messages as one merged
     message, so the decision id's header, serialized alone, joins the same header mutation."""
-    key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks), see_answer)
+    key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks), see_answer, watch)
     head = _HEADS.get(key)
     if head is None:
         if len(_HEADS) >= _HEADS_MAX:
             _HEADS.clear()
-        head = _HEADS[key] = forward(pick, with_decision_id=False, see_answer=see_answer).SerializeToString()
+        head = _HEADS[key] = forward(pick, with_decision_id=False, see_answer=see_answer, watch=watch).SerializeToString()
     return head + _decision_id_bytes(pick.decision_id)
 
 
@@ -71,12 +72,13 @@ def serialize(message: ep.ProcessingResponse | bytes) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def forward(pick: Pick, *, with_decision_id: bool = True, see_answer: bool = False) -> ep.ProcessingResponse:
+def forward(pick: Pick, *, with_decision_id: bool = True, see_answer: bool = False, watch: bool = False) -> ep.ProcessingResponse:
     """Continue upstream: the endpoints in the `envoy.lb` metadata (what the override-host
     load balancer reads) and in `x-gateway-destination-endpoint` (the same value, as the
     protocol asks), the per-try timeout, the retry's headers, the decision id. Unless
     `see_answer` (a picker that learns breaks from the answer's headers, for a request that
-    can break), the response phase is turned off for this request."""
+    can break), the response phase is turned off for this request. `watch`: the request is
+    marked breakable in the dynamic metadata, so an access log kept for the picker logs it."""
     r = ep.ProcessingResponse()
     m = r.request_headers.response.header_mutation
     value = pick.endpoints
@@ -96,6 +98,8 @@ def forward(pick: Pick, *, with_decision_id: bool = True, see_answer: bool = Fal
         _set(m, MAX_RETRIES, "0")  # nowhere to redirect: a broken stream ends the request
     md = struct_pb2.Struct()
     md.fields[LB_NAMESPACE].struct_value.fields[ENDPOINT_KEY].string_value = value
+    if watch:
+        md.fields[WATCH_NAMESPACE].struct_value.fields[WATCH_KEY].bool_value = True
     r.dynamic_metadata.CopyFrom(md)
     if not see_answer:
         r.mode_override.response_header_mode = ProcessingMode.SKIP

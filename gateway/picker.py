@@ -11,15 +11,18 @@ How it learns that Envoy broke a request (its per-try timeout reset the stream) 
 it on the backup, which becomes acts for the placer and the audit log (`acts.py`):
 - following Envoy's access log (`follow_access_log`, what `policyc gateway` does): the
   call's entry says how many attempts Envoy made and which host answered, a flush interval
-  (tens of ms) after the answer. The pick is then the stream's only message: the picker
-  answers and closes it, Envoy asks nothing about the answer;
+  (tens of ms) after the answer; the pick marks a request that can break (dynamic metadata)
+  so a log kept only for the picker carries just those. The pick is then the stream's only
+  message: the picker answers and closes it, Envoy asks nothing about the answer;
 - else (an Envoy that sends policyc no access log) in the response phase, kept open for a
   request that can break (it has a budget): the answer's headers say which host answered
   on which attempt; for the others the pick turns that phase off.
 
 Shedding: at most `max_in_flight` requests between their pick and their end; beyond, 429
-at once. A request counts until its ext_proc stream ends (with the request) or, following
-the access log, until its entry there (at most `OPEN_MAX_S`, should the entry never come).
+at once. A request that can break counts until its ext_proc stream ends after the response
+phase or, following the access log, until its entry there (at most `OPEN_MAX_S`, should the
+entry never come); one that cannot break, while it is picked (Envoy ends its ext_proc
+stream with the pick's answer: nothing else is asked about it).
 """
 
 from __future__ import annotations
@@ -196,14 +199,16 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             self._count("no-instance")
             return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
         pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
-        open_[pick.decision_id] = (pick, t0)
+        breakable = pick.per_try_timeout_ms is not None
+        from_log = self.from_access_log
+        if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
+            open_[pick.decision_id] = (pick, t0)
         self._count("forwarded")
         recent = self.recent
         recent[pick.decision_id] = pick
         if len(recent) > RECENT:
             recent.popitem(last=False)
-        see_answer = not self.from_access_log and pick.per_try_timeout_ms is not None
-        return messages.forward_bytes(pick, see_answer), pick
+        return messages.forward_bytes(pick, breakable and not from_log, breakable and from_log), pick
 
     def _expire(self, now: float) -> None:
         """Forget the picks whose access-log entry has not come in `OPEN_MAX_S` (oldest first)."""
@@ -225,8 +230,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         if pick.per_try_timeout_ms is None:  # no budget: Envoy makes a single attempt
             return
         try:
-            answered = next((a for a in attempts if a.status), None)  # a reset attempt has no HTTP status
-            served = answered.host if answered is not None else ""
+            # the answering attempt (a reset one has no HTTP status; Envoy may log the broken ones only)
+            answered = next((a for a in attempts if a.status), None)
+            served = answered.host if answered is not None else call.upstream_host
             if call.attempts < 2 and (not served or served == pick.endpoint):
                 return
             broken = [a for a in attempts if a is not answered]
@@ -234,10 +240,12 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             # the per-try timeout: Envoy's flag on the attempt, or the attempt lasted its budget
             at_budget = any("upstream_request_timeout" in a.flags or (a.duration is not None and a.duration >= budget_s * 0.98)
                             for a in broken)
-            end = call.start + (call.duration or 0.0)
-            lag = time.time() - (end - (answered.duration or 0.0) if answered is not None else end)
+            # the break: the broken attempt's end (it started within the pick of the call's start); not
+            # logged, the call's end (a lower bound of the lag)
+            ends = [call.start + a.duration for a in broken if a.duration is not None and a.status == 0]
+            lag = time.time() - (max(ends) if ends else call.start + (call.duration or 0.0))
             b = Break(pick.decision_id, pick.breaker.name if pick.breaker else "", pick.endpoint, served,
-                      (answered.instance or "") if answered is not None else "", max(call.attempts, len(attempts)),
+                      (answered.instance if answered is not None else call.instance) or "", max(call.attempts, len(attempts)),
                       call.first_byte if call.first_byte is not None else (call.duration or 0.0), at_budget, max(lag, 0.0))
             self.acts.broken(pick, b, call.variant or "")
             self._count("broken")

@@ -97,7 +97,7 @@ class Gateway:
             # policyc's receiver: the picker learns breaks and request ends from it (so Envoy asks
             # it nothing about answers); with an audit log, one accounting record per call too
             sink = audit.log.submit_action if accounting and audit is not None else None
-            self.access_log = AccessLogServer(AccessLogReceiver(sink), options.picker_host
+            self.access_log = AccessLogServer(AccessLogReceiver(sink, every_attempt=sink is not None), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
         self._als: str | None = options.access_log_cluster
@@ -122,6 +122,8 @@ class Gateway:
                            listen=o.listen, admin=o.admin, eds_path=str(self.eds_path),
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
                            access_log_cluster=self._als, breaks_from_access_log=self.access_log is not None,
+                           # without accounting, the log carries only the calls that can break, for the picker
+                           log_every_call=self.access_log is None or self.access_log.receiver.sink is not None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
                            tls_key=str(o.tls_key) if o.tls_key else None)
 

@@ -117,14 +117,14 @@ class Gateway:
         picker_port = self.thread.call(self.picker.start())
         als = None
         if self.access_log:
-            self.als = AccessLogServer(AccessLogReceiver(None))
+            self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))  # what the picker needs alone
             als = self.thread.call(self.als.start())
             self.picker.picker.follow_access_log(self.als.receiver)
         self.listen = f"127.0.0.1:{free_port()}"
         spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=self.listen, admin=f"127.0.0.1:{free_port()}",
                            endpoints=tuple(i.endpoint for i in self.models.instances),
                            failure_mode_allow=self.failure_mode_allow, access_log_cluster=als,
-                           breaks_from_access_log=als is not None)
+                           breaks_from_access_log=als is not None, log_every_call=als is None)
         self.envoy = EnvoyProcess(build_bootstrap(spec), self.workdir / "envoy").start()
         return self
 

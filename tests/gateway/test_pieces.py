@@ -134,11 +134,14 @@ def test_the_pre_serialized_forward_is_the_same_message() -> None:
         for did in ("a" * 32, "b" * 32):  # the second reuses the cached head
             pick = Pick(did, "fraud-scorer", "fs@h/g0", "127.0.0.1:8001", "h/g0", fallbacks, timeout, None, None,
                         (("x-retry-count", "1"),) if fallbacks else (), 14.0, 0)
-            see = timeout is not None  # a picker learning breaks from the answer's headers
-            got, want = ep.ProcessingResponse.FromString(forward_bytes(pick, see)), forward(pick, see_answer=see)
-            def headers(m: ep.ProcessingResponse) -> dict[str, bytes]:
-                return {h.header.key: h.header.raw_value for h in m.request_headers.response.header_mutation.set_headers}
-            assert headers(got) == headers(want) and headers(got)["x-policyc-decision-id"] == did.encode()
-            got.request_headers.response.header_mutation.ClearField("set_headers")
-            want.request_headers.response.header_mutation.ClearField("set_headers")
-            assert got == want  # metadata, removed headers, mode override
+            for see, watch in ((timeout is not None, False), (False, timeout is not None)):  # response phase / access log
+                got = ep.ProcessingResponse.FromString(forward_bytes(pick, see, watch))
+                want = forward(pick, see_answer=see, watch=watch)
+                assert got.HasField("mode_override") is not see  # the bootstrap's SEND, or SKIP for this request
+                assert ("policyc.gateway" in got.dynamic_metadata.fields) == watch
+                def headers(m: ep.ProcessingResponse) -> dict[str, bytes]:
+                    return {h.header.key: h.header.raw_value for h in m.request_headers.response.header_mutation.set_headers}
+                assert headers(got) == headers(want) and headers(got)["x-policyc-decision-id"] == did.encode()
+                got.request_headers.response.header_mutation.ClearField("set_headers")
+                want.request_headers.response.header_mutation.ClearField("set_headers")
+                assert got == want  # metadata, removed headers, mode override
