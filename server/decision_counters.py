@@ -2,21 +2,25 @@
 
 `prometheus_client`'s Counter and Histogram take a lock and walk label dictionaries on
 every call: five histogram observations and a counter cost a decision ~10 µs alone and ~30
-µs on a busy server thread (measured), paid on the event loop that serves every call. Here
-a decision adds to a list under one uncontended lock (decisions run on the event loop, so
-it is almost never contended), and a collector turns the lists into the same metric
-families (`policyc_decisions_total`, `policyc_decision_seconds_bucket/_sum/_count`,
-`policyc_decision_stage_seconds_…{stage}`) only when Prometheus scrapes. The total has a
-family of its own: beside its parts under one `stage` label, a sum over `stage` would
-count every decision twice.
+µs on a busy server thread (measured), paid on the event loop that serves every call.
+Even one lock and five bisects per decision cost ~4 µs there. So a decision is only
+appended to a queue (`deque.append`: atomic, no lock, ~0.1 µs), and every `FOLD_AT`
+decisions, or when Prometheus scrapes or a caller reads a count, the queue is folded into
+the counts and buckets with numpy (a fraction of a microsecond per decision). A collector
+turns them into the same metric families (`policyc_decisions_total`,
+`policyc_decision_seconds_bucket/_sum/_count`, `policyc_decision_stage_seconds_…{stage}`).
+The total has a family of its own: beside its parts under one `stage` label, a sum over
+`stage` would count every decision twice.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from typing import Iterator
+from collections import deque
+from typing import Iterator, Sequence
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,6 +28,8 @@ from .decision import Decision
 
 STAGES = ("parse", "feasibility", "match", "place")  # `Timing.stages()` order
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25, 1.0)
+_BOUNDS = np.array(LATENCY_BUCKETS)
+FOLD_AT = 256  # queued observations folded at once on the observing thread (~0.1 ms of work, never a long stall)
 
 
 class _Histogram:
@@ -36,6 +42,15 @@ class _Histogram:
     def add(self, v: float) -> None:
         self.counts[bisect_left(LATENCY_BUCKETS, v)] += 1
         self.total += v
+
+    def add_many(self, values: Sequence[float] | np.ndarray) -> None:
+        """`add` for each value (bucket `le` inclusive, as `bisect_left` gives)."""
+        v = np.asarray(values, dtype=np.float64)
+        if not v.size:
+            return
+        for i, n in enumerate(np.bincount(np.searchsorted(_BOUNDS, v, side="left"), minlength=len(self.counts)).tolist()):
+            self.counts[i] += n
+        self.total += float(v.sum())
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, running = [], 0
@@ -52,37 +67,49 @@ class DecisionCounters(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._queued: deque[Decision] = deque()
         self._by_reason: dict[tuple[str, str], int] = {}
         self._total = _Histogram()
         self._stages = tuple(_Histogram() for _ in STAGES)
 
     def observe(self, d: Decision) -> None:
-        rej = d.rejection
-        key = (d.outcome.value, "ok") if rej is None else (d.outcome.value, rej.binding or rej.stage.value)
-        t = d.timing
+        q = self._queued
+        q.append(d)
+        if len(q) >= FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold the queued decisions into the counts (under the lock: one folder at a time;
+        `popleft` takes only what was appended, so an observation made meanwhile waits for
+        the next fold)."""
         with self._lock:
-            self._by_reason[key] = self._by_reason.get(key, 0) + 1
-            self._total.add(t.total)
-            s = self._stages
-            if t.parse:
-                s[0].add(t.parse)
-            if t.feasibility:
-                s[1].add(t.feasibility)
-            if t.match:
-                s[2].add(t.match)
-            if t.place:
-                s[3].add(t.place)
+            q = self._queued
+            items = [q.popleft() for _ in range(len(q))]
+            if not items:
+                return
+            by_reason = self._by_reason
+            for d in items:
+                rej = d.rejection
+                key = (d.outcome.value, "ok") if rej is None else (d.outcome.value, rej.binding or rej.stage.value)
+                by_reason[key] = by_reason.get(key, 0) + 1
+            t = np.array([(x.total, x.parse, x.feasibility, x.match, x.place) for x in (d.timing for d in items)])
+            self._total.add_many(t[:, 0])
+            for h, col in zip(self._stages, t.T[1:]):
+                h.add_many(col[col != 0])  # a stage that took no time is not observed
 
     def count(self, outcome: str, reason: str) -> int:
         """How many decisions had this outcome and reason ("ok" for admissions)."""
+        self._fold()
         return self._by_reason.get((outcome, reason), 0)
 
     def totals(self) -> dict[tuple[str, str], int]:
         """Every (outcome, reason) counted so far and its count."""
+        self._fold()
         with self._lock:
             return dict(self._by_reason)
 
     def collect(self) -> Iterator[Metric]:
+        self._fold()
         with self._lock:
             reasons = dict(self._by_reason)
             total = (self._total.cumulative(), self._total.total)

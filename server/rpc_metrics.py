@@ -1,8 +1,9 @@
 """Per-RPC counts and latency, and the enforcer's series, exposed to Prometheus at scrape time.
 
-Kept as plain numbers under one lock, as `decision_counters.py` does for decisions, so a
-call pays a dictionary update and a bisect (about a microsecond), not prometheus_client's
-per-call label walk. Families: `policyc_rpc_requests_total{method, code}` and
+Kept as plain numbers, as `decision_counters.py` does for decisions: a call appends
+(method, code, seconds) to a queue (a fraction of a microsecond, no lock), folded into the
+counts every `FOLD_AT` calls and at every scrape, not prometheus_client's per-call label walk.
+Decide and DecideBatch count themselves (`counts_itself`): no wrapper coroutine on the hot path. Families: `policyc_rpc_requests_total{method, code}` and
 `policyc_rpc_seconds{method}` (server-side, from the handler's start to its answer);
 `policyc_enforcer_actions_total{kind, outcome}`, `policyc_enforcer_quarantines_total` and
 `policyc_enforcer_active_streams` and `policyc_enforcer_programs_attached` from the guardian,
@@ -14,35 +15,55 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from collections import deque
+from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .decision_counters import _Histogram
+from .decision_counters import FOLD_AT, _Histogram
+
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 class RpcCounters(Collector):
     """Calls by (method, status code) and their latency by method."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._queued: deque[tuple[str, str, float]] = deque()
         self._calls: dict[tuple[str, str], int] = {}
         self._latency: dict[str, _Histogram] = {}
 
     def observe(self, method: str, code: str, seconds: float) -> None:
+        q = self._queued
+        q.append((method, code, seconds))  # atomic: callers on several threads need no lock
+        if len(q) >= FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
         with self._lock:
-            key = (method, code)
-            self._calls[key] = self._calls.get(key, 0) + 1
-            h = self._latency.get(method)
-            if h is None:
-                h = self._latency[method] = _Histogram()
-            h.add(seconds)
+            q = self._queued
+            items = [q.popleft() for _ in range(len(q))]
+            calls = self._calls
+            seconds: dict[str, list[float]] = {}
+            for method, code, s in items:
+                key = (method, code)
+                calls[key] = calls.get(key, 0) + 1
+                seconds.setdefault(method, []).append(s)
+            for method, values in seconds.items():
+                h = self._latency.get(method)
+                if h is None:
+                    h = self._latency[method] = _Histogram()
+                h.add_many(values)
 
     def count(self, method: str, code: str) -> int:
+        self._fold()
         return self._calls.get((method, code), 0)
 
     def collect(self) -> Iterator[Metric]:
+        self._fold()
         with self._lock:
             calls = dict(self._calls)
             hists = [(m, h.cumulative(), h.total) for m, h in sorted(self._latency.items())]
@@ -66,20 +87,34 @@ def _timed(name: str, fn: Handler, counters: RpcCounters) -> Handler:
         try:
             out = await fn(request, context)
         except BaseException:
-            code = context.code()
-            counters.observe(name, getattr(code, "name", None) or "UNKNOWN", time.perf_counter() - t0)
+            counters.observe(name, code_name(context, "UNKNOWN"), time.perf_counter() - t0)
             raise
-        code = context.code()
-        counters.observe(name, getattr(code, "name", None) or "OK", time.perf_counter() - t0)
+        counters.observe(name, code_name(context, "OK"), time.perf_counter() - t0)
         return out
 
     return call
 
 
+def counts_itself(fn: F) -> F:
+    """Mark a handler that observes its own calls in `RpcCounters` (as `_timed` would:
+    method, status code name, seconds from its start), so `timed_handlers` adds no wrapper."""
+    fn.counts_itself = True  # type: ignore[attr-defined]
+    return fn
+
+
+def code_name(context: grpc.aio.ServicerContext, default: str) -> str:
+    """The status code a handler's call ended with, by name (`default` when none was set)."""
+    return getattr(context.code(), "name", None) or default
+
+
 def timed_handlers(handlers: Mapping[str, grpc.RpcMethodHandler], counters: RpcCounters) -> dict[str, grpc.RpcMethodHandler]:
-    """The same unary handlers, each counting its calls and timing them."""
+    """The same unary handlers, each counting its calls and timing them (those marked
+    `counts_itself` do that themselves)."""
     out = {}
     for name, h in handlers.items():
+        if getattr(h.unary_unary, "counts_itself", False):
+            out[name] = h
+            continue
         out[name] = grpc.unary_unary_rpc_method_handler(_timed(name, h.unary_unary, counters),
                                                         request_deserializer=h.request_deserializer,
                                                         response_serializer=h.response_serializer)

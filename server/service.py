@@ -42,6 +42,7 @@ from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
 from .state import PolicyState
 from .rich_status import default_code, rich_status, trailer
+from .rpc_metrics import code_name, counts_itself
 from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
@@ -159,55 +160,78 @@ class DecisionService(pb_grpc.DecisionsServicer):
         log is in sync mode, what to await before answering (it raises AuditError). Raises
         ServiceError for bad input or an audit log that refuses. Synchronous: no coroutine
         is added to Decide's hot path."""
-        if self.audit is not None and (why := self.audit.refusal()) is not None:
-            raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
         engine = self.engine
         st = engine.state
         entry = shapes.get(st, key)
-        if entry is None:
-            if prepared is None or prepared.state is not st:  # (`prepared`: made by the caller for this state)
-                prepared = engine.prepare(make_input(), st)
-            entry = shapes.put(key, prepared)
-            d = engine.decide_prepared(prepared, entry.memo)
-        else:
-            d = engine.decide_prepared(entry.prepared, entry.memo, time.perf_counter() - t0)
+        if entry is not None:
+            d, durable = self.decide_entry(entry, t0)
+            return d, entry, durable
+        if self.audit is not None and (why := self.audit.refusal()) is not None:
+            raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
+        if prepared is None or prepared.state is not st:  # (`prepared`: made by the caller for this state)
+            prepared = engine.prepare(make_input(), st)
+        entry = shapes.put(key, prepared)
+        d = engine.decide_prepared(prepared, entry.memo)
         self.metrics.observe(d)
         durable = self.audit.record(d, entry.prepared.input.headers) if self.audit is not None else None
         return d, entry, durable
 
+    def decide_entry(self, entry: ShapeEntry, t0: float) -> tuple[Decision, Awaitable[Any] | None]:
+        """`decide_shape` for a shape found in the cache (`entry`): the audit gate, the
+        engine with the shape's prepared request and match memo, metrics, the audit record."""
+        audit = self.audit
+        if audit is not None and (why := audit.refusal()) is not None:
+            raise ServiceError(Status.UNAVAILABLE, why)  # the audit log fails closed
+        d = self.engine.decide_prepared(entry.prepared, entry.memo, time.perf_counter() - t0)
+        self.metrics.decisions.observe(d)
+        return d, (audit.record(d, entry.prepared.input.headers) if audit is not None else None)
+
+    @counts_itself
     async def decide_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Decide on the serialized request, returning the serialized response.
 
         The raw bytes key the request-shape cache (`request_shapes.py`): a repeated shape
         skips protobuf and header parsing and the feasibility lookup, and reuses the
-        matcher's answer while the registry is unchanged. Kept to one coroutine with the
-        checks inline: this is the one RPC on the hot path."""
+        matcher's answer while the registry is unchanged; it is looked up once, and a hit
+        awaits nothing. Kept to one coroutine with the checks and the RPC's own counting
+        inline: this is the one RPC on the hot path."""
         t0 = time.perf_counter()
         try:
             try:
-                remaining = context.time_remaining()
-                if remaining is not None and remaining <= 0:
-                    raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decision started")
-                if len(raw) > self.max_decide_bytes:
-                    raise ServiceError(Status.RESOURCE_EXHAUSTED,
-                                       f"request is {len(raw)} bytes; a Decide/Explain request may be at most {self.max_decide_bytes}")
-                make_input = lambda: convert.decision_input(convert.decide_request(raw))  # noqa: E731
-                prepared = await self.prepare_new_shape(self.shapes, raw, make_input)
-                d, entry, durable = self.decide_shape(self.shapes, raw, make_input, t0, prepared)
-            except ServiceError as e:
-                await self._refuse(context, "Decide", e)
-                raise  # unreachable: abort raises
-            if durable is not None:
-                try:  # sync durability: answer only once the record is on disk
-                    await durable
-                except AuditError as e:
-                    await self._refuse(context, "Decide", ServiceError(Status.UNAVAILABLE, str(e)))
-            return entry.response(d)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+                try:
+                    remaining = context.time_remaining()
+                    if remaining is not None and remaining <= 0:
+                        raise ServiceError(Status.DEADLINE_EXCEEDED, "the deadline expired before the decision started")
+                    if len(raw) > self.max_decide_bytes:
+                        raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(raw)} bytes; a Decide/Explain "
+                                           f"request may be at most {self.max_decide_bytes}")
+                    shapes = self.shapes
+                    entry = shapes.get(self.engine.state, raw)
+                    if entry is not None:
+                        d, durable = self.decide_entry(entry, t0)
+                    else:
+                        make_input = lambda: convert.decision_input(convert.decide_request(raw))  # noqa: E731
+                        prepared = await self.prepare_off_loop(make_input(), self.engine.state)
+                        d, entry, durable = self.decide_shape(shapes, raw, make_input, t0, prepared)
+                except ServiceError as e:
+                    await self._refuse(context, "Decide", e)
+                    raise  # unreachable: abort raises
+                if durable is not None:
+                    try:  # sync durability: answer only once the record is on disk
+                        await durable
+                    except AuditError as e:
+                        await self._refuse(context, "Decide", ServiceError(Status.UNAVAILABLE, str(e)))
+                out = entry.response(d)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline (no wrapper coroutine on the hot path)
+                await _internal(self, context, "Decide", e)
+                raise
+        except BaseException:
+            self.metrics.rpcs.observe("Decide", code_name(context, "UNKNOWN"), time.perf_counter() - t0)
             raise
-        except Exception as e:  # noqa: BLE001 - as `_no_tracebacks`, inline (no wrapper coroutine on the hot path)
-            await _internal(self, context, "Decide", e)
-            raise
+        self.metrics.rpcs.observe("Decide", "OK", time.perf_counter() - t0)
+        return out
 
     async def decide_batch_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """DecideBatch: every request of the batch decided as `decide_bytes` decides one
@@ -232,9 +256,13 @@ class DecisionService(pb_grpc.DecisionsServicer):
                         if len(item) > self.max_decide_bytes:
                             raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(item)} bytes; a Decide request may "
                                                f"be at most {self.max_decide_bytes}")
-                        make_input = lambda item=item: convert.decision_input(convert.decide_request(item))  # noqa: E731
-                        prepared = await self.prepare_new_shape(shapes, item, make_input)
-                        d, entry, durable = self.decide_shape(shapes, item, make_input, t0, prepared)
+                        entry = shapes.get(self.engine.state, item)
+                        if entry is not None:
+                            d, durable = self.decide_entry(entry, t0)
+                        else:
+                            make_input = lambda item=item: convert.decision_input(convert.decide_request(item))  # noqa: E731
+                            prepared = await self.prepare_off_loop(make_input(), self.engine.state)
+                            d, entry, durable = self.decide_shape(shapes, item, make_input, t0, prepared)
                     except ServiceError as e:
                         raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
                                            diagnostics=e.diagnostics) from None

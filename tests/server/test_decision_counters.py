@@ -53,3 +53,38 @@ def test_no_decisions_yet_exposes_an_empty_total_histogram() -> None:
     s = _samples(DecisionCounters())
     assert s[("policyc_decision_seconds_count", ())] == 0
     assert not any(name == "policyc_decisions_total" for name, _ in s)
+
+
+def test_queued_decisions_fold_into_the_same_counts_as_one_by_one() -> None:
+    """Decisions are queued and folded in batches (and at every read): across several folds
+    and a partial batch, the buckets, sums and counts are what adding each one gives."""
+    import random
+
+    from policyc.server.decision_counters import FOLD_AT, STAGES, _Histogram
+
+    rng = random.Random(3)
+    c = DecisionCounters()
+    want_total, want_stages = _Histogram(), [_Histogram() for _ in STAGES]
+    n = 3 * FOLD_AT + 17
+    for i in range(n):
+        parts = [rng.choice((0.0, 50e-6, rng.uniform(0, 3e-3))) for _ in STAGES]  # exact bounds and zeros too
+        t = Timing(*parts, sum(parts))
+        c.observe(_decision(Outcome.ADMITTED if i % 3 else Outcome.REJECTED, t,
+                            None if i % 3 else Rejection(Stage.MATCH, "none")))
+        want_total.add(t.total)
+        for h, v in zip(want_stages, parts):
+            if v:
+                h.add(v)
+        if i == FOLD_AT // 2:
+            assert c.count("rejected", "match") == FOLD_AT // 6 + 1  # a read folds what is queued
+    s = _samples(c)
+    assert c.count("admitted", "ok") + c.count("rejected", "match") == n
+    assert s[("policyc_decision_seconds_count", ())] == n
+    assert abs(s[("policyc_decision_seconds_sum", ())] - want_total.total) < 1e-9
+    for bound, cum in want_total.cumulative():
+        assert s[("policyc_decision_seconds_bucket", (("le", str(float(bound)) if bound != "+Inf" else "+Inf"),))] == cum
+    for name, h in zip(STAGES, want_stages):
+        assert s[("policyc_decision_stage_seconds_count", (("stage", name),))] == sum(h.counts)
+        for bound, cum in h.cumulative():
+            le = str(float(bound)) if bound != "+Inf" else "+Inf"
+            assert s[("policyc_decision_stage_seconds_bucket", (("le", le), ("stage", name)))] == cum
