@@ -28,6 +28,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 SIGNALS: dict[str, str] = {
     "elapsed": "time", "sm_utilization": "ratio", "tls_handshake": "time", "connect_time": "time",
+    "stream_time": "time", "time_to_first_byte": "time",  # the kernel walker's per-stream time; the gateway's TTFB
     "rdma_watermark": "ratio", "pcie_utilization": "ratio", "error_rate": "ratio", "gpu_memory_free": "size",
 }
 MAX_CONSECUTIVE = 1_000_000

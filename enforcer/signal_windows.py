@@ -4,7 +4,9 @@ rules (`correlate.py`, through `Guardian.observe_gpu`).
 Two kinds of signal: *events* (one value per call or stream: the gateway's TLS handshake
 time, time to first byte, gRPC status; the kernel walker's per-stream HTTP/2 time),
 averaged over the window they fall in, and *levels* (sampled state: NVML's SM
-utilisation), whose last sample holds until the next. A window is handed on once it has
+utilisation), whose sample holds until the next: a window gets the last sample taken before
+it closed, even when later samples came before it was handed on (a few seconds of samples
+are kept for that). A window is handed on once it has
 closed and its events have had `lag` seconds to arrive (Envoy's access log is flushed on a
 timer); only windows with at least one event are handed on (a level alone is what the
 telemetry tick already feeds). The gRPC statuses of a window become `error_rate` (the
@@ -23,6 +25,7 @@ streams toward anything else, e.g. the gateway's own listener, are not the model
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -34,6 +37,8 @@ from policyc.enforcer.kernel_abi import EventKind
 from policyc.enforcer.correlate import CONNECT_TIME, ERROR_RATE, STREAM_TIME, TLS_HANDSHAKE
 
 WINDOW = 0.010  # seconds
+LEVEL_KEEP = 1.0  # seconds of level samples kept beyond `lag` + one window, for the windows not yet handed on
+MAX_LEVEL_SAMPLES = 4096  # per GPU and signal, whatever the sampling rate
 TIME_TO_FIRST_BYTE = "time_to_first_byte"  # seconds, the gateway's view of the model server
 
 
@@ -58,7 +63,7 @@ class SignalWindows:
             raise ValueError(f"a signal window must be positive, got {window}")
         self.window, self.lag, self.on_window = window, lag, on_window
         self._open: dict[tuple[str, int], _Open] = {}
-        self._levels: dict[str, dict[str, tuple[float, float]]] = {}  # key -> signal -> (time, value)
+        self._levels: dict[str, dict[str, list[tuple[float, float]]]] = {}  # key -> signal -> [(time, value)], by time
         self._lock = threading.Lock()
 
     def _slot(self, key: str, t: float) -> _Open:
@@ -76,10 +81,24 @@ class SignalWindows:
 
     def level(self, key: str, signal: str, value: float, t: float) -> None:
         with self._lock:
-            self._levels.setdefault(key, {})[signal] = (t, value)
+            samples = self._levels.setdefault(key, {}).setdefault(signal, [])
+            bisect.insort(samples, (t, value))
+            # keep the sample that holds at the horizon and every later one
+            horizon = samples[-1][0] - (self.lag + self.window + LEVEL_KEEP)
+            cut = bisect.bisect_right(samples, (horizon, math.inf)) - 1
+            if cut > 0:
+                del samples[:cut]
+            if len(samples) > MAX_LEVEL_SAMPLES:
+                del samples[:len(samples) - MAX_LEVEL_SAMPLES]
 
     def _level_at(self, key: str, t: float) -> dict[str, float]:
-        return {s: v for s, (ts, v) in self._levels.get(key, {}).items() if ts <= t}
+        """Each level's last sample taken at or before `t` (none: the level is unknown then)."""
+        out = {}
+        for signal, samples in self._levels.get(key, {}).items():
+            i = bisect.bisect_right(samples, (t, math.inf))
+            if i:
+                out[signal] = samples[i - 1][1]
+        return out
 
     def flush(self, now: float) -> list[ClosedWindow]:
         """Hand on every window that closed at least `lag` seconds before `now`, oldest first."""

@@ -35,6 +35,20 @@ def test_a_level_sampled_after_a_window_does_not_reach_back_into_it() -> None:
     assert SM_UTIL not in cw.signals
 
 
+def test_a_window_handed_on_after_a_newer_level_sample_gets_the_sample_of_its_own_time() -> None:
+    """NVML is sampled more often than the windows' lag: a window handed on later still
+    carries the level that held while it was open."""
+    w = SignalWindows(lambda _: None, window=0.01, lag=0.5)
+    for i, t in enumerate((10.0, 10.1, 10.2, 10.3)):
+        w.level("g", SM_UTIL, 0.1 * (i + 1), t)
+        w.event("g", TLS_HANDSHAKE, 0.2, t + 0.001)
+    got = w.flush(11.0)
+    assert [round(c.signals[SM_UTIL], 3) for c in got] == [0.1, 0.2, 0.3, 0.4]
+    for i in range(10_000):  # a long run keeps only the samples a window can still need
+        w.level("g", SM_UTIL, 0.5, 20.0 + i * 0.01)
+    assert len(w._levels["g"][SM_UTIL]) <= (w.lag + w.window + 1.0) / 0.01 + 2
+
+
 def test_a_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         SignalWindows(lambda _: None, window=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 import pytest
@@ -30,7 +30,10 @@ from policyc.server.proto import pb_grpc  # noqa: E402
 class EvidenceRig:
     def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True,
                  enforcer: EnforcerMode = EnforcerMode.USERSPACE, listen_host: str = "127.0.0.1",
-                 tls: tuple[Path, Path] | None = None, audit: bool = True, primaries: int = 1) -> None:
+                 tls: tuple[Path, Path] | None = None, audit: bool = True, primaries: int = 1,
+                 place: Callable[[str, ServerSpec], ServerSpec] | None = None) -> None:
+        """`place(model, spec)`: the spec a slot's model server runs with (e.g. in a network
+        namespace); given, every server is its own process (no zygote: a fork keeps its parent's namespace)."""
         self.workdir = workdir
         cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db" if audit else None)
         self.thread = ServerThread(DecisionServer(bundle, cfg))
@@ -43,7 +46,9 @@ class EvidenceRig:
         specs = [ServerSpec((InstanceSpec(s.instance_id, full.full),), stall_control=True) if s.model == PRIMARY else
                  ServerSpec((InstanceSpec(s.instance_id, lite.full, lite.simplified, name=BACKUP, aliases=(PRIMARY,)),))
                  for s in self.slots]
-        self.models = ModelPool(specs, workdir=workdir / "servers").start(timeout=60)
+        if place is not None:
+            specs = [place(s.model, spec) for s, spec in zip(self.slots, specs)]
+        self.models = ModelPool(specs, workdir=workdir / "servers", fork=place is None).start(timeout=60)
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in self.slots:
