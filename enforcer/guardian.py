@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ import numpy as np
 from policyc.compiler.bundle import Breaker, Bundle, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal
 from policyc.enforcer.budget_watch import BudgetWatch
 from policyc.enforcer.collaborators import AnomalySink, AuditSink, StreamHandle
+from policyc.enforcer.connection_ender import ConnectionEnder
 from policyc.enforcer.correlate import MODEL_FAULT, Classification, classify
 from policyc.enforcer.endpoint import Endpoint
 from policyc.enforcer.executor import ActionExecutor, Fence, HealTarget, StepResult
@@ -114,7 +114,7 @@ class Guardian:
         self._min_retry = min_retry_concurrency
         self._retry: dict[str, RetryBudget] = {}
         self._pending_slots: dict[str, str] = {}
-        self._slow = ThreadPoolExecutor(max_workers=2, thread_name_prefix="policyc-guardian")
+        self._ender = ConnectionEnder(plane, self._connections_ended)
         self.break_timings: list[BreakTiming] = []
         if not plane.kernel_enforcement:
             self._record(ActionKind.CLASSIFY, "enforcer", "", Outcome.OBSERVED, "kernel enforcement is OFF: user-space plane in use")
@@ -334,17 +334,15 @@ class Guardian:
         deadline_ns = time.monotonic_ns() + int(decision.duration * 1e9)
         self._plane.quarantine(backend, backup, self.table.ids.get(rule.name, 0), deadline_ns)
         self._record(ActionKind.QUARANTINE, str(backend), rule.name, Outcome.DONE, f"to {backup} for {decision.duration:g} s{fenced}")
-        # Ending sockets spawns `ss -K`: off the budget thread, so other breaks are not delayed.
-        self._slow.submit(self._end_connections, backend, rule.name)
+        # Ending sockets walks the kernel's socket table: off the budget's threads, a burst in one walk.
+        self._ender.submit(backend, rule.name)
         return True
 
-    def _end_connections(self, backend: Endpoint, rule: str) -> None:
-        try:
-            killed = self._plane.end_connections(backend)
-        except Exception as exc:  # recorded, never raised into the worker
-            self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.FAILED, str(exc))
+    def _connections_ended(self, backend: Endpoint, rule: str, outcome: int | Exception) -> None:
+        if isinstance(outcome, Exception):
+            self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.FAILED, str(outcome))
             return
-        self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.DONE, f"{killed} connection(s) ended; clients reconnect")
+        self._record(ActionKind.END_CONNECTIONS, str(backend), rule, Outcome.DONE, f"{outcome} connection(s) ended; clients reconnect")
 
     def tick(self) -> list[Endpoint]:
         """Release quarantines that have expired (the kernel already ignores them)."""
@@ -432,7 +430,7 @@ class Guardian:
             self._book.record(backend, now, remaining_s, remaining_s)
         self._plane.quarantine(backend, backup, self.table.ids.get(rule, 0), time.monotonic_ns() + int(remaining_s * 1e9))
         self._record(ActionKind.QUARANTINE, str(backend), rule, Outcome.DONE, f"to {backup} for {remaining_s:.3g} s ({why})")
-        self._slow.submit(self._end_connections, backend, rule)
+        self._ender.submit(backend, rule)
         return True
 
     def set_fence(self, fence: Fence) -> None:
@@ -473,4 +471,4 @@ class Guardian:
 
     def close(self) -> None:
         self._watch.close()
-        self._slow.shutdown(wait=True)
+        self._ender.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from policyc.enforcer.endpoint import Endpoint
@@ -35,6 +35,8 @@ class EnforcementPlane(Protocol):
     def apply_rules(self, rules: KernelRules) -> None: ...
 
     def end_connections(self, backend: Endpoint) -> int: ...
+
+    def end_connections_many(self, backends: Sequence[Endpoint]) -> dict[Endpoint, int]: ...
 
     def set_audit(self, audit: Callable[[ActionRecord], None] | None) -> None: ...
 

@@ -18,7 +18,7 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from policyc.enforcer.endpoint import Endpoint
@@ -32,7 +32,9 @@ NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
 INET_DIAG_REQ_BYTECODE = 1
+INET_DIAG_BC_JMP = 1
 INET_DIAG_BC_D_COND = 8
+MAX_BATCH = 1000  # backends in one filter: its jumps are 16-bit
 CLONE_NEWNET = 0x40000000
 
 # The states `ss` calls connected (its default): all but LISTEN, CLOSE, TIME_WAIT, SYN_RECV.
@@ -58,22 +60,40 @@ class SockDestroyError(OSError):
 def end_tcp_to(backend: Endpoint, netns: str | None = None) -> int:
     """Abort every connected TCP socket whose peer is `backend`, in network namespace
     `netns` (a name under /run/netns; None: this process's own). Returns how many ended."""
+    return end_tcp_to_many([backend], netns)[backend]
+
+
+def end_tcp_to_many(backends: Sequence[Endpoint], netns: str | None = None) -> dict[Endpoint, int]:
+    """`end_tcp_to` for several backends at once: the kernel walks its socket table once per
+    address family whatever their number (the walk is most of the cost, ~0.15 ms on a
+    262,144-bucket table), its filter matching any of them. Returns the count per backend."""
+    wanted = list(dict.fromkeys(backends))
+    if len(wanted) > MAX_BATCH:
+        counts: dict[Endpoint, int] = {}
+        for i in range(0, len(wanted), MAX_BATCH):
+            counts.update(end_tcp_to_many(wanted[i:i + MAX_BATCH], netns))
+        return counts
+    counts = dict.fromkeys(wanted, 0)
+    if not wanted:
+        return counts
     with _diag_socket(netns) as sock:
-        found: list[tuple[int, bytes]] = []
-        families = (socket.AF_INET, socket.AF_INET6) if backend.is_ipv4 else (socket.AF_INET6,)
-        for seq, family in enumerate(families, start=1):  # AF_INET6 too: dual-stack sockets to ::ffff:a.b.c.d
-            found.extend(_dump(sock, backend, family, seq))
+        found: list[tuple[int, bytes, Endpoint]] = []
+        v4 = [b for b in wanted if b.is_ipv4]
+        if v4:
+            found.extend(_dump(sock, v4, socket.AF_INET, 1))
+        found.extend(_dump(sock, wanted, socket.AF_INET6, 2))  # dual-stack sockets to ::ffff:a.b.c.d, and IPv6
+        found = [f for f in found if f[2] in counts]
         if not found:
-            return 0
+            return counts
         base = 100
-        sock.sendall(b"".join(_destroy_msg(family, sock_id, base + i) for i, (family, sock_id) in enumerate(found)))
-        ended = 0
+        sock.sendall(b"".join(_destroy_msg(family, sock_id, base + i) for i, (family, sock_id, _) in enumerate(found)))
         for seq, err in _acks(sock, len(found)):
+            backend = found[seq - base][2]
             if err == 0:
-                ended += 1
+                counts[backend] += 1
             elif err not in (errno.ENOENT, errno.ESRCH):  # gone since the dump: it ended on its own
-                raise SockDestroyError(err, f"ending connection to {backend} (request {seq - base}): {os.strerror(err)}")
-        return ended
+                raise SockDestroyError(err, f"ending a connection to {backend}: {os.strerror(err)}")
+        return counts
 
 
 @contextmanager
@@ -114,23 +134,38 @@ def _setns(fd: int, what: str) -> None:
         raise SockDestroyError(err, f"entering network namespace {what}: {os.strerror(err)}")
 
 
-def _dst_filter(backend: Endpoint) -> bytes:
-    """inet_diag bytecode: one D_COND op (destination address/prefix and port); `yes` jumps
-    to the end (accept), `no` past it (reject)."""
+def _cond(backend: Endpoint) -> tuple[int, int, bytes]:
     if backend.is_ipv4:
-        family, addr, plen = socket.AF_INET, socket.inet_pton(socket.AF_INET, backend.host), 32
-    else:
-        family, addr, plen = socket.AF_INET6, socket.inet_pton(socket.AF_INET6, backend.host), 128
-    length = _BC_OP.size + _HOSTCOND.size + len(addr)
-    return _BC_OP.pack(INET_DIAG_BC_D_COND, length, length + 4) + _HOSTCOND.pack(family, plen, backend.port) + addr
+        return socket.AF_INET, 32, socket.inet_pton(socket.AF_INET, backend.host)
+    return socket.AF_INET6, 128, socket.inet_pton(socket.AF_INET6, backend.host)
 
 
-def _dump(sock: socket.socket, backend: Endpoint, family: int, seq: int) -> list[tuple[int, bytes]]:
-    bc = _dst_filter(backend)
+def _dst_filter(backends: Sequence[Endpoint]) -> bytes:
+    """inet_diag bytecode accepting a socket whose destination (address and port) is any of
+    `backends`: a D_COND op per backend; a match falls on a JMP to the end (accept), a miss
+    skips it to the next D_COND, and the last miss jumps past the end (reject)."""
+    conds = []
+    for b in backends:
+        family, plen, addr = _cond(b)
+        conds.append((_HOSTCOND.pack(family, plen, b.port) + addr))
+    sizes = [_BC_OP.size + len(c) for c in conds]
+    total = sum(sizes) + _BC_OP.size * (len(conds) - 1)
+    out = bytearray()
+    for i, (c, size) in enumerate(zip(conds, sizes)):
+        last = i == len(conds) - 1
+        out += _BC_OP.pack(INET_DIAG_BC_D_COND, size, size + 4) + c
+        if not last:
+            out += _BC_OP.pack(INET_DIAG_BC_JMP, _BC_OP.size, total - len(out))
+    return bytes(out)
+
+
+def _dump(sock: socket.socket, backends: Sequence[Endpoint], family: int, seq: int) -> list[tuple[int, bytes, Endpoint]]:
+    """(family, socket id, the backend it goes to) of each connected socket the filter takes."""
+    bc = _dst_filter(backends)
     attr = _NLATTR.pack(_NLATTR.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
     body = _REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 0, CONNECTED_STATES) + b"\x00" * _SOCKID_LEN + attr
     sock.sendall(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
-    found: list[tuple[int, bytes]] = []
+    found: list[tuple[int, bytes, Endpoint]] = []
     while True:
         data = sock.recv(65536)
         for mtype, payload in _messages(data):
@@ -140,9 +175,19 @@ def _dump(sock: socket.socket, backend: Endpoint, family: int, seq: int) -> list
                 err = -struct.unpack_from("=i", payload)[0]
                 if err == 0:
                     continue
-                raise SockDestroyError(err, f"listing connections to {backend}: {os.strerror(err)}")
+                raise SockDestroyError(err, f"listing connections to {', '.join(map(str, backends[:3]))}"
+                                            f"{' ...' if len(backends) > 3 else ''}: {os.strerror(err)}")
             if mtype == SOCK_DIAG_BY_FAMILY:
-                found.append((payload[0], bytes(payload[_DIAG_MSG_HEAD:_DIAG_MSG_HEAD + _SOCKID_LEN])))
+                sock_id = bytes(payload[_DIAG_MSG_HEAD:_DIAG_MSG_HEAD + _SOCKID_LEN])
+                found.append((payload[0], sock_id, _peer(payload[0], sock_id)))
+
+
+def _peer(family: int, sock_id: bytes) -> Endpoint:
+    dport = int.from_bytes(sock_id[2:4], "big")
+    raw = sock_id[20:36]
+    if family == socket.AF_INET:
+        raw = b"\x00" * 10 + b"\xff\xff" + raw[:4]
+    return Endpoint.from_packed16(raw, dport)
 
 
 def _destroy_msg(family: int, sock_id: bytes, seq: int) -> bytes:

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from policyc.enforcer.endpoint import Endpoint
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
@@ -97,6 +97,9 @@ class UserSpacePlane:
         for close in closers:
             close()
         return len(closers)
+
+    def end_connections_many(self, backends: Sequence[Endpoint]) -> dict[Endpoint, int]:
+        return {b: self.end_connections(b) for b in dict.fromkeys(backends)}
 
     def close(self) -> None:
         self._closers.clear()

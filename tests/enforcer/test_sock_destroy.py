@@ -108,3 +108,27 @@ def test_ipv6_backend(bare_netns: str) -> None:
 def test_a_missing_namespace_is_named(bare_netns: str) -> None:
     with pytest.raises(SockDestroyError, match=f"network namespace `{bare_netns}-gone`: No such file"):
         end_tcp_to(Endpoint.of("127.0.0.1", 9), f"{bare_netns}-gone")
+
+
+def test_many_backends_in_one_walk(bare_netns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import policyc.enforcer.sock_destroy as sd
+
+    monkeypatch.setattr(sd, "MAX_BATCH", 2)  # the batch is split into filters of 2: the split is exercised too
+
+    def make():  # type: ignore[no-untyped-def]
+        servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)] + [socket.create_server(("::1", 0), family=socket.AF_INET6)]
+        clients = [[socket.create_connection(s.getsockname()[:2]) for _ in range(i + 1)] for i, s in enumerate(servers)]
+        accepted = [s.accept()[0] for s, cs in zip(servers, clients) for _ in cs]
+        return servers, clients, accepted
+
+    servers, clients, accepted = _sockets_in(bare_netns, make)
+    try:
+        host = lambda s: s.getsockname()[0]  # noqa: E731
+        targets = [Endpoint.of(host(s), s.getsockname()[1]) for s in (servers[0], servers[2], servers[3])]
+        counts = sd.end_tcp_to_many([*targets, targets[0]], bare_netns)  # a repeat counts once
+        assert counts == {targets[0]: 1, targets[1]: 3, targets[2]: 4}
+        assert all(_aborted(c) for i in (0, 2, 3) for c in clients[i])
+        assert _alive(clients[1][0], accepted[1]) and _alive(clients[1][1], accepted[2])  # servers[1] was not named
+    finally:
+        for s in (*servers, *accepted, *(c for cs in clients for c in cs)):
+            s.close()
