@@ -38,7 +38,18 @@ _HEADS_MAX = 1024
 def forward_bytes(pick: Pick, see_answer: bool, watch: bool) -> bytes:
     """`forward(pick, see_answer=..., watch=...)` serialized, the part every pick of the same endpoints,
     budget and retry shares built once: protobuf reads concatenated messages as one merged
-    message, so the decision id's header, serialized alone, joins the same header mutation."""
+    message, so the decision id's header, serialized alone, joins the same header mutation.
+    A planned pick keeps its heads on its route (a look-up by its budget); one built by hand,
+    in a table keyed by what the head holds."""
+    route = pick.route
+    if route is not None:
+        head = route.heads.get((pick.per_try_timeout_ms, see_answer, watch))
+        if head is None:
+            if len(route.heads) >= _HEADS_MAX:
+                route.heads.clear()
+            head = route.heads[(pick.per_try_timeout_ms, see_answer, watch)] = forward(
+                pick, with_decision_id=False, see_answer=see_answer, watch=watch).SerializeToString()
+        return head + _decision_id_bytes(pick.decision_id)
     key = (pick.endpoints, pick.per_try_timeout_ms, pick.retry_headers_value, len(pick.fallbacks), see_answer, watch)
     head = _HEADS.get(key)
     if head is None:

@@ -12,7 +12,7 @@ gets no fallback and Envoy is told to make no retry.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlencode
 
 from policyc.compiler.bundle import Breaker, Redirect
@@ -23,8 +23,25 @@ from policyc.server.decision import Decision
 from .pool import Member, Pool
 
 
-@dataclass(frozen=True, slots=True)
-class Pick:
+class Route(NamedTuple):
+    """What every pick onto one instance under one rule shares, worked out once per pool
+    version (`plan_pick`'s memo): the retry's fallbacks and headers, the Endpoint Picker
+    Protocol's value, and the serialized head of the picker's answer (`messages.forward_bytes`)
+    by (per-try timeout, response phase, watched)."""
+
+    fallbacks: tuple[Member, ...]
+    redirect: Redirect | None
+    retry_headers: tuple[tuple[str, str], ...]
+    endpoints: str
+    retry_headers_value: str
+    heads: dict[tuple[int | None, bool, bool], bytes]
+    breaker: Breaker | None
+    pool: Pool
+
+
+class Pick(NamedTuple):
+    """One pick (a tuple: built on every request, cheaper than a frozen dataclass)."""
+
     decision_id: str
     model: str
     instance_id: str
@@ -37,14 +54,19 @@ class Pick:
     retry_headers: tuple[tuple[str, str], ...]  # set on attempts after the first
     predicted_ms: float
     retry_count: int
+    route: Route | None = None  # what it shares with the picks like it (None: built by hand)
 
     @property
     def endpoints(self) -> str:
         """The Endpoint Picker Protocol's value: `ip:port,ip:port,...`, tried in order."""
+        if self.route is not None:
+            return self.route.endpoints
         return ",".join((self.endpoint, *(m.endpoint for m in self.fallbacks)))
 
     @property
     def retry_headers_value(self) -> str:
+        if self.route is not None:
+            return self.route.retry_headers_value
         return urlencode(self.retry_headers)
 
 
@@ -52,6 +74,33 @@ def _redirect_of(breaker: Breaker | None) -> Redirect | None:
     if breaker is None:
         return None
     return next((a for a in breaker.actions if isinstance(a, Redirect)), None)
+
+
+ROUTES_MAX = 4096
+_routes: dict[tuple[object, ...], Route] = {}
+
+
+def _route(breaker: Breaker | None, retry_count: int, endpoint: str, gpu_key: str, pool: Pool) -> Route:
+    # the breaker by identity (a route holds its breaker, so the id stays its own while memoized)
+    key = (id(breaker), retry_count, endpoint, gpu_key, id(pool), pool.version())
+    found = _routes.get(key)
+    if found is not None:
+        return found
+    redirect = _redirect_of(breaker) if retry_count == 0 else None
+    fallbacks: tuple[Member, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    if redirect is not None:
+        fallbacks = pool.fallbacks(redirect.backup, endpoint, gpu_key)
+        hs = {k.lower(): v for k, v in redirect.headers}
+        hs[RETRY_HEADER] = str(retry_count + 1)  # the guardian's rule: the retry says it is one
+        headers = tuple(sorted(hs.items()))
+        if not fallbacks:  # no backup with an endpoint is registered: the break ends the request
+            redirect, headers = None, ()
+    if len(_routes) >= ROUTES_MAX:
+        _routes.clear()
+    r = _routes[key] = Route(fallbacks, redirect, headers, ",".join((endpoint, *(m.endpoint for m in fallbacks))),
+                             urlencode(headers), {}, breaker, pool)
+    return r
 
 
 def plan_pick(d: Decision, table: RuleTable, pool: Pool, spent_s: float) -> Pick:
@@ -65,15 +114,6 @@ def plan_pick(d: Decision, table: RuleTable, pool: Pool, spent_s: float) -> Pick
         rule, seconds = found
         breaker = rule.breaker
         timeout_ms = max(1, int((seconds - max(spent_s, 0.0)) * 1e3))
-    redirect = _redirect_of(breaker) if d.retry_count == 0 else None
-    fallbacks: tuple[Member, ...] = ()
-    headers: tuple[tuple[str, str], ...] = ()
-    if redirect is not None:
-        fallbacks = pool.fallbacks(redirect.backup, d.endpoint, plan.gpu_key)
-        hs = {k.lower(): v for k, v in redirect.headers}
-        hs[RETRY_HEADER] = str(d.retry_count + 1)  # the guardian's rule: the retry says it is one
-        headers = tuple(sorted(hs.items()))
-        if not fallbacks:  # no backup with an endpoint is registered: the break ends the request
-            redirect, headers = None, ()
-    return Pick(d.decision_id, d.model, plan.instance_id, d.endpoint, plan.gpu_key, fallbacks, timeout_ms, breaker,
-                redirect, headers, predicted * 1e3, d.retry_count)
+    r = _route(breaker, d.retry_count, d.endpoint, plan.gpu_key, pool)
+    return Pick(d.decision_id, d.model, plan.instance_id, d.endpoint, plan.gpu_key, r.fallbacks, timeout_ms, breaker,
+                r.redirect, r.retry_headers, predicted * 1e3, d.retry_count, r)

@@ -51,7 +51,7 @@ from .acts import Acts, Break
 from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
 from .pick import Pick, plan_pick
 from .pool import Pool
-from .request_view import policy_view, shape_key
+from .request_view import PolicyView, shape_key
 
 log = logging.getLogger("policyc.gateway")
 
@@ -110,6 +110,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         # the last picks by decision id (bounded): what `policyc gateway`, the demo and tests show
         self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
         self.from_access_log = False  # True once `follow_access_log`: breaks and request ends from Envoy's log
+        self._view = PolicyView(config.forwarded_headers)
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -134,8 +135,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 if req is grpc.aio.EOF:
                     return
                 if req.HasField("request_headers"):
-                    resp, _ = await self._request_headers(req)
-                    await context.write(resp)
+                    await context.write((await self._request_headers(req))[0])
                     return
                 await context.write(messages.empty_for(req.WhichOneof("request") or ""))
         picked: list[str] = []
@@ -159,56 +159,61 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 self._open.pop(did, None)
 
     async def _request_headers(self, req: ep.ProcessingRequest) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
+        """The pick, in one coroutine (the hot path: one frame, no await unless a new shape
+        needs its feasibility answer or the audit log is in sync mode)."""
         t0 = time.perf_counter()
         try:
-            return await self._pick(req, t0)
+            open_ = self._open
+            if open_ and self.from_access_log:
+                self._expire(t0)
+            config = self.config
+            if len(open_) >= config.max_in_flight:
+                self._count("shed")
+                return messages.immediate(refusal.shed(self.in_flight, config.max_in_flight)), None
+            view = self._view
+            if view.forwarded is not config.forwarded_headers:  # the configuration changed
+                view = self._view = PolicyView(config.forwarded_headers)
+            policy = view.of(req.request_headers.headers.headers)
+            service, shapes = self.service, self.shapes
+            try:
+                key = shape_key(policy)
+                make_input = lambda: DecisionInput(policy, {}, routable_only=True)  # noqa: E731
+                prepared = None
+                if shapes.get(service.engine.state, key) is None:  # a new shape: Z3 off the loop
+                    prepared = await service.prepare_new_shape(shapes, key, make_input)
+                d, _, durable = service.decide_shape(shapes, key, make_input, t0, prepared)
+                if durable is not None:
+                    await durable  # sync audit: forward only once the decision's record is on disk
+            except ServiceError as e:
+                r = refusal.from_error(e)
+                self._count(r.cause)
+                return messages.immediate(r), None
+            except AuditError as e:
+                self._count("audit")
+                return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e)))), None
+            if not d.admitted:
+                r = refusal.from_rejection(d)
+                self._count(r.cause)
+                return messages.immediate(r), None
+            published = self.pool.published
+            if not d.endpoint or (published is not None and d.endpoint not in published):
+                self._count("no-instance")
+                return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
+            pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
+            breakable = pick.per_try_timeout_ms is not None
+            from_log = self.from_access_log
+            if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
+                open_[pick.decision_id] = (pick, t0)
+            self._count("forwarded")
+            recent = self.recent
+            recent[pick.decision_id] = pick
+            if len(recent) > RECENT:
+                recent.popitem(last=False)
+            return messages.forward_bytes(pick, breakable and not from_log, breakable and from_log), pick
         except Exception as e:  # noqa: BLE001 - the boundary: a bug refuses this request, never forwards it
             log.exception("picker failed")
             self._count("internal")
             return messages.immediate(refusal.internal(f"{type(e).__name__}: {e}")), None
-
-    async def _pick(self, req: ep.ProcessingRequest, t0: float) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
-        limit = self.config.max_in_flight
-        open_ = self._open
-        if open_ and self.from_access_log:
-            self._expire(t0)
-        if len(open_) >= limit:
-            self._count("shed")
-            return messages.immediate(refusal.shed(self.in_flight, limit)), None
-        policy = policy_view(((h.key, _value(h)) for h in req.request_headers.headers.headers), self.config.forwarded_headers)
-        try:
-            key = shape_key(policy)
-            make_input = lambda: DecisionInput(policy, {}, routable_only=True)  # noqa: E731
-            prepared = await self.service.prepare_new_shape(self.shapes, key, make_input)  # Z3 off the loop
-            d, _, durable = self.service.decide_shape(self.shapes, key, make_input, t0, prepared)
-            if durable is not None:
-                await durable  # sync audit: forward only once the decision's record is on disk
-        except ServiceError as e:
-            r = refusal.from_error(e)
-            self._count(r.cause)
-            return messages.immediate(r), None
-        except AuditError as e:
-            self._count("audit")
-            return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e)))), None
-        if not d.admitted:
-            r = refusal.from_rejection(d)
-            self._count(r.cause)
-            return messages.immediate(r), None
-        published = self.pool.published
-        if not d.endpoint or (published is not None and d.endpoint not in published):
-            self._count("no-instance")
-            return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
-        pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
-        breakable = pick.per_try_timeout_ms is not None
-        from_log = self.from_access_log
-        if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
-            open_[pick.decision_id] = (pick, t0)
-        self._count("forwarded")
-        recent = self.recent
-        recent[pick.decision_id] = pick
-        if len(recent) > RECENT:
-            recent.popitem(last=False)
-        return messages.forward_bytes(pick, breakable and not from_log, breakable and from_log), pick
 
     def _expire(self, now: float) -> None:
         """Forget the picks whose access-log entry has not come in `OPEN_MAX_S` (oldest first)."""

@@ -28,9 +28,24 @@ class Pool:
         self._seen: tuple[object, int] | None = None
         self._by_model: dict[str, tuple[Member, ...]] = {}
         self._endpoints: tuple[str, ...] = ()
-        # the endpoints the gateway's Envoy holds (None: not known, e.g. a user's own Envoy
-        # with a static pool): only those are picked, as primary or as fallback
-        self.published: frozenset[str] | None = None
+        self._published: frozenset[str] | None = None
+        self._version = 0  # bumped whenever the members or the published endpoints change
+
+    @property
+    def published(self) -> frozenset[str] | None:
+        """The endpoints the gateway's Envoy holds (None: not known, e.g. a user's own Envoy
+        with a static pool): only those are picked, as primary or as fallback."""
+        return self._published
+
+    @published.setter
+    def published(self, endpoints: frozenset[str] | None) -> None:
+        self._published = endpoints
+        self._version += 1
+
+    def version(self) -> int:
+        """Changes whenever what `fallbacks` answers may change (what a memo of it keys on)."""
+        self._fresh()
+        return self._version
 
     def _fresh(self) -> None:
         st, gen = self._engine.state, self._engine.generation
@@ -52,6 +67,7 @@ class Pool:
         self._by_model = {k: tuple(v) for k, v in by_model.items()}
         self._endpoints = tuple(sorted({m.endpoint for m in members}))
         self._seen = (st, gen)
+        self._version += 1
 
     def endpoints(self) -> tuple[str, ...]:
         """Every distinct endpoint of the pool (what Envoy's pool cluster must hold)."""

@@ -11,7 +11,7 @@ refused with "did you mean".
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from policyc.matcher.parse import PASSTHROUGH_HEADERS
 
@@ -50,3 +50,40 @@ def policy_view(pairs: Iterable[tuple[str, str]], forwarded: frozenset[str] = fr
 def shape_key(headers: Mapping[str, str]) -> bytes:
     """The request-shape cache key: the policy headers, sorted (one shape per distinct set)."""
     return "\n".join(f"{k}\x00{v}" for k, v in sorted(headers.items())).encode("utf-8", "surrogateescape")
+
+
+class PolicyView:
+    """`policy_view` for the picker's hot path: what each header name means (skipped, or the
+    policy's name for it, lower case) is worked out once per distinct name, so a request's
+    headers cost a dict look-up each and only the policy's values are decoded. Envoy hands
+    over the same few names on every request; the memo is bounded (names come from clients)."""
+
+    LIMIT = 4096
+
+    def __init__(self, forwarded: frozenset[str] = frozenset()) -> None:
+        self.forwarded = forwarded
+        self._names: dict[str, str] = {}  # header name as sent -> the policy's name, "" for skipped
+
+    def _name(self, key: str) -> str:
+        k = key.lower()
+        name = "" if k in PASSTHROUGH_HEADERS or k in self.forwarded or k.startswith(NOT_POLICY_PREFIXES) else k
+        if len(self._names) >= self.LIMIT:
+            self._names.clear()
+        self._names[key] = name
+        return name
+
+    def of(self, headers: Iterable[Any]) -> dict[str, str]:
+        """The policy's headers among Envoy's `HeaderValue`s (`key`, and `raw_value` or `value`)."""
+        names = self._names
+        out: dict[str, str] = {}
+        for h in headers:
+            key = h.key
+            name = names.get(key)
+            if name is None:
+                name = self._name(key)
+            if not name:
+                continue
+            raw = h.raw_value
+            v = raw.decode("utf-8", "replace") if raw else h.value
+            out[name] = f"{out[name]},{v}" if name in out else v
+        return out

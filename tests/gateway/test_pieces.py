@@ -145,3 +145,63 @@ def test_the_pre_serialized_forward_is_the_same_message() -> None:
                 got.request_headers.response.header_mutation.ClearField("set_headers")
                 want.request_headers.response.header_mutation.ClearField("set_headers")
                 assert got == want  # metadata, removed headers, mode override
+
+
+def test_the_pickers_memoized_header_view_reads_what_the_parser_would() -> None:
+    """`PolicyView.of` on Envoy's header messages equals `policy_headers(header_map(...))`:
+    names lower-cased, repeats joined, Envoy's/transport/forwarded headers skipped; its memo
+    of names stays bounded whatever names clients send."""
+    from envoy.config.core.v3 import base_pb2
+
+    from policyc.gateway.request_view import PolicyView
+
+    pairs = [(":path", "/x"), ("x-request-id", "1"), ("X-Tenant", "acme-bank"), ("x-envoy-attempt-count", "1"),
+             ("x-data-region", "us-west"), ("x-app-trace", "t"), ("X-Data-Region", "eu"), ("grpc-timeout", "1S"),
+             ("x-slo-latency", "écrit")]
+    hs = base_pb2.HeaderMap()
+    for i, (k, v) in enumerate(pairs):  # Envoy sends raw_value; an older one `value`
+        hs.headers.add(key=k, raw_value=v.encode()) if i % 2 == 0 else hs.headers.add(key=k, value=v)
+    view = PolicyView(frozenset({"x-app-trace"}))
+    for _ in range(2):  # the second time from the memo
+        assert view.of(hs.headers) == policy_headers(header_map(pairs), frozenset({"x-app-trace"})) == {
+            "x-tenant": "acme-bank", "x-data-region": "us-west,eu", "x-slo-latency": "écrit"}
+    many = base_pb2.HeaderMap()
+    for i in range(PolicyView.LIMIT + 10):
+        many.headers.add(key=f"x-junk-{i}", raw_value=b"1")
+    assert len(view.of(many.headers)) == PolicyView.LIMIT + 10 and len(view._names) <= PolicyView.LIMIT
+
+
+def test_a_picks_route_is_shared_until_the_pool_changes() -> None:
+    """`plan_pick` works out the fallbacks and the retry's headers once per instance, rule
+    and pool version: a pool change (here: what Envoy holds) gives the next pick a new route."""
+    from types import SimpleNamespace
+
+    from policyc.gateway.pick import _route
+    from policyc.gateway.pool import Member
+
+    backup = Member("lite@h/g2", "fraud-scorer-lite", "127.0.0.1:8003", "h/g2", 0.5)
+    other = Member("lite@h/g3", "fraud-scorer-lite", "127.0.0.1:8004", "h/g3", 0.4)
+
+    class FakePool:  # the two members the route reads; `version` as the real pool bumps it
+        def __init__(self) -> None:
+            self.published: frozenset[str] | None = None
+            self.v = 0
+
+        def version(self) -> int:
+            return self.v
+
+        def fallbacks(self, model: str, avoid_endpoint: str, avoid_gpu: str) -> tuple[Member, ...]:
+            return tuple(m for m in (backup, other) if self.published is None or m.endpoint in self.published)[:1]
+
+    from policyc.compiler.bundle import Redirect
+
+    breaker = SimpleNamespace(actions=(Redirect(backup="fraud-scorer-lite", headers=(("X-Retry-Reason", "budget"),)),))
+    pool = FakePool()
+    first = _route(breaker, 0, "127.0.0.1:8001", "h/g0", pool)  # type: ignore[arg-type]
+    assert _route(breaker, 0, "127.0.0.1:8001", "h/g0", pool) is first  # type: ignore[arg-type]
+    assert first.endpoints == "127.0.0.1:8001,127.0.0.1:8003"
+    assert first.retry_headers == (("x-retry-count", "1"), ("x-retry-reason", "budget"))
+    pool.published, pool.v = frozenset({"127.0.0.1:8001", "127.0.0.1:8004"}), 1
+    assert _route(breaker, 0, "127.0.0.1:8001", "h/g0", pool).endpoints == "127.0.0.1:8001,127.0.0.1:8004"  # type: ignore[arg-type]
+    # a retry is never redirected again
+    assert _route(breaker, 1, "127.0.0.1:8001", "h/g0", pool).fallbacks == ()  # type: ignore[arg-type]
