@@ -14,7 +14,8 @@ from policyc.matcher.instance import canonical_endpoint
 from policyc.placer import PlacementPlan
 from policyc.placer.plan import Rejection as GpuRejection
 
-from .decision import Account, Decision, DecisionInput, Outcome, Stage
+from . import decision_wire
+from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage
 from .errors import ServiceError, Status
 from .proto import pb
 
@@ -160,11 +161,13 @@ def _fill_tail(msg: "pb.Decision", d: Decision, full: bool) -> None:
         msg.placement.SetInParent()
         fill_placement(msg.placement, d.plan, d.model, d.region, full=full, notes=d.notes, endpoint=d.endpoint)
     if d.rejection is not None:
-        r = d.rejection
-        msg.rejection.CopyFrom(pb.Rejection(
-            stage=_STAGE[r.stage], reason=r.reason, rule_ids=list(r.rule_ids), spans=[span(s) for s in r.spans],
-            eliminations=[rule_explanation(e) for e in r.eliminations], binding_constraint=r.binding,
-            gpus=[_gpu_rej(g) for g in r.gpus]))
+        msg.rejection.CopyFrom(rejection_msg(d.rejection))
+
+
+def rejection_msg(r: Rejection) -> "pb.Rejection":
+    return pb.Rejection(stage=_STAGE[r.stage], reason=r.reason, rule_ids=list(r.rule_ids), spans=[span(s) for s in r.spans],
+                        eliminations=[rule_explanation(e) for e in r.eliminations], binding_constraint=r.binding,
+                        gpus=[_gpu_rej(g) for g in r.gpus])
 
 
 def decision(d: Decision, *, full: bool = False) -> "pb.Decision":
@@ -183,14 +186,14 @@ def decision_head(d: Decision) -> bytes:
     return _head(d).SerializeToString()
 
 
-def decision_bytes(d: Decision, head: bytes) -> bytes:
+def decision_bytes(d: Decision, head: bytes, rejection: bytes | None = None) -> bytes:
     """Decide's serialized response: `head` (from `decision_head` of a decision with the
-    same head fields) followed by this decision's own fields. Protobuf reads concatenated
-    messages as one merged message and the two parts set disjoint fields, so this parses
-    to exactly `decision(d)`; only the field order on the wire differs."""
-    msg = pb.Decision()
-    _fill_tail(msg, d, False)
-    return head + msg.SerializeToString()
+    same head fields) followed by this decision's own fields, written as wire bytes
+    (`decision_wire.tail`; `rejection`: its rejection field, when the caller keeps it).
+    Protobuf reads concatenated messages as one merged message and the two parts set
+    disjoint fields, so this parses to exactly `decision(d)`; only the field order on the
+    wire differs."""
+    return head + decision_wire.tail(d, rejection)
 
 
 def account(a: Account) -> "pb.Explanation":

@@ -25,7 +25,8 @@ from policyc.matcher import AppliedRule
 from policyc.solver.feasibility import Pending
 
 from .convert import decision_bytes, decision_head
-from .decision import Decision, Outcome
+from .decision import Decision, Outcome, Rejection
+from .decision_wire import rejection_field
 from .prepared import MatchMemo, Prepared
 from .state import PolicyState
 
@@ -36,24 +37,39 @@ DEFAULT_MAX_SHAPES = 4096
 
 
 class ShapeEntry:
-    """One shape: its prepared request, its match memo, and the serialized response head
-    (`convert.decision_head`) with the (outcome, rules, candidates) it was made for."""
+    """One shape: its prepared request, its match memo, the serialized response head
+    (`convert.decision_head`) with the (outcome, rules, candidates) it was made for, and
+    the serialized rejection with the parts it was made of."""
 
-    __slots__ = ("prepared", "memo", "head")
+    __slots__ = ("prepared", "memo", "head", "rejection")
 
     def __init__(self, prepared: Prepared) -> None:
         self.prepared = prepared
         self.memo = MatchMemo()
         self.head: tuple[Outcome, tuple[AppliedRule, ...], int, bytes] | None = None
+        self.rejection: tuple[Rejection, bytes] | None = None
 
     def response(self, d: Decision) -> bytes:
         """`d` serialized, its head taken from this entry while the head fields stay the
         same (rules by identity: the match memo hands out the same tuple until the
-        registry changes)."""
+        registry changes), and so is its rejection while its parts are the same objects
+        (a solver's rejection is made of the shape's feasibility answer, a matcher's is
+        the match memo's: both repeat; a placer's names GPUs and is written afresh)."""
         h = self.head
         if h is None or h[0] is not d.outcome or h[1] is not d.rules or h[2] != d.candidates:
             h = self.head = (d.outcome, d.rules, d.candidates, decision_head(d))
-        return decision_bytes(d, h[3])
+        r = d.rejection
+        if r is None or r.gpus:
+            return decision_bytes(d, h[3])
+        kept = self.rejection
+        if kept is None or not _same_parts(kept[0], r):
+            kept = self.rejection = (r, rejection_field(r))
+        return decision_bytes(d, h[3], kept[1])
+
+
+def _same_parts(a: Rejection, b: Rejection) -> bool:
+    return a is b or (a.stage is b.stage and a.reason is b.reason and a.rule_ids is b.rule_ids and a.spans is b.spans
+                      and a.eliminations is b.eliminations and a.binding == b.binding and a.gpus == b.gpus)
 
 
 class RequestShapes:
