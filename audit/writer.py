@@ -1,6 +1,10 @@
 """The chain writer: hashes record bodies into the chain and stores them, with the
 checkpoints that seal them, one transaction (one fsync) per batch.
 
+A checkpoint is written every `checkpoint_every` entries, every `checkpoint_interval`
+seconds while entries arrive, when a writer opens a log that has entries, at close, and with
+a new log's first batch (so no log is ever without one once it holds an entry).
+
 It runs in the writer process (`writer_process.py`), so none of this work holds the
 decision service's interpreter lock. It trusts the state the opening side checked
 (`AuditLog.open` re-hashes the tail before starting it) and advances its head only after
@@ -98,7 +102,10 @@ class ChainWriter:
                 seals.append((seq, h, False, False, b"".join(since[cut:end])))
                 sealed, cut = seq, end
         now = time.monotonic()
-        if seq > 0 and (final or opens or (seq > sealed and now - self.sealed_time >= self._interval)):
+        # a log with no checkpoint yet is sealed with its first batch: until then nothing could
+        # show that it ever held an entry (a fresh log emptied or replaced would verify clean)
+        first = sealed == 0
+        if seq > 0 and (final or opens or first or (seq > sealed and now - self.sealed_time >= self._interval)):
             end = cut + seq - sealed
             seals.append((seq, prev, final, opens, b"".join(since[cut:end])))
             sealed, cut = seq, end
