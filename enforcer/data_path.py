@@ -76,6 +76,8 @@ class DataPath:
         self._backends: dict[Endpoint, Endpoint] = {}
 
     def attach(self) -> "DataPath":
+        if self.plane.cgroup2_root is not None:
+            self._reap_stale_cgroups(Path(self.plane.cgroup2_root))
         try:
             for ifname in self.config.interfaces:
                 self.plane.attach_tc(ifname)
@@ -144,6 +146,23 @@ class DataPath:
             except Exception as e:  # noqa: BLE001
                 log.error("data path: detaching TC from %s: %s", ifname, e)
         self._tc = []
+
+    @staticmethod
+    def _reap_stale_cgroups(root: Path) -> None:
+        """Remove gateway cgroups left by a policyc process that died without detaching
+        (SIGKILL), once nothing runs in them (removing one drops its connect hooks too). A
+        live process's, or one with a process still inside, is left alone."""
+        from policyc.enforcer.kernel_plane import pid_gone
+
+        for path in root.glob("policyc-gateway-*"):
+            pid = path.name.removeprefix("policyc-gateway-").partition("-")[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or not pid_gone(int(pid)):
+                continue
+            try:
+                path.rmdir()
+                log.warning("data path: removed cgroup %s left by policyc process %s, which is gone", path, pid)
+            except OSError as e:  # a process still in it (its Envoy outlived it), or reaped by another
+                log.debug("data path: stale cgroup %s stays: %s", path, e.strerror)
 
     @staticmethod
     def _remove_cgroup(path: Path) -> None:

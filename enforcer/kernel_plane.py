@@ -40,6 +40,17 @@ def _tc_handle() -> int:
     return ((os.getpid() & 0xFFFFFF) << 8 | next(_planes) & 0xFF) or 1
 
 
+def pid_gone(pid: int) -> bool:
+    """No process `pid` any more (a plane's filters, a gateway cgroup, left by one that died)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 # Stream observations (over budget, a frame walk that lost its place) are audited only for
 # streams to or from a registered backend: TC on an interface sees every HTTP/2 stream on
 # it (on lo: etcd watches, health checks, the clients' side of the gateway), and those are
@@ -152,6 +163,7 @@ class KernelPlane:
                 if "File exists" not in str(exc):
                     raise KernelPlaneError(f"adding clsact to `{ifname}`: {exc}") from exc
                 made_clsact = False
+            self._reap_stale_filters(ipr, idx, ifname)
             added: list[str] = []
             try:
                 for fn, parent in ((self._fn_ingress, _TC_INGRESS_PARENT), (self._fn_egress, _TC_EGRESS_PARENT)):
@@ -163,6 +175,26 @@ class KernelPlane:
                 self._remove_tc(ipr, attachment, added)
                 raise KernelPlaneError(f"attaching TC to `{ifname}`: {exc}") from exc
         self._tc.append(_TcAttachment(ifname, idx, netns, made_clsact))
+
+    def _reap_stale_filters(self, ipr: object, idx: int, ifname: str) -> None:
+        """Delete filters of ours left by a policyc process that died without detaching
+        (SIGKILL): TC filters outlive their process, and each would keep costing every packet.
+        A handle names its plane's pid; a live process's filters are never touched."""
+        for parent in (_TC_INGRESS_PARENT, _TC_EGRESS_PARENT):
+            try:
+                found = ipr.get_filters(idx, parent=parent)  # type: ignore[attr-defined]
+            except Exception as exc:  # no clsact yet, or the listing is refused: nothing to reap
+                log.debug("listing tc filters on %s: %s", ifname, exc)
+                continue
+            for f in found:
+                handle, pid = f["handle"], f["handle"] >> 8
+                if f["info"] >> 16 != _TC_PRIO or handle == 0 or pid in (0, os.getpid()) or not pid_gone(pid):
+                    continue
+                try:
+                    ipr.tc("del-filter", "bpf", idx, handle, parent=parent, prio=_TC_PRIO)  # type: ignore[attr-defined]
+                    log.warning("removed a TC filter on %s left by policyc process %d, which is gone", ifname, pid)
+                except Exception as exc:  # another process reaped it first
+                    log.debug("reaping tc filter %#x on %s: %s", handle, ifname, exc)
 
     def _remove_tc(self, ipr: object, a: _TcAttachment, parents: list[str]) -> None:
         """Delete our filters under `parents`, then the clsact qdisc if we added it and no
