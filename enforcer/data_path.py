@@ -12,8 +12,13 @@ an endpoint of the backup model its redirect breaker names (the same choice the 
 makes for a retry). A quarantine then makes the gateway's *new* upstream connections to
 that model server land on the backup, in the kernel, until it expires.
 
-`detach()` leaves nothing behind: our TC filters (by their priority) are deleted, the
-connect hooks detached, a cgroup we made removed (its processes moved back to the parent).
+`detach()` leaves nothing behind: our TC filters (by their priority and this plane's
+handle) are deleted, the connect hooks detached, a cgroup we made removed (its processes
+moved back to the parent). What a process killed before it could detach left is removed by
+the next `attach()` (see `_reap_stale_cgroups`, `KernelPlane._reap_stale_filters`).
+
+`policyc serve` owns one (server/kernel_path.py) and `policyc gateway` puts its Envoy on it;
+a gateway next to a decision service that attached none attaches its own.
 """
 
 from __future__ import annotations
