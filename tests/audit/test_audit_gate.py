@@ -1,6 +1,7 @@
 """The audit gate in a running decision service (in process, real gRPC): sync mode answers
 only what is on disk; a full disk makes Decide refuse and nothing unlogged is acknowledged;
-a hung writer closes the gate after the window and a recovered one reopens it."""
+a hung writer closes the gate after the window and a recovered one reopens it; a queue for
+the writer past its limit closes it too, naming the log."""
 
 from __future__ import annotations
 
@@ -155,6 +156,57 @@ def test_a_hung_writer_closes_the_gate_after_the_window_and_recovery_reopens_it(
                 time.sleep(0.01)
             stub.Decide(REQ, timeout=5)  # caught up: admitting again, nothing lost
             assert audit.lost == 0 and audit.acknowledged_lost == 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        th.stop()
+
+
+def test_a_full_queue_for_the_writer_closes_the_gate_naming_the_log(bundle: Bundle, tmp_path: Path) -> None:
+    """The writer stalls (SIGSTOP) while records keep coming: once more than QUEUE_LIMIT bytes
+    wait for it, Decide is refused with UNAVAILABLE naming the log, before the durability
+    window (a minute here) would close the gate; when the writer resumes it catches up, every
+    queued record is stored and Decide admits again."""
+    from policyc.audit.records import ActionRecord
+    from policyc.server.audit_bridge import QUEUE_LIMIT
+
+    log_path = tmp_path / "audit.db"
+    server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(seed=1, hosts=8, gpus_per_host=4), audit_log=log_path,
+                                                audit_durability=AuditDurability.GROUP, audit_window=60.0,
+                                                enforcer=EnforcerMode.OFF, watch_gpus=False))
+    assert server.cluster is not None
+    server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots()))
+    th = ServerThread(server)
+    th.start()
+    audit = th.server.audit
+    assert audit is not None
+    pid = audit.log._proc.pid
+    filler = "x" * 16_000  # an accounting record's detail can be this long (many attempts)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            stub.Decide(REQ, timeout=5)
+            os.kill(pid, signal.SIGSTOP)
+            receipts, deadline = [], time.monotonic() + 20
+            while audit.log.queued_bytes <= QUEUE_LIMIT:
+                assert time.monotonic() < deadline, audit.log.queued_bytes
+                receipts.append(audit.log.submit_action(ActionRecord(time=time.time(), kind="accounting", target="h",
+                                                                     outcome="done", dry_run=False, detail=filler)))
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Decide(REQ, timeout=5)
+            assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+            details = e.value.details() or ""
+            assert f"audit log {log_path} is behind" in details and "KiB of records wait for its writer" in details, details
+            _wait_not_serving(th.server.port)
+            os.kill(pid, signal.SIGCONT)
+            for r in receipts:
+                r.wait()
+            deadline = time.monotonic() + 10
+            while audit.refusal() is not None:
+                assert time.monotonic() < deadline, audit.refusal()
+                time.sleep(0.01)
+            stub.Decide(REQ, timeout=5)  # caught up: admitting again, nothing lost
+            assert audit.lost == 0 and audit.acknowledged_lost == 0 and audit.log.failures == 0
+            print(f"\nthe gate closed after {len(receipts)} queued records: {details}")
     finally:
         os.kill(pid, signal.SIGCONT)
         th.stop()
