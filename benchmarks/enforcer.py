@@ -91,7 +91,7 @@ STALL = textwrap.dedent("""
         "policyc.test.Echo", {"Call": grpc.unary_unary_rpc_method_handler(call, lambda b: b, lambda b: b)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=256))
     server.add_generic_rpc_handlers((handler,))
-    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    print(server.add_insecure_port(f"{sys.argv[1]}:0"), flush=True)
     server.start()
     sys.stdin.readline()
     with lock:
@@ -108,18 +108,38 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
     finishes it when the call ends. With `quarantine`, every break also quarantines the
     request's backend (kernel map update, its connections ended, audited).
     Reports, from the crossing instant (the deadline `begin` returned): to the client's
-    cancel (`cancel()` returned: the RST_STREAM is with gRPC's transport), to the backend
-    seeing the stream end (its CLOCK_MONOTONIC, the same clock), and to the quarantine map
-    update; and how many were in flight when each was started."""
+    cancel (`cancel()` returned: the RST_STREAM is with gRPC's transport), to the RST_STREAM
+    frame leaving for the backend (with the kernel plane: the backend sits in a network
+    namespace behind a veth pair whose host end the TC frame walker watches; its kernel
+    timestamp), to the backend seeing the stream end (its CLOCK_MONOTONIC, the same clock),
+    and to the quarantine map update; and how many were in flight when each was started."""
     import json
+
+    from policyc.enforcer.kernel_events import KernelEvent
+
+    sys.path.insert(0, str(ROOT / "tests" / "evidence"))
+    from netns_link import VethLink
 
     audit = MemoryAudit()
     bundle = make_bundle(slo=slo, quarantine=Quarantine(duration=5, max_duration=10, max_share=1.0) if quarantine else None)
     g = Guardian(bundle, plane=plane, anomalies=_Sink(), audit=audit, executor=ActionExecutor(audit, rebalance=lambda n: None))
     backup = Endpoint.of("127.0.0.1", 9)
-    backend = subprocess.Popen([sys.executable, "-c", STALL], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    link = VethLink("pcbrk") if plane.kernel_enforcement else None
+    host = link.ns_ip if link else "127.0.0.1"
+    enter = ["nsenter", f"--net=/run/netns/{link.ns}"] if link else []
+    backend = subprocess.Popen([*enter, sys.executable, "-c", STALL, host], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert backend.stdin is not None and backend.stdout is not None
-    channel = grpc.insecure_channel(f"127.0.0.1:{int(backend.stdout.readline())}")
+    server = Endpoint.of(host, int(backend.stdout.readline()))
+    wire: dict[int, int] = {}  # stream id -> kernel ns at which its RST_STREAM left for the backend
+
+    def on_event(ev: KernelEvent) -> None:
+        if ev.b == server and ev.reset:
+            wire[ev.stream_id] = ev.ts_ns
+    unsubscribe = None
+    if link:
+        plane.attach_tc(link.host_if)  # before the connection opens: the frame walk starts at its SYN
+        unsubscribe = plane.subscribe(on_event)
+    channel = grpc.insecure_channel(str(server))
     try:
         call = stub(channel)
         grpc.channel_ready_future(channel).result(timeout=10)
@@ -156,19 +176,32 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
         backend.stdin.write("\n")
         backend.stdin.flush()
         seen = json.loads(backend.stdout.readline())
+        if link:
+            plane.drain()
     finally:
         channel.close()
         backend.kill()
         backend.wait()
+        if unsubscribe:
+            unsubscribe()
+        if link:
+            plane.detach_tc(link.host_if)
+            link.close()
     g.tick()
     cancel = [t.cancel_s * 1e6 for t in g.break_timings]
     rst = [(seen[rid] - at) * 1e6 for rid, at in deadlines.items() if rid in seen]
+    # the warm-up call is the connection's stream 1; request i's is stream 3 + 2i, as a client
+    # numbers its streams 1, 3, 5, ... in the order they start (one thread starts them here)
+    on_wire = [(wire[sid] / 1e9 - deadlines[f"r{i}"]) * 1e6 for i in range(n) if (sid := 3 + 2 * i) in wire]
     maps = [t.map_update_s * 1e6 for t in g.break_timings if t.map_update_s is not None]
     where = "kernel map" if plane.kernel_enforcement else "user-space table (kernel enforcement off)"
     print(f"break, {'with' if quarantine else 'without'} the quarantine action: n={len(cancel)}, {concurrency} in flight "
           f"(median seen {statistics.median(in_flight):.0f}), budget {budget * 1e3:.0f} ms, load {load:.1f}: crossing->cancel "
           f"(client's cancel() returned) p50 {pct(cancel, 50):.0f} us  p99 {pct(cancel, 99):.0f} us  max {max(cancel):.0f} us "
           f"(floor: p99 <= 1000 us)")
+    if on_wire:
+        print(f"break: crossing->RST_STREAM on the wire to the backend (TC egress, kernel clock; {len(on_wire)} of {n}) "
+              f"p50 {pct(on_wire, 50):.0f} us  p99 {pct(on_wire, 99):.0f} us")
     if rst:
         print(f"break: crossing->stream end seen by the backend process ({len(rst)} of {n}) p50 {pct(rst, 50):.0f} us  "
               f"p99 {pct(rst, 99):.0f} us")

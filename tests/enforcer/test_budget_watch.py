@@ -1,0 +1,55 @@
+"""The budget watch: a crossing's urgent act runs at its deadline — never before it, soon
+after it — and before the account; disarmed requests never fire; a clock that stands still
+inside the lead does not hold the interpreter (the lead's wait is bounded in real time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from policyc.enforcer.budget_watch import LEAD, BudgetWatch
+
+
+def test_urgent_at_the_deadline_then_the_account_in_order() -> None:
+    watch = BudgetWatch()
+    urgent: list[tuple[int, float]] = []
+    fired: list[int] = []
+    done = threading.Semaphore(0)
+    now = time.monotonic()
+    deadlines = [now + 0.02 + 0.003 * i for i in range(20)]
+    for i, d in enumerate(reversed(deadlines)):  # armed out of order
+        k = len(deadlines) - 1 - i
+        watch.arm(d, lambda _late, k=k: (fired.append(k), done.release()),
+                  lambda _late, k=k: urgent.append((k, time.monotonic())))
+    for _ in deadlines:
+        assert done.acquire(timeout=5)
+    watch.close()
+    assert [k for k, _ in urgent] == list(range(20)) and fired == list(range(20))
+    for k, at in urgent:
+        assert at >= deadlines[k], f"request {k} cancelled {1e6 * (deadlines[k] - at):.0f} us before its deadline"
+        assert at - deadlines[k] < 0.25  # soon after (generous: a loaded CI machine)
+
+
+def test_disarmed_never_fires_and_says_so() -> None:
+    watch = BudgetWatch()
+    ran: list[str] = []
+    token = watch.arm(time.monotonic() + 0.01, lambda _: ran.append("fire"), lambda _: ran.append("urgent"))
+    assert watch.disarm(token) is True
+    assert watch.disarm(token) is False
+    time.sleep(0.05)
+    watch.close()
+    assert ran == []
+
+
+def test_a_clock_standing_still_in_the_lead_does_not_hold_the_interpreter() -> None:
+    stuck = [100.0]
+    watch = BudgetWatch(clock=lambda: stuck[0])
+    ran = threading.Event()
+    watch.arm(100.0 + LEAD / 2, lambda _: ran.set())  # inside the lead, and the clock never gets there
+    t0 = time.monotonic()
+    for _ in range(200):  # this thread keeps getting the interpreter: 1 ms naps, not one switch interval each
+        time.sleep(0.001)
+    assert time.monotonic() - t0 < 0.8  # 200 x 5 ms if the watch kept the interpreter (the switch interval)
+    stuck[0] = 101.0  # the clock moves on: the crossing is acted on
+    assert ran.wait(timeout=5)
+    watch.close()
