@@ -49,7 +49,6 @@ class Attachable(Protocol):
     def detach_tc(self, ifname: str = "lo", netns: str | None = None) -> None: ...
     def attach_cgroup(self, cgroup: Path) -> None: ...
     def detach_cgroup(self, cgroup: Path) -> None: ...
-    def unregister_backend(self, backend: Endpoint) -> None: ...
     @property
     def cgroup2_root(self) -> Path | None: ...
 
@@ -129,7 +128,7 @@ class DataPath:
             if self._backends.get(backend) != target:
                 self.guardian.register_backend(backend, target)
         for gone in set(self._backends) - set(want):
-            self.plane.unregister_backend(gone)
+            self.guardian.unregister_backend(gone)
         self._backends = want
 
     def backends(self) -> dict[Endpoint, Endpoint]:

@@ -293,6 +293,15 @@ class Guardian:
             self._book.add_backend(backend)
         self._plane.register_backend(backend, backend_id)
 
+    def unregister_backend(self, backend: Endpoint) -> None:
+        """The backend left the pool: no quarantine target, no share of the quarantine cap, no
+        kernel counting. Its id stays reserved (a return counts on under the same id); a
+        quarantine already in force runs out on its own."""
+        with self._lock:
+            self._backups.pop(backend, None)
+            self._book.remove_backend(backend)
+        self._plane.unregister_backend(backend)
+
     def observe_backend(self, backend: Endpoint, signals: Mapping[str, float]) -> tuple[str, ...]:
         """Feed one observation of a backend; returns the rules that fired."""
         fired: list[str] = []

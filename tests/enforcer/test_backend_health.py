@@ -113,3 +113,29 @@ def test_the_quarantine_target_is_the_redirect_backup_on_another_gpu_first() -> 
         "10.0.0.1:82": None, "10.0.0.2:82": None,  # the backup has no redirect breaker: nowhere to go
         "10.0.0.3:83": None}
     assert dict(quarantine_targets(table, _Pool([_M("fraud-scorer", "10.0.0.1:81", "h1/gpu0")]))) == {"10.0.0.1:81": None}
+
+
+def test_an_unregistered_backend_leaves_the_guardian_and_the_quarantine_cap() -> None:
+    rule = Breaker(name="failing-backend", scope="backend", consecutive=1, origin=REF,
+                   conditions=(SignalCondition(signal="error_rate", cmp=">", value=0.5, origin=REF),),
+                   actions=(Quarantine(duration=30, max_duration=480, max_share=0.5),))
+    audit = MemoryAudit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelEnforcementOff)
+        plane = UserSpacePlane(audit, reason="test")
+    g = Guardian(make_bundle(extra=(rule,)), plane=plane, anomalies=_NoAnomalies(), audit=audit,
+                 executor=ActionExecutor(audit, rebalance=lambda _: None))
+    try:
+        a, b, backup = (Endpoint.parse(f"127.0.0.1:{p}") for p in (9001, 9002, 9100))
+        g.register_backend(a, backup)
+        g.register_backend(b, backup)
+        first = g.backend_id(b)
+        g.unregister_backend(b)
+        assert g.backends() == {a: backup}
+        g.observe_backend(a, {"error_rate": 1.0})  # half of one backend is none: the cap refuses
+        [refused] = [r for r in audit.records if r.kind is ActionKind.QUARANTINE]
+        assert refused.outcome is Outcome.REFUSED and "cap reached" in refused.detail and "of 1 backends" in refused.detail
+        g.register_backend(b, backup)
+        assert g.backend_id(b) == first  # counted on under the same id
+    finally:
+        g.close()

@@ -48,7 +48,7 @@ from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
 from policyc.modelserver.model_files import write_model_files
 from policyc.placer import SimulatedCluster
 from policyc.server import convert
-from policyc.server.proto import pb_grpc
+from policyc.server.proto import pb, pb_grpc
 
 IDS = token_ids(64)
 STALL = ("x-policyc-stall-ms", "3000")  # the primary holds the call; Envoy resets it at its route timeout
@@ -266,14 +266,17 @@ def world() -> Iterator[SimpleNamespace]:
                            endpoints=tuple(str(e) for e in endpoint.values()), route_timeout_ms=300)
         envoy = EnvoyProcess(build_bootstrap(spec), workdir / "envoy").start()
         (serve.cgroup / "cgroup.procs").write_text(f"{envoy.pid}\n")  # the gateway runs in the hooked cgroup
+        registrations = {}
         with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in slots:
                 inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(
                     update={"endpoint": models.endpoint(s.instance_id)})})
                 f = full.full if s.model == PRIMARY else lite.full
-                stub.RegisterInstance(convert.register_request(inst, onnx_model=f.read_bytes()), timeout=10)
+                registrations[s.model] = convert.register_request(inst, onnx_model=f.read_bytes())
+                stub.RegisterInstance(registrations[s.model], timeout=10)
         yield SimpleNamespace(serve=serve, envoy=envoy, models=models, listen=listen, endpoint=endpoint,
+                              registrations=registrations, ids={s.model: s.instance_id for s in slots},
                               maps=KernelMaps(serve.proc.pid), workdir=workdir, before=(filters_before, qdisc_before))
     finally:
         serve.stop()
@@ -349,6 +352,19 @@ def test_a_failing_model_server_is_quarantined_onto_its_backup_then_released(wor
     # the quarantine expires: the service releases it (and audits the release)
     wait_for("the quarantine's release", lambda: primary not in world.maps.quarantined(), QUARANTINE_S + 3)
     assert backup not in world.maps.quarantined()
+
+
+def test_the_backend_map_follows_deregistration_and_registration(world: SimpleNamespace) -> None:
+    primary = world.endpoint[PRIMARY]
+    bid = world.maps.backends()[primary]
+    with grpc.insecure_channel(f"127.0.0.1:{world.serve.port}") as ch:
+        stub = pb_grpc.DecisionsStub(ch)
+        # the backup leaves: the primary has nowhere to be quarantined to, so it leaves the map
+        stub.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=world.ids[BACKUP]), timeout=10)
+        wait_for("the primary out of the backend map", lambda: primary not in world.maps.backends())
+        stub.RegisterInstance(world.registrations[BACKUP], timeout=10)
+        # back, counted under the same id as before
+        assert wait_for("the primary back in the backend map", lambda: world.maps.backends().get(primary)) == bid
 
 
 def test_sigterm_detaches_everything(world: SimpleNamespace) -> None:  # last: it stops the service
