@@ -20,8 +20,10 @@ interval. So the timer wakes `LEAD` seconds before a deadline (where it takes th
 a real-time thread with no timer slack where the process may), then keeps the lock and
 watches the clock until the deadline, releasing it for nothing: a late take lands in the
 lead, not on the crossing. That costs at most `LEAD` of one CPU per crossing, only when
-budgets are crossed. The follow-up thread, for its part, does not start an account when a
-deadline is nearer than `QUIET`, so its own work is not what the timer waits behind.
+budgets are crossed. The follow-up thread, for its part, waits out a deadline nearer than
+`QUIET` before it starts an account (once per account, so a backlog still drains), so its
+own work is not what the timer waits behind. What is left is the lock held by a thread the
+kernel preempted for another process: on a machine loaded past its cores, the tail.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _prompt_thread() -> None:
     real-time priority) where the process may (root or CAP_SYS_NICE): on a loaded machine a
     woken normal thread waits for a CPU behind every other runnable task, which is most of
     a late crossing. The thread sleeps between deadlines, so it takes the CPU only for the
-    moments it acts. Elsewhere it stays an ordinary thread."""
+    moments it acts (at most `LEAD` and the cancels per crossing). Elsewhere it stays an
+    ordinary thread."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))  # 0: this thread (Linux)
     except (AttributeError, OSError):
