@@ -17,6 +17,12 @@ first byte and status, on the GPU of the instance that answered, and the TCP con
 of each upstream connection Envoy opened to it (`connect_time`, once per connection: calls
 that reuse a pooled connection did not connect).
 
+`TelemetryLevels` is the telemetry refresher's listener: each new snapshot's SM utilisation,
+as a level, for the GPUs the gateway sends calls to. `policyc gateway` subscribes it when
+the service's telemetry is this host's NVML (`--telemetry local`); a simulated cluster's
+GPUs are not the ones real model servers run on, so their figures are not mixed into the
+correlation of measured traffic (tests feed the level they mean to test by hand).
+
 `KernelStreamSignals` is the kernel plane's ring-buffer listener: each HTTP/2 stream the TC
 walker saw end (both sides' END_STREAM) toward a model server of the pool, its kernel-timed
 duration as `stream_time` on that server's GPU (a reset stream has no duration to speak of;
@@ -31,10 +37,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from policyc.enforcer.kernel_abi import EventKind
-from policyc.enforcer.correlate import CONNECT_TIME, ERROR_RATE, STREAM_TIME, TLS_HANDSHAKE
+from policyc.enforcer.correlate import CONNECT_TIME, ERROR_RATE, SM_UTIL, STREAM_TIME, TLS_HANDSHAKE
 
 WINDOW = 0.010  # seconds
 LEVEL_KEEP = 1.0  # seconds of level samples kept beyond `lag` + one window, for the windows not yet handed on
@@ -149,6 +155,31 @@ class GatewaySignals:
             self.windows.status(key, call.grpc_status, t)  # type: ignore[attr-defined]
 
 
+class TelemetryLevels:
+    """Feeds SM utilisation from each telemetry snapshot into the windows as a level
+    (`Refresher.on_refresh`), for the GPU keys `keys()` names (a gateway's pool: windows
+    open only for GPUs it sends calls to, and a fleet-wide loop would cost every tick)."""
+
+    def __init__(self, windows: SignalWindows, keys: Callable[[], Iterable[str]]) -> None:
+        self.windows = windows
+        self.keys = keys
+        self.fed = 0
+        self.closed = False  # the gateway stopped: the refresher keeps its listeners, this one goes quiet
+
+    def __call__(self, new: object, previous: object) -> None:
+        if self.closed:
+            return
+        topology, frame = new.topology, new.frame  # type: ignore[attr-defined]
+        index = topology.gpu_index
+        wall = time.time() - (time.monotonic() - new.taken_at)  # type: ignore[attr-defined]  # when it was sampled
+        for key in set(self.keys()):
+            host, _, gpu = key.rpartition("/")
+            i = index.get((host, gpu))
+            if i is not None:
+                self.windows.level(key, SM_UTIL, float(frame.gpu_sm_util[i]), wall)
+                self.fed += 1
+
+
 class KernelStreamSignals:
     """Feeds the kernel walker's per-stream HTTP/2 times into the windows (`KernelPlane.subscribe`)."""
 
@@ -169,4 +200,4 @@ class KernelStreamSignals:
         self.fed += 1
 
 
-__all__ = ["WINDOW", "KernelStreamSignals", "CONNECT_TIME", "TIME_TO_FIRST_BYTE", "STREAM_TIME", "SignalWindows", "GatewaySignals", "ClosedWindow"]
+__all__ = ["WINDOW", "KernelStreamSignals", "TelemetryLevels", "CONNECT_TIME", "TIME_TO_FIRST_BYTE", "STREAM_TIME", "SignalWindows", "GatewaySignals", "ClosedWindow"]

@@ -31,7 +31,7 @@ from policyc.server.app import ServerThread
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.enforcer.backup_choice import quarantine_targets
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
-from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows
+from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows, TelemetryLevels
 from policyc.server.node_rebalance import NodeRebalance
 
 from .access_log import AccessLogReceiver, AccessLogServer
@@ -106,6 +106,11 @@ class Gateway:
         if self.access_log is not None and accounting and g is not None:
             self.signals = SignalWindows(lambda w: g.observe_gpu(w.key, w.signals))
             self.access_log.receiver.listeners.append(GatewaySignals(self.signals, self._gpu_of))
+        self.telemetry_levels: TelemetryLevels | None = None  # NVML's SM utilisation into the windows
+        if self.signals is not None and thread.server.cluster is None:  # measured telemetry (--telemetry local) only
+            pool = self.picker.picker.pool
+            self.telemetry_levels = TelemetryLevels(self.signals, lambda: (m.gpu_key for m in pool.members()))
+            thread.server.refresher.on_refresh(self.telemetry_levels)
         self.data_path: DataPath | None = None  # the decision service's (server.kernel_path), or ...
         self._own_data_path: DataPath | None = None  # ... the gateway's own when the service attached none
         self.kernel_streams: KernelStreamSignals | None = None
@@ -280,6 +285,8 @@ class Gateway:
         if self._unsubscribe_streams is not None:
             self._unsubscribe_streams()
             self._unsubscribe_streams = None
+        if self.telemetry_levels is not None:
+            self.telemetry_levels.closed = True
         if self.data_path is not None:
             self._record_agreement()
             if self._own_data_path is not None:

@@ -52,3 +52,39 @@ def test_a_window_handed_on_after_a_newer_level_sample_gets_the_sample_of_its_ow
 def test_a_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         SignalWindows(lambda _: None, window=0)
+
+
+def test_nvml_sm_utilisation_reaches_the_windows_through_the_telemetry_snapshot(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What `policyc gateway` subscribes with `--telemetry local`: NVML (the stand-in driver,
+    through pynvml, NvmlSource and LocalHostSource) -> the refresher's snapshot ->
+    TelemetryLevels -> the window of a TLS event on that GPU, in a child whose loader finds
+    the stand-in first."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "placer"))
+    import nvml_stand_in
+
+    driver = nvml_stand_in.build(tmp_path / "nvml")
+    table = tmp_path / "nvml" / "devices.txt"
+    nvml_stand_in.write_table(table, [nvml_stand_in.Gpu(sm_util=15), nvml_stand_in.Gpu(bus_id="00000000:5E:00.0", sm_util=70)])
+    got = nvml_stand_in.run_python(driver, table, """
+import json, time
+from policyc.placer import LocalHostSource, NvmlSource
+from policyc.placer.refresher import Refresher
+from policyc.enforcer.signal_windows import SignalWindows, TelemetryLevels
+r = Refresher(LocalHostSource(nvml=NvmlSource(), hostname="node-a"), 0.2)
+windows = SignalWindows(lambda w: None, lag=0.0)
+levels = TelemetryLevels(windows, lambda: ["node-a/gpu0", "node-a/gpu1", "node-b/gpu0"])
+r.on_refresh(levels)
+r.tick()
+now = time.time()
+windows.event("node-a/gpu0", "tls_handshake", 0.2, now)
+windows.event("node-a/gpu1", "tls_handshake", 0.2, now)
+out = {w.key: dict(w.signals) for w in windows.flush(now + 1)}
+levels.closed = True
+r.tick()
+print(json.dumps({"windows": out, "fed": levels.fed}))
+""")
+    assert got["windows"]["node-a/gpu0"]["sm_utilization"] == 0.15 and got["windows"]["node-a/gpu1"]["sm_utilization"] == 0.70
+    assert got["fed"] == 2  # node-b is not in this host's telemetry; closed after the first tick
