@@ -87,3 +87,13 @@ def test_nvml_gpu_time_is_kept_apart_and_an_estimate_is_refused() -> None:
     with pytest.raises(ValueError, match="measured GPU time only"):
         call_accounting("d-2", 1.0, network_bytes=10.0, network_method="envoy", compute_seconds=None, compute_method="m",
                         target="h", detail="{}", gpu_seconds=Figure(value=1.0, source=Source.ESTIMATED, method="contract"))
+
+
+def test_the_html_report_shows_measured_compute_seconds(old_log: Path) -> None:
+    from policyc.audit.html_report import html_report
+
+    page = html_report(str(old_log), verify(old_log))
+    head = page[page.index("<thead>"):page.index("</thead>")]
+    assert "<th>compute s meas</th>" in head
+    total = page[page.index('<tr class="total">'):]
+    assert f"<td>{OLD_COMPUTE:.3g}</td>" in total  # the old log's compute time, under its own name

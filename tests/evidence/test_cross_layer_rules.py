@@ -13,7 +13,9 @@ KServe model servers, with 15 % SM utilisation read from the stand-in NVML drive
   serving process, not the GPU" from the kernel's stream times.
 
 The rules are the test's own (the example policies have no such breakers), compiled with
-the example policies into one bundle, as an operator would add them."""
+the example policies into one bundle, as an operator would add them. The service runs the
+simulated cluster, whose figures `policyc gateway` keeps out of the windows, so the test
+feeds the stand-in NVML's reading as `TelemetryLevels` does with `--telemetry local`."""
 
 from __future__ import annotations
 
@@ -145,7 +147,7 @@ def test_slow_upstream_connects_with_an_idle_gpu_are_the_network_not_the_model(f
         out = []
         with OipClient(rig.listen) as client:
             for _ in range(CALLS):
-                windows.level(key, SM_UTIL, sm, time.time())  # NVML's reading of the serving GPU
+                windows.level(key, SM_UTIL, sm, time.time())  # NVML's reading, as TelemetryLevels feeds it with --telemetry local
                 a = client.infer(BACKUP, IDS, metadata=FAR, timeout=10)
                 assert a.instance == slot.instance_id, a.instance
                 out.append(accounting_of(rig, a.decision_id)["detail"])

@@ -5,7 +5,8 @@ kernel has neither `sch_netem` nor `sch_fq`, and a token bucket delays only what
 its burst). The gateway's certificate flight overruns it, so Envoy's TLS handshakes really
 take over 150 ms on the wire while the model server's measured compute stays a few ms; the
 GPU that serves the calls reads 15 % SM utilisation from the stand-in NVML driver (pynvml
-against `tests/placer/stand_in_nvml.c`). The gateway's access log feeds 10 ms signal windows
+against `tests/placer/stand_in_nvml.c`), fed to the windows as `TelemetryLevels` feeds
+NVML's readings with `--telemetry local` (the service here runs the simulated cluster). The gateway's access log feeds 10 ms signal windows
 and the correlation rules decide "client-side network, not the model": the GPU is not
 blamed, not healed. Without the shaper the same calls classify as nothing of the kind."""
 
@@ -161,7 +162,7 @@ def test_slow_tls_with_low_sm_utilisation_is_client_network_not_the_model(tls_ri
     memory = rig.thread.server.actions.memory  # type: ignore[union-attr]
 
     def run_calls() -> list[dict]:  # type: ignore[type-arg]
-        windows.level(key, SM_UTIL, sm, time.time())  # NVML's reading of the serving GPU
+        windows.level(key, SM_UTIL, sm, time.time())  # NVML's reading, as TelemetryLevels feeds it with --telemetry local
         ids = calls_from_the_namespace(ns, rig.listen, ca)
         details = [accounting_of(rig, i)["detail"] for i in ids]
         deadline = time.monotonic() + 5  # the windows close `lag` after their last event
