@@ -3,9 +3,11 @@
 1. Budget crossing -> stream cancelled, and -> kernel quarantine map updated (p50/p99), on
    real gRPC streams through the guardian (kernel plane when root, else user space), with
    100 watched requests in flight (started at a steady pace; floor: cancel p99 <= 1 ms),
-   with the quarantine action and without it. The backend is a process of its own; the
-   cancel is timed from the crossing (the deadline) to the client's cancel() returning, and
-   the backend reports when it saw each stream end (the same monotonic clock).
+   with the quarantine action and without it. The backend is a process of its own (with
+   the kernel plane, in a network namespace behind a veth pair). From the crossing (the
+   deadline): to the client's cancel() returning (the floor's figure), to the RST_STREAM
+   frame on the wire (the TC frame walker on the veth's host end, kernel clock), and to
+   the backend seeing the stream end (the same monotonic clock).
 2. Loopback request/response throughput in a private netns with the kernel plane's TC
    programs attached vs not, alternating phases in the same run (floor: >= 0.9).
 3. Self-heal in the placer's simulator: ticks (200 ms each) and wall time from the first
