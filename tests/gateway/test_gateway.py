@@ -298,6 +298,54 @@ def test_an_envoy_without_policycs_access_log_breaks_are_learnt_in_the_response_
         gateway.thread.call(picker.stop(grace=0.1))
 
 
+def test_a_pick_whose_log_entry_never_comes_stops_counting_as_in_flight(gateway: Gateway, client: OipClient) -> None:
+    """Should Envoy's entry for a request never come (the log lost it), the pick stops counting
+    toward the 429 limit and the drain after `OPEN_MAX_S`, counted as `unlogged`."""
+    from policyc.gateway.picker import OPEN_MAX_S
+
+    picker = gateway.picker.picker
+    deadline = time.monotonic() + 5
+    while picker.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pick = next(iter(picker.recent.values()))
+    before = picker.counts.get("unlogged", 0)
+    gateway.thread.call(_open_at(picker, "f" * 32, pick, time.perf_counter() - OPEN_MAX_S - 1))
+    client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+    assert "f" * 32 not in picker._open and picker.counts["unlogged"] == before + 1
+
+
+async def _open_at(picker, did: str, pick, since: float) -> None:  # type: ignore[no-untyped-def]
+    picker._open[did] = (pick, since)  # on the loop, as the picker does
+
+
+def test_policyc_gateway_without_accounting_logs_only_what_the_picker_needs(gateway: Gateway) -> None:
+    """`policyc gateway`'s runner with accounting off: its access log carries the calls that
+    can break (and the attempts Envoy broke) only; a break is still learnt from it."""
+    from policyc.gateway.runner import Gateway as Runner
+    from policyc.gateway.runner import GatewayOptions
+
+    runner = Runner(gateway.thread, GatewayOptions(listen=f"127.0.0.1:{free_port()}", admin=f"127.0.0.1:{free_port()}",
+                                                   accounting=False, forwarded_headers=frozenset({STALL[0]}),
+                                                   workdir=gateway.workdir / "runner-no-accounting"))
+    with runner:
+        assert runner.access_log is not None and runner.access_log.receiver.sink is None
+        receiver, picker = runner.access_log.receiver, runner.picker
+        with OipClient(runner.options.listen) as c:
+            lite = c.infer(PRIMARY, IDS, metadata=(("x-model", BACKUP),) + BASE[1:], timeout=10)  # no budget: not logged
+            plain = c.infer(PRIMARY, IDS, metadata=BASE, timeout=10)  # a budget, answered at once: logged, no break
+            a = _stalled(c)
+        acts = picker.acts.of(a.decision_id, 3, timeout=5)
+        assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"]
+        assert picker.picker.recent[lite.decision_id].per_try_timeout_ms is None
+        assert not picker.acts.of(plain.decision_id) and picker.picker.counts["broken"] == 1
+        deadline = time.monotonic() + 5
+        while receiver.counts.calls < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # the two calls with a budget, and the stalled call's broken attempt (its answer is not logged)
+        assert receiver.counts.calls == 2 and receiver.counts.entries == 3 and receiver.counts.incomplete == 0, receiver.counts
+        assert picker.picker.in_flight == 0
+
+
 def test_no_instance_with_an_endpoint_is_503_and_the_picker_not_ready(gateway: Gateway, client: OipClient) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
