@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from policyc.audit.log import AuditLog
@@ -31,6 +31,7 @@ from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
 from .event_loop import new_event_loop
 from .metrics import Metrics
+from .generic_handlers import add_health, add_reflection
 from .handlers import add_decisions_service
 from .heap import HeapSettler
 from .kernel_path import KernelPath, kernel_plane_loaded
@@ -162,8 +163,8 @@ class DecisionServer:
             if self.config.tokens.enabled else []  # without tokens every caller is an operator: nothing to check
         server = grpc.aio.server(options=opts, interceptors=interceptors)
         add_decisions_service(self.service, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        add_health(self.health, server)  # generic handlers only: see generic_handlers.py
+        add_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         await asyncio.to_thread(self._attach_data_path)  # off the loop: pyroute2 runs a loop of its own
         try:
             self.port = bind(server, self.config)

@@ -38,8 +38,7 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
 
 
 def add_decisions_service(service: DecisionService, server: grpc.aio.Server) -> None:
-    """Register the service as the generated `add_DecisionsServicer_to_server` does:
-    as registered methods (matched by gRPC core) and as a generic handler."""
+    """Add the service as a generic handler only (not also as registered methods, as the
+    generated `add_DecisionsServicer_to_server` does: see `generic_handlers.py`)."""
     handlers = timed_handlers(method_handlers(service), service.metrics.rpcs)  # per-RPC counts and latency
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
