@@ -187,10 +187,19 @@ def test_a_full_queue_for_the_writer_closes_the_gate_naming_the_log(bundle: Bund
             stub.Decide(REQ, timeout=5)
             os.kill(pid, signal.SIGSTOP)
             receipts, deadline = [], time.monotonic() + 20
-            while audit.log.queued_bytes <= QUEUE_LIMIT:
-                assert time.monotonic() < deadline, audit.log.queued_bytes
-                receipts.append(audit.log.submit_action(ActionRecord(time=time.time(), kind="accounting", target="h",
-                                                                     outcome="done", dry_run=False, detail=filler)))
+
+            def fill(past: int) -> None:
+                while audit.log.queued_bytes <= past:
+                    assert time.monotonic() < deadline, audit.log.queued_bytes
+                    receipts.append(audit.log.submit_action(ActionRecord(time=time.time(), kind="accounting", target="h",
+                                                                         outcome="done", dry_run=False, detail=filler)))
+
+            while True:  # until the sender thread has filled the stopped writer's pipe: what is queued then stays
+                fill(QUEUE_LIMIT + (256 << 10))  # under the 4 MiB at which the log blocks submitters
+                before = audit.log.queued_bytes
+                time.sleep(0.2)
+                if audit.log.queued_bytes == before:
+                    break
             with pytest.raises(grpc.RpcError) as e:
                 stub.Decide(REQ, timeout=5)
             assert e.value.code() is grpc.StatusCode.UNAVAILABLE
