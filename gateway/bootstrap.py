@@ -239,9 +239,9 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
                             "request_body_mode": "NONE", "response_body_mode": "NONE",
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
         "mutation_rules": {"allow_envoy": True},  # the picker sets x-envoy-upstream-rq-per-try-timeout-ms
-        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE, WATCH_NAMESPACE]
-                                                      if spec.breaks_from_access_log else [LB_NAMESPACE]},
-                             "forwarding_namespaces": {"untyped": [LB_NAMESPACE]}},
+        # the served host (`envoy.lb`) goes to the picker only for its response phase
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE, WATCH_NAMESPACE]},
+                             **({} if spec.breaks_from_access_log else {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]}})},
     }}
 
 
