@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Iterable
 
 from policyc.compiler.bundle import Bundle, Contract
@@ -26,13 +27,14 @@ from policyc.solver.feasibility import Feasible, Infeasible
 from .decision_ids import new_decision_id
 from .decision import Account, Decision, DecisionInput, Outcome, Rejection, Stage, Timing
 from .errors import ServiceError, Status
-from .prepared import Matched as _Matched, MatchMemo, Prepared
+from .prepared import Matched as _Matched, MatchMemo, Prepared, Ranked
 from .request_input import to_request
 from .state import PolicyState, build_state
 
 MODEL_FANOUT = 4  # best-k is widened this much so that other models can be tried
 SCORE_LAG = 0.2  # seconds a request shape's ranking may trail the pushed scores (one refresher tick)
 DEFAULT_BUDGET = 1.0  # seconds, for a contract without an SLO and a request without one
+RANKED_SHAPES = 4096  # reduced request shapes whose ranked answer the engine keeps (LRU)
 
 
 class DecisionEngine:
@@ -55,6 +57,8 @@ class DecisionEngine:
         self._scores = 0
         self.score_lag = score_lag
         self._reload_listeners: list[Callable[[PolicyState], None]] = []
+        self._ranked_shapes: OrderedDict[tuple, Ranked] = OrderedDict()  # reduced shape -> the matcher's answer (LRU)
+        self._ranked_lock = threading.Lock()
 
     # ------------------------------------------------------------------ reading
     @property
@@ -107,18 +111,49 @@ class DecisionEngine:
     def _matched(self, prep: Prepared, memo: MatchMemo | None) -> _Matched:
         """The matcher's answer for `prep` and what placement needs from it, from `memo`
         when no instance was registered or removed since it was filled and it has seen the
-        latest score push or is younger than `score_lag`."""
+        latest score push or is younger than `score_lag`; else from the answer shared by
+        its reduced shape (`_ranked`), with this request's budgets and session."""
         gen, scores, now = self._generation, self._scores, time.monotonic()
         if memo is not None:
             hit = memo.entry
             if hit is not None and hit.generation == gen and hit.state is prep.state and \
                     (hit.scores == scores or now - hit.made_at < self.score_lag):
                 return hit
+        r = self._ranked(prep, gen, scores, now)
+        vars_, session = prep.request.vars, prep.input.session
+        budgets: dict[str, float] = {}
+        tries = []
+        for label, contract, window in r.windows:
+            budget = budgets.get(contract.name)
+            if budget is None:
+                budget = budgets[contract.name] = self._budget(contract, vars_)
+            tries.append((label, contract, window, budget, session))
+        out = _Matched(r.generation, r.scores, r.made_at, r.state, r.result, tuple(tries), r.rejection, r.regions, r.endpoints)
+        if memo is not None:
+            memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
+        return out
+
+    def _ranked(self, prep: Prepared, gen: int, scores: int, now: float) -> Ranked:
+        """The matcher's answer for `prep`'s reduced shape, shared by every request of that
+        shape while it is valid as a memo is (same registry generation and state; the
+        latest score push seen, or younger than `score_lag`)."""
         st = prep.state
         routable = prep.input.routable_only
+        try:
+            key: tuple | None = (st.registry.index.shape_key(prep.request.vars)[0], routable)
+        except TypeError:  # an unhashable value (only through `Request.of`): ranked afresh
+            key = None
+        table = self._ranked_shapes
+        if key is not None:
+            with self._ranked_lock:
+                hit = table.get(key)
+                if hit is not None and hit.generation == gen and hit.state is st and \
+                        (hit.scores == scores or now - hit.made_at < self.score_lag):
+                    table.move_to_end(key)
+                    return hit
         m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True, routable=routable)
         rej: Rejection | None = None
-        tries: list[tuple[str, Contract, tuple[Instance, ...], float, str | None]] = []
+        windows: list[tuple[str, Contract, tuple[Instance, ...]]] = []
         if not m.admitted:
             ex = st.registry.explain(prep.request)
             blocking = tuple(r for r in ex.rules if r.applied and r.eliminated > 0)
@@ -141,15 +176,18 @@ class DecisionEngine:
             for model, cands in groups.items():
                 contract = st.bundle.contract(model)
                 assert contract is not None  # admission guarantees it
-                budget = self._budget(contract, prep.request.vars)
                 for i in range(0, len(cands), n):
                     window = tuple(cands[i:i + n])
-                    tries.append((_window_label(model, i, len(window)), contract, window, budget, prep.input.session))
-        out = _Matched(gen, scores, now, st, m, tuple(tries), rej,
-                       {c.id: c.deployment.region for _, _, cands, _, _ in tries for c in cands},
-                       {c.id: c.deployment.endpoint for _, _, cands, _, _ in tries for c in cands if c.deployment.endpoint})
-        if memo is not None:
-            memo.entry = out  # one reference: a reader on another thread sees the old entry or this one
+                    windows.append((_window_label(model, i, len(window)), contract, window))
+        out = Ranked(gen, scores, now, st, m, rej, tuple(windows),
+                     {c.id: c.deployment.region for _, _, cands in windows for c in cands},
+                     {c.id: c.deployment.endpoint for _, _, cands in windows for c in cands if c.deployment.endpoint})
+        if key is not None:
+            with self._ranked_lock:
+                table[key] = out
+                table.move_to_end(key)
+                if len(table) > RANKED_SHAPES:
+                    table.popitem(last=False)  # the least recently used
         return out
 
     def _decide_prepared(self, prep: Prepared, memo: MatchMemo | None, lookup: float | None) -> Decision:
@@ -287,6 +325,8 @@ class DecisionEngine:
             self.placer.load_catalog(catalog_for(bundle.gpu_catalog))  # the new bundle's GPU classes, everywhere
             self._slo_vars = bundle.latency_targets
             self._state = new
+            with self._ranked_lock:
+                self._ranked_shapes = OrderedDict()  # the old state's answers: never valid again, and they hold it
             old.feasibility.close()
             return old.bundle_hash, tuple(i for i, _ in evicted)
 

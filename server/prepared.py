@@ -4,8 +4,10 @@ Most traffic repeats a few request shapes (the same headers from the same caller
 given policy state, parsing those headers and the solver's feasibility answer never
 change (`Prepared`), and the matcher's answer changes only when the registry does
 (`MatchMemo`, checked against the engine's registry generation; score pushes re-rank it at
-most once a refresher tick). Placement is never kept: it reads the live topology and
-reserves GPU share on every call.
+most once a refresher tick). Below the per-shape memo, the matcher's answer is shared by
+every request of the same reduced shape (`Ranked`, one table in the engine), so a new raw
+shape (a new SLO value) usually finds it ranked already. Placement is never kept: it reads
+the live topology and reserves GPU share on every call.
 """
 
 from __future__ import annotations
@@ -51,6 +53,26 @@ class Matched:
     rejection: Rejection | None
     regions: dict[str, str]
     endpoints: dict[str, str]  # candidate id -> `ip:port`, for candidates that have one
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Ranked:
+    """The matcher's answer for one *reduced* request shape (`FleetIndex.shape_key`: every
+    request with an equal key gets an equal answer, so raw shapes that differ only in an
+    SLO between the same two thresholds share it) at one registry `generation`, with what
+    placement needs from it apart from a request's own budget and session: the placement
+    windows in model order as (label, contract, candidates), each candidate's region and
+    endpoint. `Matched` adds the request's budgets and session to the windows."""
+
+    generation: int
+    scores: int
+    made_at: float
+    state: PolicyState
+    result: MatchResult
+    rejection: Rejection | None
+    windows: tuple[tuple[str, Contract, tuple[Instance, ...]], ...]
+    regions: dict[str, str]
+    endpoints: dict[str, str]
 
 
 class MatchMemo:

@@ -132,3 +132,35 @@ def test_a_response_from_a_kept_head_parses_to_the_full_message(server: Decision
             assert pb.Decision.FromString(entry.response(d)) == convert.decision(d)
         assert entry.head is not None
     assert {stage for _, stage in outcomes} == {None, Stage.FEASIBILITY, Stage.MATCH, Stage.PLACEMENT}
+
+
+def test_requests_of_one_reduced_shape_share_the_ranked_answer(server: DecisionServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two SLOs between the same thresholds are one reduced shape: the matcher ranks once
+    for both (each keeps its own latency budget), an answer equal to ranking afresh; another
+    region is another shape; a registry write ranks again."""
+    eng = server.engine
+    reg = eng.state.registry
+    ranked: list[object] = []
+    real = reg.match
+    monkeypatch.setattr(reg, "match", lambda *a, **k: (ranked.append(a[0]), real(*a, **k))[1])
+    a, b = (eng.prepare(DecisionInput({"X-SLO-Latency": slo, "X-Data-Region": "us-west"}, {})) for slo in ("150.25ms", "150.75ms"))
+    assert reg.index.shape_key(a.request.vars)[0] == reg.index.shape_key(b.request.vars)[0]  # the same reduced shape
+    ma, mb = MatchMemo(), MatchMemo()
+    da, db = eng.decide_prepared(a, ma), eng.decide_prepared(b, mb)
+    assert len(ranked) == 1 and ma.entry is not None and mb.entry is not None and ma.entry.result is mb.entry.result
+    for prep, memo in ((a, ma), (b, mb)):  # each request's own budget (the engine's rule for it)
+        assert memo.entry is not None
+        assert [t[3] for t in memo.entry.tries] == [eng._budget(t[1], prep.request.vars) for t in memo.entry.tries]
+    assert da.candidates == db.candidates and da.outcome == db.outcome
+    eng._ranked_shapes.clear()  # ranked afresh: the same answer
+    fresh = MatchMemo()
+    eng.decide_prepared(b, fresh)
+    assert len(ranked) == 2 and fresh.entry is not None
+    assert [[i.id for i in t[2]] for t in fresh.entry.tries] == [[i.id for i in t[2]] for t in mb.entry.tries]
+    eng.decide_prepared(eng.prepare(DecisionInput({"X-SLO-Latency": "150.25ms", "X-Data-Region": "eu-west"}, {})), MatchMemo())
+    assert len(ranked) == 3  # another region: another shape
+    eng.deregister(da.plan.instance_id if da.plan is not None else next(iter(reg.entries()))[0].id)
+    again = MatchMemo()
+    eng.decide_prepared(a, again)
+    assert len(ranked) == 4 and again.entry is not None and again.entry.result.count == ma.entry.result.count - 1
