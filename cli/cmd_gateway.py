@@ -42,6 +42,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle, and every reload, must be signed by it")
     p.add_argument("--audit-log", help="append decisions and actions to this audit log")
+    p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
+                   help="GPU telemetry: the embedded simulated cluster (default) or this machine's (/sys, NVML), "
+                        "whose SM utilisation then joins the gateway's timings in the correlation rules")
     p.add_argument("--self-heal", choices=("dry-run", "execute"), default="dry-run",
                    help="self-heal's GPU reset, RDMA link refresh and rebalance: recorded only (dry-run, the default) "
                         "or executed (execute: an operator's explicit switch, audited)")
@@ -97,7 +100,7 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     from policyc.matcher.instance import canonical_endpoint
     from policyc.server.app import DecisionServer, ServerThread
     from policyc.cli.keys import KeyError_, load_public
-    from policyc.server.config import EnforcerMode, SelfHeal, ServeConfig
+    from policyc.server.config import EnforcerMode, SelfHeal, ServeConfig, Telemetry
     from policyc.server.transport import TransportError
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -118,7 +121,7 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         return _fail(str(e))
     cfg = ServeConfig(port=args.port, audit_log=Path(args.audit_log) if args.audit_log else None,
                       enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
-                      settle_heap=True)
+                      telemetry=Telemetry(args.telemetry), settle_heap=True)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
         api_port = thread.start()

@@ -37,7 +37,7 @@ from policyc.enforcer.correlate import SM_UTIL
 from policyc.enforcer.records import ActionKind
 from policyc.modelserver.client import OipClient
 from policyc.modelserver.specs import ServerSpec
-from policyc.server.config import EnforcerMode
+from policyc.server.config import EnforcerMode, Telemetry
 
 RULES = """
 # Upstream connects slow while the GPU idles: the link to the model server, not the model.
@@ -240,3 +240,32 @@ def test_long_kernel_timed_streams_with_an_idle_gpu_are_the_serving_process_not_
     assert len(found) >= 3 and all("cause serving_process" in v for v in found), found
     later = memory.records[before:]
     assert any(r.kind is ActionKind.REPORT_ANOMALY and r.rule == "held-by-server" and "GPU not blamed" in r.detail for r in later)
+
+
+@pytest.mark.parametrize("telemetry", [Telemetry.LOCAL, Telemetry.SIMULATED])
+def test_the_gateway_feeds_measured_sm_utilisation_to_its_windows_only(telemetry: Telemetry, rules_bundle: Bundle,
+                                                                       tmp_path: Path) -> None:
+    """`policyc gateway --telemetry local`: the service's refresher hands every snapshot's SM
+    utilisation (NVML's, on a GPU host) to the gateway's windows (`TelemetryLevels`, tested
+    end to end from the stand-in NVML in tests/enforcer/test_signal_windows.py); on the
+    simulated cluster nothing is fed; a stopped gateway's listener goes quiet."""
+    from policyc.enforcer.signal_windows import TelemetryLevels
+    from policyc.gateway.runner import Gateway, GatewayOptions
+    from policyc.server.app import DecisionServer, ServerThread
+    from policyc.server.config import ServeConfig
+
+    th = ServerThread(DecisionServer(rules_bundle, ServeConfig(telemetry=telemetry, audit_log=tmp_path / "audit.db",
+                                                               enforcer=EnforcerMode.USERSPACE)))
+    th.start()
+    try:
+        gw = Gateway(th, GatewayOptions(workdir=tmp_path / "gw"))
+        listeners = th.server.refresher._listeners
+        if telemetry is Telemetry.SIMULATED:
+            assert gw.telemetry_levels is None and not any(isinstance(f, TelemetryLevels) for f in listeners)
+            return
+        assert gw.telemetry_levels is not None and gw.telemetry_levels in listeners
+        assert gw.telemetry_levels.windows is gw.signals
+        gw.stop()
+        assert gw.telemetry_levels.closed
+    finally:
+        th.stop()
