@@ -5,6 +5,7 @@ in the same run, the modes alternating round by round so all see the same machin
 
     .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
                                            [--model fraud-scorer] [--breaks access-log|response] [--accounting]
+    .venv/bin/python benchmarks/gateway.py --lag 12   # break -> act recorded, from Envoy's access log
 
 A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
 policyc (same Python grpc.aio, same event loop, same Unix socket transport, a fixed
@@ -198,6 +199,50 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] * 1e3 if s else float("nan")
 
 
+def _break_lag(n: int) -> int:
+    """Break -> act recorded: the broken attempt's end (Envoy's access log) to the picker's
+    acts, and the client's answer to the acts, for `n` stalled requests."""
+    import grpc
+
+    from gateway_rig import BACKUP, PRIMARY, start_gateway
+
+    from policyc.compiler.pipeline import compile_paths
+    from policyc.modelserver.client import OipClient, token_ids
+
+    bundle = compile_paths([str(REPO / "policies")], analyse=False).bundle
+    assert bundle is not None
+    gw = start_gateway(bundle)
+    md = (("x-model", PRIMARY), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"), ("x-policyc-stall-ms", "2000"))
+    lags: list[float] = []
+    seen: list[float] = []
+    refused = 0
+    try:
+        with OipClient(gw.listen) as c:
+            c.infer(BACKUP, token_ids(32), metadata=(("x-model", BACKUP),) + md[1:3], timeout=10)  # connections up
+            while len(lags) < n and refused < 3 * n:
+                time.sleep(1.0)  # each break costs its GPU 0.3 of health, regained at 0.1 a second
+                try:
+                    a = c.infer(PRIMARY, token_ids(32), metadata=md, timeout=10)
+                except grpc.RpcError:
+                    refused += 1
+                    continue
+                answered = time.monotonic()
+                acts = gw.picker.acts.of(a.decision_id, 3, timeout=5)
+                seen.append(time.monotonic() - answered)
+                b = next((b for b in gw.picker.acts.breaks if b.decision_id == a.decision_id), None)
+                if len(acts) < 3 or b is None or b.lag_s is None:
+                    raise SystemExit(f"request {a.decision_id}: the break was not recorded from the access log")
+                lags.append(b.lag_s)
+    finally:
+        gw.stop()
+    q = statistics.quantiles(lags, n=10) if len(lags) >= 2 else lags
+    print(f"{len(lags)} breaks (flush interval 50 ms): break -> acts recorded p50 {statistics.median(lags) * 1e3:.1f} ms, "
+          f"p90 {q[-1] * 1e3:.1f} ms, max {max(lags) * 1e3:.1f} ms; the client's answer -> acts p50 "
+          f"{statistics.median(seen) * 1e3:.1f} ms, max {max(seen) * 1e3:.1f} ms; {refused} refused while GPUs recovered; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -213,7 +258,13 @@ def main() -> int:
                          "ext_proc exchange per call) or the response phase (requests with a budget: two)")
     ap.add_argument("--accounting", action="store_true",
                     help="with --breaks access-log: also write each call's accounting record to the audit log")
+    ap.add_argument("--lag", type=int, default=0, metavar="N",
+                    help="instead: N requests stalled on their primary (broken at the budget, answered by the backup), "
+                         "one a second, through the test rig's gateway; prints how long after the break the acts were "
+                         "recorded from Envoy's access log")
     args = ap.parse_args()
+    if args.lag:
+        return _break_lag(args.lag)
 
     import grpc
 
