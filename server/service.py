@@ -144,12 +144,16 @@ class DecisionService(pb_grpc.DecisionsServicer):
         """`inp` parsed against `st` with its feasibility answer, Z3 kept off the serving
         loop: a shape the solver has not seen is solved in the solver thread while the
         loop serves others (Decide's new shapes, every Explain)."""
-        prepared = self.engine.prepare(inp, st, solve=False)
-        if type(prepared.answer) is Pending:
-            t1 = time.perf_counter()
-            answer = await asyncio.wrap_future(st.feasibility.solved(prepared.request.vars))
-            prepared = replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
-        return prepared
+        return await self.solved(self.engine.prepare(inp, st, solve=False))
+
+    async def solved(self, prepared: Prepared) -> Prepared:
+        """`prepared` with the solver thread's answer when its feasibility was pending
+        (awaited: the loop serves others meanwhile)."""
+        if type(prepared.answer) is not Pending:
+            return prepared
+        t1 = time.perf_counter()
+        answer = await asyncio.wrap_future(prepared.state.feasibility.solved(prepared.request.vars))
+        return replace(prepared, answer=answer, feasibility=prepared.feasibility + time.perf_counter() - t1)
 
     def decide_shape(self, shapes: RequestShapes, key: bytes, make_input: Callable[[], DecisionInput],
                      t0: float, prepared: Prepared | None = None) -> tuple[Decision, ShapeEntry, Awaitable[Any] | None]:
@@ -251,17 +255,34 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 out: list[bytes] = []
                 waits: list[Awaitable[Any]] = []
                 shapes = self.shapes
+                st = self.engine.state
+                # First every request checked and every new shape parsed, its feasibility
+                # queued for the solver thread at once (so the solver works through them
+                # while the loop serves others, instead of one new shape at a time), and a
+                # bad request refuses the batch before any decision is made or audited.
+                fresh: dict[int, Prepared] = {}
                 for n, item in enumerate(items):
                     try:
                         if len(item) > self.max_decide_bytes:
                             raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(item)} bytes; a Decide request may "
                                                f"be at most {self.max_decide_bytes}")
+                        if shapes.get(st, item) is None:
+                            fresh[n] = self.engine.prepare(convert.decision_input(convert.decide_request(item)), st, solve=False)
+                    except ServiceError as e:
+                        raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
+                                           diagnostics=e.diagnostics) from None
+                for n, item in enumerate(items):
+                    try:
                         entry = shapes.get(self.engine.state, item)
                         if entry is not None:
                             d, durable = self.decide_entry(entry, t0)
                         else:
                             make_input = lambda item=item: convert.decision_input(convert.decide_request(item))  # noqa: E731
-                            prepared = await self.prepare_off_loop(make_input(), self.engine.state)
+                            prepared = fresh.get(n)
+                            if prepared is None or prepared.state is not self.engine.state:  # a reload since, or evicted
+                                prepared = await self.prepare_off_loop(make_input(), self.engine.state)
+                            else:
+                                prepared = await self.solved(prepared)
                             d, entry, durable = self.decide_shape(shapes, item, make_input, t0, prepared)
                     except ServiceError as e:
                         raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,

@@ -104,12 +104,16 @@ def test_decide_batch_answers_as_decide_does(bundle: Bundle) -> None:
                        (one.outcome, one.model, one.candidates, one.rejection.stage, one.rejection.reason)
                 assert got.decision_id != one.decision_id
             assert stub.DecideBatch(pb.DecideBatchRequest(), timeout=30).decisions == []
-            bad = reqs[:3] + [pb.DecideRequest(headers={"X-SLO-Latency": "soon"})]
+            bad = [pb.DecideRequest(headers=diverse(rng)) for _ in range(3)] + [pb.DecideRequest(headers={"X-SLO-Latency": "soon"})]
+            decided = sum(th.server.metrics.decisions.totals().values())
             try:
                 stub.DecideBatch(pb.DecideBatchRequest(requests=bad), timeout=30)
                 raise AssertionError("a malformed header was accepted")
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details().startswith("request 3:")
+            assert sum(th.server.metrics.decisions.totals().values()) == decided  # refused before any decision was made
+            feas = th.server.engine.state.feasibility
+            assert feas.solves_on_loop == 0 and feas.solves_background > 0  # the batch's new shapes: the solver thread
             raw = ch.unary_unary("/policyc.decision.v1.Decisions/DecideBatch")
             try:
                 raw(b"\x12\x00", timeout=30)
