@@ -164,16 +164,21 @@ class BudgetWatch:
     def _collect_between(self) -> None:
         """The young collection (generation 0, or 1 when that one is due too) now, if it is
         at least half due and no deadline is within `GC_ROOM`: so the collector does not
-        start in another thread at a crossing. Left alone where the program turned the
-        collector off."""
-        count0, count1, _ = gc.get_count()
-        threshold0, threshold1, _ = gc.get_threshold()
+        start in another thread at a crossing. When the oldest generation may be due, the
+        interpreter's own collection is let happen (it alone knows whether a full one is
+        worth it), so a long storm of breaks cannot keep old garbage from being freed.
+        Left alone where the program turned the collector off."""
+        count0, count1, count2 = gc.get_count()
+        threshold0, threshold1, threshold2 = gc.get_threshold()
         if not gc.isenabled() or threshold0 <= 0 or count0 < threshold0 // 2:
             return
+        gen1_due = count1 + 1 >= threshold1
+        if gen1_due and count2 + 1 > threshold2:
+            return  # the oldest generation may be due: the interpreter's own rule decides that one
         nearest = self.next_deadline()
         if nearest is not None and nearest - self._clock() < GC_ROOM:
             return
-        gc.collect(1 if count1 + 1 >= threshold1 else 0)
+        gc.collect(1 if gen1_due else 0)
 
     def close(self) -> None:
         with self._cv:
