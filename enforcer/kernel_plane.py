@@ -9,13 +9,15 @@ new bundle arrives, only map contents change.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
+import fcntl
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,23 @@ _planes = itertools.count(1)  # ... and each plane's own handle under it, so det
 def _tc_handle() -> int:
     """A filter handle unique to this plane among processes: the pid, and a count within it."""
     return ((os.getpid() & 0xFFFFFF) << 8 | next(_planes) & 0xFF) or 1
+
+
+TC_LOCK = Path("/run/lock/policyc-tc.lock")
+
+
+@contextlib.contextmanager
+def _tc_lock() -> Iterator[None]:
+    """Every policyc process on the host changes TC under one lock: removing a clsact qdisc
+    we added once no filter is left under it must not race another process adding its own
+    filters under it (deleting the qdisc would take them along, unseen)."""
+    path = TC_LOCK if TC_LOCK.parent.is_dir() else Path("/tmp") / TC_LOCK.name
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def pid_gone(pid: int) -> bool:
@@ -151,7 +170,7 @@ class KernelPlane:
         a clsact qdisc we had to add is remembered and removed again by `detach_tc`."""
         from pyroute2 import IPRoute
 
-        with IPRoute(netns=netns) if netns else IPRoute() as ipr:
+        with _tc_lock(), IPRoute(netns=netns) if netns else IPRoute() as ipr:
             found = ipr.link_lookup(ifname=ifname)
             if not found:
                 raise KernelPlaneError(f"interface `{ifname}` not found{f' in netns {netns}' if netns else ''}")
@@ -223,7 +242,7 @@ class KernelPlane:
                 keep.append(a)
                 continue
             try:
-                with IPRoute(netns=netns) if netns else IPRoute() as ipr:
+                with _tc_lock(), IPRoute(netns=netns) if netns else IPRoute() as ipr:
                     self._remove_tc(ipr, a, [_TC_INGRESS_PARENT, _TC_EGRESS_PARENT])
             except Exception as exc:  # the namespace may be gone already, which detaches too
                 log.debug("detach tc %s/%s: %s", netns, ifname, exc)

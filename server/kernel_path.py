@@ -73,9 +73,8 @@ class KernelPath:
 
     def sync(self) -> bool:
         """Re-sync the backend map if the registry or the policy changed; True if it did."""
-        st = self.engine.state
-        seen = (st, self.engine.generation, self.guardian.table)
-        if self._seen is not None and all(a is b or a == b for a, b in zip(seen, self._seen)):
+        seen = (self.engine.state, self.engine.generation, self.guardian.table)  # a new state or table: a reload
+        if self._seen is not None and seen[0] is self._seen[0] and seen[1] == self._seen[1] and seen[2] is self._seen[2]:
             return False
         self.data_path.sync(quarantine_targets(self.guardian.table, self.pool))
         self.health.watch(self.data_path.backends())

@@ -44,6 +44,12 @@
 #define STREAM_F_RST 1
 #define STREAM_F_OVER_BUDGET 2
 
+// What the TC observers answer for a packet they let through: "no verdict", so that the
+// next filter on the interface runs too (TC_ACT_OK would end the chain there: a second
+// policyc process observing the same interface, at the same priority, would see nothing).
+// With no filter left to decide, the packet passes.
+#define TC_PASS TC_ACT_UNSPEC
+
 #define H2_MAX_FRAMES_PER_SEGMENT 32
 #define H2_PREFACE_LEN 24
 
@@ -312,7 +318,7 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
     void *data_end = (void *)(long)skb->data_end;
     struct ethhdr *eth = data;
     if ((void *)(eth + 1) > data_end)
-        return TC_ACT_OK;
+        return TC_PASS;
     struct flow_key k = {};
     k.hook = hook;
     u32 l4_off;
@@ -320,7 +326,7 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
     if (proto == bpf_htons(ETH_P_IP)) {
         struct iphdr *ip = (void *)(eth + 1);
         if ((void *)(ip + 1) > data_end)
-            return TC_ACT_OK;
+            return TC_PASS;
         mapped_v4(&k.src, ip->saddr, 0);
         mapped_v4(&k.dst, ip->daddr, 0);
         k.proto = ip->protocol;
@@ -328,13 +334,13 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
     } else if (proto == bpf_htons(ETH_P_IPV6)) {
         struct ipv6hdr *ip6 = (void *)(eth + 1);
         if ((void *)(ip6 + 1) > data_end)
-            return TC_ACT_OK;
+            return TC_PASS;
         __builtin_memcpy(k.src.addr, &ip6->saddr, 16);
         __builtin_memcpy(k.dst.addr, &ip6->daddr, 16);
         k.proto = ip6->nexthdr;   // extension headers are not walked
         l4_off = sizeof(*eth) + sizeof(*ip6);
     } else {
-        return TC_ACT_OK;
+        return TC_PASS;
     }
     u64 len = skb->len;   // IP total length is 0 for >64 KiB GSO packets on lo
     u32 payload_off = l4_off;
@@ -342,7 +348,7 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
     int is_tcp = 0;
     if (k.proto == IPPROTO_TCP) {
         if (bpf_skb_load_bytes(skb, l4_off, &th, sizeof(th)) < 0)
-            return TC_ACT_OK;
+            return TC_PASS;
         k.src.port = bpf_ntohs(th.source);
         k.dst.port = bpf_ntohs(th.dest);
         payload_off = l4_off + th.doff * 4;
@@ -350,7 +356,7 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
     } else if (k.proto == IPPROTO_UDP) {
         u16 ports[2];
         if (bpf_skb_load_bytes(skb, l4_off, ports, 4) < 0)
-            return TC_ACT_OK;
+            return TC_PASS;
         k.src.port = bpf_ntohs(ports[0]);
         k.dst.port = bpf_ntohs(ports[1]);
         payload_off = l4_off + 8;
@@ -379,7 +385,7 @@ static __always_inline int observe(struct __sk_buff *skb, u8 hook) {
         dk.dst = k.dst;
         walk_h2(skb, &dk, &th, payload_off, (u32)payload);
     }
-    return TC_ACT_OK;
+    return TC_PASS;
 }
 
 int tc_ingress(struct __sk_buff *skb) { return observe(skb, HOOK_INGRESS); }
