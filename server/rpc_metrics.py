@@ -1,8 +1,9 @@
 """Per-RPC counts and latency, and the enforcer's series, exposed to Prometheus at scrape time.
 
-Kept as plain numbers, as `decision_counters.py` does for decisions: a call appends
-(method, code, seconds) to a queue (a fraction of a microsecond, no lock), folded into the
-counts every `FOLD_AT` calls and at every scrape, not prometheus_client's per-call label walk.
+Kept as plain numbers, as `decision_counters.py` does for decisions: a call counts its
+(method, code) in a dict and appends its seconds to its method's `array('d')` under one
+uncontended lock (no object kept per call), folded into the buckets every `FOLD_AT` calls
+and at every scrape, not prometheus_client's per-call label walk.
 Decide and DecideBatch count themselves (`counts_itself`): no wrapper coroutine on the hot path. Families: `policyc_rpc_requests_total{method, code}` and
 `policyc_rpc_seconds{method}` (server-side, from the handler's start to its answer);
 `policyc_enforcer_actions_total{kind, outcome}`, `policyc_enforcer_quarantines_total` and
@@ -15,10 +16,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import deque
+from array import array
 from typing import Any, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 import grpc
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,34 +34,35 @@ class RpcCounters(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queued: deque[tuple[str, str, float]] = deque()
         self._calls: dict[tuple[str, str], int] = {}
         self._latency: dict[str, _Histogram] = {}
+        self._queued: dict[str, array] = {}  # type: ignore[type-arg]  # method -> seconds not folded yet
 
     def observe(self, method: str, code: str, seconds: float) -> None:
-        q = self._queued
-        q.append((method, code, seconds))  # atomic: callers on several threads need no lock
-        if len(q) >= FOLD_AT:
-            self._fold()
+        key = (method, code)
+        with self._lock:
+            self._calls[key] = self._calls.get(key, 0) + 1
+            q = self._queued.get(method)
+            if q is None:
+                q = self._queued[method] = array("d")
+            q.append(seconds)
+            if len(q) >= FOLD_AT:
+                self._fold_locked(method, q)
+
+    def _fold_locked(self, method: str, q: array) -> None:  # type: ignore[type-arg]
+        self._queued[method] = array("d")
+        h = self._latency.get(method)
+        if h is None:
+            h = self._latency[method] = _Histogram()
+        h.add_many(np.frombuffer(q, dtype=np.float64))
 
     def _fold(self) -> None:
         with self._lock:
-            q = self._queued
-            items = [q.popleft() for _ in range(len(q))]
-            calls = self._calls
-            seconds: dict[str, list[float]] = {}
-            for method, code, s in items:
-                key = (method, code)
-                calls[key] = calls.get(key, 0) + 1
-                seconds.setdefault(method, []).append(s)
-            for method, values in seconds.items():
-                h = self._latency.get(method)
-                if h is None:
-                    h = self._latency[method] = _Histogram()
-                h.add_many(values)
+            for method, q in list(self._queued.items()):
+                if q:
+                    self._fold_locked(method, q)
 
     def count(self, method: str, code: str) -> int:
-        self._fold()
         return self._calls.get((method, code), 0)
 
     def collect(self) -> Iterator[Metric]:

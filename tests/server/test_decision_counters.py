@@ -56,8 +56,8 @@ def test_no_decisions_yet_exposes_an_empty_total_histogram() -> None:
 
 
 def test_queued_decisions_fold_into_the_same_counts_as_one_by_one() -> None:
-    """Decisions are queued and folded in batches (and at every read): across several folds
-    and a partial batch, the buckets, sums and counts are what adding each one gives."""
+    """Decision times are queued and folded in batches (and at every scrape): across several
+    folds and a partial batch, the buckets, sums and counts are what adding each one gives."""
     import random
 
     from policyc.server.decision_counters import FOLD_AT, STAGES, _Histogram
@@ -76,7 +76,7 @@ def test_queued_decisions_fold_into_the_same_counts_as_one_by_one() -> None:
             if v:
                 h.add(v)
         if i == FOLD_AT // 2:
-            assert c.count("rejected", "match") == FOLD_AT // 6 + 1  # a read folds what is queued
+            assert c.count("rejected", "match") == FOLD_AT // 6 + 1  # counted at once; only the times wait for a fold
     s = _samples(c)
     assert c.count("admitted", "ok") + c.count("rejected", "match") == n
     assert s[("policyc_decision_seconds_count", ())] == n
