@@ -6,13 +6,18 @@ unions of `prefix_bitmaps.py` (one union of two bitmaps, however many distinct v
 complementing against the instances that have the attribute at all for `>` and `>=`.
 `keys_version` changes whenever the set of distinct values does: a request reduced to its
 position among the values (`FleetIndex.shape_key`) is only comparable under one version.
+An ordered attribute also answers, for every slot at once, which of the sorted values it
+holds (`key_positions`, a numpy array kept up to date per add and remove, rebuilt only when
+the values themselves change): what `threshold_ranks.py` groups a base's members by.
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right, insort
 from typing import Iterable
 
+import numpy as np
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import Scalar
@@ -34,7 +39,8 @@ class AttributeIndex:
     """Postings for one attribute. Returned bitmaps may be the index's own: callers combine
     them with non-mutating operators only."""
 
-    __slots__ = ("attr", "ordered", "postings", "keys", "present", "prefix", "keys_version")
+    __slots__ = ("attr", "ordered", "postings", "keys", "present", "prefix", "keys_version", "_positions",
+                 "_positions_version")
 
     def __init__(self, attr: str, ordered: bool) -> None:
         self.attr = attr
@@ -44,6 +50,8 @@ class AttributeIndex:
         self.present = BitMap()  # instances with a value, kept only when ordered
         self.prefix = PrefixBitmaps()  # range answers, when ordered
         self.keys_version = 0  # bumped when a distinct value appears or disappears
+        self._positions = array("i")  # slot -> index in `keys` (-1: no value), when ordered (`key_positions`)
+        self._positions_version = -1  # the `keys_version` `_positions` is current for
 
     def add(self, slot: int, value: Scalar) -> None:
         bm = self.postings.get(value)
@@ -54,7 +62,10 @@ class AttributeIndex:
                 self.prefix.reshaped()
             self.keys_version += 1
         elif self.ordered:
-            self.prefix.changed(bisect_left(self.keys, value), slot, True)  # type: ignore[arg-type]
+            i = bisect_left(self.keys, value)  # type: ignore[arg-type]
+            self.prefix.changed(i, slot, True)
+            if self._positions_version == self.keys_version:
+                self._place(slot, i)
         bm.add(slot)
         if self.ordered:
             self.present.add(slot)
@@ -75,6 +86,8 @@ class AttributeIndex:
                 self.prefix.reshaped()
         elif self.ordered:
             self.prefix.changed(bisect_left(self.keys, value), slot, False)  # type: ignore[arg-type]
+            if self._positions_version == self.keys_version:
+                self._positions[slot] = -1
 
     def bulk(self, pairs: Iterable[tuple[int, Scalar]]) -> None:
         """Fill an empty index at once (index build): lists first, bitmaps once."""
@@ -102,6 +115,27 @@ class AttributeIndex:
             self.prefix.reshaped()
         self.keys_version += 1
 
+    # ------------------------------------------------------------------ value positions
+    def _place(self, slot: int, i: int) -> None:
+        pos = self._positions
+        if slot >= len(pos):
+            pos.extend(array("i", [-1]) * (max(1024, len(pos), slot + 1 - len(pos))))
+        pos[slot] = i
+
+    def key_positions(self) -> array:
+        """slot -> the index of its value in `keys` (-1 for a slot without one; slots past
+        the end have none either), as a C int array: indexing it gives Python ints, and
+        `numpy.frombuffer` views it without a copy (a view must not outlive the call that
+        made it: the array grows in place). Rebuilt from the postings after the distinct
+        values changed (a new SLO rolled out: O(instances) in numpy), else kept per update."""
+        if self._positions_version != self.keys_version:
+            top = max((bm.max() for bm in self.postings.values() if bm), default=-1)
+            pos = np.full(max(1024, 2 * (top + 1)), -1, dtype=np.intc)
+            for i, k in enumerate(self.keys):
+                pos[np.frombuffer(self.postings[k].to_array(), dtype=np.uint32)] = i
+            self._positions, self._positions_version = array("i", pos.tobytes()), self.keys_version
+        return self._positions
+
     # ------------------------------------------------------------------ predicates
     def eq(self, value: Scalar) -> BitMap:
         return self.postings.get(value, EMPTY)
@@ -114,7 +148,7 @@ class AttributeIndex:
         if not self.ordered:  # an ordering on an attribute the plan did not mark as a range
             return self._order_unindexed(cmp, value)
         keys = self.keys
-        if cmp == "<":  # `_cut`, inlined: this runs on every request with a range term
+        if cmp == "<":  # `cut`, inlined: this runs on every request with a range term
             h, below = bisect_left(keys, value), True
         elif cmp == "<=":
             h, below = bisect_right(keys, value), True
@@ -140,7 +174,7 @@ class AttributeIndex:
         if not self.ordered:
             return within & self._order_unindexed(cmp, value)
         keys = self.keys
-        h, below = self._cut(cmp, value)
+        h, below = self.cut(cmp, value)
         n = len(keys)
         if below:
             if h == 0:
@@ -151,7 +185,7 @@ class AttributeIndex:
         mine = within & self.present
         return mine if h == 0 else mine - self.prefix.lower_within(h, keys, self.postings, mine)
 
-    def _cut(self, cmp: str, value: float) -> tuple[int, bool]:
+    def cut(self, cmp: str, value: float) -> tuple[int, bool]:
         """(h, below): the ordering holds for the first h sorted values (below) or the rest."""
         keys = self.keys
         if cmp == "<":

@@ -15,6 +15,7 @@ from typing import Any
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import RequestRule, Scalar
+from policyc.compiler.meaning import Cmp
 
 from .bloom import BloomKey
 from .guards import Predicate
@@ -24,6 +25,16 @@ Vars = Mapping[str, Scalar]
 BitmapFn = Callable[[Vars], BitMap]
 WithinFn = Callable[[Vars, BitMap], BitMap]
 ClauseTemplate = tuple[tuple[str, Any], ...]  # alternatives (attr, const value | index._VarRef)
+
+
+@dataclass(frozen=True, slots=True)
+class Ordering:
+    """A requirement that is one ordering of a range attribute against a request variable
+    (`slo_latency <= request.slo`): what `threshold_ranks.py` answers without a bitmap."""
+
+    attr: str
+    cmp: Cmp  # one of <, <=, >, >=
+    var: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +50,4 @@ class CompiledRule:
     # the requirement met with a few candidates (`within & require(v)`) without building the
     # requirement's own bitmap; set for a lone ordering against a request variable
     within: WithinFn | None = None
+    ordering: Ordering | None = None  # the requirement, when it is one ordering (`within` is then set)

@@ -30,24 +30,36 @@ from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
 from .bloom import SHARD_SIZE, BloomKey, ShardBloom
+from policyc.compiler.meaning import Cmp
 from policyc.compiler.semantics import atoms, value_reads
-from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Vars, WithinFn
+from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Ordering, Vars, WithinFn
 from .guards import compile_applies
 from .instance_predicates import compile_static
 from .plan import BASE_CACHE_SIZE, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
+from .ranking import ScoreTiers
 from .result import AppliedRule
+from .threshold_ranks import BELOW, ThresholdRanks, best_at
 
 BLOOM_KINDS = ("equality", "set", "boolean")
 # attributes a deployment shares with its rollout (few values each): the shard group, if
 # the rules index them (`shard_group`)
 SHARD_GROUP_ATTRS = ("model", "version", "region", "gpu_arch", "gpu_model", "session_state")
-ORDERINGS = ("<", "<=", ">", ">=")
+ORDERINGS = (Cmp.LT, Cmp.LE, Cmp.GT, Cmp.GE)
 SMALL_BASE = 4096  # a base this small is intersected with a range term without counting the term first
 
 
 @dataclass(frozen=True, slots=True)
 class _VarRef:
     name: str
+
+
+@dataclass(slots=True)
+class RankStats:
+    """How `best_one` answered (for benchmarks and tests)."""
+
+    by_ranks: int = 0  # from a base's threshold ranks
+    by_bitmap: int = 0  # from the base's bitmap (the first request since the ranks went stale)
+    builds: int = 0  # threshold ranks built
 
 
 @dataclass(slots=True)
@@ -108,10 +120,15 @@ class FleetIndex:
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
         self.version = 0  # bumped by every insert / delete: cached candidates are older
+        self.rank_misses = 0  # threshold ranks that named a tier without the best candidate (never expected)
+        self.rank_stats = RankStats()
         self.plans = PlanCache(min(plan_cache, EXACT_CACHE_SIZE))  # typed request -> Plan (a repeated request's fast path)
         self.reduced = PlanCache(plan_cache)  # reduced shape -> Plan
         self.bases = PlanCache(min(plan_cache, BASE_CACHE_SIZE))  # reduced shape less range positions -> Base
         self.reducers = self._reducers()  # request variable -> the range attribute it is placed among
+        self._reducer_items = tuple(sorted(self.reducers.items()))
+        # the one reduced variable and its attribute, when there is exactly one (`best_one`)
+        self._one_reducer = self._reducer_items[0] if len(self._reducer_items) == 1 else None
         red = self.reducers.keys()
         self._ranged = tuple((cr, not red.isdisjoint(cr.reads)) for cr in self.rules)  # reads a reduced variable?
 
@@ -198,6 +215,7 @@ class FleetIndex:
         clauses = tuple(self._necessary(rule.require))
         static = not value_reads(rule.require)
         require = self._compile(rule.require)
+        ordering = None if static else self._ordering(rule.require)
         if static:
             rid = rule.id
 
@@ -209,19 +227,24 @@ class FleetIndex:
             applies=compile_applies(rule), require=require,
             const_clauses=tuple(frozenset(c) for c in clauses if not any(isinstance(v, _VarRef) for _, v in c)),
             var_clauses=tuple(c for c in clauses if any(isinstance(v, _VarRef) for _, v in c)),
-            static=static, within=None if static else self._within(rule.require),
+            static=static, within=self._within(ordering), ordering=ordering,
         )
 
-    def _within(self, e: Expr) -> WithinFn | None:
-        """The restricted form of a requirement that is one ordering of a range attribute
-        against a request variable (`slo_latency <= request.slo`), else None."""
+    def _ordering(self, e: Expr) -> Ordering | None:
+        """The requirement as one ordering of a range attribute against a request variable
+        (`slo_latency <= request.slo`), else None."""
         if e.op != "atom":
             return None
         a: Atom = e  # type: ignore[assignment]
-        idx = self.attr_index[a.attr]
-        if a.cmp not in ORDERINGS or a.operand.kind != "var" or not idx.ordered:
+        if a.cmp not in ORDERINGS or a.operand.kind != "var" or not self.attr_index[a.attr].ordered:
             return None
-        name, cmp, order_within = a.operand.name, a.cmp, idx.order_within  # type: ignore[union-attr]
+        return Ordering(a.attr, a.cmp, a.operand.name)  # type: ignore[union-attr]
+
+    def _within(self, o: Ordering | None) -> WithinFn | None:
+        """The restricted form of a lone ordering: met with a few candidates directly."""
+        if o is None:
+            return None
+        name, cmp, order_within = o.var, o.cmp, self.attr_index[o.attr].order_within
         return lambda v, within: order_within(cmp, v[name], within)  # type: ignore[arg-type]
 
     def _compile(self, e: Expr) -> BitmapFn:
@@ -334,45 +357,131 @@ class FleetIndex:
         return {v: self.attr_index[next(iter(attrs))] for v, attrs in uses.items() if v not in exact and len(attrs) == 1}
 
     def shape_key(self, vars: Vars) -> tuple[tuple, tuple]:
-        """(the reduced shape, the reduced shape without range positions): a reduced
-        variable becomes (name, value-set version, position), every other one stays
-        (name, value), and the base key keeps only a reduced variable's name. Equal keys
-        give equal answers: every rule reads a reduced variable through orderings against
-        its attribute's values alone. Raises TypeError for an unhashable value."""
-        red = self.reducers
-        items: list[tuple] = []
-        exact: list[object] = []
-        for item in vars.items():
-            idx = red.get(item[0])
-            x = item[1]
-            if idx is None or type(x) is not float and type(x) is not int:
-                items.append(item)
-                exact.append(item)
-            else:
-                items.append((item[0], idx.keys_version, idx.position(x)))  # type: ignore[arg-type]
-                exact.append(item[0])
-        key = tuple(items)
+        """(the reduced shape, the reduced shape without range positions): both are (the
+        other variables' items, ...) with, for the reduced shape, each reduced variable as
+        (name, value-set version, position) and, for the base key, its name only. Equal
+        keys give equal answers: every rule reads a reduced variable through orderings
+        against its attribute's values alone. A reduced variable holding a non-number
+        stays among the exact items. Raises TypeError for an unhashable value."""
+        exact = dict(vars)
+        reduced: list[tuple[str, int, int]] = []
+        names: list[str] = []
+        for name, idx in self._reducer_items:
+            x = exact.get(name)
+            if type(x) is float or type(x) is int:
+                del exact[name]
+                reduced.append((name, idx.keys_version, idx.position(x)))  # type: ignore[arg-type]
+                names.append(name)
+        items = tuple(exact.items())
+        key = (items, tuple(reduced))
         hash(key)
-        return key, tuple(exact)
+        return key, (items, tuple(names))
 
-    def plan(self, vars: Vars) -> Plan:
+    def best_one(self, vars: Vars, tiers: ScoreTiers,
+                 base: Base | None = None) -> tuple[int, int | None, tuple[AppliedRule, ...], Base] | None:
+        """(how many match, the best slot or None, the rules that applied, the base) for a
+        request whose only rule reading its reduced variable is one ordering (`slo_latency
+        <= request.slo`), from its base's threshold ranks (`threshold_ranks.py`): no plan,
+        no candidate bitmap, nothing cached per target value. None when the request is not
+        of that form (the caller plans it). `base`: the request's base, when the caller
+        kept it from an earlier answer to the same request."""
+        one = self._one_reducer
+        if one is None:
+            return None
+        name, attr = one
+        x = vars.get(name)
+        if type(x) is not float and type(x) is not int:
+            return None
+        if base is None:
+            exact = dict(vars)
+            del exact[name]
+            bkey = (tuple(exact.items()), (name,))
+            try:
+                base = self.bases.get(bkey)
+            except TypeError:  # an unhashable value (only through `Request.of`)
+                return None
+            if base is None:
+                base = self._make_base(vars)
+                self.bases.put(bkey, base)
+        o = base.ordering
+        if o is None:
+            return None
+        if base.version != self.version:
+            self._refresh_base(base)
+        if not base.count:
+            return 0, None, base.applied, base
+        ranks = base.ranks
+        if ranks is None or not ranks.current(self.version, attr, tiers):
+            asked = (self.version, attr.keys_version, tiers.rank_version)
+            if (ranks is not None or base.count > SMALL_BASE) and base.asked != asked:
+                # the first request since the ranks went stale (or to a large new base): a fleet
+                # changing between every two requests never pays a build per request
+                base.asked = asked
+                self.rank_stats.by_bitmap += 1
+                count, slot = self._best_direct(base, o, x, tiers)  # type: ignore[arg-type]
+                return count, slot, base.applied, base
+            members = self.live if base.bm is None else base.bm
+            ranks = base.ranks = ThresholdRanks(members, attr, o.cmp in BELOW, tiers, self.version)
+            self.rank_stats.builds += 1
+        self.rank_stats.by_ranks += 1
+        count, slot = best_at(ranks, attr, o.cmp, x, tiers)  # type: ignore[arg-type]
+        if count and slot is None:
+            self.rank_misses += 1
+            count, slot = self._best_direct(base, o, x, tiers)  # type: ignore[arg-type]
+        return count, slot, base.applied, base
+
+    def _best_direct(self, base: Base, o: Ordering, x: float, tiers: ScoreTiers) -> tuple[int, int | None]:
+        """`best_one` from the base's bitmap: the ordering met with it, best-k on the result."""
+        attr = self.attr_index[o.attr]
+        members = base.bm
+        if members is not None and base.count <= SMALL_BASE:
+            cand = attr.order_within(o.cmp, x, members)
+        else:
+            bm = attr.order(o.cmp, x)
+            if members is None:
+                cand = bm
+            elif len(bm) == len(self.live):  # every live instance meets it: the base as it is
+                cand = members
+            else:
+                cand = members & bm
+        n = len(cand)
+        found = tiers.best(cand, n, 1)
+        return n, found[0] if found else None
+
+    def plan(self, vars: Vars, raw: tuple | None = None) -> Plan:
         """The plan for this typed request, with candidates current for the live fleet:
         first by its exact values (`plans`: a repeated request pays one dict look-up), then
-        by its reduced shape (`reduced`, then `bases`)."""
-        raw: tuple | None = tuple(vars.items())
+        by its reduced shape (`reduced`, then `bases`). `raw`: `tuple(vars.items())`, when
+        the caller has it.
+
+        A plan found by exact values may have been made for another request of the same
+        reduced shape (another target between the same two values); once the values
+        themselves change (`keys_epoch`), that request may lie on the other side of a new
+        value, so such a plan is only reused under the epoch it was made in."""
+        if raw is None:
+            raw = tuple(vars.items())
+        epoch = self.keys_epoch()
         try:
             plan = self.plans.get(raw)
         except TypeError:  # an unhashable value (only through `Request.of`): not cached
             plan, raw = None, None
-        if plan is None:
-            plan = self._reduced_plan(vars, raw is not None)
+        if plan is None or plan.epoch != epoch:
+            plan = self._reduced_plan(vars, raw is not None, epoch)
             if raw is not None:
                 self.plans.put(raw, plan)
         if plan.version != self.version:
             self._refresh(plan)
         return plan
 
-    def _reduced_plan(self, vars: Vars, hashable: bool) -> Plan:
+    def keys_epoch(self) -> int:
+        """Changes whenever a reduced variable's attribute gains or loses a distinct value
+        (each `keys_version` only grows, so their sum does too)."""
+        items = self._reducer_items
+        if len(items) == 1:
+            return items[0][1].keys_version
+        return sum(idx.keys_version for _, idx in items)
+
+    def _reduced_plan(self, vars: Vars, hashable: bool, epoch: int) -> Plan:
         key: tuple | None = None
         bkey: tuple | None = None
         if hashable:
@@ -385,7 +494,7 @@ class FleetIndex:
             base = self._make_base(vars)
             if key is not None:
                 self.bases.put(bkey, base)
-        plan = Plan(dict(vars), base, base.applied)
+        plan = Plan(dict(vars), base, base.applied, epoch)
         if key is not None:
             self.reduced.put(key, plan)
         return plan
@@ -395,15 +504,22 @@ class FleetIndex:
         rules: list[CompiledRule] = []
         exact: list[BitmapFn] = []
         ranged: list[tuple[BitmapFn, WithinFn | None]] = []
+        orderings: list[Ordering | None] = []
         for cr, reads_range in self._ranged:
             if cr.applies(own):
                 rules.append(cr)
                 if reads_range:
                     ranged.append((cr.require, cr.within))
+                    orderings.append(cr.ordering)
                 else:
                     exact.append(cr.require)
+        ordering = None
+        if len(orderings) == 1:  # one rule reads the reduced variable: a lone ordering is answered by ranks
+            o = orderings[0]
+            if o is not None and self.reducers.get(o.var) is self.attr_index[o.attr]:
+                ordering = o
         return Base(own, tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged),
-                    self._clauses(rules, own))
+                    self._clauses(rules, own), ordering)
 
     def _refresh_base(self, base: Base) -> None:
         """Recompute a base: Bloom first, then the exact terms intersected smallest first

@@ -38,8 +38,9 @@ from pyroaring import BitMap
 from policyc.compiler.bundle import Scalar
 
 from .bloom import BloomKey
-from .compiled_rule import CompiledRule
+from .compiled_rule import CompiledRule, Ordering
 from .result import AppliedRule
+from .threshold_ranks import ThresholdRanks
 
 PLAN_CACHE_SIZE = 16384
 BASE_CACHE_SIZE = 2048
@@ -60,11 +61,14 @@ class Base:
     ranged: tuple[tuple[Term, Within | None], ...]  # those of the rules that do (evaluated per `Plan`), each
     # with its restricted form when it has one (`CompiledRule.within`)
     clauses: tuple[frozenset[BloomKey], ...]  # Bloom keys every admitted instance carries
+    ordering: Ordering | None = None  # the lone range term, when it is one ordering on the reduced variable
     version: int = -1  # index membership version of `bm`
     bm: BitMap | None = None  # the exact terms' intersection; None: the live set (no exact term)
     count: int = 0  # len(bm)
     bloom_version: int = -1  # filter version of `survivors`
     survivors: BitMap | None = None  # shards the filters cannot rule out (None: no keys)
+    ranks: ThresholdRanks | None = None  # the best tier and count per threshold (`ordering` set)
+    asked: tuple[int, int, int] | None = None  # versions at the last request answered without `ranks`
 
 
 @dataclass(slots=True, eq=False)
@@ -74,6 +78,7 @@ class Plan:
     vars: Mapping[str, Scalar]  # the first such request's own values (a private copy)
     base: Base
     applied: tuple[AppliedRule, ...]  # the base's (read on every match: kept here)
+    epoch: int = 0  # the index's `keys_epoch` when made (`FleetIndex.plan` reuses it under that one only)
     version: int = -1  # index membership version of `cand`
     cand: BitMap | None = None  # may be the index's own bitmap: never mutate
     count: int = 0

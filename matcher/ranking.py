@@ -50,6 +50,7 @@ from pyroaring import BitMap
 GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
 SMALL = 6  # at most this many candidates: order them by key directly (`key_of`; numpy costs more below)
+SMALL_ONE = 48  # the same for the best one alone (a `min` over keys; gathering ranks costs more below)
 DIRECT = 256  # at most this many candidates: find their tiers through `rank_of`
 FEW = 4  # k = 1 and at most this many hits in the first tier that has any: ordered by key at once (at 32 the five-contract fleet, dense with hits in its first group, pays for the key look-ups: p50 2.7 -> 5.7 us)
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
@@ -147,7 +148,8 @@ class ScoreTiers:
     """Groups in tiers by (-score, name); each instance slot found through `group_of` and
     `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
 
-    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of")
+    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of", "tier_at",
+                 "rank_version", "version")
 
     def __init__(self) -> None:
         self.bounds: list[GroupKey] = [(-float("inf"), "")]  # each tier's lowest key
@@ -158,6 +160,9 @@ class ScoreTiers:
         self.id_of: dict[int, str] = {}  # slot -> instance id
         self.key_of: dict[int, tuple] = {}  # slot -> (-score, group name, instance id), its place in the order
         self.rank_of = np.zeros(1024)  # slot -> its tier's rank (free slots: stale, never read)
+        self.tier_at: dict[float, Tier] = {0.0: self.tiers[0]}  # rank -> tier
+        self.rank_version = 0  # bumped whenever a live slot's rank changes (`threshold_ranks.py` caches on it)
+        self.version = 0  # bumped by every change to the order (an answer cached at another version is stale)
 
     # ------------------------------------------------------------------ tier ranks
     def _mark(self, slots: list[int], rank: float) -> None:
@@ -167,8 +172,13 @@ class ScoreTiers:
             grown = np.zeros(max(2 * len(ro), top + 1))
             grown[:len(ro)] = ro
             ro = self.rank_of = grown
+        changed = False
         for s in slots:
-            ro[s] = rank
+            if ro[s] != rank:  # a group moved within its tier keeps its rank: cached ranks stay valid
+                ro[s] = rank
+                changed = True
+        if changed:
+            self.rank_version += 1
 
     def _renumber(self) -> None:
         """Give the tiers evenly spaced ranks again (a split found no room between two)."""
@@ -176,10 +186,13 @@ class ScoreTiers:
             tier.rank = i * RANK_GAP
             for g in tier.groups:
                 self._mark(g.slots, tier.rank)
+        self.tier_at = {tier.rank: tier for tier in self.tiers}
+        self.rank_version += 1
 
     def add(self, slot: int, iid: str, name: Hashable, neg: float) -> None:
         """Add instance `slot` (id `iid`) to group `name`, whose key becomes (`neg`, `name`)
         (moving the group if it had another score)."""
+        self.version += 1
         self.id_of[slot] = iid
         g = self.groups.get(name)
         if g is None:
@@ -203,6 +216,7 @@ class ScoreTiers:
 
     def remove(self, slot: int) -> None:
         """Take instance `slot` out of its group; a group left empty is gone."""
+        self.version += 1
         g = self.group_of.pop(slot)
         del self.key_of[slot]
         g.leave(slot, self.id_of.pop(slot))
@@ -235,6 +249,7 @@ class ScoreTiers:
             moved.append(g)
         if not moved:
             return moved
+        self.version += 1
         tiers = self.tiers
         grown: set[int] = set()
         limit = 2 * TARGET
@@ -277,6 +292,7 @@ class ScoreTiers:
         tier.bm -= moved.bm
         self.tiers.insert(t + 1, moved)
         if tier.rank < rank < after:
+            self.tier_at[rank] = moved
             for g in moved.groups:
                 self._mark(g.slots, rank)
         else:  # no float left between the two ranks
@@ -322,6 +338,9 @@ class ScoreTiers:
             if slots:
                 ro[slots] = tier.rank
         self.rank_of = ro
+        self.tier_at = {tier.rank: tier for tier in self.tiers}
+        self.rank_version += 1
+        self.version += 1
 
     def order_key(self, slot: int) -> tuple[float, Hashable, str]:
         """`slot`'s place in the order: (-score, group name, instance id)."""
@@ -331,7 +350,7 @@ class ScoreTiers:
         """The k best slots of `cand` (which holds `count` slots), best first."""
         if k <= 0 or count == 0:
             return []
-        if count <= SMALL:
+        if count <= SMALL or k == 1 and count <= SMALL_ONE:
             key = self.key_of.__getitem__
             arr = cand.to_array()  # iterating a BitMap costs far more than an array
             return [min(arr, key=key)] if k == 1 else heapq.nsmallest(k, arr, key=key)

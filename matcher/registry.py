@@ -15,7 +15,10 @@ score joins its group's. Ties are broken by the group (model, host, GPU), then b
 
 `match` reuses a cached plan per typed request (`plan.py`) and the candidates that plan
 last computed while no instance has been added or removed since; `plan_cache=0` turns the
-cache off (every request planned and intersected afresh, as a benchmark baseline).
+cache off (every request planned and intersected afresh, as a benchmark baseline). The best
+candidate alone (k = 1) of a request whose latency target is its only range term comes from
+its base's threshold ranks (`threshold_ranks.py`) without a plan; a repeated request gets
+its last answer back while neither the fleet nor any score has changed since.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from .errors import AdmissionError, RegistryError, UnknownInstanceError
 from .explain import explain as _explain
 from .bloom import SHARD_SIZE
 from .index import FleetIndex
-from .plan import PLAN_CACHE_SIZE
+from .plan import EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, PlanCache
 from .instance import Instance
 from .parse import RequestParser
 from .ranking import ScoreTiers
@@ -98,6 +101,10 @@ class Registry:
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
         self._routable = BitMap()  # slots of instances with an endpoint: a gateway may send them traffic
+        # typed request -> [index membership version, score order version, MatchResult, its Base or
+        # None] for k = 1: the answer while nothing changed, and where to start once something has
+        self._answers = PlanCache(min(plan_cache, EXACT_CACHE_SIZE))
+        self._seen = (-1, -1)  # (index, score order) versions at the last k = 1 answer
         items = list(instances)
         if items:
             self.add_many(items, scores)
@@ -153,24 +160,60 @@ class Registry:
         fill the k places with one choice). `routable`: only instances with an endpoint
         (a gateway's request: an instance it cannot send bytes to is no candidate)."""
         with self._read:
-            ix = self._index
-            plan = ix.plan(request.vars)
-            inst, scored = self._instance, self._scored
-            best = []
-            tiers = self._tiers
-            group_of = tiers.group_of
-            cand, count = plan.cand, plan.count
-            if routable:
-                cand = cand & self._routable if cand is not None else BitMap()
-                count = len(cand)
-            found = tiers.best_distinct(cand, count, k) if distinct_gpus else tiers.best(cand, count, k)
-            for s in found:
-                score = -group_of[s].key[0]
-                sc = scored.get(s)
-                if sc is None or sc.score != score:  # built again once its group's score moved
-                    sc = scored[s] = Scored(inst[s], score)
-                best.append(sc)
-            return MatchResult(count, tuple(best), plan.applied, ix.bundle.content_hash)
+            if k == 1 and not routable:  # the best of one distinct GPU is the best instance
+                return self._best_one(request)
+            return self._match(request, k, distinct_gpus, routable)
+
+    def _best_one(self, request: Request) -> MatchResult:
+        """k = 1: the answer last given to this very request while nothing has changed since,
+        else from the base's threshold ranks, else planned."""
+        ix, tiers, vars = self._index, self._tiers, request.vars
+        raw: tuple | None = tuple(vars.items())
+        if ix.version != self._seen[0] or tiers.version != self._seen[1]:
+            # the fleet or a score changed since the last answer: none cached is current (a
+            # fleet changing between every two requests skips the look-up and the upkeep)
+            self._seen = (ix.version, tiers.version)
+            one = ix.best_one(vars, tiers)
+            if one is None:
+                return self._match(request, 1, False, False, raw)
+            n, slot, applied, _ = one
+            return MatchResult(n, () if slot is None else (self._scored_at(slot),), applied, ix.bundle.content_hash)
+        try:
+            memo = self._answers.get(raw)
+        except TypeError:  # an unhashable value (only through `Request.of`): not cached
+            raw = memo = None
+        if memo is not None and memo[0] == ix.version and memo[1] == tiers.version:
+            return memo[2]  # type: ignore[no-any-return]
+        one = ix.best_one(vars, tiers, None if memo is None else memo[3])
+        if one is None:
+            result, base = self._match(request, 1, False, False, raw), None
+        else:
+            n, slot, applied, base = one
+            result = MatchResult(n, () if slot is None else (self._scored_at(slot),), applied, ix.bundle.content_hash)
+        if memo is not None:
+            memo[:] = (ix.version, tiers.version, result, base)
+        elif raw is not None:
+            self._answers.put(raw, [ix.version, tiers.version, result, base])
+        return result
+
+    def _match(self, request: Request, k: int, distinct_gpus: bool, routable: bool, raw: tuple | None = None) -> MatchResult:
+        """`match` through the request's plan and its candidate bitmap."""
+        ix, tiers = self._index, self._tiers
+        plan = ix.plan(request.vars, raw)
+        cand, count = plan.cand, plan.count
+        if routable:
+            cand = cand & self._routable if cand is not None else BitMap()
+            count = len(cand)
+        found = tiers.best_distinct(cand, count, k) if distinct_gpus else tiers.best(cand, count, k)  # type: ignore[arg-type]
+        return MatchResult(count, tuple([self._scored_at(s) for s in found]), plan.applied, ix.bundle.content_hash)
+
+    def _scored_at(self, slot: int) -> Scored:
+        """The answer for one slot at its group's score (built again once the score moved)."""
+        score = -self._tiers.group_of[slot].key[0]
+        sc = self._scored.get(slot)
+        if sc is None or sc.score != score:
+            sc = self._scored[slot] = Scored(self._instance[slot], score)
+        return sc
 
     def routable(self) -> tuple[Instance, ...]:
         """The instances with an endpoint (the gateway's pool; a few among the fleet)."""
@@ -413,6 +456,8 @@ class Registry:
             parser = RequestParser(bundle)
             with self._read:
                 self._index, self._parser, self._bundle = new_index, parser, bundle
+                self._answers.clear()  # answers of the old index, whose versions the new one restarts
+                self._seen = (-1, -1)
                 self._models = _models(bundle)
                 for iid in evicted:
                     self._forget(iid)

@@ -62,7 +62,7 @@ tenants { anonymous: public  acme-bank: finance }
 
 policy routing {
   rule pinned-family { when: has(request.family)  require: labels.family == request.family }
-  rule latency-target { when: has(request.slo)  require: slo_latency <= request.slo }
+  rule latency-target { when: has(request.slo)  require: slo_latency %(latency_cmp)s request.slo }
   rule data-region { when: has(request.region)  require: region == request.region }
   rule gpu-arch { when: has(request.arch)  require: gpu_arch == request.arch }
 }
@@ -84,10 +84,12 @@ contract template version "1.0" {
 
 
 @lru_cache(maxsize=None)
-def base_bundle() -> Bundle:
-    """The compiled policy with its one template contract (compiled once per process)."""
+def base_bundle(latency_cmp: str = "<=") -> Bundle:
+    """The compiled policy with its one template contract (compiled once per process and
+    comparison). `latency_cmp`: how the latency rule compares an instance's SLO with the
+    request's (`<=` as a platform writes it; the others for tests of every ordering)."""
     gpus = "".join(_gpu(g, arch, 1500 + 500 * i) for arch, names in ARCH_GPUS.items() for i, g in enumerate(names))
-    text = POLICY % {"regions": ", ".join(REGIONS), "arches": ", ".join(ARCH_GPUS)}
+    text = POLICY % {"regions": ", ".join(REGIONS), "arches": ", ".join(ARCH_GPUS), "latency_cmp": latency_cmp}
     result = compile_sources([Source("fleet.contract", text), Source("gpus.contract", gpus)], analyse=False)
     if not result.ok:
         raise RuntimeError("the fleet policy does not compile: " + "; ".join(str(d) for d in result.diagnostics))
@@ -99,9 +101,9 @@ def contract_name(family: str, slo_ms: int) -> str:
     return f"{family}-{slo_ms}ms"
 
 
-def fleet_bundle(deployments: list[tuple[str, int]]) -> Bundle:
+def fleet_bundle(deployments: list[tuple[str, int]], latency_cmp: str = "<=") -> Bundle:
     """The base policy with one contract per (family, SLO in ms), sealed."""
-    base = base_bundle()
+    base = base_bundle(latency_cmp)
     template = base.contracts[0]
     contracts = []
     for family, slo_ms in sorted(set(deployments)):
@@ -120,12 +122,13 @@ class Fleet:
     scores: dict[str, float]
 
 
-def make_fleet(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_levels: int = 0) -> Fleet:
+def make_fleet(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_levels: int = 0,
+               latency_cmp: str = "<=") -> Fleet:
     """`n` instances in deployments of 1-8 GPUs on one host each; each deployment draws a
     distinct (family, SLO) while they last, its region, architecture, GPU class and
     security flags (each on with probability one half). `score_levels`: 0 for scores drawn
     from [0, 1), otherwise scores from that many levels (ties, as a fleet with few placer
-    scores has)."""
+    scores has). `latency_cmp`: the latency rule's comparison (`base_bundle`)."""
     rng = random.Random(seed)
     fams = FAMILIES[:families]
     pairs = [(f, s) for f in fams for s in SLO_MS]
@@ -153,7 +156,7 @@ def make_fleet(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_le
         scores = {i.id: rng.randrange(score_levels) / max(1, score_levels - 1) for i in insts}
     else:
         scores = {i.id: rng.random() for i in insts}
-    return Fleet(fleet_bundle(used), insts, scores)
+    return Fleet(fleet_bundle(used, latency_cmp), insts, scores)
 
 
 def request_headers(kind: str, rng: random.Random, families: int = len(FAMILIES)) -> dict[str, str]:

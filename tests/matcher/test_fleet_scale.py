@@ -8,6 +8,9 @@ team's (`tests/fleet_shapes.py`: a contract per family and SLO, the four request
 - The prefix bitmaps of a range attribute equal a sort-and-filter after any mix of adds,
   removes, new values and vanished values.
 - Requests of one reduced shape share a plan; a new distinct value makes a new one.
+- Best candidate through a base's threshold ranks (`threshold_ranks.py`), for each ordering
+  the latency rule may use, equals the naive scan on the request that builds the ranks, on
+  those after, and after changes that make them stale (members, tiers, distinct values).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policyc.matcher import Registry, attributes, naive_match
-from policyc.matcher import prefix_bitmaps, ranking
+from policyc.matcher import prefix_bitmaps, ranking, threshold_ranks
 from policyc.matcher.attribute_index import AttributeIndex
 from pyroaring import BitMap
 
@@ -33,12 +36,14 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every fast path at the size of a test fleet."""
     monkeypatch.setattr(ranking, "SMALL", 2)
+    monkeypatch.setattr(ranking, "SMALL_ONE", 3)
     monkeypatch.setattr(ranking, "DIRECT", 12)
     monkeypatch.setattr(ranking, "EMPTY_TIERS", 2)
     monkeypatch.setattr(ranking, "TARGET", 2)
     monkeypatch.setattr(ranking, "RANK_GAP", 2.0 ** -1060)  # subnormal gaps: splits soon find no room
     monkeypatch.setattr(prefix_bitmaps, "DIRECT", 2)
     monkeypatch.setattr(prefix_bitmaps, "MEMO", 3)
+    monkeypatch.setattr(threshold_ranks, "FEW", 1)  # the best tier's slots walked by group, not filtered
     yield
 
 
@@ -97,6 +102,60 @@ def test_generated_fleets_equal_naive_scan(small_thresholds: None, seed: int, n:
         agrees(reg, headers[step % len(headers)])
 
 
+@SETTINGS
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 250), cmp=st.sampled_from(("<", "<=", ">", ">=")),
+       levels=st.sampled_from((0, 2)), steps=st.integers(1, 10))
+def test_threshold_ranks_equal_naive_scan(small_thresholds: None, seed: int, n: int, cmp: str, levels: int,
+                                          steps: int) -> None:
+    fleet = make_fleet(n, seed, families=2, score_levels=levels, latency_cmp=cmp)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores, shard_size=8)
+    rng = random.Random(seed)
+    slos = sorted({c.slo.latency for c in fleet.bundle.contracts if c.slo})
+    gone = []
+    for step in range(steps):
+        h = request_headers(KINDS[step % 4], rng, 2)
+        # three targets for one base: the first request since a change answers from the base's
+        # bitmap, the next builds its ranks; at a value, just past one, or anywhere
+        for target in (rng.choice(slos) * 1e3, rng.choice(slos) * 1e3 + 0.01, rng.uniform(30, 520)):
+            h["X-SLO-Latency"] = f"{target:.2f}ms"
+            q = reg.parse_request(h)
+            order, ids, _ = naive_order(reg, dict(q.vars), 1)
+            for _ in range(2):  # the second time from the answer cache
+                got = reg.match(q, 1)
+                assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:1], (h, cmp)
+        insts = [e[0] for e in reg.entries()]
+        r = rng.random()
+        if r < 0.3 and insts:
+            victim = rng.choice(insts)
+            reg.remove(victim.id)
+            gone.append(victim)
+        elif r < 0.5 and gone:
+            reg.add(gone.pop(), rng.random())
+        elif insts:  # score moves: within a tier (ranks kept) or across tiers (ranks stale)
+            reg.set_scores([(rng.choice(insts).id, rng.choice((0.0, 1.0, rng.random()))) for _ in range(2)])
+    assert reg.index.rank_misses == 0
+
+
+def test_threshold_ranks_answer_new_shapes() -> None:
+    """On the benchmark's fleet shape, a base's second request is answered by its ranks (no
+    plan is made) and every answer equals the naive scan."""
+    fleet = make_fleet(3_000, 5)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    rng = random.Random(6)
+    ix = reg.index
+    for kind in KINDS:
+        h = request_headers(kind, rng)
+        for slo in ("120.25ms", "260.5ms", "260.5ms"):
+            h["X-SLO-Latency"] = slo
+            q = reg.parse_request(h)
+            order, ids, _ = naive_order(reg, dict(q.vars), 1)
+            got = reg.match(q, 1)
+            assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:1], kind
+    assert len(ix.reduced) == 0 and len(ix.plans) == 0  # k = 1 never planned
+    ranked = [b for b in ix.bases._plans.values() if b.ranks is not None]
+    assert len(ranked) == len(KINDS) and ix.rank_misses == 0
+
+
 def test_the_benchmark_fleet_shape() -> None:
     """At a fifth of the benchmark's size: about 4.5 instances per contract, every
     contract (family, SLO) distinct while they last, the four kinds parse."""
@@ -129,20 +188,51 @@ def test_prefix_bitmaps_equal_a_filter(small_thresholds: None, ops: list, probes
             for cmp, holds in (("<", float.__lt__), ("<=", float.__le__), (">", float.__gt__), (">=", float.__ge__)):
                 want = {s for s, v in held.items() if holds(float(v), float(x))}
                 assert set(idx.order(cmp, x)) == want, (cmp, x, sorted(held.items()))
+        pos = idx.key_positions()  # rebuilt after a new or vanished value, else kept per update
+        assert {s: idx.keys[pos[s]] for s in range(len(pos)) if pos[s] >= 0} == held
 
 
 def test_requests_of_one_reduced_shape_share_a_plan() -> None:
+    """Best-k for k > 1 (and all matches) plans per reduced shape."""
     fleet = make_fleet(400, 9, families=2)
     reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
     slos = sorted({c.slo.latency for c in fleet.bundle.contracts if c.slo})
     lo, hi = slos[3], slos[4]
     plans = reg.index.reduced
-    first = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
+    first = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + (hi - lo) / 3) * 1e3:.4f}ms"}), 3)
     size = len(plans)
-    again = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + 2 * (hi - lo) / 3) * 1e3:.4f}ms"}), 1)
+    again = reg.match(reg.parse_request({"X-SLO-Latency": f"{(lo + 2 * (hi - lo) / 3) * 1e3:.4f}ms"}), 3)
     assert len(plans) == size and again.count == first.count  # between the same two values: one plan
-    reg.match(reg.parse_request({"X-SLO-Latency": f"{hi * 1e3:.4f}ms"}), 1)
+    reg.match(reg.parse_request({"X-SLO-Latency": f"{hi * 1e3:.4f}ms"}), 3)
     assert len(plans) == size + 1  # at a value: another position
+
+
+def test_a_shared_plan_is_not_reused_across_a_new_value() -> None:
+    """Two targets between the same two values share a plan; once a value appears between
+    them, the second target is planned again (it was answered as the first: 31 instead of
+    23 on this fleet)."""
+    fleet = make_fleet(300, 3, families=2)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    by_slo: dict[float, list] = {}
+    for inst in fleet.instances:
+        by_slo.setdefault(reg.bundle.contract(inst.model).slo.latency, []).append(inst)
+    slo = sorted(by_slo)[5]
+    for inst in by_slo[slo]:
+        reg.remove(inst.id)
+
+    def agree(target_ms: float) -> None:
+        q = reg.parse_request({"X-SLO-Latency": f"{target_ms:.4f}ms"})
+        order, ids, _ = naive_order(reg, dict(q.vars), 3)
+        for k in (3, 1):
+            got = reg.match(q, k)
+            assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:k], (target_ms, k)
+        assert reg.matches(q).count == len(ids)
+
+    agree(slo * 1e3 + 0.3)
+    agree(slo * 1e3 - 0.2)  # the same gap: the first one's plan
+    for inst in by_slo[slo]:
+        reg.add(inst, 0.5)
+    agree(slo * 1e3 - 0.2)  # now below the value that came back
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
