@@ -59,6 +59,13 @@ def _tc_lock() -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def _clsact_mark(netns: str | None, ifname: str, ifindex: int) -> Path:
+    """Where a policyc process notes that policyc added an interface's clsact qdisc, so that
+    whichever policyc process removes the last filter under it removes the qdisc too (not
+    only the one that added it, which may have detached, or died, before the others)."""
+    return (TC_LOCK.parent if TC_LOCK.parent.is_dir() else Path("/tmp")) / "policyc-clsact" / f"{netns or '-'}.{ifname}.{ifindex}"
+
+
 def pid_gone(pid: int) -> bool:
     """No process `pid` any more (a plane's filters, a gateway cgroup, left by one that died)."""
     try:
@@ -93,7 +100,6 @@ class _TcAttachment:
     ifname: str
     ifindex: int
     netns: str | None
-    made_clsact: bool = False  # we added the interface's clsact qdisc: we remove it when our filters go
 
 
 class KernelPlane:
@@ -167,7 +173,8 @@ class KernelPlane:
 
         Our filters carry our priority and a handle of this plane's own, so that several
         planes (processes) can observe one interface and each detaches only its filters;
-        a clsact qdisc we had to add is remembered and removed again by `detach_tc`."""
+        a clsact qdisc policyc had to add is noted (`_clsact_mark`) and removed with the last
+        policyc filter under it, by whichever process detaches last."""
         from pyroute2 import IPRoute
 
         with _tc_lock(), IPRoute(netns=netns) if netns else IPRoute() as ipr:
@@ -175,13 +182,14 @@ class KernelPlane:
             if not found:
                 raise KernelPlaneError(f"interface `{ifname}` not found{f' in netns {netns}' if netns else ''}")
             idx = found[0]
-            made_clsact = True
             try:
                 ipr.tc("add", "clsact", idx)
+                mark = _clsact_mark(netns, ifname, idx)
+                mark.parent.mkdir(exist_ok=True)
+                mark.touch()
             except Exception as exc:  # already present: keep it, we only add our filters
                 if "File exists" not in str(exc):
                     raise KernelPlaneError(f"adding clsact to `{ifname}`: {exc}") from exc
-                made_clsact = False
             self._reap_stale_filters(ipr, idx, ifname)
             added: list[str] = []
             try:
@@ -190,10 +198,9 @@ class KernelPlane:
                            direct_action=True, prio=_TC_PRIO)
                     added.append(parent)
             except Exception as exc:
-                attachment = _TcAttachment(ifname, idx, netns, made_clsact)
-                self._remove_tc(ipr, attachment, added)
+                self._remove_tc(ipr, _TcAttachment(ifname, idx, netns), added)
                 raise KernelPlaneError(f"attaching TC to `{ifname}`: {exc}") from exc
-        self._tc.append(_TcAttachment(ifname, idx, netns, made_clsact))
+        self._tc.append(_TcAttachment(ifname, idx, netns))
 
     def _reap_stale_filters(self, ipr: object, idx: int, ifname: str) -> None:
         """Delete filters of ours left by a policyc process that died without detaching
@@ -216,22 +223,25 @@ class KernelPlane:
                     log.debug("reaping tc filter %#x on %s: %s", handle, ifname, exc)
 
     def _remove_tc(self, ipr: object, a: _TcAttachment, parents: list[str]) -> None:
-        """Delete our filters under `parents`, then the clsact qdisc if we added it and no
-        filter (ours or anyone's) is left under it."""
+        """Delete our filters under `parents`, then the clsact qdisc if policyc added it and no
+        filter (policyc's or anyone's) is left under it."""
         for parent in parents:
             try:
                 ipr.tc("del-filter", "bpf", a.ifindex, self._tc_handle, parent=parent, prio=_TC_PRIO)  # type: ignore[attr-defined]
             except Exception as exc:  # already gone (the namespace or the qdisc went first)
                 log.debug("detach tc %s/%s %s: %s", a.netns, a.ifname, parent, exc)
-        if not a.made_clsact:
+        mark = _clsact_mark(a.netns, a.ifname, a.ifindex)
+        if not mark.exists():
             return
         try:
             left = [f for parent in (_TC_INGRESS_PARENT, _TC_EGRESS_PARENT)
                     for f in ipr.get_filters(a.ifindex, parent=parent)]  # type: ignore[attr-defined]
-            if not left:
-                ipr.tc("del", "clsact", a.ifindex)  # type: ignore[attr-defined]
-        except Exception as exc:
+            if left:
+                return
+            ipr.tc("del", "clsact", a.ifindex)  # type: ignore[attr-defined]
+        except Exception as exc:  # the interface or the namespace is gone, and the qdisc with it
             log.debug("removing clsact from %s/%s: %s", a.netns, a.ifname, exc)
+        mark.unlink(missing_ok=True)
 
     def detach_tc(self, ifname: str = "lo", netns: str | None = None) -> None:
         from pyroute2 import IPRoute

@@ -1,8 +1,8 @@
 """Two kernel planes (two policyc processes, say a decision service and a benchmark) on one
 interface: each attaches filters of its own handle at the shared priority, each counts all
 the traffic (the observers pass a packet on to the next filter instead of ending the chain),
-each detaches only its own, and the clsact qdisc goes with the last filter of the plane
-that added it. Root and BPF, as in CI."""
+each detaches only its own, and the clsact qdisc the first one added goes with the last
+policyc filter under it, whichever plane's that is. Root and BPF, as in CI."""
 
 from __future__ import annotations
 
@@ -51,13 +51,13 @@ def test_two_planes_each_count_everything_and_detach_only_their_own(kernel_plane
         echo(netns)
         counted = [plane.backend_counters(7, "egress", True).payload for plane in (kernel_plane, other)]
         assert counted[0] == counted[1] == 20_000, counted  # the same 20 x 1000 B toward the server, in both
-        other.detach_tc("lo", netns)
-        assert f"handle 0x{other._tc_handle:x} " not in tc(netns, "filter", "show", "dev", "lo", "ingress")
-        assert f"handle 0x{kernel_plane._tc_handle:x} " in tc(netns, "filter", "show", "dev", "lo", "ingress")
-        echo(netns)  # the first plane still observes
-        assert kernel_plane.backend_counters(7, "egress", True).payload == 40_000
+        kernel_plane.detach_tc("lo", netns)  # the plane that added clsact leaves first
+        assert f"handle 0x{kernel_plane._tc_handle:x} " not in tc(netns, "filter", "show", "dev", "lo", "ingress")
+        assert f"handle 0x{other._tc_handle:x} " in tc(netns, "filter", "show", "dev", "lo", "ingress")
+        echo(netns)  # the other still observes, under the same qdisc
+        assert other.backend_counters(7, "egress", True).payload == 40_000
         assert "clsact" in tc(netns, "qdisc", "show", "dev", "lo")
-        kernel_plane.detach_tc("lo", netns)  # the plane that added clsact, its last filter gone: the qdisc goes
+        other.detach_tc("lo", netns)  # the last policyc filter goes: the qdisc policyc added goes too
         assert "clsact" not in tc(netns, "qdisc", "show", "dev", "lo")
         assert tc(netns, "filter", "show", "dev", "lo", "egress").strip() == ""
     finally:
