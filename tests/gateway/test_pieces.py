@@ -4,6 +4,7 @@ headers are the policy's, and how refusals map to HTTP and gRPC statuses."""
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 from pathlib import Path
 
@@ -205,3 +206,45 @@ def test_a_picks_route_is_shared_until_the_pool_changes() -> None:
     assert _route(breaker, 0, "127.0.0.1:8001", "h/g0", pool).endpoints == "127.0.0.1:8001,127.0.0.1:8004"  # type: ignore[arg-type]
     # a retry is never redirected again
     assert _route(breaker, 1, "127.0.0.1:8001", "h/g0", pool).fallbacks == ()  # type: ignore[arg-type]
+
+
+def test_what_the_access_log_says_becomes_a_break_or_not(bundle) -> None:  # type: ignore[no-untyped-def]
+    """The picker's reading of one call's entry (`EndpointPicker._logged`), as Envoy writes
+    them: a per-try timeout retried on the backup, the same with only the broken attempt
+    logged, a reset before the budget, and a call answered by its primary on the first try."""
+    from types import SimpleNamespace
+
+    from policyc.gateway.access_log import Attempt, Call
+    from policyc.gateway.acts import Acts
+    from policyc.gateway.pick import Pick
+    from policyc.gateway.picker import EndpointPicker
+    from policyc.gateway.pool import Member
+
+    breaker = next(b for b in bundle.breakers if any(a.kind == "redirect" for a in b.actions))
+    backup = Member("lite@h/g2", "fraud-scorer-lite", "127.0.0.1:8003", "h/g2", 0.5)
+    now = time.time()
+
+    def reading(attempts: list[Attempt], n: int, upstream: str = "127.0.0.1:8003") -> tuple[list[str], object]:
+        acts = Acts(None, None, bundle)
+        pick = Pick("d" * 32, "fraud-scorer", "fs@h/g0", "127.0.0.1:8001", "h/g0", (backup,), 40, breaker, None,
+                    (("x-retry-count", "1"),), 13.0, 0)
+        picker = SimpleNamespace(_open={pick.decision_id: (pick, 0.0)}, acts=acts, counts={}, _count=lambda what: None)
+        call = Call(pick.decision_id, now - 0.1, 300, 200, 0.08, 0.079, n, "0", False, variant="simplified",
+                    upstream_host=upstream, instance="lite@h/g2")
+        EndpointPicker._logged(picker, call, attempts)  # type: ignore[arg-type]
+        assert pick.decision_id not in picker._open  # the request has ended
+        return [r.kind for r in acts.records], (acts.breaks[0] if acts.breaks else None)
+
+    timed_out = Attempt("127.0.0.1:8001", None, 400, 0, 0.041, None, 0, None, None, "upstream_request_timeout")
+    answered = Attempt("127.0.0.1:8003", "lite@h/g2", 400, 300, 0.005, 0.004, 200, "0", 0.0002, "")
+    kinds, b = reading([timed_out, answered], 2)
+    assert kinds == ["cancel_stream", "redirect", "report_anomaly"]
+    assert b.at_budget and b.served == "127.0.0.1:8003" and b.answered_by == "lite@h/g2" and b.attempt == 2  # type: ignore[attr-defined]
+    assert 0.0 <= b.lag_s < 1.0  # type: ignore[attr-defined]
+    kinds, b = reading([timed_out], 2)  # the log kept for the picker alone: the answering attempt is not in it
+    assert kinds == ["cancel_stream", "redirect", "report_anomaly"] and b.served == "127.0.0.1:8003" and b.at_budget  # type: ignore[attr-defined]
+    reset = Attempt("127.0.0.1:8001", None, 400, 0, 0.003, None, 0, None, None, "upstream_remote_reset")
+    kinds, b = reading([reset, answered], 2)
+    assert kinds[0] == "cancel_stream" and not b.at_budget  # type: ignore[attr-defined]
+    primary = Attempt("127.0.0.1:8001", "fs@h/g0", 400, 300, 0.005, 0.004, 200, "0", 0.0002, "")
+    assert reading([primary], 1, "127.0.0.1:8001") == ([], None)  # answered on the first try: no break
