@@ -109,11 +109,19 @@ class BudgetWatch:
         clock = self._clock
         while True:
             with self._cv:
+                heap, pending = self._heap, self._armed
                 while not self._stopped:
-                    if not self._heap:
+                    while heap and heap[0][1] not in pending:  # finished within budget (disarmed): nothing to wait for
+                        heapq.heappop(heap)
+                    if not heap:
                         self._cv.wait()
                         continue
-                    left = self._heap[0][0] - clock()
+                    left = heap[0][0] - clock()
+                    if pending[heap[0][1]][1] is None:  # no stream to cancel: the account can wait for an ordinary wake
+                        if left <= 0:
+                            break
+                        self._cv.wait(left)
+                        continue
                     if left <= LEAD:
                         break
                     self._cv.wait(left - LEAD)
