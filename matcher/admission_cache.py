@@ -1,8 +1,8 @@
 """Admission verdicts and attribute views, computed once per deployment signature.
 
 Whether an instance may be registered (`instance.admission_problems`) and every attribute
-it is matched on except its host and its own labels (`instance.attributes`) depend only on
-its model and a handful of deployment facts. A fleet of 100,000 instances has a few hundred
+it is matched on except its host, its NUMA node and its own labels (`instance.attributes`)
+depend only on its model and a handful of deployment facts. A fleet of 100,000 instances has a few hundred
 such signatures, so the index build does that work a few hundred times and copies a small
 dict per instance; the differential tests check the result against `attributes()` itself.
 """
@@ -14,11 +14,12 @@ from operator import itemgetter
 from policyc.compiler.bundle import Bundle, Scalar
 
 from .errors import AdmissionError
-from .instance import Instance, admission_problems, attributes
+from .instance import Instance, admission_problems, deployment_attributes
 
-# the deployment facts admission and attributes read, besides the model (host apart)
+# the deployment facts admission and attributes read, besides the model (host and NUMA node
+# apart: admission reads neither, and the attributes take them as they are)
 _SIGNATURE = itemgetter("gpu_model", "region", "tpm", "memory_encryption", "hardware_firewall", "tee",
-                        "session_state", "cuda", "numa_node")
+                        "session_state", "cuda")
 Signature = tuple[str, tuple]
 
 
@@ -44,6 +45,7 @@ class AdmissionCache:
             raise AdmissionError(inst.id, list(problems))
         attrs = base.copy()
         attrs["host"] = d["host"]
+        attrs["numa_node"] = float(d["numa_node"])
         labels = inst.labels
         if labels:
             names = self._label_names
@@ -60,4 +62,4 @@ class AdmissionCache:
             return tuple(problems), None
         contract = self.bundle.contract(inst.model)
         assert contract is not None  # admission refuses unknown models
-        return (), attributes(inst.model_copy(update={"labels": {}}), contract, self.bundle)
+        return (), deployment_attributes(inst.deployment, contract, self.bundle)

@@ -113,7 +113,12 @@ def admission_problems(instance: Instance, bundle: Bundle) -> list[str]:
 def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[str, Scalar]:
     """The flat attribute view that request rules are evaluated against (SI units): the
     deployment's facts here, the contract's from `policyc.compiler.meaning`."""
-    d = instance.deployment
+    return deployment_attributes(instance.deployment, contract, bundle, instance.labels)
+
+
+def deployment_attributes(d: Deployment, contract: Contract, bundle: Bundle,
+                          labels: dict[str, str] | None = None) -> dict[str, Scalar]:
+    """`attributes` of an instance with this deployment and these labels."""
     gpu = bundle.gpu(d.gpu_model)
     facts: dict[str, Scalar] = {
         "region": d.region,
@@ -127,4 +132,4 @@ def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[s
         "numa_node": float(d.numa_node),
         "session_state": d.session_state,
     }
-    return instance_attributes(contract, facts, instance.labels)
+    return instance_attributes(contract, facts, labels)

@@ -205,7 +205,15 @@ class Registry:
             cand = cand & self._routable if cand is not None else BitMap()
             count = len(cand)
         found = tiers.best_distinct(cand, count, k) if distinct_gpus else tiers.best(cand, count, k)  # type: ignore[arg-type]
-        return MatchResult(count, tuple([self._scored_at(s) for s in found]), plan.applied, ix.bundle.content_hash)
+        inst, scored, group_of = self._instance, self._scored, tiers.group_of
+        best = []
+        for s in found:  # `_scored_at`, inlined: up to k of them per call
+            score = -group_of[s].key[0]
+            sc = scored.get(s)
+            if sc is None or sc.score != score:
+                sc = scored[s] = Scored(inst[s], score)
+            best.append(sc)
+        return MatchResult(count, tuple(best), plan.applied, ix.bundle.content_hash)
 
     def _scored_at(self, slot: int) -> Scored:
         """The answer for one slot at its group's score (built again once the score moved)."""
