@@ -21,8 +21,9 @@ a real-time thread with no timer slack where the process may), then keeps the lo
 watches the clock until the deadline, releasing it for nothing: a late take lands in the
 lead, not on the crossing. That costs at most `LEAD` of one CPU per crossing, only when
 budgets are crossed. The follow-up thread, for its part, waits out a deadline nearer than
-`QUIET` before it starts an account (once per account, so a backlog still drains), so its
-own work is not what the timer waits behind. The cyclic garbage collector is the other
+`QUIET` before it starts an account (once, and only with no other account waiting: a
+backlog drains at once, or the redirects in it would wait a crossing each), so its own
+work is not what the timer waits behind. The cyclic garbage collector is the other
 holder worth steering: a collection keeps the lock to its end (1-5 ms for the young
 generations on a loaded machine, in whichever thread allocated the object that tipped the
 count), so after each account the follow-up thread runs the young collection itself once
@@ -160,7 +161,7 @@ class BudgetWatch:
                 return
             fire, deadline = item
             nearest = self.next_deadline()
-            if nearest is not None and 0 < (ahead := nearest - clock()) < QUIET:
+            if nearest is not None and 0 < (ahead := nearest - clock()) < QUIET and self._later.empty():
                 time.sleep(ahead + LEAD / 2)  # once, to just after that crossing: off the interpreter meanwhile
             try:
                 fire(self._clock() - deadline)  # lateness now: what the account reports, crossing to act
