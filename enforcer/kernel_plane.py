@@ -27,6 +27,7 @@ from policyc.enforcer.kernel_events import KernelEvent
 from policyc.enforcer.privileges import kernel_support
 from policyc.enforcer.records import ActionRecord
 from policyc.enforcer.rule_table import KernelRules
+from policyc.enforcer.sock_destroy import end_tcp_to_many
 
 log = logging.getLogger("policyc.enforcer")
 
@@ -358,9 +359,8 @@ class KernelPlane:
         return self.end_connections_many([backend])[backend]
 
     def end_connections_many(self, backends: Sequence[Endpoint]) -> dict[Endpoint, int]:
-        """`end_connections` for several backends, one walk of each namespace's socket table."""
-        from policyc.enforcer.sock_destroy import end_tcp_to_many
-
+        """`end_connections` for several backends, one walk of each namespace's socket table
+        (imported with the plane: a first import on a break's path would hold the interpreter)."""
         namespaces = {a.netns for a in self._tc} or {None}
         killed = dict.fromkeys(backends, 0)
         for ns in namespaces:
