@@ -363,7 +363,23 @@ class Guardian:
         for b in due:
             self._plane.release(b)
             self._record(ActionKind.RELEASE, str(b), "", Outcome.DONE, "quarantine expired")
+            self._end_redirected(b)
         return due
+
+    def _end_redirected(self, backend: Endpoint) -> None:
+        """The connections a quarantine sent to the backup would otherwise carry `backend`'s
+        traffic there for as long as they live: the kernel plane ends them (by socket cookie)
+        and the gateway connects to `backend` again."""
+        end = getattr(self._plane, "end_redirected", None)
+        if end is None:  # the user-space plane resolves each new connection itself
+            return
+        try:
+            n = end(backend)
+        except Exception as exc:  # recorded, never raised into the caller's tick
+            self._record(ActionKind.END_CONNECTIONS, str(backend), "", Outcome.FAILED, f"ending redirected connections: {exc}")
+            return
+        self._record(ActionKind.END_CONNECTIONS, str(backend), "", Outcome.DONE,
+                     f"{n} connection(s) redirected to its backup ended; new ones reach it again")
 
     # ----------------------------------------------------------------- GPUs
 

@@ -15,6 +15,8 @@ import fcntl
 import itertools
 import logging
 import os
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,6 +67,24 @@ def _clsact_mark(netns: str | None, ifname: str, ifindex: int) -> Path:
     whichever policyc process removes the last filter under it removes the qdisc too (not
     only the one that added it, which may have detached, or died, before the others)."""
     return (TC_LOCK.parent if TC_LOCK.parent.is_dir() else Path("/tmp")) / "policyc-clsact" / f"{netns or '-'}.{ifname}.{ifindex}"
+
+
+def _end_sockets_by_cookie(cookies: set[int], netns: str | None) -> int:
+    """`ss -K` each established TCP socket whose cookie (`ss -e`'s `sk:`) is in `cookies`, by
+    its exact addresses and ports; returns how many it ended."""
+    prefix = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
+    listing = subprocess.run([*prefix, "ss", "-tnHe", "state", "established"], capture_output=True, text=True)
+    ended = 0
+    for line in listing.stdout.splitlines():
+        found = re.search(r"\bsk:([0-9a-f]+)", line)
+        fields = line.split()
+        if found is None or int(found[1], 16) not in cookies or len(fields) < 4:
+            continue
+        (src, sport), (dst, dport) = (f.rsplit(":", 1) for f in fields[2:4])
+        out = subprocess.run([*prefix, "ss", "-K", "-tnH", "src", src, "sport", "=", f":{sport}", "dst", dst,
+                              "dport", "=", f":{dport}"], capture_output=True, text=True)
+        ended += out.returncode == 0 and bool(out.stdout.strip())
+    return ended
 
 
 def pid_gone(pid: int) -> bool:
@@ -357,6 +377,25 @@ class KernelPlane:
         """End established TCP connections to `backend` in every attached namespace, as
         `ss -K` would, through sock_diag netlink in this process (`sock_destroy`)."""
         return self.end_connections_many([backend])[backend]
+
+    def end_redirected(self, backend: Endpoint) -> int:
+        """End the connections the connect hooks sent from `backend` to its backup (known by
+        their socket cookies), so that, its quarantine released, the gateway connects to
+        `backend` again instead of keeping them for good; returns how many ended. The backup's
+        own connections are left alone."""
+        table = self._bpf[b"redirected"]
+        mine = [k for k, v in table.items() if CEndpoint.from_buffer_copy(bytes(v)).endpoint() == backend]
+        cookies = {k.value for k in mine}
+        ended = 0
+        if cookies:
+            for ns in {a.netns for a in self._tc} or {None}:
+                ended += _end_sockets_by_cookie(cookies, ns)
+        for k in mine:
+            try:
+                del table[k]
+            except KeyError:
+                pass
+        return ended
 
     def end_connections_many(self, backends: Sequence[Endpoint]) -> dict[Endpoint, int]:
         """`end_connections` for several backends, one walk of each namespace's socket table

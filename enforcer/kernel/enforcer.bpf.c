@@ -141,6 +141,10 @@ BPF_HASH(flows, struct flow_key, struct counters, 65536);
 BPF_HASH(backends, struct endpoint, u32, 4096);
 BPF_HASH(backend_stats, struct backend_key, struct counters, 16384);
 BPF_HASH(quarantine, struct endpoint, struct quarantine_val, 4096);
+// socket cookie -> the quarantined endpoint its connect was rewritten away from: once the
+// quarantine is released, user space ends exactly these connections (the gateway then
+// connects to the model server again); least recently used first out
+BPF_TABLE("lru_hash", u64, struct endpoint, redirected, 16384);
 BPF_HASH(rules, u32, u64, 1024);   // rule index -> budget (ns) compiled from the bundle
 BPF_ARRAY(config, u64, CFG_SLOTS);
 BPF_HASH(h2_dirs, struct dir_key, struct h2_dir, 16384);
@@ -419,6 +423,8 @@ int on_connect4(struct bpf_sock_addr *ctx) {
     }
     ctx->user_ip4 = q->backup.addr[3];
     ctx->user_port = bpf_htons(q->backup.port);
+    u64 cookie = bpf_get_socket_cookie(ctx);
+    redirected.update(&cookie, &t);
     emit(&e);
     return 1;
 }
@@ -443,6 +449,8 @@ int on_connect6(struct bpf_sock_addr *ctx) {
     ctx->user_ip6[2] = q->backup.addr[2];
     ctx->user_ip6[3] = q->backup.addr[3];
     ctx->user_port = bpf_htons(q->backup.port);
+    u64 cookie = bpf_get_socket_cookie(ctx);
+    redirected.update(&cookie, &t);
     emit(&e);
     return 1;
 }

@@ -377,6 +377,12 @@ def test_a_failing_model_server_is_quarantined_onto_its_backup_then_released(wor
     # the quarantine expires: the service releases it (and audits the release)
     wait_for("the quarantine's release", lambda: primary not in world.maps.quarantined(), QUARANTINE_S + 3)
     assert backup not in world.maps.quarantined()
+    # released, the connection the kernel sent to the backup is ended too: Envoy's next one
+    # reaches the primary again (kept, it would carry the primary's share to the backup for good)
+    def back_on_the_primary() -> bool:
+        with OipClient(world.listen) as client:
+            return sum(client.infer(PRIMARY, IDS, timeout=10).instance.startswith(PRIMARY + "@") for _ in range(4)) == 2
+    wait_for("Envoy's calls to the primary answered by it again", back_on_the_primary, 3)
 
 
 def test_the_backend_map_follows_deregistration_and_registration(world: SimpleNamespace) -> None:
@@ -416,11 +422,13 @@ def test_sigterm_detaches_everything(world: SimpleNamespace) -> None:  # last: i
     story = [f"{a.kind} {a.detail}" for a in actions if a.target == primary and a.outcome == "done"  # type: ignore[union-attr]
              and "map_change" not in a.detail]  # type: ignore[union-attr]
     expected = [f"quarantine to {backup} for {QUARANTINE_S} s", "[end_connections] ",
-                f"[kernel_redirect] connect to {primary} rewritten to {backup}", "release quarantine expired"]
-    q, ended, redirected, released = (next((i for i, line in enumerate(story) if what in line), -1) for what in expected)
+                f"[kernel_redirect] connect to {primary} rewritten to {backup}", "release quarantine expired",
+                "connection(s) redirected to its backup ended; new ones reach it again"]
+    q, ended, redirected, released, back = (next((i for i, line in enumerate(story) if what in line), -1) for what in expected)
     # (the connection's end and the new connect's rewrite race: Envoy may reconnect for a call
     # in flight before the guardian has written that `ss -K` is done)
-    assert -1 not in (q, ended, redirected, released) and q < min(ended, redirected) and max(ended, redirected) < released, story
+    assert -1 not in (q, ended, redirected, released, back), story
+    assert q < min(ended, redirected) and max(ended, redirected) < released < back, story
     # the kernel flags streams over the bundle's tightest budget, and the audit log keeps those
     # of the registered model servers only: the primary's (reset at Envoy's 300 ms), never the
     # clients' own 300 ms streams to Envoy, nor anything else on lo
