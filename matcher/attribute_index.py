@@ -114,6 +114,8 @@ class AttributeIndex:
             self.keys = sorted(self.postings)  # type: ignore[type-var]
             self.prefix.reshaped()
         self.keys_version += 1
+        if self.ordered:
+            self.key_positions()  # at the build (a few ms), not in the first request that needs them
 
     # ------------------------------------------------------------------ value positions
     def _place(self, slot: int, i: int) -> None:

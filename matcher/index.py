@@ -15,6 +15,11 @@ requirement closures bound to the request's values) is a `Plan` (`plan.py`), cac
 typed request; the candidates a plan computed stay valid until the next insert or delete
 (`version`).
 
+The best candidate alone (`best_one`, k = 1) of a request whose latency target is read by
+one ordering only (`slo_latency <= request.slo`) needs neither: its base (the fixed values'
+intersection, shared by every target) keeps threshold ranks (`threshold_ranks.py`), so a
+target never seen before costs one bisection and a look at one score tier.
+
 Not thread-safe by itself: `Registry` serialises writers and readers around it.
 """
 
