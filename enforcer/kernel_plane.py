@@ -15,8 +15,6 @@ import fcntl
 import itertools
 import logging
 import os
-import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +27,7 @@ from policyc.enforcer.kernel_events import KernelEvent
 from policyc.enforcer.privileges import kernel_support
 from policyc.enforcer.records import ActionRecord
 from policyc.enforcer.rule_table import KernelRules
-from policyc.enforcer.sock_destroy import end_tcp_to_many
+from policyc.enforcer.sock_destroy import end_tcp_by_cookie, end_tcp_to_many
 
 log = logging.getLogger("policyc.enforcer")
 
@@ -67,24 +65,6 @@ def _clsact_mark(netns: str | None, ifname: str, ifindex: int) -> Path:
     whichever policyc process removes the last filter under it removes the qdisc too (not
     only the one that added it, which may have detached, or died, before the others)."""
     return (TC_LOCK.parent if TC_LOCK.parent.is_dir() else Path("/tmp")) / "policyc-clsact" / f"{netns or '-'}.{ifname}.{ifindex}"
-
-
-def _end_sockets_by_cookie(cookies: set[int], netns: str | None) -> int:
-    """`ss -K` each established TCP socket whose cookie (`ss -e`'s `sk:`) is in `cookies`, by
-    its exact addresses and ports; returns how many it ended."""
-    prefix = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
-    listing = subprocess.run([*prefix, "ss", "-tnHe", "state", "established"], capture_output=True, text=True)
-    ended = 0
-    for line in listing.stdout.splitlines():
-        found = re.search(r"\bsk:([0-9a-f]+)", line)
-        fields = line.split()
-        if found is None or int(found[1], 16) not in cookies or len(fields) < 4:
-            continue
-        (src, sport), (dst, dport) = (f.rsplit(":", 1) for f in fields[2:4])
-        out = subprocess.run([*prefix, "ss", "-K", "-tnH", "src", src, "sport", "=", f":{sport}", "dst", dst,
-                              "dport", "=", f":{dport}"], capture_output=True, text=True)
-        ended += out.returncode == 0 and bool(out.stdout.strip())
-    return ended
 
 
 def pid_gone(pid: int) -> bool:
@@ -389,7 +369,10 @@ class KernelPlane:
         ended = 0
         if cookies:
             for ns in {a.netns for a in self._tc} or {None}:
-                ended += _end_sockets_by_cookie(cookies, ns)
+                try:
+                    ended += end_tcp_by_cookie(cookies, ns)
+                except OSError as exc:
+                    raise KernelPlaneError(f"ending connections redirected from {backend}{f' in netns {ns}' if ns else ''}: {exc}") from exc
         for k in mine:
             try:
                 del table[k]

@@ -20,7 +20,7 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 from policyc.enforcer.endpoint import Endpoint
@@ -84,18 +84,44 @@ def end_tcp_to_many(backends: Sequence[Endpoint], netns: str | None = None) -> d
         if v4:
             found.extend(_dump(sock, v4, socket.AF_INET, 1))
         found.extend(_dump(sock, wanted, socket.AF_INET6, 2))  # dual-stack sockets to ::ffff:a.b.c.d, and IPv6
-        found = [f for f in found if f[2] in counts]
-        if not found:
-            return counts
-        base = 100
-        sock.sendall(b"".join(_destroy_msg(family, sock_id, base + i) for i, (family, sock_id, _) in enumerate(found)))
-        for seq, err in _acks(sock, len(found)):
-            backend = found[seq - base][2]
-            if err == 0:
-                counts[backend] += 1
-            elif err not in (errno.ENOENT, errno.ESRCH):  # gone since the dump: it ended on its own
-                raise SockDestroyError(err, f"ending a connection to {backend}: {os.strerror(err)}")
+        for backend, n in _destroy(sock, [f for f in found if f[2] in counts]).items():
+            counts[backend] += n
         return counts
+
+
+def end_tcp_by_cookie(cookies: Collection[int], netns: str | None = None) -> int:
+    """Abort the connected TCP sockets whose kernel cookies (`bpf_get_socket_cookie`'s, the
+    ones the connect hooks note for each connect they rewrite) are in `cookies`, in
+    `netns`. One dump of the namespace's connected sockets per family, each socket known by
+    its cookie, then a destroy for each match. Returns how many ended."""
+    wanted = set(cookies)
+    if not wanted:
+        return 0
+    with _diag_socket(netns) as sock:
+        found = [f for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1)
+                 for f in _dump(sock, None, family, seq) if _cookie(f[1]) in wanted]
+        return sum(_destroy(sock, found).values())
+
+
+def _destroy(sock: socket.socket, found: Sequence[tuple[int, bytes, Endpoint]]) -> dict[Endpoint, int]:
+    """SOCK_DESTROY each (family, socket id, peer), all in one message; ended per peer."""
+    ended: dict[Endpoint, int] = {}
+    if not found:
+        return ended
+    base = 100
+    sock.sendall(b"".join(_destroy_msg(family, sock_id, base + i) for i, (family, sock_id, _) in enumerate(found)))
+    for seq, err in _acks(sock, len(found)):
+        peer = found[seq - base][2]
+        if err == 0:
+            ended[peer] = ended.get(peer, 0) + 1
+        elif err not in (errno.ENOENT, errno.ESRCH):  # gone since the dump: it ended on its own
+            raise SockDestroyError(err, f"ending a connection to {peer}: {os.strerror(err)}")
+    return ended
+
+
+def _cookie(sock_id: bytes) -> int:
+    low, high = struct.unpack_from("=II", sock_id, 40)  # idiag_cookie[2], as sock_gen_cookie splits it
+    return low | high << 32
 
 
 @contextmanager
@@ -161,10 +187,11 @@ def _dst_filter(backends: Sequence[Endpoint]) -> bytes:
     return bytes(out)
 
 
-def _dump(sock: socket.socket, backends: Sequence[Endpoint], family: int, seq: int) -> list[tuple[int, bytes, Endpoint]]:
-    """(family, socket id, the backend it goes to) of each connected socket the filter takes."""
-    bc = _dst_filter(backends)
-    attr = _NLATTR.pack(_NLATTR.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc
+def _dump(sock: socket.socket, backends: Sequence[Endpoint] | None, family: int, seq: int) -> list[tuple[int, bytes, Endpoint]]:
+    """(family, socket id, its peer) of each connected socket going to one of `backends`
+    (None: every connected socket)."""
+    bc = _dst_filter(backends) if backends is not None else b""
+    attr = _NLATTR.pack(_NLATTR.size + len(bc), INET_DIAG_REQ_BYTECODE) + bc if bc else b""
     body = _REQ_V2.pack(family, socket.IPPROTO_TCP, 0, 0, CONNECTED_STATES) + b"\x00" * _SOCKID_LEN + attr
     sock.sendall(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
     found: list[tuple[int, bytes, Endpoint]] = []
@@ -177,8 +204,9 @@ def _dump(sock: socket.socket, backends: Sequence[Endpoint], family: int, seq: i
                 err = -struct.unpack_from("=i", payload)[0]
                 if err == 0:
                     continue
-                raise SockDestroyError(err, f"listing connections to {', '.join(map(str, backends[:3]))}"
-                                            f"{' ...' if len(backends) > 3 else ''}: {os.strerror(err)}")
+                what = "connections" if backends is None else \
+                    f"connections to {', '.join(map(str, backends[:3]))}{' ...' if len(backends) > 3 else ''}"
+                raise SockDestroyError(err, f"listing {what}: {os.strerror(err)}")
             if mtype == SOCK_DIAG_BY_FAMILY:
                 sock_id = bytes(payload[_DIAG_MSG_HEAD:_DIAG_MSG_HEAD + _SOCKID_LEN])
                 found.append((payload[0], sock_id, _peer(payload[0], sock_id)))

@@ -10,6 +10,7 @@ import errno
 import os
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -131,4 +132,27 @@ def test_many_backends_in_one_walk(bare_netns: str, monkeypatch: pytest.MonkeyPa
         assert _alive(clients[1][0], accepted[1]) and _alive(clients[1][1], accepted[2])  # servers[1] was not named
     finally:
         for s in (*servers, *accepted, *(c for cs in clients for c in cs)):
+            s.close()
+
+
+SO_COOKIE = 57  # the socket's kernel cookie, as bpf_get_socket_cookie and sock_diag report it
+
+
+def test_connections_known_by_cookie_end_and_no_other(bare_netns: str) -> None:
+    from policyc.enforcer.sock_destroy import end_tcp_by_cookie
+
+    def make():  # type: ignore[no-untyped-def]
+        srv = socket.create_server(("127.0.0.1", 0))
+        clients = [socket.create_connection(srv.getsockname()) for _ in range(3)]
+        return srv, clients, [srv.accept()[0] for _ in clients]
+
+    srv, clients, accepted = _sockets_in(bare_netns, make)
+    try:
+        cookies = {int.from_bytes(c.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), sys.byteorder) for c in clients[:2]}
+        assert end_tcp_by_cookie(cookies, bare_netns) == 2
+        assert all(_aborted(c) for c in clients[:2])
+        assert _alive(clients[2], accepted[2])  # same peer, another cookie: stays
+        assert end_tcp_by_cookie(cookies, bare_netns) == 0
+    finally:
+        for s in (srv, *clients, *accepted):
             s.close()
