@@ -9,8 +9,9 @@ reconnects and the connect hooks send the new connection to the backup. Where th
 ran `ss` for every quarantine (fork, exec, parse its output: ~3 ms, much of it holding the
 interpreter lock, which made the next budget crossing late), this costs ~0.3 ms, nearly
 all of it the kernel walking its socket table with the lock released, and the same for a
-thousand backends as for one. Needs CAP_NET_ADMIN and a kernel built with
-CONFIG_INET_DIAG_DESTROY.
+thousand backends as for one. `end_tcp_by_cookie` ends sockets known by their kernel
+cookies instead (those a quarantine's connect hooks redirected, ended at its release).
+Needs CAP_NET_ADMIN and a kernel built with CONFIG_INET_DIAG_DESTROY.
 """
 
 from __future__ import annotations
