@@ -4,8 +4,11 @@ servers are registered over the `RegisterInstance` RPC, and then
 - the TC programs the service attached count Envoy's traffic to each registered model server;
 - the model server that stops answering (its streams reset by Envoy at the route timeout) trips
   the bundle's backend breaker from what the kernel saw, and its quarantine sends Envoy's new
-  upstream connections to the backup, until it expires;
-- SIGTERM leaves no TC filter, no cgroup hook, no cgroup and no clsact qdisc of the service's.
+  upstream connections to the backup until it expires, when Envoy reaches the primary again;
+- the backend map follows registration, deregistration and a registry kept across a restart;
+- SIGTERM leaves no TC filter, no cgroup hook, no cgroup and no clsact qdisc of the service's;
+  what a SIGKILLed one left is removed by the next start; a failure to attach is exit 2 under
+  `--enforcer kernel` (nothing left attached) and a warning under `auto`.
 
 The service's counters are read from outside, as an operator would: its BPF maps (found
 through its file descriptors) dumped with bpftool. Root and BPF, as in CI."""
