@@ -13,10 +13,12 @@ answer the request without building its candidate set:
   `best_above[h]` is the same for the values from `h` on (`>` and `>=`).
 
 The best candidate is then the first, in the order, of that one tier's slots that are
-members and hold a value on the right side of the cut: the tier's bitmap met with the
-members, then either its few slots filtered by value position and the least order key
-taken, or, when many are left (a broad base), the tier's groups walked in key order until
-the first such slot (the first group usually has one).
+members and hold a value on the right side of the cut. A small base lists its members by
+tier rank, so those are found by one bisection (typically one or two slots, filtered by
+value position, the least order key taken); a larger one meets the tier's bitmap with its
+members, then either filters the few left the same way or, when many are left (a broad
+base), walks the tier's groups in key order until the first such slot (the first group
+usually has one).
 
 Both arrays come from numpy in one pass over the base's members (their value positions,
 `AttributeIndex.key_positions`, and their tier ranks, `ScoreTiers.rank_of`): a bincount with
@@ -32,6 +34,8 @@ per request.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 from pyroaring import BitMap
 
@@ -42,13 +46,14 @@ from .ranking import ScoreTiers
 
 BELOW = (Cmp.LT, Cmp.LE)  # the ordering keeps a prefix of the sorted values (else a suffix)
 FEW = 8  # at most this many of the tier's slots are members: filtered and ordered by key directly
+LISTED = 512  # a base this small also lists its members by tier rank: the best tier's few found by bisection
 
 
 class ThresholdRanks:
     """`counts` and best tier ranks per cut for one base's members and one ordered attribute,
     with the versions they were computed at."""
 
-    __slots__ = ("members", "counts", "best", "index_version", "keys_version", "rank_version")
+    __slots__ = ("members", "counts", "best", "listed", "index_version", "keys_version", "rank_version")
 
     def __init__(self, members: BitMap, attr: AttributeIndex, below: bool, tiers: ScoreTiers,
                  index_version: int) -> None:
@@ -67,8 +72,15 @@ class ThresholdRanks:
         counts[0] = 0
         self.counts: np.ndarray = np.cumsum(counts, out=counts)  # [h]: members among the first h values
         per = np.full(n + 1, np.inf)
-        np.minimum.at(per, at, tiers.rank_of[idx])
+        ranks = tiers.rank_of[idx]
+        np.minimum.at(per, at, ranks)
         per[0] = np.inf
+        # (ranks ascending, their slots, their value positions) for a small base: its members in
+        # the best tier without meeting the tier's bitmap with the base's
+        self.listed: tuple[list[float], list[int], list[int]] | None = None
+        if len(idx) <= LISTED:
+            order = np.argsort(ranks, kind="stable")
+            self.listed = (ranks[order].tolist(), idx[order].tolist(), (at[order] - 1).tolist())
         if below:  # best[h]: among the first h values
             self.best: np.ndarray = np.minimum.accumulate(per, out=per)
         else:  # best[h]: among the values from h on
@@ -93,7 +105,19 @@ def best_at(ranks: ThresholdRanks, attr: AttributeIndex, cmp: Cmp, value: float,
         count, lo, hi = int(counts[-1] - counts[h]), h, len(counts) - 1
     if not count:
         return 0, None
-    tier = tiers.tier_at.get(float(ranks.best[h]))
+    rank = float(ranks.best[h])
+    listed = ranks.listed
+    if listed is not None:  # a small base: its members of that rank, by bisection
+        rs, slots, at = listed
+        key = tiers.key_of
+        i = bisect_left(rs, rank)
+        best = None
+        while i < len(rs) and rs[i] == rank:
+            if lo <= at[i] < hi and (best is None or key[slots[i]] < key[best]):
+                best = slots[i]
+            i += 1
+        return count, best
+    tier = tiers.tier_at.get(rank)
     if tier is None:
         return count, None
     inside = tier.bm & ranks.members
