@@ -5,7 +5,7 @@ stored inside the .onnx and with the weights in an external data file (which val
 never opens), `--run` for the small model, and as the baseline measured in the same run,
 onnx-tool's profiler (a peer that also counts from the graph) on the same file.
 
-    .venv/bin/python benchmarks/validate.py [--quick]     # --quick: the 10 M model only
+    .venv/bin/python benchmarks/onnx_validate.py [--quick]     # --quick: the 10 M model only
 """
 
 from __future__ import annotations
