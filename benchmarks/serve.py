@@ -14,7 +14,8 @@ floor this machine sets for a service that does nothing). Decide and no-op
 phases alternate (`--rounds`) so that both see the same shared machine. The server runs in a
 subprocess-free thread of this process with the audit log and guardian off (they are
 asynchronous to the decision path); clients run in a second process so they do not share
-the server's GIL. Both servers run on the service's event loop (`server/event_loop.py`:
+the server's GIL. Before the rounds the whole request mix is sent once (`warm_mix`), so the
+rounds measure a warm solver cache (what the warm-up solved is printed). Both servers run on the service's event loop (`server/event_loop.py`:
 uvloop unless POLICYC_EVENT_LOOP=asyncio). Also printed: CPU seconds this process (the
 server side only: server thread, gRPC's threads, the refresher) spends per call in each
 phase (and of it, the event-loop thread's), a figure other engineers' load on a shared
