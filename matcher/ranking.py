@@ -31,10 +31,11 @@ instances has about 1,600 tiers; a request for one model in one region with a se
 flag keeps a few dozen candidates). So every tier also carries a `rank`, a float that
 grows along the tier list (a split takes the midpoint of its neighbours; the ranks are
 renumbered in the rare case a gap runs out), and every slot the rank of its tier
-(`rank_of`, a numpy array). Up to `DIRECT` candidates are ranked by gathering their tier
-ranks at once: the lowest rank names the first tier holding a candidate, and only that
-tier's candidates are ordered (the next rank when more are needed). A walk over a larger
-candidate set that meets `EMPTY_TIERS` empty tiers in a row switches to the same gather.
+(`rank_of`, a numpy array; `threshold_ranks.py` reads it). Up to `DIRECT` candidates (up to
+`DIRECT_MANY` for k > 1) are ranked by gathering their scores at once (`neg_of`, each
+slot's group's -score): one stable numpy sort, the rare runs of equal scores put in key
+order. A walk over a larger candidate set that meets `EMPTY_TIERS` empty tiers in a row
+switches to the same gather.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
 SMALL = 6  # at most this many candidates: order them by key directly (`key_of`; numpy costs more below)
 SMALL_ONE = 48  # the same for the best one alone (a `min` over keys; gathering ranks costs more below)
-DIRECT = 256  # at most this many candidates: find their tiers through `rank_of`
+DIRECT = 256  # at most this many candidates: the best one found through their scores (`neg_of`), no walk
+DIRECT_MANY = 2048  # the same for the best k > 1 (a walk over sparse candidates meets many tiers with one or none)
 FEW = 4  # k = 1 and at most this many hits in the first tier that has any: ordered by key at once (at 32 the five-contract fleet, dense with hits in its first group, pays for the key look-ups: p50 2.7 -> 5.7 us)
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
 RANK_GAP = 1024.0  # initial distance between tier ranks
@@ -148,7 +150,7 @@ class ScoreTiers:
     """Groups in tiers by (-score, name); each instance slot found through `group_of` and
     `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
 
-    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of", "tier_at",
+    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of", "neg_of", "tier_at",
                  "rank_version", "version")
 
     def __init__(self) -> None:
@@ -160,6 +162,7 @@ class ScoreTiers:
         self.id_of: dict[int, str] = {}  # slot -> instance id
         self.key_of: dict[int, tuple] = {}  # slot -> (-score, group name, instance id), its place in the order
         self.rank_of = np.zeros(1024)  # slot -> its tier's rank (free slots: stale, never read)
+        self.neg_of = np.zeros(1024)  # slot -> its group's -score, the order's first half (free slots: stale)
         self.tier_at: dict[float, Tier] = {0.0: self.tiers[0]}  # rank -> tier
         self.rank_version = 0  # bumped whenever a live slot's rank changes (`threshold_ranks.py` caches on it)
         self.version = 0  # bumped by every change to the order (an answer cached at another version is stale)
@@ -179,6 +182,16 @@ class ScoreTiers:
                 changed = True
         if changed:
             self.rank_version += 1
+
+    def _score(self, slots: list[int], neg: float) -> None:
+        no = self.neg_of
+        top = max(slots)
+        if top >= len(no):
+            grown = np.zeros(max(2 * len(no), top + 1))
+            grown[:len(no)] = no
+            no = self.neg_of = grown
+        for s in slots:
+            no[s] = neg
 
     def _renumber(self) -> None:
         """Give the tiers evenly spaced ranks again (a split found no room between two)."""
@@ -202,6 +215,7 @@ class ScoreTiers:
             t = bisect_right(self.bounds, g.key) - 1
             self.tiers[t].put(g)
             self._mark(g.slots, self.tiers[t].rank)
+            self._score(g.slots, neg)
             if len(self.tiers[t].groups) > 2 * TARGET:
                 self._split(t)
             return
@@ -210,6 +224,7 @@ class ScoreTiers:
         assert g.tier is not None
         g.tier.bm.add(slot)
         self._mark([slot], g.tier.rank)
+        self._score([slot], g.key[0])
         self.group_of[slot] = g
         if g.key[0] != neg:
             self.move_many([(name, neg)])
@@ -246,6 +261,7 @@ class ScoreTiers:
             g.key = (neg, name)
             for s, iid in zip(g.slots, g.ids):
                 key_of[s] = (neg, name, iid)
+            self._score(g.slots, neg)
             moved.append(g)
         if not moved:
             return moved
@@ -338,6 +354,10 @@ class ScoreTiers:
             if slots:
                 ro[slots] = tier.rank
         self.rank_of = ro
+        no = np.zeros(len(ro))
+        if entries:
+            no[[slot for _, _, _, slot in entries]] = [neg for neg, _, _, _ in entries]
+        self.neg_of = no
         self.tier_at = {tier.rank: tier for tier in self.tiers}
         self.rank_version += 1
         self.version += 1
@@ -354,7 +374,7 @@ class ScoreTiers:
             key = self.key_of.__getitem__
             arr = cand.to_array()  # iterating a BitMap costs far more than an array
             return [min(arr, key=key)] if k == 1 else heapq.nsmallest(k, arr, key=key)
-        if count > DIRECT:
+        if count > (DIRECT if k == 1 else DIRECT_MANY):
             got = self._walk(cand, k)
             if got is not None:
                 return got
@@ -377,46 +397,43 @@ class ScoreTiers:
                     if len(got) == k:
                         break
             return got
-        if count > DIRECT:
+        if count > (DIRECT if k == 1 else DIRECT_MANY):
             walked = self._walk_distinct(cand, k)
             if walked is not None:
                 return walked
         return self._gathered(cand, k, True)
 
     def _gathered(self, cand: BitMap, k: int, distinct: bool) -> list[int]:
-        """Best-k through the candidates' tier ranks: the candidates grouped by tier in
-        tier order (one stable sort in numpy), each tier's few ordered by key."""
+        """Best-k through the candidates' scores (`neg_of`, the order's first half): one
+        stable sort in numpy, then only the runs of equal scores (rare unless scores are
+        few levels) put in key order by name and id, and the first k (of distinct groups)
+        taken in one pass."""
         idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
-        ranks = self.rank_of[idx]
+        negs = self.neg_of[idx]
         key = self.key_of.__getitem__
         if k == 1:
-            return [min(idx[ranks == ranks.min()].tolist(), key=key)]
-        order = np.argsort(ranks, kind="stable")
+            return [min(idx[negs == negs.min()].tolist(), key=key)]
+        order = np.argsort(negs, kind="stable")
         slots = idx[order].tolist()
-        sr = ranks[order]
-        cuts = (np.flatnonzero(sr[1:] != sr[:-1]) + 1).tolist()
-        cuts.append(len(slots))
+        sn = negs[order]
+        same = np.flatnonzero(sn[1:] == sn[:-1])  # slots[i] ties slots[i + 1]
+        if len(same):
+            starts = same[np.r_[True, same[1:] != same[:-1] + 1]].tolist()
+            ends = (same[np.r_[same[1:] != same[:-1] + 1, True]] + 2).tolist()
+            for a, b in zip(starts, ends):
+                slots[a:b] = sorted(slots[a:b], key=key)
+        if not distinct:
+            return slots[:k]
         got: list[int] = []
         seen: set[Hashable] = set()
         group_of = self.group_of
-        start = 0
-        for end in cuts:
-            run = slots[start:end]
-            start = end
-            if len(run) > 1:
-                run.sort(key=key)
-            if not distinct:
-                got.extend(run[:k - len(got)])
-            else:
-                for s in run:
-                    name = group_of[s].name
-                    if name not in seen:
-                        seen.add(name)
-                        got.append(s)
-                        if len(got) == k:
-                            break
-            if len(got) == k:
-                break
+        for s in slots:
+            name = group_of[s].name
+            if name not in seen:
+                seen.add(name)
+                got.append(s)
+                if len(got) == k:
+                    break
         return got
 
     def _walk(self, cand: BitMap, k: int) -> list[int] | None:

@@ -38,6 +38,7 @@ def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(ranking, "SMALL", 2)
     monkeypatch.setattr(ranking, "SMALL_ONE", 3)
     monkeypatch.setattr(ranking, "DIRECT", 12)
+    monkeypatch.setattr(ranking, "DIRECT_MANY", 12)
     monkeypatch.setattr(ranking, "EMPTY_TIERS", 2)
     monkeypatch.setattr(ranking, "TARGET", 2)
     monkeypatch.setattr(ranking, "RANK_GAP", 2.0 ** -1060)  # subnormal gaps: splits soon find no room
