@@ -105,7 +105,7 @@ class DecisionEngine:
         cache (reported as the parse stage) when it was not prepared for this decision."""
         return self._decide_prepared(prep, memo, lookup)
 
-    def _decide(self, st: PolicyState, inp: DecisionInput, explain: bool = False) -> Decision:
+    def _decide(self, st: PolicyState, inp: DecisionInput) -> Decision:
         return self._decide_prepared(self.prepare(inp, st), None, None)
 
     def _matched(self, prep: Prepared, memo: MatchMemo | None) -> _Matched:
