@@ -46,7 +46,7 @@ from .ranking import ScoreTiers
 
 BELOW = (Cmp.LT, Cmp.LE)  # the ordering keeps a prefix of the sorted values (else a suffix)
 FEW = 8  # at most this many of the tier's slots are members: filtered and ordered by key directly
-LISTED = 512  # a base this small also lists its members by tier rank: the best tier's few found by bisection
+LISTED = 4096  # a base this small also lists its members by tier rank: the best tier's few found by bisection
 
 
 class ThresholdRanks:
