@@ -45,7 +45,7 @@ from .attribute_index import AttributeIndex
 from .ranking import ScoreTiers
 
 BELOW = (Cmp.LT, Cmp.LE)  # the ordering keeps a prefix of the sorted values (else a suffix)
-FEW = 8  # at most this many of the tier's slots are members: filtered and ordered by key directly
+FEW = 48  # at most this many of the tier's slots are members: filtered and ordered by key directly (a regional base; a broad one walks)
 LISTED = 4096  # a base this small also lists its members by tier rank: the best tier's few found by bisection
 
 
