@@ -193,7 +193,14 @@ def decision_bytes(d: Decision, head: bytes, rejection: bytes | None = None) -> 
     Protobuf reads concatenated messages as one merged message and the two parts set
     disjoint fields, so this parses to exactly `decision(d)`; only the field order on the
     wire differs."""
-    return head + decision_wire.tail(d, rejection)
+    if rejection is None and d.rejection is not None:
+        rejection = rejection_field(d.rejection)
+    return head + decision_wire.tail(d, rejection or b"")
+
+
+def rejection_field(r: Rejection) -> bytes:
+    """Decision.rejection (field 7) as wire bytes, written by protobuf."""
+    return decision_wire.submessage(7, rejection_msg(r).SerializeToString())
 
 
 def account(a: Account) -> "pb.Explanation":

@@ -13,7 +13,7 @@ The result parses to the same message as `convert.decision(d)` minus its head (t
 fields `convert.decision_head` writes): protobuf reads a field's occurrences in any
 order, so only the order on the wire may differ (`tests/server/test_decision_wire.py`
 holds them equal on real decisions and on every optional part). A rejection is written by
-protobuf (`rejection_field`), and kept per request shape by its caller while it repeats.
+protobuf (`convert.rejection_field`), and kept per request shape by its caller while it repeats.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 from policyc.placer import PlacementPlan
 
-from .decision import Decision, Rejection
+from .decision import Decision
 
 K = TypeVar("K")
 MEMO_MAX = 16384  # entries per memo (an instance's identity block is ~150 bytes)
@@ -139,26 +139,19 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
     return b"".join(parts)
 
 
-def rejection_field(r: Rejection) -> bytes:
-    """Decision.rejection (field 7) as bytes, written by protobuf (`convert.rejection_msg`)."""
-    from .convert import rejection_msg
-
-    return submessage(7, rejection_msg(r).SerializeToString())
-
-
-def tail(d: Decision, rejection: bytes | None = None) -> bytes:
+def tail(d: Decision, rejection: bytes = b"") -> bytes:
     """The fields `convert.decision_head` leaves out, as bytes: decision id, model, timing,
-    placement, rejection (`rejection`: `rejection_field(d.rejection)`, when the caller
-    keeps it)."""
+    placement, and `rejection`, the rejection field as protobuf wrote it
+    (`convert.rejection_field(d.rejection)`; empty when `d` has none)."""
     t = d.timing
     parts = [text(1, d.decision_id), text(4, d.model or ""),
              _TIMING_HEAD + _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6,
                                          41, t.total * 1e6)]
     if d.plan is not None:
         parts.append(submessage(5, placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)))
-    if d.rejection is not None:
-        parts.append(rejection if rejection is not None else rejection_field(d.rejection))
+    if rejection:
+        parts.append(rejection)
     return b"".join(parts)
 
 
-__all__ = ["placement_body", "rejection_field", "tail"]
+__all__ = ["placement_body", "tail"]

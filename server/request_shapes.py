@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING
 from policyc.matcher import AppliedRule
 from policyc.solver.feasibility import Pending
 
-from .convert import decision_bytes, decision_head
+from .convert import decision_bytes, decision_head, rejection_field
 from .decision import Decision, Outcome, Rejection
-from .decision_wire import rejection_field
 from .prepared import MatchMemo, Prepared
 from .state import PolicyState
 

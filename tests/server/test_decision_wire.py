@@ -23,7 +23,8 @@ from policyc.server.request_shapes import ShapeEntry
 
 
 def _wire(d: Decision) -> pb.Decision:
-    return pb.Decision.FromString(convert.decision_head(d) + decision_wire.tail(d))
+    rejection = convert.rejection_field(d.rejection) if d.rejection is not None else b""
+    return pb.Decision.FromString(convert.decision_head(d) + decision_wire.tail(d, rejection))
 
 
 def test_wire_bytes_parse_to_the_protobuf_message(bundle: Bundle) -> None:
