@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health
 
 from policyc.server.app import DecisionServer
+from policyc.server.generic_handlers import add_health
 from policyc.server.readiness import Readiness
 from policyc.server.transport import TransportError
 
@@ -55,7 +56,7 @@ class PickerServer:
         process = grpc.stream_stream_rpc_method_handler(self.picker.Process, request_deserializer=ep.ProcessingRequest.FromString,
                                                         response_serializer=serialize)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": process}),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        add_health(self.health, server)  # as a generic handler: no registered method's request-call to wait on after every call
         try:
             port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as e:
