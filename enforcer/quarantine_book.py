@@ -2,7 +2,10 @@
 
 Quarantine expires and backs off (duration doubles on each repeat, up to max_duration), and
 at most `max_share` of the known backends may be out at once, so that the breaker cannot
-cause the outage it exists to prevent.
+cause the outage it exists to prevent — but always at least one, as Envoy's outlier
+detection ejects at least one host whatever its `max_ejection_percent`: a quarantined
+backend's traffic goes to its backup, so with 20 % of a pool of two the breaker would
+otherwise never act at all.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class QuarantineBook:
         active = self._live(now)
         if backend in active:
             return QuarantineDecision(False, 0.0, f"{backend} is already quarantined")
-        cap = math.floor(max_share * len(self._backends))
+        cap = max(1, math.floor(max_share * len(self._backends)))
         if len(active) + 1 > cap:
             return QuarantineDecision(False, 0.0, f"cap reached: {len(active)} of {len(self._backends)} backends out, max share {max_share:g} allows {cap}")
         entry = self._entries.get(backend)

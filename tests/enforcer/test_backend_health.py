@@ -126,16 +126,19 @@ def test_an_unregistered_backend_leaves_the_guardian_and_the_quarantine_cap() ->
     g = Guardian(make_bundle(extra=(rule,)), plane=plane, anomalies=_NoAnomalies(), audit=audit,
                  executor=ActionExecutor(audit, rebalance=lambda _: None))
     try:
-        a, b, backup = (Endpoint.parse(f"127.0.0.1:{p}") for p in (9001, 9002, 9100))
-        g.register_backend(a, backup)
-        g.register_backend(b, backup)
-        first = g.backend_id(b)
-        g.unregister_backend(b)
-        assert g.backends() == {a: backup}
-        g.observe_backend(a, {"error_rate": 1.0})  # half of one backend is none: the cap refuses
-        [refused] = [r for r in audit.records if r.kind is ActionKind.QUARANTINE]
-        assert refused.outcome is Outcome.REFUSED and "cap reached" in refused.detail and "of 1 backends" in refused.detail
-        g.register_backend(b, backup)
-        assert g.backend_id(b) == first  # counted on under the same id
+        a, b, c, d, backup = (Endpoint.parse(f"127.0.0.1:{p}") for p in (9001, 9002, 9003, 9004, 9100))
+        for ep in (a, b, c, d):
+            g.register_backend(ep, backup)
+        first = g.backend_id(c)
+        g.unregister_backend(c)
+        g.unregister_backend(d)
+        assert g.backends() == {a: backup, b: backup}
+        g.observe_backend(a, {"error_rate": 1.0})  # half of two backends: one may be out
+        g.observe_backend(b, {"error_rate": 1.0})  # with c and d still counted, half of four would allow a second
+        done, refused = [r for r in audit.records if r.kind is ActionKind.QUARANTINE]
+        assert done.outcome is not Outcome.REFUSED, done
+        assert refused.outcome is Outcome.REFUSED and "cap reached: 1 of 2 backends out" in refused.detail
+        g.register_backend(c, backup)
+        assert g.backend_id(c) == first  # counted on under the same id
     finally:
         g.close()

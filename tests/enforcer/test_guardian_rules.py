@@ -109,6 +109,19 @@ def test_quarantine_cap_backoff_and_expiry() -> None:
     assert again.allowed and again.duration == 60  # backs off on repeat
 
 
+def test_quarantine_cap_allows_one_backend_of_a_small_pool() -> None:
+    """20 % of two backends is none; like Envoy's outlier detection, one may still be out
+    (its traffic goes to its backup), a second not."""
+    book = QuarantineBook()
+    a, b = Endpoint.of("10.0.0.1", 80), Endpoint.of("10.0.0.1", 81)
+    book.add_backend(a)
+    book.add_backend(b)
+    assert book.decide(a, 1000.0, 30, 480, 0.2).allowed
+    book.record(a, 1000.0, 30, 480)
+    refused = book.decide(b, 1000.0, 30, 480, 0.2)
+    assert not refused.allowed and "1 of 2 backends out, max share 0.2 allows 1" in refused.reason
+
+
 def test_backend_rule_quarantines_through_the_plane_and_expires() -> None:
     audit, anomalies, rebalanced = MemoryAudit(), Anomalies(), []
     clock = [0.0]

@@ -27,7 +27,7 @@ class ScanBook:
 
     def decide(self, b: Endpoint, now: float, duration: float, max_duration: float, share: float) -> tuple[bool, float]:
         active = self.active(now)
-        if b in active or len(active) + 1 > math.floor(share * len(BACKENDS)):
+        if b in active or len(active) + 1 > max(1, math.floor(share * len(BACKENDS))):  # at least one, as Envoy ejects
             return False, 0.0
         strikes, last_end = self.strikes.get(b, (0, -math.inf))
         return True, min(duration * 2 ** (strikes if now - last_end < 2 * max_duration else 0), max_duration)

@@ -60,7 +60,7 @@ QUARANTINE_S = 3  # the test bundle's backend quarantine
 
 def short_quarantine_bundle(workdir: Path) -> Bundle:
     """The shipped policies, with the backend breaker's quarantine short and allowed to take
-    the one registered backend (the shipped 20 % of one backend is none)."""
+    every registered backend (with the shipped 20 %, only one of them at a time)."""
     src = workdir / "policies"
     shutil.copytree(REPO / "policies", src)
     breakers = src / "breakers.contract"
