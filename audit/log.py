@@ -320,7 +320,7 @@ class AuditLog:
             raise TypeError(f"submit_decision_draft takes a dict (DecisionDraft) or a DecisionWire, not {type(draft).__name__}")
         return self._submit(ToWriter.DRAFT, wire_draft(draft))
 
-    def submit_decision_drafts(self, drafts: Sequence[DecisionDraft | DecisionWire]) -> int:
+    def submit_decision_drafts(self, drafts: Sequence[DecisionDraft | DecisionWire], bodies: Sequence[bytes] = ()) -> int:
         """`submit_decision_draft` for many drafts in one hand-over (the server bridge's
         batches): one frame, one encoding call, one lock and one wake-up of the sender
         thread instead of one per draft; the writer decodes the batch in one call too.
@@ -328,13 +328,21 @@ class AuditLog:
         that do not wait need none. A draft may also be a `draft_encoder.DecisionWire` built
         directly (the server bridge's `wire_of`): it goes as is, and the writer validates it
         all the same. All or nothing at the call: a draft with a value that is
-        not a plain one raises TypeError and none of them is queued."""
-        if not drafts:
+        not a plain one raises TypeError and none of them is queued.
+
+        `bodies`: records already serialised (`submit_body`'s), queued after the drafts in
+        the same hand-over, so the writer stores both in one commit (the bridge's per-call
+        accounting records: one fsync shared with the decisions instead of one of their own);
+        their tickets follow the drafts'."""
+        if not drafts and not bodies:
             return self._next
         for draft in drafts:
             if not isinstance(draft, (dict, DecisionWire)):
                 raise TypeError(f"submit_decision_drafts takes dicts (DecisionDraft) or DecisionWire, not {type(draft).__name__}")
-        return self._submit_frames(frame(ToWriter.DRAFTS, COUNT.pack(len(drafts)) + wire_drafts(drafts)), len(drafts))
+        data = frame(ToWriter.DRAFTS, COUNT.pack(len(drafts)) + wire_drafts(drafts)) if drafts else b""
+        if bodies:
+            data += b"".join(frame(ToWriter.BODY, bytes(b)) for b in bodies)
+        return self._submit_frames(data, len(drafts) + len(bodies))
 
     def submit_action(self, record: ActionRecord) -> Receipt:
         if not isinstance(record, ActionRecord):

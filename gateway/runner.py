@@ -95,8 +95,9 @@ class Gateway:
         accounting = options.accounting and audit is not None
         if options.access_log_cluster is None:
             # policyc's receiver: the picker learns breaks and request ends from it (so Envoy asks
-            # it nothing about answers); with an audit log, one accounting record per call too
-            sink = audit.log.submit_action if accounting and audit is not None else None
+            # it nothing about answers); with an audit log, one accounting record per call too,
+            # handed over with the bridge's next batch of decisions (one commit for both)
+            sink = audit.accounting if accounting and audit is not None else None
             self.access_log = AccessLogServer(AccessLogReceiver(sink, every_attempt=sink is not None), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)

@@ -211,6 +211,10 @@ class AuditBridge:
         self._acked_lost = 0  # of those, decisions already acknowledged (group mode)
         self._pending: list[tuple[str, DecisionWire]] = []
         self._oldest = 0.0
+        # serialised per-call accounting records (`accounting`), handed over with the decisions
+        self._bodies: list[bytes] = []
+        self._bodies_since = 0.0
+        self._closed = False
         self._lock = threading.Lock()
         # Hand-overs whose records are not all durable yet: (first ticket, end ticket, monotonic
         # time of the oldest decision in it, acknowledged already). Appended under `_lock`.
@@ -416,18 +420,21 @@ class AuditBridge:
 
     def _hand_over(self) -> None:  # with self._lock held, so batches reach the log in order
         batch, self._pending = self._pending, []
-        if not batch:
+        bodies, self._bodies = self._bodies, []
+        if not batch and not bodies:
             return
         try:
-            first = self.log.submit_decision_drafts([draft for _, draft in batch])
-            self._handed.append((first, first + len(batch), self._oldest, True))
+            first = self.log.submit_decision_drafts([draft for _, draft in batch], bodies)
+            if batch:
+                self._handed.append((first, first + len(batch), self._oldest, True))
             return
         except TypeError:
             pass  # a draft with a value that is not a plain one: one by one, so only it is refused
         except Exception as e:  # a closed or stopped log: count and say so, never raise into Decide
-            self._refused_here += len(batch)
+            self._refused_here += len(batch) + len(bodies)
             self._acked_lost += len(batch)
-            log.error("audit: %d decision(s) not recorded (%s ...): %s", len(batch), batch[0][0], e)
+            log.error("audit: %d decision(s) and %d accounting record(s) not recorded (%s ...): %s", len(batch), len(bodies),
+                      batch[0][0] if batch else "accounting", e)
             return
         for decision_id, draft in batch:
             try:
@@ -437,13 +444,43 @@ class AuditBridge:
                 self._refused_here += 1
                 self._acked_lost += 1
                 log.error("audit: decision %s not recorded: %s", decision_id, e)
+        if bodies:
+            try:
+                self.log.submit_bodies(bodies)
+            except Exception as e:
+                self._refused_here += len(bodies)
+                log.error("audit: %d accounting record(s) not recorded: %s", len(bodies), e)
+
+    def accounting(self, record: AuditAction) -> None:
+        """Queue a call's measured `accounting` record (the gateway's access-log receiver's
+        sink) to be handed over with the next batch of decisions: the writer stores both in
+        one commit, where a record handed over on its own arrival (every access-log flush)
+        cost a commit (an fsync) of its own (measured). Same stored bytes as
+        `AuditLog.submit_action`; it reaches the log within ~FLUSH_AFTER like a decision.
+        Raises AuditWriteError, as `submit_action` does, once the log or this bridge is
+        closed or the writer is gone (the receiver counts the record dropped)."""
+        if not isinstance(record, AuditAction):
+            raise TypeError(f"accounting takes an audit ActionRecord, not {type(record).__name__}")
+        body = record.model_dump_json(exclude_none=True).encode()
+        stopped = self.log.stopped
+        with self._lock:
+            if self._closed or stopped is not None:
+                raise AuditWriteError(f"{self.log.path}: audit log is {stopped or 'closed'}; accounting record of "
+                                      f"{record.decision_id} not recorded")
+            bodies = self._bodies
+            bodies.append(body)
+            if len(bodies) == 1:
+                self._bodies_since = time.monotonic()
+            elif len(bodies) >= FLUSH_EVERY:
+                self._hand_over()
 
     def _tick(self) -> None:
         """Background: a quiet service's last decisions reach the log within ~FLUSH_AFTER;
         the gate is re-evaluated (watchers told of a change) and sync waiters past the
         window are refused."""
         while not self._stop.wait(FLUSH_AFTER / 2):
-            if self._pending and time.monotonic() - self._oldest >= FLUSH_AFTER:
+            now = time.monotonic()
+            if (self._pending and now - self._oldest >= FLUSH_AFTER) or (self._bodies and now - self._bodies_since >= FLUSH_AFTER):
                 self.flush()
             self._check_gate()
             if self._waiting and self._loop is not None and self._state is not None:
@@ -475,5 +512,7 @@ class AuditBridge:
     def close(self) -> None:
         self._stop.set()
         self._timer.join()
-        self.flush()
+        with self._lock:
+            self._closed = True  # later accounting records are refused (counted), never left unsent
+            self._hand_over()
         self.log.close()
