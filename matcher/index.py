@@ -136,6 +136,13 @@ class FleetIndex:
         self._one_reducer = self._reducer_items[0] if len(self._reducer_items) == 1 else None
         red = self.reducers.keys()
         self._ranged = tuple((cr, not red.isdisjoint(cr.reads)) for cr in self.rules)  # reads a reduced variable?
+        # request variables a parsed request carries (its headers' variables, the tenant's
+        # class) that no rule reads, in guard or requirement: they change no answer, so the
+        # shape and base keys leave them out (`_read_vars`), and every tenant of a class
+        # shares one base instead of making its own
+        read = frozenset().union(*(cr.reads for cr in self.rules))
+        carried = {h.var for h in bundle.headers} | ({"tenant_class"} if bundle.tenants else set())
+        self._unread = tuple(sorted(carried - read))
 
     # ------------------------------------------------------------------ updates
     def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
@@ -363,12 +370,12 @@ class FleetIndex:
 
     def shape_key(self, vars: Vars) -> tuple[tuple, tuple]:
         """(the reduced shape, the reduced shape without range positions): both are (the
-        other variables' items, ...) with, for the reduced shape, each reduced variable as
+        other variables' items, those no rule reads left out (`_read_vars`), ...) with, for the reduced shape, each reduced variable as
         (name, value-set version, position) and, for the base key, its name only. Equal
         keys give equal answers: every rule reads a reduced variable through orderings
         against its attribute's values alone. A reduced variable holding a non-number
         stays among the exact items. Raises TypeError for an unhashable value."""
-        exact = dict(vars)
+        exact = self._read_vars(vars)
         reduced: list[tuple[str, int, int]] = []
         names: list[str] = []
         for name, idx in self._reducer_items:
@@ -381,6 +388,22 @@ class FleetIndex:
         key = (items, tuple(reduced))
         hash(key)
         return key, (items, tuple(names))
+
+    def _read_vars(self, vars: Vars) -> dict[str, Scalar]:
+        """A copy of `vars` without the variables a parsed request carries that no rule
+        reads (a typed request's own extra ones stay: a key holding them only shares less)."""
+        exact = dict(vars)
+        for u in self._unread:
+            if u in exact:
+                del exact[u]
+        return exact
+
+    def _read_items(self, vars: Vars) -> tuple:
+        """The shape key of a bundle without reduced variables: the read variables' items;
+        raises TypeError for an unhashable value."""
+        items = tuple(self._read_vars(vars).items())
+        hash(items)
+        return items
 
     def best_one(self, vars: Vars, tiers: ScoreTiers,
                  base: Base | None = None) -> tuple[int, int | None, tuple[AppliedRule, ...], Base] | None:
@@ -398,7 +421,7 @@ class FleetIndex:
         if type(x) is not float and type(x) is not int:
             return None
         if base is None:
-            exact = dict(vars)
+            exact = self._read_vars(vars)
             del exact[name]
             bkey = (tuple(exact.items()), (name,))
             try:
@@ -490,7 +513,7 @@ class FleetIndex:
         key: tuple | None = None
         bkey: tuple | None = None
         if hashable:
-            key, bkey = self.shape_key(vars) if self.reducers else ((k := tuple(vars.items())), k)
+            key, bkey = self.shape_key(vars) if self.reducers else ((k := self._read_items(vars)), k)
             plan = self.reduced.get(key)
             if plan is not None:
                 return plan

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policyc.matcher import Registry, attributes, naive_match
+from policyc.matcher import Registry, Request, attributes, naive_match
 from policyc.matcher import prefix_bitmaps, ranking, threshold_ranks
 from policyc.matcher.attribute_index import AttributeIndex
 from pyroaring import BitMap
@@ -280,3 +280,23 @@ def test_ranks_renumber_when_a_gap_runs_out(small_thresholds: None, monkeypatch:
     cand = BitMap(range(0, 80, 7))
     assert tiers.best(cand, len(cand), 3) == [77, 70, 63]
     assert all(tiers.rank_of[s] == tiers.group_of[s].tier.rank for s in range(80))
+
+
+def test_unread_variables_share_a_base() -> None:
+    """Requests that differ only in a variable no rule reads (the tenant's name, where the
+    rules read its class) share one base and one plan of their reduced shape, for k = 1 and
+    for k > 1, and each equals the naive scan; a variable a rule reads (the class) still
+    gets a base of its own."""
+    fleet = make_fleet(1_500, 11)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    ix = reg.index
+    assert ix._unread == ("tenant",)
+    fixed = {"region": "eu-west", "need_tpm": True}
+    for tenant, cls in (("anonymous", "public"), ("beta-co", "public"), ("gamma-co", "public"), ("acme-bank", "finance")):
+        q = Request.of({**fixed, "slo": 0.2, "tenant": tenant, "tenant_class": cls})
+        for k in (1, 3):
+            order, ids, _ = naive_order(reg, dict(q.vars), k)
+            got = reg.match(q, k)
+            assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:k], (tenant, k)
+        assert len(ix.bases) == (1 if cls == "public" else 2), tenant
+    assert len(ix.reduced) == 2  # k = 3 is planned: one plan per class
