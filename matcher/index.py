@@ -370,8 +370,9 @@ class FleetIndex:
 
     def shape_key(self, vars: Vars) -> tuple[tuple, tuple]:
         """(the reduced shape, the reduced shape without range positions): both are (the
-        other variables' items, those no rule reads left out (`_read_vars`), ...) with, for the reduced shape, each reduced variable as
-        (name, value-set version, position) and, for the base key, its name only. Equal
+        other variables' items, those no rule reads left out (`_read_vars`), ...) with, for
+        the reduced shape, each reduced variable as (name, value-set version, position)
+        and, for the base key, its name only. Equal
         keys give equal answers: every rule reads a reduced variable through orderings
         against its attribute's values alone. A reduced variable holding a non-number
         stays among the exact items. Raises TypeError for an unhashable value."""
