@@ -313,7 +313,7 @@ def main() -> int:
         als: AccessLogServer | None = None
         if args.breaks == "access-log":
             assert server.audit is not None
-            als = AccessLogServer(AccessLogReceiver(server.audit.log.submit_action if args.accounting else None,
+            als = AccessLogServer(AccessLogReceiver(server.audit.accounting if args.accounting else None,  # as `policyc gateway`
                                                     every_attempt=args.accounting))
             als_at: str | None = thread.call(als.start())
             picker.picker.follow_access_log(als.receiver)
