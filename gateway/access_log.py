@@ -13,6 +13,12 @@ recorded once its downstream entry and as many attempts as Envoy says it made ha
 arrived (the two logs are separate streams, flushed on their own timers), or after `GRACE`
 seconds with what did arrive (the record says which attempts are missing).
 
+policyc's own gateway has the router log only the attempts Envoy broke (`GatewaySpec.
+log_every_attempt` off, `every_attempt=False` here): the answering attempt is read from the
+call's own entry, which carries the last upstream's host, wire bytes (that attempt's alone,
+not a sum over retries: checked with a real Envoy), headers, status and times. One entry per
+unbroken call instead of two halves Envoy's and policyc's work per call (issue 20).
+
 Nothing here estimates: the figures are Envoy's and the model server's, labelled
 `measured` with their source.
 """
@@ -100,6 +106,15 @@ class Call:
     variant: str | None = None  # the answer's model variant (`x-policyc-variant`: full, simplified)
     upstream_host: str = ""  # the host of the last attempt (the one that answered, if any)
     instance: str | None = None  # the instance the answer names (`x-policyc-instance`)
+    # the last attempt as the call's entry has it (what `answer_of` builds it from, when the router
+    # logs broken attempts only)
+    upstream_sent: int = 0  # upstream wire bytes of the last attempt (not summed over retries)
+    upstream_received: int = 0
+    upstream_duration: float | None = None  # its first byte sent to its last byte read
+    upstream_rx_after_tx: float | None = None  # its first byte sent to the model server's first byte
+    status: int = 0  # HTTP status of the answer (0: none)
+    compute_seconds: float | None = None  # the answer's `x-policyc-compute-us`
+    flags: str = ""  # the call's response flags
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -120,16 +135,29 @@ def attempt_of(entry: al.HTTPAccessLogEntry) -> tuple[str | None, Attempt]:
     c, req, resp = entry.common_properties, entry.request, entry.response
     sent = c.upstream_wire_bytes_sent or (req.upstream_header_bytes_sent + req.request_body_bytes)
     received = c.upstream_wire_bytes_received or (resp.upstream_header_bytes_received + resp.response_body_bytes)
-    us = _header(resp.response_headers, COMPUTE_HEADER)
-    try:
-        compute = int(us) / 1e6 if us is not None else None
-    except ValueError:
-        compute = None
+    compute = _compute(resp)
     return _header(req.request_headers, DECISION_HEADER), Attempt(
         host=_address(c.upstream_remote_address), instance=_header(resp.response_headers, INSTANCE_HEADER),
         sent=int(sent), received=int(received), duration=_seconds(c.duration) if c.HasField("duration") else None,
         first_byte=_seconds(c.time_to_first_upstream_rx_byte) if c.HasField("time_to_first_upstream_rx_byte") else None,
         status=int(resp.response_code.value), grpc_status=_grpc_status(resp), compute_seconds=compute, flags=_flags(c))
+
+
+def _compute(resp: al.HTTPResponseProperties) -> float | None:
+    us = _header(resp.response_headers, COMPUTE_HEADER)
+    try:
+        return int(us) / 1e6 if us is not None else None
+    except ValueError:
+        return None
+
+
+def _since_tx(c: al.AccessLogCommon, to: str) -> float | None:
+    """Seconds from the last attempt's first byte sent upstream to `to` (None: either unset)."""
+    if not c.HasField("time_to_first_upstream_tx_byte") or not c.HasField(to):  # type: ignore[arg-type]
+        return None
+    tx = _seconds(c.time_to_first_upstream_tx_byte)
+    end = _seconds(getattr(c, to))
+    return end - tx if tx is not None and end is not None else None
 
 
 def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
@@ -150,7 +178,27 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 upstream_connect=_us(_header(resp.response_headers, UPSTREAM_CONNECT_HEADER)),
                 upstream_connection=_header(resp.response_headers, UPSTREAM_CONNECTION_HEADER),
                 variant=_header(resp.response_headers, VARIANT_HEADER), upstream_host=_address(c.upstream_remote_address),
-                instance=_header(resp.response_headers, INSTANCE_HEADER))
+                instance=_header(resp.response_headers, INSTANCE_HEADER),
+                upstream_sent=int(c.upstream_wire_bytes_sent), upstream_received=int(c.upstream_wire_bytes_received),
+                upstream_duration=_since_tx(c, "time_to_last_upstream_rx_byte"),
+                upstream_rx_after_tx=_since_tx(c, "time_to_first_upstream_rx_byte"),
+                status=int(resp.response_code.value), compute_seconds=_compute(resp),
+                flags=_flags(c) if c.HasField("response_flags") else "")
+
+
+def answer_of(call: Call) -> Attempt:
+    """The call's last attempt as its own entry has it (when the router logs broken attempts
+    only, the answering one is not in that log). Its times run from its first byte sent
+    upstream (a logged attempt's from its start, a fraction of a millisecond earlier)."""
+    return Attempt(host=call.upstream_host, instance=call.instance, sent=call.upstream_sent,
+                   received=call.upstream_received, duration=call.upstream_duration,
+                   first_byte=call.upstream_rx_after_tx, status=call.status, grpc_status=call.grpc_status,
+                   compute_seconds=call.compute_seconds, flags=call.flags)
+
+
+def _last_attempt_broken(call: Call) -> bool:
+    """Whether the call's own flags say its last attempt broke (so the router logged it too)."""
+    return bool(call.flags) and any(f in call.flags for f in _BROKEN_FLAG_NAMES)
 
 
 def _us(text: str | None) -> float | None:
@@ -161,6 +209,8 @@ def _us(text: str | None) -> float | None:
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))
+# the ResponseFlags fields of `bootstrap.BROKEN_ATTEMPT_FLAGS` (UT, UR, UC): the attempts the router logs
+_BROKEN_FLAG_NAMES = ("upstream_request_timeout", "upstream_remote_reset", "upstream_connection_termination")
 
 
 def _plain(a: Attempt) -> dict[str, object]:
@@ -216,8 +266,9 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
                  every_attempt: bool = True) -> None:
         self.sink = sink
         self.grace = grace
-        # False: Envoy logs only the broken attempts (`GatewaySpec.log_every_call` off), so a call
-        # waits for one attempt fewer than it made (the answering one is not logged)
+        # False: Envoy's router logs only the broken attempts (`GatewaySpec.log_every_attempt` off),
+        # so a call waits for one attempt fewer than it made and its last attempt is read from the
+        # call's own entry (`answer_of`), unless the call's flags say that one broke too
         self.every_attempt = every_attempt
         self.counts = Counts()
         self._pending: dict[str, _Pending] = {}
@@ -262,12 +313,18 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     def _settle(self, did: str, p: _Pending, late: bool) -> None:
         if p.call is None:
             return
-        want = p.call.attempts if self.every_attempt else p.call.attempts - 1
+        call = p.call
+        answer = not self.every_attempt and call.attempts > 0 and bool(call.upstream_host) and not _last_attempt_broken(call)
+        want = call.attempts - 1 if answer else call.attempts
         if len(p.attempts) < want and not late:
             return
         del self._pending[did]
         if len(p.attempts) < want:
             self.counts.incomplete += 1
+        if answer:
+            a = answer_of(call)
+            self.sent_by_host[a.host] = self.sent_by_host.get(a.host, 0) + a.sent
+            p.attempts.append(a)
         for fn in self.listeners:
             fn(p.call, p.attempts)
         if self.sink is None:

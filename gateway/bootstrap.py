@@ -109,6 +109,9 @@ class GatewaySpec:
     # every call in that log, both logs (per-call accounting); False (with breaks_from_access_log): only the
     # calls the picker marked breakable, the connection manager's log alone (what finding breaks needs)
     log_every_call: bool = True
+    # False: the router's log carries only the attempts Envoy broke; the answering attempt is read
+    # from the call's own entry (policyc's receiver does: one entry per unbroken call, not two)
+    log_every_attempt: bool = True
     tls_cert: str | None = None  # with tls_key: the listener serves TLS (PEM files), its handshake times logged
     tls_key: str | None = None
     node_id: str = "policyc-gateway"
@@ -252,15 +255,18 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
     `log_every_call`, what the picker needs alone: the calls it marked breakable
     (`WATCH_NAMESPACE`; the entry's attempt count and answering host say whether Envoy broke
     and retried it) and the attempts Envoy broke (per-try timeout, reset: the router's log
-    does not see the call's metadata, so it is filtered by Envoy's response flags)."""
+    does not see the call's metadata, so it is filtered by Envoy's response flags). Without
+    `log_every_attempt`, the router's log is filtered so too (the receiver reads the answering
+    attempt from the call's entry)."""
     if spec.access_log_cluster is None:
         return []
     only: dict[str, Any] = {}
-    if not spec.log_every_call:
-        only = {"filter": {"response_flag_filter": {"flags": list(BROKEN_ATTEMPT_FLAGS)}} if log_name == "policyc_upstream"
-                else {"metadata_filter": {"matcher": {"filter": WATCH_NAMESPACE, "path": [{"key": WATCH_KEY}],
-                                                      "value": {"bool_match": True}},
-                                          "match_if_key_not_found": False}}}
+    if log_name == "policyc_upstream" and not (spec.log_every_call and spec.log_every_attempt):
+        only = {"filter": {"response_flag_filter": {"flags": list(BROKEN_ATTEMPT_FLAGS)}}}
+    elif log_name != "policyc_upstream" and not spec.log_every_call:
+        only = {"filter": {"metadata_filter": {"matcher": {"filter": WATCH_NAMESPACE, "path": [{"key": WATCH_KEY}],
+                                                           "value": {"bool_match": True}},
+                                               "match_if_key_not_found": False}}}
     return [{"name": "envoy.access_loggers.http_grpc", **only, "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {"log_name": log_name, "transport_api_version": "V3",

@@ -98,7 +98,7 @@ class Gateway:
             # it nothing about answers); with an audit log, one accounting record per call too,
             # handed over with the bridge's next batch of decisions (one commit for both)
             sink = audit.accounting if accounting and audit is not None else None
-            self.access_log = AccessLogServer(AccessLogReceiver(sink, every_attempt=sink is not None), options.picker_host
+            self.access_log = AccessLogServer(AccessLogReceiver(sink, every_attempt=False), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
         self._als: str | None = options.access_log_cluster
@@ -130,6 +130,8 @@ class Gateway:
                            access_log_cluster=self._als, breaks_from_access_log=self.access_log is not None,
                            # without accounting, the log carries only the calls that can break, for the picker
                            log_every_call=self.access_log is None or self.access_log.receiver.sink is not None,
+                           # policyc's receiver reads the answering attempt from the call's entry
+                           log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
                            tls_key=str(o.tls_key) if o.tls_key else None)
 

@@ -38,6 +38,8 @@ def accounting_of(rig: EvidenceRig, decision_id: str, timeout: float = 5.0) -> d
 
 def test_every_call_gets_one_measured_record_agreeing_with_what_was_sent(rig: EvidenceRig) -> None:
     request_bytes = infer_request(PRIMARY, IDS).ByteSize()
+    counts = rig.gateway.access_log.receiver.counts  # type: ignore[union-attr]
+    before = counts.entries
     with OipClient(rig.listen) as client:
         answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(5)]
     for a in answers:
@@ -56,13 +58,20 @@ def test_every_call_gets_one_measured_record_agreeing_with_what_was_sent(rig: Ev
         assert abs(rec.resources.compute_seconds.value - a.compute_us / 1e6) < 1e-9 and a.compute_us > 0
         assert rec.resources.gpu_seconds is None
         assert detail["downstream"]["grpc_status"] == "0" and attempt["grpc_status"] == "0"
+        # the answering attempt read from the call's entry: its times measured, within the call's
+        assert 0 < attempt["first_byte"] <= attempt["duration"] <= detail["downstream"]["duration_s"]
+    # one access-log entry per unbroken call: the router logs only the attempts Envoy broke
+    assert counts.entries - before == len(answers)
 
 
 def test_a_broken_and_retried_call_shows_both_attempts(rig: EvidenceRig) -> None:
+    counts = rig.gateway.access_log.receiver.counts  # type: ignore[union-attr]
+    before = counts.entries
     with OipClient(rig.listen) as client:
         a = client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
     assert a.variant == "simplified"  # answered by the backup after the per-try timeout
     detail = accounting_of(rig, a.decision_id)["detail"]
+    assert counts.entries - before == 2  # the call's entry and the broken attempt's
     first, second = detail["attempts"] if detail["attempts"][0]["compute_seconds"] is None else detail["attempts"][::-1]
     assert detail["attempts_expected"] == 2 and detail["attempts_missing"] == 0
     assert first["host"] != second["host"] and second["instance"] == a.instance

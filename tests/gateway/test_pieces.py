@@ -58,7 +58,7 @@ def _validate(boot: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
     GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), use_picker=False),
     GatewaySpec(picker="unix:/run/policyc/picker.sock", endpoints=("127.0.0.1:8001",)),
     GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), access_log_cluster="127.0.0.1:9003",
-                breaks_from_access_log=True, access_log_flush_ms=80),
+                breaks_from_access_log=True, access_log_flush_ms=80, log_every_attempt=False),
 ], ids=["static pool, retry budget, user's ALS", "EDS file, failure mode allow", "round-robin baseline",
         "picker on a Unix socket", "breaks from policyc's access log"])
 def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path: Path) -> None:
