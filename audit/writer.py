@@ -1,8 +1,9 @@
 """The chain writer: hashes record bodies into the chain and stores them, with the
 checkpoints that seal them, one transaction (one fsync) per batch.
 
-A checkpoint is written every `checkpoint_every` entries, every `checkpoint_interval`
-seconds while entries arrive, when a writer opens a log that has entries, at close, and with
+A checkpoint is written at every multiple of `checkpoint_every` entries (whatever the other
+checkpoints between, so a log's checkpoint positions do not depend on batch timing), every
+`checkpoint_interval` seconds while entries arrive, when a writer opens a log that has entries, at close, and with
 a new log's first batch (so no log is ever without one once it holds an entry).
 
 It runs in the writer process (`writer_process.py`), so none of this work holds the
@@ -97,7 +98,7 @@ class ChainWriter:
             rows.append((seq, body, prev, h, *index) if indexed else (seq, body, prev, h))
             since.append(h)
             prev = h
-            if seq - sealed >= self._every:
+            if seq % self._every == 0:  # at most `every` entries since the last checkpoint, at fixed positions
                 end = cut + seq - sealed
                 seals.append((seq, h, False, False, b"".join(since[cut:end])))
                 sealed, cut = seq, end

@@ -68,3 +68,25 @@ def test_a_young_log_emptied_after_a_crash_no_longer_verifies(tmp_path: Path) ->
     report = verify(path, public_key=KEY.public_key())
     assert not report.ok
     assert report.first_bad is not None and report.first_bad.kind in (ProblemKind.TRUNCATED, ProblemKind.DELETED), str(report.first_bad)
+
+
+def test_count_checkpoints_stay_at_multiples_whatever_the_first_seal(tmp_path: Path) -> None:
+    """The first batch's seal lands wherever that batch ends (here after 3 entries); the
+    count checkpoints stay at 50, 100, 150 (they once shifted to 53, 103, 153, so where a
+    log's checkpoints fall depended on batch timing)."""
+    import time
+
+    from audit_helpers import decision
+
+    from policyc.audit.log import AuditLog
+
+    path = tmp_path / "audit.db"
+    with AuditLog.open(path, checkpoint_every=50, durability="normal") as log:
+        for r in [log.submit_decision(decision(i)) for i in range(3)]:
+            r.wait()
+        time.sleep(0.2)  # the writer commits the first three alone
+        for r in [log.submit_decision(decision(i)) for i in range(3, 200)]:
+            r.wait()
+    with sqlite3.connect(path) as db:
+        seqs = [s for (s,) in db.execute("SELECT seq FROM checkpoints ORDER BY seq")]
+    assert seqs[0] == 3 and {50, 100, 150, 200} <= set(seqs), seqs
