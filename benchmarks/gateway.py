@@ -314,7 +314,7 @@ def main() -> int:
         if args.breaks == "access-log":
             assert server.audit is not None
             als = AccessLogServer(AccessLogReceiver(server.audit.accounting if args.accounting else None,  # as `policyc gateway`
-                                                    every_attempt=args.accounting))
+                                                    every_attempt=False))
             als_at: str | None = thread.call(als.start())
             picker.picker.follow_access_log(als.receiver)
         else:
@@ -330,7 +330,8 @@ def main() -> int:
             spec = GatewaySpec(picker=picker_at, listen=listen, admin=f"127.0.0.1:{free_port()}",
                                endpoints=endpoints, use_picker=use, access_log_cluster=als_at if policyc else None,
                                breaks_from_access_log=policyc and als_at is not None,
-                               log_every_call=not (policyc and als_at is not None) or args.accounting)
+                               log_every_call=not (policyc and als_at is not None) or args.accounting,
+                               log_every_attempt=not (policyc and als_at is not None))
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
