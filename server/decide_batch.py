@@ -10,6 +10,8 @@ messages. A field other than `requests`, or a truncated one, is refused with the
 
 from __future__ import annotations
 
+from .decision_wire import varint
+
 MAX_BATCH = 1024
 _TAG = 0x0A  # field 1, wire type 2 (length-delimited)
 
@@ -51,19 +53,10 @@ def split_requests(raw: bytes) -> list[bytes]:
     return out
 
 
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def join_decisions(decisions: list[bytes]) -> bytes:
     """A `DecideBatchResponse` holding the serialized decisions, in order."""
     parts: list[bytes] = []
     for d in decisions:
-        parts.append(b"\x0a" + _encode_varint(len(d)))
+        parts.append(b"\x0a" + varint(len(d)))
         parts.append(d)
     return b"".join(parts)
