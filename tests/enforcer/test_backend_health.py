@@ -55,8 +55,10 @@ class _NoAnomalies:
         pass
 
 
-def test_three_failing_windows_quarantine_the_backend_onto_its_backup() -> None:
-    rule = Breaker(name="failing-backend", scope="backend", consecutive=3, origin=REF,
+def _guardian(consecutive: int) -> tuple[Guardian, MemoryAudit]:
+    """A guardian on the user-space plane with the shipped backend breaker's shape: error rate
+    over 50 % for `consecutive` windows quarantines, at most half the backends at once."""
+    rule = Breaker(name="failing-backend", scope="backend", consecutive=consecutive, origin=REF,
                    conditions=(SignalCondition(signal="error_rate", cmp=">", value=0.5, origin=REF),),
                    actions=(Quarantine(duration=30, max_duration=480, max_share=0.5),))
     audit = MemoryAudit()
@@ -65,6 +67,11 @@ def test_three_failing_windows_quarantine_the_backend_onto_its_backup() -> None:
         plane = UserSpacePlane(audit, reason="test")
     g = Guardian(make_bundle(extra=(rule,)), plane=plane, anomalies=_NoAnomalies(), audit=audit,
                  executor=ActionExecutor(audit, rebalance=lambda _: None))
+    return g, audit
+
+
+def test_three_failing_windows_quarantine_the_backend_onto_its_backup() -> None:
+    g, audit = _guardian(consecutive=3)
     try:
         sick, healthy, backup = (Endpoint.parse(f"127.0.0.1:{p}") for p in (9001, 9002, 9100))
         for be in (sick, healthy):
@@ -79,7 +86,7 @@ def test_three_failing_windows_quarantine_the_backend_onto_its_backup() -> None:
             done = [r for r in audit.records if r.kind is ActionKind.QUARANTINE and r.outcome is Outcome.DONE]
             assert bool(done) == (w == 4), (w, done)  # 75 % resets three windows in a row
         assert done[0].target == str(sick) and f"to {backup}" in done[0].detail
-        assert plane.quarantined() == {sick: backup}
+        assert g.plane.quarantined() == {sick: backup}
     finally:
         g.close()
 
@@ -116,15 +123,7 @@ def test_the_quarantine_target_is_the_redirect_backup_on_another_gpu_first() -> 
 
 
 def test_an_unregistered_backend_leaves_the_guardian_and_the_quarantine_cap() -> None:
-    rule = Breaker(name="failing-backend", scope="backend", consecutive=1, origin=REF,
-                   conditions=(SignalCondition(signal="error_rate", cmp=">", value=0.5, origin=REF),),
-                   actions=(Quarantine(duration=30, max_duration=480, max_share=0.5),))
-    audit = MemoryAudit()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", KernelEnforcementOff)
-        plane = UserSpacePlane(audit, reason="test")
-    g = Guardian(make_bundle(extra=(rule,)), plane=plane, anomalies=_NoAnomalies(), audit=audit,
-                 executor=ActionExecutor(audit, rebalance=lambda _: None))
+    g, audit = _guardian(consecutive=1)
     try:
         a, b, c, d, backup = (Endpoint.parse(f"127.0.0.1:{p}") for p in (9001, 9002, 9003, 9004, 9100))
         for ep in (a, b, c, d):
