@@ -131,7 +131,7 @@ class BudgetWatch:
                     return
                 due_at = self._heap[0][0]
             give_up = time.monotonic() + 2 * LEAD  # bounded in real time, whatever clock the watch reads
-            while clock() < due_at and time.monotonic() < give_up:  # the lead: holding the interpreter
+            while clock() < due_at and time.monotonic() < give_up:  # the lead time before the deadline: holding the interpreter
                 pass
             with self._cv:
                 now = clock()

@@ -1,6 +1,6 @@
 """The budget watch: a crossing's urgent act runs at its deadline — never before it, soon
 after it — and before the account; disarmed requests never fire; a clock that stands still
-inside the lead does not hold the interpreter (the lead's wait is bounded in real time)."""
+inside the lead time does not hold the interpreter (the wait before a deadline is bounded in real time)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_a_clock_standing_still_in_the_lead_does_not_hold_the_interpreter() -> N
     stuck = [100.0]
     watch = BudgetWatch(clock=lambda: stuck[0])
     ran = threading.Event()
-    watch.arm(100.0 + LEAD / 2, lambda _: ran.set())  # inside the lead, and the clock never gets there
+    watch.arm(100.0 + LEAD / 2, lambda _: ran.set())  # inside the lead time, and the clock never gets there
     t0 = time.monotonic()
     for _ in range(200):  # this thread keeps getting the interpreter: 1 ms naps, not one switch interval each
         time.sleep(0.001)
@@ -109,7 +109,7 @@ def _cpu_s(thread: threading.Thread) -> float:
 
 def test_requests_answered_within_budget_cost_the_timer_nothing() -> None:
     """Most requests finish before their budget: their disarmed deadlines are dropped, never
-    waited out in the lead (300 of them would be 0.12 s of spinning)."""
+    waited out in the lead time (300 of them would be 0.12 s of spinning)."""
     watch = BudgetWatch()
     now = time.monotonic()
     tokens = [watch.arm(now + 0.01 + 0.001 * i, lambda _: None, lambda _: None) for i in range(300)]
