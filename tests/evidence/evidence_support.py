@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import grpc
@@ -17,6 +18,7 @@ sys.path.insert(0, str(REPO / "tests" / "gateway"))
 from gateway_rig import BACKUP, PRIMARY, SMALL, free_port, pool_layout  # noqa: E402
 
 from policyc.compiler.bundle import Bundle  # noqa: E402
+from policyc.enforcer.signal_windows import SignalWindows  # noqa: E402
 from policyc.compiler.pipeline import compile_paths  # noqa: E402
 from policyc.gateway.runner import Gateway, GatewayOptions  # noqa: E402
 from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec  # noqa: E402
@@ -72,6 +74,22 @@ class EvidenceRig:
             except Exception:  # noqa: BLE001 - stop everything that was started
                 pass
 
+
+@contextmanager
+def signal_events(windows: SignalWindows) -> Iterator[list[tuple[str, str, float]]]:
+    """Every (key, signal, value) the product feeds `windows` while inside, passed on as fed."""
+    seen: list[tuple[str, str, float]] = []
+    real_event = windows.event
+
+    def spy(key: str, signal: str, value: float, t: float) -> None:
+        seen.append((key, signal, value))
+        real_event(key, signal, value, t)
+
+    windows.event = spy  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        windows.event = real_event  # type: ignore[method-assign]
 
 @pytest.fixture(scope="session")
 def bundle() -> Bundle:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from evidence_support import REPO, EvidenceRig
+from evidence_support import REPO, EvidenceRig, signal_events
 from gateway_rig import BACKUP, PRIMARY
 from netns_link import NetnsServerSpec, StandingQueue, VethLink
 from test_gateway_accounting import BASE, IDS, accounting_of
@@ -195,14 +195,6 @@ def test_long_kernel_timed_streams_with_an_idle_gpu_are_the_serving_process_not_
     windows, memory = rig.gateway.signals, rig.thread.server.actions.memory  # type: ignore[union-attr]
     g = rig.thread.server.guardian
     assert windows is not None and g is not None and rig.gateway.kernel_streams is not None
-    seen: list[float] = []
-    real_event = windows.event
-
-    def spy(k: str, signal: str, value: float, t: float) -> None:  # what the walker fed, as the rules got it
-        if k == key and signal == "stream_time":
-            seen.append(value)
-        real_event(k, signal, value, t)
-
     def run_calls(n: int, extra: tuple[tuple[str, str], ...]) -> list[dict]:  # type: ignore[type-arg]
         out = []
         with OipClient(rig.listen) as client:
@@ -218,19 +210,20 @@ def test_long_kernel_timed_streams_with_an_idle_gpu_are_the_serving_process_not_
     with OipClient(rig.listen) as client:  # Envoy's upstream connection opens; the walker follows it from then on
         client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
     g.plane.drain()  # type: ignore[attr-defined]
-    windows.event = spy  # type: ignore[method-assign]
-    try:
+    with signal_events(windows) as events:  # what the walker fed, as the rules got it
+        def stream_times() -> list[float]:
+            return [v for k, signal, v in events if k == key and signal == "stream_time"]
+
         before = len(memory.records)
         # two quick calls only: at 15 % SM utilisation, windows nothing explains count toward the
         # GPU's own sm-collapse rule (10 in a row), which would take it out of placement
         run_calls(2, ())
-        quick = list(seen)
+        quick = stream_times()
         assert len(quick) == 2 and all(s < 0.02 for s in quick), quick
         assert verdicts(rig, key, before) == []
-        before, seen[:] = len(memory.records), []
+        before, events[:] = len(memory.records), []
         held = run_calls(CALLS, (("x-policyc-stall-ms", str(HOLD_MS)),))
-    finally:
-        windows.event = real_event  # type: ignore[method-assign]
+        seen = stream_times()
     assert len(seen) == CALLS and all(HOLD_MS / 1e3 <= s < HOLD_MS / 1e3 + 0.1 for s in seen), seen
     computes = [a["compute_seconds"] for d in held for a in d["attempts"]]
     assert len(computes) == CALLS and all(c is not None and c < 0.05 for c in computes), computes

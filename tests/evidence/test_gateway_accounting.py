@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from evidence_support import EvidenceRig
+from evidence_support import EvidenceRig, signal_events
 from gateway_rig import PRIMARY
 
 from policyc.audit.query import AuditReader
@@ -100,21 +100,11 @@ def test_upstream_connect_time_is_measured_and_reaches_the_signal_windows_once_p
     the access log; the windows get it as `connect_time`, once per upstream connection."""
     windows = rig.gateway.signals
     assert windows is not None
-    seen: list[tuple[str, str, float]] = []
-    real_event = windows.event
-
-    def spy(key: str, signal: str, value: float, t: float) -> None:
-        seen.append((key, signal, value))
-        real_event(key, signal, value, t)
-
-    windows.event = spy  # type: ignore[method-assign]
-    try:
+    with signal_events(windows) as seen:
         with OipClient(rig.listen) as client:
             answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(4)]
         details = [accounting_of(rig, a.decision_id)["detail"]["downstream"] for a in answers]
         time.sleep(0.3)  # the listener runs as each record settles; nothing further to wait for
-    finally:
-        windows.event = real_event  # type: ignore[method-assign]
     for d in details:
         assert d["upstream_connection"], d
         assert d["upstream_connect_s"] is not None and 0 < d["upstream_connect_s"] < d["duration_s"], d

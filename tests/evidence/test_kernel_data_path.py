@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from evidence_support import EvidenceRig
+from evidence_support import EvidenceRig, signal_events
 from gateway_rig import BACKUP, PRIMARY
 from test_gateway_accounting import BASE, IDS, accounting_of
 
@@ -106,21 +106,11 @@ def test_the_walkers_per_stream_http2_times_reach_the_signal_windows(krig: Evide
     GPU of the model server it went to, agreeing with Envoy's own time for the attempt."""
     windows, g = krig.gateway.signals, krig.thread.server.guardian
     assert windows is not None and g is not None and krig.gateway.kernel_streams is not None
-    seen: list[tuple[str, str, float]] = []
-    real_event = windows.event
-
-    def spy(key: str, signal: str, value: float, t: float) -> None:
-        seen.append((key, signal, value))
-        real_event(key, signal, value, t)
-
-    windows.event = spy  # type: ignore[method-assign]
-    try:
+    with signal_events(windows) as seen:
         with OipClient(krig.listen) as client:
             answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(5)]
         attempts = [accounting_of(krig, a.decision_id)["detail"]["attempts"][0] for a in answers]
         g.plane.drain()  # type: ignore[attr-defined]
-    finally:
-        windows.event = real_event  # type: ignore[method-assign]
     [gpu] = {krig.gateway._gpu_of(a.instance) for a in answers}
     streams = [v for k, sig, v in seen if sig == STREAM_TIME and k == gpu]
     assert len(streams) == len(answers), (streams, seen)  # one per call: each call was one upstream stream
