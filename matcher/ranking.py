@@ -169,12 +169,7 @@ class ScoreTiers:
 
     # ------------------------------------------------------------------ tier ranks
     def _mark(self, slots: list[int], rank: float) -> None:
-        ro = self.rank_of
-        top = max(slots)
-        if top >= len(ro):
-            grown = np.zeros(max(2 * len(ro), top + 1))
-            grown[:len(ro)] = ro
-            ro = self.rank_of = grown
+        ro = self.rank_of = _fitting(self.rank_of, max(slots))
         changed = False
         for s in slots:
             if ro[s] != rank:  # a group moved within its tier keeps its rank: cached ranks stay valid
@@ -184,12 +179,7 @@ class ScoreTiers:
             self.rank_version += 1
 
     def _score(self, slots: list[int], neg: float) -> None:
-        no = self.neg_of
-        top = max(slots)
-        if top >= len(no):
-            grown = np.zeros(max(2 * len(no), top + 1))
-            grown[:len(no)] = no
-            no = self.neg_of = grown
+        no = self.neg_of = _fitting(self.neg_of, max(slots))
         for s in slots:
             no[s] = neg
 
@@ -509,3 +499,12 @@ class ScoreTiers:
                 if not n:
                     break
         return got
+
+
+def _fitting(a: np.ndarray, top: int) -> np.ndarray:
+    """`a`, or a copy at least twice as long (zeros after) when slot `top` is past its end."""
+    if top < len(a):
+        return a
+    grown = np.zeros(max(2 * len(a), top + 1))
+    grown[:len(a)] = a
+    return grown
