@@ -72,7 +72,13 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     e.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     e.set_defaults(func=_explain)
 
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: _help(p))
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    """`policyc audit` alone: the sub-commands' help, usage exit."""
+    parser.print_help()
+    return 2
 
 
 def _fail(message: str) -> int:

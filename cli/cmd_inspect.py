@@ -65,7 +65,9 @@ def expr_text(e: Expr | None) -> str:
         v = e.operand.value if e.operand.kind == "const" else f"request.{e.operand.name}"
         return f"{e.attr} {e.cmp.replace('_', ' ')} {_val(v)}"
     if e.op == "test":
-        return f"has(request.{e.var})" if e.cmp is None else f"request.{e.var} {e.cmp.replace('_', ' ')} {_val(e.operand.value)}"
+        if e.cmp is None or e.operand is None:
+            return f"has(request.{e.var})"
+        return f"request.{e.var} {e.cmp.replace('_', ' ')} {_val(e.operand.value)}"
     if e.op == "not":
         return f"not ({expr_text(e.arg)})"
     word = f" {e.op} "

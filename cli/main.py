@@ -12,6 +12,7 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from typing import NoReturn
 
 from policyc import __version__
 
@@ -21,7 +22,7 @@ EXIT_OK, EXIT_POLICY, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors exit 2 with a one-line reason
+    def error(self, message: str) -> NoReturn:  # usage errors exit 2 with a one-line reason
         self.print_usage(sys.stderr)
         print(f"policyc: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)

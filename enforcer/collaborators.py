@@ -13,7 +13,7 @@ from policyc.enforcer.records import ActionRecord
 
 
 class AnomalySink(Protocol):
-    def report_anomaly(self, gpu_key: str, signal: str, value: float) -> None: ...
+    def report_anomaly(self, gpu: str, signal: str, value: float, /) -> object: ...
 
 
 class RebalanceHook(Protocol):

@@ -47,9 +47,14 @@ class StepResult:
 
 
 class FenceVerdict(Protocol):
-    allowed: bool
-    token: int  # the fencing token the act was checked against (0: none)
-    detail: str
+    @property
+    def allowed(self) -> bool: ...
+
+    @property
+    def token(self) -> int: ...  # the fencing token the act was checked against (0: none)
+
+    @property
+    def detail(self) -> str: ...
 
 
 class Fence(Protocol):
@@ -64,7 +69,7 @@ class Fence(Protocol):
 @dataclass
 class ActionExecutor:
     audit: Callable[[ActionRecord], None]
-    rebalance: Callable[[str], None]
+    rebalance: Callable[[str], object]
     allow_real: bool = False
     commands: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_COMMANDS))
     timeout_s: float = 60.0

@@ -15,7 +15,7 @@ of billions of parameters is counted without the weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -70,13 +70,13 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(value, name))  # small shape constants stay inline
         return name
 
-    def node(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: object) -> list[str]:
+    def node(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> list[str]:
         base = self.name(op.lower())
         outs = [f"{base}_out{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op, inputs, outs, name=base, domain=domain, **attrs))
         return outs
 
-    def one(self, op: str, inputs: list[str], domain: str = "", **attrs: object) -> str:
+    def one(self, op: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
         return self.node(op, inputs, 1, domain, **attrs)[0]
 
 

@@ -10,7 +10,7 @@ execute the model to check the count. A model passes when
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policyc.compiler.bundle import Contract
@@ -96,41 +96,43 @@ def validate_model(
     except ContractMetadataError as e:
         return ValidationReport(name, Verdict.BAD_CONTRACT, str(e), tolerance, field=e.field)
     declared = contract.compute.request_flops()
-    base = {"tolerance": tolerance, "contract": contract, "declared_lo": declared.lo, "declared_hi": declared.hi}
+    # what is known so far; each verdict below is this report with its own verdict and message
+    known = ValidationReport(name, Verdict.PASS, "", tolerance, contract=contract, declared_lo=declared.lo,
+                             declared_hi=declared.hi)
     try:
         count = count_flops(model, contract.compute.tokens, dims=dims)
     except CountError as e:
-        return ValidationReport(name, Verdict.UNCOUNTABLE, str(e), problems=e.problems, **base)
+        return replace(known, verdict=Verdict.UNCOUNTABLE, message=str(e), problems=e.problems)
     counted = count.total()
     dominant = _dominant(count)
-    base.update(counted=counted, dominant=dominant)
+    known = replace(known, counted=counted, dominant=dominant)
     check: RuntimeCheck | None = None
     if run:
         try:
             full = read_model_with_weights(source) if not isinstance(source, bytes) else model
             check = run_check(full, tokens=run_tokens, dims=dims)
         except (RuntimeCheckError, ModelFileError, CountError) as e:
-            return ValidationReport(name, Verdict.RUN_FAILED, f"{name}: --run: {e}", **base)
+            return replace(known, verdict=Verdict.RUN_FAILED, message=f"{name}: --run: {e}")
         if not check.ok:
             why = "; ".join(
                 [f"node `{m.node}` ({m.op_type}): static {m.static:,} vs executed "
                  f"{'not executed' if m.executed is None else f'{m.executed:,}'}" for m in check.mismatches[:5]]
                 + list(check.problems[:5])
             )
-            return ValidationReport(
-                name, Verdict.RUN_MISMATCH,
-                f"{name}: executed nodes recount to {check.executed_flops:,} FLOPs at {check.tokens} tokens, "
-                f"the static count gives {check.static_flops:,}: {why}",
-                run=check, **base,
+            return replace(
+                known, verdict=Verdict.RUN_MISMATCH,
+                message=f"{name}: executed nodes recount to {check.executed_flops:,} FLOPs at {check.tokens} tokens, "
+                        f"the static count gives {check.static_flops:,}: {why}",
+                run=check,
             )
     rng = f"{declared.lo:.4g}" if declared.lo == declared.hi else f"{declared.lo:.4g}..{declared.hi:.4g}"
     unit = f"FLOPs per request at {contract.compute.tokens} tokens"
     if within(counted, declared.lo, declared.hi, tolerance):
-        return ValidationReport(
-            name, Verdict.PASS, f"{name}: contract `{contract.name}` holds: counted {counted:.4g} {unit}, declared {rng}",
-            run=check, **base,
+        return replace(
+            known, message=f"{name}: contract `{contract.name}` holds: counted {counted:.4g} {unit}, declared {rng}",
+            run=check,
         )
-    report = ValidationReport(name, Verdict.DRIFT, "", run=check, **base)
+    report = replace(known, verdict=Verdict.DRIFT, run=check)
     msg = (f"{name}: contract drift in `{contract.name}`: counted {counted:.4g} {unit}, declared {rng} "
            f"({report.deviation:+.1%} outside the interval, tolerance {tolerance:.0%})")
-    return ValidationReport(name, Verdict.DRIFT, msg, run=check, **base)
+    return replace(report, message=msg)

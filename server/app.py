@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from policyc.audit.log import AuditLog
 from policyc.compiler.bundle import Bundle
-from policyc.placer import Placer, Refresher, SimulatedCluster
+from policyc.placer import Placer, Refresher, SimulatedCluster, TelemetrySource
 from policyc.placer.catalog import catalog_for
 
 from .audit_bridge import AuditBridge
@@ -53,8 +53,9 @@ class DecisionServer:
         self.metrics = Metrics()
         if config.telemetry is Telemetry.SIMULATED:
             c = config.cluster
-            self.cluster: SimulatedCluster | None = SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack)
-            source = self.cluster
+            cluster = SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack)
+            self.cluster: SimulatedCluster | None = cluster
+            source: TelemetrySource = cluster
         else:
             from policyc.placer import LocalHostSource, NvmlSource
 

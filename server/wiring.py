@@ -52,7 +52,7 @@ def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: Aud
     switch) lets the executor run hardware steps and rebalance for real; the switch itself
     is the first record. With `engine` and `slots`, rebalance cordons, drains and moves the
     node's instances (`NodeRebalance`); otherwise it only releases the placer's sessions."""
-    from policyc.enforcer.plane import open_plane
+    from policyc.enforcer.plane import EnforcementPlane, open_plane
     from policyc.enforcer.userspace_plane import UserSpacePlane
 
     sink = ActionSink(audit)
@@ -65,6 +65,7 @@ def make_guardian(bundle: Bundle, mode: EnforcerMode, placer: Placer, audit: Aud
     if engine is not None and slots is not None:
         rebalance = NodeRebalance(engine, placer, sink, slots, execute=execute)
     if mode is EnforcerMode.USERSPACE:
+        plane: EnforcementPlane
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plane = UserSpacePlane(sink, reason="the decision service was started with --enforcer userspace")

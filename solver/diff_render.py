@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 from policyc.compiler.attributes import attribute_type
 from policyc.compiler.bundle import Scalar
@@ -26,7 +27,7 @@ def _show(name: str, v: Scalar, vtype: str | None) -> str:
     return f"{name}={v}"
 
 
-def _request(d: Difference, var_types: dict[str, str]) -> str:
+def _request(d: Difference, var_types: Mapping[str, str]) -> str:
     if not d.request:
         return "(no variables)"
     return ", ".join(_show(k, v, var_types.get(k)) for k, v in sorted(d.request.items()))
@@ -36,7 +37,7 @@ def _instance(d: Difference) -> str:
     return ", ".join(_show(k, v, attribute_type(k)) for k, v in sorted(d.instance.items()) if k not in _CONTRACT_TERMS)
 
 
-def render_text(report: DiffReport, var_types: dict[str, str]) -> str:
+def render_text(report: DiffReport, var_types: Mapping[str, str]) -> str:
     out: list[str] = []
     for i, d in enumerate(report.differences, 1):
         tag = f" [compliance widened: {', '.join(d.compliance)}]" if d.compliance else ""
