@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,37 +356,153 @@ def bench_gpu_watch(bundle, ticks: int) -> None:  # type: ignore[no-untyped-def]
           f"observe_gpu per GPU (baseline) {e:.2f} ms -> ratio {e / w:.1f}x")
 
 
-def _gateway_round(rig, concurrency: int, seconds: float) -> tuple[int, float, int]:  # type: ignore[no-untyped-def]
-    """One closed-loop round through the gateway with nghttp2's h2load (benchmarks/gateway.py's
-    round: one HTTP/2 connection, `concurrency` streams): (calls the model servers answered,
-    seconds, failures + the picker's refusals, which h2load counts as HTTP 200)."""
+GATEWAY_BACKUPS = 3  # backup-model servers (the callers' model), each on a GPU of its own: no refusal up to 16 callers (measured)
+GATEWAY_CONCURRENCY = (1, 16)  # one caller (latency-bound) and enough to keep both CPUs busy (CPU-bound, measured)
+_REQUESTS = "http.policyc_gateway.downstream_rq_total"
+
+
+def _gateway_bench_module():  # type: ignore[no-untyped-def]
+    """benchmarks/gateway.py (its h2load round and /proc CPU reader), loaded once."""
     import importlib.util
+
+    mod = sys.modules.get("policyc_bench_gateway")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("policyc_bench_gateway", ROOT / "benchmarks" / "gateway.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["policyc_bench_gateway"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+class _RigCpu:
+    """CPU seconds (user + system, /proc/PID/stat) of every process of one gateway rig: its
+    Envoy, its model servers, its audit log's writer process (with an audit log) and the
+    policyc process (the decision service, the picker, the access-log receiver and the audit
+    bridge: this benchmark's own process, shared by the rigs it holds, so its idle spending
+    is measured with them all up and subtracted). The kernel plane's programs run in the
+    sending process's context and land in those figures (system time)."""
+
+    def __init__(self, rig) -> None:  # type: ignore[no-untyped-def]
+        self.rig = rig
+        audit = rig.thread.server.audit
+        self.groups: dict[str, list[int]] = {
+            "Envoy": [rig.gateway.envoy.pid],
+            "model servers": [p.pid for p in rig.models.processes if p.pid is not None],
+            "policyc process": [os.getpid()],
+        }
+        if audit is not None:
+            self.groups["audit writer"] = [audit.log._proc.pid]
+        self.idle: dict[str, float] = dict.fromkeys(self.groups, 0.0)  # CPU s per second with no load
+
+    def sample(self) -> dict[str, float]:
+        cpu = _gateway_bench_module()._cpu_s
+        return {g: sum(cpu(p) for p in pids) for g, pids in self.groups.items()}
+
+    def requests(self) -> int:
+        """Requests this rig's Envoy has taken (h2load's warm-up included: what the CPU was spent on)."""
+        return self.rig.gateway.envoy.stats(_REQUESTS).get(_REQUESTS, 0)
+
+
+def _measure_idle(cpus: list[_RigCpu], seconds: float = 2.0) -> None:
+    t0, before = time.perf_counter(), [c.sample() for c in cpus]
+    time.sleep(seconds)
+    wall = time.perf_counter() - t0
+    for c, b in zip(cpus, before):
+        c.idle = {g: (v - b[g]) / wall for g, v in c.sample().items()}
+
+
+@dataclass
+class _GatewayRound:
+    mode: str
+    answered: int  # calls the model servers answered in h2load's measured phase
+    seconds: float  # that phase
+    errors: int  # failures + the picker's refusals
+    served: int  # requests Envoy took in the whole round (warm-up too)
+    cpu: dict[str, float]  # CPU s per process group in the whole round, net of idle; "client": h2load's
+    wall: float
+
+    @property
+    def rate(self) -> float:
+        return self.answered / self.seconds
+
+    def per_call(self, group: str | None = None) -> float:
+        """CPU seconds per call Envoy took (one group, or every process of the rig and the client)."""
+        total = self.cpu.get(group, 0.0) if group is not None else sum(self.cpu.values())
+        return total / max(self.served, 1)
+
+
+def _gateway_round(rig, cpu: _RigCpu, mode: str, concurrency: int, seconds: float) -> _GatewayRound:  # type: ignore[no-untyped-def]
+    """One closed-loop round through the gateway with nghttp2's h2load (benchmarks/gateway.py's
+    round: one HTTP/2 connection, `concurrency` streams, after a 0.5 s warm-up), with the CPU
+    every process of the rig spent on it."""
     import tempfile
 
     from policyc.modelserver.client import infer_request, token_ids
 
-    spec = importlib.util.spec_from_file_location("policyc_bench_gateway", ROOT / "benchmarks" / "gateway.py")
-    assert spec is not None and spec.loader is not None
-    gw = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gw)
+    gw = _gateway_bench_module()
     work = Path(tempfile.mkdtemp(prefix="policyc-bench-h2-"))
     message = infer_request(MODEL, token_ids(4)).SerializeToString()
     body = work / "request.grpc"
     body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
-    refused = sum(n for what, n in rig.gateway.picker.picker.counts.items() if what not in ("forwarded", "broken"))
-    lat, failed, elapsed, _ = gw._h2load_round(rig.listen, MODEL, concurrency, seconds, body, work)
-    refused = sum(n for what, n in rig.gateway.picker.picker.counts.items() if what not in ("forwarded", "broken")) - refused
-    return len(lat) - refused, elapsed, failed + refused
+    counts = rig.gateway.picker.picker.counts
+    refused = sum(n for what, n in counts.items() if what not in ("forwarded", "broken"))
+    q0 = cpu.requests()
+    t0, c0 = time.perf_counter(), cpu.sample()
+    lat, failed, elapsed, client = gw._h2load_round(rig.listen, MODEL, concurrency, seconds, body, work)
+    c1, wall = cpu.sample(), time.perf_counter() - t0
+    served = cpu.requests() - q0
+    refused = sum(n for what, n in counts.items() if what not in ("forwarded", "broken")) - refused
+    spent = {g: c1[g] - c0[g] - cpu.idle[g] * wall for g in c0}
+    spent["client"] = client
+    return _GatewayRound(mode, len(lat) - refused, elapsed, failed + refused, served, spent, wall)
 
 
-def bench_gateway(seconds: float, rounds: int, concurrency: int = 1) -> None:
+def _alternate(a: str, b: str, rounds: int) -> list[str]:
+    """a b b a a b b a ...: each mode as often first as second, `rounds` of each."""
+    return [(a, b)[i % 2] if i % 4 < 2 else (b, a)[i % 2] for i in range(rounds * 2)]
+
+
+def _spread(xs: list[float], fmt: str = ".0f") -> str:
+    return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+
+def _report_pairs(what: str, a: str, b: str, rs: list[_GatewayRound], concurrency: int, floor: float) -> float:
+    """Print one comparison (the throughput ratio of the median rates, the round-by-round
+    ratios of adjacent rounds, the CPU per call beside it); returns the ratio."""
+    ra, rb = [r for r in rs if r.mode == a], [r for r in rs if r.mode == b]
+    ratio = statistics.median(r.rate for r in ra) / statistics.median(r.rate for r in rb)
+    pairs = [x.rate / y.rate if x.mode == a else y.rate / x.rate for x, y in zip(rs[::2], rs[1::2])]
+    groups = list(dict.fromkeys(g for r in ra + rb for g in r.cpu))
+
+    def cpu_line(rounds: list[_GatewayRound]) -> str:
+        per = {g: statistics.median(r.per_call(g) for r in rounds) for g in groups}
+        return (f"{statistics.median(r.per_call() for r in rounds) * 1e6:.0f} us ("
+                + ", ".join(f"{g} {v * 1e6:.0f}" for g, v in per.items()) + ")")
+
+    ca, cb = statistics.median(r.per_call() for r in ra), statistics.median(r.per_call() for r in rb)
+    busy = statistics.median(sum(r.cpu.values()) / r.wall for r in rs)
+    print(f"  concurrency {concurrency:>2}: {a} {_spread([r.rate for r in ra])} calls/s, {b} "
+          f"{_spread([r.rate for r in rb])} calls/s ({len(ra)} rounds each, {sum(r.errors for r in rs)} errors)")
+    print(f"  concurrency {concurrency:>2}: CPU per call, every process of the rig and the client: {a} {cpu_line(ra)}; "
+          f"{b} {cpu_line(rb)} -> {(ca - cb) * 1e6:+.0f} us ({ca / cb:.3f}x); rig busy {busy:.2f} of {os.cpu_count()} CPUs")
+    print(f"gateway throughput, {what}, concurrency {concurrency}: {ratio:.3f}x (median rates; adjacent rounds "
+          f"{_spread(pairs, '.3f')}; floor {floor}); CPU per call {ca / cb:.3f}x; load average {os.getloadavg()[0]:.2f}")
+    return ratio
+
+
+def bench_gateway(seconds: float, rounds: int, concurrency: tuple[int, ...] = GATEWAY_CONCURRENCY) -> None:
     """Through real Envoy (`policyc gateway`'s runner) to real KServe model servers:
     (a) the kernel plane attached to the data path (TC on lo, connect hooks on Envoy's cgroup)
     vs detached, alternating in one gateway (floor >= 0.93x); (b) the audit log with per-call
     accounting from Envoy's access log vs no audit log, two gateways side by side, rounds
-    alternating (floor >= 0.9x, 0 accounting records dropped). One caller in a closed loop:
-    with more, the rig's one-GPU-per-instance placement runs out of GPU share and the picker
-    refuses (`no-instance`), which would measure refusals, not the data path."""
+    alternating (floor >= 0.9x, 0 accounting records dropped). Each at one caller in a
+    closed loop (latency-bound: calls/s moves with the machine's other load) and at enough
+    callers to keep the CPUs busy (CPU-bound: the throughput ratio is the CPU ratio), short
+    rounds alternating a b b a, with every rig process's CPU per call beside the calls/s:
+    CPU per call moves far less with load, so it says where a throughput ratio comes from.
+    The callers' model is served by GATEWAY_BACKUPS servers, so placement has the GPU share
+    for all of them and the picker never refuses (a refusal is counted as an error)."""
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tests" / "gateway"))
@@ -397,45 +514,45 @@ def bench_gateway(seconds: float, rounds: int, concurrency: int = 1) -> None:
 
     bundle = compile_paths([str(ROOT / "policies")], analyse=False).bundle
     assert bundle is not None
+    print(f"gateway: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {rounds} rounds of {seconds:g} s "
+          f"(+0.5 s warm-up) per mode and concurrency; model {MODEL} on {GATEWAY_BACKUPS} model servers")
     rig = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-kgw-")), enforcer=EnforcerMode.KERNEL, audit=False,
-                      primaries=2)
+                      backups=GATEWAY_BACKUPS)
     try:
-        rates: dict[str, list[float]] = {"attached": [], "detached": []}
-        for i in range(rounds * 2):
-            mode = ("attached", "detached")[i % 2] if i % 4 < 2 else ("detached", "attached")[i % 2]
-            dp = rig.gateway.data_path
-            if mode == "detached" and dp is not None:
-                dp.detach()
-                rig.gateway.data_path = None
-            elif mode == "attached" and dp is None:
-                rig.gateway._attach_data_path()
-            n, elapsed, errors = _gateway_round(rig, concurrency, seconds)
-            rates[mode].append(n / elapsed)
-            print(f"  gateway kernel plane {mode:9s}: {n / elapsed:8.0f} calls/s ({errors} errors)")
-        a, d = statistics.median(rates["attached"]), statistics.median(rates["detached"])
-        print(f"gateway throughput, kernel plane attached / detached: {a / d:.3f}x "
-              f"(median of {rounds} rounds each: {a:.0f} vs {d:.0f} calls/s; floor 0.93)")
+        cpu = _RigCpu(rig)
+        _measure_idle([cpu])
+        for conc in concurrency:
+            rs = []
+            for mode in _alternate("attached", "detached", rounds):
+                dp = rig.gateway.data_path
+                if mode == "detached" and dp is not None:
+                    dp.detach()
+                    rig.gateway.data_path = None
+                elif mode == "attached" and dp is None:
+                    rig.gateway._attach_data_path()
+                rs.append(_gateway_round(rig, cpu, mode, conc, seconds))
+            _report_pairs("kernel plane attached / detached", "attached", "detached", rs, conc, 0.93)
     finally:
         rig.stop()
-    on = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aon-")), primaries=2)
-    off = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aoff-")), audit=False, primaries=2)
+    on = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aon-")), backups=GATEWAY_BACKUPS)
+    off = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aoff-")), audit=False, backups=GATEWAY_BACKUPS)
     try:
-        rates = {"on": [], "off": []}
-        answered_on = 0
-        for i in range(rounds * 2):
-            mode = ("on", "off")[i % 2] if i % 4 < 2 else ("off", "on")[i % 2]
-            n, elapsed, errors = _gateway_round(on if mode == "on" else off, concurrency, seconds)
-            rates[mode].append(n / elapsed)
-            answered_on += n if mode == "on" else 0
-            print(f"  gateway audit {mode:3s}: {n / elapsed:8.0f} calls/s ({errors} errors)")
+        cpus = {"on": _RigCpu(on), "off": _RigCpu(off)}
+        _measure_idle(list(cpus.values()))
+        print(f"  idle, subtracted: policyc process (both rigs) {cpus['on'].idle['policyc process'] * 1e3:.0f} ms CPU/s, "
+              f"audit writer {cpus['on'].idle['audit writer'] * 1e3:.1f} ms CPU/s")
+        for conc in concurrency:
+            rs = []
+            for mode in _alternate("on", "off", rounds):
+                rs.append(_gateway_round(on if mode == "on" else off, cpus[mode], mode, conc, seconds))
+            _report_pairs("audit + accounting on / off", "on", "off", rs, conc, 0.9)
         on.gateway._settle_access_log()
         time.sleep(1.5)  # the receiver's grace for the last calls
-        c = on.gateway.access_log.receiver.counts  # type: ignore[union-attr]
-        a, d = statistics.median(rates["on"]), statistics.median(rates["off"])
-        print(f"gateway throughput, audit + accounting on / off: {a / d:.3f}x (median of {rounds} rounds each: "
-              f"{a:.0f} vs {d:.0f} calls/s; floor 0.9); accounting: {answered_on} answered in the measured phases (h2load's "
-              f"warm-ups too are logged), {c.calls} calls logged by Envoy, {c.recorded} records, "
-              f"{c.dropped} dropped, {c.incomplete} incomplete, {on.gateway.access_log.receiver.pending()} pending")  # type: ignore[union-attr]
+        receiver = on.gateway.access_log.receiver  # type: ignore[union-attr]
+        c = receiver.counts
+        print(f"gateway accounting: {cpus['on'].requests()} calls taken by the audited rig's Envoy (warm-ups included), "
+              f"{c.calls} calls logged by Envoy, {c.recorded} records, {c.dropped} dropped, {c.incomplete} incomplete, "
+              f"{receiver.pending()} pending; audit log failures {on.thread.server.audit.failures}")  # type: ignore[union-attr]
     finally:
         on.stop()
         off.stop()
@@ -469,7 +586,7 @@ def main() -> None:
     kernel = plane.kernel_enforcement
     plane.close()
     if kernel:
-        bench_gateway(1.0 if args.quick else 3.0, 2 if args.quick else 4)
+        bench_gateway(1.0 if args.quick else 1.5, 2 if args.quick else 6)
     else:
         print("gateway: skipped, the kernel plane needs root and BPF")
 

@@ -33,15 +33,17 @@ class EvidenceRig:
     def __init__(self, bundle: Bundle, workdir: Path, accounting: bool = True,
                  enforcer: EnforcerMode = EnforcerMode.USERSPACE, listen_host: str = "127.0.0.1",
                  tls: tuple[Path, Path] | None = None, audit: bool = True, primaries: int = 1,
-                 place: Callable[[str, ServerSpec], ServerSpec] | None = None) -> None:
+                 place: Callable[[str, ServerSpec], ServerSpec] | None = None, backups: int = 1) -> None:
         """`place(model, spec)`: the spec a slot's model server runs with (e.g. in a network
-        namespace); given, every server is its own process (no zygote: a fork keeps its parent's namespace)."""
+        namespace); given, every server is its own process (no zygote: a fork keeps its parent's namespace).
+        `backups`: model servers of the backup model, each on a GPU of its own (the benchmark's
+        callers of the backup model need the GPU share of several)."""
         self.workdir = workdir
         cfg = ServeConfig(cluster=SMALL, enforcer=enforcer, audit_log=workdir / "audit.db" if audit else None)
         self.thread = ServerThread(DecisionServer(bundle, cfg))
         self.thread.start()
         server = self.thread.server
-        self.slots = pool_layout(bundle, server, primaries)
+        self.slots = pool_layout(bundle, server, primaries, backups)
         files = workdir / "models"
         full = write_model_files(bundle.contract(PRIMARY), files)  # type: ignore[arg-type]
         lite = write_model_files(bundle.contract(BACKUP), files, simplified=True)  # type: ignore[arg-type]

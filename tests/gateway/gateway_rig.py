@@ -50,20 +50,20 @@ class Slot:
     instance: Instance  # deployment facts, endpoint still empty
 
 
-def pool_layout(bundle: Bundle, server: DecisionServer, primaries: int = 2) -> list[Slot]:
-    """`primaries` instances of the primary model and one backup, each on its own GPU."""
+def pool_layout(bundle: Bundle, server: DecisionServer, primaries: int = 2, backups: int = 1) -> list[Slot]:
+    """`primaries` instances of the primary model and `backups` of the backup, each on its own GPU."""
     assert server.cluster is not None
     fleet = admissible_fleet(bundle, server.cluster.gpu_slots(), models=[PRIMARY, BACKUP])
     out: list[Slot] = []
     used: set[tuple[str, str]] = set()
-    for model, n in ((PRIMARY, primaries), (BACKUP, 1)):
+    for model, n in ((PRIMARY, primaries), (BACKUP, backups)):
         for inst in fleet:
             gpu = (inst.deployment.host, inst.deployment.gpu)
             if inst.model == model and gpu not in used and len([s for s in out if s.model == model]) < n:
                 used.add(gpu)
                 iid = instance_id(model, *gpu) + "#gw"
                 out.append(Slot(iid, model, inst.model_copy(update={"id": iid})))
-    assert len(out) == primaries + 1, "the simulated cluster has too few admissible GPUs"
+    assert len(out) == primaries + backups, "the simulated cluster has too few admissible GPUs"
     return out
 
 
