@@ -60,7 +60,8 @@ class Gathered:
         lay = tt.layout
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
-        self.figures: dict = {}  # the scalar path's latest figures per (row, limit) (`lookup.scalar_figures`)
+        # the scalar path's latest figures per row, before the budget check (`lookup.scalar_figures`)
+        self.figures: list[tuple[float, tuple[float, float, float, float, int, float]] | None] = [None] * len(self.rows)
         self.refusal: tuple[tuple, NoPlacement] | None = None  # the last refusal, by (reserved shares, budget)
 
     def is_of(self, tt: TickContractTable) -> bool:

@@ -95,7 +95,7 @@ class Figures(NamedTuple):
 
 def scalar_figures(
     layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
-    memo: dict[tuple[int, float], tuple[float, tuple[float, float, float, float, int]]] | None = None,
+    memo: list[tuple[float, tuple[float, float, float, float, int, float]] | None] | None = None,
 ) -> Figures:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
@@ -103,45 +103,52 @@ def scalar_figures(
     `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
     a prediction must stay within; `k`: the stability weight.
 
-    `memo` keeps each row's latest figures by (row, limit), with the share reserved they
-    were worked out for, for one tick table (whose rows, flops and k are fixed): a
-    placement reserves share on one GPU, so the next request of the same candidates
-    recomputes one row and reads the others. Reservations only grow within a tick, so an
+    `memo` (one slot per row) keeps each row's latest figures before the budget check,
+    with the share reserved they were worked out for, for one tick table (whose rows,
+    flops and k are fixed): a placement reserves share on one GPU, so the next request of
+    the same candidates recomputes one row and reads the others. The budget enters only
+    the last comparison, so requests with different latency targets (a diverse mix draws
+    one per request) share the memo too. Reservations only grow within a tick, so an
     older reservation's figures are never asked for again and are not kept."""
     fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
-    outs: list[tuple[float, float, float, float, int]] = []
+    queueings: list[float] = []
+    computes: list[float] = []
+    ranks: list[float] = []
+    raws: list[float] = []
+    fails: list[int] = []
     for i, (row, res) in enumerate(zip(rows, reserved)):
-        if memo is not None:
-            hit = memo.get((i, limit))
-            if hit is not None and hit[0] == res:
-                outs.append(hit[1])
-                continue
-        min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
-        free = free - res
-        if free < min_share and _SHARE < code:
-            code = _SHARE
-        share = free if free >= min_share or free != free else min_share
-        share = share if share >= LEAST_SHARE or share != share else LEAST_SHARE
-        share = share if share <= 1.0 or share != share else 1.0
-        if no_peak:
-            compute = _INF
+        hit = memo[i] if memo is not None else None
+        if hit is not None and hit[0] == res:
+            queueing, compute, rank, raw, code, total = hit[1]
         else:
-            compute = compute_seconds(flops, peak_eff, share) if peak_eff * share != 0.0 else \
-                float(np.float64(flops) / np.float64(peak_eff * share))  # numpy's inf or nan
-        rho = 1.0 - free
-        rho = rho if rho >= 0.0 or rho != rho else 0.0
-        rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP
-        queueing = GPU_QUANTUM * rho / (1.0 - rho)
-        total = network + queueing + compute + dep
+            min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
+            free = free - res
+            if free < min_share and _SHARE < code:
+                code = _SHARE
+            share = free if free >= min_share or free != free else min_share
+            share = share if share >= LEAST_SHARE or share != share else LEAST_SHARE
+            share = share if share <= 1.0 or share != share else 1.0
+            if no_peak:
+                compute = _INF
+            else:
+                compute = compute_seconds(flops, peak_eff, share) if peak_eff * share != 0.0 else \
+                    float(np.float64(flops) / np.float64(peak_eff * share))  # numpy's inf or nan
+            rho = 1.0 - free
+            rho = rho if rho >= 0.0 or rho != rho else 0.0
+            rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP
+            queueing = GPU_QUANTUM * rho / (1.0 - rho)
+            total = network + queueing + compute + dep
+            rank, raw = total + k * sigma, raw_network + queueing + compute + dep
+            if memo is not None:
+                memo[i] = (res, (queueing, compute, rank, raw, code, total))
         if not total <= limit and _BUDGET < code:
             code = _BUDGET
-        out = (queueing, compute, total + k * sigma, raw_network + queueing + compute + dep, -1 if code == _PASS else int(code))
-        if memo is not None:
-            memo[(i, limit)] = (res, out)
-        outs.append(out)
-    if not outs:
-        return Figures((), (), (), (), ())
-    return Figures(*zip(*outs))
+        queueings.append(queueing)
+        computes.append(compute)
+        ranks.append(rank)
+        raws.append(raw)
+        fails.append(-1 if code == _PASS else int(code))
+    return Figures(tuple(queueings), tuple(computes), tuple(ranks), tuple(raws), tuple(fails))
 
 
 def scalar_evaluation(tt: TickContractTable, g: np.ndarray, gpus: np.ndarray, f: Figures) -> Evaluation:

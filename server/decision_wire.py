@@ -4,10 +4,12 @@ Every Decide answer has fields of its own (decision id, timing, the placement's 
 written on the serving loop for every call. Building them as a `pb.Decision` costs a
 message, a sub-message per part and a Python-to-upb assignment per field (~20 µs a call
 here); most of those bytes repeat, though: an instance's identity fields (id, model,
-host, GPU, class, NUMA node, RDMA port, region, endpoint), a dependency binding's names,
-a contract's probes. So this writes the wire format itself: the repeating parts are
-encoded once and kept (bounded memos), the figures are packed with one `struct` call per
-sub-message (doubles are 8 little-endian bytes after a one-byte tag).
+host, GPU, class, NUMA node, RDMA port, region, endpoint) with what the snapshot says of
+its GPU and port (queue depth, probes, staleness) and the share's source, and a
+dependency binding's names. So this writes the wire format itself: the repeating parts
+are encoded once and kept (bounded memos, one look-up per placement for the fixed
+fields), the figures are packed with one `struct` call per sub-message (doubles are 8
+little-endian bytes after a one-byte tag).
 
 The result parses to the same message as `convert.decision(d)` minus its head (the
 fields `convert.decision_head` writes): protobuf reads a field's occurrences in any
@@ -82,46 +84,43 @@ class _Memo(OrderedDict[K, bytes]):
         return hit
 
 
-_identity: _Memo[tuple] = _Memo()
+_fixed: _Memo[tuple] = _Memo()
 _bindings: _Memo[tuple[str, str, str]] = _Memo()
-_probes: _Memo[tuple[str, ...]] = _Memo()
 _STALE = _tag(16, 0) + b"\x01"
 _SNAPSHOT = _tag(17, 0)
-_SHARE_SOURCE: dict[str, bytes] = {}
+_DECISION_ID = _tag(1, 2)
 
 
-def _identity_block(key: tuple) -> bytes:
-    """Placement fields 1-7, 19, 20: the same for every decision placed on this instance."""
-    instance_id, model, host, gpu, gpu_model, numa_node, rdma_port, region, endpoint = key
+def _fixed_fields(key: tuple) -> bytes:
+    """Placement fields 1-8, 10, 16, 18-20: the same for every decision placed on this
+    instance through this port with these probes (the queue depth and probes are the
+    snapshot's, per GPU and port; a few values each)."""
+    (instance_id, model, host, gpu, gpu_model, numa_node, rdma_port, region, endpoint, queue_depth, share_source,
+     stale, probes) = key
     return b"".join((text(1, instance_id), text(2, model), text(3, host), text(4, gpu), text(5, gpu_model),
                      (_tag(6, 0) + varint(numa_node)) if numa_node else b"", text(7, rdma_port or ""),
-                     text(19, region), text(20, endpoint)))
+                     (b"\x40" + varint(queue_depth)) if queue_depth else b"",  # field 8, varint
+                     text(10, share_source.value), _STALE if stale else b"",
+                     b"".join(text(18, x) for x in probes), text(19, region), text(20, endpoint)))
 
 
 def _binding_names(key: tuple[str, str, str]) -> bytes:
     return text(1, key[0]) + text(2, key[1]) + text(3, key[2])
 
 
-def _probe_list(probes: tuple[str, ...]) -> bytes:
-    return b"".join(text(18, x) for x in probes)
-
-
 def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, ...], endpoint: str) -> bytes:
-    """`convert.fill_placement(..., full=False)` as bytes."""
-    key = (p.instance_id, model, p.host, p.gpu, p.gpu_model, p.numa_node, p.rdma_port, region, endpoint)
-    parts = [_identity.get_or(key, _identity_block)]
-    if p.queue_depth:
-        parts.append(b"\x40" + varint(p.queue_depth))  # field 8, varint
+    """`convert.fill_placement(..., full=False)` as bytes: the fixed fields from a memo,
+    then this decision's figures."""
+    key = (p.instance_id, model, p.host, p.gpu, p.gpu_model, p.numa_node, p.rdma_port, region, endpoint, p.queue_depth,
+           p.share_source, p.stale, p.probes)
+    fixed = _fixed.get(key)  # (inline: a hit is the common case)
+    if fixed is None:
+        fixed = _fixed.get_or(key, _fixed_fields)
+    lat = p.latency
+    parts = [fixed, _PREDICTED_HEAD, _PREDICTED.pack(9, lat.network * 1e3, 17, lat.queueing * 1e3, 25, lat.compute * 1e3,
+                                                     33, lat.dependencies * 1e3, 41, lat.sigma * 1e3, 49, lat.total * 1e3)]
     if p.share:
         parts.append(_DOUBLE.pack(9 << 3 | 1, p.share))
-    src = p.share_source.value
-    enc = _SHARE_SOURCE.get(src)
-    if enc is None:
-        enc = _SHARE_SOURCE[src] = text(10, src)
-    parts.append(enc)
-    lat = p.latency
-    parts.append(_PREDICTED_HEAD + _PREDICTED.pack(9, lat.network * 1e3, 17, lat.queueing * 1e3, 25, lat.compute * 1e3,
-                                                   33, lat.dependencies * 1e3, 41, lat.sigma * 1e3, 49, lat.total * 1e3))
     for n in notes:
         parts.append(text(12, n))
     for d in p.dependencies:
@@ -130,12 +129,8 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
     if p.session_move is not None:
         m = p.session_move
         parts.append(submessage(15, text(1, m.session) + text(2, m.from_gpu) + text(3, m.to_gpu) + text(4, m.reason)))
-    if p.stale:
-        parts.append(_STALE)
     if p.snapshot_version > 0:
         parts.append(_SNAPSHOT + varint(p.snapshot_version))
-    if p.probes:
-        parts.append(_probes.get_or(tuple(p.probes), _probe_list))
     return b"".join(parts)
 
 
@@ -144,11 +139,14 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
     placement, and `rejection`, the rejection field as protobuf wrote it
     (`convert.rejection_field(d.rejection)`; empty when `d` has none)."""
     t = d.timing
-    parts = [text(1, d.decision_id), text(4, d.model or ""),
-             _TIMING_HEAD + _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6,
-                                         41, t.total * 1e6)]
+    did = d.decision_id.encode()
+    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", text(4, d.model) if d.model else b"", _TIMING_HEAD,
+             _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6, 41, t.total * 1e6)]
     if d.plan is not None:
-        parts.append(submessage(5, placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)))
+        body = placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)
+        parts.append(b"\x2a")  # field 5, length-delimited
+        parts.append(varint(len(body)))
+        parts.append(body)
     if rejection:
         parts.append(rejection)
     return b"".join(parts)

@@ -14,11 +14,11 @@ from policyc.compiler.bundle import GpuShare, ServiceDependency, Session
 from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster, Thresholds
 from policyc.placer.catalog import DEFAULT_CATALOG, catalog_by_name
 from policyc.placer.contract_table import contract_table
-from policyc.placer.evaluate import evaluate
+from policyc.placer.evaluate import ORDER, evaluate
 from policyc.placer import lookup as lookup_module
 from policyc.placer.lookup import lookup
 from policyc.placer.paths import ingress_rows, path_table
-from policyc.placer.plan import Explanation
+from policyc.placer.plan import Constraint, Explanation
 
 from placer_support import REF
 
@@ -132,9 +132,10 @@ def test_both_ways_agree_on_every_gpu_including_nan_and_edge_shares(name: str, m
 
 
 def test_remembered_figures_are_the_figures_computed_afresh() -> None:
-    """A tick table's memo of scalar figures (the latest per row and budget, with the
-    reservation they were worked out for) gives what computing them again gives, as
-    reservations grow and budgets change, and holds one entry per row and budget."""
+    """A tick table's memo of scalar figures (the latest per row, before the budget check,
+    with the reservation they were worked out for) gives what computing them again gives,
+    as reservations grow and budgets change (a budget per request, as a diverse mix sends:
+    one slot per row serves them all), and holds one entry per row."""
     from policyc.placer.lookup import scalar_figures
     from policyc.placer.paths import path_table
     from policyc.placer.tick_table import tick_table
@@ -146,15 +147,18 @@ def test_remembered_figures_are_the_figures_computed_afresh() -> None:
     tt = tick_table(snap, path_table(snap, snap.thresholds, None), table)
     rng = np.random.default_rng(11)
     rows = tt.block[rng.choice(len(snap.topology.gpus), 8, replace=False)].tolist()
-    memo: dict = {}
+    memo: list = [None] * 8
     reserved = [0.0] * 8
-    for step in range(40):
+    budget_bound = 0
+    for step in range(60):
         reserved[int(rng.integers(8))] += float(rng.choice([0.0, 0.05, 0.3]))
-        limit = float(rng.choice([0.2, 0.05]))
+        limit = float(rng.choice([0.2, 0.05])) if step < 30 else float(rng.uniform(0.001, 0.5))
         kept = scalar_figures(tt.layout, rows, reserved, table.flops, limit, 2.0, memo)
         fresh = scalar_figures(tt.layout, rows, reserved, table.flops, limit, 2.0)
         assert kept == fresh, step
-    assert len(memo) == 8 * 2  # eight rows, two budgets: older reservations are not kept
+        budget_bound += kept.fail.count(ORDER.index(Constraint.LATENCY_BUDGET))
+    assert all(m is not None and m[0] == res for m, res in zip(memo, reserved))  # the latest reservation only
+    assert budget_bound > 0  # the budget check ran on remembered rows too, and bound somewhere
 
 
 def test_refresher_warms_the_tables_the_previous_tick_used() -> None:
