@@ -13,28 +13,31 @@ answer the request without building its candidate set:
   `best_above[h]` is the same for the values from `h` on (`>` and `>=`).
 
 The best candidate is then the first, in the order, of that one tier's slots that are
-members and hold a value on the right side of the cut. A small base lists its members by
-tier rank, so those are found by one bisection (typically one or two slots, filtered by
-value position, the least order key taken); a larger one meets the tier's bitmap with its
-members, then either filters the few left the same way or, when many are left (a broad
-base), walks the tier's groups in key order until the first such slot (the first group
-usually has one).
+members and hold a value on the right side of the cut. The first cut to name a tier meets
+the tier's bitmap with the members once and keeps the result per tier (`inside`): a few
+slots (typically one or two) as (slot, value position) pairs, filtered by position with the
+least order key taken; many (a broad base) as a bitmap, the tier's groups walked in key
+order until the first such slot (the first group usually has one). A base's cuts name few
+tiers (the running minimum of a hundred ranks changes about five times), so a warm base
+answers from that dict. (Members used to be listed by tier rank at the build, one argsort
+and three `tolist` calls: that doubled the build of a base of a hundred members and made
+one of a thousand cost ~0.1 ms, for about a microsecond per later request.)
 
 Both arrays come from numpy in one pass over the base's members (their value positions,
 `AttributeIndex.key_positions`, and their tier ranks, `ScoreTiers.rank_of`): a bincount with
-a cumulative sum, and a per-value minimum with a running minimum (~13 µs for a base of a
-hundred members, ~0.1 ms for ten thousand). They go stale when the base's members change
+a cumulative sum, and a per-value minimum with a running minimum, nine calls (~12 µs for a
+base of a hundred members, ~20 µs for a thousand, more when the members' memory is cold).
+They go stale when the base's members change
 (the index's membership version), when the attribute's distinct values change, or when any
 slot changes tier (`ScoreTiers.rank_version`: a score push that moves groups between
-tiers); a score change that keeps every group in its tier keeps them. `FleetIndex.best_one`
+tiers); a score change that keeps every group in its tier keeps them (and `inside`: a tier's
+slots change only with a version). `FleetIndex.best_one`
 rebuilds them on a base's second request since they went stale, and answers the first one
 from the base's bitmap: a fleet that changes between every two requests never pays a build
 per request.
 """
 
 from __future__ import annotations
-
-from bisect import bisect_left
 
 import numpy as np
 from pyroaring import BitMap
@@ -45,15 +48,19 @@ from .attribute_index import AttributeIndex
 from .ranking import ScoreTiers
 
 BELOW = (Cmp.LT, Cmp.LE)  # the ordering keeps a prefix of the sorted values (else a suffix)
-FEW = 48  # at most this many of the tier's slots are members: filtered and ordered by key directly (a regional base; a broad one walks)
-LISTED = 4096  # a base this small also lists its members by tier rank: the best tier's few found by bisection
+# numpy's functions bound once: a small base's build is a dozen calls of a microsecond each,
+# and looking each up through the module costs a tenth of that again
+_frombuffer, _bincount, _full = np.frombuffer, np.bincount, np.full
+_add_accumulate, _minimum_accumulate, _minimum_at = np.add.accumulate, np.minimum.accumulate, np.minimum.at
+_UINT32, _INTC, _INF = np.uint32, np.intc, np.inf
+FEW = 48  # at most this many of the tier's slots are members: kept as (slot, position) pairs, filtered and ordered by key (a broad base walks the tier's groups)
 
 
 class ThresholdRanks:
     """`counts` and best tier ranks per cut for one base's members and one ordered attribute,
-    with the versions they were computed at."""
+    with the versions they were computed at, and the members met so far per best tier."""
 
-    __slots__ = ("members", "counts", "best", "listed", "index_version", "keys_version", "rank_version")
+    __slots__ = ("members", "counts", "best", "inside", "index_version", "keys_version", "rank_version")
 
     def __init__(self, members: BitMap, attr: AttributeIndex, below: bool, tiers: ScoreTiers,
                  index_version: int) -> None:
@@ -61,30 +68,26 @@ class ThresholdRanks:
         self.index_version = index_version
         self.keys_version = attr.keys_version
         self.rank_version = tiers.rank_version
-        n = len(attr.keys)
-        idx = np.frombuffer(members.to_array(), dtype=np.uint32)
-        pos = np.frombuffer(attr.key_positions(), dtype=np.intc)  # a view: gone when this call ends
-        if len(idx) and int(idx[-1]) >= len(pos):  # a member past every slot with a value (members ascend)
+        # tier rank -> the base's members in that tier: (slot, value position) pairs for a few,
+        # else their bitmap; filled by `best_at` as cuts name tiers (current while the versions are)
+        self.inside: dict[float, list[tuple[int, int]] | BitMap] = {}
+        n = len(attr.keys) + 1
+        idx = _frombuffer(members.to_array(), dtype=_UINT32)
+        pos = _frombuffer(attr.key_positions(), dtype=_INTC)  # a view: gone when this call ends
+        if members and members.max() >= len(pos):  # members past every slot with a value
             idx = idx[idx < len(pos)]
         at = pos[idx] + 1  # 0: no value (never meets an ordering), i + 1: the i-th value
         del pos
-        counts = np.bincount(at, minlength=n + 1)
+        counts = _bincount(at, minlength=n)
         counts[0] = 0
-        self.counts: np.ndarray = np.cumsum(counts, out=counts)  # [h]: members among the first h values
-        per = np.full(n + 1, np.inf)
-        ranks = tiers.rank_of[idx]
-        np.minimum.at(per, at, ranks)
-        per[0] = np.inf
-        # (ranks ascending, their slots, their value positions) for a small base: its members in
-        # the best tier without meeting the tier's bitmap with the base's
-        self.listed: tuple[list[float], list[int], list[int]] | None = None
-        if len(idx) <= LISTED:
-            order = np.argsort(ranks, kind="stable")
-            self.listed = (ranks[order].tolist(), idx[order].tolist(), (at[order] - 1).tolist())
+        self.counts: np.ndarray = _add_accumulate(counts, out=counts)  # [h]: members among the first h values
+        per = _full(n, _INF)
+        _minimum_at(per, at, tiers.rank_of[idx])
+        per[0] = _INF
         if below:  # best[h]: among the first h values
-            self.best: np.ndarray = np.minimum.accumulate(per, out=per)
+            self.best: np.ndarray = _minimum_accumulate(per, out=per)
         else:  # best[h]: among the values from h on
-            self.best = np.append(np.minimum.accumulate(per[::-1])[::-1][1:], np.inf)
+            self.best = np.append(_minimum_accumulate(per[::-1])[::-1][1:], _INF)
 
     def current(self, index_version: int, attr: AttributeIndex, tiers: ScoreTiers) -> bool:
         return (self.index_version == index_version and self.keys_version == attr.keys_version
@@ -106,27 +109,27 @@ def best_at(ranks: ThresholdRanks, attr: AttributeIndex, cmp: Cmp, value: float,
     if not count:
         return 0, None
     rank = float(ranks.best[h])
-    listed = ranks.listed
-    if listed is not None:  # a small base: its members of that rank, by bisection
-        rs, slots, at = listed
-        key = tiers.key_of
-        i = bisect_left(rs, rank)
-        best = None
-        while i < len(rs) and rs[i] == rank:
-            if lo <= at[i] < hi and (best is None or key[slots[i]] < key[best]):
-                best = slots[i]
-            i += 1
-        return count, best
-    tier = tiers.tier_at.get(rank)
-    if tier is None:
-        return count, None
-    inside = tier.bm & ranks.members
-    pos = attr.key_positions()  # current: `ranks` is, and was built after it
-    if len(inside) <= FEW:
-        hits = [s for s in inside.to_array() if lo <= pos[s] < hi]
-        if not hits:
+    inside = ranks.inside.get(rank)
+    if inside is None:  # the first cut to name this tier: meet its bitmap with the members once
+        tier = tiers.tier_at.get(rank)
+        if tier is None:
             return count, None
-        return count, (hits[0] if len(hits) == 1 else min(hits, key=tiers.key_of.__getitem__))
+        bm = tier.bm & ranks.members
+        if len(bm) <= FEW:
+            pos = attr.key_positions()  # current: `ranks` is, and was built after it
+            inside = [(s, pos[s]) for s in bm.to_array()]
+        else:
+            inside = bm
+        ranks.inside[rank] = inside
+    if type(inside) is list:  # a few: filtered by value position, the least order key taken
+        key = tiers.key_of
+        best = None
+        for s, p in inside:
+            if lo <= p < hi and (best is None or key[s] < key[best]):
+                best = s
+        return count, best
+    tier = tiers.tier_at[rank]
+    pos = attr.key_positions()
     for g in tier.groups:  # key order, each group's slots in id order: the first hit is the best
         for s in g.slots:
             if s in inside and lo <= pos[s] < hi:

@@ -45,7 +45,6 @@ def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(prefix_bitmaps, "DIRECT", 2)
     monkeypatch.setattr(prefix_bitmaps, "MEMO", 3)
     monkeypatch.setattr(threshold_ranks, "FEW", 1)  # the best tier's slots walked by group, not filtered
-    monkeypatch.setattr(threshold_ranks, "LISTED", 3)  # bases of a few members listed by rank, the others not
     yield
 
 
