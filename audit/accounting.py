@@ -15,6 +15,8 @@ from __future__ import annotations
 from policyc.compiler.bundle import Contract, GpuClass
 from policyc.compiler.meaning import compute_rate, compute_seconds, request_flops
 
+from .accounting_wire import accounting_json
+from .draft_encoder import FigureWire
 from .drafts import FigureFields
 from .records import ActionRecord, Figure, Resources, Source
 
@@ -106,8 +108,7 @@ def call_accounting(
     (per process, or labelled device-wide in its method); it is never the compute time. A
     figure nothing measured is absent, never estimated here (the decision record holds the
     estimates). `detail` carries the per-attempt breakdown (JSON)."""
-    if network_bytes < 0 or (compute_seconds is not None and compute_seconds < 0):
-        raise ValueError(f"decision {decision_id}: measured figures cannot be negative")
+    _check(decision_id, network_bytes, compute_seconds)
     if gpu_seconds is not None and gpu_seconds.source is not Source.MEASURED:
         raise ValueError(f"decision {decision_id}: an accounting record holds measured GPU time only, got {gpu_seconds.source.value}")
     return ActionRecord(
@@ -119,3 +120,36 @@ def call_accounting(
             gpu_seconds=gpu_seconds,
         ),
     )
+
+
+def _check(decision_id: str, network_bytes: float, compute_seconds: float | None) -> None:
+    # `not x >= 0`: NaN is refused too, as the models' `ge=0` refuses it
+    if not network_bytes >= 0 or (compute_seconds is not None and not compute_seconds >= 0):
+        raise ValueError(f"decision {decision_id}: measured figures cannot be negative")
+
+
+def call_accounting_body(
+    decision_id: str,
+    time: float,
+    *,
+    network_bytes: float,
+    network_method: str,
+    compute_seconds: float | None,
+    compute_method: str,
+    target: str,
+    detail: str,
+) -> bytes:
+    """`call_accounting(...).model_dump_json(exclude_none=True)` as bytes, the record's
+    stored body, built without the pydantic models (`accounting_wire`: the same bytes, a
+    tenth of the cost) for the gateway's serving loop, which makes one per call. Raises
+    what `call_accounting` raises."""
+    _check(decision_id, network_bytes, compute_seconds)
+    body = accounting_json(decision_id, time, target, detail, FigureWire(value=network_bytes, source="measured",
+                                                                          method=network_method),
+                           FigureWire(value=compute_seconds, source="measured", method=compute_method)
+                           if compute_seconds is not None else None)
+    if body is not None:
+        return body
+    return call_accounting(decision_id, time, network_bytes=network_bytes, network_method=network_method,
+                           compute_seconds=compute_seconds, compute_method=compute_method, target=target,
+                           detail=detail).model_dump_json(exclude_none=True).encode()

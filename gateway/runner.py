@@ -97,8 +97,8 @@ class Gateway:
             # policyc's receiver: the picker learns breaks and request ends from it (so Envoy asks
             # it nothing about answers); with an audit log, one accounting record per call too,
             # handed over with the bridge's next batch of decisions (one commit for both)
-            sink = audit.accounting if accounting and audit is not None else None
-            self.access_log = AccessLogServer(AccessLogReceiver(sink, every_attempt=False), options.picker_host
+            sink = audit.accounting_body if accounting and audit is not None else None
+            self.access_log = AccessLogServer(AccessLogReceiver(None, every_attempt=False, body_sink=sink), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
         self._als: str | None = options.access_log_cluster
@@ -129,7 +129,7 @@ class Gateway:
                            failure_mode_allow=o.failure_mode_allow, retry_budget=retry_budget(table),
                            access_log_cluster=self._als, breaks_from_access_log=self.access_log is not None,
                            # without accounting, the log carries only the calls that can break, for the picker
-                           log_every_call=self.access_log is None or self.access_log.receiver.sink is not None,
+                           log_every_call=self.access_log is None or self.access_log.receiver.records,
                            # policyc's receiver reads the answering attempt from the call's entry
                            log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,

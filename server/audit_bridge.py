@@ -461,12 +461,22 @@ class AuditBridge:
         closed or the writer is gone (the receiver counts the record dropped)."""
         if not isinstance(record, AuditAction):
             raise TypeError(f"accounting takes an audit ActionRecord, not {type(record).__name__}")
-        body = record.model_dump_json(exclude_none=True).encode()
+        self._queue_body(record.model_dump_json(exclude_none=True).encode(), record.decision_id)
+
+    def accounting_body(self, body: bytes) -> None:
+        """`accounting` for a record already serialised (`gateway.access_log.accounting_body`,
+        `audit.accounting.call_accounting_body`: the same bytes, built without pydantic on the
+        serving loop, which makes one per call). Stored as given, as `AuditLog.submit_body` does."""
+        if not isinstance(body, bytes):
+            raise TypeError(f"accounting_body takes a record's stored body (bytes), not {type(body).__name__}")
+        self._queue_body(body, None)
+
+    def _queue_body(self, body: bytes, decision_id: str | None) -> None:
         stopped = self.log.stopped
         with self._lock:
             if self._closed or stopped is not None:
-                raise AuditWriteError(f"{self.log.path}: audit log is {stopped or 'closed'}; accounting record of "
-                                      f"{record.decision_id} not recorded")
+                raise AuditWriteError(f"{self.log.path}: audit log is {stopped or 'closed'}; accounting record"
+                                      f"{f' of {decision_id}' if decision_id else ''} not recorded")
             bodies = self._bodies
             bodies.append(body)
             if len(bodies) == 1:

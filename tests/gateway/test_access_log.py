@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from envoy.data.accesslog.v3 import accesslog_pb2 as al
 
 from policyc.audit.records import ActionRecord
@@ -72,6 +73,19 @@ def test_an_unbroken_call_is_recorded_from_its_one_entry() -> None:
     assert abs(a["first_byte"] - 0.00534) < 1e-5 and abs(a["duration"] - 0.00627) < 1e-5  # from its first byte sent
     assert detail["attempts_missing"] == 0 and rec.resources.network_bytes.value == 1721 + 66175  # type: ignore[union-attr]
     assert r.sent_by_host == {BACKUP: 1721} and r.pending() == 0
+
+
+def test_a_body_sink_gets_each_records_stored_bytes() -> None:
+    bodies: list[bytes] = []
+    r, got = receiver()
+    fast = AccessLogReceiver(None, every_attempt=False, body_sink=bodies.append)
+    for rec in (r, fast):
+        rec._take(DOWNSTREAM_LOG, call_entry(2))
+        rec._take(UPSTREAM_LOG, broken_entry())
+    [record], [body] = got, bodies
+    assert body == record.model_dump_json(exclude_none=True).encode() and fast.counts.recorded == 1 and fast.records
+    with pytest.raises(ValueError, match="not both"):
+        AccessLogReceiver(got.append, body_sink=bodies.append)
 
 
 def test_a_broken_and_retried_call_has_the_routers_broken_attempt_and_the_calls_answer() -> None:
