@@ -11,7 +11,11 @@ arithmetic on them (`lookup.scalar_figures`) change from one request to the next
 A set is keyed by the identities of its instances, in order, and a hit is only taken when
 the remembered objects *are* the candidates (the set keeps them, so no identity can be
 reused while its entry lives). Past `limit` sets the oldest is let go, one per new set
-(`oldest_first.py`). A set keeps the gather of one tick table at a time.
+(`oldest_first.py`). A set keeps the gather of one tick table at a time, and which
+(snapshot, thresholds, ingress, contract table) it was for, so the next request of the
+set on that tick skips the two table look-ups (each hashes the thresholds). The decision
+service hands over each window as the same tuple every time, so the set of the tuple
+asked for last is checked first, by identity.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ from policyc.matcher.instance import Instance
 
 from .candidate_rows import CandidateRows
 from .evaluate import binding
+from .contract_table import ContractTable
 from .oldest_first import put_newest
+from .paths import path_table
 from .plan import Constraint, DependencyBinding, NoPlacement, Rejection
-from .tick_table import TickContractTable
+from .snapshot import Snapshot
+from .thresholds import Thresholds
+from .tick_table import TickContractTable, tick_table
 from .topology import Topology
 
 # candidate sets remembered. A few dozen recur at a time, but score pushes re-rank the
@@ -81,7 +89,7 @@ class CandidateSet:
     array `gpus`), the candidates those rows belong to (`known`), and a refusal line for
     each candidate whose GPU the topology lacks (`unknown`)."""
 
-    __slots__ = ("topology", "candidates", "rows", "gpus", "known", "unknown", "_gathered")
+    __slots__ = ("topology", "candidates", "rows", "gpus", "known", "unknown", "_gathered", "_tick")
 
     def __init__(self, topology: Topology, candidates: tuple[Instance, ...], rows_memo: CandidateRows) -> None:
         rows, known, missing = rows_memo.rows(topology, candidates)
@@ -93,6 +101,24 @@ class CandidateSet:
         self.unknown = [Rejection(x.id, Constraint.UNKNOWN_GPU, f"`{x.deployment.host}/{x.deployment.gpu}` is not in the topology")
                         for x in missing]
         self._gathered: Gathered | None = None
+        # (snapshot, thresholds, ingress, contract table, tick table) of the last `gathered`,
+        # all but the thresholds held weakly (a set no longer asked for keeps no tick alive)
+        self._tick: tuple[weakref.ref, Thresholds, int | None, weakref.ref, weakref.ref] | None = None
+
+    def gathered(self, snap: Snapshot, th: Thresholds, ingress: int | None,
+                 table: ContractTable) -> tuple[TickContractTable, Gathered]:
+        """The tick table for (`snap`, `th`, `ingress`, `table`) and this set's gather of it:
+        `tick_table(snap, path_table(snap, th, ingress), table)`, looked up only when the
+        set last asked for other ones (those look-ups marked the tables used already)."""
+        k = self._tick
+        if k is not None and k[1] is th and k[2] == ingress and k[0]() is snap and k[3]() is table:
+            tt = k[4]()
+            hit = self._gathered
+            if tt is not None and hit is not None and hit.is_of(tt):
+                return tt, hit
+        tt = tick_table(snap, path_table(snap, th, ingress), table)
+        self._tick = (weakref.ref(snap), th, ingress, weakref.ref(table), weakref.ref(tt))
+        return tt, self.gather(tt)
 
     def gather(self, tt: TickContractTable) -> Gathered:
         """The candidates' rows of `tt.block`, kept while `tt` is the table asked for."""
@@ -109,12 +135,17 @@ class CandidateSets:
         self._limit = limit
         self._sets: OrderedDict[tuple[int, ...], CandidateSet] = OrderedDict()
         self.rows = CandidateRows()
+        self._last: CandidateSet | None = None  # the set asked for last
 
     def get(self, topology: Topology, candidates: Sequence[Instance]) -> CandidateSet:
+        last = self._last
+        if last is not None and last.candidates is candidates and last.topology is topology:
+            return last  # the same tuple object: its instances are the set's, in order
         key = tuple(map(id, candidates))
         hit = self._sets.get(key)
         if hit is None or hit.topology is not topology or not all(map(is_, hit.candidates, candidates)):
             hit = put_newest(self._sets, key, CandidateSet(topology, tuple(candidates), self.rows), self._limit)
+        self._last = hit
         return hit
 
 

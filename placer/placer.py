@@ -30,7 +30,6 @@ from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
 from .evaluated import Evaluated, RowFigures
 from .lookup import lookup, scalar_figures
-from .paths import path_table
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
     ShareSource,
@@ -38,7 +37,6 @@ from .plan import (
 from .sites import Sites
 from .snapshot import Snapshot
 from .thresholds import Thresholds
-from .tick_table import tick_table
 
 MAX_REJECTIONS = 20
 MAX_REJECTIONS_IN_PLAN = 8  # a plan lists a few; a refusal lists more, binding constraint first
@@ -187,8 +185,7 @@ class Placer:
             reserved = [held[g] for g in cs.rows]
         gathered = None
         if len(cs.rows) <= SCALAR_MAX:
-            tt = tick_table(snap, path_table(snap, th, node), table)
-            gathered = cs.gather(tt)
+            tt, gathered = cs.gathered(snap, th, node, table)
             figures = scalar_figures(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
                                      th.stability_weight, gathered.figures)
             ev = Evaluated.of_lists(cs.gpus, cs.rows, tt, gathered, figures)
