@@ -69,7 +69,7 @@ class Gathered:
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
         # the scalar path's latest figures per row, before the budget check (`lookup.scalar_figures`)
-        self.figures: list[tuple[float, tuple[float, float, float, float, int, float]] | None] = [None] * len(self.rows)
+        self.figures: list[tuple[float, float, tuple, tuple] | None] = [None] * len(self.rows)
         self.refusal: tuple[tuple, NoPlacement] | None = None  # the last refusal, by (reserved shares, budget)
 
     def is_of(self, tt: TickContractTable) -> bool:

@@ -83,6 +83,9 @@ def lookup(
     )
 
 
+_Row = tuple[float, float, float, float, int]  # one candidate's (queueing, compute, rank, raw_total, fail)
+
+
 class Figures(NamedTuple):
     """What the scalar path computes per candidate, aligned with the rows."""
 
@@ -95,7 +98,7 @@ class Figures(NamedTuple):
 
 def scalar_figures(
     layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
-    memo: list[tuple[float, tuple[float, float, float, float, int, float]] | None] | None = None,
+    memo: list[tuple[float, float, _Row, _Row] | None] | None = None,
 ) -> Figures:
     """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
@@ -103,24 +106,19 @@ def scalar_figures(
     `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
     a prediction must stay within; `k`: the stability weight.
 
-    `memo` (one slot per row) keeps each row's latest figures before the budget check,
-    with the share reserved they were worked out for, for one tick table (whose rows,
-    flops and k are fixed): a placement reserves share on one GPU, so the next request of
-    the same candidates recomputes one row and reads the others. The budget enters only
-    the last comparison, so requests with different latency targets (a diverse mix draws
-    one per request) share the memo too. Reservations only grow within a tick, so an
-    older reservation's figures are never asked for again and are not kept."""
+    `memo` (one slot per row) keeps each row's latest figures, with the share reserved
+    they were worked out for, for one tick table (whose rows, flops and k are fixed): a
+    placement reserves share on one GPU, so the next request of the same candidates
+    recomputes one row and reads the others. The budget enters only the last comparison,
+    so a slot holds the row's predicted total and its figures both ways (within the
+    budget, and over it): requests with different latency targets (a diverse mix draws one
+    per request) share the memo too. Reservations only grow within a tick, so an older
+    reservation's figures are never asked for again and are not kept."""
     fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
-    queueings: list[float] = []
-    computes: list[float] = []
-    ranks: list[float] = []
-    raws: list[float] = []
-    fails: list[int] = []
+    outs: list[_Row] = []
     for i, (row, res) in enumerate(zip(rows, reserved)):
         hit = memo[i] if memo is not None else None
-        if hit is not None and hit[0] == res:
-            queueing, compute, rank, raw, code, total = hit[1]
-        else:
+        if hit is None or hit[0] != res:
             min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
             free = free - res
             if free < min_share and _SHARE < code:
@@ -139,16 +137,15 @@ def scalar_figures(
             queueing = GPU_QUANTUM * rho / (1.0 - rho)
             total = network + queueing + compute + dep
             rank, raw = total + k * sigma, raw_network + queueing + compute + dep
+            over = _BUDGET if _BUDGET < code else code
+            hit = (res, total, (queueing, compute, rank, raw, -1 if code == _PASS else int(code)),
+                   (queueing, compute, rank, raw, -1 if over == _PASS else int(over)))
             if memo is not None:
-                memo[i] = (res, (queueing, compute, rank, raw, code, total))
-        if not total <= limit and _BUDGET < code:
-            code = _BUDGET
-        queueings.append(queueing)
-        computes.append(compute)
-        ranks.append(rank)
-        raws.append(raw)
-        fails.append(-1 if code == _PASS else int(code))
-    return Figures(tuple(queueings), tuple(computes), tuple(ranks), tuple(raws), tuple(fails))
+                memo[i] = hit
+        outs.append(hit[2] if hit[1] <= limit else hit[3])  # `not total <= limit`: over (NaN too)
+    if not outs:
+        return Figures((), (), (), (), ())
+    return Figures(*zip(*outs))
 
 
 def scalar_evaluation(tt: TickContractTable, g: np.ndarray, gpus: np.ndarray, f: Figures) -> Evaluation:
