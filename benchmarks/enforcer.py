@@ -17,7 +17,9 @@
    baseline, same run): milliseconds per tick on the serving loop.
 5. Through real Envoy to real model servers (`bench_gateway`): throughput with the kernel
    plane attached to the data path vs detached (floor >= 0.93x), and with the audit log and
-   per-call accounting from Envoy's access log vs no audit (floor >= 0.9x, 0 dropped).
+   per-call accounting from Envoy's access log vs no audit (floor >= 0.9x, 0 dropped), at
+   one caller and at 16 (CPU-bound), short rounds alternating, each with the CPU per call of
+   every process of the rig beside it (what explains a ratio; it moves less with load).
 
 Usage: .venv/bin/python benchmarks/enforcer.py [--quick]
 """
@@ -472,7 +474,9 @@ def _report_pairs(what: str, a: str, b: str, rs: list[_GatewayRound], concurrenc
     ratios of adjacent rounds, the CPU per call beside it); returns the ratio."""
     ra, rb = [r for r in rs if r.mode == a], [r for r in rs if r.mode == b]
     ratio = statistics.median(r.rate for r in ra) / statistics.median(r.rate for r in rb)
-    pairs = [x.rate / y.rate if x.mode == a else y.rate / x.rate for x, y in zip(rs[::2], rs[1::2])]
+    adjacent = [(x, y) if x.mode == a else (y, x) for x, y in zip(rs[::2], rs[1::2])]  # each a round with its b round
+    pairs = [x.rate / y.rate for x, y in adjacent]
+    cpu_pairs = [x.per_call() / y.per_call() for x, y in adjacent]
     groups = list(dict.fromkeys(g for r in ra + rb for g in r.cpu))
 
     def cpu_line(rounds: list[_GatewayRound]) -> str:
@@ -485,7 +489,8 @@ def _report_pairs(what: str, a: str, b: str, rs: list[_GatewayRound], concurrenc
     print(f"  concurrency {concurrency:>2}: {a} {_spread([r.rate for r in ra])} calls/s, {b} "
           f"{_spread([r.rate for r in rb])} calls/s ({len(ra)} rounds each, {sum(r.errors for r in rs)} errors)")
     print(f"  concurrency {concurrency:>2}: CPU per call, every process of the rig and the client: {a} {cpu_line(ra)}; "
-          f"{b} {cpu_line(rb)} -> {(ca - cb) * 1e6:+.0f} us ({ca / cb:.3f}x); rig busy {busy:.2f} of {os.cpu_count()} CPUs")
+          f"{b} {cpu_line(rb)} -> {(ca - cb) * 1e6:+.0f} us ({ca / cb:.3f}x; adjacent rounds {_spread(cpu_pairs, '.3f')}); "
+          f"rig busy {busy:.2f} of {os.cpu_count()} CPUs")
     print(f"gateway throughput, {what}, concurrency {concurrency}: {ratio:.3f}x (median rates; adjacent rounds "
           f"{_spread(pairs, '.3f')}; floor {floor}); CPU per call {ca / cb:.3f}x; load average {os.getloadavg()[0]:.2f}")
     return ratio
