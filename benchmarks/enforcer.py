@@ -434,19 +434,31 @@ class _GatewayRound:
         return total / max(self.served, 1)
 
 
+_H2LOAD_WORK: list[Path] = []
+
+
+def _h2load_work() -> Path:
+    """One folder for every round's h2load log and the request it sends (a gRPC frame of
+    MODEL's 4-token request), made on first use."""
+    if not _H2LOAD_WORK:
+        import tempfile
+
+        from policyc.modelserver.client import infer_request, token_ids
+
+        work = Path(tempfile.mkdtemp(prefix="policyc-bench-h2-"))
+        message = infer_request(MODEL, token_ids(4)).SerializeToString()
+        (work / "request.grpc").write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
+        _H2LOAD_WORK.append(work)
+    return _H2LOAD_WORK[0]
+
+
 def _gateway_round(rig, cpu: _RigCpu, mode: str, concurrency: int, seconds: float) -> _GatewayRound:  # type: ignore[no-untyped-def]
     """One closed-loop round through the gateway with nghttp2's h2load (benchmarks/gateway.py's
     round: one HTTP/2 connection, `concurrency` streams, after a 0.5 s warm-up), with the CPU
     every process of the rig spent on it."""
-    import tempfile
-
-    from policyc.modelserver.client import infer_request, token_ids
-
     gw = _gateway_bench_module()
-    work = Path(tempfile.mkdtemp(prefix="policyc-bench-h2-"))
-    message = infer_request(MODEL, token_ids(4)).SerializeToString()
+    work = _h2load_work()
     body = work / "request.grpc"
-    body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
     counts = rig.gateway.picker.picker.counts
     refused = sum(n for what, n in counts.items() if what not in ("forwarded", "broken"))
     q0 = cpu.requests()
