@@ -452,8 +452,9 @@ class AuditBridge:
                 log.error("audit: %d accounting record(s) not recorded: %s", len(bodies), e)
 
     def accounting(self, record: AuditAction) -> None:
-        """Queue a call's measured `accounting` record (the gateway's access-log receiver's
-        sink) to be handed over with the next batch of decisions: the writer stores both in
+        """Queue a call's measured `accounting` record (the gateway's access-log receiver
+        hands `accounting_body` its stored bytes instead) to be handed over with the next
+        batch of decisions: the writer stores both in
         one commit, where a record handed over on its own arrival (every access-log flush)
         cost a commit (an fsync) of its own (measured). Same stored bytes as
         `AuditLog.submit_action`; it reaches the log within ~FLUSH_AFTER like a decision.
