@@ -1,9 +1,13 @@
 """Decide's per-request-shape cache, keyed by the request's serialized bytes.
 
-Callers repeat a few request shapes, and protobuf writes the same message as the same
-bytes, so the raw request is the cheapest exact key there is: a hit skips protobuf
-parsing, header parsing and the solver's feasibility lookup (`Prepared`) and carries the
-shape's `MatchMemo`. A raw shape that is new costs one parse; what comes after it is keyed
+Callers repeat a few request shapes, and one client process writes the same message as
+the same bytes, so the raw request is the cheapest exact key there is: a hit skips
+protobuf parsing, header parsing and the solver's feasibility lookup (`Prepared`) and
+carries the shape's `MatchMemo`. Protobuf leaves the order of a map's entries (the
+headers) to the writer, though, and another process writes them in its own order: the
+service keys a new shape by its canonical bytes (deterministic serialization: map entries
+in key order) and keeps the bytes it came as beside them (`alias`), so a client's other
+order costs one parse once, not the shape's whole preparation. A raw shape that is new costs one parse; what comes after it is keyed
 by the *reduced* shape further down (the matcher's plans, the solver's answers), so a new
 SLO value between two known thresholds finds those warm.
 
@@ -82,7 +86,12 @@ class RequestShapes:
         self._table: OrderedDict[bytes, ShapeEntry] = OrderedDict()
 
     def __len__(self) -> int:
+        """Byte strings kept (an entry kept under several counts for each)."""
         return len(self._table)
+
+    def distinct(self) -> int:
+        """Shapes kept (an entry kept under several byte strings counts once)."""
+        return len({id(e) for e in list(self._table.values())})
 
     def get(self, state: PolicyState, raw: bytes) -> ShapeEntry | None:
         if state is not self._state:
@@ -126,6 +135,18 @@ class RequestShapes:
         until the next new shape)."""
         self._table = OrderedDict()
         self._state = None
+
+    def alias(self, raw: bytes, entry: ShapeEntry) -> None:
+        """Keep `entry` under `raw` too: other bytes of the same request (a map's entries
+        in another order: protobuf leaves that order to the writer, and one client process
+        writes the same message the same way, another its own way). An entry of another
+        state than the table's is not kept."""
+        if entry.prepared.state is not self._state:
+            return
+        table = self._table
+        if raw not in table and len(table) >= self.max_shapes:
+            table.popitem(last=False)  # the least recently used
+        table[raw] = entry
 
     def put(self, raw: bytes, prepared: Prepared) -> ShapeEntry:
         table = self._table

@@ -190,6 +190,20 @@ class DecisionService(pb_grpc.DecisionsServicer):
         self.metrics.decisions.observe(d)
         return d, (audit.record(d, entry.prepared.input.headers) if audit is not None else None)
 
+    def canonical_shape(self, shapes: RequestShapes, st: PolicyState,
+                        raw: bytes) -> tuple[ShapeEntry | None, bytes, pb.DecideRequest]:
+        """For request bytes `shapes` does not know: the request parsed, its canonical bytes
+        (deterministic serialization: the headers map in key order; another client process
+        writes the same request's map in its own order) and the entry kept under them, if
+        any (then kept under `raw` too). Raises ServiceError for bytes that are not a
+        DecideRequest."""
+        msg = convert.decide_request(raw)
+        key = msg.SerializeToString(deterministic=True)
+        entry = shapes.get(st, key) if key != raw else None
+        if entry is not None:
+            shapes.alias(raw, entry)
+        return entry, key, msg
+
     @counts_itself
     async def decide_bytes(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Decide on the serialized request, returning the serialized response.
@@ -211,12 +225,16 @@ class DecisionService(pb_grpc.DecisionsServicer):
                                            f"request may be at most {self.max_decide_bytes}")
                     shapes = self.shapes
                     entry = shapes.get(self.engine.state, raw)
+                    if entry is None:
+                        entry, key, msg = self.canonical_shape(shapes, self.engine.state, raw)
                     if entry is not None:
                         d, durable = self.decide_entry(entry, t0)
                     else:
-                        make_input = lambda: convert.decision_input(convert.decide_request(raw))  # noqa: E731
+                        make_input = lambda: convert.decision_input(msg)  # noqa: E731
                         prepared = await self.prepare_off_loop(make_input(), self.engine.state)
-                        d, entry, durable = self.decide_shape(shapes, raw, make_input, t0, prepared)
+                        d, entry, durable = self.decide_shape(shapes, key, make_input, t0, prepared)
+                        if key != raw:
+                            shapes.alias(raw, entry)
                 except ServiceError as e:
                     await self._refuse(context, "Decide", e)
                     raise  # unreachable: abort raises
@@ -260,30 +278,41 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 # queued for the solver thread at once (so the solver works through them
                 # while the loop serves others, instead of one new shape at a time), and a
                 # bad request refuses the batch before any decision is made or audited.
-                fresh: dict[int, Prepared] = {}
+                fresh: dict[int, tuple[bytes, pb.DecideRequest, Prepared]] = {}  # new shapes: key, request, prepared
                 for n, item in enumerate(items):
                     try:
                         if len(item) > self.max_decide_bytes:
                             raise ServiceError(Status.RESOURCE_EXHAUSTED, f"request is {len(item)} bytes; a Decide request may "
                                                f"be at most {self.max_decide_bytes}")
                         if shapes.get(st, item) is None:
-                            fresh[n] = self.engine.prepare(convert.decision_input(convert.decide_request(item)), st, solve=False)
+                            known, key, msg = self.canonical_shape(shapes, st, item)
+                            if known is None:
+                                fresh[n] = (key, msg, self.engine.prepare(convert.decision_input(msg), st, solve=False))
                     except ServiceError as e:
                         raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
                                            diagnostics=e.diagnostics) from None
                 for n, item in enumerate(items):
                     try:
                         entry = shapes.get(self.engine.state, item)
+                        if entry is None:
+                            new = fresh.get(n)
+                            if new is not None:  # (an entry made for an earlier request of the batch is found by its key)
+                                key, msg, prepared = new
+                                entry = shapes.get(self.engine.state, key)
+                            else:  # a reload since, or evicted
+                                entry, key, msg = self.canonical_shape(shapes, self.engine.state, item)
+                                prepared = None
                         if entry is not None:
                             d, durable = self.decide_entry(entry, t0)
                         else:
-                            make_input = lambda item=item: convert.decision_input(convert.decide_request(item))  # noqa: E731
-                            prepared = fresh.get(n)
-                            if prepared is None or prepared.state is not self.engine.state:  # a reload since, or evicted
+                            make_input = lambda msg=msg: convert.decision_input(msg)  # noqa: E731
+                            if prepared is None or prepared.state is not self.engine.state:
                                 prepared = await self.prepare_off_loop(make_input(), self.engine.state)
                             else:
                                 prepared = await self.solved(prepared)
-                            d, entry, durable = self.decide_shape(shapes, item, make_input, t0, prepared)
+                            d, entry, durable = self.decide_shape(shapes, key, make_input, t0, prepared)
+                            if key != item:
+                                shapes.alias(item, entry)
                     except ServiceError as e:
                         raise ServiceError(e.status, f"request {n}: {e.message}", e.details, e.field,
                                            diagnostics=e.diagnostics) from None
