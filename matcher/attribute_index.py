@@ -7,7 +7,7 @@ complementing against the instances that have the attribute at all for `>` and `
 `keys_version` changes whenever the set of distinct values does: a request reduced to its
 position among the values (`FleetIndex.shape_key`) is only comparable under one version.
 An ordered attribute also answers, for every slot at once, which of the sorted values it
-holds (`key_positions`, a numpy array kept up to date per add and remove, rebuilt only when
+holds (`key_positions`, a C int array kept up to date per add and remove, rebuilt only when
 the values themselves change): what `threshold_ranks.py` groups a base's members by.
 """
 
@@ -50,7 +50,7 @@ class AttributeIndex:
         self.present = BitMap()  # instances with a value, kept only when ordered
         self.prefix = PrefixBitmaps()  # range answers, when ordered
         self.keys_version = 0  # bumped when a distinct value appears or disappears
-        self._positions = array("i")  # slot -> index in `keys` (-1: no value), when ordered (`key_positions`)
+        self._positions = array("i")  # slot -> 1 + index in `keys` (0: no value), when ordered (`key_positions`)
         self._positions_version = -1  # the `keys_version` `_positions` is current for
 
     def add(self, slot: int, value: Scalar) -> None:
@@ -87,7 +87,7 @@ class AttributeIndex:
         elif self.ordered:
             self.prefix.changed(bisect_left(self.keys, value), slot, False)  # type: ignore[arg-type]
             if self._positions_version == self.keys_version:
-                self._positions[slot] = -1
+                self._positions[slot] = 0
 
     def bulk(self, pairs: Iterable[tuple[int, Scalar]]) -> None:
         """Fill an empty index at once (index build): lists first, bitmaps once."""
@@ -121,19 +121,20 @@ class AttributeIndex:
     def _place(self, slot: int, i: int) -> None:
         pos = self._positions
         if slot >= len(pos):
-            pos.extend(array("i", [-1]) * (max(1024, len(pos), slot + 1 - len(pos))))
-        pos[slot] = i
+            pos.extend(array("i", [0]) * (max(1024, len(pos), slot + 1 - len(pos))))
+        pos[slot] = i + 1
 
     def key_positions(self) -> array:
-        """slot -> the index of its value in `keys` (-1 for a slot without one; slots past
-        the end have none either), as a C int array: indexing it gives Python ints, and
+        """slot -> 1 + the index of its value in `keys` (0 for a slot without one; slots past
+        the end have none either: counting from one lets `threshold_ranks.py` bin the
+        positions as they are, without a shift), as a C int array: indexing it gives Python ints, and
         `numpy.frombuffer` views it without a copy (a view must not outlive the call that
         made it: the array grows in place). Rebuilt from the postings after the distinct
         values changed (a new SLO rolled out: O(instances) in numpy), else kept per update."""
         if self._positions_version != self.keys_version:
             top = max((bm.max() for bm in self.postings.values() if bm), default=-1)
-            pos = np.full(max(1024, 2 * (top + 1)), -1, dtype=np.intc)
-            for i, k in enumerate(self.keys):
+            pos = np.zeros(max(1024, 2 * (top + 1)), dtype=np.intc)
+            for i, k in enumerate(self.keys, 1):
                 pos[np.frombuffer(self.postings[k].to_array(), dtype=np.uint32)] = i
             self._positions, self._positions_version = array("i", pos.tobytes()), self.keys_version
         return self._positions

@@ -51,6 +51,14 @@ BLOOM_KINDS = ("equality", "set", "boolean")
 SHARD_GROUP_ATTRS = ("model", "version", "region", "gpu_arch", "gpu_model", "session_state")
 ORDERINGS = (Cmp.LT, Cmp.LE, Cmp.GT, Cmp.GE)
 SMALL_BASE = 4096  # a base this small is intersected with a range term without counting the term first
+RULE_SHAPES = 1024  # rule shapes kept (`FleetIndex._rule_shape`)
+_ABSENT = object()  # a guard-tested variable the request lacks (in a rule shape's key)
+# (rules, their AppliedRules, exact terms, ranged terms, the lone ordering, the Bloom clauses in
+# rule order: fixed ones as they are, those that read request values as templates, whether any
+# does): what `_make_base` shares between bases of one rule shape
+_RuleShape = tuple[tuple[CompiledRule, ...], tuple[AppliedRule, ...], tuple[BitmapFn, ...],
+                   tuple[tuple[BitmapFn, WithinFn | None], ...], Ordering | None,
+                   tuple[frozenset[BloomKey] | ClauseTemplate, ...], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,11 @@ class FleetIndex:
         read = frozenset().union(*(cr.reads for cr in self.rules))
         carried = {h.var for h in bundle.headers} | ({"tenant_class"} if bundle.tenants else set())
         self._unread = tuple(sorted(carried - read))
+        # which rules apply depends on which read variables are present and on the values the
+        # guards compare, nothing else: a new base looks its rules up by those (`_rule_shape`)
+        self._present_vars = tuple(sorted(read))
+        self._tested_vars = tuple(sorted(set().union(*(_guard_tested(r.guard) for r in bundle.rules))))
+        self._shapes: dict[tuple, _RuleShape] = {}
 
     # ------------------------------------------------------------------ updates
     def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
@@ -529,13 +542,40 @@ class FleetIndex:
         return plan
 
     def _make_base(self, vars: Vars) -> Base:
+        """A new base: its rules from the memo of rule shapes (a fleet's requests have a few
+        dozen: which headers, which flags), its Bloom clauses bound to its own values."""
         own = dict(vars)
+        try:
+            key = (tuple([n in own for n in self._present_vars]),
+                   tuple([own.get(n, _ABSENT) for n in self._tested_vars]))
+            shape = self._shapes.get(key)
+        except TypeError:  # an unhashable value (only through `Request.of`): worked out afresh
+            key, shape = None, None
+        if shape is None:
+            shape = self._rule_shape(own)
+            if key is not None:
+                if len(self._shapes) >= RULE_SHAPES:
+                    self._shapes.clear()  # a bundle whose guards test free values: start over
+                self._shapes[key] = shape
+        rules, applied, exact, ranged, ordering, parts, bound = shape
+        if bound:  # in rule order, as `_clauses` gives them (the Bloom filters meet them in this order)
+            clauses = tuple([c if type(c) is frozenset else
+                             frozenset([(attr, own[v.name] if type(v) is _VarRef else v) for attr, v in c])
+                             for c in parts])
+        else:
+            clauses = parts  # type: ignore[assignment]
+        return Base(own, rules, applied, exact, ranged, clauses, ordering)
+
+    def _rule_shape(self, vars: Vars) -> _RuleShape:
+        """The rules that apply to requests like `vars`, their terms split by whether they read
+        the reduced variable, the lone ordering (when there is one), and their Bloom clauses:
+        those fixed by the bundle, and the templates that read the request's values."""
         rules: list[CompiledRule] = []
         exact: list[BitmapFn] = []
         ranged: list[tuple[BitmapFn, WithinFn | None]] = []
         orderings: list[Ordering | None] = []
         for cr, reads_range in self._ranged:
-            if cr.applies(own):
+            if cr.applies(vars):
                 rules.append(cr)
                 if reads_range:
                     ranged.append((cr.require, cr.within))
@@ -547,8 +587,12 @@ class FleetIndex:
             o = orderings[0]
             if o is not None and self.reducers.get(o.var) is self.attr_index[o.attr]:
                 ordering = o
-        return Base(own, tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged),
-                    self._clauses(rules, own), ordering)
+        parts: list[frozenset[BloomKey] | ClauseTemplate] = []
+        for cr in rules:
+            parts.extend(cr.const_clauses)
+            parts.extend(cr.var_clauses)
+        return (tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged), ordering, tuple(parts),
+                any(type(c) is not frozenset for c in parts))
 
     def _refresh_base(self, base: Base) -> None:
         """Recompute a base: Bloom first, then the exact terms intersected smallest first

@@ -24,17 +24,16 @@ and three `tolist` calls: that doubled the build of a base of a hundred members 
 one of a thousand cost ~0.1 ms, for about a microsecond per later request.)
 
 Both arrays come from numpy in one pass over the base's members (their value positions,
-`AttributeIndex.key_positions`, and their tier ranks, `ScoreTiers.rank_of`): a bincount with
-a cumulative sum, and a per-value minimum with a running minimum, nine calls (~12 µs for a
-base of a hundred members, ~20 µs for a thousand, more when the members' memory is cold).
-They go stale when the base's members change
-(the index's membership version), when the attribute's distinct values change, or when any
-slot changes tier (`ScoreTiers.rank_version`: a score push that moves groups between
-tiers); a score change that keeps every group in its tier keeps them (and `inside`: a tier's
-slots change only with a version). `FleetIndex.best_one`
-rebuilds them on a base's second request since they went stale, and answers the first one
-from the base's bitmap: a fleet that changes between every two requests never pays a build
-per request.
+`AttributeIndex.key_positions`, counted from one so that they bin as they are, and their
+tier ranks, `ScoreTiers.rank_of`): a bincount with a cumulative sum, and a per-value minimum
+with a running minimum, nine calls (~14 µs for a base of a hundred members, ~24 µs for a
+thousand, on the shared 2-core machine at load 2). They go stale when the base's members
+change (the index's membership version), when the attribute's distinct values change, or
+when any slot changes tier (`ScoreTiers.rank_version`: a score push that moves groups
+between tiers); a score change that keeps every group in its tier keeps them (and `inside`:
+a tier's slots change only with a version). `FleetIndex.best_one` rebuilds them on a base's
+second request since they went stale, and answers the first one from the base's bitmap: a
+fleet that changes between every two requests never pays a build per request.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ class ThresholdRanks:
         pos = _frombuffer(attr.key_positions(), dtype=_INTC)  # a view: gone when this call ends
         if members and members.max() >= len(pos):  # members past every slot with a value
             idx = idx[idx < len(pos)]
-        at = pos[idx] + 1  # 0: no value (never meets an ordering), i + 1: the i-th value
+        at = pos[idx]  # 0: no value (never meets an ordering), i + 1: the i-th value
         del pos
         counts = _bincount(at, minlength=n)
         counts[0] = 0
@@ -102,10 +101,10 @@ def best_at(ranks: ThresholdRanks, attr: AttributeIndex, cmp: Cmp, value: float,
     with the tiers (never expected): the caller then answers the slow way."""
     h, below = attr.cut(cmp, value)
     counts = ranks.counts
-    if below:
-        count, lo, hi = int(counts[h]), 0, h
+    if below:  # lo <= key position < hi (`key_positions` counts from one)
+        count, lo, hi = int(counts[h]), 1, h + 1
     else:
-        count, lo, hi = int(counts[-1] - counts[h]), h, len(counts) - 1
+        count, lo, hi = int(counts[-1] - counts[h]), h + 1, len(counts)
     if not count:
         return 0, None
     rank = float(ranks.best[h])

@@ -190,7 +190,7 @@ def test_prefix_bitmaps_equal_a_filter(small_thresholds: None, ops: list, probes
                 want = {s for s, v in held.items() if holds(float(v), float(x))}
                 assert set(idx.order(cmp, x)) == want, (cmp, x, sorted(held.items()))
         pos = idx.key_positions()  # rebuilt after a new or vanished value, else kept per update
-        assert {s: idx.keys[pos[s]] for s in range(len(pos)) if pos[s] >= 0} == held
+        assert {s: idx.keys[pos[s] - 1] for s in range(len(pos)) if pos[s]} == held  # counted from one
 
 
 def test_requests_of_one_reduced_shape_share_a_plan() -> None:
