@@ -14,8 +14,8 @@ reused while its entry lives). Past `limit` sets the oldest is let go, one per n
 (`oldest_first.py`). A set keeps the gather of one tick table at a time, and which
 (snapshot, thresholds, ingress, contract table) it was for, so the next request of the
 set on that tick skips the two table look-ups (each hashes the thresholds). The decision
-service hands over each window as the same tuple every time, so the set of the tuple
-asked for last is checked first, by identity.
+service hands over each window as the same tuple every time (until its shape is ranked
+again), so the tuples handed over lately find their set by identity first.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from .topology import Topology
 # 1,000 decisions/s); the ones left behind stay until they are the oldest, ~30 tracked
 # objects each, all of which the collector's full passes scan.
 DEFAULT_LIMIT = 256
+TUPLES_PER_SET = 4  # window tuples remembered per set (a re-ranking hands over new tuples of the same sets)
 
 
 class Gathered:
@@ -135,17 +136,20 @@ class CandidateSets:
         self._limit = limit
         self._sets: OrderedDict[tuple[int, ...], CandidateSet] = OrderedDict()
         self.rows = CandidateRows()
-        self._last: CandidateSet | None = None  # the set asked for last
+        # the tuples handed over lately -> (the tuple, its set): kept with the tuple, so its id
+        # names it while the entry lives
+        self._tuples: OrderedDict[int, tuple[tuple[Instance, ...], CandidateSet]] = OrderedDict()
 
     def get(self, topology: Topology, candidates: Sequence[Instance]) -> CandidateSet:
-        last = self._last
-        if last is not None and last.candidates is candidates and last.topology is topology:
-            return last  # the same tuple object: its instances are the set's, in order
+        pair = self._tuples.get(id(candidates))
+        if pair is not None and pair[0] is candidates and pair[1].topology is topology:
+            return pair[1]  # the same tuple object: its instances are the set's, in order
         key = tuple(map(id, candidates))
         hit = self._sets.get(key)
         if hit is None or hit.topology is not topology or not all(map(is_, hit.candidates, candidates)):
             hit = put_newest(self._sets, key, CandidateSet(topology, tuple(candidates), self.rows), self._limit)
-        self._last = hit
+        if type(candidates) is tuple:
+            put_newest(self._tuples, id(candidates), (candidates, hit), TUPLES_PER_SET * self._limit)
         return hit
 
 
