@@ -9,6 +9,7 @@ new bundle arrives, only map contents change.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes as ct
 import fcntl
@@ -44,6 +45,7 @@ def _tc_handle() -> int:
 
 
 TC_LOCK = Path("/run/lock/policyc-tc.lock")
+COLLECT_MS = 5  # how often stream ends (written without a wakeup) are collected
 
 
 @contextlib.contextmanager
@@ -136,8 +138,12 @@ class KernelPlane:
         self._lock = threading.Lock()
         self._bpf[b"events"].open_ring_buffer(self._on_raw_event)
         self._stop = threading.Event()
+        self._reading = threading.Lock()  # libbpf's ring buffer has one reader at a time
         self._poller = threading.Thread(target=self._poll, name="policyc-ringbuf", daemon=True)
         self._poller.start()
+        # bcc frees the ring buffer in an exit handler of its own while daemon threads still
+        # run: ours, registered later, runs first and stops the reader before that
+        atexit.register(self._halt_poller)
         self._installed_rules: set[int] = set()
 
     # ----------------------------------------------------------------- events
@@ -160,12 +166,19 @@ class KernelPlane:
             listener(ev)
 
     def _poll(self) -> None:
+        """Rare events (a redirect, a drop, a map change) wake the poll at once; stream ends
+        are written without a wakeup (`emit_quiet` in the C source) and collected here every
+        `COLLECT_MS`, in one batch per interval instead of one thread switch per stream."""
         while not self._stop.is_set():
-            self._bpf.ring_buffer_poll(50)
+            with self._reading:
+                self._bpf.ring_buffer_poll(COLLECT_MS)
+                self._bpf.ring_buffer_consume()
 
     def drain(self) -> None:
-        """Deliver every event already in the ring buffer before returning."""
-        self._bpf.ring_buffer_consume()
+        """Deliver every event already in the ring buffer before returning (waits for the
+        poller's current interval: one reader at a time)."""
+        with self._reading:
+            self._bpf.ring_buffer_consume()
 
     # ----------------------------------------------------------------- attach
 
@@ -421,9 +434,13 @@ class KernelPlane:
         for name in (b"flows", b"backend_stats", b"h2_dirs", b"h2_streams"):
             self._bpf[name].clear()
 
-    def close(self) -> None:
+    def _halt_poller(self) -> None:
         self._stop.set()
         self._poller.join(timeout=1)
+
+    def close(self) -> None:
+        self._halt_poller()
+        atexit.unregister(self._halt_poller)
         for _, path in list(self._cgroups):
             self.detach_cgroup(path)
         for a in list(self._tc):

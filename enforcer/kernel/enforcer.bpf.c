@@ -161,6 +161,15 @@ static __always_inline void emit(struct event *e) {
     events.ringbuf_output(e, sizeof(*e), 0);
 }
 
+// A stream's end: one or more per call through the gateway, wanted by windows of 10 ms and
+// more (backend health, cross-layer signals), never at once. Written without waking the
+// reader, which collects them every few milliseconds (`KernelPlane._poll`): a wakeup per
+// stream cost the serving process a thread switch and the interpreter lock per call.
+static __always_inline void emit_quiet(struct event *e) {
+    e->ts_ns = bpf_ktime_get_ns();
+    events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP);
+}
+
 static __always_inline void mapped_v4(struct endpoint *ep, u32 ip4_be, u16 port) {
     ep->addr[0] = 0;
     ep->addr[1] = 0;
@@ -249,7 +258,7 @@ static __always_inline void stream_frame(struct dir_key *dk, u8 is_client, u32 s
     if (budget && e.value > budget)
         done_flags |= STREAM_F_OVER_BUDGET;
     e.flags = done_flags;
-    emit(&e);
+    emit_quiet(&e);
     h2_streams.delete(&sk);
 }
 
