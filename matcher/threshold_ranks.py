@@ -127,7 +127,9 @@ def best_at(ranks: ThresholdRanks, attr: AttributeIndex, cmp: Cmp, value: float,
             if lo <= p < hi and (best is None or key[s] < key[best]):
                 best = s
         return count, best
-    tier = tiers.tier_at[rank]
+    tier = tiers.tier_at.get(rank)
+    if tier is None:
+        return count, None
     pos = attr.key_positions()
     for g in tier.groups:  # key order, each group's slots in id order: the first hit is the best
         for s in g.slots:
