@@ -11,6 +11,7 @@ team's (`tests/fleet_shapes.py`: a contract per family and SLO, the four request
 - Best candidate through a base's threshold ranks (`threshold_ranks.py`), for each ordering
   the latency rule may use, equals the naive scan on the request that builds the ranks, on
   those after, and after changes that make them stale (members, tiers, distinct values).
+- New bases share their rules by rule shape only: a guard-tested value gets its own.
 """
 
 from __future__ import annotations
@@ -299,3 +300,24 @@ def test_unread_variables_share_a_base() -> None:
             assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:k], (tenant, k)
         assert len(ix.bases) == (1 if cls == "public" else 2), tenant
     assert len(ix.reduced) == 2  # k = 3 is planned: one plan per class
+
+
+def test_new_bases_share_rules_by_rule_shape() -> None:
+    """A new base looks its rules up by which read variables are present and the values the
+    guards compare (`FleetIndex._rule_shape`): a guard-tested value (TPM required or not,
+    the tenant's class) gets rules of its own, a value only a requirement reads (the
+    region) shares them; every answer, and the rules it names, equal the naive scan."""
+    fleet = make_fleet(800, 13, families=2)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    ix = reg.index
+    fixed = {"X-SLO-Latency": "250.5ms", "X-Data-Region": "us-west"}
+    shapes = []
+    for extra in ({}, {"X-Require-TPM": "yes"}, {"X-Require-TPM": "no"}, {"X-Data-Region": "eu-west"},
+                  {"X-Tenant": "acme-bank"}, {"X-Require-TPM": "yes", "X-Data-Region": "ap-east"}):
+        q = reg.parse_request({**fixed, **extra})
+        want = naive_match(reg.bundle, reg.entries(), dict(q.vars), 1)
+        got = reg.match(q, 1)
+        assert got.count == len(want.ids) and tuple(s.instance.id for s in got.best) == want.best, extra
+        assert tuple(r.id for r in got.rules) == want.rules, extra
+        shapes.append(len(ix._shapes))
+    assert shapes == [1, 2, 3, 3, 4, 4]  # a new region reuses its shape; a flag's value or a class does not
