@@ -4,7 +4,10 @@ refresher) changes its cost, never its answer."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pytest
 from placer_support import contract, instances, redis, replay
 
 from policyc.matcher.instance import Deployment, Instance
@@ -117,6 +120,41 @@ def test_a_candidate_set_gathers_each_tick_table_once() -> None:
     assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
     tt2 = next(iter(nxt.tables[(nxt.thresholds, None)].contracts.values()))
     assert cs.gather(tt2) is not got  # a new tick: gathered afresh
+
+
+def test_a_candidate_set_looks_its_tick_table_up_once_per_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next request of a set on the same tick skips the path and tick table look-ups
+    (the set remembers which tables it gathered); a new tick, other thresholds (a stale
+    snapshot's conservative ones are a new object each time) or another contract table
+    look them up again, and the plans are a fresh placer's."""
+    import policyc.placer.candidate_sets as cs_module
+
+    calls: list[object] = []
+    real = cs_module.path_table
+    monkeypatch.setattr(cs_module, "path_table", lambda snap, th, node: calls.append(th) or real(snap, th, node))
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    snap = r.tick()
+    placer = Placer(r)
+    c = contract()
+    cands = tuple(instances(sim)[:8])
+    for _ in range(3):
+        assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
+    assert len(calls) == 1
+    cs = placer._sets.get(snap.topology, cands)
+    tt, got = cs.gathered(snap, snap.thresholds, None, placer._contract_table(c, snap.topology))
+    assert tt is tick_table(snap, path_table(snap, snap.thresholds, None), placer._contract_table(c, snap.topology))
+    assert got is cs.gather(tt) and len(calls) == 1
+    nxt = r.tick()
+    assert isinstance(placer.place(cands, 0.2, c), PlacementPlan) and len(calls) == 2  # a new tick
+    assert isinstance(placer.place(cands, 0.2, contract(services=(redis(),))), PlacementPlan) and len(calls) == 3
+    late = Placer(r, clock=lambda: time.monotonic() + 10.0)  # the snapshot is stale to it: conservative thresholds,
+    plans = [late.place(cands, 0.2, c) for _ in range(2)]  # a new object per request
+    assert len(calls) == 5 and calls[-1] is not calls[-2] and calls[-1] == nxt.thresholds.conservative()
+    fresh = Placer(r, clock=lambda: time.monotonic() + 10.0).place(cands, 0.2, c)
+    assert [type(p) for p in plans] == [type(fresh)] * 2 and plans[0].stale and fresh.stale
+    if isinstance(fresh, PlacementPlan):
+        assert isinstance(plans[0], PlacementPlan) and (plans[0].gpu_key, plans[0].share) == (fresh.gpu_key, fresh.share)
 
 
 def test_a_candidate_set_no_longer_asked_for_does_not_keep_its_last_tick_table_alive() -> None:
