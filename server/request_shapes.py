@@ -110,13 +110,19 @@ class RequestShapes:
     def rebuilt(self, engine: DecisionEngine, state: PolicyState) -> OrderedDict[bytes, ShapeEntry]:
         """Every entry prepared again against `state` (a reload's new one), in the same
         recency order: run off the loop, then `adopt`ed. Inputs the new bundle refuses
-        are dropped (they are re-examined when they come again)."""
+        are dropped (they are re-examined when they come again). An entry kept under
+        several byte strings (`alias`) is prepared once and stays shared."""
         out: OrderedDict[bytes, ShapeEntry] = OrderedDict()
+        again: dict[int, ShapeEntry | None] = {}  # id(old entry) -> its new entry (None: refused)
         for raw, entry in list(self._table.items()):
-            try:
-                out[raw] = ShapeEntry(engine.prepare(entry.prepared.input, state))
-            except Exception:  # noqa: BLE001 - a refused input is simply not kept
-                continue
+            if id(entry) not in again:
+                try:
+                    again[id(entry)] = ShapeEntry(engine.prepare(entry.prepared.input, state))
+                except Exception:  # noqa: BLE001 - a refused input is simply not kept
+                    again[id(entry)] = None
+            new = again[id(entry)]
+            if new is not None:
+                out[raw] = new
         return out
 
     def adopt(self, state: PolicyState, table: OrderedDict[bytes, ShapeEntry]) -> None:

@@ -190,5 +190,9 @@ def test_the_same_request_in_another_byte_order_finds_its_shape(bundle: Bundle) 
         st = th.server.engine.state
         entries = {id(svc.shapes.get(st, o)) for o in orders}
         assert len(entries) == 1 and None not in {svc.shapes.get(st, o) for o in orders} and svc.shapes.distinct() == 1
+        th.call(svc.reload(bundle, source="test"))  # re-prepared once, still shared by every byte order
+        st = th.server.engine.state
+        kept = {svc.shapes.get(st, o) for o in orders}
+        assert len(kept) == 1 and None not in kept and svc.shapes.distinct() == 1
     finally:
         th.stop()
