@@ -90,7 +90,7 @@ def _payloads(mix: str, batch: int, seed: int) -> list[bytes]:
 
 
 async def _closed(port: int, concurrency: int, seconds: float, rate: float | None, mix: str = "four", batch: int = 0,
-                  seed: int = 25) -> tuple[int, list[float]]:
+                  seed: int = 25) -> tuple[int, list[float], list[float]]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = ch.unary_unary(BATCH_METHOD if batch else METHOD)
         payloads = _payloads(mix, batch, seed)
@@ -510,7 +510,7 @@ def main() -> int:
     print(f"no-op    same message sizes ({len(response)} B response): {nrps:.0f} calls/s "
           f"(p50 {med(x.p50_ms for x in nop):.2f} ms, p99 {med(x.p99_ms for x in nop):.2f} ms)")
     per_round = [d.rps / x.rps for d, x in zip(dec, nop)]
-    print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.6; median of the paired rounds "
+    print(f"ratio    Decide / no-op throughput = {rps / nrps:.2f} (floor 0.8, issue 25; median of the paired rounds "
           f"{med(per_round):.2f}; per round " + ", ".join(f"{r:.2f}" for r in per_round) + ")")
     dcpu, ncpu = med(x.cpu_us for x in dec), med(x.cpu_us for x in nop)
     print(f"CPU      server process per call (medians of rounds): Decide {dcpu:.0f} us (loop thread {med(x.loop_cpu_us for x in dec):.0f}), "
@@ -524,6 +524,9 @@ def main() -> int:
               f"{med(x.cpu_us * x.rps for x in ps) / 1e6:.0%} of one CPU at this rate); "
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
+    served_p99, same_p99 = med(x.p99_ms for x in paced["served"]), med(x.p99_ms for x in paced[noop_name])
+    print(f"tail     paced p99, Decide served / no-op at the same rate = {served_p99 / same_p99:.1f}x (floor 1.5x, issue 25; "
+          f"{served_p99:.2f} vs {same_p99:.2f} ms, medians of rounds)")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
     print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
           f"max {max(work) * 1e3:.1f} ms over {len(work)} refreshes; steps median {statistics.median(steps) * 1e3:.2f} ms, "
