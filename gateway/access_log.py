@@ -70,9 +70,10 @@ def _address(a: object) -> str:
     return f"{sa.address}:{sa.port_value}" if sa.address else ""
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One upstream attempt as Envoy measured it."""
+class Attempt(msgspec.Struct, frozen=True, gc=False):
+    """One upstream attempt as Envoy measured it. A msgspec struct rather than a frozen
+    dataclass: built once or twice per call on the serving loop (0.24 µs against 1.5, measured),
+    and the record's detail encodes it as it stands (the same sorted keys)."""
 
     host: str
     instance: str | None
@@ -86,11 +87,11 @@ class Attempt:
     flags: str  # Envoy's response flags (e.g. upstream reset) as set fields
 
 
-@dataclass(slots=True)
-class Call:
+class Call(msgspec.Struct, gc=False):
     """A downstream call as Envoy measured it. Built once per call on the serving loop and
-    never changed after (not frozen: a frozen dataclass's field-by-field `object.__setattr__`
-    cost 2 µs of the ~25 this entry's parse costs, measured)."""
+    never changed after (a msgspec struct: its 23 fields set in 0.5 µs where a slots
+    dataclass's `__init__` took 1.05, measured; plain values only, so not tracked by the
+    collector)."""
 
     decision_id: str
     start: float  # Unix seconds
@@ -328,35 +329,53 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
             self.counts.unpicked += 1
             return
         self.counts.calls += 1
-        p = self._pending.setdefault(call.decision_id, _Pending())
-        p.call, p.since = call, time.monotonic()
-        self._settle(call.decision_id, p, False)
+        did = call.decision_id
+        waiting = self._pending.get(did)
+        if waiting is None:
+            if self._want(call) > 0:  # attempts still to come from the router's log: wait for them
+                self._pending[did] = _Pending(call)
+            else:  # the common case: no attempt logged apart, so nothing to wait for and no entry kept
+                self._record(did, call, [])
+            return
+        waiting.call, waiting.since = call, time.monotonic()
+        self._settle(did, waiting, False)
+
+    def _answers(self, call: Call) -> bool:
+        """Whether the call's own entry stands for its last attempt (the router logs broken ones only)."""
+        return not self.every_attempt and call.attempts > 0 and bool(call.upstream_host) and not _last_attempt_broken(call)
+
+    def _want(self, call: Call) -> int:
+        """How many attempts of the call the router's log carries."""
+        return call.attempts - 1 if self._answers(call) else call.attempts
 
     def _settle(self, did: str, p: _Pending, late: bool) -> None:
         if p.call is None:
             return
-        call = p.call
-        answer = not self.every_attempt and call.attempts > 0 and bool(call.upstream_host) and not _last_attempt_broken(call)
-        want = call.attempts - 1 if answer else call.attempts
-        if len(p.attempts) < want and not late:
+        if len(p.attempts) < self._want(p.call) and not late:
             return
         del self._pending[did]
-        if len(p.attempts) < want:
+        self._record(did, p.call, p.attempts)
+
+    def _record(self, did: str, call: Call, attempts: list[Attempt]) -> None:
+        """The call's accounting record (it is out of `_pending`, or was never in it) with the
+        attempts that arrived (the answering one appended here when the call's entry has it)."""
+        answer = self._answers(call)
+        if len(attempts) < (call.attempts - 1 if answer else call.attempts):
             self.counts.incomplete += 1
         if answer:
             a = answer_of(call)
             self.sent_by_host[a.host] = self.sent_by_host.get(a.host, 0) + a.sent
-            p.attempts.append(a)
+            attempts.append(a)
         for fn in self.listeners:
-            fn(p.call, p.attempts)
+            fn(call, attempts)
         sink, body_sink = self.sink, self.body_sink
         if sink is None and body_sink is None:
             return
         try:
             if body_sink is not None:
-                body_sink(accounting_body(p.call, p.attempts))
+                body_sink(accounting_body(call, attempts))
             else:
-                sink(accounting_record(p.call, p.attempts))  # type: ignore[misc]
+                sink(accounting_record(call, attempts))  # type: ignore[misc]
             self.counts.recorded += 1
         except Exception as e:  # noqa: BLE001 - counted and said, the receiver keeps going
             self.counts.dropped += 1

@@ -228,6 +228,10 @@ class AuditBridge:
         self._resolve_due = False
         self._watchers: list[Callable[[str | None], None]] = []
         self._state: str | None = None  # the last refusal watchers were told
+        # Monotonic time before which the window cannot have run out (`refusal`'s O(1) answer):
+        # the oldest undurable decision's time plus the window, as last found. Records only get
+        # newer or leave, so it holds until then; 0 forces a full look.
+        self._open_until = 0.0
         self._stop = threading.Event()
         log_.on_settled(self._on_settled)
         self._timer = threading.Thread(target=self._tick, name="audit-bridge-flush", daemon=True)
@@ -259,6 +263,12 @@ class AuditBridge:
         audit log. The single gate of every path that acknowledges a decision (Decide, the
         gateway's picker): fail closed, never acknowledge what the log will not keep."""
         log = self.log
+        # The fast answer, per decision: nothing failed, the queue has room and the window
+        # cannot have run out yet (`_open_until`). The window part is O(1): the hand-overs
+        # are pruned only when it may have run out.
+        if (log.stopped is None and not log.failures and not self._refused_here and log.queued_bytes <= QUEUE_LIMIT
+                and time.monotonic() < self._open_until):
+            return None
         path = log.path
         stopped = log.stopped
         if stopped is not None:
@@ -268,10 +278,13 @@ class AuditBridge:
                     "service is restarted (see the `policyc.audit` log for why)")
         if log.queued_bytes > QUEUE_LIMIT:
             return f"audit log {path} is behind: {log.queued_bytes >> 10} KiB of records wait for its writer; decisions are refused until it catches up"
+        now = time.monotonic()
         oldest = self._oldest_undurable()
-        if oldest is not None and (age := time.monotonic() - oldest) > self.window:
+        if oldest is not None and (age := now - oldest) > self.window:
             return (f"audit log {path} has not made a record durable for {age:.2f} s (window {self.window:g} s); "
                     "decisions are refused until it catches up")
+        # open until the oldest waiting record (or one queued from now on) is a window old
+        self._open_until = (now if oldest is None else oldest) + self.window
         return None
 
     def watch(self, fn: Callable[[str | None], None]) -> None:
