@@ -59,10 +59,12 @@ GPU_ABSENT = ("absent: the model servers run onnxruntime's CPU execution provide
 
 
 def _seconds(d: object) -> float | None:
-    """A protobuf Duration (unset: None)."""
-    if d is None or not d.ByteSize():  # type: ignore[attr-defined]
+    """A protobuf Duration (unset or zero: None). Its two fields read, not `ByteSize()`
+    (zero exactly when both are): ~0.25 µs less, five times per call."""
+    if d is None:
         return None
-    return float(d.seconds) + d.nanos / 1e9  # type: ignore[attr-defined]
+    s, n = d.seconds, d.nanos  # type: ignore[attr-defined]
+    return float(s) + n / 1e9 if s or n else None
 
 
 def _address(a: object) -> str:
