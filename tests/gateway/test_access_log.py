@@ -92,8 +92,9 @@ def test_a_broken_and_retried_call_has_the_routers_broken_attempt_and_the_calls_
     for order in ("call first", "attempt first"):
         r, got = receiver()
         entries = [(DOWNSTREAM_LOG, call_entry(2)), (UPSTREAM_LOG, broken_entry())]
-        for name, e in entries if order == "call first" else entries[::-1]:
+        for i, (name, e) in enumerate(entries if order == "call first" else entries[::-1]):
             r._take(name, e)
+            assert r.pending() == (1 if i == 0 else 0), order  # the first half waits for the other, then nothing is kept
         [rec] = got
         detail = json.loads(rec.detail)
         broken, answer = detail["attempts"]
