@@ -132,7 +132,9 @@ class ShardBloom:
             out = bm if out is None else out & bm
             if not out:
                 return out
-        return self.shards if out is None else out & self.shards
+        # every slice holds only shards with keys (`add` sets a bit for a shard it counts a key
+        # into, `remove` clears it before the shard goes): a clause's shards need no `& shards`
+        return self.shards if out is None else out
 
     def _clause(self, clause: frozenset[BloomKey]) -> BitMap:
         """Shards that may hold an instance with at least one of the clause's keys."""

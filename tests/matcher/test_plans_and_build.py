@@ -206,3 +206,38 @@ def test_static_requirements_compile_to_the_reference(shapes_bundle: Bundle, see
         attrs = attributes(inst, shapes_bundle.contract(inst.model), shapes_bundle)
         for e in static:
             assert compile_static(e)(attrs) == require_holds(e, attrs, {})
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_bloom_slices_hold_only_counted_shards_and_never_rule_out_a_holder(seed: int) -> None:
+    """After any adds and removes, each slice holds only shards that still count a key (what
+    lets `ShardBloom.surviving` skip meeting a clause's shards with the shard set), and a
+    shard holding an instance that meets every clause always survives (a small filter, so
+    that false positives are common too)."""
+    from policyc.matcher.bloom import ShardBloom
+
+    rng = random.Random(seed)
+    bloom = ShardBloom(m=16, k=2)
+    keys = [("model", f"m{i}") for i in range(6)] + [("region", r) for r in ("eu", "us", "ap")] + [("tpm", True)]
+    held: dict[int, list[list[tuple]]] = {}  # shard -> the key lists of its instances
+    for _ in range(rng.randint(1, 80)):
+        if held and rng.random() < 0.4:
+            shard = rng.choice(sorted(held))
+            inst = held[shard].pop(rng.randrange(len(held[shard])))
+            bloom.remove(shard, inst)
+            if not held[shard]:
+                del held[shard]
+        else:
+            shard = rng.randrange(8)
+            inst = rng.sample(keys, rng.randint(1, 3))
+            bloom.add(shard, inst)
+            held.setdefault(shard, []).append(inst)
+        assert set(bloom.shards) == set(held)
+        for sl in bloom.slices:
+            assert set(sl) <= set(bloom.shards)
+        clauses = tuple(frozenset(rng.sample(keys, rng.randint(1, 2))) for _ in range(rng.randint(1, 3)))
+        got = set(bloom.surviving(clauses))
+        assert got <= set(held)
+        holders = {s for s, insts in held.items() if all(any(set(c) & set(i) for i in insts) for c in clauses)}
+        assert holders <= got
