@@ -73,7 +73,11 @@ class SignalWindows:
         self._lock = threading.Lock()
 
     def _slot(self, key: str, t: float) -> _Open:
-        return self._open.setdefault((key, math.floor(t / self.window)), _Open())
+        at = (key, math.floor(t / self.window))
+        w = self._open.get(at)  # most events land in a window already open: make one only when not
+        if w is None:
+            w = self._open[at] = _Open()
+        return w
 
     def event(self, key: str, signal: str, value: float, t: float) -> None:
         with self._lock:
