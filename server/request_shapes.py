@@ -7,9 +7,10 @@ carries the shape's `MatchMemo`. Protobuf leaves the order of a map's entries (t
 headers) to the writer, though, and another process writes them in its own order: the
 service keys a new shape by its canonical bytes (deterministic serialization: map entries
 in key order) and keeps the bytes it came as beside them (`alias`), so a client's other
-order costs one parse once, not the shape's whole preparation. A raw shape that is new costs one parse; what comes after it is keyed
-by the *reduced* shape further down (the matcher's plans, the solver's answers), so a new
-SLO value between two known thresholds finds those warm.
+order costs one parse once, not the shape's whole preparation. A raw shape that is new
+costs one parse; what comes after it is keyed by the *reduced* shape further down (the
+matcher's plans, the solver's answers), so a new SLO value between two known thresholds
+finds those warm.
 
 Entries belong to one policy state. The table is a bounded LRU: when full, the least
 recently used entry goes, one at a time (starting afresh made every warm shape cold
