@@ -53,12 +53,10 @@ ORDERINGS = (Cmp.LT, Cmp.LE, Cmp.GT, Cmp.GE)
 SMALL_BASE = 4096  # a base this small is intersected with a range term without counting the term first
 RULE_SHAPES = 1024  # rule shapes kept (`FleetIndex._rule_shape`)
 _ABSENT = object()  # a guard-tested variable the request lacks (in a rule shape's key)
-# (rules, their AppliedRules, exact terms, ranged terms, the lone ordering, the Bloom clauses in
-# rule order: fixed ones as they are, those that read request values as templates, whether any
-# does): what `_make_base` shares between bases of one rule shape
+# (rules, their AppliedRules, exact terms, ranged terms, the lone ordering): what `_make_base`
+# shares between bases of one rule shape
 _RuleShape = tuple[tuple[CompiledRule, ...], tuple[AppliedRule, ...], tuple[BitmapFn, ...],
-                   tuple[tuple[BitmapFn, WithinFn | None], ...], Ordering | None,
-                   tuple[frozenset[BloomKey] | ClauseTemplate, ...], bool]
+                   tuple[tuple[BitmapFn, WithinFn | None], ...], Ordering | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +153,7 @@ class FleetIndex:
         # guards compare, nothing else: a new base looks its rules up by those (`_rule_shape`)
         self._present_vars = tuple(sorted(read))
         self._tested_vars = tuple(sorted(set().union(*(_guard_tested(r.guard) for r in bundle.rules))))
-        self._shapes: dict[tuple, _RuleShape] = {}
+        self._shapes = PlanCache(RULE_SHAPES)  # rule shape -> _RuleShape, least recently used out first
 
     # ------------------------------------------------------------------ updates
     def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
@@ -554,22 +552,13 @@ class FleetIndex:
         if shape is None:
             shape = self._rule_shape(own)
             if key is not None:
-                if len(self._shapes) >= RULE_SHAPES:
-                    self._shapes.clear()  # a bundle whose guards test free values: start over
-                self._shapes[key] = shape
-        rules, applied, exact, ranged, ordering, parts, bound = shape
-        if bound:  # in rule order, as `_clauses` gives them (the Bloom filters meet them in this order)
-            clauses = tuple([c if type(c) is frozenset else
-                             frozenset([(attr, own[v.name] if type(v) is _VarRef else v) for attr, v in c])
-                             for c in parts])
-        else:
-            clauses = parts  # type: ignore[assignment]
-        return Base(own, rules, applied, exact, ranged, clauses, ordering)
+                self._shapes.put(key, shape)
+        rules, applied, exact, ranged, ordering = shape
+        return Base(own, rules, applied, exact, ranged, self._clauses(rules, own), ordering)
 
     def _rule_shape(self, vars: Vars) -> _RuleShape:
         """The rules that apply to requests like `vars`, their terms split by whether they read
-        the reduced variable, the lone ordering (when there is one), and their Bloom clauses:
-        those fixed by the bundle, and the templates that read the request's values."""
+        the reduced variable, and the lone ordering (when there is one)."""
         rules: list[CompiledRule] = []
         exact: list[BitmapFn] = []
         ranged: list[tuple[BitmapFn, WithinFn | None]] = []
@@ -587,12 +576,7 @@ class FleetIndex:
             o = orderings[0]
             if o is not None and self.reducers.get(o.var) is self.attr_index[o.attr]:
                 ordering = o
-        parts: list[frozenset[BloomKey] | ClauseTemplate] = []
-        for cr in rules:
-            parts.extend(cr.const_clauses)
-            parts.extend(cr.var_clauses)
-        return (tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged), ordering, tuple(parts),
-                any(type(c) is not frozenset for c in parts))
+        return tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged), ordering
 
     def _refresh_base(self, base: Base) -> None:
         """Recompute a base: Bloom first, then the exact terms intersected smallest first

@@ -376,17 +376,7 @@ class ScoreTiers:
         if k <= 0 or count == 0:
             return []
         if count <= SMALL:
-            got: list[int] = []
-            seen: set[Hashable] = set()
-            group_of = self.group_of
-            for s in sorted(cand.to_array(), key=self.key_of.__getitem__):
-                name = group_of[s].name
-                if name not in seen:
-                    seen.add(name)
-                    got.append(s)
-                    if len(got) == k:
-                        break
-            return got
+            return self._one_per_group(sorted(cand.to_array(), key=self.key_of.__getitem__), k)
         if count > (DIRECT if k == 1 else DIRECT_MANY):
             walked = self._walk_distinct(cand, k)
             if walked is not None:
@@ -412,8 +402,10 @@ class ScoreTiers:
             ends = (same[np.r_[same[1:] != same[:-1] + 1, True]] + 2).tolist()
             for a, b in zip(starts, ends):
                 slots[a:b] = sorted(slots[a:b], key=key)
-        if not distinct:
-            return slots[:k]
+        return self._one_per_group(slots, k) if distinct else slots[:k]
+
+    def _one_per_group(self, slots: list[int], k: int) -> list[int]:
+        """The first slot of each group among `slots` (best first), up to k."""
         got: list[int] = []
         seen: set[Hashable] = set()
         group_of = self.group_of
