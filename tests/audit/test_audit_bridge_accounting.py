@@ -6,7 +6,6 @@ them (the access-log receiver counts them dropped) rather than leaving them unse
 from __future__ import annotations
 
 import sqlite3
-import warnings
 from pathlib import Path
 
 import pytest
@@ -16,27 +15,18 @@ from policyc.audit.log import AuditLog, Receipt
 from policyc.audit.records import ActionRecord
 from policyc.audit.verify import verify
 from policyc.compiler.bundle import Bundle
-from policyc.compiler.pipeline import compile_paths
 from policyc.gateway.access_log import Attempt, Call, accounting_record
-from policyc.server.app import DecisionServer
 from policyc.server.audit_bridge import AuditBridge, wire_of
-from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig
-from policyc.server.decision import Decision, DecisionInput
-from policyc.server.fleet import admissible_fleet
+from policyc.server.decision import Decision
+
+from example_decisions import decide_examples
 
 REQUESTS = [{"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}, {"X-Tenant": "charite", "X-Data-Region": "eu-west"}]
 
 
 @pytest.fixture(scope="module")
 def decided() -> tuple[list[tuple[Decision, dict[str, str]]], Bundle]:
-    warnings.simplefilter("ignore")
-    bundle = compile_paths(["policies"], analyse=False).bundle
-    assert bundle is not None
-    server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(seed=1, hosts=16, gpus_per_host=8, hosts_per_rack=8),
-                                                enforcer=EnforcerMode.OFF, watch_gpus=False))
-    assert server.cluster is not None
-    server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots()))
-    return [(server.engine.decide(DecisionInput(headers=h, attributes={})), h) for h in REQUESTS * 3], bundle
+    return decide_examples(REQUESTS, 3)
 
 
 def _records(decisions: list[tuple[Decision, dict[str, str]]]) -> list[ActionRecord]:

@@ -5,7 +5,6 @@ decisions of the example policies (admitted and refused, several tenants and mod
 from __future__ import annotations
 
 import sqlite3
-import warnings
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,10 @@ import pytest
 from policyc.audit.draft_encoder import DecisionWire, encode_draft, wire_draft
 from policyc.audit.log import AuditLog
 from policyc.audit.verify import verify
-from policyc.compiler.pipeline import compile_paths
-from policyc.server.app import DecisionServer
 from policyc.server.audit_bridge import AuditBridge, draft_of, wire_of
-from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig
-from policyc.server.decision import Decision, DecisionInput
-from policyc.server.fleet import admissible_fleet
+from policyc.server.decision import Decision
+
+from example_decisions import decide_examples
 
 REQUESTS = [
     {"X-SLO-Latency": "150ms", "X-Data-Region": "us-west", "Authorization": "Bearer tok-secret-1"},
@@ -31,15 +28,7 @@ REQUESTS = [
 
 @pytest.fixture(scope="module")
 def decided() -> tuple[list[tuple[Decision, dict[str, str]]], object]:
-    warnings.simplefilter("ignore")
-    bundle = compile_paths(["policies"], analyse=False).bundle
-    assert bundle is not None
-    server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(seed=1, hosts=16, gpus_per_host=8, hosts_per_rack=8),
-                                                enforcer=EnforcerMode.OFF, watch_gpus=False))
-    assert server.cluster is not None
-    server.engine.register_many(admissible_fleet(bundle, server.cluster.gpu_slots()))
-    out = [(server.engine.decide(DecisionInput(headers=h, attributes={})), h) for h in REQUESTS * 4]
-    return out, bundle
+    return decide_examples(REQUESTS, 4)
 
 
 def test_wire_of_stores_the_bytes_draft_of_gives(decided: tuple[list[tuple[Decision, dict[str, str]]], object], tmp_path: Path) -> None:

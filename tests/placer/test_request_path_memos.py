@@ -102,13 +102,16 @@ def test_a_candidate_set_is_remembered_only_while_the_same_objects_come_back() -
     assert sets.get(two.topology(), tuple(cands[:6])).topology is two.topology()  # a new topology: afresh
 
 
-def test_a_candidate_set_gathers_each_tick_table_once() -> None:
+def _one_tick():  # type: ignore[no-untyped-def]
+    """A refresher after its first tick, a placer on it, a contract and eight candidates."""
     sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
     r = Refresher(sim)
     snap = r.tick()
-    placer = Placer(r)
-    c = contract()
-    cands = tuple(instances(sim)[:8])
+    return r, snap, Placer(r), contract(), tuple(instances(sim)[:8])
+
+
+def test_a_candidate_set_gathers_each_tick_table_once() -> None:
+    r, snap, placer, c, cands = _one_tick()
     assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
     cs = placer._sets.get(snap.topology, cands)
     tt = next(iter(snap.tables[(snap.thresholds, None)].contracts.values()))
@@ -132,12 +135,7 @@ def test_a_candidate_set_looks_its_tick_table_up_once_per_tick(monkeypatch: pyte
     calls: list[object] = []
     real = cs_module.path_table
     monkeypatch.setattr(cs_module, "path_table", lambda snap, th, node: calls.append(th) or real(snap, th, node))
-    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
-    r = Refresher(sim)
-    snap = r.tick()
-    placer = Placer(r)
-    c = contract()
-    cands = tuple(instances(sim)[:8])
+    r, snap, placer, c, cands = _one_tick()
     for _ in range(3):
         assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
     assert len(calls) == 1
