@@ -78,6 +78,32 @@ def test_a_replaced_state_is_unfrozen_so_its_cycles_are_freed() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_once_settled_what_survives_a_full_pass_is_frozen_and_garbage_is_not() -> None:
+    """A full pass of the collector (its own or anyone's) leaves only live objects: the
+    settler freezes them, so the next full pass scans only what came after; a cycle that
+    was garbage at that pass is collected by it, not frozen; release stops it."""
+    engine = Engine()
+    s = HeapSettler(engine, interval=0.0)  # type: ignore[arg-type]
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # not settled yet: a full pass freezes nothing
+    assert s.settle_if_changed() and s.refrozen == 0
+    kept = [Node() for _ in range(1000)]  # long-lived, after the settling pass
+    dropped = State()
+    gone = weakref.ref(dropped.cycle)
+    del dropped  # garbage, in a cycle
+    assert all(gc.is_tracked(n) for n in kept)
+    frozen = gc.get_freeze_count()
+    gc.collect()
+    assert s.refrozen == 1 and gone() is None
+    assert gc.get_freeze_count() >= frozen + len(kept)
+    gc.collect(1)  # a younger pass freezes nothing
+    assert s.refrozen == 1
+    s.release()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert s.refrozen == 1  # released: no hook any more
+
+
 def test_server_settles_its_heap_on_the_refresher_tick_and_releases_it_on_stop(bundle: Bundle) -> None:  # noqa: F811
     th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False, settle_heap=True))
     try:
