@@ -40,6 +40,12 @@ from policyc.matcher.instance import canonical_endpoint
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
 ALS_CLUSTER = "policyc_access_log"  # reserved for the access-log service (issue 20)
+# Envoy sends its buffered access-log entries when this many bytes are buffered or at the flush
+# interval, whichever comes first. Its default (16 KiB, ~20 of policyc's ~820-byte entries) made
+# several messages per interval at a few hundred calls/s, each costing the receiver a gRPC
+# message (~90 us on the serving loop, measured) and Envoy a send: this size leaves the interval
+# to decide up to ~25,000 calls/s, and one message stays far under gRPC's 4 MiB receive limit.
+ALS_BUFFER_BYTES = 1 << 20
 LISTENER = "policyc_gateway"
 ENDPOINT_KEY = "x-gateway-destination-endpoint"  # Endpoint Picker Protocol
 SERVED_KEY = "x-gateway-destination-endpoint-served"
@@ -271,7 +277,8 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {"log_name": log_name, "transport_api_version": "V3",
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
-                          "buffer_flush_interval": f"{spec.access_log_flush_ms / 1000:g}s"},
+                          "buffer_flush_interval": f"{spec.access_log_flush_ms / 1000:g}s",
+                          "buffer_size_bytes": ALS_BUFFER_BYTES},
         "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER],
         "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "x-policyc-variant", "grpc-status",
                                                UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER],

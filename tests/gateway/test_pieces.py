@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from policyc.gateway.bootstrap import PICKER_CLUSTER, POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
+from policyc.gateway.bootstrap import ALS_BUFFER_BYTES, PICKER_CLUSTER, POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from policyc.gateway.envoy_process import envoy_binary
 from policyc.gateway.refusal import from_error
 from policyc.gateway.request_view import header_map, policy_headers, shape_key
@@ -81,8 +81,9 @@ def test_every_bootstrap_shape_is_one_envoy_accepts(spec: GatewaySpec, tmp_path:
         assert mode == ("SKIP" if spec.breaks_from_access_log else "SEND")
     if spec.access_log_cluster is not None:
         hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        flush = hcm["access_log"][0]["typed_config"]["common_config"]["buffer_flush_interval"]
-        assert flush == f"{spec.access_log_flush_ms / 1000:g}s"
+        common = hcm["access_log"][0]["typed_config"]["common_config"]
+        assert common["buffer_flush_interval"] == f"{spec.access_log_flush_ms / 1000:g}s"
+        assert common["buffer_size_bytes"] == ALS_BUFFER_BYTES  # the interval, not Envoy's 16 KiB default, decides
     if spec.picker.startswith("unix:"):  # Envoy reaches the picker over its Unix socket (a `pipe` address)
         picker = next(c for c in boot["static_resources"]["clusters"] if c["name"] == PICKER_CLUSTER)
         assert picker["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == \
