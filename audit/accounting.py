@@ -46,8 +46,8 @@ def estimate_resources(
     est = estimated_figures(contract, gpu, share, tokens=tokens)
     est_gpu, est_mem = est.get("gpu_seconds"), est.get("memory_bytes")
     return Resources(
-        gpu_seconds=gpu_seconds if gpu_seconds is not None else (Figure(**est_gpu) if est_gpu else None),
-        memory_bytes=memory_bytes if memory_bytes is not None else (Figure(**est_mem) if est_mem else None),
+        gpu_seconds=gpu_seconds if gpu_seconds is not None else (Figure.model_validate(est_gpu) if est_gpu else None),
+        memory_bytes=memory_bytes if memory_bytes is not None else (Figure.model_validate(est_mem) if est_mem else None),
         network_bytes=network_bytes,
     )
 

@@ -28,9 +28,11 @@ from msgspec import Meta, Struct
 
 from .index_columns import IndexRow
 
-# gc=False: drafts hold plain values and never sit in a reference cycle, so the collector
-# need not track them (cheaper to build and decode, less collector work in a busy service).
-_STRICT = {"forbid_unknown_fields": True, "omit_defaults": True, "kw_only": True, "gc": False}
+# Every struct below is strict (forbid_unknown_fields), leaves out its None fields
+# (omit_defaults), takes keywords only (kw_only: so a required field may follow one with a
+# default, as in the models) and is not tracked by the collector (gc=False: drafts hold plain
+# values and never sit in a reference cycle; cheaper to build and decode, less collector work
+# in a busy service). The options are written out on each class, where mypy reads them.
 # From 1e16 on both write an exponent, msgspec `1e16` and pydantic `1e+16` (below it the
 # same digits, tested): larger floats are refused here, in C, and take the pydantic path.
 _LARGE = 1e16
@@ -38,7 +40,7 @@ _Float = Annotated[float, Meta(gt=-_LARGE, lt=_LARGE)]
 _NonNegative = Annotated[float, Meta(ge=0, lt=_LARGE)]
 
 
-class FigureWire(Struct, **_STRICT):  # records.Figure
+class FigureWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Figure
     value: _NonNegative
     source: Literal["measured", "estimated"]
     method: str
@@ -46,7 +48,7 @@ class FigureWire(Struct, **_STRICT):  # records.Figure
     high: _Float | None = None
 
 
-class OriginWire(Struct, **_STRICT):  # compiler.bundle.SourceRef
+class OriginWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # compiler.bundle.SourceRef
     file: str
     line: int
     col: int
@@ -54,12 +56,12 @@ class OriginWire(Struct, **_STRICT):  # compiler.bundle.SourceRef
     end_col: int
 
 
-class RuleWire(Struct, **_STRICT):  # records.MatchedRule
+class RuleWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.MatchedRule
     id: str
     origin: OriginWire
 
 
-class PlacementWire(Struct, **_STRICT):  # records.Placement
+class PlacementWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Placement
     instance: str | None = None
     host: str | None = None
     gpu: str | None = None
@@ -69,19 +71,19 @@ class PlacementWire(Struct, **_STRICT):  # records.Placement
     predicted_latency: _Float | None = None
 
 
-class LatencyWire(Struct, **_STRICT):  # records.Latency
+class LatencyWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Latency
     total: _NonNegative
     stages: dict[str, _Float]
 
 
-class ResourcesWire(Struct, **_STRICT):  # records.Resources
+class ResourcesWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Resources
     gpu_seconds: FigureWire | None = None
     memory_bytes: FigureWire | None = None
     network_bytes: FigureWire | None = None
     compute_seconds: FigureWire | None = None
 
 
-class DecisionWire(Struct, **_STRICT):  # records.DecisionRecord
+class DecisionWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.DecisionRecord
     schema_version: Literal["policyc.audit.decision/v1"]
     time: _Float
     decision_id: Annotated[str, Meta(min_length=1)]
@@ -125,7 +127,7 @@ def wire_drafts(drafts: Sequence[Mapping[str, Any] | DecisionWire]) -> bytes:
 class EncodedDraft(NamedTuple):
     body: bytes  # `DecisionRecord.model_dump_json(exclude_none=True)` as UTF-8, before redaction
     headers: dict[str, str]  # the request headers, for redaction
-    index: IndexRow  # the body's index columns, as `index_columns.index_row(body)` gives them
+    columns: IndexRow  # the body's index columns, as `index_columns.index_row(body)` gives them (not `index`: tuple's method)
 
 
 def _index(r: DecisionWire) -> IndexRow:

@@ -3,5 +3,7 @@
 
 from __future__ import annotations
 
-DECISION_SCHEMA = "policyc.audit.decision/v1"
-ACTION_SCHEMA = "policyc.audit.action/v1"
+from typing import Final
+
+DECISION_SCHEMA: Final = "policyc.audit.decision/v1"  # Final: typed as its literal, as the records' fields are
+ACTION_SCHEMA: Final = "policyc.audit.action/v1"

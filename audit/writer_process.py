@@ -67,7 +67,7 @@ class _Drafts:
 
     def _redacted(self, e: EncodedDraft) -> tuple[bytes, IndexRow | None]:
         if self.names.isdisjoint(map(str.lower, e.headers)) or not self.redactor.secrets(e.headers):
-            return e.body, e.index
+            return e.body, e.columns
         return self.redactor.redact_json(e.body.decode(), e.headers).encode(), None  # (may change indexed text too)
 
     def batch(self, payload: memoryview, count: int) -> list[tuple[bytes, IndexRow | None] | str]:
