@@ -2,8 +2,9 @@
 
 1. Budget crossing -> stream cancelled, and -> kernel quarantine map updated (p50/p99), on
    real gRPC streams through the guardian (kernel plane when root, else user space), with
-   100 watched requests in flight (started at a steady pace; floor: cancel p99 <= 1 ms),
-   with the quarantine action and without it. The backend is a process of its own (with
+   100 watched requests in flight (started at a steady pace, then in groups of 10 whose
+   crossings fall 200 us apart; floor: cancel p99 <= 1 ms), with the quarantine action and
+   without it. The backend is a process of its own (with
    the kernel plane, in a network namespace behind a veth pair). From the crossing (the
    deadline): to the client's cancel() returning (the floor's figure), to the RST_STREAM
    frame on the wire (the TC frame walker on the veth's host end, kernel clock), and to
@@ -57,6 +58,7 @@ from policyc.enforcer.plane import open_plane  # noqa: E402
 from policyc.enforcer.records import ActionRecord  # noqa: E402
 
 TICK_S = 0.2  # the placer's telemetry refresh
+BURST_STEP = 0.0002  # seconds between the crossings of one group in the budget benchmark's bursts
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -119,7 +121,7 @@ STALL = textwrap.dedent("""
 """)
 
 
-def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo: float = 0.2) -> None:  # type: ignore[no-untyped-def]
+def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo: float = 0.2, burst: int = 1) -> None:  # type: ignore[no-untyped-def]
     """`n` requests through the guardian with `concurrency` of them in flight at once:
     started at a steady pace (one every budget / concurrency seconds), each served by a
     backend (its own process, as a model server is) that would take 1 s, so every one
@@ -131,7 +133,10 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
     frame leaving for the backend (with the kernel plane: the backend sits in a network
     namespace behind a veth pair whose host end the TC frame walker watches; its kernel
     timestamp), to the backend seeing the stream end (its CLOCK_MONOTONIC, the same clock),
-    and to the quarantine map update; and how many were in flight when each was started."""
+    and to the quarantine map update; and how many were in flight when each was started.
+    With `burst` > 1 the requests start in groups of that many, BURST_STEP apart (a slow
+    backend's breaks come close together), the groups at the same average pace: a
+    quarantine done between the crossings of a group would make its later cancels wait."""
     import json
 
     from policyc.enforcer.kernel_events import KernelEvent
@@ -174,7 +179,7 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
         load = os.getloadavg()[0]
         t0 = time.monotonic()
         for i, be in enumerate(backends):
-            wait = t0 + i * gap - time.monotonic()
+            wait = t0 + (i - i % burst) * gap + (i % burst) * BURST_STEP - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
             rid = f"r{i}"
@@ -215,7 +220,8 @@ def bench_break(plane, n: int, *, quarantine: bool, concurrency: int = 100, slo:
     on_wire = [(wire[sid] / 1e9 - deadlines[f"r{i}"]) * 1e6 for i in range(n) if (sid := 3 + 2 * i) in wire]
     maps = [t.map_update_s * 1e6 for t in g.break_timings if t.map_update_s is not None]
     where = "kernel map" if plane.kernel_enforcement else "user-space table (kernel enforcement off)"
-    print(f"break, {'with' if quarantine else 'without'} the quarantine action: n={len(cancel)}, {concurrency} in flight "
+    pattern = f"in groups of {burst} crossing {BURST_STEP * 1e6:.0f} us apart, " if burst > 1 else ""
+    print(f"break, {'with' if quarantine else 'without'} the quarantine action: n={len(cancel)}, {pattern}{concurrency} in flight "
           f"(median seen {statistics.median(in_flight):.0f}), budget {budget * 1e3:.0f} ms, load {load:.1f}: crossing->cancel "
           f"(client's cancel() returned) p50 {pct(cancel, 50):.0f} us  p99 {pct(cancel, 99):.0f} us  max {max(cancel):.0f} us "
           f"(floor: p99 <= 1000 us)")
@@ -589,8 +595,9 @@ def main() -> None:
     args = ap.parse_args()
     plane = open_plane(_Tally())  # the budget section's plane: its kernel records are counted, not kept
     print(f"kernel enforcement: {'on' if plane.kernel_enforcement else 'OFF'}")
-    for quarantine in (True, False):
-        bench_break(plane, 200 if args.quick else 1000, quarantine=quarantine)
+    for burst in (1, 10):
+        for quarantine in (True, False):
+            bench_break(plane, 200 if args.quick else 1000, quarantine=quarantine, burst=burst)
     if plane.kernel_enforcement:
         bench_throughput(plane, 0.5 if args.quick else 2.0, 2 if args.quick else 3)
     else:

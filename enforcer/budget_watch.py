@@ -30,6 +30,19 @@ count), so after each account the follow-up thread runs the young collection its
 it is half due and no deadline is within `GC_ROOM`, and the collections land between
 crossings rather than on one. What is left is the lock held by a thread the kernel
 preempted for another process: on a machine loaded past its cores, the tail.
+
+The slow acts of a break that nothing waits on at its crossing (a quarantine: the
+backup's book, the kernel map update, its audit, the socket walk that follows) are
+`defer`red: they run on the follow-up thread after every account waiting, and only where
+no crossing is within `ROOM`, so that a quarantine is never the lock holder a crossing
+waits for (done inside the account, a burst's first quarantine ran between its later
+crossings). Each account, too, waits out a crossing nearer than `QUIET` before it starts
+(once, and only with fewer than `BACKLOG` accounts waiting: a backlog drains at once, or
+the redirects in it would wait a crossing each). Deferred work waiting longer than
+`DEFER_MOST` runs anyway: a deadline every few hundred microseconds leaves no room, and
+the quarantine must still happen. (The follow-up thread stays an ordinary thread: made
+real-time too, it woke into the timer's cancels, and crossings measured later, not
+sooner.)
 """
 
 from __future__ import annotations
@@ -43,13 +56,19 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 LEAD = 0.0004  # seconds before a deadline the timer thread wakes, takes the interpreter and holds it to the crossing
 QUIET = 0.001  # the follow-up thread waits out a deadline nearer than this before an account (once)
 GC_ROOM = 0.0012  # the follow-up thread runs a due young collection only with no deadline nearer than this
+ROOM = 0.001  # deferred work runs only with no deadline nearer than this (or once it has waited DEFER_MOST)
+DEFER_MOST = 0.02  # seconds deferred work may wait for room before it runs whatever is near
+BACKLOG = 8  # accounts waiting beyond which an account no longer waits out a near crossing
 PR_SET_TIMERSLACK = 29
 log = logging.getLogger(__name__)
+_Account = tuple[Callable[[float], None], float]  # (fire, deadline)
+_NUDGE = object()  # on the accounts' queue: deferred work arrived
 
 
 def _prompt_thread() -> None:
@@ -77,7 +96,8 @@ class BudgetWatch:
         self._ids = itertools.count(1)
         self._cv = threading.Condition()
         self._stopped = False
-        self._later: queue.SimpleQueue[tuple[Callable[[float], None], float] | None] = queue.SimpleQueue()  # (fire, deadline)
+        self._later: queue.SimpleQueue[_Account | object | None] = queue.SimpleQueue()  # accounts, _NUDGE, None: stop
+        self._deferred: deque[tuple[Callable[[], None], float]] = deque()  # (work, when deferred: real time)
         self._thread = threading.Thread(target=self._run, name="policyc-budget", daemon=True)
         self._after = threading.Thread(target=self._follow_up, name="policyc-budget-acts", daemon=True)
         self._thread.start()
@@ -104,6 +124,31 @@ class BudgetWatch:
         """The earliest armed deadline (a disarmed one may still be counted), None if none."""
         heap = self._heap
         return heap[0][0] if heap else None
+
+    def defer(self, work: Callable[[], None]) -> None:
+        """Run `work()` on the follow-up thread once no account is waiting and no crossing is
+        within `ROOM` (or once it has waited `DEFER_MOST`), in the order deferred: for a
+        break's acts that nothing waits on at the crossing. Still run at `close`."""
+        self._deferred.append((work, time.monotonic()))
+        self._later.put(_NUDGE)  # a follow-up thread blocked for accounts: look at the deferred work
+
+    def room_ahead(self, room: float) -> float:
+        """Seconds to wait for `room` seconds free of crossings: 0 if the next deadline is at
+        least `room` away (or none is armed), else until just past it (its cancels take the
+        interpreter first)."""
+        nearest = self.next_deadline()
+        if nearest is None:
+            return 0.0
+        ahead = nearest - self._clock()
+        return 0.0 if ahead >= room else max(ahead, 0.0) + LEAD / 2
+
+    def wait_for_room(self, room: float, most: float = DEFER_MOST) -> None:
+        """Return once no crossing is within `room` seconds, or after `most` seconds whatever
+        is near: for another thread's work that would hold the interpreter (ending a
+        quarantined backend's connections), so that it starts between crossings."""
+        give_up = time.monotonic() + most
+        while (pause := self.room_ahead(room)) > 0 and (left := give_up - time.monotonic()) > 0:
+            time.sleep(min(pause, left))
 
     def _run(self) -> None:
         _prompt_thread()
@@ -155,20 +200,58 @@ class BudgetWatch:
 
     def _follow_up(self) -> None:
         clock = self._clock
+        deferred = self._deferred
+        held: _Account | None = None  # the next account, taken from the queue
+        waited = False  # `held` has waited out a near crossing already
         while True:
-            item = self._later.get()
-            if item is None:
-                return
-            fire, deadline = item
-            nearest = self.next_deadline()
-            if nearest is not None and 0 < (ahead := nearest - clock()) < QUIET and self._later.empty():
-                time.sleep(ahead + LEAD / 2)  # once, to just after that crossing: off the interpreter meanwhile
+            if held is None:
+                got: _Account | object | None
+                if not deferred:
+                    got = self._later.get()
+                elif self._overdue():
+                    self._run_deferred()
+                    continue
+                else:  # accounts first; the deferred work once none is waiting and there is room
+                    pause = self.room_ahead(ROOM)
+                    try:
+                        got = self._later.get_nowait() if pause == 0 else self._later.get(timeout=pause)
+                    except queue.Empty:
+                        if pause == 0:
+                            self._run_deferred()
+                        continue
+                if got is _NUDGE:
+                    continue
+                if got is None:
+                    while deferred:  # closing: the deferred acts still happen
+                        self._run_deferred()
+                    return
+                assert isinstance(got, tuple)
+                held, waited = got, False
+            if not waited and self._later.qsize() < BACKLOG and (pause := self.room_ahead(QUIET)) > 0:
+                waited = True
+                time.sleep(pause)  # once, to just after that crossing: off the interpreter meanwhile
+                continue
+            fire, deadline = held
+            held = None
             try:
-                fire(self._clock() - deadline)  # lateness now: what the account reports, crossing to act
+                fire(clock() - deadline)  # lateness now: what the account reports, crossing to act
             except Exception:  # noqa: BLE001 - as above
                 log.exception("a budget's callback failed")
             self._collect_between()
             time.sleep(0)  # let go of the interpreter between accounts: a timer thread waking for a crossing takes it
+
+    def _overdue(self) -> bool:
+        deferred = self._deferred
+        return bool(deferred) and time.monotonic() - deferred[0][1] >= DEFER_MOST
+
+    def _run_deferred(self) -> None:
+        work, _ = self._deferred.popleft()
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - one request's failure must not stop the watch
+            log.exception("a budget's deferred act failed")
+        self._collect_between()
+        time.sleep(0)
 
     def _collect_between(self) -> None:
         """The young collection (generation 0, or 1 when that one is due too) now, if it is

@@ -26,11 +26,15 @@ Outcome = int | Exception  # connections ended, or why ending them failed
 
 
 class ConnectionEnder:
-    def __init__(self, plane: EnforcementPlane, done: Callable[[Endpoint, str, Outcome], None], window: float = 0.005) -> None:
-        """`done(backend, rule, outcome)` runs on the ender's thread once per `submit`."""
+    def __init__(self, plane: EnforcementPlane, done: Callable[[Endpoint, str, Outcome], None], window: float = 0.005,
+                 room: Callable[[], None] | None = None) -> None:
+        """`done(backend, rule, outcome)` runs on the ender's thread once per `submit`.
+        `room()`, when given, returns when the walk may start (the guardian's: once no budget
+        crossing is near, so the walk's share of the interpreter never delays a cancel)."""
         self._plane = plane
         self._done = done
         self._window = window
+        self._room = room
         self._queue: queue.SimpleQueue[tuple[Endpoint, str] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="policyc-end-connections", daemon=True)
         self._thread.start()
@@ -56,6 +60,8 @@ class ConnectionEnder:
                     stop = True
                     break
                 batch.append(item)
+            if self._room is not None:
+                self._room()
             self._end(batch)
             if stop:
                 return

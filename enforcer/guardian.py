@@ -35,6 +35,7 @@ from policyc.enforcer.retry_budget import RetryBudget
 from policyc.enforcer.rule_table import COMPARE, ELAPSED, BudgetRule, RuleTable, all_hold, build_rule_table
 
 RETRY_HEADER = "x-retry-count"
+ENDER_ROOM = 0.0015  # a socket-table walk starts only with no budget crossing nearer than this (seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class Guardian:
         self._min_retry = min_retry_concurrency
         self._retry: dict[str, RetryBudget] = {}
         self._pending_slots: dict[str, str] = {}
-        self._ender = ConnectionEnder(plane, self._connections_ended)
+        self._ender = ConnectionEnder(plane, self._connections_ended, room=functools.partial(self._watch.wait_for_room, ENDER_ROOM))
         self.break_timings: list[BreakTiming] = []
         if not plane.kernel_enforcement:
             self._record(ActionKind.CLASSIFY, "enforcer", "", Outcome.OBSERVED, "kernel enforcement is OFF: user-space plane in use")
@@ -212,7 +213,10 @@ class Guardian:
 
     def _crossed(self, request_id: str, lateness: float, ticket: _Ticket | None = None) -> None:
         """The break's account and its other acts (`ticket`: the request's, kept from arming:
-        a stream cancelled at the crossing may have been finished by its owner since)."""
+        a stream cancelled at the crossing may have been finished by its owner since). A
+        quarantine is deferred to the budget watch's next moment free of crossings: its map
+        update, audit and socket walk would otherwise hold the interpreter as a later
+        crossing of the burst wants it."""
         crossed_at = self._clock() - lateness
         with self._lock:
             t = self._tickets.get(request_id, ticket)
@@ -221,7 +225,7 @@ class Guardian:
         rule = t.budget.breaker
         elapsed = self._clock() - t.started
         cancel_s: float | None = None
-        map_s: float | None = None
+        quarantine: Quarantine | None = None
         for action in rule.actions:
             if isinstance(action, CancelStream):
                 if t.cancelled is None:  # not cancelled at the crossing (no watch step ran): now
@@ -242,13 +246,23 @@ class Guardian:
                 else:
                     self._record(ActionKind.REPORT_ANOMALY, f"request {request_id}", rule.name, Outcome.REFUSED, "request has no GPU to report")
             elif isinstance(action, Quarantine) and t.backend is not None:
-                self._quarantine(t.backend, rule, action)
-                map_s = self._clock() - crossed_at
-        if cancel_s is not None:
-            self.break_timings.append(BreakTiming(cancel_s, map_s))
+                quarantine = action
+        if quarantine is not None:  # after the burst's cancels and accounts, between crossings (the budget watch's deferred work)
+            self._watch.defer(functools.partial(self._quarantine_after_break, t, rule, quarantine, crossed_at, cancel_s))
+        elif cancel_s is not None:
+            self.break_timings.append(BreakTiming(cancel_s, None))
         with self._lock:
             if request_id in self._tickets:
                 self._tickets[request_id].token = 0
+
+    def _quarantine_after_break(self, t: _Ticket, rule: Breaker, action: Quarantine, crossed_at: float,
+                                cancel_s: float | None) -> None:
+        """A break's quarantine: the kernel map update, its audit record and the connections'
+        end, deferred by the budget watch to a moment no crossing is near."""
+        assert t.backend is not None
+        self._quarantine(t.backend, rule, action)
+        if cancel_s is not None:
+            self.break_timings.append(BreakTiming(cancel_s, self._clock() - crossed_at))
 
     def _redirect(self, t: _Ticket, rule: Breaker, action: Redirect) -> None:
         target = f"request {t.request_id}"

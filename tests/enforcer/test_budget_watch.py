@@ -120,3 +120,77 @@ def test_requests_answered_within_budget_cost_the_timer_nothing() -> None:
     spent = _cpu_s(watch._thread) - before
     watch.close()
     assert spent < 0.05, f"the timer thread spent {spent * 1e3:.0f} ms of CPU on disarmed deadlines"
+
+
+def test_deferred_work_waits_for_the_bursts_acts_and_for_room() -> None:
+    """Work a crossing's account defers runs after every urgent act and account of its burst,
+    and never with a crossing within `ROOM` (crossings here are 4 ms apart: there is room)."""
+    from policyc.enforcer.budget_watch import ROOM
+
+    watch = BudgetWatch()
+    urgent: list[float] = []
+    accounts: list[float] = []
+    deferred: list[float] = []
+    done = threading.Semaphore(0)
+    now = time.monotonic()
+    burst = [now + 0.03] * 6
+    deadlines = burst + [now + 0.03 + 0.004 * i for i in range(1, 6)]
+
+    def work() -> None:
+        deferred.append(time.monotonic())
+        done.release()
+
+    def account(_late: float) -> None:
+        accounts.append(time.monotonic())
+        watch.defer(work)
+
+    for d in deadlines:
+        watch.arm(d, account, lambda _late: urgent.append(time.monotonic()))
+    for _ in deadlines:
+        assert done.acquire(timeout=5)
+    watch.close()
+    assert len(deferred) == len(deadlines)
+    assert min(deferred) > max(urgent[:len(burst)]) and min(deferred) > max(accounts[:len(burst)])
+    for t in deferred:
+        ahead = min((d - t for d in deadlines if d > t), default=1.0)
+        assert ahead >= ROOM, f"deferred work ran {ahead * 1e6:.0f} us before a crossing"
+
+
+def test_deferred_work_runs_when_overdue_and_at_close() -> None:
+    from policyc.enforcer.budget_watch import DEFER_MOST
+
+    watch = BudgetWatch()
+    ran: list[str] = []
+    at: list[float] = []
+    now = time.monotonic()
+    last = now + 0.0005 * 100
+    for i in range(1, 101):  # a crossing every 0.5 ms for 50 ms: never ROOM free of them
+        watch.arm(now + 0.0005 * i, lambda _late: None, lambda _late: None)
+    def overdue() -> None:
+        ran.append("overdue")
+        at.append(time.monotonic())
+
+    watch.defer(overdue)
+    time.sleep(last - time.monotonic() + 0.01)
+    assert ran == ["overdue"]
+    assert DEFER_MOST <= at[0] - now < last - now  # it waited DEFER_MOST for room, then ran amid the crossings
+    watch.arm(time.monotonic() + 60, lambda _late: None, lambda _late: None)  # never room before close
+    watch.defer(lambda: ran.append("at close"))
+    watch.close()
+    assert ran == ["overdue", "at close"]
+
+
+def test_waiting_for_room_returns_past_a_near_crossing_and_is_bounded() -> None:
+    watch = BudgetWatch()
+    t0 = time.monotonic()
+    watch.wait_for_room(0.001)
+    assert time.monotonic() - t0 < 0.001  # nothing armed: at once
+    deadline = time.monotonic() + 0.003
+    watch.arm(deadline, lambda _late: None, lambda _late: None)
+    watch.wait_for_room(0.005)
+    assert time.monotonic() >= deadline  # only once that crossing has passed
+    watch.arm(time.monotonic() + 0.5, lambda _late: None, lambda _late: None)
+    t0 = time.monotonic()
+    watch.wait_for_room(1.0, most=0.02)
+    assert 0.02 <= time.monotonic() - t0 < 0.2  # bounded by `most`
+    watch.close()
