@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right, insort
-from typing import Iterable
+from typing import Iterable, cast
 
 import numpy as np
 from pyroaring import BitMap
@@ -58,7 +58,7 @@ class AttributeIndex:
         if bm is None:
             bm = self.postings[value] = BitMap()
             if self.ordered:
-                insort(self.keys, value)  # type: ignore[arg-type]
+                insort(self.keys, cast(float, value))  # an ordered attribute's values are numbers
                 self.prefix.reshaped()
             self.keys_version += 1
         elif self.ordered:
@@ -97,7 +97,7 @@ class AttributeIndex:
         self.postings = {v: BitMap(s) for v, s in lists.items()}
         self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
-            self.keys = sorted(self.postings)  # type: ignore[type-var]
+            self.keys = sorted(cast("dict[float, BitMap]", self.postings))  # numbers, as in `add`
             self.prefix.reshaped()
         self.keys_version += 1
 
@@ -111,7 +111,7 @@ class AttributeIndex:
         self.postings = {v: BitMap(sorted(s)) for v, s in lists.items()}
         self.present = union(list(self.postings.values())).copy() if self.ordered and self.postings else BitMap()
         if self.ordered:
-            self.keys = sorted(self.postings)  # type: ignore[type-var]
+            self.keys = sorted(cast("dict[float, BitMap]", self.postings))  # numbers, as in `add`
             self.prefix.reshaped()
         self.keys_version += 1
         if self.ordered:

@@ -660,4 +660,5 @@ class FleetIndex:
     def evaluate(self, vars: Vars) -> tuple[BitMap, list[CompiledRule]]:
         """The candidate bitmap (may be the index's own: do not mutate) and applied rules."""
         plan = self.plan(vars)
+        assert plan.cand is not None  # `plan` returns a plan with current candidates
         return plan.cand, list(plan.rules)

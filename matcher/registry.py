@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable, Mapping
+from typing import Hashable, Iterable, Mapping
 
 import numpy as np
 
@@ -426,12 +426,12 @@ class Registry:
             with self._read:
                 return len(self._tiers.move_many([(name, -score) for name, score in moves.items()]))
 
-    def _checked_scores(self, updates: Iterable[tuple[str, float]]) -> dict[tuple[str, str, str], float]:
+    def _checked_scores(self, updates: Iterable[tuple[str, float]]) -> dict[Hashable, float]:
         """group -> score for each item, the last score of a group winning; raises at the
         first bad item. Plain floats in range skip `check_score` (NaN fails the comparison
         and takes the full check)."""
         slot_of, group_of = self._slot_of, self._tiers.group_of
-        moves: dict[tuple[str, str, str], float] = {}
+        moves: dict[Hashable, float] = {}
         for iid, score in updates:
             if not (type(score) is float and 0.0 <= score <= 1.0):
                 score = check_score(iid, score)
@@ -448,7 +448,7 @@ class Registry:
         until the new one is complete."""
         with self._write, gc_paused():
             new_index = FleetIndex(bundle, self._index.shard_size, self._plan_cache)
-            keep: list[tuple[int, dict[str, Scalar]]] = []
+            keep: list[tuple[int, Mapping[str, Scalar]]] = []
             evicted: list[str] = []
             refused: list[str] = []
             admission = AdmissionCache(bundle)
