@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from operator import is_
+from operator import is_, itemgetter
 from typing import Sequence
 
 import numpy as np
@@ -52,7 +52,9 @@ class Gathered:
     """A candidate set's rows of one tick table's block: `g` (array), `rows` (Python lists),
     per candidate the endpoints its declared services bind to (worked out on first use:
     they depend on the tick and the GPU alone), the figures worked out on them so far this
-    tick (`figures`), and the last refusal written for them (`refusal`).
+    tick (`figures`), the last refusal written for them (`refusal`), and per row what a plan
+    placed on it states that no request changes this tick (`fixed`: where the GPU is, its
+    probes, its figures apart from the share-dependent ones; see `evaluated.RowFixed`).
 
     The table itself is held weakly: a set that is no longer asked for stays in the memo
     until it is the oldest and let go, and it must not keep its last tick's table alive (a few hundred
@@ -60,7 +62,7 @@ class Gathered:
     by ~3 MB a second). Whoever uses the rows holds the table (`CandidateSet.gather`'s
     caller)."""
 
-    __slots__ = ("_table", "g", "rows", "figures", "refusal", "_bindings", "_services")
+    __slots__ = ("_table", "g", "rows", "figures", "refusal", "_bindings", "_services", "fixed")
 
     def __init__(self, tt: TickContractTable, gpus: np.ndarray) -> None:
         self._table = weakref.ref(tt)
@@ -72,6 +74,9 @@ class Gathered:
         # the scalar path's latest figures per row, before the budget check (`lookup.scalar_figures`)
         self.figures: list[tuple[float, float, tuple, tuple] | None] = [None] * len(self.rows)
         self.refusal: tuple[tuple, NoPlacement] | None = None  # the last refusal, by (reserved shares, budget)
+        # per row, what a plan on it states that no request changes this tick (`evaluated.RowFixed`),
+        # written by the first plan placed on it
+        self.fixed: list = [None] * len(self.rows)
 
     def is_of(self, tt: TickContractTable) -> bool:
         return self._table() is tt
@@ -90,7 +95,7 @@ class CandidateSet:
     array `gpus`), the candidates those rows belong to (`known`), and a refusal line for
     each candidate whose GPU the topology lacks (`unknown`)."""
 
-    __slots__ = ("topology", "candidates", "rows", "gpus", "known", "unknown", "_gathered", "_tick")
+    __slots__ = ("topology", "candidates", "rows", "gpus", "known", "unknown", "_gathered", "_tick", "_take")
 
     def __init__(self, topology: Topology, candidates: tuple[Instance, ...], rows_memo: CandidateRows) -> None:
         rows, known, missing = rows_memo.rows(topology, candidates)
@@ -98,6 +103,7 @@ class CandidateSet:
         self.candidates = candidates
         self.rows = rows
         self.gpus = np.array(rows, dtype=np.int64)
+        self._take = itemgetter(*rows) if len(rows) > 1 else None  # (one row: itemgetter gives the value, not a tuple)
         self.known = known
         self.unknown = [Rejection(x.id, Constraint.UNKNOWN_GPU, f"`{x.deployment.host}/{x.deployment.gpu}` is not in the topology")
                         for x in missing]
@@ -105,6 +111,11 @@ class CandidateSet:
         # (snapshot, thresholds, ingress, contract table, tick table) of the last `gathered`,
         # all but the thresholds held weakly (a set no longer asked for keeps no tick alive)
         self._tick: tuple[weakref.ref, Thresholds, int | None, weakref.ref, weakref.ref] | None = None
+
+    def take(self, per_gpu: list[float]) -> tuple[float, ...]:
+        """`per_gpu`'s values at this set's rows, in order."""
+        take = self._take
+        return take(per_gpu) if take is not None else tuple(per_gpu[g] for g in self.rows)
 
     def gathered(self, snap: Snapshot, th: Thresholds, ingress: int | None,
                  table: ContractTable) -> tuple[TickContractTable, Gathered]:

@@ -13,19 +13,23 @@ choose alike (the tests compare the plans).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from .candidate_sets import Gathered
 from .evaluate import Evaluation
-from .lookup import Figures, scalar_evaluation
+from .lookup import _Row, figures_of, scalar_evaluation
 from .plan import DependencyBinding
+from .sites import Site, Sites
+from .snapshot import Snapshot
 from .tick_table import DEPENDENCIES, MIN_SHARE, NETWORK, SIGMA, TickContractTable
 
 
 class RowFigures(NamedTuple):
-    """One candidate's figures, as its plan states them."""
+    """One candidate's figures, as its plan states them, with where its GPU is (`site`)
+    and the probes the plan asks for (the site's, then one per dependency binding; a stale
+    snapshot's probe is the request's own)."""
 
     gpu: int
     port: int  # -1: none
@@ -36,6 +40,33 @@ class RowFigures(NamedTuple):
     sigma: float
     min_share: float
     bindings: tuple[DependencyBinding, ...]
+    site: Site
+    probes: tuple[str, ...]
+
+
+class RowFixed(NamedTuple):
+    """What a plan on one candidate states that no request changes within its tick: all of
+    `RowFigures` but the share-dependent queueing and compute."""
+
+    gpu: int
+    port: int
+    network: float
+    dependencies: float
+    sigma: float
+    min_share: float
+    bindings: tuple[DependencyBinding, ...]
+    site: Site
+    probes: tuple[str, ...]
+
+
+def row_fixed(snap: Snapshot, sites: Sites, gpu: int, port: int, network: float, dependencies: float, sigma: float,
+              min_share: float, bindings: tuple[DependencyBinding, ...]) -> RowFixed:
+    """`RowFixed` for a candidate on `gpu` reached through `port` on `snap`."""
+    where = sites.get(snap, gpu, port)
+    probes = where.probes
+    if bindings:
+        probes += tuple(f"dependency_p99:{b.endpoint}" for b in bindings)
+    return RowFixed(gpu, port, network, dependencies, sigma, min_share, bindings, where, probes)
 
 
 class Evaluated(ABC):
@@ -61,19 +92,21 @@ class Evaluated(ABC):
         self.best = best
 
     @staticmethod
-    def of_lists(gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered, f: Figures) -> "Evaluated":
+    def of_lists(gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered,
+                 outs: list[_Row]) -> "Evaluated":
         """From the scalar path: `gathered`, the candidates' rows of `table`'s block (held
         here for as long as this evaluation lives: a plan's explanation may read it later);
-        `f`, their figures."""
-        return _FromLists(gpus, rows, table, gathered, f)
+        `outs`, their figures row by row (`lookup.scalar_rows`)."""
+        return _FromLists(gpus, rows, table, gathered, outs)
 
     @staticmethod
     def of_evaluation(ev: Evaluation) -> "Evaluated":
         return _FromEvaluation(ev)
 
     @abstractmethod
-    def row(self, r: int) -> RowFigures:
-        """Candidate `r`'s figures, as its plan states them."""
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
+        """Candidate `r`'s figures, as its plan states them (`snap`: the snapshot they were
+        evaluated on; `sites`: where its GPUs are, per snapshot)."""
 
     @abstractmethod
     def evaluation(self) -> Evaluation:
@@ -88,28 +121,67 @@ class Evaluated(ABC):
         return -1
 
 
-class _FromLists(Evaluated):
-    __slots__ = ("_array", "_table", "_gathered", "_figures", "_ev")
+class _Column(Sequence[Any]):
+    """Column `j` of per-candidate rows, read by index (no list is made for it)."""
 
-    def __init__(self, gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered, f: Figures) -> None:
-        super().__init__(rows, f.fail, f.rank)
+    __slots__ = ("_outs", "_j")
+
+    def __init__(self, outs: list[_Row], j: int) -> None:
+        self._outs, self._j = outs, j
+
+    def __getitem__(self, r: int) -> Any:  # type: ignore[override]
+        return self._outs[r][self._j]
+
+    def __len__(self) -> int:
+        return len(self._outs)
+
+
+class _FromLists(Evaluated):
+    __slots__ = ("_array", "_table", "_gathered", "_outs", "_ev")
+
+    def __init__(self, gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered,
+                 outs: list[_Row]) -> None:
+        # the base class's choice (np.argmin over the feasible rows' ranks: the first minimum,
+        # NaN winning), on the rows as they are
+        self.gpus = rows
+        self.fail = _Column(outs, 4)
+        self.rank = _Column(outs, 2)
+        self.feasible = feas = []
+        best, low, nan = -1, 0.0, False
+        for i, o in enumerate(outs):
+            if o[4] < 0:
+                feas.append(i)
+                if nan:
+                    continue
+                x = o[2]
+                if x != x:
+                    best, nan = i, True
+                elif best < 0 or x < low:
+                    best, low = i, x
+        self.best = best
         self._array = gpus
         self._table = table
         self._gathered = gathered
-        self._figures = f
+        self._outs = outs
         self._ev: Evaluation | None = None
 
-    def row(self, r: int) -> RowFigures:
-        x, f = self._gathered.rows[r], self._figures
-        return RowFigures(self.gpus[r], int(x[self._table.layout.port]), x[NETWORK], f.queueing[r],
-                          f.compute[r], x[DEPENDENCIES], x[SIGMA], x[MIN_SHARE], self._gathered.bindings(r))
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
+        """The row's fixed part is written once per tick (kept with the gather of that
+        tick's table), the share-dependent part read off this request's figures."""
+        gathered, o = self._gathered, self._outs[r]
+        k = gathered.fixed[r]
+        if k is None:
+            x = gathered.rows[r]
+            k = gathered.fixed[r] = row_fixed(snap, sites, self.gpus[r], int(x[self._table.layout.port]), x[NETWORK],
+                                              x[DEPENDENCIES], x[SIGMA], x[MIN_SHARE], gathered.bindings(r))
+        return RowFigures(k[0], k[1], k[2], o[0], o[1], k[3], k[4], k[5], k[6], k[7], k[8])
 
     def evaluation(self) -> Evaluation:
         """Built on first call (a refusal, a session, a plan's explanation read); two
         threads racing here build the same figures twice, and either result is kept."""
         ev = self._ev
         if ev is None:
-            ev = self._ev = scalar_evaluation(self._table, self._gathered.g, self._array, self._figures)
+            ev = self._ev = scalar_evaluation(self._table, self._gathered.g, self._array, figures_of(self._outs))
         return ev
 
 
@@ -120,14 +192,14 @@ class _FromEvaluation(Evaluated):
         super().__init__(ev.gpus.tolist(), ev.fail.tolist(), ev.rank.tolist())
         self._ev = ev
 
-    def row(self, r: int) -> RowFigures:
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
         ev = self._ev
-        return RowFigures(int(ev.gpus[r]), int(ev.port[r]), float(ev.network[r]), float(ev.queueing[r]),
-                          float(ev.compute[r]), float(ev.dependencies[r]), float(ev.sigma[r]),
-                          float(ev.min_share[r]), ev.bindings(r))
+        k = row_fixed(snap, sites, int(ev.gpus[r]), int(ev.port[r]), float(ev.network[r]), float(ev.dependencies[r]),
+                      float(ev.sigma[r]), float(ev.min_share[r]), ev.bindings(r))
+        return RowFigures(k[0], k[1], k[2], float(ev.queueing[r]), float(ev.compute[r]), k[3], k[4], k[5], k[6], k[7], k[8])
 
     def evaluation(self) -> Evaluation:
         return self._ev
 
 
-__all__ = ["Evaluated", "RowFigures"]
+__all__ = ["Evaluated", "RowFigures", "RowFixed", "row_fixed"]

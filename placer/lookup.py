@@ -19,7 +19,7 @@ as numpy does, so both ways give bit-identical results (the tests hold both to `
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -84,6 +84,7 @@ def lookup(
 
 
 _Row = tuple[float, float, float, float, int]  # one candidate's (queueing, compute, rank, raw_total, fail)
+_FIELDS: dict[int, itemgetter] = {}  # a layout's first integer column -> the getter of a row's fields
 
 
 class Figures(NamedTuple):
@@ -97,10 +98,25 @@ class Figures(NamedTuple):
 
 
 def scalar_figures(
-    layout: Layout, rows: list[list[float]], reserved: list[float], flops: float, limit: float, k: float,
+    layout: Layout, rows: list[list[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
     memo: list[tuple[float, float, _Row, _Row] | None] | None = None,
 ) -> Figures:
-    """The numpy path's arithmetic, candidate by candidate on Python floats, in the same
+    """`scalar_rows` as columns."""
+    return figures_of(scalar_rows(layout, rows, reserved, flops, limit, k, memo))
+
+
+def figures_of(outs: list[_Row]) -> Figures:
+    """Per-candidate rows (`scalar_rows`) as columns."""
+    if not outs:
+        return Figures((), (), (), (), ())
+    return Figures(*zip(*outs))
+
+
+def scalar_rows(
+    layout: Layout, rows: list[list[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
+    memo: list[tuple[float, float, _Row, _Row] | None] | None = None,
+) -> list[_Row]:
+    """Per candidate, (queueing, compute, rank, raw total, failed constraint or -1): the numpy path's arithmetic, candidate by candidate on Python floats, in the same
     order of operations; `a if a >= b or a != a else b` is np.maximum (NaN wins), and the
     same for np.minimum. `rows`: the candidates' rows of a tick table's block (`tolist`);
     `reserved`: the share reserved on each one's GPU this tick; `limit`: the budget share
@@ -114,7 +130,10 @@ def scalar_figures(
     budget, and over it): requests with different latency targets (a diverse mix draws one
     per request) share the memo too. Reservations only grow within a tick, so an older
     reservation's figures are never asked for again and are not kept."""
-    fields = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, layout.code)
+    fields = _FIELDS.get(layout.code)
+    if fields is None:
+        fields = _FIELDS[layout.code] = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES,
+                                                   SIGMA, layout.code)
     outs: list[_Row] = []
     for i, (row, res) in enumerate(zip(rows, reserved)):
         hit = memo[i] if memo is not None else None
@@ -143,9 +162,7 @@ def scalar_figures(
             if memo is not None:
                 memo[i] = hit
         outs.append(hit[2] if hit[1] <= limit else hit[3])  # `not total <= limit`: over (NaN too)
-    if not outs:
-        return Figures((), (), (), (), ())
-    return Figures(*zip(*outs))
+    return outs
 
 
 def scalar_evaluation(tt: TickContractTable, g: np.ndarray, gpus: np.ndarray, f: Figures) -> Evaluation:

@@ -29,7 +29,7 @@ from .contract_table import ContractTable, contract_table
 from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
 from .evaluated import Evaluated, RowFigures
-from .lookup import lookup, scalar_figures
+from .lookup import lookup, scalar_rows
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
     ShareSource,
@@ -41,6 +41,24 @@ from .thresholds import Thresholds
 MAX_REJECTIONS = 20
 MAX_REJECTIONS_IN_PLAN = 8  # a plan lists a few; a refusal lists more, binding constraint first
 SCALAR_MAX = 32  # up to this many candidates, evaluate them on Python scalars (numpy's per-call overhead dominates)
+
+
+_INF = float("inf")
+
+
+class _Kept:
+    """The hysteresis note of a plan (`kept host/gpuN ...`), written when the plan's reasons
+    are read (most never are): `str()` gives the sentence."""
+
+    __slots__ = ("_t", "_prev", "_best", "_hyst", "_abs")
+
+    def __init__(self, t, prev: int, best: int, hyst: float, hyst_abs: float) -> None:  # type: ignore[no-untyped-def]
+        self._t, self._prev, self._best, self._hyst, self._abs = t, prev, best, hyst, hyst_abs
+
+    def __str__(self) -> str:
+        t = self._t
+        return (f"kept {t.gpu_key(self._prev)} (hysteresis: within {self._hyst:.0%} + "
+                f"{self._abs * 1e3:g} ms of the best, {t.gpu_key(self._best)})")
 
 
 class SnapshotProvider(Protocol):
@@ -69,6 +87,7 @@ class Placer:
         self._tables: dict[tuple, ContractTable] = {}
         self._sets = CandidateSets()
         self._sites = Sites()
+        self._affinities: dict[tuple[str, str | None], str] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -134,6 +153,16 @@ class Placer:
         class of the current topology (the bundle's stored share, or `meaning`'s)."""
         return dict(self._contract_table(contract, self._snapshots.current().topology).bounds)
 
+    def _affinity(self, contract: str, ingress: str | None) -> str:
+        """The default affinity key (`contract@ingress`, `*` for the regional gateways),
+        written once per pair."""
+        key = self._affinities.get((contract, ingress))
+        if key is None:
+            if len(self._affinities) > 4096:
+                self._affinities.clear()
+            key = self._affinities[(contract, ingress)] = f"{contract}@{ingress or '*'}"
+        return key
+
     def _contract_table(self, contract: Contract, topology) -> ContractTable:
         """The contract's table for this topology and catalog, cached per contract object."""
         key = (id(contract),)
@@ -152,13 +181,16 @@ class Placer:
         now = self._clock()
         stale = snap.is_stale(now)
         th = snap.thresholds.conservative() if stale else snap.thresholds
-        reasons: list[str] = []
+        reasons: list[str | _Kept] = []
         if stale:
             reasons.append(f"snapshot {snap.version} is stale ({snap.age(now) * 1e3:.0f} ms old, limit "
                            f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
                            f"{th.budget_fraction:.0%} of the budget, rank by predicted + {th.stability_weight:g}σ)")
-        refuse = lambda c, msg, rej=(): NoPlacement(c, msg, stale, snap.version, tuple(reasons), tuple(rej))  # noqa: E731
-        if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+        def refuse(c: Constraint, msg: str, rej: Sequence[Rejection] = ()) -> NoPlacement:
+            return NoPlacement(c, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rej))
+
+        if not (type(budget) is float and 0.0 < budget < _INF) and \
+                not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
             return refuse(Constraint.INPUT, f"latency budget must be a positive number of seconds, got {budget!r}")
         if not candidates:
             return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
@@ -181,14 +213,13 @@ class Placer:
         with self._lock:
             if self._reserved_version != snap.version or len(self._reserved) != len(t.gpus):
                 self._reserved, self._reserved_version = [0.0] * len(t.gpus), snap.version
-            held = self._reserved
-            reserved = [held[g] for g in cs.rows]
+            reserved = cs.take(self._reserved)
         gathered = None
         if len(cs.rows) <= SCALAR_MAX:
             tt, gathered = cs.gathered(snap, th, node, table)
-            figures = scalar_figures(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
-                                     th.stability_weight, gathered.figures)
-            ev = Evaluated.of_lists(cs.gpus, cs.rows, tt, gathered, figures)
+            outs = scalar_rows(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
+                               th.stability_weight, gathered.figures)
+            ev = Evaluated.of_lists(cs.gpus, cs.rows, tt, gathered, outs)
         else:
             ev = Evaluated.of_evaluation(lookup(snap, th, cs.gpus, node, table, np.array(reserved), budget))
 
@@ -207,7 +238,7 @@ class Placer:
             return out
 
         choice, move = best, None
-        key = affinity_key or f"{contract.name}@{ingress or '*'}"
+        key = affinity_key or self._affinity(contract.name, ingress)
         with self._lock:
             if session is not None:
                 choice, move, why = self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64),
@@ -221,10 +252,9 @@ class Placer:
                         rank = ev.rank
                         if r != best and rank[r] <= rank[best] * (1 + self._hyst) + self._hyst_abs:
                             choice = r
-                            reasons.append(f"kept {t.gpu_key(prev)} (hysteresis: within {self._hyst:.0%} + "
-                                           f"{self._hyst_abs * 1e3:g} ms of the best, {t.gpu_key(ev.gpus[best])})")
+                            reasons.append(_Kept(t, prev, ev.gpus[best], self._hyst, self._hyst_abs))
                 self._sticky[key] = ev.gpus[choice]
-            row = ev.row(choice)
+            row = ev.row(choice, snap, self._sites)
             share = row.min_share
             if self._reserved_version == snap.version:
                 self._reserved[row.gpu] += share
@@ -289,16 +319,14 @@ class Placer:
 
     def _plan(
         self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFigures,
-        bounds, move: SessionMove | None, notes: list[str], unknown: list[Rejection], budget: float,
+        bounds, move: SessionMove | None, notes: list[str | _Kept], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
         t = snap.topology
         g, share = row.gpu, row.min_share
-        where = self._sites.get(snap, g, row.port)
+        where = row.site
         lat = LatencyBreakdown(row.network, row.queueing, row.compute, row.dependencies, row.sigma)
         bindings = row.bindings
-        probes = where.probes
-        if bindings:
-            probes += tuple(f"dependency_p99:{b.endpoint}" for b in bindings)
+        probes = row.probes
         if stale:
             probes += ("telemetry_staleness",)
         b = bounds[where.model]
@@ -315,7 +343,7 @@ class Placer:
                 msg += (f"; runner-up {t.gpu_key(int(full.gpus[runner]))} predicted {full.total[runner] * 1e3:.1f} ms "
                         f"± {full.sigma[runner] * 1e3:.1f} ms, rank {full.rank[runner] * 1e3:.1f} ms")
             reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
-                       + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *notes]
+                       + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *map(str, notes)]
             for d in bindings:
                 reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
                                f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
@@ -368,7 +396,7 @@ class Placer:
             return f"predicted {ev.total[r] * 1e3:.1f} ms > budget {budget * th.budget_fraction * 1e3:.1f} ms"
         return c.value if c else ""
 
-    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str], unknown: list[Rejection],
+    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str | _Kept], unknown: list[Rejection],
                  ev: Evaluation, bounds, budget: float) -> NoPlacement:
         """No candidate is feasible: explain each constraint's first victims, the binding one first."""
         rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS, True)
@@ -380,4 +408,4 @@ class Placer:
             i = int(np.argmin(ev.total))
             msg = (f"no feasible GPU: latency budget {budget * 1e3:g} ms binds; the best candidate "
                    f"{snap.topology.gpu_key(int(ev.gpus[i]))} predicts {ev.total[i] * 1e3:.1f} ms")
-        return NoPlacement(binding, msg, stale, snap.version, tuple(reasons), tuple(rejected[:MAX_REJECTIONS]))
+        return NoPlacement(binding, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rejected[:MAX_REJECTIONS]))

@@ -90,12 +90,15 @@ class Explanation:
     first read runs it once and drops the function (and the snapshot it holds).
     """
 
-    __slots__ = ("_write", "_value", "_lock")
+    __slots__ = ("_write", "_value")
+
+    # One lock for every explanation's first read: reads are rare and short, and a lock per
+    # plan was one more object made on every decision.
+    _lock = threading.RLock()
 
     def __init__(self, write: Callable[[], tuple[tuple[str, ...], tuple["Rejection", ...]]]) -> None:
         self._write: Callable[[], tuple[tuple[str, ...], tuple[Rejection, ...]]] | None = write
         self._value: tuple[tuple[str, ...], tuple[Rejection, ...]] | None = None
-        self._lock = threading.Lock()
 
     @staticmethod
     def of(reasons: tuple[str, ...] = (), rejected: tuple["Rejection", ...] = ()) -> "Explanation":

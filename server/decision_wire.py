@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Callable, TypeVar
 
 from policyc.placer import PlacementPlan
+from policyc.placer.plan import DependencyBinding
 
 from .decision import Decision
 
@@ -86,6 +87,11 @@ class _Memo(OrderedDict[K, bytes]):
 
 _fixed: _Memo[tuple] = _Memo()
 _bindings: _Memo[tuple[str, str, str]] = _Memo()
+# a plan's dependency bindings as their field-14 bytes, by the identity of its bindings tuple
+# (the placer hands every plan on one candidate within a tick the same tuple): id -> (the
+# tuple, kept so that its id names it while the entry lives; its bytes)
+_dependencies: OrderedDict[int, tuple[tuple, bytes]] = OrderedDict()
+_models: dict[str, bytes] = {}  # Decision.model (field 4) as bytes, per model name
 _STALE = _tag(16, 0) + b"\x01"
 _SNAPSHOT = _tag(17, 0)
 _DECISION_ID = _tag(1, 2)
@@ -108,6 +114,15 @@ def _binding_names(key: tuple[str, str, str]) -> bytes:
     return text(1, key[0]) + text(2, key[1]) + text(3, key[2])
 
 
+def dependency_fields(bindings: tuple[DependencyBinding, ...]) -> bytes:
+    """Placement.dependencies (field 14, one per binding) as bytes."""
+    out = []
+    for d in bindings:
+        names = _bindings.get_or((d.service, d.endpoint, d.role), _binding_names)
+        out.append(submessage(14, names + _TWO_DOUBLES.pack(33, d.predicted * 1e3, 41, d.bound * 1e3)))
+    return b"".join(out)
+
+
 def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, ...], endpoint: str) -> bytes:
     """`convert.fill_placement(..., full=False)` as bytes: the fixed fields from a memo,
     then this decision's figures."""
@@ -123,9 +138,14 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
         parts.append(_DOUBLE.pack(9 << 3 | 1, p.share))
     for n in notes:
         parts.append(text(12, n))
-    for d in p.dependencies:
-        names = _bindings.get_or((d.service, d.endpoint, d.role), _binding_names)
-        parts.append(submessage(14, names + _TWO_DOUBLES.pack(33, d.predicted * 1e3, 41, d.bound * 1e3)))
+    deps = p.dependencies
+    if deps:
+        kept = _dependencies.get(id(deps))
+        if kept is None or kept[0] is not deps:
+            if len(_dependencies) >= MEMO_MAX:
+                _dependencies.popitem(last=False)
+            kept = _dependencies[id(deps)] = (deps, dependency_fields(deps))
+        parts.append(kept[1])
     if p.session_move is not None:
         m = p.session_move
         parts.append(submessage(15, text(1, m.session) + text(2, m.from_gpu) + text(3, m.to_gpu) + text(4, m.reason)))
@@ -140,7 +160,16 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
     (`convert.rejection_field(d.rejection)`; empty when `d` has none)."""
     t = d.timing
     did = d.decision_id.encode()
-    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", text(4, d.model) if d.model else b"", _TIMING_HEAD,
+    model = d.model
+    if model:
+        mb = _models.get(model)
+        if mb is None:
+            if len(_models) >= MEMO_MAX:
+                _models.clear()
+            mb = _models[model] = text(4, model)
+    else:
+        mb = b""
+    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", mb, _TIMING_HEAD,
              _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6, 41, t.total * 1e6)]
     if d.plan is not None:
         body = placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)
@@ -152,4 +181,4 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["placement_body", "tail"]
+__all__ = ["dependency_fields", "placement_body", "tail"]

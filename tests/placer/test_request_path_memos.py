@@ -266,3 +266,44 @@ def test_plans_with_the_memos_are_the_plans_without_them() -> None:
     kept, fresh = run(False), run(True)
     assert kept == fresh
     assert any(isinstance(x, NoPlacement) for x in kept) and sum(isinstance(x, tuple) for x in kept) > 40
+
+
+def test_a_rows_plan_parts_are_written_once_a_tick_and_equal_a_fresh_placers() -> None:
+    """What a plan states about its GPU apart from the share-dependent figures (where the GPU
+    is, its probes, dependency bindings, round trip, spread, share) is written by the first
+    plan placed on that row in a tick and read by the ones after; a new tick writes it
+    afresh. Plans (every compared field) equal those of a placer that forgets its memos
+    before every request, across ticks."""
+    from policyc.placer.evaluated import RowFixed
+
+    def forget(placer: Placer, refresher: Refresher) -> None:
+        placer._sets = CandidateSets()
+        placer._sites = type(placer._sites)()
+        for pt in refresher.current().tables.values():
+            pt.contracts.clear()
+
+    sim = SimulatedCluster(3, 8, 4, hosts_per_rack=4)
+    r = Refresher(sim)
+    snap = r.tick()
+    kept, fresh = Placer(r), Placer(r)
+    c = contract(services=(redis(proxy="dedicated"),))
+    cands = tuple(instances(sim)[:8])
+    plans = []
+    for i in range(40):
+        if i and i % 10 == 0:
+            snap = r.tick()
+            cs = kept._sets.get(snap.topology, cands)
+            tt, got = cs.gathered(snap, snap.thresholds, None, kept._contract_table(c, snap.topology))
+            assert got.fixed == [None] * len(got.fixed)  # a new tick: nothing written yet
+        a = kept.place(cands, 0.2, c, affinity_key=f"k{i % 3}")
+        forget(fresh, r)
+        b = fresh.place(cands, 0.2, c, affinity_key=f"k{i % 3}")
+        assert isinstance(a, PlacementPlan) and a == b and a.reasons == b.reasons
+        plans.append(a)
+    assert any(p.dependencies for p in plans) and all(any(x.startswith("dependency_p99:") for x in p.probes) for p in plans)
+    cs = kept._sets.get(snap.topology, cands)
+    tt, got = cs.gathered(snap, snap.thresholds, None, kept._contract_table(c, snap.topology))
+    written = [k for k in got.fixed if k is not None]
+    assert written and all(isinstance(k, RowFixed) for k in written)
+    same_row = [p for p in plans[30:] if p.gpu_key == plans[30].gpu_key]
+    assert len(same_row) >= 2 and all(p.probes is same_row[0].probes for p in same_row)  # read, not written again

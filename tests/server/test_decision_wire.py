@@ -78,3 +78,30 @@ def test_a_shape_keeps_its_rejection_only_while_it_repeats(bundle: Bundle) -> No
         assert pb.Decision.FromString(entry.response(other)).rejection.reason == "another reason"
     finally:
         th.stop()
+
+
+def test_a_plans_dependency_bytes_are_kept_by_the_identity_of_its_bindings(bundle: Bundle) -> None:
+    """The placer hands every plan on one candidate within a tick the same bindings tuple,
+    so their bytes are written once per tuple; another tuple (equal or not, as a new tick's
+    bindings are) is written afresh, and every answer parses to protobuf's message."""
+    th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
+    try:
+        eng = th.server.engine
+        rng = random.Random(3)
+        d = next(x for x in (eng.decide(DecisionInput(diverse(rng), {})) for _ in range(300))
+                 if x.plan is not None and x.plan.dependencies)
+        p = d.plan
+        assert p is not None
+        assert _wire(d) == convert.decision(d)
+        kept = decision_wire._dependencies[id(p.dependencies)]
+        assert kept[0] is p.dependencies and kept[1] == decision_wire.dependency_fields(p.dependencies)
+        assert _wire(d) == convert.decision(d) and decision_wire._dependencies[id(p.dependencies)] is kept  # read again
+        moved = tuple(replace(b, predicted=b.predicted + 1e-3) for b in p.dependencies)  # a later tick's figures
+        v = replace(d, plan=replace(p, dependencies=moved))
+        got = _wire(v)
+        assert got == convert.decision(v) and got != convert.decision(d)
+        assert [x.predicted_ms for x in got.placement.dependencies] == [b.predicted * 1e3 for b in moved]
+        same = replace(d, plan=replace(p, dependencies=tuple(p.dependencies[i] for i in range(len(p.dependencies)))))
+        assert _wire(same) == convert.decision(d)  # an equal tuple, another object
+    finally:
+        th.stop()
