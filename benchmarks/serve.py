@@ -247,6 +247,21 @@ def backlogs(calls: list[tuple[float, float]], slow: float) -> list[tuple[float,
     return sorted(((b - a, int(n)) for a, b, n in episodes), reverse=True)
 
 
+HOLD = 3e-4  # seconds: a loop callback longer than this makes a paced call wait noticeably
+
+
+def loop_holds(holds: list[tuple[str, float]]) -> str:
+    """What held the serving loop in some phases, per kind (refresher steps, collections by
+    generation; a collection holds whichever thread runs it, and the loop with it): how
+    many, how many over `HOLD`, the median, the longest and their total."""
+    by: dict[str, list[float]] = {}
+    for kind, d in holds:
+        by.setdefault(kind, []).append(d)
+    return "; ".join(f"{k} {len(ds)} ({sum(d > HOLD for d in ds)} over {HOLD * 1e3:g} ms), median "
+                     f"{statistics.median(ds) * 1e3:.2f} ms, longest {max(ds) * 1e3:.2f} ms, total {sum(ds) * 1e3:.0f} ms"
+                     for k, ds in sorted(by.items())) or "none"
+
+
 class _Noop:
     """A gRPC service with Decide's request and a fixed response of a real decision's size."""
 
@@ -466,6 +481,7 @@ def main() -> int:
     slow = 5e-3
     work: list[float] = []
     steps: list[float] = []
+    holds: dict[str, list[tuple[str, float]]] = {k: [] for k in variants}  # what held the serving loop, per phase kind
     for r in range(min(rounds, 2)):  # two rounds of five paced phases keep a full run under three minutes
         for name, (where, rate) in variants.items():
             noop_phase = name in (noop_name, own_name, idle_name)
@@ -488,6 +504,11 @@ def main() -> int:
                 work.extend(server.refresher.latencies()[done:])
                 steps.extend(b - a for a, b in server.refresher.spans() if a >= t0)
             tails[name].append((counts, unexplained, sum(lat > slow for lat in ph.lats), len(calls), quiet_p99))
+            holds[name].extend((f"GC gen {g}", b - a) for a, b, g in gcs.spans)
+            if not noop_phase:  # a step's wall span includes the time other processes had the CPU; its CPU does not
+                mine = [(b - a, c) for (a, b), c in zip(server.refresher.spans(), server.refresher.step_cpu()) if a >= t0]
+                holds[name].extend(("refresher step, CPU", c) for _, c in mine)
+                holds[name].extend(("refresher step, wall", w) for w, _ in mine)
             n_slow, n_all = tails[name][-1][2], len(calls)
             del calls
             print(f"paced round {r + 1}, {name}: {ph.rps}/s of {rate:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, "
@@ -527,6 +548,11 @@ def main() -> int:
     served_p99, same_p99 = med(x.p99_ms for x in paced["served"]), med(x.p99_ms for x in paced[noop_name])
     print(f"tail     paced p99, Decide served / no-op at the same rate = {served_p99 / same_p99:.1f}x (floor 1.5x, issue 25; "
           f"{served_p99:.2f} vs {same_p99:.2f} ms, medians of rounds)")
+    for name in variants:
+        print(f"holds    {name}: " + loop_holds(holds[name]))
+    if server.heap is not None:
+        print(f"heap     settling passes {len(server.heap.passes)}, full collections whose survivors were frozen "
+              f"{server.heap.refrozen}")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
     print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
           f"max {max(work) * 1e3:.1f} ms over {len(work)} refreshes; steps median {statistics.median(steps) * 1e3:.2f} ms, "

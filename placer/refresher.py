@@ -71,6 +71,7 @@ class Refresher:
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
         self._spans: deque[tuple[float, float]] = deque(maxlen=STEPS_KEPT * history)
+        self._cpu: deque[float] = deque(maxlen=STEPS_KEPT * history)
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
@@ -104,6 +105,12 @@ class Refresher:
         tell the requests that overlapped one."""
         return tuple(self._spans)
 
+    def step_cpu(self) -> tuple[float, ...]:
+        """The CPU seconds of the thread that ran each step of `spans()`, in the same order:
+        a step's span on a busy machine includes the time the thread was not running at all,
+        its CPU time is what the step itself held the loop (or the interpreter) for."""
+        return tuple(self._cpu)
+
     def is_stale(self) -> bool:
         snap = self._snap
         return snap is None or snap.is_stale(self._clock())
@@ -135,12 +142,13 @@ class Refresher:
     def _step(self, r: _Refresh) -> float | None:
         """Run the next step of `r` and record its span: its seconds, or None when that
         was the last one (and the refresh's latency is recorded)."""
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         try:
             next(r.steps)
         except StopIteration as done:
             r.snapshot = done.value
         t1 = time.perf_counter()
+        self._cpu.append(time.thread_time() - c0)
         self._spans.append((t0, t1))
         r.work += t1 - t0
         if r.snapshot is None:

@@ -17,16 +17,16 @@ freed: one full pass per reload instead of one every few minutes.
 Between two passes the serving heap grows again: request-shape entries, matcher plans and
 placer memos, each cache bounded but filled after the freeze. The collector's own full
 passes then rescan all of it: measured here at 20,000 instances after the diverse mix had
-been served once (~45,000 unfrozen objects, most of them pointing into the frozen heap), a
-full pass took 57-61 ms, about one every 10 s at 1,900 decisions/s, every call in flight
-waiting it out. So once settled, the settler also freezes what survives each full pass
-(`gc.callbacks`, at the end of a generation-2 collection): a full pass leaves no garbage
-behind and the younger generations empty, so that freeze is the settler's own
-collect-and-freeze without a pass of its own, and the next full pass scans only what
-survived since (measured: 0.3 ms instead of 58). The price is the settler's own: an object
-frozen that later becomes garbage inside a reference cycle waits for the next unfreeze (the
-next reload) instead of the next full pass; under the diverse mix, the old objects a full
-pass found in cycles measured 0.
+been served once, ~45,000 unfrozen objects with ~300,000 references between them and into
+the frozen heap took 18-61 ms a pass, and a paced soak at 1,900 decisions/s met one every
+7-10 s (44-53 ms each), every call in flight waiting it out. So once settled, the settler
+also freezes what survives each full pass (`gc.callbacks`, at the end of a generation-2
+collection): a full pass leaves no garbage behind and the younger generations empty, so
+that freeze is the settler's own collect-and-freeze without a pass of its own, and the next
+full pass scans only what survived since (in the same soak: 20-41 ms; what is left is the
+caches' turnover between two passes). The price is the settler's own: an object frozen that
+later becomes garbage inside a reference cycle waits for the next unfreeze (the next reload)
+instead of the next full pass; measured after that soak (six passes frozen), 6 such objects.
 
 The freeze is process-wide, so the process decides: `ServeConfig.settle_heap`, which
 `policyc serve`, the demo and the benchmarks turn on, and tests leave off.

@@ -38,6 +38,9 @@ def test_a_synchronous_tick_runs_its_steps_back_to_back_and_its_latency_is_their
     assert all(a <= b for a, b in spans) and spans[-1][1] <= after
     assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
     assert sum(b - a for a, b in spans) == pytest.approx(r.latencies()[-1])
+    cpu = r.step_cpu()[-len(spans):]  # each step's CPU seconds, in the spans' order
+    assert len(r.step_cpu()) == len(r.spans())
+    assert all(c >= 0 for c in cpu) and 0 < sum(cpu) <= sum(b - a for a, b in spans) * 1.05 + 1e-3
 
 
 def test_history_bounds_latencies_and_step_spans() -> None:
@@ -45,7 +48,7 @@ def test_history_bounds_latencies_and_step_spans() -> None:
     for _ in range(40):
         r.tick()
     assert len(r.latencies()) == 2
-    assert len(r.spans()) == STEPS_KEPT * 2
+    assert len(r.spans()) == len(r.step_cpu()) == STEPS_KEPT * 2
 
 
 def test_on_a_loop_steps_are_paced_refreshes_repeat_and_stop_ends_them() -> None:
