@@ -2,6 +2,7 @@
 
     flock /tmp/policyc-bench.lock .venv/bin/python benchmarks/decide_cpu.py [--instances 20000] [--rate 1200] [--seconds 6]
     ... --profile out.prof   # cProfile of the measured calls (the serving thread only)
+    ... --tight [--per-tick 240]   # no event loop: the refresher ticked by hand, CPU per call and per part
 
 The closed-loop serve benchmark (`serve.py --mix diverse`) measures Decide against a no-op
 gRPC service; the difference is Decide's own work, and it is a small part of what each
@@ -16,6 +17,16 @@ within one refresher tick decides how far the per-tick memos are spread), and re
 serving thread's CPU clock around each call. Printed: thread CPU per call (mean, median,
 p90, p99), the serving loop's CPU per call in all (the refresher's steps on the loop
 included), and the outcomes.
+
+`--tight` takes the clocks and the loop out as well, for the steadiest figure there is
+here (what changes to Decide's own work are read against): the calls run back to back
+on this thread (a call that finds its shape cached awaits nothing, so its coroutine is
+driven by hand), the refresher ticks by hand every `--per-tick` calls (1,200 calls a
+second over 0.2 s ticks), the placer's clock reads the current snapshot's time (so a
+snapshot is never stale), and a shape's ranking is redone after every score push (as a
+real tick, at least `score_lag` long, does). Printed per round of ten ticks: CPU per
+call (minimum, first quartile and median over the rounds), then what each part took per
+call (placement, the matcher's answer and its re-ranks, the response bytes, the counters).
 """
 
 from __future__ import annotations
@@ -74,6 +85,88 @@ async def _measure(service, payloads: list[bytes], seconds: float, rate: float, 
     return per_call, clock() - loop0, k
 
 
+def _drive(service, raw: bytes, ctx: _Context) -> bytes:  # type: ignore[no-untyped-def]
+    """`decide_bytes` for a cached shape, run to its end on this thread (it awaits nothing)."""
+    coro = service.decide_bytes(raw, ctx)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("decide_bytes awaited: the request's shape was not cached")
+
+
+def tight(server, payloads: list[bytes], per_tick: int, rounds: int) -> None:  # type: ignore[no-untyped-def]
+    """The `--tight` mode (see the module's docstring)."""
+    eng, svc, ref = server.engine, server.service, server.refresher
+    eng.placer._clock = lambda: ref.current().taken_at + 0.01
+    eng.score_lag = 0.0
+    ctx = _Context()
+    cached = payloads[:1200]
+
+    async def warm() -> None:  # last to first: the cache ends up holding the first ones
+        for raw in reversed(cached):
+            await svc.decide_bytes(raw, ctx)
+
+    asyncio.run(warm())
+    parts: dict[str, list[int]] = {}
+    clock = time.thread_time_ns
+
+    def timed(obj, name: str, label: str) -> None:  # type: ignore[no-untyped-def]
+        f = getattr(obj, name)
+        acc = parts.setdefault(label, [0, 0])
+
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            t = clock()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[0] += clock() - t
+                acc[1] += 1
+        setattr(obj, name, run)
+
+    def one_round(n: int) -> float:
+        total = 0
+        for k in range(n):
+            if k % per_tick == 0:
+                ref.tick()
+            raw = cached[(k % CLIENTS + k // CLIENTS) % len(cached)]
+            t = clock()
+            _drive(svc, raw, ctx)
+            total += clock() - t
+        return total / n / 1e3
+
+    n = 10 * per_tick
+    one_round(n)
+    got = sorted(one_round(n) for _ in range(rounds))
+    print(f"tight    decide_bytes CPU per call over {rounds} rounds of {n} calls ({per_tick} a tick): min {got[0]:.1f} us, "
+          f"q25 {got[len(got) // 4]:.1f}, median {statistics.median(got):.1f}; load average {os.getloadavg()[0]:.2f}")
+    timed(eng.placer, "place", "placement (Placer.place)")
+    timed(eng, "_matched", "the matcher's answer (engine._matched)")
+    timed(eng, "_ranked", "  of which re-ranks (engine._ranked)")
+    timed(server.metrics.decisions, "observe", "decision counters")
+    from policyc.server import request_shapes
+    entry_response = request_shapes.ShapeEntry.response
+    acc = parts.setdefault("response bytes (ShapeEntry.response)", [0, 0])
+
+    def response(self, d):  # type: ignore[no-untyped-def]
+        t = clock()
+        try:
+            return entry_response(self, d)
+        finally:
+            acc[0] += clock() - t
+            acc[1] += 1
+    request_shapes.ShapeEntry.response = response  # type: ignore[method-assign]
+    try:
+        calls = 3 * n
+        whole = statistics.fmean(one_round(n) for _ in range(3))
+    finally:
+        request_shapes.ShapeEntry.response = entry_response  # type: ignore[method-assign]
+    print(f"parts    (timed, {calls} calls, {whole:.1f} us per call with the timers): "
+          + "; ".join(f"{label} {ns / calls / 1e3:.1f} us per call ({k} calls, {ns / max(k, 1) / 1e3:.1f} us each)"
+                      for label, (ns, k) in parts.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--instances", type=int, default=20_000)
@@ -81,10 +174,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the measured calls here")
+    ap.add_argument("--tight", action="store_true", help="no event loop: the refresher ticked by hand (see above)")
+    ap.add_argument("--per-tick", type=int, default=240, help="--tight: calls per refresher tick")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     server = build_server(args.instances)
+    if args.tight:
+        tight(server, _payloads("diverse", 0, 25), args.per_tick, max(args.rounds, 12))
+        return 0
     th = ServerThread(server)
     th.start()
     svc = server.service
