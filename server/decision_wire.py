@@ -89,8 +89,11 @@ _fixed: _Memo[tuple] = _Memo()
 _bindings: _Memo[tuple[str, str, str]] = _Memo()
 # a plan's dependency bindings as their field-14 bytes, by the identity of its bindings tuple
 # (the placer hands every plan on one candidate within a tick the same tuple): id -> (the
-# tuple, kept so that its id names it while the entry lives; its bytes)
+# tuple, kept so that its id names it while the entry lives; its bytes). A tick's tuples
+# are new ones, so only the latest few hundred are worth keeping (kept longer, they are
+# objects every full collection scans).
 _dependencies: OrderedDict[int, tuple[tuple, bytes]] = OrderedDict()
+DEPENDENCIES_MAX = 512
 _models: dict[str, bytes] = {}  # Decision.model (field 4) as bytes, per model name
 _STALE = _tag(16, 0) + b"\x01"
 _SNAPSHOT = _tag(17, 0)
@@ -142,7 +145,7 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
     if deps:
         kept = _dependencies.get(id(deps))
         if kept is None or kept[0] is not deps:
-            if len(_dependencies) >= MEMO_MAX:
+            if len(_dependencies) >= DEPENDENCIES_MAX:
                 _dependencies.popitem(last=False)
             kept = _dependencies[id(deps)] = (deps, dependency_fields(deps))
         parts.append(kept[1])
