@@ -36,11 +36,12 @@ backup's book, the kernel map update, its audit, the socket walk that follows) a
 `defer`red: they run on the follow-up thread after every account waiting, and only where
 no crossing is within `ROOM`, so that a quarantine is never the lock holder a crossing
 waits for (done inside the account, a burst's first quarantine ran between its later
-crossings). Each account, too, waits out a crossing nearer than `QUIET` before it starts
-(once, and only with fewer than `BACKLOG` accounts waiting: a backlog drains at once, or
-the redirects in it would wait a crossing each). Deferred work waiting longer than
-`DEFER_MOST` runs anyway: a deadline every few hundred microseconds leaves no room, and
-the quarantine must still happen. (The follow-up thread stays an ordinary thread: made
+crossings). Each account, too, starts only with no crossing within `QUIET`, so a burst's
+crossings (a slow backend's breaks, a few hundred microseconds apart) are all cancelled
+before its accounts are written, unless it is `ACCOUNT_MOST` past its own crossing: a
+backlog then drains at once, as the redirects in it must not wait a crossing each.
+Deferred work waiting longer than `DEFER_MOST` runs anyway: a deadline every few hundred
+microseconds leaves no room, and the quarantine must still happen. (The follow-up thread stays an ordinary thread: made
 real-time too, it woke into the timer's cancels, and crossings measured later, not
 sooner.)
 """
@@ -60,11 +61,11 @@ from collections import deque
 from collections.abc import Callable
 
 LEAD = 0.0004  # seconds before a deadline the timer thread wakes, takes the interpreter and holds it to the crossing
-QUIET = 0.001  # the follow-up thread waits out a deadline nearer than this before an account (once)
+QUIET = 0.001  # the follow-up thread waits out deadlines nearer than this before an account (up to ACCOUNT_MOST)
 GC_ROOM = 0.0012  # the follow-up thread runs a due young collection only with no deadline nearer than this
 ROOM = 0.001  # deferred work runs only with no deadline nearer than this (or once it has waited DEFER_MOST)
 DEFER_MOST = 0.02  # seconds deferred work may wait for room before it runs whatever is near
-BACKLOG = 8  # accounts waiting beyond which an account no longer waits out a near crossing
+ACCOUNT_MOST = 0.005  # seconds after its crossing beyond which an account no longer waits for QUIET
 PR_SET_TIMERSLACK = 29
 log = logging.getLogger(__name__)
 _Account = tuple[Callable[[float], None], float]  # (fire, deadline)
@@ -202,7 +203,7 @@ class BudgetWatch:
         clock = self._clock
         deferred = self._deferred
         held: _Account | None = None  # the next account, taken from the queue
-        waited = False  # `held` has waited out a near crossing already
+        taken = 0.0  # when (real time) `held` was taken
         while True:
             if held is None:
                 got: _Account | object | None
@@ -226,12 +227,12 @@ class BudgetWatch:
                         self._run_deferred()
                     return
                 assert isinstance(got, tuple)
-                held, waited = got, False
-            if not waited and self._later.qsize() < BACKLOG and (pause := self.room_ahead(QUIET)) > 0:
-                waited = True
-                time.sleep(pause)  # once, to just after that crossing: off the interpreter meanwhile
-                continue
+                held, taken = got, time.monotonic()
             fire, deadline = held
+            if (pause := self.room_ahead(QUIET)) > 0 and \
+                    (left := ACCOUNT_MOST - max(clock() - deadline, time.monotonic() - taken)) > 0:
+                time.sleep(min(pause, left))  # to just after that crossing: off the interpreter meanwhile
+                continue
             held = None
             try:
                 fire(clock() - deadline)  # lateness now: what the account reports, crossing to act
