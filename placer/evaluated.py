@@ -13,7 +13,7 @@ choose alike (the tests compare the plans).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -121,44 +121,13 @@ class Evaluated(ABC):
         return -1
 
 
-class _Column(Sequence[Any]):
-    """Column `j` of per-candidate rows, read by index (no list is made for it)."""
-
-    __slots__ = ("_outs", "_j")
-
-    def __init__(self, outs: list[_Row], j: int) -> None:
-        self._outs, self._j = outs, j
-
-    def __getitem__(self, r: int) -> Any:  # type: ignore[override]
-        return self._outs[r][self._j]
-
-    def __len__(self) -> int:
-        return len(self._outs)
-
-
 class _FromLists(Evaluated):
     __slots__ = ("_array", "_table", "_gathered", "_outs", "_ev")
 
     def __init__(self, gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered,
                  outs: list[_Row]) -> None:
-        # the base class's choice (np.argmin over the feasible rows' ranks: the first minimum,
-        # NaN winning), on the rows as they are
-        self.gpus = rows
-        self.fail = _Column(outs, 4)
-        self.rank = _Column(outs, 2)
-        self.feasible = feas = []
-        best, low, nan = -1, 0.0, False
-        for i, o in enumerate(outs):
-            if o[4] < 0:
-                feas.append(i)
-                if nan:
-                    continue
-                x = o[2]
-                if x != x:
-                    best, nan = i, True
-                elif best < 0 or x < low:
-                    best, low = i, x
-        self.best = best
+        _, _, rank, _, fail = zip(*outs)  # the columns the choice reads (made in C)
+        super().__init__(rows, fail, rank)
         self._array = gpus
         self._table = table
         self._gathered = gathered

@@ -135,8 +135,10 @@ def scalar_rows(
         fields = _FIELDS[layout.code] = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES,
                                                    SIGMA, layout.code)
     outs: list[_Row] = []
+    append = outs.append
+    slots: list[tuple[float, float, _Row, _Row] | None] = memo if memo is not None else [None] * len(rows)  # (this call's)
     for i, (row, res) in enumerate(zip(rows, reserved)):
-        hit = memo[i] if memo is not None else None
+        hit = slots[i]
         if hit is None or hit[0] != res:
             min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
             free = free - res
@@ -159,9 +161,8 @@ def scalar_rows(
             over = _BUDGET if _BUDGET < code else code
             hit = (res, total, (queueing, compute, rank, raw, -1 if code == _PASS else int(code)),
                    (queueing, compute, rank, raw, -1 if over == _PASS else int(over)))
-            if memo is not None:
-                memo[i] = hit
-        outs.append(hit[2] if hit[1] <= limit else hit[3])  # `not total <= limit`: over (NaN too)
+            slots[i] = hit
+        append(hit[2] if hit[1] <= limit else hit[3])  # `not total <= limit`: over (NaN too)
     return outs
 
 
