@@ -3,6 +3,7 @@
     flock /tmp/policyc-bench.lock .venv/bin/python benchmarks/decide_cpu.py [--instances 20000] [--rate 1200] [--seconds 6]
     ... --profile out.prof   # cProfile of the measured calls (the serving thread only)
     ... --tight [--per-tick 240]   # no event loop: the refresher ticked by hand, CPU per call and per part
+    ... --tight --opcodes   # and Python opcodes executed per call, by function (the same on a loaded machine)
 
 The closed-loop serve benchmark (`serve.py --mix diverse`) measures Decide against a no-op
 gRPC service; the difference is Decide's own work, and it is a small part of what each
@@ -27,6 +28,10 @@ snapshot is never stale), and a shape's ranking is redone after every score push
 real tick, at least `score_lag` long, does). Printed per round of ten ticks: CPU per
 call (minimum, first quartile and median over the rounds), then what each part took per
 call (placement, the matcher's answer and its re-ranks, the response bytes, the counters).
+With `--opcodes`, one more round counts the Python bytecode instructions the calls
+execute, by function: the workload is deterministic (the simulated cluster, the hand
+ticks, the mix), so two versions of the code compare exactly whatever else runs on the
+machine (C work, numpy's or protobuf's, is not counted).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -96,7 +102,8 @@ def _drive(service, raw: bytes, ctx: _Context) -> bytes:  # type: ignore[no-unty
     raise RuntimeError("decide_bytes awaited: the request's shape was not cached")
 
 
-def tight(server, payloads: list[bytes], per_tick: int, rounds: int) -> None:  # type: ignore[no-untyped-def]
+def tight(server, payloads: list[bytes], per_tick: int, rounds: int,  # type: ignore[no-untyped-def]
+          opcodes: bool = False) -> None:
     """The `--tight` mode (see the module's docstring)."""
     eng, svc, ref = server.engine, server.service, server.refresher
     eng.placer._clock = lambda: ref.current().taken_at + 0.01
@@ -110,6 +117,7 @@ def tight(server, payloads: list[bytes], per_tick: int, rounds: int) -> None:  #
 
     asyncio.run(warm())
     parts: dict[str, list[int]] = {}
+    patched: list[tuple[object, str]] = []
     clock = time.thread_time_ns
 
     def timed(obj, name: str, label: str) -> None:  # type: ignore[no-untyped-def]
@@ -123,16 +131,21 @@ def tight(server, payloads: list[bytes], per_tick: int, rounds: int) -> None:  #
             finally:
                 acc[0] += clock() - t
                 acc[1] += 1
-        setattr(obj, name, run)
+        setattr(obj, name, run)  # an instance attribute over the method: deleted after the parts round
+        patched.append((obj, name))
 
-    def one_round(n: int) -> float:
+    def one_round(n: int, trace=None) -> float:  # type: ignore[no-untyped-def]
         total = 0
         for k in range(n):
             if k % per_tick == 0:
                 ref.tick()
             raw = cached[(k % CLIENTS + k // CLIENTS) % len(cached)]
             t = clock()
+            if trace is not None:
+                sys.settrace(trace)
             _drive(svc, raw, ctx)
+            if trace is not None:
+                sys.settrace(None)
             total += clock() - t
         return total / n / 1e3
 
@@ -162,9 +175,26 @@ def tight(server, payloads: list[bytes], per_tick: int, rounds: int) -> None:  #
         whole = statistics.fmean(one_round(n) for _ in range(3))
     finally:
         request_shapes.ShapeEntry.response = entry_response  # type: ignore[method-assign]
+        for obj, name in patched:
+            delattr(obj, name)
     print(f"parts    (timed, {calls} calls, {whole:.1f} us per call with the timers): "
           + "; ".join(f"{label} {ns / calls / 1e3:.1f} us per call ({k} calls, {ns / max(k, 1) / 1e3:.1f} us each)"
                       for label, (ns, k) in parts.items()))
+    if opcodes:
+        counts: Counter[tuple[str, str]] = Counter()
+
+        def per_opcode(frame, event, arg):  # type: ignore[no-untyped-def]
+            if event == "opcode":
+                counts[(frame.f_code.co_filename.rsplit("/", 2)[-2:][-1], frame.f_code.co_name)] += 1
+            return per_opcode
+
+        def per_frame(frame, event, arg):  # type: ignore[no-untyped-def]
+            frame.f_trace_opcodes = True
+            return per_opcode
+
+        one_round(n, per_frame)
+        print(f"opcodes  {sum(counts.values()) / n:.0f} Python opcodes per call ({n} calls); by function: "
+              + ", ".join(f"{f}:{name} {c / n:.0f}" for (f, name), c in counts.most_common(15)))
 
 
 def main() -> int:
@@ -176,12 +206,13 @@ def main() -> int:
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the measured calls here")
     ap.add_argument("--tight", action="store_true", help="no event loop: the refresher ticked by hand (see above)")
     ap.add_argument("--per-tick", type=int, default=240, help="--tight: calls per refresher tick")
+    ap.add_argument("--opcodes", action="store_true", help="--tight: count Python opcodes per call too")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     server = build_server(args.instances)
     if args.tight:
-        tight(server, _payloads("diverse", 0, 25), args.per_tick, max(args.rounds, 12))
+        tight(server, _payloads("diverse", 0, 25), args.per_tick, max(args.rounds, 12), args.opcodes)
         return 0
     th = ServerThread(server)
     th.start()
