@@ -248,6 +248,7 @@ class ScoreTiers:
                 continue
             assert g.tier is not None
             g.tier.take(g)
+            name = g.name  # the group's own: a caller's equal copy is a new tuple the collector must track
             g.key = (neg, name)
             for s, iid in zip(g.slots, g.ids):
                 key_of[s] = (neg, name, iid)

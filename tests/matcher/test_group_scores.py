@@ -70,6 +70,29 @@ def test_gpu_scores_move_every_group_on_the_gpu(policies_bundle: Bundle) -> None
     assert {reg.score(i.id) for i in insts} == {0.8}  # a refused batch changed nothing
 
 
+def test_a_score_push_leaves_keys_the_collector_can_untrack(policies_bundle: Bundle) -> None:
+    """A pushed score's rank keys hold the group's own name, not the caller's equal copy (a
+    new tuple per push): built of numbers and untracked strings only, the collector stops
+    tracking them at its first pass, so a young collection after each tick's pushes does
+    not walk one key per instance moved."""
+    import gc
+
+    rng = random.Random(3)
+    fraud = admissible(policies_bundle, rng, "f0", model="fraud-scorer")
+    host, gpu = fraud.deployment.host, fraud.deployment.gpu
+    reg = Registry(policies_bundle, [copy(fraud, f"f{n}") for n in range(4)])
+    gc.collect()  # the build's names untracked, as a settled serving heap's are
+    assert reg.set_gpu_scores([(host, gpu, 0.6)]) == 1
+    gc.collect()
+    tiers = reg._tiers
+    group = next(iter(tiers.groups.values()))
+    assert group.key[1] is group.name
+    for slot in group.slots:
+        assert tiers.key_of[slot][1] is group.name
+        assert not gc.is_tracked(tiers.key_of[slot])
+    assert {reg.score(f"f{n}") for n in range(4)} == {0.6}
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**32), fleet=st.integers(0, 150), script=ops, reqs=st.lists(requests, min_size=1, max_size=4),
        hosts=st.integers(1, 3))
