@@ -29,12 +29,12 @@ def _cmp(cmp: str, left: z3.ExprRef, right: z3.ExprRef) -> z3.BoolRef:
 def compare(space: Space, slot: Slot, cmp: str, right: z3.ExprRef | tuple[z3.ExprRef, ...]) -> z3.BoolRef:
     """`slot cmp right`, with absent labels and an infinite SLO handled as in semantics."""
     if cmp in ("in", "not_in"):
-        inside = z3.Or([slot.value == r for r in right]) if right else z3.BoolVal(False)
+        inside = z3.Or([slot.value == r for r in right]) if right else z3.BoolVal(False, space.ctx)
         body = inside if cmp == "in" else z3.Not(inside)
     else:
         body = _cmp(cmp, slot.value, right)
     if slot.infinite is not None:  # inf compares greater than every real
-        body = z3.If(slot.infinite, z3.BoolVal(cmp in ("!=", ">", ">=")), body)
+        body = z3.If(slot.infinite, z3.BoolVal(cmp in ("!=", ">", ">="), space.ctx), body)
     if slot.present is not None:
         body = z3.And(slot.present, body) if cmp not in ("!=", "not_in") else z3.Or(z3.Not(slot.present), body)
     return body
@@ -81,7 +81,7 @@ class RuleEncoder:
         parts = [self._req_slot(v).present for v in sorted(reads(rule))]
         if rule.guard is not None:
             parts.append(self.expr(rule.guard, leaf))
-        return z3.And(parts) if parts else z3.BoolVal(True)
+        return z3.And(parts) if parts else z3.BoolVal(True, self.space.ctx)
 
     def require(self, rule: RequestRule, leaf: Leaf | None = None) -> z3.BoolRef:
         return self.expr(rule.require, leaf)
@@ -100,7 +100,7 @@ class RuleEncoder:
             if vd.type in QUANTITY_TYPES:
                 cond.append(slot.value >= 0)
                 if vd.range is not None:
-                    cond += [slot.value >= real(vd.range.lo), slot.value <= real(vd.range.hi)]
+                    cond += [slot.value >= real(vd.range.lo, sp.ctx), slot.value <= real(vd.range.hi, sp.ctx)]
             elif vd.values is not None:
                 cond.append(z3.Or([slot.value == sp.code(v) for v in vd.values]))
             if cond:
@@ -108,7 +108,7 @@ class RuleEncoder:
         tenant = sp.var("tenant", dom.vars["tenant"].type)
         tclass = sp.var("tenant_class", "name")
         known = [tenant.value == sp.code(t) for t in sorted(dom.tenants)]
-        out.append(tclass.present == z3.And(tenant.present, z3.Or(known) if known else z3.BoolVal(False)))
+        out.append(tclass.present == z3.And(tenant.present, z3.Or(known) if known else z3.BoolVal(False, sp.ctx)))
         for t, cls in sorted(dom.tenants.items()):
             out.append(z3.Implies(z3.And(tenant.present, tenant.value == sp.code(t)), tclass.value == sp.code(cls)))
         return z3.And(out)
@@ -118,16 +118,16 @@ class RuleEncoder:
         a = sp.attr
         fixed = fixed_attributes(c)
         out: list[z3.BoolRef] = [a(k).value == sp.code(str(fixed[k])) for k in ("model", "version")]
-        out += [a(k).value == real(fixed_quantity(c, k)) for k in ("flops_min", "flops_max", "bandwidth")]
+        out += [a(k).value == real(fixed_quantity(c, k), sp.ctx) for k in ("flops_min", "flops_max", "bandwidth")]
         slo = a("slo_latency")
-        out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency)) if c.slo else slo.infinite)
+        out.append(z3.And(z3.Not(slo.infinite), slo.value == real(c.slo.latency, sp.ctx)) if c.slo else slo.infinite)
         regions = contract_regions(c, dom)
         if regions is not None:
             out.append(z3.Or([a("region").value == sp.code(r) for r in regions]))
         if dom.gpus:
             gm, ga = a("gpu_model").value, a("gpu_arch").value
             out.append(z3.Or([z3.And(gm == sp.code(g), ga == sp.code(dom.gpus[g][0])) for g in usable_gpus(c, dom)]
-                             or [z3.BoolVal(False)]))
+                             or [z3.BoolVal(False, sp.ctx)]))
         elif c.gpu_arch:
             out.append(z3.Or([a("gpu_arch").value == sp.code(x) for x in c.gpu_arch]))
         for s in c.security:
@@ -184,7 +184,7 @@ class RuleEncoder:
         # (an SLO below every member's) without trying its members one by one
         for attr in ("flops_min", "flops_max", "bandwidth") + (("slo_latency",) if k.has_slo else ()):
             values = [fixed_quantity(c, attr) for c in cls.members]
-            out += [a(attr).value >= real(min(values)), a(attr).value <= real(max(values))]
+            out += [a(attr).value >= real(min(values), sp.ctx), a(attr).value <= real(max(values), sp.ctx)]
         if k.regions is not None:
             out.append(z3.Or([a("region").value == sp.code(r) for r in k.regions]))
         if k.gpus is not None:
@@ -206,4 +206,4 @@ class RuleEncoder:
         """Some class's instance or some `exact` contract's instance (frame not included);
         the space's axioms must hold wherever this is used."""
         parts = [self.class_domain(c) for c in classes] + [self.contract_domain(c) for c in exact]
-        return z3.Or(parts) if parts else z3.BoolVal(False)
+        return z3.Or(parts) if parts else z3.BoolVal(False, self.space.ctx)

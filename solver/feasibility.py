@@ -90,7 +90,11 @@ class RequestFeasibility:
     def __init__(self, bundle: Bundle, *, max_cache: int = DEFAULT_MAX_CACHE) -> None:
         self.bundle = bundle
         self.dom = domains(bundle)
-        self.space = Space()
+        # a Z3 context of its own: this solver runs in its own thread (and callers' under
+        # `_lock`) while other states' solvers, a reload's new one among them, are built and
+        # run in others; terms of one context made, checked or freed in two threads at once
+        # crash the process
+        self.space = Space(z3.Context())
         self.enc = RuleEncoder(self.space, self.dom)
         self.max_cache = max_cache
         self._cache: OrderedDict[tuple, Answer] = OrderedDict()
@@ -107,7 +111,7 @@ class RequestFeasibility:
         self._headers = {h.var: h for h in bundle.headers}
         self._vars = tuple(sorted(v for v in self.dom.vars))
         self._breaks = {v: self._breakpoints(v) for v in self._vars}
-        self._solver = new_solver()
+        self._solver = new_solver(ctx=self.space.ctx)
         self._solver.set("core.minimize", True)
         classes = group(bundle.contracts, self.dom)  # one disjunct per instance class, not per contract
         for c in classes:
@@ -115,7 +119,7 @@ class RequestFeasibility:
         self._solver.add(self.enc.instance_frame(), self.enc.fleet_domain(classes), *self.space.axioms)
         self._rule_lits = {}
         for r in bundle.rules:
-            lit = z3.Bool(f"rule:{r.id}")
+            lit = z3.Bool(f"rule:{r.id}", self.space.ctx)
             self._solver.add(z3.Implies(lit, self.enc.require(r)))
             self._rule_lits[r.id] = lit
 

@@ -40,12 +40,18 @@ def sort_of(vtype: str) -> str:
     return "bool" if vtype == "bool" else "name"
 
 
-def real(x: float) -> z3.ArithRef:
-    return z3.RealVal(Fraction(x))
+def real(x: float, ctx: z3.Context | None = None) -> z3.ArithRef:
+    return z3.RealVal(Fraction(x), ctx)
 
 
 class Space:
-    def __init__(self) -> None:
+    """The names, variables and functions of one Z3 encoding. `ctx`: the Z3 context every
+    term is made in (None: Z3's main one). A solver used from its own thread wants a
+    context of its own: Z3's contexts are not thread-safe, so terms made or freed in one
+    thread while another checks in the same context can crash the process."""
+
+    def __init__(self, ctx: z3.Context | None = None) -> None:
+        self.ctx = ctx
         self.codes: dict[str, int] = {}
         self.names: list[str] = []
         self.request: dict[str, Slot] = {}
@@ -67,7 +73,7 @@ class Space:
         f = self._functions.get(attr)
         if f is None:
             kind = sort_of(attribute_type(attr) or "string")
-            f = self._functions[attr] = z3.Function(f"of.{attr}", z3.IntSort(), z3.RealSort() if kind == "real" else z3.IntSort())
+            f = self._functions[attr] = z3.Function(f"of.{attr}", z3.IntSort(self.ctx), z3.RealSort(self.ctx) if kind == "real" else z3.IntSort(self.ctx))
         return f
 
     def fact(self, attr: str, model: str, value: Scalar) -> None:
@@ -86,10 +92,10 @@ class Space:
 
     def const(self, kind: str, v: Scalar) -> z3.ExprRef:
         if kind == "real":
-            return real(float(v))
+            return real(float(v), self.ctx)
         if kind == "bool":
-            return z3.BoolVal(bool(v))
-        return z3.IntVal(self.code(str(v)))
+            return z3.BoolVal(bool(v), self.ctx)
+        return z3.IntVal(self.code(str(v)), self.ctx)
 
     def var(self, name: str, vtype: str) -> Slot:
         kind = sort_of(vtype)
@@ -97,7 +103,7 @@ class Space:
         slot = self.request.get(key)
         if slot is None:
             mk = {"real": z3.Real, "bool": z3.Bool, "name": z3.Int}[kind]
-            slot = self.request[key] = Slot(kind, mk(f"req.{key}"), z3.Bool(f"req.{key}?"))
+            slot = self.request[key] = Slot(kind, mk(f"req.{key}", self.ctx), z3.Bool(f"req.{key}?", self.ctx))
         return slot
 
     def attr(self, name: str) -> Slot:
@@ -106,9 +112,9 @@ class Space:
             t = attribute_type(name) or "string"
             kind = sort_of(t)
             mk = {"real": z3.Real, "bool": z3.Bool, "name": z3.Int}[kind]
-            present = z3.Bool(f"inst.{name}?") if name.startswith("labels.") else None
-            infinite = z3.Bool("inst.slo_latency=inf") if name == "slo_latency" else None
-            slot = self.instance[name] = Slot(kind, mk(f"inst.{name}"), present, infinite)
+            present = z3.Bool(f"inst.{name}?", self.ctx) if name.startswith("labels.") else None
+            infinite = z3.Bool("inst.slo_latency=inf", self.ctx) if name == "slo_latency" else None
+            slot = self.instance[name] = Slot(kind, mk(f"inst.{name}", self.ctx), present, infinite)
         return slot
 
     # ------------------------------------------------------------------ decoding

@@ -19,9 +19,10 @@ class Verdict(enum.Enum):
     UNKNOWN = "unknown"
 
 
-def new_solver(timeout_ms: int = CHECK_TIMEOUT_MS) -> z3.Solver:
-    """A solver with the per-check timeout set; cores are minimised where asked for."""
-    s = z3.Solver()
+def new_solver(timeout_ms: int = CHECK_TIMEOUT_MS, ctx: z3.Context | None = None) -> z3.Solver:
+    """A solver with the per-check timeout set, in `ctx` (None: Z3's main context); cores
+    are minimised where asked for."""
+    s = z3.Solver(ctx=ctx)
     s.set("timeout", timeout_ms)
     return s
 
