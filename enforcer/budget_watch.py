@@ -41,9 +41,9 @@ crossings (a slow backend's breaks, a few hundred microseconds apart) are all ca
 before its accounts are written, unless it is `ACCOUNT_MOST` past its own crossing: a
 backlog then drains at once, as the redirects in it must not wait a crossing each.
 Deferred work waiting longer than `DEFER_MOST` runs anyway: a deadline every few hundred
-microseconds leaves no room, and the quarantine must still happen. (The follow-up thread stays an ordinary thread: made
-real-time too, it woke into the timer's cancels, and crossings measured later, not
-sooner.)
+microseconds leaves no room, and the quarantine must still happen. (The follow-up thread
+stays an ordinary thread: made real-time too, it woke into the timer's cancels, and
+crossings measured later, not sooner.)
 """
 
 from __future__ import annotations
