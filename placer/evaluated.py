@@ -26,27 +26,12 @@ from .snapshot import Snapshot
 from .tick_table import DEPENDENCIES, MIN_SHARE, NETWORK, SIGMA, TickContractTable
 
 
-class RowFigures(NamedTuple):
-    """One candidate's figures, as its plan states them, with where its GPU is (`site`)
-    and the probes the plan asks for (the site's, then one per dependency binding; a stale
-    snapshot's probe is the request's own)."""
-
-    gpu: int
-    port: int  # -1: none
-    network: float
-    queueing: float
-    compute: float
-    dependencies: float
-    sigma: float
-    min_share: float
-    bindings: tuple[DependencyBinding, ...]
-    site: Site
-    probes: tuple[str, ...]
-
-
 class RowFixed(NamedTuple):
-    """What a plan on one candidate states that no request changes within its tick: all of
-    `RowFigures` but the share-dependent queueing and compute."""
+    """What a plan on one candidate states that no request changes within its tick: its
+    figures but the share-dependent queueing and compute (`Evaluated.row` gives those
+    beside it), with where its GPU is (`site`) and the probes the plan asks for (the
+    site's, then one per dependency binding; a stale snapshot's probe is the request's
+    own)."""
 
     gpu: int
     port: int
@@ -104,9 +89,10 @@ class Evaluated(ABC):
         return _FromEvaluation(ev)
 
     @abstractmethod
-    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
-        """Candidate `r`'s figures, as its plan states them (`snap`: the snapshot they were
-        evaluated on; `sites`: where its GPUs are, per snapshot)."""
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> tuple[RowFixed, float, float]:
+        """Candidate `r`'s figures, as its plan states them: the tick's fixed part, then
+        queueing and compute (`snap`: the snapshot they were evaluated on; `sites`: where
+        its GPUs are, per snapshot)."""
 
     @abstractmethod
     def evaluation(self) -> Evaluation:
@@ -134,7 +120,7 @@ class _FromLists(Evaluated):
         self._outs = outs
         self._ev: Evaluation | None = None
 
-    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> tuple[RowFixed, float, float]:
         """The row's fixed part is written once per tick (kept with the gather of that
         tick's table), the share-dependent part read off this request's figures."""
         gathered, o = self._gathered, self._outs[r]
@@ -143,7 +129,7 @@ class _FromLists(Evaluated):
             x = gathered.rows[r]
             k = gathered.fixed[r] = row_fixed(snap, sites, self.gpus[r], int(x[self._table.layout.port]), x[NETWORK],
                                               x[DEPENDENCIES], x[SIGMA], x[MIN_SHARE], gathered.bindings(r))
-        return RowFigures(k[0], k[1], k[2], o[0], o[1], k[3], k[4], k[5], k[6], k[7], k[8])
+        return k, o[0], o[1]
 
     def evaluation(self) -> Evaluation:
         """Built on first call (a refusal, a session, a plan's explanation read); two
@@ -161,14 +147,14 @@ class _FromEvaluation(Evaluated):
         super().__init__(ev.gpus.tolist(), ev.fail.tolist(), ev.rank.tolist())
         self._ev = ev
 
-    def row(self, r: int, snap: Snapshot, sites: Sites) -> RowFigures:
+    def row(self, r: int, snap: Snapshot, sites: Sites) -> tuple[RowFixed, float, float]:
         ev = self._ev
         k = row_fixed(snap, sites, int(ev.gpus[r]), int(ev.port[r]), float(ev.network[r]), float(ev.dependencies[r]),
                       float(ev.sigma[r]), float(ev.min_share[r]), ev.bindings(r))
-        return RowFigures(k[0], k[1], k[2], float(ev.queueing[r]), float(ev.compute[r]), k[3], k[4], k[5], k[6], k[7], k[8])
+        return k, float(ev.queueing[r]), float(ev.compute[r])
 
     def evaluation(self) -> Evaluation:
         return self._ev
 
 
-__all__ = ["Evaluated", "RowFigures", "RowFixed", "row_fixed"]
+__all__ = ["Evaluated", "RowFixed", "row_fixed"]

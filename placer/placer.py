@@ -28,7 +28,7 @@ from .catalog import DEFAULT_CATALOG
 from .contract_table import ContractTable, contract_table
 from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
-from .evaluated import Evaluated, RowFigures
+from .evaluated import Evaluated, RowFixed
 from .lookup import lookup, scalar_rows
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
@@ -254,11 +254,12 @@ class Placer:
                             choice = r
                             reasons.append(_Kept(t, prev, ev.gpus[best], self._hyst, self._hyst_abs))
                 self._sticky[key] = ev.gpus[choice]
-            row = ev.row(choice, snap, self._sites)
+            row, queueing, compute = ev.row(choice, snap, self._sites)
             share = row.min_share
             if self._reserved_version == snap.version:
                 self._reserved[row.gpu] += share
-        return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, table.bounds, move, reasons, unknown, budget)
+        return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, queueing, compute, table.bounds, move, reasons,
+                          unknown, budget)
 
     def _rejections(
         self, snap: Snapshot, th: Thresholds, ev: Evaluation, unknown: list[Rejection], bounds, budget: float,
@@ -318,13 +319,13 @@ class Placer:
             f" (next to its {state} state store)" if state and state != "remote" else "")
 
     def _plan(
-        self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFigures,
-        bounds, move: SessionMove | None, notes: list[str | _Kept], unknown: list[Rejection], budget: float,
+        self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFixed,
+        queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | _Kept], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
         t = snap.topology
         g, share = row.gpu, row.min_share
         where = row.site
-        lat = LatencyBreakdown(row.network, row.queueing, row.compute, row.dependencies, row.sigma)
+        lat = LatencyBreakdown(row.network, queueing, compute, row.dependencies, row.sigma)
         bindings = row.bindings
         probes = row.probes
         if stale:

@@ -40,13 +40,24 @@ class _TimedPlane(UserSpacePlane):
         super().quarantine(backend, backup, rule, until_monotonic_ns)
 
 
-def test_a_bursts_cancels_all_come_before_its_quarantines_which_still_happen_and_expire() -> None:
+class _NoAnomalies:
+    def report_anomaly(self, gpu_key: str, signal: str, value: float) -> None:
+        pass
+
+
+def _guardian(quarantine: Quarantine) -> tuple[Guardian, _TimedPlane, MemoryAudit]:
+    """A guardian on the timed user-space plane whose breaks cancel and quarantine."""
     audit = MemoryAudit()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", KernelEnforcementOff)
         plane = _TimedPlane(audit)
-    bundle = make_bundle(slo=0.02, quarantine=Quarantine(duration=0.3, max_duration=1.0, max_share=1.0))
+    bundle = make_bundle(slo=0.02, quarantine=quarantine)
     g = Guardian(bundle, plane=plane, anomalies=_NoAnomalies(), audit=audit, executor=ActionExecutor(audit, rebalance=lambda n: None))
+    return g, plane, audit
+
+
+def test_a_bursts_cancels_all_come_before_its_quarantines_which_still_happen_and_expire() -> None:
+    g, plane, audit = _guardian(Quarantine(duration=0.3, max_duration=1.0, max_share=1.0))
     backup = Endpoint.of("127.0.0.1", 9)
     backends = [Endpoint.of("10.250.0.1", 2000 + i) for i in range(12)]
     for be in backends:
@@ -83,18 +94,8 @@ def test_a_bursts_cancels_all_come_before_its_quarantines_which_still_happen_and
         g.close()
 
 
-class _NoAnomalies:
-    def report_anomaly(self, gpu_key: str, signal: str, value: float) -> None:
-        pass
-
-
 def test_quarantines_deferred_at_close_still_happen() -> None:
-    audit = MemoryAudit()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", KernelEnforcementOff)
-        plane = _TimedPlane(audit)
-    bundle = make_bundle(slo=0.02, quarantine=Quarantine(duration=5, max_duration=10, max_share=1.0))
-    g = Guardian(bundle, plane=plane, anomalies=_NoAnomalies(), audit=audit, executor=ActionExecutor(audit, rebalance=lambda n: None))
+    g, plane, _ = _guardian(Quarantine(duration=5, max_duration=10, max_share=1.0))
     be = Endpoint.of("10.250.0.3", 80)
     g.register_backend(be, Endpoint.of("127.0.0.1", 9))
     crossed = threading.Event()
