@@ -30,6 +30,7 @@ from policyc.placer.plan import DependencyBinding
 from .decision import Decision
 
 K = TypeVar("K")
+V = TypeVar("V")
 MEMO_MAX = 16384  # entries per memo (an instance's identity block is ~150 bytes)
 
 _TIMING = struct.Struct("<BdBdBdBdBd")  # Timing: parse, feasibility, match, place, total (fields 1-5, wire type 1)
@@ -73,28 +74,32 @@ def submessage(field: int, body: bytes) -> bytes:
     return _tag(field, 2) + varint(len(body)) + body
 
 
-class _Memo(OrderedDict[K, bytes]):
-    """A bounded memo of encoded bytes (the least recently added goes first)."""
+class _Memo(OrderedDict[K, V]):
+    """A bounded memo of encoded parts, `limit` entries (the least recently added goes first)."""
 
-    def get_or(self, key: K, make: Callable[[K], bytes]) -> bytes:
+    def __init__(self, limit: int = MEMO_MAX) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get_or(self, key: K, make: Callable[[K], V]) -> V:
         hit = self.get(key)
         if hit is None:
-            if len(self) >= MEMO_MAX:
+            if len(self) >= self.limit:
                 self.popitem(last=False)
             hit = self[key] = make(key)
         return hit
 
 
-_fixed: _Memo[tuple] = _Memo()
-_bindings: _Memo[tuple[str, str, str]] = _Memo()
+_fixed: _Memo[tuple, bytes] = _Memo()
+_bindings: _Memo[tuple[str, str, str], bytes] = _Memo()
 # a plan's dependency bindings as their field-14 bytes, by the identity of its bindings tuple
 # (the placer hands every plan on one candidate within a tick the same tuple): id -> (the
-# tuple, kept so that its id names it while the entry lives; its bytes). A tick's tuples
-# are new ones, so only the latest few hundred are worth keeping (kept longer, they are
-# objects every full collection scans).
-_dependencies: OrderedDict[int, tuple[tuple, bytes]] = OrderedDict()
+# tuple, kept so that no other object can take its id while the entry lives; its bytes). A
+# tick's tuples are new ones, so only the latest few hundred are worth keeping (kept
+# longer, they are objects every full collection scans).
 DEPENDENCIES_MAX = 512
-_models: dict[str, bytes] = {}  # Decision.model (field 4) as bytes, per model name
+_dependencies: _Memo[int, tuple[tuple, bytes]] = _Memo(DEPENDENCIES_MAX)
+_models: _Memo[str, bytes] = _Memo()  # Decision.model (field 4) as bytes, per model name
 _STALE = _tag(16, 0) + b"\x01"
 _SNAPSHOT = _tag(17, 0)
 _DECISION_ID = _tag(1, 2)
@@ -115,6 +120,10 @@ def _fixed_fields(key: tuple) -> bytes:
 
 def _binding_names(key: tuple[str, str, str]) -> bytes:
     return text(1, key[0]) + text(2, key[1]) + text(3, key[2])
+
+
+def _model_field(model: str) -> bytes:
+    return text(4, model)
 
 
 def dependency_fields(bindings: tuple[DependencyBinding, ...]) -> bytes:
@@ -143,12 +152,7 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
         parts.append(text(12, n))
     deps = p.dependencies
     if deps:
-        kept = _dependencies.get(id(deps))
-        if kept is None or kept[0] is not deps:
-            if len(_dependencies) >= DEPENDENCIES_MAX:
-                _dependencies.popitem(last=False)
-            kept = _dependencies[id(deps)] = (deps, dependency_fields(deps))
-        parts.append(kept[1])
+        parts.append(_dependencies.get_or(id(deps), lambda _: (deps, dependency_fields(deps)))[1])
     if p.session_move is not None:
         m = p.session_move
         parts.append(submessage(15, text(1, m.session) + text(2, m.from_gpu) + text(3, m.to_gpu) + text(4, m.reason)))
@@ -164,15 +168,7 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
     t = d.timing
     did = d.decision_id.encode()
     model = d.model
-    if model:
-        mb = _models.get(model)
-        if mb is None:
-            if len(_models) >= MEMO_MAX:
-                _models.clear()
-            mb = _models[model] = text(4, model)
-    else:
-        mb = b""
-    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", mb, _TIMING_HEAD,
+    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", _models.get_or(model, _model_field) if model else b"", _TIMING_HEAD,
              _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6, 41, t.total * 1e6)]
     if d.plan is not None:
         body = placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)
