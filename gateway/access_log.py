@@ -251,6 +251,12 @@ class _Detail(msgspec.Struct, gc=False):
     gpu_seconds: str
 
 
+def _routed(call: Call, answer: bool) -> int:
+    """How many attempts of `call` the router's log carries (`answer`: the call's own entry
+    stands for its last one)."""
+    return call.attempts - 1 if answer else call.attempts
+
+
 def _figures(call: Call, attempts: list[Attempt]) -> dict[str, Any]:
     """The record's parts, as both `accounting_record` and `accounting_body` take them."""
     detail = _Detail(attempts, call.attempts, max(call.attempts - len(attempts), 0),
@@ -357,7 +363,7 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         waiting = self._pending.get(did)
         if waiting is None:
             answer = self._answers(call)
-            if (call.attempts - 1 if answer else call.attempts) > 0:  # attempts still to come from the router's log: wait for them
+            if _routed(call, answer) > 0:  # attempts still to come from the router's log: wait for them
                 self._pending[did] = _Pending(call)
             else:  # the common case: no attempt logged apart, so nothing to wait for and no entry kept
                 self._record(did, call, [], answer)
@@ -371,7 +377,7 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
 
     def _want(self, call: Call) -> int:
         """How many attempts of the call the router's log carries."""
-        return call.attempts - 1 if self._answers(call) else call.attempts
+        return _routed(call, self._answers(call))
 
     def _settle(self, did: str, p: _Pending, late: bool) -> None:
         if p.call is None:
@@ -387,7 +393,7 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         `answer`: `_answers(call)` when the caller has it already)."""
         if answer is None:
             answer = self._answers(call)
-        if len(attempts) < (call.attempts - 1 if answer else call.attempts):
+        if len(attempts) < _routed(call, answer):
             self.counts.incomplete += 1
         if answer:
             a = answer_of(call)
