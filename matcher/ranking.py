@@ -44,10 +44,13 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from typing import Hashable
 
 import numpy as np
 from pyroaring import BitMap
+
+from .candidate_groups import CandidateGroups
 
 GroupKey = tuple[float, Hashable]  # (-score, group name)
 TARGET = 64
@@ -55,10 +58,12 @@ SMALL = 6  # at most this many candidates: order them by key directly (`key_of`;
 SMALL_ONE = 48  # the same for the best one alone (a `min` over keys; gathering ranks costs more below)
 DIRECT = 256  # at most this many candidates: the best one found through their scores (`neg_of`), no walk
 DIRECT_MANY = 2048  # the same for the best k > 1 (a walk over sparse candidates meets many tiers with one or none)
+DENSE = 4  # and for k > 1 only when at least one live slot in this many is a candidate (sparser: the groups gathered)
 FEW = 4  # k = 1 and at most this many hits in the first tier that has any: ordered by key at once (at 32 the five-contract fleet, dense with hits in its first group, pays for the key look-ups: p50 2.7 -> 5.7 us)
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
 RANK_GAP = 1024.0  # initial distance between tier ranks
 VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
+DIGESTS = 1024  # candidate bitmaps whose groups are kept (`CandidateGroups`), least recently used out first
 
 
 class Group:
@@ -153,7 +158,8 @@ class ScoreTiers:
     `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
 
     __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of", "neg_of", "num_of",
-                 "numbered", "free_nums", "scratch", "tier_at", "rank_version", "version")
+                 "numbered", "free_nums", "scratch", "neg_by_num", "members", "digests", "tier_at", "rank_version",
+                 "version")
 
     def __init__(self) -> None:
         self.bounds: list[GroupKey] = [(-float("inf"), "")]  # each tier's lowest key
@@ -168,7 +174,10 @@ class ScoreTiers:
         self.num_of = np.zeros(1024, dtype=np.int64)  # slot -> its group's number (free slots: stale)
         self.numbered: list[Group | None] = []  # group number -> group (None: free)
         self.free_nums: list[int] = []  # numbers of groups that are gone, to give out again
-        self.scratch = np.full(0, -1, dtype=np.int64)  # group number -> -1 between calls (`_gathered`)
+        self.scratch = np.full(0, -1, dtype=np.int64)  # group number -> -1 between calls (`_groups_among`)
+        self.neg_by_num = np.zeros(1024)  # group number -> the group's -score (free numbers: stale)
+        self.members = 0  # bumped by every change of membership (`CandidateGroups` are kept on it)
+        self.digests: OrderedDict[int, CandidateGroups] = OrderedDict()  # id(bitmap) -> its groups
         self.tier_at: dict[float, Tier] = {0.0: self.tiers[0]}  # rank -> tier
         self.rank_version = 0  # bumped whenever a live slot's rank changes (`threshold_ranks.py` caches on it)
         self.version = 0  # bumped by every change to the order (an answer cached at another version is stale)
@@ -203,6 +212,8 @@ class ScoreTiers:
         else:
             g = Group(name, neg, [iid], [slot], len(self.numbered))
             self.numbered.append(g)
+        negs = self.neg_by_num = _fitting(self.neg_by_num, g.num)
+        negs[g.num] = neg
         return g
 
     def _renumber(self) -> None:
@@ -218,6 +229,7 @@ class ScoreTiers:
         """Add instance `slot` (id `iid`) to group `name`, whose key becomes (`neg`, `name`)
         (moving the group if it had another score)."""
         self.version += 1
+        self.members += 1
         self.id_of[slot] = iid
         g = self.groups.get(name)
         if g is None:
@@ -246,6 +258,7 @@ class ScoreTiers:
     def remove(self, slot: int) -> None:
         """Take instance `slot` out of its group; a group left empty is gone."""
         self.version += 1
+        self.members += 1
         g = self.group_of.pop(slot)
         del self.key_of[slot]
         g.leave(slot, self.id_of.pop(slot))
@@ -276,6 +289,7 @@ class ScoreTiers:
             g.tier.take(g)
             name = g.name  # the group's own: a caller's equal copy is a new tuple the collector must track
             g.key = (neg, name)
+            self.neg_by_num[g.num] = neg
             for s, iid in zip(g.slots, g.ids):
                 key_of[s] = (neg, name, iid)
             self._score(g.slots, neg)
@@ -381,6 +395,10 @@ class ScoreTiers:
         self.num_of = nums
         self.numbered = list(groups.values())  # numbered in insertion order
         self.free_nums = []
+        by_num = np.zeros(max(1024, 2 * len(order)))
+        by_num[:len(order)] = [g.key[0] for g in order]
+        self.neg_by_num = by_num
+        self.members += 1
         self.tier_at = {tier.rank: tier for tier in self.tiers}
         self.rank_version += 1
         self.version += 1
@@ -397,7 +415,7 @@ class ScoreTiers:
             key = self.key_of.__getitem__
             arr = cand.to_array()  # iterating a BitMap costs far more than an array
             return [min(arr, key=key)] if k == 1 else heapq.nsmallest(k, arr, key=key)
-        if count > (DIRECT if k == 1 else DIRECT_MANY):
+        if count > DIRECT if k == 1 else count > DIRECT_MANY and count * DENSE >= len(self.group_of):
             got = self._walk(cand, k)
             if got is not None:
                 return got
@@ -410,32 +428,31 @@ class ScoreTiers:
             return []
         if count <= SMALL:
             return self._one_per_group(sorted(cand.to_array(), key=self.key_of.__getitem__), k)
-        if count > (DIRECT if k == 1 else DIRECT_MANY):
+        if count > DIRECT if k == 1 else count > DIRECT_MANY and count * DENSE >= len(self.group_of):
             walked = self._walk_distinct(cand, k)
             if walked is not None:
                 return walked
         return self._gathered(cand, k, True)
 
     def _gathered(self, cand: BitMap, k: int, distinct: bool) -> list[int]:
-        """Best-k through the candidates' groups and scores, in numpy: one member slot per
-        group among the candidates (`num_of` scattered into `scratch`, a group number ->
-        slot array that is all -1 between calls), the groups ordered by -score (`neg_of`),
-        then only the first k groups (and those tying the k-th) read in Python, put in key
-        order by name where scores tie, and their candidate members taken in id order.
-        Every member of a group ties every other, so ordering the candidates themselves
-        (as a stable sort by score, then each run of ties by key) sorts every group's
-        members in Python: ~0.4 µs a candidate, 0.9 ms for 1,800 of them."""
-        idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
+        """Best-k through the candidates' scores: for k = 1 the lowest -score among them
+        (`neg_of`); for more, through their groups (`_groups_among`, kept per bitmap while
+        the membership stays): the groups' current -scores (`neg_by_num`) ordered in
+        numpy, then only the first k groups (and those tying the k-th) read in Python, put
+        in key order by name where scores tie, and their candidate members taken in id
+        order. Every member of a group ties every other, so ordering the candidates
+        themselves sorts each group's members by key: ~0.4 µs a candidate in Python."""
         if k == 1:
+            idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
             negs = self.neg_of[idx]
             return [min(idx[negs == negs.min()].tolist(), key=self.key_of.__getitem__)]
-        scratch = self.scratch
-        if len(scratch) < len(self.numbered):
-            scratch = self.scratch = np.full(2 * len(self.numbered), -1, dtype=np.int64)
-        scratch[self.num_of[idx]] = idx
-        nums = np.flatnonzero(scratch >= 0)
-        negs = self.neg_of[scratch[nums]]
-        scratch[nums] = -1
+        among = self._groups_among(cand)
+        nums = among.nums
+        negs = self.neg_by_num[nums]
+        if len(negs) > 4 * k:  # only the k best (and their ties) need an order
+            kth = np.partition(negs, k - 1)[k - 1]
+            pick = np.flatnonzero(negs <= kth)
+            nums, negs = nums[pick], negs[pick]
         order = np.argsort(negs, kind="stable")
         ranked = negs[order]
         end = len(ranked) if len(ranked) <= k else int(np.searchsorted(ranked, ranked[k - 1], side="right"))
@@ -446,13 +463,35 @@ class ScoreTiers:
         got: list[int] = []
         for g in picked:
             assert g is not None  # a candidate's group is live
-            slots = g.slots
             if distinct:
-                got.append(slots[0] if slots[0] in cand else next(s for s in slots if s in cand))
+                got.append(among.first_of(g))
             else:
-                got.extend([s for s in slots if s in cand][:k - len(got)])
+                got.extend(among.members_of(g)[:k - len(got)])
             if len(got) == k:
                 break
+        return got
+
+    def _groups_among(self, cand: BitMap) -> CandidateGroups:
+        """The groups among `cand`, as kept since the last membership change, else found:
+        each candidate's group number (`num_of`) scattered into `scratch` (a group number
+        -> slot array that is all -1 between calls) leaves one entry per group."""
+        digests = self.digests
+        key = id(cand)
+        got = digests.get(key)
+        if got is not None and got.cand is cand and got.members == self.members:
+            digests.move_to_end(key)
+            return got
+        idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
+        scratch = self.scratch
+        if len(scratch) < len(self.numbered):
+            scratch = self.scratch = np.full(2 * len(self.numbered), -1, dtype=np.int64)
+        scratch[self.num_of[idx]] = idx
+        nums = np.flatnonzero(scratch >= 0)
+        scratch[nums] = -1
+        got = digests[key] = CandidateGroups(cand, self.members, nums)
+        digests.move_to_end(key)
+        if len(digests) > DIGESTS:
+            digests.popitem(last=False)
         return got
 
     def _one_per_group(self, slots: list[int], k: int) -> list[int]:
