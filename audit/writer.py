@@ -85,7 +85,8 @@ class ChainWriter:
         one is due, in one transaction. Raises sqlite3.Error with nothing changed.
         `final`: seal with the close record; `opens`: seal the head as found (a writer's first act)."""
         seq, prev = self.seq, self.head
-        rows: list[tuple[object, ...]] = []
+        params: list[object] = []  # the rows' values, row after row (what the INSERT binds: no tuple per row)
+        add = params.extend
         seals: list[tuple[int, bytes, bool, bool, bytes]] = []  # (seq, hash, final, opens, sealed hashes)
         sealed = self.sealed_seq
         indexed = self.indexed
@@ -95,7 +96,9 @@ class ChainWriter:
         for body, index in records:
             seq += 1
             h = digest(prev, seq, body)
-            rows.append((seq, body, prev, h, *index) if indexed else (seq, body, prev, h))
+            add((seq, body, prev, h))
+            if indexed:
+                add(index)
             since.append(h)
             prev = h
             if seq % self._every == 0:  # at most `every` entries since the last checkpoint, at fixed positions
@@ -110,13 +113,14 @@ class ChainWriter:
             end = cut + seq - sealed
             seals.append((seq, prev, final, opens, b"".join(since[cut:end])))
             sealed, cut = seq, end
-        if not rows and not seals:
+        n = seq - self.seq
+        if not n and not seals:
             return
         try:
-            if seals or len(rows) > ROWS_PER_INSERT:
-                self._transaction(rows, seals)
+            if seals or n > ROWS_PER_INSERT:
+                self._transaction(params, n, seals)
             else:  # one autocommit statement: atomic and durable by itself
-                self._conn.execute(insert_rows_sql(len(rows), indexed), [v for row in rows for v in row])
+                self._conn.execute(insert_rows_sql(n, indexed), params)
         except BaseException:
             del since[kept:]
             raise
@@ -126,14 +130,15 @@ class ChainWriter:
         if seals:
             self.sealed_seq, self.sealed_time = sealed, now
 
-    def _transaction(self, rows: list[tuple[object, ...]], seals: list[tuple[int, bytes, bool, bool, bytes]]) -> None:
-        """Entries and the checkpoints that seal them, committed together."""
+    def _transaction(self, params: list[object], n: int, seals: list[tuple[int, bytes, bool, bool, bytes]]) -> None:
+        """Entries (`n` rows of `params`) and the checkpoints that seal them, committed together."""
         conn = self._conn
+        width = len(params) // n if n else 0
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for i in range(0, len(rows), ROWS_PER_INSERT):
-                chunk = rows[i : i + ROWS_PER_INSERT]
-                conn.execute(insert_rows_sql(len(chunk), self.indexed), [v for row in chunk for v in row])
+            for i in range(0, n, ROWS_PER_INSERT):
+                rows = min(ROWS_PER_INSERT, n - i)
+                conn.execute(insert_rows_sql(rows, self.indexed), params[i * width : (i + rows) * width])
             if seals:
                 wall = time.time()
                 conn.executemany(

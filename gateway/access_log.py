@@ -262,13 +262,18 @@ def _figures(call: Call, attempts: list[Attempt]) -> dict[str, Any]:
     detail = _Detail(attempts, call.attempts, max(call.attempts - len(attempts), 0),
                      _Downstream(call.duration, call.first_byte, call.grpc_status, call.received, call.sent, call.tls,
                                  call.tls_handshake, call.upstream_connect, call.upstream_connection), GPU_ABSENT)
-    computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
-    sent = 0
-    for a in attempts:
-        sent += a.sent + a.received
+    if len(attempts) == 1:  # the common call: its one attempt's figures as they are (the same values)
+        a = attempts[0]
+        sent, compute, target = a.sent + a.received, a.compute_seconds, a.host or "(no upstream)"
+    else:
+        computes = [a.compute_seconds for a in attempts if a.compute_seconds is not None]
+        sent = 0
+        for a in attempts:
+            sent += a.sent + a.received
+        compute = sum(computes) if computes else None
+        target = ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)"
     return {"network_bytes": float(sent), "network_method": NETWORK_METHOD,
-            "compute_seconds": sum(computes) if computes else None, "compute_method": COMPUTE_METHOD,
-            "target": ",".join(dict.fromkeys(a.host for a in attempts if a.host)) or "(no upstream)",
+            "compute_seconds": compute, "compute_method": COMPUTE_METHOD, "target": target,
             "detail": _DETAIL(detail).decode()}
 
 

@@ -108,7 +108,11 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
     )
 
 
-_rules: dict[tuple[AppliedRule, ...], list[RuleWire]] = {}
+# A decision's matched rules are the matcher's own tuple, shared by every decision of the same
+# shape, so they are memoised by that tuple's identity (the entry holds the tuple, so no other
+# object can have its id while it is here): hashing it hashed each rule's pydantic origin,
+# ~3 us a decision on the serving loop (profiled on the gateway benchmark).
+_rules: dict[int, tuple[tuple[AppliedRule, ...], list[RuleWire]]] = {}
 _resources: dict[tuple[str, str, str, float], ResourcesWire] = {}
 _NO_RESOURCES = ResourcesWire()
 
@@ -132,12 +136,16 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
                 _resources.clear()
             got = _resources[key] = msgspec.convert(figures or {}, ResourcesWire)
         resources = got
-    rules = _rules.get(d.rules)
-    if rules is None:
+    applied = d.rules
+    memo = _rules.get(id(applied))
+    if memo is not None and memo[0] is applied:
+        rules = memo[1]
+    else:
         if len(_rules) >= _FIGURES_MAX:
             _rules.clear()
-        rules = _rules[d.rules] = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
-                                                            end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in d.rules]
+        rules = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
+                                                     end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in applied]
+        _rules[id(applied)] = (applied, rules)
     t = d.timing
     return DecisionWire(
         schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,  # type: ignore[arg-type]
