@@ -488,14 +488,21 @@ def _spread(xs: list[float], fmt: str = ".0f") -> str:
 
 
 def _report_pairs(what: str, a: str, b: str, rs: list[_GatewayRound], concurrency: int, floor: float) -> float:
-    """Print one comparison (the throughput ratio of the median rates, the round-by-round
-    ratios of adjacent rounds, the CPU per call beside it); returns the ratio."""
+    """Print one comparison and return its figure: the median over adjacent rounds (each `a`
+    round with the `b` round run next to it, a b b a ...) of their throughput ratio. Pairing
+    cancels what drifts between rounds (the machine's other load, a slow stretch of the model
+    servers), which moves a ratio of the two modes' median rates by ±0.1 from run to run; every
+    pair counts, none is dropped. Beside it: the ratio of the median rates, the CPU per call
+    (every process of the rig and the client) and, per process, the median over pairs of the
+    CPU per call `a` adds, which says where a difference comes from."""
     ra, rb = [r for r in rs if r.mode == a], [r for r in rs if r.mode == b]
-    ratio = statistics.median(r.rate for r in ra) / statistics.median(r.rate for r in rb)
+    medians = statistics.median(r.rate for r in ra) / statistics.median(r.rate for r in rb)
     adjacent = [(x, y) if x.mode == a else (y, x) for x, y in zip(rs[::2], rs[1::2])]  # each a round with its b round
     pairs = [x.rate / y.rate for x, y in adjacent]
+    ratio = statistics.median(pairs)
     cpu_pairs = [x.per_call() / y.per_call() for x, y in adjacent]
     groups = list(dict.fromkeys(g for r in ra + rb for g in r.cpu))
+    added = {g: statistics.median(x.per_call(g) - y.per_call(g) for x, y in adjacent) for g in groups}
 
     def cpu_line(rounds: list[_GatewayRound]) -> str:
         per = {g: statistics.median(r.per_call(g) for r in rounds) for g in groups}
@@ -509,12 +516,16 @@ def _report_pairs(what: str, a: str, b: str, rs: list[_GatewayRound], concurrenc
     print(f"  concurrency {concurrency:>2}: CPU per call, every process of the rig and the client: {a} {cpu_line(ra)}; "
           f"{b} {cpu_line(rb)} -> {(ca - cb) * 1e6:+.0f} us ({ca / cb:.3f}x; adjacent rounds {_spread(cpu_pairs, '.3f')}); "
           f"rig busy {busy:.2f} of {os.cpu_count()} CPUs")
-    print(f"gateway throughput, {what}, concurrency {concurrency}: {ratio:.3f}x (median rates; adjacent rounds "
-          f"{_spread(pairs, '.3f')}; floor {floor}); CPU per call {ca / cb:.3f}x; load average {os.getloadavg()[0]:.2f}")
+    print(f"  concurrency {concurrency:>2}: CPU per call {a} adds, median of {len(adjacent)} adjacent pairs: "
+          + ", ".join(f"{g} {v * 1e6:+.0f} us" for g, v in added.items()))
+    print(f"gateway throughput, {what}, concurrency {concurrency}: {ratio:.3f}x (median of {len(pairs)} adjacent pairs "
+          f"{_spread(pairs, '.3f')}; median rates {medians:.3f}x; floor {floor}); CPU per call {ca / cb:.3f}x "
+          f"(adjacent pairs {statistics.median(cpu_pairs):.3f}x); load average {os.getloadavg()[0]:.2f}")
     return ratio
 
 
-def bench_gateway(seconds: float, rounds: int, concurrency: tuple[int, ...] = GATEWAY_CONCURRENCY) -> None:
+def bench_gateway(seconds: float, rounds: int, concurrency: tuple[int, ...] = GATEWAY_CONCURRENCY, *, kernel: bool = True,
+                  audit_rounds: int | None = None) -> None:
     """Through real Envoy (`policyc gateway`'s runner) to real KServe model servers:
     (a) the kernel plane attached to the data path (TC on lo, connect hooks on Envoy's cgroup)
     vs detached, alternating in one gateway (floor >= 0.93x); (b) the audit log with per-call
@@ -525,20 +536,31 @@ def bench_gateway(seconds: float, rounds: int, concurrency: tuple[int, ...] = GA
     rounds alternating a b b a, with every rig process's CPU per call beside the calls/s:
     CPU per call moves far less with load, so it says where a throughput ratio comes from.
     The callers' model is served by GATEWAY_BACKUPS servers, so placement has the GPU share
-    for all of them and the picker never refuses (a refusal is counted as an error)."""
-    import tempfile
-
+    for all of them and the picker never refuses (a refusal is counted as an error).
+    Each comparison's figure is the median of its adjacent rounds' ratios (`_report_pairs`).
+    `kernel=False` runs (b) alone; `audit_rounds`: (b)'s rounds per mode (default `rounds`):
+    more, shorter rounds pair better."""
     sys.path.insert(0, str(ROOT / "tests" / "gateway"))
     sys.path.insert(0, str(ROOT / "tests" / "evidence"))
-    from evidence_support import EvidenceRig
-
     from policyc.compiler.pipeline import compile_paths
-    from policyc.server.config import EnforcerMode
 
     bundle = compile_paths([str(ROOT / "policies")], analyse=False).bundle
     assert bundle is not None
     print(f"gateway: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {rounds} rounds of {seconds:g} s "
           f"(+0.5 s warm-up) per mode and concurrency; model {MODEL} on {GATEWAY_BACKUPS} model servers")
+    if kernel:
+        _gateway_kernel(bundle, seconds, rounds, concurrency)
+    _gateway_audit(bundle, seconds, rounds if audit_rounds is None else audit_rounds, concurrency)
+
+
+def _gateway_kernel(bundle, seconds: float, rounds: int, concurrency: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    """`bench_gateway`'s (a): the kernel plane attached vs detached in one gateway."""
+    import tempfile
+
+    from evidence_support import EvidenceRig
+
+    from policyc.server.config import EnforcerMode
+
     rig = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-kgw-")), enforcer=EnforcerMode.KERNEL, audit=False,
                       backups=GATEWAY_BACKUPS)
     try:
@@ -557,6 +579,15 @@ def bench_gateway(seconds: float, rounds: int, concurrency: tuple[int, ...] = GA
             _report_pairs("kernel plane attached / detached", "attached", "detached", rs, conc, 0.93)
     finally:
         rig.stop()
+
+
+def _gateway_audit(bundle, seconds: float, rounds: int, concurrency: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    """`bench_gateway`'s (b): audit + per-call accounting on vs off, two gateways side by side."""
+    import tempfile
+
+    from evidence_support import EvidenceRig
+
+    print(f"gateway audit on/off: {rounds} rounds of {seconds:g} s (+0.5 s warm-up) per mode and concurrency")
     on = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aon-")), backups=GATEWAY_BACKUPS)
     off = EvidenceRig(bundle, Path(tempfile.mkdtemp(prefix="policyc-bench-aoff-")), audit=False, backups=GATEWAY_BACKUPS)
     try:
