@@ -73,6 +73,19 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def warm(reg: Registry, rss_before: float) -> str:
+    """Wait for the registry's bases to be prebuilt (`matcher/base_catalog.py`: a thread
+    after the build) before anything is timed; what that cost."""
+    t = time.perf_counter()
+    done = reg.warm(120)
+    waited = time.perf_counter() - t
+    gc.collect()
+    p = reg.prebuilt
+    return (f"bases prebuilt after the build: {p.built:,} of {p.listed:,} listed ({'done' if done and p.done else 'NOT done'}), "
+            f"{p.cpu_s:.2f} s CPU on its thread, {p.wall_s:.2f} s wall (waited {waited:.2f} s after the build), "
+            f"+{rss_mb() - rss_before:.0f} MB RSS; bases kept by what they answer: {len(reg.index.effective):,}")
+
+
 def fleet(bundle, n: int, rng: random.Random) -> list[Instance]:
     """Instances registered host by host: each host runs one model in one region, as a
     real fleet's rollout does; security flags vary by host."""
@@ -218,11 +231,14 @@ def fleet_scale(args: argparse.Namespace) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     reg = Registry(fl.bundle, fl.instances, fl.scores)
     build_s, build_cpu = time.perf_counter() - t0, time.process_time() - c0
+    rss0 = rss_mb()
+    prebuild_line = warm(reg, rss0)
     ix = reg.index
     print(f"fleet: {len(reg):,} instances, {len(fl.bundle.contracts):,} contracts, "
           f"{len(ix.attr_index['slo_latency'].keys)} distinct SLOs, {len(ix.bloom.shards)} shards, "
           f"{len(reg._tiers.tiers)} score tiers (generated in {gen_s:.1f} s)")
     print(f"registry build: {build_s:.2f} s wall, {build_cpu:.2f} s CPU (floor 3 s)")
+    print(prebuild_line)
     print(f"machine: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     n = max(400, args.requests * 4)
     seen: set[tuple] = set()
@@ -360,6 +376,7 @@ def five_contracts(args: argparse.Namespace) -> None:
     build_s, build_cpu = time.perf_counter() - t0, time.process_time() - c0
     gc.collect()
     rss1 = rss_mb()
+    print(warm(reg, rss1))
     ix = reg.index
     print(f"fleet: {len(reg):,} instances, {len(ix.bloom.shards)} shards of {ix.shard_size}, "
           f"{len(reg._tiers.tiers)} score tiers")

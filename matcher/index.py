@@ -40,7 +40,7 @@ from policyc.compiler.semantics import atoms, value_reads
 from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Ordering, Vars, WithinFn
 from .guards import compile_applies
 from .instance_predicates import compile_static
-from .plan import BASE_CACHE_SIZE, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
+from .plan import BASE_CACHE_SIZE, EFFECTIVE_BASES, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .ranking import ScoreTiers
 from .result import AppliedRule
 from .threshold_ranks import BELOW, ThresholdRanks, best_at
@@ -52,11 +52,13 @@ SHARD_GROUP_ATTRS = ("model", "version", "region", "gpu_arch", "gpu_model", "ses
 ORDERINGS = (Cmp.LT, Cmp.LE, Cmp.GT, Cmp.GE)
 SMALL_BASE = 4096  # a base this small is intersected with a range term without counting the term first
 RULE_SHAPES = 1024  # rule shapes kept (`FleetIndex._rule_shape`)
+BOUND_CLAUSES = 65536  # Bloom clauses bound to request values kept for sharing (`FleetIndex._clauses`)
 _ABSENT = object()  # a guard-tested variable the request lacks (in a rule shape's key)
-# (rules, their AppliedRules, exact terms, ranged terms, the lone ordering): what `_make_base`
-# shares between bases of one rule shape
+# (rules, their AppliedRules, exact terms, ranged terms, the lone ordering, the rules' ids,
+# the variables their requirements read but the reduced ones): what `_make_base` shares
+# between bases of one rule shape
 _RuleShape = tuple[tuple[CompiledRule, ...], tuple[AppliedRule, ...], tuple[BitmapFn, ...],
-                   tuple[tuple[BitmapFn, WithinFn | None], ...], Ordering | None]
+                   tuple[tuple[BitmapFn, WithinFn | None], ...], Ordering | None, tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,11 @@ class FleetIndex:
         self._present_vars = tuple(sorted(read))
         self._tested_vars = tuple(sorted(set().union(*(_guard_tested(r.guard) for r in bundle.rules))))
         self._shapes = PlanCache(RULE_SHAPES)  # rule shape -> _RuleShape, least recently used out first
+        self._bound: dict[tuple[BloomKey, ...], frozenset[BloomKey]] = {}  # a clause's alternatives -> the clause (`_clauses`)
+        # (the rules that apply, the values their requirements read) -> Base: what a base's
+        # answer depends on, so requests that differ elsewhere (a flag sent as `no` or not
+        # sent, another tenant of a class) share one, and `prebuild` fills it ahead of them
+        self.effective = PlanCache(EFFECTIVE_BASES if plan_cache > 0 else 0)
 
     # ------------------------------------------------------------------ updates
     def shard_group(self, attrs: Mapping[str, Scalar]) -> tuple:
@@ -351,13 +358,22 @@ class FleetIndex:
         clauses = self._clauses(rules, vars)
         return self.bloom.surviving(list(clauses)) if clauses else None
 
-    @staticmethod
-    def _clauses(rules: Iterable[CompiledRule], vars: Vars) -> tuple[frozenset[BloomKey], ...]:
+    def _clauses(self, rules: Iterable[CompiledRule], vars: Vars) -> tuple[frozenset[BloomKey], ...]:
+        """The Bloom clauses of `rules` bound to `vars`; a clause bound to the same values
+        as an earlier one is that one (`_bound`: tens of thousands of prebuilt bases share a
+        few hundred clauses)."""
         out: list[frozenset[BloomKey]] = []
+        bound = self._bound
         for cr in rules:
             out.extend(cr.const_clauses)
             for tmpl in cr.var_clauses:
-                out.append(frozenset([(attr, vars[v.name] if type(v) is _VarRef else v) for attr, v in tmpl]))
+                alts = tuple([(attr, vars[v.name] if type(v) is _VarRef else v) for attr, v in tmpl])
+                clause = bound.get(alts)
+                if clause is None:
+                    if len(bound) >= BOUND_CLAUSES:
+                        bound.clear()  # values no fleet holds, sent many times over: start again
+                    clause = bound[alts] = frozenset(alts)
+                out.append(clause)
         return tuple(out)
 
     # ------------------------------------------------------------------ shapes
@@ -461,7 +477,8 @@ class FleetIndex:
                 count, slot = self._best_direct(base, o, x, tiers)  # type: ignore[arg-type]
                 return count, slot, base.applied, base
             members = self.live if base.bm is None else base.bm
-            ranks = base.ranks = ThresholdRanks(members, attr, o.cmp in BELOW, tiers, self.version)
+            compact = ranks is not None and ranks.counts is None  # a prebuilt base keeps its compact form
+            ranks = base.ranks = ThresholdRanks(members, attr, o.cmp in BELOW, tiers, self.version, compact)
             self.rank_stats.builds += 1
         self.rank_stats.by_ranks += 1
         count, slot = best_at(ranks, attr, o.cmp, x, tiers)  # type: ignore[arg-type]
@@ -540,21 +557,54 @@ class FleetIndex:
         return plan
 
     def _make_base(self, vars: Vars) -> Base:
-        """A new base: its rules from the memo of rule shapes (a fleet's requests have a few
-        dozen: which headers, which flags), its Bloom clauses bound to its own values."""
-        own = dict(vars)
+        """The base of requests like `vars`: its rules from the memo of rule shapes (a fleet's
+        requests have a few dozen: which headers, which flags), then the base of those rules
+        and the values their requirements read (`effective`), made when there is none, its
+        Bloom clauses bound to those values."""
         try:
-            key = (tuple([n in own for n in self._present_vars]),
-                   tuple([own.get(n, _ABSENT) for n in self._tested_vars]))
+            key = (tuple([n in vars for n in self._present_vars]),
+                   tuple([vars.get(n, _ABSENT) for n in self._tested_vars]))
             shape = self._shapes.get(key)
         except TypeError:  # an unhashable value (only through `Request.of`): worked out afresh
             key, shape = None, None
         if shape is None:
-            shape = self._rule_shape(own)
+            shape = self._rule_shape(vars)
             if key is not None:
                 self._shapes.put(key, shape)
-        rules, applied, exact, ranged, ordering = shape
-        return Base(own, rules, applied, exact, ranged, self._clauses(rules, own), ordering)
+        rules, applied, exact, ranged, ordering, ids, reads = shape
+        own = {n: vars[n] for n in reads}  # all a base reads (a private copy)
+        ekey = None
+        if key is not None:
+            try:
+                ekey = (ids, tuple(own.values()))
+                base = self.effective.get(ekey)
+            except TypeError:  # an unhashable value (only through `Request.of`)
+                ekey = base = None
+            if base is not None:
+                return base  # type: ignore[no-any-return]
+        base = Base(own, rules, applied, exact, ranged, self._clauses(rules, own), ordering)
+        if ekey is not None:
+            self.effective.put(ekey, base)
+        return base
+
+    def prebuild(self, vars: Vars, tiers: ScoreTiers) -> bool:
+        """Make the base of requests like `vars` (its bitmap, and its threshold ranks when it
+        has members and a lone ordering) ahead of them (`base_catalog.py`), unless a current
+        one is cached; True when something was built. Counts no request statistic. The
+        ranks are compact (`ThresholdRanks._compact`): a bundle's reachable bases are tens
+        of thousands, most with a few dozen members."""
+        base = self._make_base(vars)
+        attr = None if base.ordering is None else self.attr_index[base.ordering.attr]
+        if base.version == self.version and (not base.count or attr is None or (
+                base.ranks is not None and base.ranks.current(self.version, attr, tiers))):
+            return False
+        if base.version != self.version:
+            self._refresh_base(base, counted=False)
+        if base.count and attr is not None:
+            o = base.ordering
+            members = self.live if base.bm is None else base.bm
+            base.ranks = ThresholdRanks(members, attr, o.cmp in BELOW, tiers, self.version, compact=True)  # type: ignore[union-attr]
+        return True
 
     def _rule_shape(self, vars: Vars) -> _RuleShape:
         """The rules that apply to requests like `vars`, their terms split by whether they read
@@ -576,25 +626,32 @@ class FleetIndex:
             o = orderings[0]
             if o is not None and self.reducers.get(o.var) is self.attr_index[o.attr]:
                 ordering = o
-        return tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged), ordering
+        # what a base's bitmap and Bloom clauses read: the requirements' variables (a guard's
+        # are in the rules already), less the reduced ones (the ranged terms run per plan)
+        reads = set().union(*(value_reads(cr.rule.require) for cr in rules)) - self.reducers.keys()
+        return (tuple(rules), tuple([cr.applied for cr in rules]), tuple(exact), tuple(ranged), ordering,
+                tuple([cr.rule.id for cr in rules]), tuple(sorted(reads)))
 
-    def _refresh_base(self, base: Base) -> None:
+    def _refresh_base(self, base: Base, counted: bool = True) -> None:
         """Recompute a base: Bloom first, then the exact terms intersected smallest first
-        (each intersection can only shrink the answer)."""
+        (each intersection can only shrink the answer). `counted`: in the Bloom statistics
+        (a request's computation; `prebuild`'s is not)."""
         base.version = self.version
         if base.clauses:
             bloom = self.bloom
             if base.bloom_version != bloom.version:
-                base.survivors = bloom.surviving(base.clauses)
+                base.kept = len(bloom.surviving(base.clauses))
                 base.bloom_version = bloom.version
-            st = self.stats
             total = len(bloom.shards)
-            kept = len(base.survivors)  # type: ignore[arg-type]
-            st.requests += 1
-            st.shards_probed += total
-            st.shards_skipped += total - kept
+            kept = base.kept
+            if counted:
+                st = self.stats
+                st.requests += 1
+                st.shards_probed += total
+                st.shards_skipped += total - kept
+                if not kept:
+                    st.emptied += 1
             if not kept:
-                st.emptied += 1
                 base.bm, base.count = EMPTY, 0
                 return
         live = len(self.live)

@@ -44,6 +44,7 @@ from .threshold_ranks import ThresholdRanks
 
 PLAN_CACHE_SIZE = 16384
 BASE_CACHE_SIZE = 2048
+EFFECTIVE_BASES = 65536  # bases kept by what they answer (`FleetIndex.effective`): a bundle's reachable ones, prebuilt
 EXACT_CACHE_SIZE = 4096
 Term = Callable[[Mapping[str, Scalar]], BitMap]
 Within = Callable[[Mapping[str, Scalar], BitMap], BitMap]  # a term already met with a few candidates
@@ -54,7 +55,7 @@ class Base:
     """What every reduced shape with the same exact values shares; the mutable fields are
     its answer cache."""
 
-    vars: Mapping[str, Scalar]  # the first such request's own values (a private copy)
+    vars: Mapping[str, Scalar]  # the values its rules' requirements read, but the reduced ones (a private copy)
     rules: tuple[CompiledRule, ...]  # the rules that apply, in bundle order
     applied: tuple[AppliedRule, ...]
     exact: tuple[Term, ...]  # requirement bitmaps of the rules that read no range position
@@ -65,8 +66,8 @@ class Base:
     version: int = -1  # index membership version of `bm`
     bm: BitMap | None = None  # the exact terms' intersection; None: the live set (no exact term)
     count: int = 0  # len(bm)
-    bloom_version: int = -1  # filter version of `survivors`
-    survivors: BitMap | None = None  # shards the filters cannot rule out (None: no keys)
+    bloom_version: int = -1  # filter version of `kept`
+    kept: int = 0  # how many shards the filters cannot rule out (read when `clauses` is not empty)
     ranks: ThresholdRanks | None = None  # the best tier and count per threshold (`ordering` set)
     asked: tuple[int, int, int] | None = None  # versions at the last request answered without `ranks`
 

@@ -35,6 +35,7 @@ from policyc.compiler.bundle import Bundle, Scalar
 from policyc.compiler.gc_pause import gc_paused
 
 from .admission_cache import AdmissionCache
+from .base_catalog import Prebuilt, prebuild as _prebuild
 from .errors import AdmissionError, RegistryError, UnknownInstanceError
 from .explain import explain as _explain
 from .bloom import SHARD_SIZE
@@ -85,7 +86,7 @@ def _gpu_group(instance: Instance) -> tuple[str, str, str]:
 class Registry:
     def __init__(self, bundle: Bundle, instances: Iterable[Instance] = (),
                  scores: Mapping[str, float] | None = None, *, shard_size: int = SHARD_SIZE,
-                 plan_cache: int = PLAN_CACHE_SIZE) -> None:
+                 plan_cache: int = PLAN_CACHE_SIZE, prebuild: bool = True) -> None:
         self._read = threading.Lock()
         self._write = threading.Lock()
         self._bundle = bundle
@@ -105,9 +106,34 @@ class Registry:
         # None] for k = 1: the answer while nothing changed, and where to start once something has
         self._answers = PlanCache(min(plan_cache, EXACT_CACHE_SIZE))
         self._seen = (-1, -1)  # (index, score order) versions at the last k = 1 answer
+        # after each build (and bundle swap) a thread builds the bases requests can produce
+        # (`base_catalog.py`), so a request with fixed values never seen before finds its base
+        # ready; `prebuild=False`: bases made on first request only (tests of that path)
+        self._prebuild_on = prebuild and plan_cache > 0
+        self._prebuilder: threading.Thread | None = None
+        self.prebuilt = Prebuilt()
         items = list(instances)
         if items:
             self.add_many(items, scores)
+
+    def _start_prebuild(self) -> None:
+        if not self._prebuild_on:
+            return
+        index, stats = self._index, Prebuilt()
+        self.prebuilt = stats
+        t = threading.Thread(target=_prebuild, name="policyc-prebuild-bases", daemon=True,
+                             args=(index, self._tiers, self._read, lambda: self._index is index, stats))
+        self._prebuilder = t
+        t.start()
+
+    def warm(self, timeout: float | None = None) -> bool:
+        """Wait for the bases of the last build or swap to be prebuilt; True when done (also
+        when there was nothing to prebuild)."""
+        t = self._prebuilder
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
 
     # ------------------------------------------------------------------ reading
     @property
@@ -332,6 +358,7 @@ class Registry:
                         self._insert(inst, a, s)
                     return
                 self._bulk(items, ids, attrs, checked)
+        self._start_prebuild()
 
     def _bulk(self, items: list[Instance], ids: list[str], attrs: list[dict[str, Scalar]], scores: list[float | None]) -> None:
         """The index build: slots handed out a placement group at a time, then every map,
@@ -470,7 +497,8 @@ class Registry:
                 for iid in evicted:
                     self._forget(iid)
                 self._admission = admission
-            return tuple(evicted)
+        self._start_prebuild()
+        return tuple(evicted)
 
     # ------------------------------------------------------------------ measuring
     @property
