@@ -482,6 +482,7 @@ def main() -> int:
     work: list[float] = []
     steps: list[float] = []
     holds: dict[str, list[tuple[str, float]]] = {k: [] for k in variants}  # what held the serving loop, per phase kind
+    step_kinds: dict[str, list[tuple[str, float]]] = {k: [] for k in variants}  # refresher steps' CPU by what they did
     for r in range(min(rounds, 2)):  # two rounds of five paced phases keep a full run under three minutes
         for name, (where, rate) in variants.items():
             noop_phase = name in (noop_name, own_name, idle_name)
@@ -506,9 +507,10 @@ def main() -> int:
             tails[name].append((counts, unexplained, sum(lat > slow for lat in ph.lats), len(calls), quiet_p99))
             holds[name].extend((f"GC gen {g}", b - a) for a, b, g in gcs.spans)
             if not noop_phase:  # a step's wall span includes the time other processes had the CPU; its CPU does not
-                mine = [(b - a, c) for (a, b), c in zip(server.refresher.spans(), server.refresher.step_cpu()) if a >= t0]
-                holds[name].extend(("refresher step, CPU", c) for _, c in mine)
-                holds[name].extend(("refresher step, wall", w) for w, _ in mine)
+                mine = [s for s in server.refresher.step_records() if s.start >= t0]
+                holds[name].extend(("refresher step, CPU", s.cpu) for s in mine)
+                holds[name].extend(("refresher step, wall", s.end - s.start) for s in mine)
+                step_kinds[name].extend((s.kind, s.cpu) for s in mine)
             n_slow, n_all = tails[name][-1][2], len(calls)
             del calls
             print(f"paced round {r + 1}, {name}: {ph.rps}/s of {rate:.0f} offered, p50 {ph.p50_ms:.2f} ms, p99 {ph.p99_ms:.2f} ms, "
@@ -550,9 +552,13 @@ def main() -> int:
           f"{served_p99:.2f} vs {same_p99:.2f} ms, medians of rounds)")
     for name in variants:
         print(f"holds    {name}: " + loop_holds(holds[name]))
+    for name in variants:
+        if step_kinds[name]:
+            print(f"steps    {name}, refresher steps' CPU by kind: " + loop_holds(step_kinds[name]))
     if server.heap is not None:
         print(f"heap     settling passes {len(server.heap.passes)}, full collections whose survivors were frozen "
-              f"{server.heap.refrozen}")
+              f"{server.heap.refrozen}, refresher ticks that froze what was alive {server.heap.tick_freezes}; "
+              f"{gc.get_freeze_count()} objects frozen")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
     print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
           f"max {max(work) * 1e3:.1f} ms over {len(work)} refreshes; steps median {statistics.median(steps) * 1e3:.2f} ms, "

@@ -88,7 +88,7 @@ def _table(snap: Snapshot, key: tuple[Thresholds, int | None]) -> PathTable:
     return hit
 
 
-def warm_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[None]:
+def warm_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[str]:
     """Build, ahead of the first request, the tables requests read on the previous snapshot
     (and always the default one: each GPU entered from its region's gateway), one table per
     step (a path table, then each of its dependency tables), yielding after each so that
@@ -110,10 +110,10 @@ def warm_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[None]:
         if table is None:
             built = yield from _build_steps(snap, *key)
             table = snap.tables.setdefault(key, built)  # a request may have built it meanwhile: theirs is kept
-        yield
+        yield "path table"
         for kind, role in deps:
             table.dependency(snap, kind, role)
-            yield
+            yield "dependency table"
 
 
 def ingress_rows(snap: Snapshot, ingress: int | None) -> np.ndarray:
@@ -137,7 +137,7 @@ def _build(snap: Snapshot, th: Thresholds, ingress: int | None) -> PathTable:
             return done.value  # type: ignore[no-any-return]
 
 
-def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generator[None, None, PathTable]:
+def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generator[str, None, PathTable]:
     """The table in three steps, yielding between two (for `warm_steps` on a serving
     loop): the snapshot-only marks; the best port per GPU (`best_ports`, most of the
     cost); the rest."""
@@ -155,9 +155,9 @@ def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generat
 
     local, remote = t.gpu_ports
     delay = pcie_delay(pcie)
-    yield
+    yield "path table: marks"
     paths = best_ports(snap, th, local, remote, rows, delay)
-    yield
+    yield "path table: best ports"
     best_net, best_var, best_port, raw_net, any_port_ok = paths.net, paths.var, paths.port, paths.raw_net, paths.any_ok
     mark(~any_port_ok, Constraint.PORT)
     mark(~np.isfinite(best_net), Constraint.NETWORK)

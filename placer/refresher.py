@@ -25,7 +25,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from typing import Callable, Generator, Iterable
+from typing import Callable, Generator, Iterable, NamedTuple
 
 from .anomalies import AnomalyBoard
 from .realtime import RealtimeOutcome, apply_realtime
@@ -42,11 +42,21 @@ LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share
 Listener = Callable[[Snapshot, Snapshot | None], Iterable[object] | None]
 
 
+class StepRecord(NamedTuple):
+    """One step of a refresh: its span on the `time.perf_counter` clock, the CPU seconds of
+    the thread that ran it, and what it did."""
+
+    start: float
+    end: float
+    cpu: float
+    kind: str
+
+
 class _Refresh:
     """One refresh in progress: its steps, the seconds they took so far, and its snapshot
     once done."""
 
-    def __init__(self, steps: Generator[None, None, Snapshot]) -> None:
+    def __init__(self, steps: Generator[str, None, Snapshot]) -> None:
         self.steps = steps
         self.work = 0.0
         self.snapshot: Snapshot | None = None
@@ -70,8 +80,7 @@ class Refresher:
         self._clock = clock
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
-        self._spans: deque[tuple[float, float]] = deque(maxlen=STEPS_KEPT * history)
-        self._cpu: deque[float] = deque(maxlen=STEPS_KEPT * history)
+        self._steps: deque[StepRecord] = deque(maxlen=STEPS_KEPT * history)
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
@@ -103,13 +112,24 @@ class Refresher:
         """(start, end) of each step of the recent refreshes on the `time.perf_counter`
         clock, oldest first (a synchronous tick's steps are back to back): lets a benchmark
         tell the requests that overlapped one."""
-        return tuple(self._spans)
+        return tuple((r.start, r.end) for r in tuple(self._steps))
 
     def step_cpu(self) -> tuple[float, ...]:
         """The CPU seconds of the thread that ran each step of `spans()`, in the same order:
         a step's span on a busy machine includes the time the thread was not running at all,
         its CPU time is what the step itself held the loop (or the interpreter) for."""
-        return tuple(self._cpu)
+        return tuple(r.cpu for r in tuple(self._steps))
+
+    def step_kinds(self) -> tuple[str, ...]:
+        """What each step of `spans()` did, in the same order ("snapshot: fabric search",
+        "path table", "contract table", "listener ScorePusher.steps", ...): lets a benchmark
+        tell which kind of step holds a serving loop long."""
+        return tuple(r.kind for r in tuple(self._steps))
+
+    def step_records(self) -> tuple[StepRecord, ...]:
+        """`spans()`, `step_cpu()` and `step_kinds()` together, read at one instant (the
+        three read one after the other while a loop refreshes may be a step apart)."""
+        return tuple(self._steps)
 
     def is_stale(self) -> bool:
         snap = self._snap
@@ -144,22 +164,23 @@ class Refresher:
         was the last one (and the refresh's latency is recorded)."""
         c0, t0 = time.thread_time(), time.perf_counter()
         try:
-            next(r.steps)
+            kind = next(r.steps)
         except StopIteration as done:
             r.snapshot = done.value
+            kind = "end"
         t1 = time.perf_counter()
-        self._cpu.append(time.thread_time() - c0)
-        self._spans.append((t0, t1))
+        self._steps.append(StepRecord(t0, t1, time.thread_time() - c0, kind))
         r.work += t1 - t0
         if r.snapshot is None:
             return t1 - t0
         self._lat.append(r.work)
         return None
 
-    def _refresh(self) -> Generator[None, None, Snapshot]:
-        """One refresh as steps (yields between two). Sampling and publishing hold the
-        lock; the steps between read only their own snapshot, so a refresh by hand
-        (`tick()`) while a loop-driven one is half-way is safe: the newer version is kept."""
+    def _refresh(self) -> Generator[str, None, Snapshot]:
+        """One refresh as steps (yields between two the kind of the step just done). Sampling
+        and publishing hold the lock; the steps between read only their own snapshot, so a
+        refresh by hand (`tick()`) while a loop-driven one is half-way is safe: the newer
+        version is kept."""
         with self._lock:
             taken = self._clock()
             topo = self.source.topology()
@@ -167,25 +188,26 @@ class Refresher:
             prev = self._snap
             self._version += 1
             version = self._version
-        yield
+        yield "sample"
         snap = yield from build_steps(version, topo, frame, prev, self.anomalies.fold(len(topo.gpus)),
                                       self.thresholds, self.interval, taken)
-        yield
+        yield "snapshot: scores"
         # the per-tick path tables requests will read, before they can ask, and the
         # per-(tick, contract) tables on them
-        for _ in warm_steps(snap, prev):
-            yield
-        for _ in warm_contract_steps(snap, prev):
-            yield
+        yield from warm_steps(snap, prev)
+        yield from warm_contract_steps(snap, prev)
         with self._lock:
             current = self._snap
             if current is None or current.version < version:
                 self._prev, self._snap = prev, snap
             published = self._snap is snap
+        done = "publish"
         for fn in self._listeners if published else ():
-            yield
+            yield done
+            done = f"listener {getattr(fn, '__qualname__', type(fn).__name__)}"
             for _ in fn(snap, prev) or ():
-                yield
+                yield done
+        yield done
         return snap
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:

@@ -173,7 +173,7 @@ def build_snapshot(
 def build_steps(
     version: int, topology: Topology, frame: TelemetryFrame, previous: Snapshot | None, health_overlay: np.ndarray | None,
     thresholds: Thresholds, interval: float, taken_at: float,
-) -> Generator[None, None, Snapshot]:
+) -> Generator[str, None, Snapshot]:
     """`build_snapshot` in steps (GPU and port state; the fabric's hop costs; the fabric
     search, `SEARCH_CHUNK` sources a step; scores), yielding between two, for a refresher
     that lets requests in between (`build_seconds` is then the steps' span, waits
@@ -181,7 +181,8 @@ def build_steps(
     CPU, a chunk of 6 ~0.2 ms: a search's fixed cost (~0.15 ms) is paid per chunk, so the
     chunked search costs ~0.2 ms more per tick in all, but no step holds a serving loop
     longer than a chunk. Each source's row is its own Dijkstra search, so the rows of
-    the chunks, stacked in order, are the one search's."""
+    the chunks, stacked in order, are the one search's. Each yield names the step it
+    ends (the refresher records it beside the step's span)."""
     t0 = time.perf_counter()
     t, f = topology, frame
     vol = (previous.volatility.update(f) if previous is not None and previous.topology is t
@@ -200,7 +201,7 @@ def build_steps(
     psig = np.sqrt(buffer_sigma(f.port_watermark, t.port_buffer, t.port_bandwidth) ** 2
                    + (VOLATILITY_GAIN_PORT * drain * np.sqrt(vol.wm_var)) ** 2)
 
-    yield
+    yield "snapshot: GPU and port state"
     lat, q, var = hop_costs(t, f)
     lb, nb = blocked_links(f, thresholds), blocked_nodes(t, f, thresholds)
     sources = sorted(set(t.ingress.values()) | {e.node for e in t.endpoints})
@@ -208,10 +209,12 @@ def build_steps(
     dist = np.full((len(sources), len(t.fabric_nodes)), np.inf)
     dvar = np.zeros((len(sources), len(t.fabric_nodes)))
     chunk = max(SEARCH_CHUNK, -(-len(sources) // SEARCH_STEPS_MOST))
+    done = "snapshot: hop costs"
     for lo in range(0, len(sources), chunk):  # rows in `sources` order
-        yield
+        yield done
         dist[lo:lo + chunk], dvar[lo:lo + chunk] = search_many(t, sources[lo:lo + chunk], lat, q, var, lb, nb)
-    yield
+        done = "snapshot: fabric search"
+    yield done
 
     local, _ = t.gpu_ports
     has_port = local >= 0

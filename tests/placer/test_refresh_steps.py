@@ -89,3 +89,32 @@ def test_warming_keeps_a_table_a_request_built_while_it_stepped() -> None:
     for _ in warm:
         pass
     assert nxt.tables[(nxt.thresholds, None)] is mine
+
+
+def test_each_step_is_recorded_with_what_it_did() -> None:
+    """`step_records()`: span, CPU and kind of each step, read together; the kinds name the
+    refresher's own steps, the split ones and each listener's."""
+    sim, r = _world()
+
+    class Settler:
+        def __call__(self, new, previous) -> None:  # noqa: ANN001
+            return None
+
+    def pusher(new, previous):  # noqa: ANN001, ANN202
+        yield 1
+        yield 2
+
+    r.on_refresh(pusher)
+    r.on_refresh(Settler())
+    before = len(r.step_records())
+    r.tick()
+    recs = r.step_records()[before:]
+    kinds = [k.kind for k in recs]
+    assert kinds[0] == "sample" and kinds[-1] == "end"
+    assert kinds[1:4] == ["snapshot: GPU and port state", "snapshot: hop costs", "snapshot: fabric search"]
+    assert "snapshot: scores" in kinds and "path table" in kinds
+    listener = f"listener {pusher.__qualname__}"
+    assert kinds[-6:] == ["publish", listener, listener, listener, "listener Settler", "end"]
+    assert [(x.start, x.end) for x in recs] == list(r.spans()[before:])
+    assert [x.cpu for x in recs] == list(r.step_cpu()[before:]) and kinds == list(r.step_kinds()[before:])
+    assert all(x.start <= x.end and x.cpu >= 0 for x in recs)
