@@ -18,8 +18,9 @@ variables those requirements read are multiplied out (the realistic fleet: 128 r
 36,720 bases).
 
 A variable whose values cannot be listed (a quantity other than the latency target, a
-name compared other than by `==` with no declared values) is left absent; where it cannot
-be absent nothing is listed. Listing fewer bases than can occur is always safe: a base not
+name compared other than by `==` with no declared values, more than `DOMAIN_MOST` values)
+is left absent; where it cannot be absent nothing is listed. At most `EFFECTIVE_BASES`
+are listed (the bound of the cache they go to). Listing fewer bases than can occur is always safe: a base not
 listed is made on its first request, as before.
 """
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 GUARD_COMBINATIONS = 4096  # presence-and-guard-value combinations tried at most (more: nothing listed)
 CHUNK = 32  # bases built per hold of the registry's lock
+DOMAIN_MOST = 1024  # a variable with more values than this (a host name) is left absent: listing it would crowd out the rest
 _ABSENT = object()  # a variable left out of a combination
 _PRESENT = object()  # a variable only present (its value read by no guard): stands in for any value
 
@@ -112,6 +114,8 @@ def domains(index: FleetIndex) -> dict[str, tuple[object, ...]] | None:
                     values = tuple(sorted(held | guard_consts.get(var, set()), key=str))
                 else:
                     values = None
+        if values is not None and len(values) > DOMAIN_MOST:
+            values = None
         if values is None:
             if not absent:
                 return None

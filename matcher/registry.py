@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from typing import Hashable, Iterable, Mapping
 
 import numpy as np
@@ -119,10 +120,14 @@ class Registry:
     def _start_prebuild(self) -> None:
         if not self._prebuild_on:
             return
-        index, stats = self._index, Prebuilt()
+        index, stats, me = self._index, Prebuilt(), weakref.ref(self)
         self.prebuilt = stats
+
+        def current() -> bool:  # a registry dropped (a reload's old state) or swapped stops it
+            reg = me()
+            return reg is not None and reg._index is index
         t = threading.Thread(target=_prebuild, name="policyc-prebuild-bases", daemon=True,
-                             args=(index, self._tiers, self._read, lambda: self._index is index, stats))
+                             args=(index, self._tiers, self._read, current, stats))
         self._prebuilder = t
         t.start()
 

@@ -13,6 +13,7 @@ answer as the naive scan does, and cover what the fleet's requests can ask.
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -176,3 +177,16 @@ def test_compact_ranks_answer_as_the_full_arrays(cmp: str) -> None:
 
 def _holds(v: float, cmp: str, x: float) -> bool:
     return {"<": v < x, "<=": v <= x, ">": v > x, ">=": v >= x}[cmp]
+
+
+def test_a_dropped_registry_stops_its_prebuild() -> None:
+    """A reload drops the old state's registry: its prebuild stops at the next chunk rather
+    than building bases nobody will read (the thread holds no reference to the registry)."""
+    fleet = make_fleet(2_000, 27)
+    reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
+    thread, stats = reg._prebuilder, reg.prebuilt
+    assert thread is not None
+    del reg
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive() and not stats.done and stats.built < 36_720
