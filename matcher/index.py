@@ -18,7 +18,8 @@ typed request; the candidates a plan computed stay valid until the next insert o
 The best candidate alone (`best_one`, k = 1) of a request whose latency target is read by
 one ordering only (`slo_latency <= request.slo`) needs neither: its base (the fixed values'
 intersection, shared by every target) keeps threshold ranks (`threshold_ranks.py`), so a
-target never seen before costs one bisection and a look at one score tier.
+target never seen before costs one bisection and a look at one score tier. The bases
+themselves are built ahead of their requests (`prebuild`, listed by `base_catalog.py`).
 
 Not thread-safe by itself: `Registry` serialises writers and readers around it.
 """

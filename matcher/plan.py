@@ -16,7 +16,10 @@ in a bounded LRU (`PlanCache`, oldest out one at a time):
   their Bloom clauses and the shards surviving them, and the intersection of every term
   that reads no range position (`model == request.model and region == request.region and
   tpm`). A fleet sees few of these (every family, region and flag combination), so they
-  stay warm even when most requests are new;
+  stay warm even when most requests are new. Below that key, bases are kept by what they
+  answer (`FleetIndex.effective`: the rules that apply and the values their requirements
+  read), which `Registry` fills after each build with every base the bundle's requests
+  can produce (`base_catalog.py`), so even a base's first request finds it built;
 - a `Plan` per reduced shape: its base, its own variable values, the range terms, and the
   candidates (`base ∩ ranges`).
 

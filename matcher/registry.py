@@ -18,7 +18,11 @@ last computed while no instance has been added or removed since; `plan_cache=0` 
 cache off (every request planned and intersected afresh, as a benchmark baseline). The best
 candidate alone (k = 1) of a request whose latency target is its only range term comes from
 its base's threshold ranks (`threshold_ranks.py`) without a plan; a repeated request gets
-its last answer back while neither the fleet nor any score has changed since.
+its last answer back while neither the fleet nor any score has changed since. After each
+build and bundle swap a thread builds every base the bundle's requests can produce
+(`base_catalog.py`; `warm` waits for it): at 100,000 instances of the realistic fleet
+36,720 bases, ~3 s of that thread's CPU and ~100 MB, so that a request whose fixed values
+are new costs ~25 µs rather than ~100.
 """
 
 from __future__ import annotations

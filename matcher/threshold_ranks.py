@@ -34,6 +34,10 @@ between tiers); a score change that keeps every group in its tier keeps them (an
 a tier's slots change only with a version). `FleetIndex.best_one` rebuilds them on a base's
 second request since they went stale, and answers the first one from the base's bitmap: a
 fleet that changes between every two requests never pays a build per request.
+
+Bases built ahead of their requests (`FleetIndex.prebuild`: tens of thousands, most with a
+few dozen members) keep the arrays compact (`_compact`): only the steps, at the value
+positions the members hold, ~0.5 KB for twenty members instead of 7 KB.
 """
 
 from __future__ import annotations

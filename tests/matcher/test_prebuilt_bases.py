@@ -190,3 +190,21 @@ def test_a_dropped_registry_stops_its_prebuild() -> None:
     gc.collect()
     thread.join(10)
     assert not thread.is_alive() and not stats.done and stats.built < 36_720
+
+
+def test_the_decision_service_state_prebuilds() -> None:
+    """The state a decision server builds at start and at every reload (`server/state.py`)
+    gets its bases prebuilt: a new request's base is ready, no ranks built for it."""
+    from policyc.server.state import build_state
+
+    fleet = make_fleet(1_500, 28, families=4)
+    state = build_state(fleet.bundle, fleet.instances, fleet.scores)
+    reg = state.registry
+    assert reg.warm(30) and reg.prebuilt.done and reg.prebuilt.built == reg.prebuilt.listed > 0
+    rng = random.Random(29)
+    for kind in KINDS:
+        q = reg.parse_request(request_headers(kind, rng, 4))
+        order, ids, _ = naive_order(reg, dict(q.vars), 1)
+        got = reg.match(q, 1)
+        assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:1], kind
+    assert reg.index.rank_stats.builds == 0 and reg.index.rank_stats.by_bitmap == 0
