@@ -19,7 +19,9 @@ every request, untimed, so every request recomputes its candidates from its plan
 The fleet-scale part (`tests/fleet_shapes.py`): 100,000 instances of 50 model families in 8
 regions on 4 GPU architectures, an SLO per deployment (about 22,000 contracts), requests of
 four kinds (selective, compliance, regional, broad) with SLOs to the hundredth of a
-millisecond, so most raw shapes are new. It reports the registry build, best candidate
+millisecond, so most raw shapes are new. It reports the registry build, the bases prebuilt
+after it (`matcher/base_catalog.py`: their thread's CPU, wall time and memory; both parts
+wait for it before timing anything), best candidate
 (k = 1) p50/p99 per kind for requests never seen before (after a warm-up on other new
 requests, as a running service is), how many of them were new raw shapes and how many hit
 a plan of their reduced shape, `Registry.matches` against a plain list comprehension over
