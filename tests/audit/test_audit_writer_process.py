@@ -22,6 +22,13 @@ def _bodies(db: Path) -> list[bytes]:
         return [r[0] for r in c.execute("SELECT body FROM entries ORDER BY seq")]
 
 
+def test_the_writer_runs_as_batch_work_so_its_commits_never_preempt_the_serving_path(tmp_path: Path) -> None:
+    with AuditLog.open(tmp_path / "a.db") as log:
+        assert os.sched_getscheduler(log._proc.pid) == os.SCHED_BATCH
+        assert os.getpriority(os.PRIO_PROCESS, log._proc.pid) == os.getpriority(os.PRIO_PROCESS, 0)  # its share is not lowered
+        assert log.append_decision(decision(1)) == 1  # and it stores as before
+
+
 def test_draft_stores_the_bytes_the_record_would(tmp_path: Path) -> None:
     records = [decision(i) for i in range(12)]
     with AuditLog.open(tmp_path / "rec.db") as log:
