@@ -58,12 +58,12 @@ SMALL = 6  # at most this many candidates: order them by key directly (`key_of`;
 SMALL_ONE = 48  # the same for the best one alone (a `min` over keys; gathering ranks costs more below)
 DIRECT = 256  # at most this many candidates: the best one found through their scores (`neg_of`), no walk
 DIRECT_MANY = 2048  # the same for the best k > 1 (a walk over sparse candidates meets many tiers with one or none)
-DENSE = 4  # and for k > 1 only when at least one live slot in this many is a candidate (sparser: the groups gathered)
 FEW = 4  # k = 1 and at most this many hits in the first tier that has any: ordered by key at once (at 32 the five-contract fleet, dense with hits in its first group, pays for the key look-ups: p50 2.7 -> 5.7 us)
 EMPTY_TIERS = 16  # a walk that meets this many empty tiers in a row gathers ranks instead
 RANK_GAP = 1024.0  # initial distance between tier ranks
 VECTOR = 8  # batches of at least this many keys find their tiers with numpy (below, its call costs more)
 DIGESTS = 1024  # candidate bitmaps whose groups are kept (`CandidateGroups`), least recently used out first
+SPREAD = 16  # fewer candidates than groups / SPREAD: their groups found by a sort, not by a scan of every group number
 
 
 class Group:
@@ -415,7 +415,7 @@ class ScoreTiers:
             key = self.key_of.__getitem__
             arr = cand.to_array()  # iterating a BitMap costs far more than an array
             return [min(arr, key=key)] if k == 1 else heapq.nsmallest(k, arr, key=key)
-        if count > DIRECT if k == 1 else count > DIRECT_MANY and count * DENSE >= len(self.group_of):
+        if count > (DIRECT if k == 1 else DIRECT_MANY):
             got = self._walk(cand, k)
             if got is not None:
                 return got
@@ -428,7 +428,7 @@ class ScoreTiers:
             return []
         if count <= SMALL:
             return self._one_per_group(sorted(cand.to_array(), key=self.key_of.__getitem__), k)
-        if count > DIRECT if k == 1 else count > DIRECT_MANY and count * DENSE >= len(self.group_of):
+        if count > (DIRECT if k == 1 else DIRECT_MANY):
             walked = self._walk_distinct(cand, k)
             if walked is not None:
                 return walked
@@ -474,7 +474,9 @@ class ScoreTiers:
     def _groups_among(self, cand: BitMap) -> CandidateGroups:
         """The groups among `cand`, as kept since the last membership change, else found:
         each candidate's group number (`num_of`) scattered into `scratch` (a group number
-        -> slot array that is all -1 between calls) leaves one entry per group."""
+        -> slot array that is all -1 between calls) leaves one entry per group; a few
+        candidates among many groups (a fleet of one instance per GPU has as many groups
+        as instances) sort their numbers instead of scanning every group's entry."""
         digests = self.digests
         key = id(cand)
         got = digests.get(key)
@@ -482,12 +484,15 @@ class ScoreTiers:
             digests.move_to_end(key)
             return got
         idx = np.frombuffer(cand.to_array(), dtype=np.uint32)
-        scratch = self.scratch
-        if len(scratch) < len(self.numbered):
-            scratch = self.scratch = np.full(2 * len(self.numbered), -1, dtype=np.int64)
-        scratch[self.num_of[idx]] = idx
-        nums = np.flatnonzero(scratch >= 0)
-        scratch[nums] = -1
+        if len(idx) * SPREAD < len(self.numbered):  # few candidates among many groups: sorting them costs less
+            nums = np.unique(self.num_of[idx])
+        else:
+            scratch = self.scratch
+            if len(scratch) < len(self.numbered):
+                scratch = self.scratch = np.full(2 * len(self.numbered), -1, dtype=np.int64)
+            scratch[self.num_of[idx]] = idx
+            nums = np.flatnonzero(scratch >= 0)
+            scratch[nums] = -1
         got = digests[key] = CandidateGroups(cand, self.members, nums)
         digests.move_to_end(key)
         if len(digests) > DIGESTS:
