@@ -41,6 +41,7 @@ from .plan import EFFECTIVE_BASES
 if TYPE_CHECKING:
     from .index import FleetIndex
     from .ranking import ScoreTiers
+    from .threshold_ranks import ThresholdRanks
 
 GUARD_COMBINATIONS = 4096  # presence-and-guard-value combinations tried at most (more: nothing listed)
 CHUNK = 8  # bases built per hold of the registry's lock (~0.7 ms at 100,000 instances), the GIL given up after each
@@ -192,13 +193,14 @@ def prebuild(index: FleetIndex, tiers: ScoreTiers, lock: AbstractContextManager[
             return
         doms = domains(index)
     listing = iter(()) if doms is None else reachable(index, doms, EFFECTIVE_BASES)
+    same: dict[tuple, ThresholdRanks] = {}  # ranks by members, shared by bases that select alike
     while todo := list(itertools.islice(listing, chunk)):  # listed outside the lock, a chunk at a time
         stats.listed += len(todo)
         with lock:
             if not current():
                 return
             for v in todo:
-                if index.prebuild(v, tiers):
+                if index.prebuild(v, tiers, same):
                     stats.built += 1
         stats.cpu_s, stats.wall_s = time.thread_time() - c0, time.perf_counter() - t0
         time.sleep(0)  # let a waiting reader in before the next chunk

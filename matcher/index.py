@@ -588,12 +588,15 @@ class FleetIndex:
             self.effective.put(ekey, base)
         return base
 
-    def prebuild(self, vars: Vars, tiers: ScoreTiers) -> bool:
+    def prebuild(self, vars: Vars, tiers: ScoreTiers, same: dict[tuple, ThresholdRanks] | None = None) -> bool:
         """Make the base of requests like `vars` (its bitmap, and its threshold ranks when it
         has members and a lone ordering) ahead of them (`base_catalog.py`), unless a current
         one is cached; True when something was built. Counts no request statistic. The
         ranks are compact (`ThresholdRanks._compact`): a bundle's reachable bases are tens
-        of thousands, most with a few dozen members."""
+        of thousands, most with a few dozen members. `same`: ranks built so far in this
+        pass by their members' content; a base with the same members (the finance tenant's
+        hardening rule and the three flags it implies select alike) shares them and their
+        bitmap, neither of which is ever changed in place."""
         base = self._make_base(vars)
         attr = None if base.ordering is None else self.attr_index[base.ordering.attr]
         if base.version == self.version and (not base.count or attr is None or (
@@ -602,9 +605,16 @@ class FleetIndex:
         if base.version != self.version:
             self._refresh_base(base, counted=False)
         if base.count and attr is not None:
-            o = base.ordering
+            below = base.ordering.cmp in BELOW  # type: ignore[union-attr]
+            key = None if same is None or base.bm is None else (below, base.count, base.bm.serialize())
+            ranks = None if key is None else same.get(key)  # type: ignore[union-attr]
+            if ranks is not None and ranks.current(self.version, attr, tiers):
+                base.bm, base.ranks = ranks.members, ranks
+                return True
             members = self.live if base.bm is None else base.bm
-            base.ranks = ThresholdRanks(members, attr, o.cmp in BELOW, tiers, self.version, compact=True)  # type: ignore[union-attr]
+            base.ranks = ThresholdRanks(members, attr, below, tiers, self.version, compact=True)
+            if key is not None:
+                same[key] = base.ranks  # type: ignore[index]
         return True
 
     def _rule_shape(self, vars: Vars) -> _RuleShape:
