@@ -557,7 +557,7 @@ def main() -> int:
             print(f"steps    {name}, refresher steps' CPU by kind: " + loop_holds(step_kinds[name]))
     if server.heap is not None:
         print(f"heap     settling passes {len(server.heap.passes)}, full collections whose survivors were frozen "
-              f"{server.heap.refrozen}, refresher ticks that froze what was alive {server.heap.tick_freezes}; "
+              f"{server.heap.refrozen}, young ones {server.heap.young_refrozen}; "
               f"{gc.get_freeze_count()} objects frozen")
     print(f"ranking  matcher score against the placer's, after the closed-loop rounds: {fresh}")
     print(f"refresh  served, paced: work per tick (its steps, score pushes included) median {statistics.median(work) * 1e3:.1f} ms, "
