@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .draft_encoder import EncodedDraft, draft_values, encode_draft, encode_drafts, split_drafts
 from .frames import COUNT, HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
 from .index_columns import IndexRow, index_row
+from .scheduling import run_as_batch
 
 if TYPE_CHECKING:
     from .redaction import Redactor
@@ -216,26 +217,9 @@ def _tell(fd_out: int, data: bytes) -> None:
 PROFILE_ENV = "POLICYC_AUDIT_WRITER_PROFILE"  # a path prefix: cProfile (CPU time) stats to <prefix>.<pid>
 
 
-def run_as_batch() -> bool:
-    """Put this process under the kernel's batch policy (SCHED_BATCH): the same fair share
-    of the CPU as any other process (so it keeps up at any load), but its wake-ups no longer
-    preempt the process that is running. The writer wakes ~20 times a second for a ~1 ms
-    commit; preempting Envoy, the model server or the decision service in the middle of a
-    call cost those processes more CPU per call than the commit itself (measured on the
-    gateway benchmark at 16 callers, writer batch vs normal in alternating rounds: 0.91x the
-    rig's CPU per call, 1.17x the calls/s; nice 10 did as much, but a lower share can fall
-    behind on a loaded machine). A commit now waits at most a scheduler slice (a few ms) for
-    a busy CPU, well inside the group-commit interval and the bridge's window. False where the
-    policy is not available (the writer works the same, scheduled as usual)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
 def main() -> None:
-    """Serve the log's pipes, as batch work (`run_as_batch`); with PROFILE_ENV set, under
+    """Serve the log's pipes, as batch work (`scheduling.run_as_batch`: its commits never
+    preempt the serving path); with PROFILE_ENV set, under
     cProfile (the writer's CPU per record is what slows a decision service sharing its core:
     this is how it is found)."""
     run_as_batch()
