@@ -80,7 +80,9 @@ class Refresher:
         self._clock = clock
         self._rt = (realtime_priority, cpus)
         self._lat: deque[float] = deque(maxlen=history)
-        self._steps: deque[StepRecord] = deque(maxlen=STEPS_KEPT * history)
+        # (start, end, cpu, kind) per step: plain tuples of atoms, which the collector stops
+        # tracking after one pass (a NamedTuple's instances it tracks for ever)
+        self._steps: deque[tuple[float, float, float, str]] = deque(maxlen=STEPS_KEPT * history)
         self._snap: Snapshot | None = None
         self._prev: Snapshot | None = None
         self._version = 0
@@ -112,24 +114,24 @@ class Refresher:
         """(start, end) of each step of the recent refreshes on the `time.perf_counter`
         clock, oldest first (a synchronous tick's steps are back to back): lets a benchmark
         tell the requests that overlapped one."""
-        return tuple((r.start, r.end) for r in tuple(self._steps))
+        return tuple((r[0], r[1]) for r in tuple(self._steps))
 
     def step_cpu(self) -> tuple[float, ...]:
         """The CPU seconds of the thread that ran each step of `spans()`, in the same order:
         a step's span on a busy machine includes the time the thread was not running at all,
         its CPU time is what the step itself held the loop (or the interpreter) for."""
-        return tuple(r.cpu for r in tuple(self._steps))
+        return tuple(r[2] for r in tuple(self._steps))
 
     def step_kinds(self) -> tuple[str, ...]:
         """What each step of `spans()` did, in the same order ("snapshot: fabric search",
         "path table", "contract table", "listener ScorePusher.steps", ...): lets a benchmark
         tell which kind of step holds a serving loop long."""
-        return tuple(r.kind for r in tuple(self._steps))
+        return tuple(r[3] for r in tuple(self._steps))
 
     def step_records(self) -> tuple[StepRecord, ...]:
         """`spans()`, `step_cpu()` and `step_kinds()` together, read at one instant (the
         three read one after the other while a loop refreshes may be a step apart)."""
-        return tuple(self._steps)
+        return tuple(StepRecord(*r) for r in tuple(self._steps))
 
     def is_stale(self) -> bool:
         snap = self._snap
@@ -169,7 +171,7 @@ class Refresher:
             r.snapshot = done.value
             kind = "end"
         t1 = time.perf_counter()
-        self._steps.append(StepRecord(t0, t1, time.thread_time() - c0, kind))
+        self._steps.append((t0, t1, time.thread_time() - c0, kind))
         r.work += t1 - t0
         if r.snapshot is None:
             return t1 - t0

@@ -4,6 +4,8 @@ not, what they build is the same, bit for bit."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -118,3 +120,5 @@ def test_each_step_is_recorded_with_what_it_did() -> None:
     assert [(x.start, x.end) for x in recs] == list(r.spans()[before:])
     assert [x.cpu for x in recs] == list(r.step_cpu()[before:]) and kinds == list(r.step_kinds()[before:])
     assert all(x.start <= x.end and x.cpu >= 0 for x in recs)
+    gc.collect()  # the history the refresher keeps is nothing the collector scans again
+    assert not any(gc.is_tracked(x) for x in r._steps)
