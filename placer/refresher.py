@@ -35,7 +35,7 @@ from .telemetry import TelemetrySource
 from .tick_table import warm_contract_steps
 from .thresholds import Thresholds
 
-STEPS_KEPT = 16  # step spans kept per refresh of history
+STEPS_KEPT = 48  # step records kept per refresh of history (a refresh at 20,000 instances is ~40 steps)
 LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
 
 # a refresh listener: `fn(new, previous)`, returning its own steps (any iterable) or None
