@@ -64,6 +64,21 @@ def naive_order(reg: Registry, q_vars: dict, k: int) -> tuple[tuple[str, ...], f
     return want.best, want.ids, tuple(firsts)
 
 
+def churn(reg: Registry, rng: random.Random, gone: list) -> None:
+    """One random change: an instance removed (kept in `gone`), one of `gone` added back, or
+    two score moves, within a tier (ranks kept) or across tiers (ranks stale)."""
+    insts = [e[0] for e in reg.entries()]
+    r = rng.random()
+    if r < 0.3 and insts:
+        victim = rng.choice(insts)
+        reg.remove(victim.id)
+        gone.append(victim)
+    elif r < 0.5 and gone:
+        reg.add(gone.pop(), rng.random())
+    elif insts:
+        reg.set_scores([(rng.choice(insts).id, rng.choice((0.0, 1.0, rng.random()))) for _ in range(2)])
+
+
 def agrees(reg: Registry, headers: dict[str, str]) -> None:
     q = reg.parse_request(headers)
     order, ids, firsts = naive_order(reg, dict(q.vars), len(reg))
@@ -125,16 +140,7 @@ def test_threshold_ranks_equal_naive_scan(small_thresholds: None, seed: int, n: 
             for _ in range(2):  # the second time from the answer cache
                 got = reg.match(q, 1)
                 assert got.count == len(ids) and tuple(s.instance.id for s in got.best) == order[:1], (h, cmp)
-        insts = [e[0] for e in reg.entries()]
-        r = rng.random()
-        if r < 0.3 and insts:
-            victim = rng.choice(insts)
-            reg.remove(victim.id)
-            gone.append(victim)
-        elif r < 0.5 and gone:
-            reg.add(gone.pop(), rng.random())
-        elif insts:  # score moves: within a tier (ranks kept) or across tiers (ranks stale)
-            reg.set_scores([(rng.choice(insts).id, rng.choice((0.0, 1.0, rng.random()))) for _ in range(2)])
+        churn(reg, rng, gone)
     assert reg.index.rank_misses == 0
 
 

@@ -26,7 +26,7 @@ from policyc.matcher.base_catalog import domains, reachable
 from policyc.matcher.threshold_ranks import ThresholdRanks, best_at
 
 from fleet_shapes import KINDS, REGIONS, make_fleet, request_headers
-from test_fleet_scale import naive_order, small_thresholds  # noqa: F401  (a fixture)
+from test_fleet_scale import churn, naive_order, small_thresholds  # noqa: F401  (a fixture)
 
 
 def _headers(rng: random.Random, families: int) -> dict[str, str]:
@@ -66,16 +66,7 @@ def test_prebuilt_bases_equal_naive_scan(small_thresholds: None, seed: int, n: i
     for _step in range(steps):
         for _ in range(3):
             _agrees(reg, _headers(rng, 3))
-        insts = [e[0] for e in reg.entries()]
-        r = rng.random()
-        if r < 0.3 and insts:
-            victim = rng.choice(insts)
-            reg.remove(victim.id)
-            gone.append(victim)
-        elif r < 0.5 and gone:
-            reg.add(gone.pop(), rng.random())
-        elif insts:  # within a tier (ranks kept) or across tiers (ranks stale)
-            reg.set_scores([(rng.choice(insts).id, rng.choice((0.0, 1.0, rng.random()))) for _ in range(2)])
+        churn(reg, rng, gone)
     assert reg.index.rank_misses == 0
     reg.swap_bundle(fleet.bundle)  # a new index: prebuilt again
     assert reg.warm(30) and reg.prebuilt.done
