@@ -41,7 +41,6 @@ from .draft_encoder import DecisionWire, wire_draft, wire_drafts
 from .frames import COUNT, Ack, FromWriter, ToWriter, dumps, frame, split, write_all
 from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
-from .scheduling import run_as_batch
 from .store import (CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, Durability, connect_writer, entries_columns_missing,
                     entries_definition_intact, log_id, store_schema)
 from .verify_chain import walk
@@ -392,9 +391,7 @@ class AuditLog:
         return ticket
 
     def _pump(self) -> None:
-        """The sender thread: moves queued frames into the pipe, many per write (as batch
-        work, `scheduling.run_as_batch`)."""
-        run_as_batch()
+        """The sender thread: moves queued frames into the pipe, many per write."""
         while True:
             with self._send:
                 while not self._frames and not self._closing:
@@ -418,8 +415,6 @@ class AuditLog:
     # ------------------------------------------------------------------ acknowledgements
 
     def _read_acks(self) -> None:
-        """The acknowledgement thread (as batch work, `scheduling.run_as_batch`)."""
-        run_as_batch()
         buf = bytearray()
         why = "the audit writer process exited unexpectedly"
         try:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from .draft_encoder import EncodedDraft, draft_values, encode_draft, encode_drafts, split_drafts
 from .frames import COUNT, HEADER, Ack, FromWriter, ToWriter, frame, split, write_all
 from .index_columns import IndexRow, index_row
-from .scheduling import run_as_batch
 
 if TYPE_CHECKING:
     from .redaction import Redactor
@@ -218,11 +217,8 @@ PROFILE_ENV = "POLICYC_AUDIT_WRITER_PROFILE"  # a path prefix: cProfile (CPU tim
 
 
 def main() -> None:
-    """Serve the log's pipes, as batch work (`scheduling.run_as_batch`: its commits never
-    preempt the serving path); with PROFILE_ENV set, under
-    cProfile (the writer's CPU per record is what slows a decision service sharing its core:
-    this is how it is found)."""
-    run_as_batch()
+    """Serve the log's pipes; with PROFILE_ENV set, under cProfile (the writer's CPU per
+    record is what slows a decision service sharing its core: this is how it is found)."""
     prefix = os.environ.get(PROFILE_ENV)
     if not prefix:
         serve(sys.stdin.fileno(), int(sys.argv[1]))

@@ -28,7 +28,6 @@ from policyc.audit.draft_encoder import DecisionWire, LatencyWire, OriginWire, P
 from policyc.audit.drafts import DecisionDraft, FigureFields, decision_draft
 from policyc.audit.errors import AuditWriteError
 from policyc.audit.schemas import DECISION_SCHEMA
-from policyc.audit.scheduling import run_as_batch
 from policyc.audit.log import AuditLog
 from policyc.audit.records import ActionRecord as AuditAction
 from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement
@@ -510,8 +509,7 @@ class AuditBridge:
     def _tick(self) -> None:
         """Background: a quiet service's last decisions reach the log within ~FLUSH_AFTER;
         the gate is re-evaluated (watchers told of a change) and sync waiters past the
-        window are refused. As batch work (`scheduling.run_as_batch`)."""
-        run_as_batch()
+        window are refused."""
         while not self._stop.wait(FLUSH_AFTER / 2):
             now = time.monotonic()
             if (self._pending and now - self._oldest >= FLUSH_AFTER) or (self._bodies and now - self._bodies_since >= FLUSH_AFTER):

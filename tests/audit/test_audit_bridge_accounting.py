@@ -5,9 +5,7 @@ them (the access-log receiver counts them dropped) rather than leaving them unse
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
@@ -95,19 +93,3 @@ def test_bridge_refuses_what_is_not_an_action_record(decided: tuple[list[tuple[D
         with pytest.raises(TypeError, match="ActionRecord"):
             bridge.accounting({"kind": "accounting"})  # type: ignore[arg-type]
         bridge.close()
-
-
-def test_bridge_flush_timer_runs_as_batch_work(decided: tuple[list[tuple[Decision, dict[str, str]]], Bundle],
-                                                tmp_path: Path) -> None:
-    _, bundle = decided
-    with AuditLog.open(tmp_path / "t.db") as log:
-        bridge = AuditBridge(log, bundle)
-        try:
-            for _ in range(100):  # the thread sets its own policy as it starts
-                native = bridge._timer.native_id
-                if native is not None and os.sched_getscheduler(native) == os.SCHED_BATCH:
-                    break
-                time.sleep(0.01)
-            assert bridge._timer.native_id is not None and os.sched_getscheduler(bridge._timer.native_id) == os.SCHED_BATCH
-        finally:
-            bridge.close()

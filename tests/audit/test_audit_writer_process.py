@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
@@ -21,22 +20,6 @@ from policyc.audit.verify import verify
 def _bodies(db: Path) -> list[bytes]:
     with sqlite3.connect(db) as c:
         return [r[0] for r in c.execute("SELECT body FROM entries ORDER BY seq")]
-
-
-def test_the_writer_runs_as_batch_work_so_its_commits_never_preempt_the_serving_path(tmp_path: Path) -> None:
-    with AuditLog.open(tmp_path / "a.db") as log:
-        assert os.sched_getscheduler(log._proc.pid) == os.SCHED_BATCH
-        for thread in (log._sender, log._reader):  # the threads that feed it and read its acknowledgements too
-            native = thread.native_id
-            assert native is not None
-            for _ in range(100):  # each sets its own policy as it starts
-                if os.sched_getscheduler(native) == os.SCHED_BATCH:
-                    break
-                time.sleep(0.01)
-            assert os.sched_getscheduler(native) == os.SCHED_BATCH
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is left as it was
-        assert os.getpriority(os.PRIO_PROCESS, log._proc.pid) == os.getpriority(os.PRIO_PROCESS, 0)  # its share is not lowered
-        assert log.append_decision(decision(1)) == 1  # and it stores as before
 
 
 def test_draft_stores_the_bytes_the_record_would(tmp_path: Path) -> None:
