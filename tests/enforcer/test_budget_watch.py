@@ -223,3 +223,45 @@ def test_a_bursts_accounts_wait_for_its_last_crossing() -> None:
     if max(urgent) - deadlines[-1] < 0.0005:  # the timer kept up with the burst (a loaded machine may not)
         assert min(accounts) > max(urgent), "an account was written between the burst's crossings"
     assert accounts[0] - deadlines[0] < ACCOUNT_MOST + 0.25  # bounded (generous: a loaded CI machine)
+
+
+def test_nothing_starts_on_the_follow_up_thread_while_a_crossing_is_acted_on() -> None:
+    """Deferred work waiting for room, and the walk of a connection ender, wait while the
+    timer thread is still cancelling a crossing's streams, even once no deadline is left
+    ahead (the heap is empty as soon as the crossing's entries are taken): a cancel that
+    lets go of the interpreter (gRPC's channel lock taken, say) must not hand it to them."""
+    watch = BudgetWatch()
+    crossing = time.monotonic() + 0.02
+    acts: list[tuple[str, float, float]] = []  # what, start, end
+    done = threading.Semaphore(0)
+
+    def slow_cancel(_late: float) -> None:
+        start = time.monotonic()
+        time.sleep(0.001)  # off the interpreter, as a cancel waiting on a lock is
+        acts.append(("cancel", start, time.monotonic()))
+
+    def deferred() -> None:
+        acts.append(("deferred", time.monotonic(), time.monotonic()))
+        done.release()
+
+    def walk() -> None:
+        watch.wait_for_room(0.0005)
+        acts.append(("walk", time.monotonic(), time.monotonic()))
+        done.release()
+
+    for _ in range(3):
+        watch.arm(crossing, lambda _late: None, slow_cancel)
+    while time.monotonic() < crossing - 0.0008:  # within ROOM of the crossing: the work waits for it
+        time.sleep(0.0002)
+    watch.defer(deferred)
+    walker = threading.Thread(target=walk)
+    walker.start()
+    assert done.acquire(timeout=5) and done.acquire(timeout=5)
+    walker.join()
+    watch.close()
+    cancels = [a for a in acts if a[0] == "cancel"]
+    last_cancel = max(end for _, _, end in cancels)
+    assert len(cancels) == 3
+    for what, start, _ in acts:
+        if what != "cancel":
+            assert start >= last_cancel, f"{what} started {1e6 * (last_cancel - start):.0f} us before the last cancel ended"
