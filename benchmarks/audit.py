@@ -18,7 +18,11 @@ large log.
    (gRPC Decide on `DecisionServer`s with `--audit-durability group` / `sync` and one with
    no log, each on its own event loop, driven in alternating phases by the same client
    threads): decisions/s and per-call p50/p99, with the same-run ratios.
-3. Verify. Writes M records through the real writer process, then times `verify` over them
+3. Writer per gateway call (`--only writer`): the writer process alone, fed what the gateway's
+   audited calls give it (a decision draft and an accounting record a call, handed over every
+   50 ms) at the gateway benchmark's rates: its CPU per call, and that cost split into a fixed
+   cost per commit and a cost per call.
+4. Verify. Writes M records through the real writer process, then times `verify` over them
    (floor 20 s for 1,000,000).
 
 Usage: .venv/bin/python benchmarks/audit.py [--quick] [--instances N] [--threads T] [--only durability]
@@ -312,13 +316,100 @@ def cost_per_decision(instances: int, n: int = 2000) -> None:
           f"wire_of {us(t5, t6):.1f} us + wire_drafts {us(t6, t7):.1f} us (the server bridge now; the pipe write is on the sender thread)")
 
 
+GATEWAY_RATES = (180, 500)  # calls/s of the gateway benchmark's audited rig at 1 and 16 callers (measured)
+
+
+def _gateway_call(i: int, decision_id: str) -> bytes:
+    """A gateway call's accounting body, its figures as the gateway benchmark's calls have them."""
+    from policyc.gateway.access_log import Attempt, Call, accounting_body
+
+    host = f"127.0.0.1:{40650 + i % 3}"
+    call = Call(decision_id=decision_id, start=time.time(), received=147, sent=4469, duration=0.055, first_byte=0.0552,
+                attempts=1, grpc_status="0", tls=False, upstream_first_byte=0.0551, upstream_connect=0.0012,
+                upstream_connection=str(6 + i % 3), variant="full", upstream_host=host,
+                instance=f"fraud-scorer-lite@host-0002/gpu{i % 3}#gw", upstream_sent=206, upstream_received=4596,
+                upstream_duration=0.048, upstream_rx_after_tx=0.0479, status=200, compute_seconds=0.000424)
+    answer = Attempt(host=host, instance=call.instance, sent=206, received=4596, duration=0.048, first_byte=0.0479,
+                     status=200, grpc_status="0", compute_seconds=0.000424, flags="")
+    return accounting_body(call, [answer])
+
+
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def writer_per_call(tmp: Path, instances: int, rounds: int, seconds: float, rates: tuple[int, ...] = GATEWAY_RATES) -> None:
+    """The audit writer process alone, as the gateway drives it: each call one decision (as
+    the bridge hands it: `wire_of`'s struct) and one accounting body, handed over together
+    every FLUSH_AFTER (50 ms) at a paced rate (the bridge's group commit), a fresh log per
+    round. Prints the writer's CPU per call (two records) at each rate, records per commit,
+    and this process's CPU per call (the hand-over and the log's threads); with two rates, the split of the
+    writer's cost into a fixed cost per commit and a cost per call (CPU per call =
+    per call + per commit / calls per commit)."""
+    from policyc.server.audit_bridge import FLUSH_AFTER
+
+    server = make_server(instances)
+    bundle = server.engine.state.bundle
+    decided = [server.engine.decide(INPUTS[i % len(INPUTS)]) for i in range(400)]
+    server.refresher.stop()
+    drafts = [wire_of(d, REQUESTS[i % len(REQUESTS)], bundle) for i, d in enumerate(decided)]
+    bodies = [_gateway_call(i, d.decision_id) for i, d in enumerate(decided)]
+    print(f"writer per gateway call: a decision ({statistics.mean(len(wire_draft(d)) for d in drafts):.0f} B as a draft) and an "
+          f"accounting record ({statistics.mean(map(len, bodies)):.0f} B) a call, handed over every {FLUSH_AFTER * 1e3:.0f} ms; "
+          f"{rounds} rounds of {seconds:g} s per rate, alternating")
+    c0 = time.process_time()
+    time.sleep(1.0)
+    idle = time.process_time() - c0  # this process's CPU per second with no log (the decision server's threads), subtracted
+    found: dict[int, list[tuple[float, float, float]]] = {r: [] for r in rates}
+    for k in range(rounds):
+        for rate in (rates if k % 2 == 0 else rates[::-1]):
+            per = max(1, round(rate * FLUSH_AFTER))
+            with AuditLog.open(tmp / f"writer-{k}-{rate}.db", warm=True) as log:
+                nxt = 0
+
+                def hand_over() -> None:
+                    nonlocal nxt
+                    idx = [(nxt + j) % len(drafts) for j in range(per)]
+                    nxt += per
+                    log.submit_decision_drafts([drafts[j] for j in idx], [bodies[j] for j in idx])
+
+                for _ in range(20):  # a log with some pages before the measured phase
+                    hand_over()
+                log.submit_body(bodies[0]).wait()
+                w0, s0, n0, p0 = _proc_cpu(log._proc.pid), log.last_seq, log.commits, time.process_time()
+                t0 = due = time.perf_counter()
+                calls = 0
+                while time.perf_counter() - t0 < seconds:
+                    hand_over()
+                    calls += per
+                    due += FLUSH_AFTER
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                log.submit_body(bodies[0]).wait()
+                p1, wall = time.process_time(), time.perf_counter() - t0
+                w1, s1, n1 = _proc_cpu(log._proc.pid), log.last_seq, log.commits
+            found[rate].append(((w1 - w0) / calls, (s1 - s0) / max(1, n1 - n0), (p1 - p0 - idle * wall) / calls))
+    for rate, xs in found.items():
+        print(f"  {rate:4d} calls/s: writer {statistics.median(x[0] for x in xs) * 1e6:5.1f} us CPU per call "
+              f"({', '.join(f'{x[0] * 1e6:.0f}' for x in xs)}), {statistics.median(x[1] for x in xs):.0f} records per commit, "
+              f"this process {statistics.median(x[2] for x in xs) * 1e6:.1f} us per call (encoding, hand-over, the log's "
+              f"sender and acknowledgement threads; net of its idle {idle * 1e3:.0f} ms CPU/s)")
+    if len(rates) == 2:
+        (ra, xa), (rb, xb) = found.items()
+        ca, cb = (statistics.median(x[0] for x in xs) for xs in (xa, xb))
+        ka, kb = (statistics.median(x[1] for x in xs) / 2 for xs in (xa, xb))  # calls per commit
+        fixed = (ca - cb) / (1 / ka - 1 / kb)
+        print(f"  writer cost split: {fixed * 1e3:.2f} ms CPU per commit + {(ca - fixed / ka) * 1e6:.0f} us per call "
+              f"(at {ka:.0f} and {kb:.0f} calls a commit)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 s phases and 100,000 records for verify")
     ap.add_argument("--instances", type=int, default=20_000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", choices=("cost", "throughput", "durability", "verify"), help="run one part")
+    ap.add_argument("--only", choices=("cost", "throughput", "writer", "durability", "verify"), help="run one part")
     ap.add_argument("--client-threads", type=int, default=8, help="gRPC client threads of the durability part")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
@@ -329,6 +420,8 @@ def main() -> None:
             cost_per_decision(args.instances)
         if args.only in (None, "throughput"):
             throughput(tmp, args.instances, args.threads, rounds=args.rounds, seconds=seconds)
+        if args.only in (None, "writer"):
+            writer_per_call(tmp, min(args.instances, 2_000), rounds=args.rounds, seconds=seconds)
         if args.only in (None, "durability"):
             durability(tmp, min(args.instances, 2_000), args.client_threads, rounds=args.rounds, seconds=seconds)
         if args.only in (None, "verify"):
