@@ -67,7 +67,8 @@ class Gathered:
     def __init__(self, tt: TickContractTable, gpus: np.ndarray) -> None:
         self._table = weakref.ref(tt)
         self.g = tt.block[gpus]
-        self.rows: list[list[float]] = self.g.tolist()
+        # tuples of floats: the collector stops tracking them after one pass (lists it scans every time)
+        self.rows: tuple[tuple[float, ...], ...] = tuple(map(tuple, self.g.tolist()))
         lay = tt.layout
         self._services = [(svc, eps, lay.latency(i), lay.best(i)) for i, (svc, eps, _, _) in enumerate(tt.services)]
         self._bindings: list[tuple[DependencyBinding, ...] | None] = [None] * len(self.rows)
@@ -101,7 +102,7 @@ class CandidateSet:
         rows, known, missing = rows_memo.rows(topology, candidates)
         self.topology = topology
         self.candidates = candidates
-        self.rows = rows
+        self.rows = tuple(rows)  # (untracked by the collector after one pass, as a list is not)
         self.gpus = np.array(rows, dtype=np.int64)
         self._take = itemgetter(*rows) if len(rows) > 1 else None  # (one row: itemgetter gives the value, not a tuple)
         self.known = known

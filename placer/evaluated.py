@@ -77,7 +77,7 @@ class Evaluated(ABC):
         self.best = best
 
     @staticmethod
-    def of_lists(gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered,
+    def of_lists(gpus: np.ndarray, rows: Sequence[int], table: TickContractTable, gathered: Gathered,
                  outs: list[_Row]) -> "Evaluated":
         """From the scalar path: `gathered`, the candidates' rows of `table`'s block (held
         here for as long as this evaluation lives: a plan's explanation may read it later);
@@ -110,7 +110,7 @@ class Evaluated(ABC):
 class _FromLists(Evaluated):
     __slots__ = ("_array", "_table", "_gathered", "_outs", "_ev")
 
-    def __init__(self, gpus: np.ndarray, rows: list[int], table: TickContractTable, gathered: Gathered,
+    def __init__(self, gpus: np.ndarray, rows: Sequence[int], table: TickContractTable, gathered: Gathered,
                  outs: list[_Row]) -> None:
         _, _, rank, _, fail = zip(*outs)  # the columns the choice reads (made in C)
         super().__init__(rows, fail, rank)

@@ -98,7 +98,7 @@ class Figures(NamedTuple):
 
 
 def scalar_figures(
-    layout: Layout, rows: list[list[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
+    layout: Layout, rows: Sequence[Sequence[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
     memo: list[tuple[float, float, _Row, _Row] | None] | None = None,
 ) -> Figures:
     """`scalar_rows` as columns."""
@@ -113,7 +113,7 @@ def figures_of(outs: list[_Row]) -> Figures:
 
 
 def scalar_rows(
-    layout: Layout, rows: list[list[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
+    layout: Layout, rows: Sequence[Sequence[float]], reserved: Sequence[float], flops: float, limit: float, k: float,
     memo: list[tuple[float, float, _Row, _Row] | None] | None = None,
 ) -> list[_Row]:
     """Per candidate, (queueing, compute, rank, raw total, failed constraint or -1): the numpy path's arithmetic, candidate by candidate on Python floats, in the same

@@ -87,7 +87,8 @@ def test_a_candidate_set_is_remembered_only_while_the_same_objects_come_back() -
     first = sets.get(t, tuple(cands[:6]))
     assert sets.get(t, tuple(cands[:6])) is first  # a new tuple of the same objects: the same set
     assert sets.get(t, cands[:6]) is first  # a list of them too
-    assert (first.rows, first.known) == _fresh_rows(t, cands[:6])[:2] and first.gpus.tolist() == first.rows
+    rows, known = _fresh_rows(t, cands[:6])[:2]
+    assert first.rows == tuple(rows) and first.known == known and tuple(first.gpus.tolist()) == first.rows
     other = sets.get(t, tuple(reversed(cands[:6])))  # order matters: the rows are the candidates' rows
     assert other is not first and other.rows == first.rows[::-1]
     a = cands[0]
@@ -118,7 +119,7 @@ def test_a_candidate_set_gathers_each_tick_table_once() -> None:
     got = cs.gather(tt)
     assert cs.gather(tt) is got  # kept for the tick
     np.testing.assert_array_equal(got.g, tt.block[cs.gpus])
-    assert got.rows == got.g.tolist()
+    assert got.rows == tuple(map(tuple, got.g.tolist()))
     nxt = r.tick()
     assert isinstance(placer.place(cands, 0.2, c), PlacementPlan)
     tt2 = next(iter(nxt.tables[(nxt.thresholds, None)].contracts.values()))
