@@ -21,7 +21,7 @@ its base's threshold ranks (`threshold_ranks.py`) without a plan; a repeated req
 its last answer back while neither the fleet nor any score has changed since. After each
 build and bundle swap a thread builds every base the bundle's requests can produce
 (`base_catalog.py`; `warm` waits for it): at 100,000 instances of the realistic fleet
-36,720 bases, ~3 s of that thread's CPU and ~100 MB, so that a request whose fixed values
+36,720 bases, ~3 s of that thread's CPU and ~60 MB, so that a request whose fixed values
 are new costs ~25 µs rather than ~100.
 """
 
