@@ -152,7 +152,8 @@ def test_without_freeze_young_a_young_pass_freezes_nothing(manual_collections: N
     kept = [Node() for _ in range(100)]
     gc.collect(0)
     gc.collect(1)
-    assert s.young_refrozen == 0 and gc.get_freeze_count() == frozen and all(gc.is_tracked(n) for n in kept)
+    # (frozen objects freed meanwhile, by another thread of the test process, lower the count: only a freeze raises it)
+    assert s.young_refrozen == 0 and gc.get_freeze_count() <= frozen and all(gc.is_tracked(n) for n in kept)
     s.release()
 
 
