@@ -122,15 +122,11 @@ class Refresher:
         its CPU time is what the step itself held the loop (or the interpreter) for."""
         return tuple(r[2] for r in tuple(self._steps))
 
-    def step_kinds(self) -> tuple[str, ...]:
-        """What each step of `spans()` did, in the same order ("snapshot: fabric search",
-        "path table", "contract table", "listener ScorePusher.steps", ...): lets a benchmark
-        tell which kind of step holds a serving loop long."""
-        return tuple(r[3] for r in tuple(self._steps))
-
     def step_records(self) -> tuple[StepRecord, ...]:
-        """`spans()`, `step_cpu()` and `step_kinds()` together, read at one instant (the
-        three read one after the other while a loop refreshes may be a step apart)."""
+        """Each step of `spans()` with its CPU seconds and what it did ("snapshot: fabric
+        search", "path table", "listener ScorePusher.steps", ...), read at one instant (two
+        reads one after the other while a loop refreshes may be a step apart): lets a
+        benchmark tell which kind of step holds a serving loop long."""
         return tuple(StepRecord(*r) for r in tuple(self._steps))
 
     def is_stale(self) -> bool:

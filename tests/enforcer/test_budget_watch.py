@@ -122,6 +122,17 @@ def test_requests_answered_within_budget_cost_the_timer_nothing() -> None:
     assert spent < 0.05, f"the timer thread spent {spent * 1e3:.0f} ms of CPU on disarmed deadlines"
 
 
+def _cross_all(watch: BudgetWatch, deadlines: list[float], account, urgent: list[float],  # type: ignore[no-untyped-def]
+               done: threading.Semaphore) -> None:
+    """Arm every deadline (its cancel noting when it ran in `urgent`), wait until `account`
+    has released `done` once per deadline, and close the watch."""
+    for d in deadlines:
+        watch.arm(d, account, lambda _late: urgent.append(time.monotonic()))
+    for _ in deadlines:
+        assert done.acquire(timeout=5)
+    watch.close()
+
+
 def test_deferred_work_waits_for_the_bursts_acts_and_for_room() -> None:
     """Work a crossing's account defers runs after every urgent act and account of its burst,
     and never with a crossing within `ROOM` (crossings here are 4 ms apart: there is room)."""
@@ -144,11 +155,7 @@ def test_deferred_work_waits_for_the_bursts_acts_and_for_room() -> None:
         accounts.append(time.monotonic())
         watch.defer(work)
 
-    for d in deadlines:
-        watch.arm(d, account, lambda _late: urgent.append(time.monotonic()))
-    for _ in deadlines:
-        assert done.acquire(timeout=5)
-    watch.close()
+    _cross_all(watch, deadlines, account, urgent, done)
     assert len(deferred) == len(deadlines)
     assert min(deferred) > max(urgent[:len(burst)]) and min(deferred) > max(accounts[:len(burst)])
     for t in deferred:
@@ -214,11 +221,7 @@ def test_a_bursts_accounts_wait_for_its_last_crossing() -> None:
         accounts.append(time.monotonic())
         done.release()
 
-    for d in deadlines:
-        watch.arm(d, account, lambda _late: urgent.append(time.monotonic()))
-    for _ in deadlines:
-        assert done.acquire(timeout=5)
-    watch.close()
+    _cross_all(watch, deadlines, account, urgent, done)
     assert len(urgent) == len(deadlines)
     if max(urgent) - deadlines[-1] < 0.0005:  # the timer kept up with the burst (a loaded machine may not)
         assert min(accounts) > max(urgent), "an account was written between the burst's crossings"
