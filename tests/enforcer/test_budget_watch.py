@@ -8,6 +8,9 @@ import os
 import threading
 import time
 
+import pytest
+
+from policyc.enforcer import budget_watch
 from policyc.enforcer.budget_watch import LEAD, BudgetWatch
 
 
@@ -228,11 +231,15 @@ def test_a_bursts_accounts_wait_for_its_last_crossing() -> None:
     assert accounts[0] - deadlines[0] < ACCOUNT_MOST + 0.25  # bounded (generous: a loaded CI machine)
 
 
-def test_nothing_starts_on_the_follow_up_thread_while_a_crossing_is_acted_on() -> None:
+def test_nothing_starts_on_the_follow_up_thread_while_a_crossing_is_acted_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Deferred work waiting for room, and the walk of a connection ender, wait while the
     timer thread is still cancelling a crossing's streams, even once no deadline is left
     ahead (the heap is empty as soon as the crossing's entries are taken): a cancel that
-    lets go of the interpreter (gRPC's channel lock taken, say) must not hand it to them."""
+    lets go of the interpreter (gRPC's channel lock taken, say) must not hand it to them.
+    Both give up after a cap (`DEFER_MOST`) by design; the cap is raised to a second here
+    so that a loaded machine's slow cancels (3 x 1 ms sleeps can take past 5 ms) cannot
+    pass for the work starting early."""
+    monkeypatch.setattr(budget_watch, "DEFER_MOST", 1.0)
     watch = BudgetWatch()
     crossing = time.monotonic() + 0.02
     acts: list[tuple[str, float, float]] = []  # what, start, end
@@ -248,7 +255,7 @@ def test_nothing_starts_on_the_follow_up_thread_while_a_crossing_is_acted_on() -
         done.release()
 
     def walk() -> None:
-        watch.wait_for_room(0.0005)
+        watch.wait_for_room(0.0005, most=1.0)
         acts.append(("walk", time.monotonic(), time.monotonic()))
         done.release()
 
