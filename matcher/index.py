@@ -594,7 +594,7 @@ class FleetIndex:
         one is cached; True when something was built. Counts no request statistic. The
         ranks are compact (`ThresholdRanks._compact`): a bundle's reachable bases are tens
         of thousands, most with a few dozen members. `same`: ranks built so far in this
-        pass by their members' content; a base with the same members (the finance tenant's
+        pass by their attribute, direction and members' content; a base with the same members (the finance tenant's
         hardening rule and the three flags it implies select alike) shares them and their
         bitmap, neither of which is ever changed in place."""
         base = self._make_base(vars)
@@ -605,8 +605,10 @@ class FleetIndex:
         if base.version != self.version:
             self._refresh_base(base, counted=False)
         if base.count and attr is not None:
-            below = base.ordering.cmp in BELOW  # type: ignore[union-attr]
-            key = None if same is None or base.bm is None else (below, base.count, base.bm.serialize())
+            o = base.ordering
+            below = o.cmp in BELOW  # type: ignore[union-attr]
+            # the ranks are made of the members, the attribute ordered and the direction: all three key them
+            key = None if same is None or base.bm is None else (o.attr, below, base.count, base.bm.serialize())  # type: ignore[union-attr]
             ranks = None if key is None else same.get(key)  # type: ignore[union-attr]
             if ranks is not None and ranks.current(self.version, attr, tiers):
                 base.bm, base.ranks = ranks.members, ranks
