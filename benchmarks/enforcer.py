@@ -616,7 +616,8 @@ def _gateway_audit(bundle, seconds: float, rounds: int, concurrency: tuple[int, 
         receiver = on.gateway.access_log.receiver  # type: ignore[union-attr]
         c = receiver.counts
         print(f"gateway accounting: {cpus['on'].requests()} calls taken by the audited rig's Envoy (warm-ups included), "
-              f"{c.calls} calls logged by Envoy, {c.recorded} records, {c.dropped} dropped, {c.incomplete} incomplete, "
+              f"{c.calls} calls logged by Envoy with their decision id and {c.unpicked} without one (streams ended before a "
+              f"pick: h2load cuts its streams at a round's end), {c.recorded} records, {c.dropped} dropped, {c.incomplete} incomplete, "
               f"{receiver.pending()} pending; audit log failures {on.thread.server.audit.failures}")  # type: ignore[union-attr]
     finally:
         on.stop()

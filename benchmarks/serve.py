@@ -11,7 +11,11 @@ Reports decisions/s, p50/p99 (client-observed), the ratio to the no-op throughpu
 p99 in an open-loop run paced at 70 % of the measured maximum rate (with, for reference, the
 no-op service paced at the same rate, at 70 % of its own maximum, and at 100 calls/s: the
 floor this machine sets for a service that does nothing). Decide and no-op
-phases alternate (`--rounds`) so that both see the same shared machine. The server runs in a
+phases alternate (`--rounds`) so that both see the same shared machine. Then the calibration:
+the no-op whose handler burns as much loop-thread CPU per call as Decide adds, and a third and
+two thirds of that, each against the plain no-op (and, paced, at Decide's rate): what a
+handler of Decide's CPU cost reads here whatever its work is, and how much handler CPU the
+0.8 floor admits on this machine. The server runs in a
 subprocess-free thread of this process with the audit log and guardian off (they are
 asynchronous to the decision path); clients run in a second process so they do not share
 the server's GIL. Before the rounds the whole request mix is sent once (`warm_mix`), so the
@@ -263,16 +267,27 @@ def loop_holds(holds: list[tuple[str, float]]) -> str:
 
 
 class _Noop:
-    """A gRPC service with Decide's request and a fixed response of a real decision's size."""
+    """A gRPC service with Decide's request and a fixed response of a real decision's size.
+
+    `spin`: seconds of this thread's CPU each call burns before answering (0: none), the
+    calibration's handlers: one that costs the serving loop what Decide costs it more than
+    the no-op, and others between, show what throughput and tail a handler of that CPU cost
+    gets on this machine, whatever its work is."""
 
     def __init__(self, response: bytes) -> None:
         self.response = response
+        self.spin = 0.0
 
     async def start(self) -> int:
         self.server = grpc.aio.server()
         resp = self.response
+        clock = time.thread_time
 
         async def decide(request: bytes, context) -> bytes:  # type: ignore[no-untyped-def]
+            if self.spin:
+                end = clock() + self.spin
+                while clock() < end:
+                    pass
             return resp
 
         handler = grpc.method_handlers_generic_handler("policyc.decision.v1.Decisions", {
@@ -374,6 +389,39 @@ def soak(server: DecisionServer, port: int, concurrency: int, seconds: float, ra
             + f", settling passes {len(passes)}" + (f" (longest {max(passes) * 1e3:.0f} ms)" if passes else ""))
 
 
+def calibrate(noop: _Noop, nport: int, nloop: int | None, dec: list[Phase], nop: list[Phase], concurrency: int,
+              secs: float, rounds: int) -> float:
+    """What a handler's CPU alone costs here: the no-op burning `spin` of loop-thread CPU per
+    call (Decide's extra over the no-op as these rounds measured it, and fractions of it),
+    rounds alternating with the plain no-op. Prints each one's throughput ratio to the plain
+    no-op beside Decide's, and the spin at which the ratio crosses the 0.8 floor (linear
+    between the two measured points around it). Returns Decide's extra loop CPU (seconds)."""
+    med = statistics.median
+    extra = max(0.0, med(d.loop_cpu_us for d in dec) - med(x.loop_cpu_us for x in nop)) * 1e-6
+    spins = (0.0, extra / 3, 2 * extra / 3, extra)
+    got: dict[float, list[float]] = {s: [] for s in spins[1:]}
+    for r in range(rounds):
+        for s in (spins[1:] if r % 2 == 0 else spins[:0:-1]):  # plain, spins, plain, spins reversed
+            noop.spin = 0.0
+            plain = load(nport, concurrency, secs, loop_thread=nloop)
+            noop.spin = s
+            spun = load(nport, concurrency, secs, loop_thread=nloop)
+            got[s].append(spun.rps / plain.rps)
+            print(f"calibration round {r + 1}: no-op burning {s * 1e6:.0f} us of loop CPU per call {spun.rps}/s "
+                  f"(loop thread {spun.loop_cpu_us:.0f} us per call), plain no-op {plain.rps}/s, ratio {spun.rps / plain.rps:.2f}")
+    noop.spin = 0.0
+    ratios = [1.0] + [med(got[s]) for s in spins[1:]]
+    cross = next((spins[i] + (spins[i + 1] - spins[i]) * (ratios[i] - 0.8) / (ratios[i] - ratios[i + 1])
+                  for i in range(len(spins) - 1) if ratios[i] >= 0.8 > ratios[i + 1] and ratios[i] > ratios[i + 1]), None)
+    d_ratio = med(d.rps / x.rps for d, x in zip(dec, nop))
+    print(f"calib    a no-op whose handler burns the loop CPU Decide adds ({extra * 1e6:.0f} us a call) reads "
+          f"{ratios[-1]:.2f} of the plain no-op (Decide {d_ratio:.2f}); burning {spins[1] * 1e6:.0f} / {spins[2] * 1e6:.0f} us: "
+          f"{ratios[1]:.2f} / {ratios[2]:.2f} (medians of {rounds} rounds); the 0.8 floor admits "
+          + (f"about {cross * 1e6:.0f} us of handler CPU per call here" if cross is not None else
+             ("more than Decide adds" if ratios[-1] >= 0.8 else f"less than {spins[1] * 1e6:.0f} us of handler CPU per call here")))
+    return extra
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="20,000 instances, 2 rounds of 3 s per phase")
@@ -433,6 +481,9 @@ def main() -> int:
               f"load average {os.getloadavg()[0]:.2f}")
     rps = sum(x.rps for x in dec) / rounds
     nrps = sum(x.rps for x in nop) / rounds
+    server.refresher.stop()
+    extra = calibrate(noop, nport, nloop, dec, nop, args.concurrency, secs, rounds)
+    server.start_refresher()
     if args.batch:
         one: list[Phase] = []
         many: list[Phase] = []
@@ -471,11 +522,13 @@ def main() -> int:
     # virtual machine includes waking its idle vCPUs); each phase's slow calls are matched
     # against the server-side events they overlapped.
     noop_name = "no-op service, same rate"
+    spun_name = f"no-op burning Decide's extra loop CPU ({extra * 1e6:.0f} us a call), same rate"
     own_name = "no-op service at 70 % of its own maximum"
     idle_name = f"no-op service at {IDLE_RATE:g} calls/s"
     # name: (where the refresher runs, None for the no-op phases; offered rate)
     variants = {"served": (th.loop, 0.7 * rps), "refresher on its own thread": (None, 0.7 * rps),
-                noop_name: (None, 0.7 * rps), own_name: (None, 0.7 * nrps), idle_name: (None, IDLE_RATE)}
+                noop_name: (None, 0.7 * rps), spun_name: (None, 0.7 * rps), own_name: (None, 0.7 * nrps),
+                idle_name: (None, IDLE_RATE)}
     paced: dict[str, list[Phase]] = {k: [] for k in variants}
     tails: dict[str, list[tuple[dict[str, tuple[int, int]], int, int, int, float]]] = {k: [] for k in variants}
     slow = 5e-3
@@ -483,9 +536,10 @@ def main() -> int:
     steps: list[float] = []
     holds: dict[str, list[tuple[str, float]]] = {k: [] for k in variants}  # what held the serving loop, per phase kind
     step_kinds: dict[str, list[tuple[str, float]]] = {k: [] for k in variants}  # refresher steps' CPU by what they did
-    for r in range(min(rounds, 2)):  # two rounds of five paced phases keep a full run under three minutes
+    for r in range(min(rounds, 2)):  # two rounds of six paced phases keep a full run under three minutes
         for name, (where, rate) in variants.items():
-            noop_phase = name in (noop_name, own_name, idle_name)
+            noop_phase = name in (noop_name, spun_name, own_name, idle_name)
+            noop.spin = extra if name == spun_name else 0.0
             if noop_phase:
                 server.refresher.stop()
             else:
@@ -548,8 +602,10 @@ def main() -> int:
               f"calls over {slow * 1e3:g} ms {sum(t[2] for t in tails[name])} of {sum(t[3] for t in tails[name])}, "
               f"p99 of calls overlapping no server event {med(t[4] for t in tails[name]):.2f} ms")
     served_p99, same_p99 = med(x.p99_ms for x in paced["served"]), med(x.p99_ms for x in paced[noop_name])
+    spun_p99 = med(x.p99_ms for x in paced[spun_name])
     print(f"tail     paced p99, Decide served / no-op at the same rate = {served_p99 / same_p99:.1f}x (floor 1.5x, issue 25; "
-          f"{served_p99:.2f} vs {same_p99:.2f} ms, medians of rounds)")
+          f"{served_p99:.2f} vs {same_p99:.2f} ms, medians of rounds); the no-op burning Decide's extra loop CPU at that "
+          f"rate {spun_p99:.2f} ms ({served_p99 / spun_p99:.1f}x of it)")
     for name in variants:
         print(f"holds    {name}: " + loop_holds(holds[name]))
     for name in variants:
