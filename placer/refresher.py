@@ -37,6 +37,7 @@ from .thresholds import Thresholds
 
 STEPS_KEPT = 48  # step records kept per refresh of history (a refresh at 20,000 instances is ~40 steps)
 LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
+SPREAD = 0.4  # ... and, at the last refresh's work, are spread over this part of the interval
 
 # a refresh listener: `fn(new, previous)`, returning its own steps (any iterable) or None
 Listener = Callable[[Snapshot, Snapshot | None], Iterable[object] | None]
@@ -174,6 +175,13 @@ class Refresher:
         self._lat.append(r.work)
         return None
 
+    def share(self) -> float:
+        """The share of an event loop's time a refresh's steps take: what spreads the last
+        refresh's work over `SPREAD` of the interval, at most `LOOP_SHARE` (and that until a
+        refresh has been measured)."""
+        last = self._lat[-1] if self._lat else 0.0
+        return min(LOOP_SHARE, last / (SPREAD * self.interval)) if last > 0 else LOOP_SHARE
+
     def _refresh(self) -> Generator[str, None, Snapshot]:
         """One refresh as steps (yields between two the kind of the step just done). Sampling
         and publishing hold the lock; the steps between read only their own snapshot, so a
@@ -261,9 +269,12 @@ class Refresher:
             self._loop_step(loop, run, due, _Refresh(self._refresh()))
 
     def _loop_step(self, loop: asyncio.AbstractEventLoop, run: int, due: float, r: _Refresh) -> None:
-        """Run one step, then let the loop serve for three times as long before the next
-        (`LOOP_SHARE`): steps back to back, even with the loop polling between them, would
-        take half its time for the length of a refresh and queue the requests behind."""
+        """Run one step, then let the loop serve before the next: steps back to back, even
+        with the loop polling between them, would take half its time for the length of a
+        refresh and queue the requests behind. The steps take `share()` of the loop's time,
+        so a refresh is spread over `SPREAD` of the interval: a few milliseconds of work at
+        a quarter of the loop each tick was a burst that a loop serving at 70 % queued
+        behind (`benchmarks/serve.py`, paced)."""
         if run != self._run:
             r.steps.close()
             return
@@ -273,7 +284,7 @@ class Refresher:
             self.errors.append(f"{type(e).__name__}: {e}")
             took = None
         if took is not None:
-            loop.call_later(took * (1 / LOOP_SHARE - 1), self._loop_step, loop, run, due, r)
+            loop.call_later(took * (1 / self.share() - 1), self._loop_step, loop, run, due, r)
             return
         due += self.interval
         now = loop.time()

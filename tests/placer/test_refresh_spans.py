@@ -11,7 +11,7 @@ import time
 import pytest
 
 from policyc.placer import Refresher, SimulatedCluster
-from policyc.placer.refresher import LOOP_SHARE, STEPS_KEPT
+from policyc.placer.refresher import LOOP_SHARE, SPREAD, STEPS_KEPT
 
 
 def _cluster() -> SimulatedCluster:
@@ -71,10 +71,18 @@ def test_on_a_loop_steps_are_paced_refreshes_repeat_and_stop_ends_them() -> None
         spans = r.spans()
         time.sleep(0.2)
         assert r.current().version == stopped and r.spans() == spans
-        # each loop step is followed by a gap of three times its length (LOOP_SHARE 0.25)
+        # each loop step is followed by a gap of at least three times its length (LOOP_SHARE 0.25)
         on_loop = [s for s in spans if s[0] >= started]
         gaps = [(on_loop[i + 1][0] - on_loop[i][1], on_loop[i][1] - on_loop[i][0]) for i in range(len(on_loop) - 1)]
         assert len(gaps) >= 10 and all(g >= d * (1 / LOOP_SHARE - 1) * 0.99 for g, d in gaps)
+        # a refresh's steps spread over about SPREAD of the interval, each refresh done within its tick
+        recs = [s for s in r.step_records() if s.start >= started]
+        firsts = [i for i, s in enumerate(recs) if s.kind == "sample"]
+        lasts = [i for i, s in enumerate(recs) if s.kind == "end"]
+        refreshes = [(recs[a].start, recs[b].end) for a, b in zip(firsts, lasts) if b > a]
+        assert len(refreshes) >= 3
+        assert all(end - start < r.interval for start, end in refreshes[1:]), refreshes
+        assert max(end - start for start, end in refreshes[1:]) > 0.5 * SPREAD * r.interval, refreshes
     finally:
         loop.call_soon_threadsafe(loop.stop)
         th.join(5)
