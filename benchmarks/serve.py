@@ -409,7 +409,7 @@ def calibrate(noop: _Noop, nport: int, nloop: int | None, dec: list[Phase], nop:
     spins = (0.0, extra / 3, 2 * extra / 3, extra)
     got: dict[float, list[float]] = {s: [] for s in spins[1:]}
     for r in range(rounds):
-        for s in (spins[1:] if r % 2 == 0 else spins[:0:-1]):  # plain, spins, plain, spins reversed
+        for s in (spins[1:] if r % 2 == 0 else spins[:0:-1]):  # each spin after a plain round; the spins up, then down
             noop.spin = 0.0
             plain = load(nport, concurrency, secs, loop_thread=nloop)
             noop.spin = s
