@@ -221,6 +221,7 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
         eventually(lambda th=th: all(i.id in th.server.state.registry for i in fleet[:3]), 5)
     stop = threading.Event()
     counts = {"ok": 0, "rejected": 0, "failed": 0}
+    refusals: dict[tuple[str, str], int] = {}  # (stage, binding constraint) of each rejection
     errors: list[str] = []
 
     def load(th) -> None:  # type: ignore[no-untyped-def]
@@ -230,6 +231,9 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
                 try:
                     d = s.Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer"}), timeout=5)
                     counts["ok" if d.outcome == pb.ADMITTED else "rejected"] += 1
+                    if d.outcome != pb.ADMITTED:
+                        why = (pb.Stage.Name(d.rejection.stage), d.rejection.binding_constraint)
+                        refusals[why] = refusals.get(why, 0) + 1
                 except Exception as e:  # noqa: BLE001 - counted: the test asserts there are none
                     counts["failed"] += 1
                     errors.append(str(e)[:200])
@@ -257,7 +261,11 @@ def test_killing_the_etcd_leader_under_decision_load_fails_no_decision_and_write
         t.join(10)
     etcd.restart(dead)
     assert counts["failed"] == 0, errors[:3]  # no RPC failed: every replica decided from its own copy
-    assert counts["ok"] > 50 and counts["ok"] > 10 * counts["rejected"], counts
+    assert counts["ok"] > 50, counts
+    # every refusal is the placer's, for capacity: three instances' GPU share (and with it the
+    # predicted latency) runs out within a tick when the callers outpace it (a fast machine's: 716
+    # of 3,083), never the matcher's or the solver's, as a fleet or bundle lost in the failover would be
+    assert set(refusals) <= {("PLACEMENT", "gpu_share"), ("PLACEMENT", "latency_budget")}, refusals
     assert write_after < 5, f"the write took {write_after:.2f} s after the etcd leader died"
 
 

@@ -259,7 +259,7 @@ def test_nothing_starts_on_the_follow_up_thread_while_a_crossing_is_acted_on(mon
         done.release()
 
     def walk() -> None:
-        watch.wait_for_room(0.0005, most=1.0)
+        watch.wait_for_room(budget_watch.ROOM, most=1.0)  # the crossing is within ROOM: the walk waits for it
         acts.append(("walk", time.monotonic(), time.monotonic()))
         done.release()
 
