@@ -194,7 +194,7 @@ def tight(server, payloads: list[bytes], per_tick: int, rounds: int,  # type: ig
 
         one_round(n, per_frame)
         print(f"opcodes  {sum(counts.values()) / n:.0f} Python opcodes per call ({n} calls); by function: "
-              + ", ".join(f"{f}:{name} {c / n:.0f}" for (f, name), c in counts.most_common(15)))
+              + ", ".join(f"{f}:{name} {c / n:.0f}" for (f, name), c in counts.most_common(int(os.environ.get("TOPN", "15")))))
 
 
 def main() -> int:

@@ -1,5 +1,11 @@
 """What a placement returns: a plan with its predicted latency and reasons, or a refusal
-that names the binding constraint. Frozen data, safe to log, audit and send on the wire.
+that names the binding constraint. Immutable data, safe to log, audit and send on the wire.
+
+`PlacementPlan` and `LatencyBreakdown` are made for every placed request on the serving
+loop, so they are slotted dataclasses that nothing assigns to after construction rather
+than `frozen=True` ones, whose `__init__` sets each field through `object.__setattr__`
+(about 8x the cost of a plain slot: `server/decision.py`); `unsafe_hash` keeps them
+hashable as frozen ones were.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ class ShareSource(str, Enum):
     CATALOG = "catalog"  # computed here: the bundle had no solver entry for the class
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable: never assigned to (see above)
 class LatencyBreakdown:
     """Predicted end-to-end seconds. `network` is the round trip from the ingress,
     including switch and port buffers; `queueing` the wait at the GPU; `dependencies` the
@@ -128,7 +134,7 @@ class Explanation:
         return "Explanation(written)" if self._value is not None else "Explanation(pending)"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # immutable: never assigned to (see above)
 class PlacementPlan:
     instance_id: str
     host: str
