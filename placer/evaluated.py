@@ -65,16 +65,7 @@ class Evaluated(ABC):
         self.fail = fail
         self.rank = rank
         self.feasible = feas = [i for i, code in enumerate(fail) if code < 0]
-        # np.argmin over the feasible rows' ranks: the first minimum, NaN winning as it does there
-        best, low = -1, 0.0
-        for i in feas:
-            x = rank[i]
-            if x != x:
-                best = i
-                break
-            if best < 0 or x < low:
-                best, low = i, x
-        self.best = best
+        self.best = _first_least(rank, feas)
 
     @staticmethod
     def of_lists(gpus: np.ndarray, rows: Sequence[int], table: TickContractTable, gathered: Gathered,
@@ -105,6 +96,27 @@ class Evaluated(ABC):
             if gpus[r] == gpu:
                 return r
         return -1
+
+
+def _first_least(rank: Sequence[float], rows: list[int]) -> int:
+    """np.argmin over `rank` at `rows`: the first minimum, a NaN winning as it does there
+    (the first NaN); -1 for no rows. Without a NaN or infinities of both signs the sum is
+    a number, and `min` (which keeps the first of equal keys) answers in C; otherwise the
+    rows are walked as argmin walks them."""
+    if not rows:
+        return -1
+    key = rank.__getitem__
+    total = sum(map(key, rows))
+    if total == total:
+        return min(rows, key=key)
+    best, low = -1, 0.0
+    for i in rows:
+        x = rank[i]
+        if x != x:
+            return i
+        if best < 0 or x < low:
+            best, low = i, x
+    return best
 
 
 class _FromLists(Evaluated):

@@ -100,9 +100,12 @@ _bindings: _Memo[tuple[str, str, str], bytes] = _Memo()
 DEPENDENCIES_MAX = 512
 _dependencies: _Memo[int, tuple[tuple, bytes]] = _Memo(DEPENDENCIES_MAX)
 _models: _Memo[str, bytes] = _Memo()  # Decision.model (field 4) as bytes, per model name
+_versions: _Memo[int, bytes] = _Memo(64)  # Placement.snapshot_version (field 17) as bytes, per version
 _STALE = _tag(16, 0) + b"\x01"
 _SNAPSHOT = _tag(17, 0)
 _DECISION_ID = _tag(1, 2)
+_ID_LENGTH = 32  # `decision_ids.new_decision_id`'s, whose length prefix is written once here
+_DECISION_ID_HEAD = _DECISION_ID + varint(_ID_LENGTH)
 
 
 def _fixed_fields(key: tuple) -> bytes:
@@ -116,6 +119,10 @@ def _fixed_fields(key: tuple) -> bytes:
                      (b"\x40" + varint(queue_depth)) if queue_depth else b"",  # field 8, varint
                      text(10, share_source.value), _STALE if stale else b"",
                      b"".join(text(18, x) for x in probes), text(19, region), text(20, endpoint)))
+
+
+def _snapshot_field(version: int) -> bytes:
+    return _SNAPSHOT + varint(version)
 
 
 def _binding_names(key: tuple[str, str, str]) -> bytes:
@@ -156,8 +163,12 @@ def placement_body(p: PlacementPlan, model: str, region: str, notes: tuple[str, 
     if p.session_move is not None:
         m = p.session_move
         parts.append(submessage(15, text(1, m.session) + text(2, m.from_gpu) + text(3, m.to_gpu) + text(4, m.reason)))
-    if p.snapshot_version > 0:
-        parts.append(_SNAPSHOT + varint(p.snapshot_version))
+    v = p.snapshot_version
+    if v > 0:
+        field = _versions.get(v)  # (inline: one version a tick, repeated by every plan of it)
+        if field is None:
+            field = _versions.get_or(v, _snapshot_field)
+        parts.append(field)
     return b"".join(parts)
 
 
@@ -168,12 +179,15 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
     t = d.timing
     did = d.decision_id.encode()
     model = d.model
-    parts = [_DECISION_ID + varint(len(did)) + did if did else b"", _models.get_or(model, _model_field) if model else b"", _TIMING_HEAD,
+    n = len(did)
+    parts = [_DECISION_ID_HEAD + did if n == _ID_LENGTH else (_DECISION_ID + varint(n) + did if did else b""),
+             _models.get_or(model, _model_field) if model else b"", _TIMING_HEAD,
              _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6, 41, t.total * 1e6)]
     if d.plan is not None:
         body = placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)
+        n = len(body)
         parts.append(b"\x2a")  # field 5, length-delimited
-        parts.append(varint(len(body)))
+        parts.append(bytes((n & 0x7F | 0x80, n >> 7)) if 0x80 <= n < 0x4000 else varint(n))  # (a plan's body: 2 bytes)
         parts.append(body)
     if rejection:
         parts.append(rejection)

@@ -200,7 +200,13 @@ class DecisionEngine:
         tenant = prep.request.tenant
         retry = prep.retry
         if isinstance(answer, Infeasible):
-            rej = Rejection(Stage.FEASIBILITY, answer.reason, answer.rule_ids, answer.spans)
+            kept = memo.refused if memo is not None else None
+            if kept is not None and kept[0] is answer:
+                rej = kept[1]
+            else:
+                rej = Rejection(Stage.FEASIBILITY, answer.reason, answer.rule_ids, answer.spans)
+                if memo is not None:
+                    memo.refused = (answer, rej)
             return Decision(did, Outcome.REJECTED, st.bundle_hash, None, vars_, (), 0, None, None, rej,
                             Timing(parse, feas, 0.0, 0.0, parse + feas + clock() - t2), retry, tenant)
         mt = self._matched(prep, memo)

@@ -77,9 +77,13 @@ class Ranked:
 
 class MatchMemo:
     """One request shape's last `Matched`; replaced as a whole (one reference), so a reader
-    on another thread sees either the old answer or the new one."""
+    on another thread sees either the old answer or the new one. `refused`: the shape's
+    feasibility rejection with the solver's answer it was made from (the same answer object
+    while the state lasts, so every request of the shape the solver rules out hands on one
+    `Rejection` instead of making its own)."""
 
-    __slots__ = ("entry",)
+    __slots__ = ("entry", "refused")
 
     def __init__(self) -> None:
         self.entry: Matched | None = None
+        self.refused: tuple[Answer, Rejection] | None = None

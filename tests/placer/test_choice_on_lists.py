@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policyc.placer import placer as placer_module
 from policyc.placer.evaluate import Evaluation
@@ -27,7 +29,22 @@ CASES = [
     ([-1, -1], [float("inf"), float("inf")], [4, 4]),
     ([3, 8], [1.0, 2.0], [1, 2]),  # none feasible
     ([-1, -1, -1], [-0.0, 0.0, -0.0], [1, 2, 3]),
+    ([-1, -1, -1], [float("inf"), 2.0, float("-inf")], [1, 2, 3]),  # infinities of both signs: the sum is NaN
+    ([-1, -1, -1, -1], [2.0, float("inf"), float("nan"), float("nan")], [1, 2, 3, 4]),  # the first NaN
+    ([-1, 5, -1], [float("inf"), float("nan"), 1.0], [1, 2, 3]),  # an infeasible NaN does not win
 ]
+
+RANKS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0, float("nan")]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([-1, -1, 0, 3]), RANKS), max_size=12))
+def test_the_choice_is_argmins_on_any_ranks(rows: list[tuple[int, float]]) -> None:
+    fail, rank = [f for f, _ in rows], [r for _, r in rows]
+    ev = _ev(fail, rank, list(range(len(rows))))
+    feasible = np.flatnonzero(ev.fail < 0)
+    best = int(feasible[np.argmin(ev.rank[feasible])]) if len(feasible) else -1
+    assert Evaluated.of_evaluation(ev).best == best
 
 
 @pytest.mark.parametrize("fail,rank,gpus", CASES)

@@ -70,7 +70,9 @@ def test_a_shape_keeps_its_rejection_only_while_it_repeats(bundle: Bundle) -> No
         infeasible = DecisionInput({"X-Tenant": "st-marys", "X-Data-Region": "us-east"}, {})
         entry = ShapeEntry(eng.prepare(infeasible))
         first, again = (eng.decide_prepared(entry.prepared, entry.memo) for _ in range(2))
-        assert first.rejection is not again.rejection and first.rejection == again.rejection  # made afresh, same parts
+        assert first.rejection is again.rejection  # the shape's memo keeps the solver's rejection
+        unkept = eng.decide_prepared(entry.prepared)  # without the memo: made afresh, the same parts
+        assert unkept.rejection is not first.rejection and unkept.rejection == first.rejection
         one, two = (pb.Decision.FromString(entry.response(x)) for x in (first, again))
         assert entry.rejection is not None and entry.rejection[0] is first.rejection  # kept from the first
         assert one == convert.decision(first) and two == convert.decision(again)
