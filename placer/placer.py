@@ -61,6 +61,12 @@ class _Kept:
                 f"{self._abs * 1e3:g} ms of the best, {t.gpu_key(self._best)})")
 
 
+def _refused(snap: Snapshot, stale: bool, reasons: list[str | _Kept], c: Constraint, msg: str,
+             rej: Sequence[Rejection] = ()) -> NoPlacement:
+    """A refusal before any candidate was evaluated (bad input, nothing to place on)."""
+    return NoPlacement(c, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rej))
+
+
 class SnapshotProvider(Protocol):
     def current(self) -> Snapshot: ...
 
@@ -186,28 +192,25 @@ class Placer:
             reasons.append(f"snapshot {snap.version} is stale ({snap.age(now) * 1e3:.0f} ms old, limit "
                            f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
                            f"{th.budget_fraction:.0%} of the budget, rank by predicted + {th.stability_weight:g}σ)")
-        def refuse(c: Constraint, msg: str, rej: Sequence[Rejection] = ()) -> NoPlacement:
-            return NoPlacement(c, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rej))
-
         if not (type(budget) is float and 0.0 < budget < _INF) and \
                 not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
-            return refuse(Constraint.INPUT, f"latency budget must be a positive number of seconds, got {budget!r}")
+            return _refused(snap, stale, reasons, Constraint.INPUT, f"latency budget must be a positive number of seconds, got {budget!r}")
         if not candidates:
-            return refuse(Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
+            return _refused(snap, stale, reasons, Constraint.NO_CANDIDATES, "no candidate instances: the matcher admitted none for this request")
 
         cs = self._sets.get(t, candidates)
         unknown = cs.unknown
         if not cs.rows:
-            return refuse(Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", unknown[:MAX_REJECTIONS])
+            return _refused(snap, stale, reasons, Constraint.UNKNOWN_GPU, "none of the candidates' GPUs is in the topology", unknown[:MAX_REJECTIONS])
 
         node: int | None = None
         if ingress is not None:
             node = t.fabric_index.get(ingress)
             if node is None or node not in snap.fabric_rows:
                 known = ", ".join(t.fabric_nodes[n] for n in t.ingress.values())
-                return refuse(Constraint.INPUT, f"unknown ingress `{ingress}` (known: {known})")
+                return _refused(snap, stale, reasons, Constraint.INPUT, f"unknown ingress `{ingress}` (known: {known})")
         elif not t.ingress:
-            return refuse(Constraint.INPUT, "the topology has no ingress gateway to enter from")
+            return _refused(snap, stale, reasons, Constraint.INPUT, "the topology has no ingress gateway to enter from")
 
         table = self._contract_table(contract, t)
         with self._lock:

@@ -232,7 +232,7 @@ class DecisionEngine:
             return Decision(did, Outcome.REJECTED, st.bundle_hash, first_model, vars_, m.rules, m.count, None, None, rej,
                             Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant)
         region = mt.regions.get(plan.instance_id)
-        notes = tuple(f"`{mod}` was tried first: {np.message}" for mod, np in refusals)
+        notes = tuple(f"`{mod}` was tried first: {np.message}" for mod, np in refusals) if refusals else ()
         return Decision(did, Outcome.ADMITTED, st.bundle_hash, model, vars_, m.rules, m.count, plan, region, None,
                         Timing(parse, feas, t3 - t2, t4 - t3, parse + feas + clock() - t2), retry, tenant, notes,
                         mt.endpoints.get(plan.instance_id, ""))
