@@ -4,6 +4,7 @@
     ... --profile out.prof   # cProfile of the measured calls (the serving thread only)
     ... --tight [--per-tick 240]   # no event loop: the refresher ticked by hand, CPU per call and per part
     ... --tight --opcodes   # and Python opcodes executed per call, by function (the same on a loaded machine)
+    TOPN=40 ... --tight --opcodes   # the 40 functions executing the most opcodes (default 15)
 
 The closed-loop serve benchmark (`serve.py --mix diverse`) measures Decide against a no-op
 gRPC service; the difference is Decide's own work, and it is a small part of what each
