@@ -4,7 +4,6 @@
     ... --profile out.prof   # cProfile of the measured calls (the serving thread only)
     ... --tight [--per-tick 240]   # no event loop: the refresher ticked by hand, CPU per call and per part
     ... --tight --opcodes   # and Python opcodes executed per call, by function (the same on a loaded machine)
-    TOPN=40 ... --tight --opcodes   # the 40 functions executing the most opcodes (default 15)
 
 The closed-loop serve benchmark (`serve.py --mix diverse`) measures Decide against a no-op
 gRPC service; the difference is Decide's own work, and it is a small part of what each
@@ -195,7 +194,7 @@ def tight(server, payloads: list[bytes], per_tick: int, rounds: int,  # type: ig
 
         one_round(n, per_frame)
         print(f"opcodes  {sum(counts.values()) / n:.0f} Python opcodes per call ({n} calls); by function: "
-              + ", ".join(f"{f}:{name} {c / n:.0f}" for (f, name), c in counts.most_common(int(os.environ.get("TOPN", "15")))))
+              + ", ".join(f"{f}:{name} {c / n:.0f}" for (f, name), c in counts.most_common(25)))
 
 
 def main() -> int:

@@ -185,9 +185,8 @@ def tail(d: Decision, rejection: bytes = b"") -> bytes:
              _TIMING.pack(9, t.parse * 1e6, 17, t.feasibility * 1e6, 25, t.match * 1e6, 33, t.place * 1e6, 41, t.total * 1e6)]
     if d.plan is not None:
         body = placement_body(d.plan, d.model or "", d.region or "", d.notes, d.endpoint)
-        n = len(body)
         parts.append(b"\x2a")  # field 5, length-delimited
-        parts.append(bytes((n & 0x7F | 0x80, n >> 7)) if 0x80 <= n < 0x4000 else varint(n))  # (a plan's body: 2 bytes)
+        parts.append(varint(len(body)))
         parts.append(body)
     if rejection:
         parts.append(rejection)
