@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-NOT_PRODUCT = {"tests", "benchmarks", "scripts", "docs", ".venv", ".ci", "policies", ".git", "build"}
+NOT_PRODUCT = {"tests", "benchmarks", "scripts", "docs", ".venv", ".venv-vllm", ".ci", "policies", ".git", "build"}
 RUNTIME = ("matcher", "placer", "server", "enforcer", "audit", "gateway", "cluster", "modelserver")
 LEAVES = {"policyc.compiler", "policyc.compiler.diagnostic", "policyc.compiler.meaning", "policyc.compiler.limits"}
 FRONT_END = {f"policyc.compiler.{n}" for n in
