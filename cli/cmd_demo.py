@@ -26,9 +26,15 @@ def run(args) -> int:
     from policyc.demo.run import DemoError, run_demo
 
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
-    workdir = Path(args.workdir) if args.workdir else None
+    # absolute: the demo hands paths under it to Envoy (the picker's Unix socket), which
+    # takes only absolute ones, and to child processes that may run elsewhere
+    workdir = Path(args.workdir).expanduser().absolute() if args.workdir else None
     if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"policyc demo: error: --workdir {args.workdir}: {e.strerror or e}", file=sys.stderr)
+            return 1
     try:
         return run_demo(sys.stdout, workdir)
     except DemoError as e:

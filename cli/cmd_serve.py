@@ -31,6 +31,7 @@ from policyc.server import event_loop
 def register(sub) -> None:  # type: ignore[no-untyped-def]
     from .exit_codes import Exit
     from .help import add_command
+    from .listen_address import listen_host
 
     p = add_command(sub, "serve", help="run the gRPC decision service", description=__doc__,
                     codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
@@ -40,7 +41,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                               "policyc serve --bundle bundle.json --metrics-address 127.0.0.1:9464 --audit-log audit.db"])
     p.add_argument("--bundle", required=True, help="compiled bundle (policyc compile … -o bundle.json; `-`: stdin, not reloadable by SIGHUP)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle must be signed by it")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    p.add_argument("--host", type=listen_host, default="127.0.0.1",
+                   help="listen address: an IP address or localhost (default loopback)")
     p.add_argument("--port", type=_port, default=50051, help="listen port (0: ephemeral; default 50051)")
     p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
                    help="topology source: the embedded simulated cluster (default) or this machine")

@@ -8,6 +8,7 @@ them, relative when possible, so bundles and diagnostics carry no absolute paths
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +34,15 @@ def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
     diags: list[Diagnostic] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        try:
+            st = p.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            diags.append(error("E001", f"no such file or directory `{p.as_posix()}`", None))
+            continue
+        except OSError as e:  # a parent the user cannot search (EACCES), a loop, a name too long
+            diags.append(error("E001", f"cannot read `{p.as_posix()}`: {e.strerror or e}", None))
+            continue
+        if stat.S_ISDIR(st.st_mode):
             try:
                 found = sorted(q for q in p.iterdir() if q.suffix == EXTENSION and q.is_file())
             except OSError as e:
@@ -42,10 +51,8 @@ def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
             if not found:
                 diags.append(error("E003", f"no `{EXTENSION}` files in `{p.as_posix()}`", None))
             files.extend(found)
-        elif p.exists():  # a FIFO or a device is refused when read, with its kind named
+        else:  # a FIFO or a device is refused when read, with its kind named
             files.append(p)
-        else:
-            diags.append(error("E001", f"no such file or directory `{p.as_posix()}`", None))
     unique: list[Path] = []
     seen: set[Path] = set()
     for f in files:

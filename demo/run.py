@@ -52,7 +52,7 @@ __all__ = ["DemoError", "run_demo"]
 class Demo:
     def __init__(self, out: TextIO, workdir: Path) -> None:
         self.say = Narrator(out)
-        self.dir = workdir
+        self.dir = workdir.absolute()  # Envoy takes only absolute paths (the picker's Unix socket under it)
         self.started = time.monotonic()
 
     def run(self) -> int:
