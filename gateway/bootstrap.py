@@ -37,6 +37,8 @@ from typing import Any
 
 from policyc.matcher.instance import canonical_endpoint
 
+from .llm_routes import LlmRoutes, http1_pool_cluster, llm_listener_limits, llm_routes
+
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
 ALS_CLUSTER = "policyc_access_log"  # reserved for the access-log service (issue 20)
@@ -121,6 +123,7 @@ class GatewaySpec:
     tls_cert: str | None = None  # with tls_key: the listener serves TLS (PEM files), its handshake times logged
     tls_key: str | None = None
     node_id: str = "policyc-gateway"
+    llm: LlmRoutes | None = None  # the LLM routes (bodies read, HTTP/1.1 upstreams): gateway/llm_routes.py
     extra_response_headers: tuple[tuple[str, str], ...] = field(default=())
 
 
@@ -307,6 +310,13 @@ def _route(spec: GatewaySpec) -> dict[str, Any]:
     return out
 
 
+def _routes(spec: GatewaySpec) -> list[dict[str, Any]]:
+    """The catch-all route, after the LLM routes when the gateway has them (`llm_routes`)."""
+    if spec.llm is None:
+        return [_route(spec)]
+    return llm_routes(spec.llm, _route(spec), not spec.breaks_from_access_log)
+
+
 def _tls(spec: GatewaySpec) -> dict[str, Any]:
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
@@ -342,11 +352,14 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         "route_config": {"name": LISTENER, "virtual_hosts": [{
             "name": "pool", "domains": ["*"],
             "include_request_attempt_count": True, "include_attempt_count_in_response": True,
-            "routes": [_route(spec)]}]},
+            "routes": _routes(spec)}]},
         "http_filters": http_filters,
         "access_log": _access_log(spec),
     }
     clusters = [_pool_cluster(spec)]
+    if spec.llm is not None:
+        clusters.append(http1_pool_cluster(clusters[0], spec.llm))
+        hcm.update(llm_listener_limits(spec.llm))
     if spec.use_picker:
         clusters.append(_picker_cluster(spec))
     if spec.access_log_cluster is not None:

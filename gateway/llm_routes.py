@@ -1,0 +1,117 @@
+"""The gateway's LLM routes, for the bootstrap (`GatewaySpec.llm`): what Envoy does with
+OpenAI-style and Open Inference Protocol REST traffic besides the gRPC it always routed.
+
+- `/v1/chat/completions` and `/v1/completions`: the picker reads the body (the model and the
+  prompt are in it), so on these routes the ext_proc filter sends it, BUFFERED: Envoy holds
+  the whole body (at most `max_body_bytes`, beyond which Envoy answers 413 itself) and sends
+  it in one message; a body that takes longer than `body_timeout_ms` to arrive gets 408
+  (the connection manager's request timeout). Both answers carry the reason in
+  `x-policyc-reason` and an OpenAI-style error object (local-reply mappers).
+- `/v1/models`, the OIP REST paths (`/v2/...`) and everything else: headers only, as before.
+- Every route exists twice: to the HTTP/1.1 pool (`POOL_HTTP1_CLUSTER`) when the picker set
+  `x-policyc-upstream: http1` (the picked endpoint was registered as speaking HTTP/1.1, as
+  vLLM's OpenAI server does) and cleared the route cache, else to the HTTP/2 pool as before.
+  A client's own `x-policyc-upstream` is removed by the picker; both pools hold every
+  endpoint, so a client that forges it can only fail its own request. The header never
+  reaches the model server.
+- Responses stream through as the server sends them (Envoy buffers no response body here):
+  a server-sent event reaches the client as soon as the model server writes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+UPSTREAM_HEADER = "x-policyc-upstream"
+HTTP1, H2 = "http1", "h2"
+PROTOCOLS = (H2, HTTP1)
+PROTOCOL_LABEL = "endpoint_protocol"  # an instance's label: how its endpoint speaks (`h2` when absent)
+POOL_HTTP1_CLUSTER = "policyc_pool_http1"
+BODY_PREFIXES = ("/v1/chat/completions", "/v1/completions")
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+REASON_HEADER = "x-policyc-reason"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmRoutes:
+    max_body_bytes: int = 4 << 20  # a 220 KB prompt fits many times; beyond: 413
+    body_timeout_ms: int = 10_000  # the whole request received within this; beyond: 408
+    eds_path_http1: str | None = None  # the HTTP/1.1 pool's EDS file (None: the inline endpoints)
+
+
+def _processing_mode(response_headers: bool) -> dict[str, Any]:
+    return {"request_header_mode": "SEND", "response_header_mode": "SEND" if response_headers else "SKIP",
+            "request_body_mode": "BUFFERED", "response_body_mode": "NONE",
+            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"}
+
+
+def _twice(route: dict[str, Any]) -> list[dict[str, Any]]:
+    """`route` to the HTTP/1.1 pool when the picker says so, then as it is (the HTTP/2 pool)."""
+    h1 = copy.deepcopy(route)
+    h1["match"] = {**h1["match"], "headers": [{"name": UPSTREAM_HEADER, "string_match": {"exact": HTTP1}}]}
+    h1["route"]["cluster"] = POOL_HTTP1_CLUSTER
+    out = []
+    for r in (h1, copy.deepcopy(route)):
+        r["request_headers_to_remove"] = [*r.get("request_headers_to_remove", []), UPSTREAM_HEADER]
+        out.append(r)
+    return out
+
+
+def llm_routes(limits: LlmRoutes, base: dict[str, Any], response_headers: bool) -> list[dict[str, Any]]:
+    """The routes: the body-reading ones first, then `base` (the catch-all), each twice.
+    `response_headers`: whether the picker also sees answers' headers (as the filter says)."""
+    routes: list[dict[str, Any]] = []
+    for prefix in BODY_PREFIXES:
+        r = copy.deepcopy(base)
+        r["match"] = {"path": prefix}
+        r["request_body_buffer_limit"] = str(limits.max_body_bytes)
+        r["typed_per_filter_config"] = {EXT_PROC_FILTER: {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+            "overrides": {"processing_mode": _processing_mode(response_headers)}}}
+        routes += _twice(r)
+    return routes + _twice(base)
+
+
+def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes) -> dict[str, Any]:
+    """The HTTP/2 pool's cluster made HTTP/1.1: the same balancer (the picker's override host),
+    the same per-attempt filters, the same endpoints (its own EDS file, same content)."""
+    c = copy.deepcopy(h2_pool)
+    c["name"] = POOL_HTTP1_CLUSTER
+    opts = c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    opts["explicit_http_config"] = {"http_protocol_options": {}}
+    if "load_assignment" in c:
+        c["load_assignment"]["cluster_name"] = POOL_HTTP1_CLUSTER
+    if "eds_cluster_config" in c:
+        if limits.eds_path_http1 is None:
+            raise ValueError("an EDS pool with LLM routes needs `eds_path_http1` for its HTTP/1.1 pool")
+        c["eds_cluster_config"] = {"eds_config": {"path_config_source": {"path": limits.eds_path_http1},
+                                                  "resource_api_version": "V3"}}
+    return c
+
+
+def _error_mapper(status: int, reason: str, code: str) -> dict[str, Any]:
+    body = json.dumps({"error": {"message": reason, "type": "invalid_request_error", "param": None, "code": code}})
+    return {"filter": {"status_code_filter": {"comparison": {
+                "op": "EQ", "value": {"default_value": status, "runtime_key": f"policyc.llm.local_reply_{status}"}}}},
+            "headers_to_add": [{"header": {"key": REASON_HEADER, "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                               {"header": {"key": "content-type", "value": "application/json"},
+                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+            "body": {"inline_string": body}}
+
+
+def llm_listener_limits(limits: LlmRoutes) -> dict[str, Any]:
+    """The connection manager's part: the time limit on receiving a request (408) and the
+    reasons Envoy's own 413 and 408 answers carry."""
+    if not 1 <= limits.max_body_bytes <= 64 << 20:
+        raise ValueError(f"max_body_bytes must be 1 B .. 64 MiB, got {limits.max_body_bytes}")
+    if not 1 <= limits.body_timeout_ms <= 600_000:
+        raise ValueError(f"body_timeout_ms must be 1 ms .. 600 s, got {limits.body_timeout_ms}")
+    return {"request_timeout": f"{limits.body_timeout_ms / 1000:g}s",
+            "local_reply_config": {"mappers": [
+                _error_mapper(413, f"the request body is over the gateway's limit of {limits.max_body_bytes} bytes",
+                              "request_too_large"),
+                _error_mapper(408, f"the request was not received within the gateway's {limits.body_timeout_ms} ms",
+                              "request_timeout")]}}
