@@ -162,6 +162,9 @@ def with_constants(model: onnx.ModelProto, known: dict[str, np.ndarray]) -> onnx
     # a folded graph output must still be produced by something: keep it as Identity of itself
     for name in graph_outputs & set(known):
         if not any(name in n.output for n in keep):
-            out.graph.initializer[:] = [i for i in out.graph.initializer if i.name != name]
+            # (a protobuf repeated field takes no slice assignment: rebuild it)
+            others = [i for i in out.graph.initializer if i.name != name]
+            del out.graph.initializer[:]
+            out.graph.initializer.extend(others)
             out.graph.node.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(known[name], name)))
     return out
