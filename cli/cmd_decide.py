@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .connection import add_connection_flags, connect, fail, usage
+from .connection import SetupError, add_connection_flags, connect, fail, usage
 from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_text
@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         req.session_id = args.session
     try:
         client = connect(args)
-    except OSError as e:
-        return usage("decide", f"{args.tls_ca}: {e.strerror}")
+    except SetupError as e:
+        return usage("decide", str(e))
     with client:
         try:
             if args.explain:

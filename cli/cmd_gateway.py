@@ -41,7 +41,6 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--max-in-flight", type=int, default=512, help="requests between pick and answer before 429 (default 512)")
     p.add_argument("--concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     p.add_argument("--public-key", help="ed25519 public key (PEM): the bundle, and every reload, must be signed by it")
-    p.add_argument("--audit-log", help="append decisions and actions to this audit log")
     p.add_argument("--telemetry", choices=("simulated", "local"), default="simulated",
                    help="GPU telemetry: the embedded simulated cluster (default) or this machine's (/sys, NVML), "
                         "whose SM utilisation then joins the gateway's timings in the correlation rules")
@@ -56,6 +55,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
                    help="with --print-bootstrap: a model server's gRPC endpoint (repeatable)")
     p.add_argument("--eds-path", help="with --print-bootstrap: a pool file (EDS) for Envoy to watch instead")
+    from policyc.server.security_flags import add_security_flags
+
+    add_security_flags(p)  # --token, --open-fleet, TLS, the audit log: the same for `serve` and `gateway`
     p.set_defaults(func=run)
 
 
@@ -119,9 +121,17 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
             raise ValueError(f"--max-in-flight must be at least 1, got {args.max_in_flight}")
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
-    cfg = ServeConfig(port=args.port, audit_log=Path(args.audit_log) if args.audit_log else None,
-                      enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
-                      telemetry=Telemetry(args.telemetry), settle_heap=True)
+    from policyc.cli.cmd_serve import check_private_key, fleet_access
+    from policyc.cluster.serve_flags import token_dir
+    from policyc.server.security_flags import security_config
+
+    try:
+        security = security_config(args, check_private_key)
+    except ValueError as e:
+        return _fail(str(e))
+    cfg = ServeConfig(port=args.port, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
+                      telemetry=Telemetry(args.telemetry), settle_heap=True,
+                      token_dir=token_dir(args, None, args.port), **security)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
         api_port = thread.start()
@@ -138,7 +148,8 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         thread.stop()
         return _fail(str(e))
     print(f"policyc gateway: clients -> {args.listen} (Envoy, admin {args.admin}); picker on 127.0.0.1:{gw.picker.port}; "
-          f"decision API (RegisterInstance with deployment.endpoint) on 127.0.0.1:{api_port}; files in {gw.workdir}",
+          f"decision API (RegisterInstance with deployment.endpoint) on 127.0.0.1:{api_port}; files in {gw.workdir}; "
+          f"{fleet_access(thread.server)}",
           file=sys.stderr, flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

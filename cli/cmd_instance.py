@@ -14,7 +14,7 @@ import argparse
 import json
 from typing import Any, Callable
 
-from .connection import add_connection_flags, connect, fail, usage
+from .connection import SetupError, add_connection_flags, connect, fail, usage
 from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_bytes, read_text
@@ -128,8 +128,8 @@ def _call(args: argparse.Namespace, command: str, call: Callable[[Any], Any]) ->
 
     try:
         client = connect(args)
-    except OSError as e:
-        raise _Refused(usage(command, f"{args.tls_ca}: {e.strerror}")) from None
+    except SetupError as e:
+        raise _Refused(usage(command, str(e))) from None
     with client:
         try:
             return call(client)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .connection import add_connection_flags, connect, fail, usage
+from .connection import SetupError, add_connection_flags, connect, fail, usage
 from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_text
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
             return usage("reload", f"{args.bundle}: cannot read: {getattr(e, 'strerror', None) or e}")
     try:
         client = connect(args)
-    except OSError as e:
-        return usage("reload", f"{args.tls_ca}: {e.strerror}")
+    except SetupError as e:
+        return usage("reload", str(e))
     with client:
         try:
             r = client.reload(bundle_json=text, path=args.server_path, evict_inadmissible=args.evict)

@@ -50,17 +50,6 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--sim-hosts", type=_bounded(int, 1, 4096), default=32, help="simulated cluster: hosts (default 32)")
     p.add_argument("--sim-gpus-per-host", type=_bounded(int, 1, 64), default=4, help="simulated cluster: GPUs per host (default 4)")
     p.add_argument("--refresh", type=_bounded(float, 0.01, 3600.0), default=0.2, help="topology refresh interval, seconds")
-    p.add_argument("--audit-log", help="append decisions and actions to this audit log")
-    p.add_argument("--audit-durability", choices=("group", "sync"), default="group",
-                   help="acknowledge a decision at once, its record durable within 50 ms plus a commit (group, the default), "
-                        "or only once its record is on disk (sync)")
-    p.add_argument("--audit-key", help="ed25519 private key (PEM, `policyc keygen`) that signs the audit log's checkpoints")
-    p.add_argument("--token", action="append", default=[], metavar="ROLE:TOKEN",
-                   help="bearer token and its role (client, auditor, operator); repeatable")
-    p.add_argument("--tls-cert", help="server certificate (PEM); serves TLS with --tls-key")
-    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
-    p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
-    p.add_argument("--insecure-plaintext", action="store_true", help="allow plaintext off loopback (not advised)")
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="auto",
                    help="circuit-break enforcement: the eBPF kernel plane where root and BPF allow (auto), "
                         "required (kernel), user space only, or off")
@@ -79,7 +68,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--ready-min-instances", type=int, default=0, metavar="N",
                    help="readiness: report NOT_SERVING until N instances are registered (default 0)")
     from policyc.cluster.serve_flags import add_fleet_flags
+    from policyc.server.security_flags import add_security_flags
 
+    add_security_flags(p)  # --token, --open-fleet, TLS, the audit log: the same for `serve` and `gateway`
     add_fleet_flags(p)  # --etcd URL…, --state-dir: many replicas, or a registry that survives a restart
     p.set_defaults(func=run)
 
@@ -111,6 +102,26 @@ def _port(text: str) -> int:
     return n
 
 
+def check_private_key(path: str) -> None:
+    """An audit signing key that cannot be read is a usage error before anything starts."""
+    from policyc.cli.keys import KeyError_, load_private
+
+    try:
+        load_private(path)
+    except KeyError_ as e:
+        raise ValueError(str(e)) from None
+
+
+def fleet_access(server) -> str:  # type: ignore[no-untyped-def]
+    """The ready line's word on who may change the fleet (and where the operator token is)."""
+    if server.config.open_fleet:
+        return "fleet OPEN to every caller (--open-fleet)"
+    op = server.operator
+    if op is None or op.path is None:
+        return "fleet changes need an operator token (--token)"
+    return f"operator token in {op.path} (`policyc instance`/`reload` on this machine read it)"
+
+
 def _fail(msg: str) -> int:
     print(f"policyc serve: error: {msg}", file=sys.stderr)
     return 2
@@ -139,8 +150,8 @@ def _data_path(args):  # type: ignore[no-untyped-def]
 def run(args) -> int:
     from policyc.compiler import bundle_io
     from policyc.server.app import DecisionServer
-    from policyc.server.auth import Tokens
-    from policyc.server.config import AuditDurability, ClusterSpec, EnforcerMode, SelfHeal, ServeConfig, Telemetry, TlsFiles
+    from policyc.server.config import ClusterSpec, EnforcerMode, SelfHeal, ServeConfig, Telemetry
+    from policyc.server.security_flags import security_config
     from policyc.audit.errors import AuditError
     from policyc.server.transport import TransportError
 
@@ -152,43 +163,30 @@ def run(args) -> int:
             key = load_public(args.public_key) if args.public_key else None
         except KeyError_ as e:
             return _fail(str(e))
-        if args.audit_key:
-            from policyc.cli.keys import KeyError_, load_private
-
-            if not args.audit_log:
-                return _fail("--audit-key signs the audit log's checkpoints: give --audit-log too")
-            try:
-                load_private(args.audit_key)
-            except KeyError_ as e:
-                return _fail(str(e))
+        security = security_config(args, check_private_key)
         bundle = bundle_io.loads(sys.stdin.read(), origin="<stdin>", public_key=key) if args.bundle == "-" \
             else bundle_io.load(args.bundle, public_key=key)
-        tokens = Tokens.parse(args.token)
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
-    if bool(args.tls_cert) != bool(args.tls_key):
-        return _fail("give both --tls-cert and --tls-key")
     metrics_host, metrics_port = None, args.metrics_port
     if args.metrics_address:
         host, sep, port_text = args.metrics_address.rpartition(":")
         if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
             return _fail(f"--metrics-address `{args.metrics_address}`: expected HOST:PORT")
         metrics_host, metrics_port = host.strip("[]"), int(port_text)
-    tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_client_ca) if args.tls_client_ca else None) \
-        if args.tls_cert else None
+    tls = security["tls"]
     cfg = ServeConfig(
         host=args.host, port=args.port, telemetry=Telemetry(args.telemetry),
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
-        refresh_interval=args.refresh, tokens=tokens, tls=tls, allow_insecure_remote=args.insecure_plaintext,
-        audit_log=Path(args.audit_log) if args.audit_log else None, enforcer=EnforcerMode(args.enforcer),
-        self_heal=SelfHeal(args.self_heal),
-        audit_durability=AuditDurability(args.audit_durability), audit_key=Path(args.audit_key) if args.audit_key else None,
+        refresh_interval=args.refresh, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal),
         metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )
-    from policyc.cluster.serve_flags import fleet_config
+    from policyc.cluster.serve_flags import fleet_config, token_dir
 
     try:
-        cfg = dataclasses.replace(cfg, fleet=fleet_config(args, key), data_path=_data_path(args))
+        fleet = fleet_config(args, key)
+        cfg = dataclasses.replace(cfg, fleet=fleet, data_path=_data_path(args), token_dir=token_dir(args, fleet, args.port),
+                                  **security)
     except ValueError as e:
         return _fail(str(e))
 
@@ -232,7 +230,7 @@ def run(args) -> int:
             print(f"policyc serve: kernel plane on the data path: {server.kernel_path.describe()} "
                   f"(run the gateway's Envoy in it: echo PID > {cg}/cgroup.procs)", file=sys.stderr, flush=True)
         print(f"policyc serve: listening on {cfg.host}:{port} ({'TLS' if tls else 'plaintext'}), bundle "
-              f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}", file=sys.stderr, flush=True)
+              f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}; {fleet_access(server)}", file=sys.stderr, flush=True)
         await stop.wait()
         await server.stop(grace=2.0)
         audit = server.audit

@@ -7,7 +7,8 @@
     --advertise H:P      the address others (Envoy, `policyc cluster status`) reach it at
     --state-dir DIR      without --etcd: where the embedded default keeps its registry
                          (default ~/.local/state/policyc/serve-PORT; none with --port 0;
-                         `--state-dir none` turns it off)
+                         `--state-dir none` turns it off); the operator token the
+                         service makes is kept there too (`token_dir`)
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ def default_state_dir(port: int) -> Path | None:
         return None
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     return base / "policyc" / f"serve-{port}"
+
+
+def token_dir(args: Any, fleet: FleetConfig | None, port: int) -> Path | None:
+    """Where the service keeps the operator token it makes (`server/operator_token.py`):
+    its state dir; a replica on a fixed port, the default state dir of its port (the CLI on
+    the same machine looks there); None (a throw-away service: `--port 0`, `--state-dir
+    none`): the runtime dir's entry for the bound port."""
+    if fleet is not None and fleet.state_dir is not None:
+        return fleet.state_dir
+    if getattr(args, "state_dir", None) == "none":
+        return None
+    return default_state_dir(port)
 
 
 def fleet_config(args: Any, public_key: Any) -> FleetConfig | None:

@@ -119,6 +119,7 @@ CODES: dict[str, str] = {
     "E722": "the registered contract differs from the bundle's",
     "E723": "an invalid field of the registration",
     "E724": "instance already registered, or not registered",
+    "E725": "an endpoint a registration may not name (the gateway's own ports, metadata, link-local, another host's)",
     # the fleet store and attested host facts (policyc.cluster)
     "E730": "a registry write the fleet store did not confirm: its outcome is unknown until the store answers",
     "E731": "a request id reused for a different request",

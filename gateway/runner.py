@@ -142,11 +142,23 @@ class Gateway:
         os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
         self._written = endpoints
 
+    def _reserve_ports(self, picker_port: int) -> None:
+        """The gateway's own ports are never an instance's endpoint: registered there, Envoy
+        would proxy clients to its own admin API (server/endpoint_rules.py)."""
+        rules = self.thread.server.service.endpoints
+        rules.reserve(picker_port, "the gateway's endpoint picker")
+        for what, addr in (("Envoy's listener", self.options.listen), ("Envoy's admin interface", self.options.admin),
+                           ("the gateway's access-log receiver", self._als or "")):
+            port = addr.rpartition(":")[2]
+            if port.isdigit():
+                rules.reserve(int(port), what)
+
     def start(self, timeout: float = 20.0) -> "Gateway":
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = self.thread.call(self.picker.start())
         if self.access_log is not None:
             self._als = self.thread.call(self.access_log.start())
+        self._reserve_ports(port)
         endpoints = self.picker.picker.pool.endpoints()
         self._write_pool(endpoints)
         self.bootstrap = build_bootstrap(self.spec(port))

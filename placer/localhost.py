@@ -76,7 +76,8 @@ class LocalHostSource:
                      for r in self._gpus)
         tee = os.path.exists("/dev/sev-guest") or os.path.exists("/dev/tdx_guest")
         hosts = (HostInfo(host, region, tpm=bool(glob.glob(os.path.join(sys_root, "class/tpm/tpm*"))),
-                          memory_encryption=tee, hardware_firewall=False, tee=tee),)
+                          memory_encryption=tee, hardware_firewall=False, tee=tee,
+                          addresses=self._addresses(sys_root)),)
         self._topology = Topology(1, hosts, numa_infos, gpus, ports, nodes, kinds, links, (), {region: 0})
         self._tick = 0
         self._last: tuple[float, list[float]] | None = None
@@ -85,6 +86,35 @@ class LocalHostSource:
 
     def topology(self) -> Topology:
         return self._topology
+
+    @staticmethod
+    def _addresses(sys_root: str) -> tuple[str, ...]:
+        """This machine's IP addresses (loopback included): IPv4 from the kernel's FIB
+        (`/proc/net/fib_trie`'s host routes), IPv6 from `/proc/net/if_inet6`. Read from
+        /proc, not `sys_root`: a test's fake /sys has no addresses of its own."""
+        import ipaddress
+
+        out: list[str] = []
+        try:
+            with open("/proc/net/fib_trie", encoding="ascii") as f:
+                lines = f.read().splitlines()
+            for prev, line in zip(lines, lines[1:]):
+                if "/32 host LOCAL" in line:
+                    ip = prev.strip().split()[-1]
+                    if ip not in out:
+                        out.append(ip)
+        except OSError:
+            pass
+        try:
+            with open("/proc/net/if_inet6", encoding="ascii") as f:
+                for line in f:
+                    raw = line.split()[0]
+                    ip = str(ipaddress.IPv6Address(int(raw, 16)))
+                    if ip not in out:
+                        out.append(ip)
+        except (OSError, ValueError, IndexError):
+            pass
+        return tuple(out) or ("127.0.0.1", "::1")
 
     def sample(self) -> TelemetryFrame:
         self._tick += 1

@@ -46,6 +46,14 @@ _SERVICES: tuple[tuple[str, EndpointRole, float], ...] = (
 _ROLE_PREFIX = {EndpointRole.DIRECT: "", EndpointRole.SHARED_PROXY: "proxy-", EndpointRole.DEDICATED_PROXY: "cacheproxy-"}
 
 
+def simulated_addresses(h: int) -> tuple[str, ...]:
+    """Host `h`'s addresses: its own in 198.18.0.0/15 (RFC 2544's range for test networks,
+    never routed) and loopback, since the simulated cluster runs on this machine: a real
+    model server registered on a simulated host (the demo's) answers on loopback."""
+    return (f"198.18.{h >> 8 & 0xFF}.{h & 0xFF}" if h < 1 << 16 else f"198.19.{h >> 8 & 0xFF}.{h & 0xFF}",
+            "127.0.0.1", "::1")
+
+
 class SimulatedCluster:
     """`SimulatedCluster(seed, hosts, gpus_per_host=8)`; a `TelemetrySource`."""
 
@@ -340,6 +348,7 @@ def _build(
                 name=f"host-{h:04d}", region=region, tpm=bool(rng.random() < 0.8),
                 memory_encryption=tee or bool(rng.random() < 0.45), hardware_firewall=bool(rng.random() < 0.4), tee=tee,
                 cuda=("12.4", "12.2", "11.8")[int(rng.choice(3, p=[0.7, 0.2, 0.1]))],
+                addresses=simulated_addresses(h),
             ))
             hi = len(hosts) - 1
             model = models[int(rng.choice(len(models), p=weights))]

@@ -58,6 +58,9 @@ class HostInfo:
     hardware_firewall: bool
     tee: bool
     cuda: str = "12.4"
+    # the IP addresses the host's model servers answer on, as its topology source knows them:
+    # a registered instance's endpoint must be one of its claimed host's (server/endpoint_rules.py)
+    addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from policyc.placer.catalog import catalog_for
 
 from .audit_bridge import AuditBridge
 from .audit_metrics import AuditCollector
-from .auth import RoleInterceptor
+from . import operator_token
+from .auth import Access, Role
+from .endpoint_rules import EndpointRules, parse_networks
 from .config import EnforcerMode, ServeConfig, Telemetry
 from .engine import DecisionEngine
 from .event_loop import new_event_loop
@@ -113,6 +115,11 @@ class DecisionServer:
                                        max_decide_bytes=config.max_decide_bytes,
                                        verifier=BundleVerifier(config.bundle_key))
         self.service.topology = lambda: self.refresher.current().topology
+        self.service.endpoints = EndpointRules(parse_networks(config.endpoint_networks))
+        # who may call what (made at start: the operator token of a throw-away service is
+        # keyed by its bound port); `operator_token` is the operator's, for the CLI and tests
+        self.access: Access | None = None
+        self.operator: operator_token.OperatorToken | None = None
         self.health = health.aio.HealthServicer()
         self.readiness = Readiness(self.health, ("", SERVICE_NAME), interval=min(0.5, max(config.refresh_interval, 0.05)))
         self.readiness.add("bundle", lambda: None if self.engine.state.bundle_hash else "no bundle loaded")
@@ -160,20 +167,23 @@ class DecisionServer:
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 ("grpc.so_reuseport", 0)]
-        interceptors = [RoleInterceptor(self.config.tokens, lambda m, st: self.metrics.errors.labels(m, st).inc())] \
-            if self.config.tokens.enabled else []  # without tokens every caller is an operator: nothing to check
-        server = grpc.aio.server(options=opts, interceptors=interceptors)
-        add_decisions_service(self.service, server)
-        add_health(self.health, server)  # generic handlers only: see generic_handlers.py
-        add_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        server = grpc.aio.server(options=opts)
         await asyncio.to_thread(self._attach_data_path)  # off the loop: pyroute2 runs a loop of its own
         try:
             self.port = bind(server, self.config)
+            self.access = self._access(self.port)
+            add_decisions_service(self.service, server, self.access)
+            add_health(self.health, server)  # generic handlers only: see generic_handlers.py
+            add_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+            self.service.endpoints.reserve(self.port, "the decision API")
+            self.service.endpoints.reserve(self.config.metrics_port, "the metrics endpoint")
             if self.replica is not None:  # join before serving: the fleet and the bundle in force first
                 await self.replica.start(f"{self.config.host}:{self.port}")
             await server.start()
         except BaseException:
             await asyncio.to_thread(self._detach_data_path)  # BPF attachments outlive the process: never leave them
+            if self.operator is not None:
+                self.operator.remove()
             raise
         self._server = server
         for name in ("", SERVICE_NAME):  # NOT_SERVING until every readiness check passes
@@ -187,6 +197,29 @@ class DecisionServer:
         if self.config.metrics_port is not None:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_host or self.config.host)
         return self.port
+
+    @property
+    def operator_token(self) -> str | None:
+        """The operator's token (the one the service made, or the first `operator:` given)."""
+        return self.operator.token if self.operator is not None else None
+
+    def _access(self, port: int) -> Access:
+        """Who may call what: the configured tokens, plus the operator token the service
+        makes and keeps when none is given (`operator_token.py`); with `open_fleet`, every
+        caller is an operator, said loudly."""
+        cfg = self.config
+        tokens = cfg.tokens
+        given = next((t for t, r in tokens.roles.items() if r is Role.OPERATOR), None)
+        if cfg.open_fleet:
+            log.warning("--open-fleet: every caller that reaches %s:%d may register and deregister instances and "
+                        "reload the bundle, without a token (any process of any user on this machine)", cfg.host, port)
+        elif given is not None:
+            self.operator = operator_token.OperatorToken(given, None)
+        else:
+            self.operator = operator_token.kept(cfg.token_dir) if cfg.token_dir is not None \
+                else operator_token.ephemeral(port)
+            tokens = tokens.with_token(self.operator.token, Role.OPERATOR)
+        return Access.build(tokens, open_fleet=cfg.open_fleet)
 
     def _attach_data_path(self) -> None:
         """With the kernel plane loaded, put it on the data path (`config.data_path`). Under
@@ -247,6 +280,8 @@ class DecisionServer:
             self.guardian.close()
         if self.audit is not None:
             self.audit.close()
+        if self.operator is not None:
+            self.operator.remove()  # a throw-away service's token file (a kept one stays)
 
 
 class ServerThread:

@@ -74,6 +74,16 @@ class ServeConfig:
     tokens: Tokens = field(default_factory=Tokens)
     tls: TlsFiles | None = None
     allow_insecure_remote: bool = False  # plaintext off loopback: an explicit, loud opt-in
+    # True: every caller may change the fleet and the bundle (`--open-fleet`, loopback only,
+    # logged as a warning); False (the default): that needs the operator role, whose token
+    # the service makes and keeps when `tokens` has none (see operator_token.py)
+    open_fleet: bool = False
+    # where the service keeps the operator token it makes (`operator-token`, mode 0600,
+    # reused on restart); None: the runtime dir's entry for the bound port, removed at stop
+    token_dir: Path | None = None
+    # RegisterInstance: endpoints only in these networks (CIDR); empty: the topology's
+    # hosts' addresses (see endpoint_rules.py)
+    endpoint_networks: tuple[str, ...] = ()
     audit_log: Path | None = None
     # set: every bundle (start, ReloadBundle bytes or path, SIGHUP) must be signed by this key
     bundle_key: Ed25519PublicKey | None = None

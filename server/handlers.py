@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import grpc
 
+from .auth import Access, GuardedHandler
 from .proto import SERVICE_NAME, pb
 from .request_decode import decoder
 from .rpc_metrics import timed_handlers
@@ -37,8 +38,10 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
     }
 
 
-def add_decisions_service(service: DecisionService, server: grpc.aio.Server) -> None:
+def add_decisions_service(service: DecisionService, server: grpc.aio.Server, access: Access = Access()) -> None:
     """Add the service as a generic handler only (not also as registered methods, as the
-    generated `add_DecisionsServicer_to_server` does: see `generic_handlers.py`)."""
+    generated `add_DecisionsServicer_to_server` does: see `generic_handlers.py`), each
+    method handed out only to callers whose role may call it (`auth.GuardedHandler`)."""
     handlers = timed_handlers(method_handlers(service), service.metrics.rpcs)  # per-RPC counts and latency
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    guarded = GuardedHandler(SERVICE_NAME, handlers, access, lambda m, st: service.metrics.errors.labels(m, st).inc())
+    server.add_generic_rpc_handlers((guarded,))

@@ -1,5 +1,6 @@
 """Where the server listens and how: TLS or mutual TLS, plaintext only on loopback unless
-the operator opts in explicitly (tokens over plaintext off loopback would be readable)."""
+the operator opts in explicitly (tokens over plaintext off loopback would be readable), and
+an open fleet (`--open-fleet`: no token to change it) on loopback only."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def bind(server: grpc.aio.Server, cfg: ServeConfig) -> int:
     if not 0 <= cfg.port <= 65535:  # gRPC would silently listen on the port modulo 65536
         raise TransportError(f"port {cfg.port} is out of range (0 to 65535)")
     address = f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"
+    if cfg.open_fleet and not is_loopback(cfg.host):
+        raise TransportError(f"refusing --open-fleet on `{cfg.host}`: every caller on the network could change the "
+                             "fleet; give tokens (--token operator:…) instead")
     if cfg.tls is not None:
         creds = grpc.ssl_server_credentials(
             [(_pem(cfg.tls.key, "key"), _pem(cfg.tls.cert, "certificate"))],
@@ -66,8 +70,6 @@ def bind(server: grpc.aio.Server, cfg: ServeConfig) -> int:
         if not is_loopback(cfg.host) and not cfg.allow_insecure_remote:
             raise TransportError(f"refusing plaintext on `{cfg.host}`: give --tls-cert/--tls-key, listen on loopback, "
                                  "or opt in with --insecure-plaintext")
-        if not is_loopback(cfg.host) and cfg.tokens.enabled is False:
-            raise TransportError(f"refusing to serve `{cfg.host}` without tokens: every caller would be an operator")
         port = server.add_insecure_port(address)
     if port == 0:
         raise TransportError(f"cannot listen on {address}")
