@@ -41,7 +41,7 @@ from .request_input import to_request
 from .proto import pb, pb_grpc
 from .request_shapes import RequestShapes, ShapeEntry
 from .state import PolicyState
-from .rich_status import default_code, rich_status, trailer
+from .rich_status import default_code, refusal_trailers
 from .rpc_metrics import code_name, counts_itself
 from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx
 
@@ -111,15 +111,13 @@ class DecisionService(pb_grpc.DecisionsServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: ServiceError) -> None:
         self.metrics.errors.labels(method, e.status.value).inc()
-        md: list[tuple[str, str | bytes]] = [("policyc-problem", _ascii(d[:1000])) for d in e.details[:32]]
-        if e.field:
-            md.append(("policyc-field", _ascii(e.field)))
-        code, message = CODES[e.status], e.message[:4000]
+        code = CODES[e.status]
         diags = e.diagnostics
         if not diags and (default := default_code(method, code)) is not None:
             diags = (error(default, e.message, field=e.field),)
-        if diags:  # the standard rich error: google.rpc.Status with BadRequest and ErrorInfo
-            md.append(trailer(rich_status(code, message, diags)))
+        # the policyc-problem lines and the standard rich error (google.rpc.Status with
+        # BadRequest and ErrorInfo), cut to fit the client's metadata limit
+        message, md = refusal_trailers(code, e.message, e.details, e.field, diags, e.info)
         await context.abort(code, message, trailing_metadata=tuple(md))
 
     # ------------------------------------------------------------------ RPCs
