@@ -4,7 +4,10 @@ Several endpoints become one gRPC channel over all of them (`ipv4:a:p,b:q,…`,
 pick-first): when the member in use dies, the next call goes to another, so a replica
 rides through the loss of an etcd member with no reconnect logic of its own. Calls that
 fail while raft elects a leader (UNAVAILABLE, "leader changed", "no leader") are retried
-until `op_timeout`; after that `StoreUnavailable` says what the last error was.
+until `op_timeout`; after that `StoreUnavailable` says what the last error was. A request
+etcd answered with a refusal (invalid argument, permission) raises `StoreRefused`: only
+then is a write known not to have been applied; after `StoreUnavailable` it may still be
+committed (`registry_ledger.py` settles which).
 
 aetcd is used for what it does well (connection, get/put/delete, leases, watches); the
 transactions and the status calls go to its stubs directly, because its `transaction`
@@ -21,7 +24,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 import aetcd
 from aetcd import rpc
 
-from .store import Change, ChangeKind, Compacted, Delete, Entry, Guard, Put, Snapshot, StoreError, StoreStatus, StoreUnavailable
+from .store import Change, ChangeKind, Compacted, Delete, Entry, Guard, Put, Snapshot, StoreError, StoreRefused, StoreStatus, StoreUnavailable
 
 T = TypeVar("T")
 _RETRYABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError)
@@ -69,6 +72,28 @@ def _transient(e: Exception) -> bool:
     return any(w in str(e).lower() for w in _TRANSIENT_WORDS)
 
 
+_REFUSALS = (aetcd.InvalidArgumentError, aetcd.PreconditionFailedError, aetcd.exceptions.UnauthenticatedError)
+_REFUSAL_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def _refusal(e: Exception) -> bool:
+    """etcd answered and refused (the request was looked at and not applied), as against a
+    call that broke or timed out, whose write may still be committed later."""
+    if isinstance(e, _REFUSALS):
+        return True
+    code = getattr(e, "code", None)
+    name = getattr(code(), "name", "") if callable(code) else ""
+    return name in _REFUSAL_CODES
+
+
+def _say(e: Exception) -> str:
+    """One line for a log or an error message (a gRPC error's repr spans five)."""
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    if callable(code) and callable(details):
+        return f"{getattr(code(), 'name', code())}: {details()}"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _entry(kv) -> Entry:  # type: ignore[no-untyped-def]
     return Entry(kv.key.decode(), bytes(kv.value), kv.create_revision, kv.mod_revision, kv.lease)
 
@@ -111,9 +136,10 @@ class EtcdStore:
                 return await call()
             except (aetcd.ClientError, rpc.AioRpcError) as e:
                 if not _transient(e):
-                    raise StoreError(f"{self.description}: {what}: {e}") from None
+                    kind = StoreRefused if _refusal(e) else StoreError
+                    raise kind(f"{self.description}: {what}: {_say(e)}") from None
                 if time.monotonic() + pause > deadline:
-                    raise StoreUnavailable(f"{self.description}: {what} failed for {self.op_timeout:g} s: {e}") from None
+                    raise StoreUnavailable(f"{self.description}: {what} failed for {self.op_timeout:g} s: {_say(e)}") from None
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.25)
 
@@ -206,7 +232,8 @@ class EtcdStore:
             except grpc.RpcError as e:
                 code = e.code()  # type: ignore[attr-defined]
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _transient(Exception(e.details())):  # type: ignore[attr-defined]
-                    raise StoreError(f"{self.description}: transaction: {e.details()}") from None  # type: ignore[attr-defined]
+                    kind = StoreRefused if _refusal(e) else StoreError
+                    raise kind(f"{self.description}: transaction: {e.details()}") from None  # type: ignore[attr-defined]
                 if time.monotonic() + pause > deadline:
                     raise StoreUnavailable(f"{self.description}: transaction failed for {timeout:g} s: {e.details()}") from None  # type: ignore[attr-defined]
             time.sleep(pause)
@@ -219,7 +246,7 @@ class EtcdStore:
         except aetcd.RevisionCompactedError as e:
             raise Compacted(e.compacted_revision) from None
         except (aetcd.ClientError, rpc.AioRpcError) as e:
-            raise StoreUnavailable(f"{self.description}: watch {prefix}: {e}") from None
+            raise StoreUnavailable(f"{self.description}: watch {prefix}: {_say(e)}") from None
         try:
             async for ev in w:
                 kind = ChangeKind.PUT if ev.kind == aetcd.EventKind.PUT else ChangeKind.DELETE
@@ -227,7 +254,7 @@ class EtcdStore:
         except aetcd.RevisionCompactedError as e:
             raise Compacted(e.compacted_revision) from None
         except (aetcd.ClientError, rpc.AioRpcError) as e:
-            raise StoreUnavailable(f"{self.description}: watch {prefix} broke: {e}") from None
+            raise StoreUnavailable(f"{self.description}: watch {prefix} broke: {_say(e)}") from None
         finally:
             try:
                 await w.cancel()

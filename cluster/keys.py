@@ -9,6 +9,10 @@
     sessions/<session>    session affinity: the instance a session stays on, and until when
     quarantines/<backend> a quarantine in force and its expiry
     anchors/<log id>      each replica's latest audit checkpoint (seq, hash), for auditors
+    requests/<request id> what a registry write of that request id did (applied, or settled as
+                          not applied), under a lease of an hour: retries and late copies read it
+    attest/hosts/<host>   a host's enrolled attestation key (the operator's `policyc agent enroll`)
+    attest/facts/<host>   the host's last verified TPM quote (when, which key, which PCRs)
 """
 
 from __future__ import annotations
@@ -78,6 +82,27 @@ class Keys:
 
     def anchor(self, log_id: str) -> str:
         return self.anchors + log_id
+
+    @property
+    def requests(self) -> str:
+        return self.prefix + "requests/"
+
+    def request(self, request_id: str) -> str:
+        return self.requests + request_id
+
+    @property
+    def enrolled_hosts(self) -> str:
+        return self.prefix + "attest/hosts/"
+
+    def enrolled_host(self, host: str) -> str:
+        return self.enrolled_hosts + host
+
+    @property
+    def attested_facts(self) -> str:
+        return self.prefix + "attest/facts/"
+
+    def attested_fact(self, host: str) -> str:
+        return self.attested_facts + host
 
     def id_of(self, key: str, under: str) -> str:
         return key[len(under):]

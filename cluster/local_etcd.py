@@ -3,7 +3,7 @@ replicas out on one machine (`policyc cluster` reads it like any other).
 
 Each member gets free client and peer ports and its own data directory under one temp
 dir; `kill(name)` ends one member the way a crash would (SIGKILL), `restart(name)` brings
-it back on the same ports and data. Nothing here is used by a replica itself.
+it back on the same ports and data, `pause`/`resume` stop and continue it (SIGSTOP/SIGCONT). Nothing here is used by a replica itself.
 """
 
 from __future__ import annotations
@@ -138,6 +138,17 @@ class LocalEtcd:
             os.killpg(m.proc.pid, signal.SIGKILL)
             m.proc.wait(10)
 
+    def pause(self, m: Member) -> None:
+        """SIGSTOP: the member stops answering but keeps its connections (a hung host, a
+        partition): requests sent to it wait in its socket buffers."""
+        if m.proc is not None and m.proc.poll() is None:
+            os.killpg(m.proc.pid, signal.SIGSTOP)
+
+    def resume(self, m: Member) -> None:
+        """SIGCONT: it reads what waited for it and rejoins raft."""
+        if m.proc is not None and m.proc.poll() is None:
+            os.killpg(m.proc.pid, signal.SIGCONT)
+
     def restart(self, m: Member, timeout: float = 15.0) -> None:
         self.kill(m)
         self._launch(m, initial=False)
@@ -145,6 +156,7 @@ class LocalEtcd:
 
     def stop(self) -> None:
         for m in self.members:
+            self.resume(m)
             self.kill(m)
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -15,7 +15,9 @@ server answers, measured at ~15 % more CPU per decision). Its tasks:
 - report what it runs (`replicas/<name>`, under its lease) and anchor its audit log.
 
 Other threads reach it through synchronous doors, each bounded by `op_timeout`: the
-registry writer (direct `engine.register` calls; RPCs await theirs), the fence (the
+registry writer (direct `engine.register` calls; RPCs await theirs: each write goes
+through the request ledger, and one the store did not confirm is kept as *unsettled*
+until the store answers, then settled for good and logged), the fence (the
 guardian's dangerous acts: one blocking etcd transaction on a plain gRPC channel, so it
 works from the serving loop itself), and the session book (background writes, never
 waited on).
@@ -43,7 +45,8 @@ from .keys import Keys
 from .lease_keeper import LeaseKeeper
 from .leadership import Election, Verdict
 from .soft_state import QuarantineBoard, QuarantineEntry, SessionBook
-from .store import Change, ChangeKind, Compacted, FleetStore, Put, Snapshot, StoreError, StoreUnavailable
+from .registry_ledger import Ledger, Op, Outcome, RegistryWrite, Unconfirmed
+from .store import Change, ChangeKind, Compacted, FleetStore, Put, Snapshot, StoreError, StoreRefused, StoreUnavailable
 
 if TYPE_CHECKING:
     from policyc.server.app import DecisionServer
@@ -70,6 +73,14 @@ def open_store(cfg: FleetConfig) -> FleetStore:
     return LocalStore(cfg.state_dir)
 
 
+def _consequence(w: RegistryWrite, out: Outcome) -> str:
+    if w.op is Op.REGISTER:
+        return ("the instance is registered" if out is Outcome.APPLIED else
+                "the instance is not registered, and a late copy of the write can no longer land; a retry with the same "
+                "request id registers it")
+    return "the instance is removed" if out is Outcome.APPLIED else "the instance is still registered"
+
+
 class Replica:
     def __init__(self, cfg: FleetConfig, server: "DecisionServer") -> None:
         self.cfg = cfg
@@ -93,6 +104,12 @@ class Replica:
         self._bundle_lock: asyncio.Lock | None = None
         self.anchored_seq = 0
         self.address = cfg.advertise
+        self.ledger = Ledger(self.store, self.keys, self.name)
+        self.write_timeout = cfg.op_timeout + 1.0
+        self.unsettled: dict[str, RegistryWrite] = {}  # request id → a write the store did not confirm
+        self.settled: dict[str, Outcome] = {}  # request id → how an unconfirmed write was settled (the last 1,000)
+        self._writing: dict[str, int] = {}  # instance id → writes of it in flight
+        self._settler: asyncio.Task[None] | None = None
 
     # ================================================================ life cycle
     @property
@@ -203,7 +220,7 @@ class Replica:
         self.engine.writer = None
 
         async def leave() -> None:
-            for t in self._tasks:
+            for t in self._tasks + ([self._settler] if self._settler is not None else []):
                 t.cancel()
             await self.keeper.stop(revoke=revoke)
             await self.store.close()
@@ -284,13 +301,16 @@ class Replica:
         return snap.revision
 
     def _converge(self) -> None:
-        """On the serving loop: make the registry what the store holds."""
+        """On the serving loop: make the registry what the store holds (except instances
+        with a write in flight or not yet settled: their truth is not known yet)."""
         reg = self.server.state.registry
+        busy = set(self._writing) | {w.instance_id for w in self.unsettled.values()}
         for inst, _, _ in reg.entries():
-            if inst.id not in self._known:
+            if inst.id not in self._known and inst.id not in busy:
                 self.engine.apply_deregister(inst.id)
         for i, s in list(self._known.values()):
-            self._apply_put(i, s)
+            if i.id not in busy:
+                self._apply_put(i, s)
 
     def _on_serving(self, fn: Callable[[], None]) -> None:
         """Apply after the change in hand, in order (the loop runs callbacks FIFO)."""
@@ -451,25 +471,85 @@ class Replica:
                 log.info("replica %s: housekeeping: %s", self.name, e)
 
     # ================================================================ doors for the serving side
-    def put_instances_later(self, items: list[tuple[Instance, float | None]]) -> Future[None]:
-        """RegistryWriter: store the instances (no lease: they stay until deregistered)."""
+    def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:
+        """RegistryWriter, bulk: store the instances (no lease: they stay until deregistered)."""
         async def put() -> None:
             for inst, score in items:
                 self._known[inst.id] = (inst, score)
                 await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
-        return self._run(put())
+        self._wait(self._run(put()), "registration")
 
-    def delete_instance_later(self, instance_id: str) -> Future[None]:
-        async def delete() -> None:
-            self._known.pop(instance_id, None)
-            await self.store.delete(self.keys.instance(instance_id))
-        return self._run(delete())
+    def write_later(self, w: RegistryWrite) -> Future[Outcome]:
+        """RegistryWriter: one registration or removal under its request id, on the loop."""
+        return self._run(self._write(w))
 
-    def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:
-        self._wait(self.put_instances_later(items), "registration")
+    def write(self, w: RegistryWrite) -> Outcome:
+        try:
+            return self._wait(self.write_later(w), w.describe(), self.write_timeout + 2)  # type: ignore[no-any-return]
+        except StoreUnavailable as e:
+            if isinstance(e, Unconfirmed):
+                raise
+            raise Unconfirmed(w, str(e)) from None
 
-    def delete_instance(self, instance_id: str) -> None:
-        self._wait(self.delete_instance_later(instance_id), "removal")
+    def applied_before_later(self, w: RegistryWrite) -> Future[bool]:
+        return self._run(self.ledger.applied_before(w))
+
+    def reconcile(self) -> None:
+        """Make this replica's registry what the store holds again (after a refused write)."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._converge)
+
+    async def _write(self, w: RegistryWrite) -> Outcome:
+        """The write, bounded by `write_timeout`; past that, or on any failure that is not a
+        refusal, it is unsettled (settled in the background once the store answers)."""
+        iid = w.instance_id
+        self._writing[iid] = self._writing.get(iid, 0) + 1
+        try:
+            out = await asyncio.wait_for(self.ledger.apply(w), self.write_timeout)
+        except (StoreRefused, ValueError):
+            raise
+        except (StoreError, asyncio.TimeoutError) as e:
+            why = str(e) or f"no answer within {self.write_timeout:g} s"
+            self._unsettle(w, why)
+            raise Unconfirmed(w, why) from None
+        finally:
+            self._writing[iid] -= 1
+            if not self._writing[iid]:
+                del self._writing[iid]
+        if w.op is Op.REGISTER:
+            self._known[iid] = instance_codec.decode(self.keys.instance(iid), w.value)
+        else:
+            self._known.pop(iid, None)
+        return out
+
+    def _unsettle(self, w: RegistryWrite, why: str) -> None:
+        self.unsettled[w.request_id] = w
+        log.warning("replica %s: the %s was not confirmed by the fleet store (%s): outcome unknown until the store answers",
+                    self.name, w.describe(), why)
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.get_running_loop().create_task(self._settling())
+
+    async def _settling(self) -> None:
+        """Settle every unconfirmed write once the store answers (claiming its request id
+        decides it for good), log each outcome, and make the registry the store's again."""
+        pause = 0.2
+        while self.unsettled:
+            for rid, w in list(self.unsettled.items()):
+                try:
+                    out = await self.ledger.settle(w)
+                except StoreError as e:
+                    log.info("replica %s: settling the %s: the store does not answer yet (%s)", self.name, w.describe(), e)
+                    break
+                self.unsettled.pop(rid, None)
+                self.settled[rid] = out
+                while len(self.settled) > 1000:
+                    self.settled.pop(next(iter(self.settled)))
+                log.warning("replica %s: the %s is settled: %s (%s)", self.name, w.describe(), out.value, _consequence(w, out))
+                self._on_serving(self._converge)
+            else:
+                continue
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def _wait(self, fut: Future[Any], what: str, timeout: float | None = None) -> Any:
         """Wait for work scheduled on the serving loop, from another thread (waiting on the

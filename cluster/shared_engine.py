@@ -1,50 +1,72 @@
 """The decision engine of a replica whose registry is shared: registrations and removals
 that arrive by RPC are written to the store before they are answered (so every replica
-serves them, and a refused write is an error the caller sees, never a silent local-only
-instance) — awaited off the serving loop (`register_shared`, which the service calls when
-the engine has it), or waited for by direct callers (`register`); what the store's watch
-delivers is applied locally with `apply_*`, without writing back."""
+serves them) — awaited off the serving loop (`register_shared`, which the service calls
+when the engine has it), or waited for by direct callers (`register`); what the store's
+watch delivers is applied locally with `apply_*`, without writing back.
+
+Each write carries a request id (`registry_ledger.py`). A write the store refused is
+reported as not done; one it did not confirm (quorum lost, a timeout) is reported as
+*unknown* (UNAVAILABLE, ErrorInfo `outcome: unknown` and the request id), never as not
+done, because it may still be committed; the replica settles and logs it once the store
+answers. A retry with the same request id gets the settled result, never a second write."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from concurrent.futures import Future
 from typing import Iterable, Protocol
 
 from policyc.matcher import Instance
 from policyc.server.engine import DecisionEngine
 from policyc.server.errors import ServiceError, Status
+from policyc.server.registration import REQUEST_ID_HEADER, outcome_unknown
 
-from .store import StoreError
-
-WRITE_TIMEOUT = 7.0  # seconds: past the store's own retries through an election (op_timeout 5 s)
+from . import instance_codec
+from .registry_ledger import Op, Outcome, RegistryWrite, RequestReused, Unconfirmed
+from .store import StoreError, StoreRefused
 
 
 class RegistryWriter(Protocol):
+    write_timeout: float  # the writer gives up (and reports the outcome unknown) after this
+
+    def write_later(self, w: RegistryWrite) -> "Future[Outcome]": ...
+
+    def write(self, w: RegistryWrite) -> Outcome: ...
+
+    def applied_before_later(self, w: RegistryWrite) -> "Future[bool]": ...
+
+    def reconcile(self) -> None: ...
+
     def put_instances(self, items: list[tuple[Instance, float | None]]) -> None: ...
 
-    def delete_instance(self, instance_id: str) -> None: ...
 
-    def put_instances_later(self, items: list[tuple[Instance, float | None]]) -> "Future[None]": ...
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
-    def delete_instance_later(self, instance_id: str) -> "Future[None]": ...
+
+def _registration(instance: Instance, score: float | None, request_id: str) -> RegistryWrite:
+    return RegistryWrite(Op.REGISTER, instance.id, request_id or new_request_id(), instance_codec.encode(instance, score))
 
 
 class SharedRegistryEngine(DecisionEngine):
     writer: RegistryWriter | None = None  # set by the replica once its store is connected
 
+    # ---------------------------------------------------------------- direct callers (not the loop)
     def register(self, instance: Instance, score: float | None = None) -> int:
         size = super().register(instance, score)  # admission first: the store only gets admissible instances
         if self.writer is not None:
+            w = _registration(instance, score, "")
             try:
-                self.writer.put_instances([(instance, score)])
-            except StoreError as e:
-                super().deregister(instance.id)
-                raise ServiceError(Status.UNAVAILABLE, f"instance `{instance.id}` was not registered: the fleet store "
-                                   f"did not take it, so no replica would serve it ({e}); retry") from None
+                self.writer.write(w)
+            except Exception as e:
+                self._undo_register(instance.id, e)
+                raise self._refusal(w, e) from None
         return size
 
     def register_many(self, instances: Iterable[Instance], scores: dict[str, float] | None = None) -> int:
+        """Bulk registration (fleets, benchmarks): plain puts of each record, which a retry
+        repeats harmlessly; a store that does not confirm them leaves them unknown."""
         items = list(instances)
         size = super().register_many(items, scores)
         if self.writer is not None:
@@ -54,47 +76,96 @@ class SharedRegistryEngine(DecisionEngine):
             except StoreError as e:
                 for i in items:
                     super().deregister(i.id)
-                raise ServiceError(Status.UNAVAILABLE, f"{len(items)} instance(s) were not registered: the fleet store "
-                                   f"did not take them ({e}); retry") from None
+                raise ServiceError(Status.UNAVAILABLE, f"{len(items)} instance(s): the fleet store did not confirm them ({e}); "
+                                   "the outcome is unknown (some may take effect): registering them again converges",
+                                   code="E730", info={"outcome": "unknown"}) from None
         return size
 
     def deregister(self, instance_id: str) -> int:
         size = super().deregister(instance_id)
         if self.writer is not None:
+            w = RegistryWrite(Op.DEREGISTER, instance_id, new_request_id())
             try:
-                self.writer.delete_instance(instance_id)
-            except StoreError as e:
-                raise ServiceError(Status.UNAVAILABLE, f"instance `{instance_id}` was removed here but the fleet store did "
-                                   f"not take the removal, so other replicas still serve it ({e}); retry") from None
+                self.writer.write(w)
+            except Exception as e:
+                self.writer.reconcile()
+                raise self._refusal(w, e) from None
         return size
 
-    # ---------------------------------------------------------------- RPCs, off the loop
-    async def register_shared(self, instance: Instance, score: float | None = None) -> int:
+    # ---------------------------------------------------------------- RPCs, on the loop
+    async def register_shared(self, instance: Instance, score: float | None = None, request_id: str = "") -> int:
         """`RegisterInstance` on a replica: admitted and added here, then written to the
         store while the serving loop keeps deciding (an etcd election delays the answer,
-        not the decisions); undone and refused if the store does not take it."""
-        size = DecisionEngine.register(self, instance, score)
+        not the decisions). A retry of an applied request returns its settled result."""
+        w = _registration(instance, score, request_id)
+        try:
+            size = DecisionEngine.register(self, instance, score)
+        except ServiceError as e:
+            if self.writer is not None and request_id and e.status is Status.ALREADY_EXISTS and await self._applied_before(w):
+                return len(self.state.registry)
+            raise
         if self.writer is None:
             return size
         try:
-            await asyncio.wait_for(asyncio.wrap_future(self.writer.put_instances_later([(instance, score)])), WRITE_TIMEOUT)
-        except (StoreError, asyncio.TimeoutError) as e:
-            if instance.id in self.state.registry:
-                DecisionEngine.deregister(self, instance.id)
-            raise ServiceError(Status.UNAVAILABLE, f"instance `{instance.id}` was not registered: the fleet store "
-                               f"did not take it, so no replica would serve it ({e or 'timed out'}); retry") from None
+            await self._written(w)
+        except Exception as e:
+            self._undo_register(instance.id, e)
+            raise self._refusal(w, e) from None
         return len(self.state.registry)
 
-    async def deregister_shared(self, instance_id: str) -> int:
-        size = DecisionEngine.deregister(self, instance_id)
+    async def deregister_shared(self, instance_id: str, request_id: str = "") -> int:
+        w = RegistryWrite(Op.DEREGISTER, instance_id, request_id or new_request_id())
+        try:
+            size = DecisionEngine.deregister(self, instance_id)
+        except ServiceError as e:
+            if self.writer is not None and request_id and e.status is Status.NOT_FOUND and await self._applied_before(w):
+                return len(self.state.registry)
+            raise
         if self.writer is None:
             return size
         try:
-            await asyncio.wait_for(asyncio.wrap_future(self.writer.delete_instance_later(instance_id)), WRITE_TIMEOUT)
-        except (StoreError, asyncio.TimeoutError) as e:
-            raise ServiceError(Status.UNAVAILABLE, f"instance `{instance_id}` was removed here but the fleet store did "
-                               f"not take the removal, so other replicas still serve it ({e or 'timed out'}); retry") from None
+            await self._written(w)
+        except Exception as e:
+            self.writer.reconcile()  # refused: the store still has it, so this replica serves it again
+            raise self._refusal(w, e) from None
         return len(self.state.registry)
+
+    async def _written(self, w: RegistryWrite) -> Outcome:
+        """The writer bounds the write itself (and settles it when it gives up); the
+        shield keeps a caller that goes away from cancelling it halfway."""
+        assert self.writer is not None
+        fut = asyncio.wrap_future(self.writer.write_later(w))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.writer.write_timeout + 2)
+        except asyncio.TimeoutError:
+            raise Unconfirmed(w, f"no answer within {self.writer.write_timeout + 2:g} s") from None
+
+    async def _applied_before(self, w: RegistryWrite) -> bool:
+        assert self.writer is not None
+        try:
+            return await asyncio.wrap_future(self.writer.applied_before_later(w))
+        except (StoreError, ValueError):
+            return False
+
+    def _undo_register(self, instance_id: str, e: Exception) -> None:
+        """Not confirmed or refused: this replica does not serve it (if the write lands after
+        all, the store's watch brings it back, here and everywhere)."""
+        if instance_id in self.state.registry:
+            DecisionEngine.deregister(self, instance_id)
+
+    @staticmethod
+    def _refusal(w: RegistryWrite, e: Exception) -> ServiceError:
+        what = "registration" if w.op is Op.REGISTER else "removal"
+        if isinstance(e, RequestReused):
+            return ServiceError(Status.INVALID_ARGUMENT, f"instance `{w.instance_id}`: {e}", field=REQUEST_ID_HEADER, code="E731")
+        if isinstance(e, StoreRefused):  # answered and refused: known not to be applied
+            done = "was not registered" if w.op is Op.REGISTER else "was not removed"
+            return ServiceError(Status.UNAVAILABLE, f"instance `{w.instance_id}` {done}: the fleet store refused the write ({e})")
+        if isinstance(e, StoreError):  # not confirmed: it may still land
+            return outcome_unknown(what, w.instance_id, w.request_id, e.why if isinstance(e, Unconfirmed) else str(e))
+        if isinstance(e, ServiceError):
+            return e
+        return ServiceError(Status.UNAVAILABLE, f"instance `{w.instance_id}`: the {what} failed ({type(e).__name__}: {e})")
 
     # ---------------------------------------------------------------- from the store
     def apply_register(self, instance: Instance, score: float | None) -> None:

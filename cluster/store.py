@@ -21,7 +21,14 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """No member answered in time (a partition, an election, a store that is down)."""
+    """No member answered in time (a partition, an election, a store that is down). For a
+    write this says nothing about whether it took effect: a request a member received and
+    could not commit (no quorum) may still be committed when quorum returns."""
+
+
+class StoreRefused(StoreError):
+    """The store answered and refused the request (an invalid argument, a permission): a
+    write refused so was not applied, and retrying it unchanged will not help."""
 
 
 class Compacted(StoreError):

@@ -30,8 +30,10 @@ class ServiceError(Exception):
     is made from the message and the field."""
 
     def __init__(self, status: Status, message: str, details: tuple[str, ...] = (), field: str | None = None, *,
-                 code: str | None = None, diagnostics: tuple[Diagnostic, ...] = ()) -> None:
+                 code: str | None = None, diagnostics: tuple[Diagnostic, ...] = (),
+                 info: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.info = info or {}  # extra ErrorInfo metadata (e.g. an unknown outcome's request id)
         self.status = status
         self.message = message
         self.details = details

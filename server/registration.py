@@ -8,6 +8,7 @@ bundle's (contract drift) is refused naming the fields that differ (`FAILED_PREC
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from pydantic import ValidationError
 
@@ -173,3 +174,36 @@ def admissible(inst: Instance, bundle: Bundle) -> bool:
     except AdmissionError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------- request ids, unconfirmed writes
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+def request_id_of(metadata: "Iterable[tuple[str, str | bytes]] | None") -> str:
+    """The caller's request id (the `x-request-id` metadata, as Envoy names it), "" when it
+    gave none. A retry that carries the id of an earlier attempt gets that attempt's settled
+    result instead of a second write. INVALID_ARGUMENT for an id that cannot name a request."""
+    from policyc.cluster.registry_ledger import valid_request_id
+
+    for key, value in metadata or ():
+        if key == REQUEST_ID_HEADER:
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+            if not valid_request_id(text):
+                raise ServiceError(Status.INVALID_ARGUMENT, f"`{REQUEST_ID_HEADER}`: `{text[:80]}` is not a request id "
+                                   "(1-128 letters, digits, `.`, `_`, `:`, `-`)", field=REQUEST_ID_HEADER, code="E723")
+            return text
+    return ""
+
+
+def outcome_unknown(what: str, instance_id: str, request_id: str, why: str) -> ServiceError:
+    """UNAVAILABLE for a registry write the fleet store did not confirm: it may still take
+    effect, so it is never reported as not done. The ErrorInfo (reason E730) carries
+    `outcome: unknown` and the request id to retry with; the replica logs the outcome once
+    the store answers again."""
+    message = (f"instance `{instance_id}`: the {what} was not confirmed by the fleet store ({why}); its outcome is "
+               f"unknown and it may still take effect. Retry with {REQUEST_ID_HEADER} `{request_id}`: the retry "
+               "converges to one result, and the replica logs the outcome once the store answers")
+    return ServiceError(Status.UNAVAILABLE, message, code="E730",
+                        info={"outcome": "unknown", "request_id": request_id, "instance_id": instance_id, "operation": what})

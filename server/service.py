@@ -43,7 +43,7 @@ from .request_shapes import RequestShapes, ShapeEntry
 from .state import PolicyState
 from .rich_status import default_code, refusal_trailers
 from .rpc_metrics import code_name, counts_itself
-from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx
+from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx, request_id_of
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
 log = logging.getLogger("policyc.server")
@@ -381,7 +381,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
             if score is not None and not 0.0 <= score <= 1.0:
                 raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
             shared = getattr(self.engine, "register_shared", None)  # a replica: the fleet store's write, awaited off the loop
-            size = await shared(inst, score) if shared is not None else self.engine.register(inst, score)
+            rid = request_id_of(context.invocation_metadata())  # a retry with the same id converges
+            size = await shared(inst, score, rid) if shared is not None else self.engine.register(inst, score)
         except ServiceError as e:
             await self._refuse(context, "RegisterInstance", e)
             raise
@@ -393,7 +394,8 @@ class DecisionService(pb_grpc.DecisionsServicer):
         try:
             self._admit(context, Permission.REGISTER)
             shared = getattr(self.engine, "deregister_shared", None)
-            size = await shared(request.instance_id) if shared is not None else self.engine.deregister(request.instance_id)
+            rid = request_id_of(context.invocation_metadata())
+            size = await shared(request.instance_id, rid) if shared is not None else self.engine.deregister(request.instance_id)
         except ServiceError as e:
             await self._refuse(context, "DeregisterInstance", e)
             raise

@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from policyc.client import operator_channel
 from policyc.cluster.config import FleetConfig  # noqa: E402
 from policyc.cluster.local_etcd import LocalEtcd  # noqa: E402
 from policyc.compiler.bundle import Bundle  # noqa: E402
@@ -49,7 +50,9 @@ def new_prefix() -> str:
 
 def replica(bundle: Bundle, etcd: LocalEtcd, name: str, prefix: str, **cfg: object) -> ServerThread:
     fleet = FleetConfig(etcd=tuple(etcd.endpoints), name=name, prefix=prefix, lease_ttl=TTL, report_interval=0.3)
-    base: dict[str, object] = {"cluster": SMALL, "enforcer": EnforcerMode.USERSPACE, "watch_gpus": False, "fleet": fleet}
+    # open_fleet: these tests are about replication; the operator token is tested in tests/server
+    base: dict[str, object] = {"cluster": SMALL, "enforcer": EnforcerMode.USERSPACE, "watch_gpus": False, "fleet": fleet,
+                               "open_fleet": True}
     base.update(cfg)
     th = ServerThread(DecisionServer(bundle, ServeConfig(**base)))  # type: ignore[arg-type]
     th.start()
@@ -66,7 +69,7 @@ def replicas(bundle: Bundle, etcd: LocalEtcd) -> Iterator[list[ServerThread]]:
 
 
 def stub(th: ServerThread) -> tuple[grpc.Channel, pb_grpc.DecisionsStub]:
-    ch = grpc.insecure_channel(f"127.0.0.1:{th.server.port}")
+    ch = operator_channel(f"127.0.0.1:{th.server.port}")
     return ch, pb_grpc.DecisionsStub(ch)
 
 
