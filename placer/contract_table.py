@@ -16,10 +16,11 @@ import numpy as np
 from policyc.compiler.bundle import Contract, GpuClass, ServiceDependency
 from policyc.compiler.meaning import compute_rate, request_flops
 
-from .evaluate import PROXY_ROLE, _CODE
+from .framework import EVERY, ContractInputs, Stage
 from .paths import NO_FAILURE
-from .plan import Constraint
 from .shares import ShareBound, share_bounds
+from .signals import CODE, of_stage
+from .signals.dependency import PROXY_ROLE
 from .topology import EndpointRole, Topology
 
 
@@ -28,7 +29,7 @@ class ContractTable:
     contract: Contract
     topology: Topology
     bounds: dict[str, ShareBound]  # per GPU class of the topology
-    code: np.ndarray  # per GPU: GPU_CLASS or SESSION_STORE code, NO_FAILURE if neither
+    code: np.ndarray  # per GPU: the first contract-stage signal's code it fails (GPU class, session store), NO_FAILURE if none
     min_share: np.ndarray
     peak_eff: np.ndarray  # peak FLOP/s at the contract's precision x efficiency (1 x eff if unknown)
     no_peak: np.ndarray  # the class has no peak at this precision: compute is unbounded
@@ -37,16 +38,18 @@ class ContractTable:
 
 
 def contract_table(contract: Contract, topology: Topology, catalog: Mapping[str, GpuClass]) -> ContractTable:
-    """Build the table (vectorised over the topology's GPU classes, then gathered per GPU)."""
+    """Build the table: the contract-stage signals' columns for every GPU (each signal's
+    fast way: per GPU class, then gathered per GPU), and the prediction's per-GPU figures."""
     names, model_idx = topology.gpu_models
     bounds = share_bounds(contract, names, catalog)
+    x = ContractInputs(topology, contract, catalog, bounds, EVERY)
+    code = np.full(len(topology.gpus), NO_FAILURE, dtype=np.int64)
+    for sig in of_stage(Stage.CONTRACT):
+        col = sig.column(x)
+        if col.fail is not None:
+            np.minimum(code, np.where(col.fail, CODE[sig.constraint], NO_FAILURE), out=code)
     rated = [compute_rate(contract.compute, catalog[m]) if m in catalog else None for m in names]
     rates = np.array([np.nan if r is None else r for r in rated], dtype=np.float64)  # FLOP/s of a whole GPU
-    per_class_fail = np.array([not bounds[m].feasible for m in names], dtype=bool) | np.isnan(rates)
-    code = np.where(per_class_fail[model_idx], _CODE[Constraint.GPU_CLASS], NO_FAILURE).astype(np.int64)
-    sess = contract.session
-    if sess is not None and sess.state != "remote" and sess.colocate == "same_numa":
-        code = np.minimum(code, np.where(topology.gpu_store != sess.state, _CODE[Constraint.SESSION_STORE], NO_FAILURE))
     min_share = np.array([bounds[m].min_share for m in names], dtype=np.float64)[model_idx]
     rate = rates[model_idx]
     no_peak = np.isnan(rate)

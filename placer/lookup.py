@@ -26,18 +26,23 @@ import numpy as np
 from policyc.compiler.meaning import MIN_SHARE as LEAST_SHARE, compute_seconds
 
 from .contract_table import ContractTable
-from .evaluate import _CODE, Evaluation
+from .evaluate import Evaluation
 from .latency import GPU_QUANTUM, RHO_CAP, gpu_queue
 from .paths import NO_FAILURE, path_table
 from .plan import Constraint
+from .signals import CODE, gpu_share, latency_budget
 from .snapshot import Snapshot
 from .thresholds import Thresholds
 from .tick_table import (
-    DEPENDENCIES, FREE, MIN_SHARE, NETWORK, NO_PEAK, PEAK_EFF, RAW_NETWORK, SIGMA, Layout, TickContractTable, tick_table,
+    DEPENDENCIES, FREE, MIN_SHARE, NETWORK, NO_PEAK, PEAK_EFF, RAW_NETWORK, SIGMA, WAIT, Layout, TickContractTable,
+    tick_table,
 )
 
-_SHARE = _CODE[Constraint.GPU_SHARE]
-_BUDGET = _CODE[Constraint.LATENCY_BUDGET]
+# the request-stage signals (share, budget): the one part of evaluation a request's own
+# figures decide, so the runners' own arithmetic (the signals' vectorised filters below;
+# `scalar_rows` unrolls them candidate by candidate)
+_SHARE = CODE[Constraint.GPU_SHARE]
+_BUDGET = CODE[Constraint.LATENCY_BUDGET]
 _PASS = int(NO_FAILURE)
 _INF = float("inf")
 SCALAR_MAX = 32  # candidate sets up to this size are evaluated with Python scalars
@@ -60,20 +65,20 @@ def lookup(
     ints = g[:, lay.code:].astype(np.int64)  # code, port, best endpoint per service
     min_share = g[:, MIN_SHARE]
     free = g[:, FREE] - reserved
-    code = np.minimum(ints[:, 0], np.where(free < min_share, _SHARE, NO_FAILURE))
+    code = np.minimum(ints[:, 0], np.where(gpu_share.refuses(free, min_share), _SHARE, NO_FAILURE))
     share_used = np.minimum(np.maximum(np.maximum(free, min_share), LEAST_SHARE), 1.0)  # np.clip, without its overhead
     compute = compute_seconds(table.flops, g[:, PEAK_EFF], share_used)
     no_peak = g[:, NO_PEAK] != 0.0
     if no_peak.any():
         compute[no_peak] = np.inf
-    queueing = gpu_queue(1.0 - free)
+    queueing = gpu_queue(1.0 - free) + g[:, WAIT]
     network = g[:, NETWORK]
     deps = g[:, DEPENDENCIES]
     dep_best = tuple((svc, eps, ints[:, lay.best(i) - lay.code], g[:, lay.latency(i)])
                      for i, (svc, eps, _, _) in enumerate(tt.services))
 
     total = network + queueing + compute + deps
-    np.minimum(code, np.where(total <= budget * th.budget_fraction, NO_FAILURE, _BUDGET), out=code)
+    np.minimum(code, np.where(latency_budget.refuses(total, budget * th.budget_fraction), _BUDGET, NO_FAILURE), out=code)
     fail = np.where(code == NO_FAILURE, -1, code)
     sigma = g[:, SIGMA]
     return Evaluation(
@@ -133,14 +138,14 @@ def scalar_rows(
     fields = _FIELDS.get(layout.code)
     if fields is None:
         fields = _FIELDS[layout.code] = itemgetter(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES,
-                                                   SIGMA, layout.code)
+                                                   SIGMA, WAIT, layout.code)
     outs: list[_Row] = []
     append = outs.append
     slots: list[tuple[float, float, _Row, _Row] | None] = memo if memo is not None else [None] * len(rows)  # (this call's)
     for i, (row, res) in enumerate(zip(rows, reserved)):
         hit = slots[i]
         if hit is None or hit[0] != res:
-            min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, code = fields(row)
+            min_share, peak_eff, no_peak, free, network, raw_network, dep, sigma, wait, code = fields(row)
             free = free - res
             if free < min_share and _SHARE < code:
                 code = _SHARE
@@ -155,7 +160,7 @@ def scalar_rows(
             rho = 1.0 - free
             rho = rho if rho >= 0.0 or rho != rho else 0.0
             rho = rho if rho <= RHO_CAP or rho != rho else RHO_CAP
-            queueing = GPU_QUANTUM * rho / (1.0 - rho)
+            queueing = GPU_QUANTUM * rho / (1.0 - rho) + wait
             total = network + queueing + compute + dep
             rank, raw = total + k * sigma, raw_network + queueing + compute + dep
             over = _BUDGET if _BUDGET < code else code

@@ -20,15 +20,15 @@ from typing import Generator, Iterator
 
 import numpy as np
 
-from .evaluate import PROXY_ROLE, _CODE, best_ports
-from .latency import pcie_delay
-from .plan import Constraint
+from .framework import EVERY, Signal, Stage, TickInputs
+from .signals import CODE, ORDER, of_stage
+from .signals.dependency import PROXY_ROLE
 from .snapshot import Snapshot
 from .stores import is_local_store, store_table
 from .thresholds import Thresholds
 from .topology import Endpoint, EndpointRole
 
-NO_FAILURE = np.int64(len(_CODE))  # larger than every constraint code: "passes"
+NO_FAILURE = np.int64(len(ORDER))  # larger than every constraint code: "passes"
 DEFAULT_INGRESS: None = None  # table key: each GPU entered from its own region's gateway
 
 
@@ -53,6 +53,7 @@ class PathTable:
     sigma2: np.ndarray  # path variance + GPU queueing variance
     port: np.ndarray  # chosen port (-1: none)
     raw_network: np.ndarray  # best round trip ignoring port thresholds (for explanations)
+    wait: np.ndarray  # seconds the tick's signals add to the predicted queueing (measured queues)
     _deps: dict[tuple[str, EndpointRole], DependencyTable] = field(default_factory=dict, repr=False)
     # per contract table: everything of a request that depends on this tick and that contract
     # alone (`tick_table.py`), built on first use and kept for the tick; and the contract
@@ -139,32 +140,38 @@ def _build(snap: Snapshot, th: Thresholds, ingress: int | None) -> PathTable:
 
 def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generator[str, None, PathTable]:
     """The table in three steps, yielding between two (for `warm_steps` on a serving
-    loop): the snapshot-only marks; the best port per GPU (`best_ports`, most of the
-    cost); the rest."""
-    t, f = snap.topology, snap.frame
+    loop): the columns of the tick's signals that do not read the paths; the best port per
+    GPU (`port_paths.best_ports`, most of the cost); the columns of those that do, and the
+    rest. A signal's refusals fold into the constraint code (the first in `ORDER` wins), its
+    seconds into `wait`."""
+    t = snap.topology
     n = len(t.gpus)
-    rows = ingress_rows(snap, ingress)
+    x = TickInputs(snap, th, EVERY, ingress_rows(snap, ingress))
     code = np.full(n, NO_FAILURE, dtype=np.int64)
+    wait = np.zeros(n)
+    signals = of_stage(Stage.TICK)
 
-    def mark(mask: np.ndarray, c: Constraint) -> None:
-        np.minimum(code, np.where(mask, _CODE[c], NO_FAILURE), out=code)
+    def run(s: Signal) -> None:
+        nonlocal wait
+        col = s.column(x)
+        if col.fail is not None:
+            np.minimum(code, np.where(col.fail, CODE[s.constraint], NO_FAILURE), out=code)
+        if col.latency is not None:
+            wait = wait + col.latency
 
-    mark(snap.gpu_health < th.min_health, Constraint.HEALTH)
-    pcie = f.gpu_pcie_util
-    mark(pcie > th.max_pcie_util, Constraint.PCIE)
-
-    local, remote = t.gpu_ports
-    delay = pcie_delay(pcie)
+    for s in signals:
+        if not s.reads_paths:
+            run(s)
     yield "path table: marks"
-    paths = best_ports(snap, th, local, remote, rows, delay)
+    paths = x.paths
     yield "path table: best ports"
-    best_net, best_var, best_port, raw_net, any_port_ok = paths.net, paths.var, paths.port, paths.raw_net, paths.any_ok
-    mark(~any_port_ok, Constraint.PORT)
-    mark(~np.isfinite(best_net), Constraint.NETWORK)
-    sigma2 = best_var + snap.gpu_sigma ** 2
-    for a in (code, best_net, sigma2, best_port, raw_net):
+    for s in signals:
+        if s.reads_paths:
+            run(s)
+    sigma2 = paths.var + snap.gpu_sigma ** 2
+    for a in (code, paths.net, sigma2, paths.port, paths.raw_net, wait):
         a.setflags(write=False)
-    return PathTable(th, ingress, code, best_net, sigma2, best_port, raw_net)
+    return PathTable(th, ingress, code, paths.net, sigma2, paths.port, paths.raw_net, wait)
 
 
 def _dependency_table(snap: Snapshot, table: PathTable, kind: str, role: EndpointRole) -> DependencyTable:

@@ -1,13 +1,10 @@
 """Contract-aware placement: choose the GPU for one request, say why, never raise.
 
-The placer keeps three small pieces of state between requests:
-- reservations made on the current snapshot (so a burst within one tick spreads instead
-  of piling onto the GPU that looked best when the tick began);
-- sticky choices per affinity key (hysteresis: the previous GPU stays while it is feasible
-  and within a margin of the best, so placements do not flap between ticks);
-- sessions: a session stays on its GPU (next to its state store) until that placement
-  becomes infeasible; a move prefers the same NUMA node, then the same host, and is
-  reported in the plan.
+The signals (`signals/`, run from the per-tick tables: `lookup.py`) filter and rank the
+candidates; the picker (`pick.py`: hysteresis, stickiness, sessions) chooses among the
+feasible ones. The placer itself keeps the reservations made on the current snapshot (so a
+burst within one tick spreads instead of piling onto the GPU that looked best when the
+tick began), and writes plans and refusals in the signals' words.
 """
 
 from __future__ import annotations
@@ -29,11 +26,14 @@ from .contract_table import ContractTable, contract_table
 from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
 from .evaluated import Evaluated, RowFixed
+from .framework import Stage, Words
 from .lookup import lookup, scalar_rows
+from .pick import Kept, Picker
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
     ShareSource,
 )
+from .signals import BY_CONSTRAINT, of_stage
 from .sites import Sites
 from .snapshot import Snapshot
 from .thresholds import Thresholds
@@ -44,24 +44,10 @@ SCALAR_MAX = 32  # up to this many candidates, evaluate them on Python scalars (
 
 
 _INF = float("inf")
+_NOTED = of_stage(Stage.TICK)  # the signals whose plan notes a plan reads (measured, possibly stale, readings)
 
 
-class _Kept:
-    """The hysteresis note of a plan (`kept host/gpuN ...`), written when the plan's reasons
-    are read (most never are): `str()` gives the sentence."""
-
-    __slots__ = ("_t", "_prev", "_best", "_hyst", "_abs")
-
-    def __init__(self, t, prev: int, best: int, hyst: float, hyst_abs: float) -> None:  # type: ignore[no-untyped-def]
-        self._t, self._prev, self._best, self._hyst, self._abs = t, prev, best, hyst, hyst_abs
-
-    def __str__(self) -> str:
-        t = self._t
-        return (f"kept {t.gpu_key(self._prev)} (hysteresis: within {self._hyst:.0%} + "
-                f"{self._abs * 1e3:g} ms of the best, {t.gpu_key(self._best)})")
-
-
-def _refused(snap: Snapshot, stale: bool, reasons: list[str | _Kept], c: Constraint, msg: str,
+def _refused(snap: Snapshot, stale: bool, reasons: list[str | Kept], c: Constraint, msg: str,
              rej: Sequence[Rejection] = ()) -> NoPlacement:
     """A refusal before any candidate was evaluated (bad input, nothing to place on)."""
     return NoPlacement(c, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rej))
@@ -82,14 +68,11 @@ class Placer:
     ) -> None:
         self._snapshots = snapshots
         self._catalog = {g.name: g for g in catalog}
-        self._hyst = hysteresis
-        self._hyst_abs = hysteresis_abs
+        self._picker = Picker(hysteresis, hysteresis_abs)
         self._clock = clock
         self._lock = threading.Lock()
         self._reserved: list[float] = []  # share reserved per GPU on the current snapshot
         self._reserved_version = -1
-        self._sticky: dict[str, int] = {}
-        self._sessions: dict[str, int] = {}
         self._tables: dict[tuple, ContractTable] = {}
         self._sets = CandidateSets()
         self._sites = Sites()
@@ -129,17 +112,11 @@ class Placer:
         with self._lock:
             if hi is None:
                 return RebalanceReport(host, (), 0)
-            on_host = lambda g: t.gpus[g].host == hi  # noqa: E731
-            sessions = tuple(sorted(s for s, g in self._sessions.items() if on_host(g)))
-            for s in sessions:
-                del self._sessions[s]
-            keys = [k for k, g in self._sticky.items() if on_host(g)]
-            for k in keys:
-                del self._sticky[k]
-        return RebalanceReport(host, sessions, len(keys))
+            sessions, sticky = self._picker.release_host(t, hi)
+        return RebalanceReport(host, sessions, sticky)
 
     def session_gpu(self, session: str) -> str | None:
-        g = self._sessions.get(session)
+        g = self._picker.session_gpu(session)
         return None if g is None else self._snapshots.current().topology.gpu_key(g)
 
     # ------------------------------------------------------------------ internals
@@ -187,7 +164,7 @@ class Placer:
         now = self._clock()
         stale = snap.is_stale(now)
         th = snap.thresholds.conservative() if stale else snap.thresholds
-        reasons: list[str | _Kept] = []
+        reasons: list[str | Kept] = []
         if stale:
             reasons.append(f"snapshot {snap.version} is stale ({snap.age(now) * 1e3:.0f} ms old, limit "
                            f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
@@ -240,23 +217,11 @@ class Placer:
                 gathered.refusal = (shares, out)
             return out
 
-        choice, move = best, None
         key = affinity_key or self._affinity(contract.name, ingress)
         with self._lock:
-            if session is not None:
-                choice, move, why = self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64),
-                                                         best, contract)
-                reasons.append(why)
-            else:
-                prev = self._sticky.get(key)
-                if prev is not None:
-                    r = ev.first_feasible_on(prev)
-                    if r >= 0:
-                        rank = ev.rank
-                        if r != best and rank[r] <= rank[best] * (1 + self._hyst) + self._hyst_abs:
-                            choice = r
-                            reasons.append(_Kept(t, prev, ev.gpus[best], self._hyst, self._hyst_abs))
-                self._sticky[key] = ev.gpus[choice]
+            choice, move, note = self._picker.choose(t, ev, contract, session, key)
+            if note is not None:
+                reasons.append(note)
             row, queueing, compute = ev.row(choice, snap, self._sites)
             share = row.min_share
             if self._reserved_version == snap.version:
@@ -285,45 +250,9 @@ class Placer:
             rejected.append(Rejection(t.gpu_key(int(ev.gpus[r])), ev.constraint(r), self._detail(snap, th, ev, r, bounds, budget)))
         return rejected, counts
 
-    def _session_choice(
-        self, t, session: str, ev: Evaluation, feasible: np.ndarray, best: int, contract: Contract,
-    ) -> tuple[int, SessionMove | None, str]:
-        prev = self._sessions.get(session)
-        feas_gpus = ev.gpus[feasible]
-        if prev is not None:
-            hit = np.nonzero(feas_gpus == prev)[0]
-            if len(hit):
-                return int(feasible[hit[0]]), None, f"session `{session}` stays on {t.gpu_key(prev)} (affinity to its state store)"
-            rows = np.nonzero(ev.gpus == prev)[0]
-            why = (f"{t.gpu_key(prev)} is no longer feasible ({ev.constraint(int(rows[0])).value})" if len(rows)
-                   else f"{t.gpu_key(prev)} is no longer a candidate")
-            # prefer the state store's NUMA node, then its host, then the best anywhere
-            numa, host = t.gpus[prev].numa, t.gpus[prev].host
-            for level, same in (("NUMA node", t.gpu_numa[feas_gpus] == numa), ("host", t.gpu_host[feas_gpus] == host)):  # noqa: B007 - read after the break
-                if same.any():
-                    opts = feasible[same]
-                    choice = int(opts[np.argmin(ev.rank[opts])])
-                    break
-            else:
-                level, choice = "cluster", best
-            to = int(ev.gpus[choice])
-            self._sessions[session] = to
-            move = SessionMove(session, t.gpu_key(prev), t.gpu_key(to), f"{why}; moved within the same {level}")
-            return choice, move, f"session `{session}` moved: {move.reason}"
-        choice = best
-        state = contract.session.state if contract.session is not None else None
-        if state is not None and state != "remote":
-            stores = np.array([t.numa[t.gpus[int(g)].numa].store.value for g in feas_gpus])
-            near = feasible[stores == state]
-            if len(near):
-                choice = int(near[np.argmin(ev.rank[near])])
-        self._sessions[session] = int(ev.gpus[choice])
-        return choice, None, f"session `{session}` starts on {t.gpu_key(int(ev.gpus[choice]))}" + (
-            f" (next to its {state} state store)" if state and state != "remote" else "")
-
     def _plan(
         self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFixed,
-        queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | _Kept], unknown: list[Rejection], budget: float,
+        queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | Kept], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
         t = snap.topology
         g, share = row.gpu, row.min_share
@@ -348,6 +277,10 @@ class Placer:
                         f"± {full.sigma[runner] * 1e3:.1f} ms, rank {full.rank[runner] * 1e3:.1f} ms")
             reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
                        + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *map(str, notes)]
+            for sig in _NOTED:  # a measured reading the prediction left out as stale, say
+                line = sig.plan_note(snap, g)
+                if line is not None:
+                    reasons.append(line)
             for d in bindings:
                 reasons.append(f"dependency `{d.service}` bound to {d.role} endpoint `{d.endpoint}` "
                                f"({d.predicted * 1e3:.2f} ms ≤ {d.bound * 1e3:g} ms)")
@@ -362,45 +295,20 @@ class Placer:
             stale=stale, snapshot_version=snap.version, explanation=Explanation(write),
         )
 
-    def _detail(self, snap: Snapshot, th, ev: Evaluation, r: int, bounds, budget: float) -> str:
-        t, f = snap.topology, snap.frame
-        g = int(ev.gpus[r])
+    def _detail(self, snap: Snapshot, th: Thresholds, ev: Evaluation, r: int, bounds, budget: float) -> str:
+        """Why candidate `r` failed, in the words of the signal it failed."""
         c = ev.failed(r)
-        raw = ev.raw_total[r]
-        would = f" (would predict {raw * 1e3:.1f} ms)" if math.isfinite(raw) else ""
-        if c is Constraint.GPU_CLASS:
-            return bounds[t.gpus[g].model].detail
-        if c is Constraint.HEALTH:
-            why = "SM throughput collapsed" if snap.gpu_collapsed[g] else "reported health"
-            return f"health {snap.gpu_health[g]:.2f} < {th.min_health:.2f} ({why}, SM utilisation {f.gpu_sm_util[g]:.0%})"
-        if c is Constraint.GPU_SHARE:
-            with self._lock:  # the share placed on this snapshot since it was taken counts against it
-                held = float(self._reserved[g]) if self._reserved_version == snap.version else 0.0
-            since = f" ({snap.gpu_free[g]:.3f} free on the snapshot, {held:.3f} placed since)" if held else ""
-            return f"free share {snap.gpu_free[g] - held:.3f} < required {ev.min_share[r]:.3f}{since}"
-        if c is Constraint.PCIE:
-            return f"PCIe utilisation {f.gpu_pcie_util[g]:.0%} > {th.max_pcie_util:.0%}"
-        if c is Constraint.SESSION_STORE:
-            return f"NUMA node has a `{t.numa[t.gpus[g].numa].store.value}` session store, the contract needs it colocated"
-        if c is Constraint.PORT:
-            local, remote = t.gpu_ports
-            parts = []
-            for p in (int(local[g]), int(remote[g])):
-                if p >= 0:
-                    state = ("down" if not f.port_up[p] else
-                             f"watermark {f.port_watermark[p]:.0%} > {th.max_port_watermark:.0%}" if f.port_watermark[p] > th.max_port_watermark
-                             else f"utilisation {f.port_util[p]:.0%} > {th.max_port_util:.0%}")
-                    parts.append(f"{t.port_key(p)} {state}")
-            return "RDMA port " + "; ".join(parts) + would
-        if c is Constraint.NETWORK:
-            return "no path from the ingress without crossing a congested or failed hop" + would
-        if c is Constraint.DEPENDENCY:
-            return ev.dependency_problem(r)
-        if c is Constraint.LATENCY_BUDGET:
-            return f"predicted {ev.total[r] * 1e3:.1f} ms > budget {budget * th.budget_fraction * 1e3:.1f} ms"
-        return c.value if c else ""
+        sig = BY_CONSTRAINT.get(c) if c is not None else None
+        if sig is None:
+            return c.value if c else ""
+        return sig.detail(Words(snap, th, ev, bounds, budget, lambda g: self._held(snap, g)), r)
 
-    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str | _Kept], unknown: list[Rejection],
+    def _held(self, snap: Snapshot, g: int) -> float:
+        """The share placed on GPU `g` since `snap` was taken (it counts against its free share)."""
+        with self._lock:
+            return float(self._reserved[g]) if self._reserved_version == snap.version else 0.0
+
+    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str | Kept], unknown: list[Rejection],
                  ev: Evaluation, bounds, budget: float) -> NoPlacement:
         """No candidate is feasible: explain each constraint's first victims, the binding one first."""
         rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS, True)

@@ -7,11 +7,12 @@ instead of 8,000 dictionary updates. Fractions are in [0, 1]; times in seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from .readings import NO_READINGS, Readings
 from .topology import Topology
 
 
@@ -32,6 +33,7 @@ class TelemetryFrame:
     endpoint_p99: np.ndarray  # seconds, per service endpoint
     numa_mem_free: np.ndarray  # bytes per NUMA node
     notes: tuple[str, ...] = ()  # what the source could not see, in words
+    measured: Readings = field(default_factory=lambda: NO_READINGS)  # the model servers' own readings per GPU key, with their ages (`readings.py`)
 
     @staticmethod
     def empty(topology: Topology, tick: int = 0, notes: tuple[str, ...] = ()) -> "TelemetryFrame":

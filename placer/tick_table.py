@@ -30,19 +30,21 @@ import numpy as np
 from policyc.compiler.bundle import ServiceDependency
 
 from .contract_table import ContractTable
-from .evaluate import _CODE
+from .framework import TickContractInputs
 from .paths import NO_FAILURE, PathTable
-from .plan import Constraint
+from .signals import CODE, of_stage
+from .framework import Stage
 from .snapshot import Snapshot
 from .topology import Endpoint
 
-_DEPENDENCY = _CODE[Constraint.DEPENDENCY]
-
 
 # the block's leading columns, in this order; then each declared service's latency, then the
-# integer columns: the constraint code, the port, and each declared service's best endpoint
-BLOCK_FLOATS = ("min_share", "peak_eff", "no_peak", "free", "network", "raw_network", "dependencies", "sigma")
-(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA) = range(len(BLOCK_FLOATS))
+# integer columns: the constraint code, the port, and each declared service's best endpoint.
+# These are the prediction's figures, not one column per signal: a signal's refusals fold into
+# the code, its seconds into `wait` (the tick's signals, added to the queueing) or
+# `dependencies` (the tick-and-contract ones), so a new signal changes no layout.
+BLOCK_FLOATS = ("min_share", "peak_eff", "no_peak", "free", "network", "raw_network", "dependencies", "sigma", "wait")
+(MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, WAIT) = range(len(BLOCK_FLOATS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,20 +128,19 @@ def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractT
     code = np.minimum(pt.code, table.code)
     n = len(code)
     deps = np.zeros(n)
-    services = []
-    for svc, role in table.services:
-        dt = pt.dependency(snap, svc.kind, role)
-        if not dt.endpoints:
-            code = np.minimum(code, _DEPENDENCY)
-        else:
-            np.minimum(code, np.where(dt.latency > svc.p99, _DEPENDENCY, NO_FAILURE), out=code)
-            deps = deps + np.where(np.isfinite(dt.latency), dt.latency, 0.0)
-        services.append((svc, dt.endpoints, dt.best, dt.latency))
+    services: list = []
+    for sig in of_stage(Stage.TICK_CONTRACT):
+        col = sig.column(TickContractInputs(snap, table.contract, table=pt))
+        if col.fail is not None:
+            np.minimum(code, np.where(col.fail, CODE[sig.constraint], NO_FAILURE), out=code)
+        if col.latency is not None:
+            deps = deps + col.latency
+        services.extend(col.extra)
     sigma = np.sqrt(pt.sigma2)
     for a in (code, sigma, deps):
         a.setflags(write=False)
     layout = Layout(len(services))
-    cols = (table.min_share, table.peak_eff, table.no_peak, snap.gpu_free, pt.network, pt.raw_network, deps, sigma,
+    cols = (table.min_share, table.peak_eff, table.no_peak, snap.gpu_free, pt.network, pt.raw_network, deps, sigma, pt.wait,
             *(lat for _, _, _, lat in services), code, pt.port, *(best for _, _, best, _ in services))
     block = np.empty((n, layout.width))
     for j, a in enumerate(cols):

@@ -1,0 +1,124 @@
+"""The picker: which feasible candidate a request gets, once the signals have filtered and
+ranked them (the Inference Extension's "pick" after its filters and scorers).
+
+The best rank wins, but two pieces of state between requests may keep another:
+- sticky choices per affinity key (hysteresis: the previous GPU stays while it is feasible
+  and within a margin of the best, so placements do not flap between ticks);
+- sessions: a session stays on its GPU (next to its state store) until that placement
+  becomes infeasible; a move prefers the same NUMA node, then the same host, and is
+  reported in the plan.
+
+The picker holds no lock of its own: the placer calls it under the lock that also guards
+the shares reserved this tick, so a choice and its reservation are one step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policyc.compiler.bundle import Contract
+
+from .evaluate import Evaluation
+from .evaluated import Evaluated
+from .plan import SessionMove
+from .topology import Topology
+
+
+class Kept:
+    """The hysteresis note of a plan (`kept host/gpuN ...`), written when the plan's reasons
+    are read (most never are): `str()` gives the sentence."""
+
+    __slots__ = ("_t", "_prev", "_best", "_hyst", "_abs")
+
+    def __init__(self, t: Topology, prev: int, best: int, hyst: float, hyst_abs: float) -> None:
+        self._t, self._prev, self._best, self._hyst, self._abs = t, prev, best, hyst, hyst_abs
+
+    def __str__(self) -> str:
+        t = self._t
+        return (f"kept {t.gpu_key(self._prev)} (hysteresis: within {self._hyst:.0%} + "
+                f"{self._abs * 1e3:g} ms of the best, {t.gpu_key(self._best)})")
+
+
+class Picker:
+    """`choose(...)` the candidate for one request; `release_host(...)` for a rebalance."""
+
+    def __init__(self, hysteresis: float = 0.05, hysteresis_abs: float = 2e-3) -> None:
+        self.hysteresis = hysteresis
+        self.hysteresis_abs = hysteresis_abs
+        self._sticky: dict[str, int] = {}  # affinity key -> topology GPU
+        self._sessions: dict[str, int] = {}  # session -> topology GPU
+
+    def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
+               key: str) -> tuple[int, SessionMove | None, str | Kept | None]:
+        """The chosen candidate (a row of `ev`, which has a feasible one: `ev.best >= 0`),
+        a session's move, and the note the plan gives for the choice (None: the best)."""
+        best = ev.best
+        if session is not None:
+            return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
+                                        contract)
+        choice: int = best
+        note: Kept | None = None
+        prev = self._sticky.get(key)
+        if prev is not None:
+            r = ev.first_feasible_on(prev)
+            if r >= 0:
+                rank = ev.rank
+                if r != best and rank[r] <= rank[best] * (1 + self.hysteresis) + self.hysteresis_abs:
+                    choice = r
+                    note = Kept(t, prev, ev.gpus[best], self.hysteresis, self.hysteresis_abs)
+        self._sticky[key] = ev.gpus[choice]
+        return choice, None, note
+
+    def release_host(self, t: Topology, host: int) -> tuple[tuple[str, ...], int]:
+        """Forget every session and sticky choice on host `host` (so each is placed afresh):
+        the sessions released, and how many sticky choices."""
+        on_host = lambda g: t.gpus[g].host == host  # noqa: E731
+        sessions = tuple(sorted(s for s, g in self._sessions.items() if on_host(g)))
+        for s in sessions:
+            del self._sessions[s]
+        keys = [k for k, g in self._sticky.items() if on_host(g)]
+        for k in keys:
+            del self._sticky[k]
+        return sessions, len(keys)
+
+    def session_gpu(self, session: str) -> int | None:
+        return self._sessions.get(session)
+
+    def _session_choice(
+        self, t: Topology, session: str, ev: Evaluation, feasible: np.ndarray, best: int, contract: Contract,
+    ) -> tuple[int, SessionMove | None, str]:
+        prev = self._sessions.get(session)
+        feas_gpus = ev.gpus[feasible]
+        if prev is not None:
+            hit = np.nonzero(feas_gpus == prev)[0]
+            if len(hit):
+                return int(feasible[hit[0]]), None, f"session `{session}` stays on {t.gpu_key(prev)} (affinity to its state store)"
+            rows = np.nonzero(ev.gpus == prev)[0]
+            why = (f"{t.gpu_key(prev)} is no longer feasible ({ev.constraint(int(rows[0])).value})" if len(rows)
+                   else f"{t.gpu_key(prev)} is no longer a candidate")
+            # prefer the state store's NUMA node, then its host, then the best anywhere
+            numa, host = t.gpus[prev].numa, t.gpus[prev].host
+            for level, same in (("NUMA node", t.gpu_numa[feas_gpus] == numa), ("host", t.gpu_host[feas_gpus] == host)):  # noqa: B007 - read after the break
+                if same.any():
+                    opts = feasible[same]
+                    choice = int(opts[np.argmin(ev.rank[opts])])
+                    break
+            else:
+                level, choice = "cluster", best
+            to = int(ev.gpus[choice])
+            self._sessions[session] = to
+            move = SessionMove(session, t.gpu_key(prev), t.gpu_key(to), f"{why}; moved within the same {level}")
+            return choice, move, f"session `{session}` moved: {move.reason}"
+        choice = best
+        state = contract.session.state if contract.session is not None else None
+        if state is not None and state != "remote":
+            stores = np.array([t.numa[t.gpus[int(g)].numa].store.value for g in feas_gpus])
+            near = feasible[stores == state]
+            if len(near):
+                choice = int(near[np.argmin(ev.rank[near])])
+        self._sessions[session] = int(ev.gpus[choice])
+        return choice, None, f"session `{session}` starts on {t.gpu_key(int(ev.gpus[choice]))}" + (
+            f" (next to its {state} state store)" if state and state != "remote" else "")
+
+
+__all__ = ["Kept", "Picker"]

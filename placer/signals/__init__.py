@@ -1,0 +1,36 @@
+"""The placement signals, one file each, registered here by name in the order a
+candidate's first failure is reported (`ORDER`: a refusal names the first constraint in
+this order that a GPU fails). Adding a signal: write its file (see `framework.py` and
+`queue_depth.py`, the smallest measured one) and add an instance to `SIGNALS`."""
+
+from __future__ import annotations
+
+from ..framework import Signal, Stage
+from ..plan import Constraint
+from .dependency import Dependency
+from .gpu_class import GpuClass
+from .gpu_share import GpuShare
+from .health import Health
+from .latency_budget import LatencyBudget
+from .network import Network
+from .pcie import Pcie
+from .port import Port
+from .session_store import SessionStore
+
+SIGNALS: tuple[Signal, ...] = (
+    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), LatencyBudget(),
+)
+
+REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}
+ORDER: tuple[Constraint, ...] = tuple(s.constraint for s in SIGNALS)
+CODE: dict[Constraint, int] = {c: i for i, c in enumerate(ORDER)}
+BY_CONSTRAINT: dict[Constraint, Signal] = {s.constraint: s for s in SIGNALS}
+assert len(REGISTRY) == len(SIGNALS) and len(BY_CONSTRAINT) == len(SIGNALS), "a signal's name and word are its own"
+
+
+def of_stage(stage: Stage) -> tuple[Signal, ...]:
+    """The registered signals of one stage, in `ORDER`."""
+    return tuple(s for s in SIGNALS if s.stage is stage)
+
+
+__all__ = ["BY_CONSTRAINT", "CODE", "ORDER", "REGISTRY", "SIGNALS", "of_stage"]
