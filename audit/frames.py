@@ -30,6 +30,7 @@ class ToWriter(IntEnum):
     CHECKPOINT = 3  # seal the chain now
     CLOSE = 4  # store everything before this, write the final checkpoint, exit
     DRAFTS = 5  # COUNT, then a MessagePack array of COUNT drafts; takes COUNT tickets
+    ROTATE = 6  # store everything before this, close the live segment, start the next (`segments.py`)
 
 
 COUNT = struct.Struct(">I")  # drafts in a DRAFTS frame
@@ -42,6 +43,7 @@ class FromWriter(IntEnum):
     FATAL = 2  # utf-8 message: the writer cannot continue
     CLOSED = 3  # utf-8 message (empty when the final checkpoint was written)
     READY = 4  # empty: the log is open and its opening checkpoint durable
+    ROTATED = 5  # utf-8 JSON: {"segment": closed segment's number, "seq": its last entry} or {"error": why not}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import atexit
 import bisect
 import fcntl
+import json
 import logging
 import os
+import queue
 import sqlite3
 import subprocess
 import sys
@@ -39,10 +41,12 @@ from .drafts import DecisionDraft
 from .errors import AuditError, AuditLogCorrupt, AuditLogUnavailable, AuditWriteError
 from .draft_encoder import DecisionWire, wire_draft, wire_drafts
 from .frames import COUNT, Ack, FromWriter, ToWriter, dumps, frame, split, write_all
+from .head import HeadUnreadable, read_head
 from .records import ActionRecord, DecisionRecord
 from .redaction import DEFAULT_REDACT, Redactor
-from .store import (CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, Durability, connect_writer, entries_columns_missing,
-                    entries_definition_intact, log_id, store_schema)
+from .segments import closed_segments
+from .store import (CHAIN_SELECT, INDEXED_CHAIN_SELECT, STORE_V1, Durability, connect_reader, connect_writer, create_segment,
+                    entries_columns_missing, entries_definition_intact, log_id, segment_base, store_schema)
 from .verify_chain import walk
 from .wal import WalTail, inspect_wal
 from .writer import WriterConfig
@@ -106,7 +110,10 @@ class AuditLog:
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._log_id = log_id(self._conn)
             self._v1 = store_schema(self._conn) == STORE_V1
+            self._segment, self._base, base_hash = segment_base(self._conn)
+            self._base_hash = base_hash if base_hash is not None else genesis(self._log_id)
             seq, head = self._check_tail()
+            self._check_head(seq)
             row = self._conn.execute("SELECT seq FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
         except sqlite3.DatabaseError as e:  # a zeroed or missing page: never append to it
             raise AuditLogCorrupt(f"{path}: the audit log file is damaged (SQLite: {e}); refusing to append. "
@@ -114,7 +121,7 @@ class AuditLog:
         finally:
             self._conn.close()  # the writer process opens its own connection
         key = signing_key.private_bytes_raw() if signing_key is not None else None
-        cfg = WriterConfig(str(path), durability, self._log_id, seq, head, row[0] if row else 0,
+        cfg = WriterConfig(str(path), durability, self._log_id, seq, head, row[0] if row else self._base,
                            self._every, checkpoint_interval, tuple(sorted(self._redactor.names)), key, indexed=not self._v1, warm=warm)
         # Settled tickets: seq(t) = t + delta of the last segment starting at or before t;
         # segments change only when a record fails (its seq goes to the next one).
@@ -139,6 +146,8 @@ class AuditLog:
         self._closed = False
         self._stopped: str | None = None  # why the writer is gone, once it is
         self._ready = threading.Event()
+        self._rotated: queue.Queue[bytes] = queue.Queue()
+        self._rotating = threading.Lock()
         self._proc, self._out, self._acks = self._start_writer(cfg)
         self._reader = threading.Thread(target=self._read_acks, name=f"audit-acks:{path.name}", daemon=True)
         self._reader.start()
@@ -215,6 +224,8 @@ class AuditLog:
         p = Path(path)
         if not p.parent.is_dir():
             raise AuditLogUnavailable(f"{p}: directory `{p.parent}` does not exist")
+        if p.exists() and not p.is_file():
+            raise AuditLogUnavailable(f"{p}: not a regular file; an audit log is a file of its own")
         key = signing_key if signing_key is None or isinstance(signing_key, Ed25519PrivateKey) else checkpoints.load_private_key(os.fspath(signing_key))
         if p.exists() and not p.is_file():
             raise AuditLogUnavailable(f"{p}: not a regular file; an audit log is a file of its own")
@@ -228,6 +239,8 @@ class AuditLog:
             lock.close()
             raise AuditLogUnavailable(f"{p}: audit log is already open for writing by another process") from None
         try:
+            if not p.exists() and closed_segments(p):
+                _continue_rotation(p, durability)
             log = cls(
                 p,
                 lock,
@@ -260,7 +273,7 @@ class AuditLog:
         margin); a mismatch means the tail was altered and appending would bury it."""
         head = self._conn.execute("SELECT max(seq) FROM entries").fetchone()[0]
         if head is None:
-            return 0, genesis(self._log_id)
+            return self._base, self._base_hash
         cp = self._conn.execute("SELECT seq, hash FROM checkpoints WHERE seq <= ? ORDER BY seq DESC LIMIT 1", (head,)).fetchone()
         if cp is not None:
             stored = self._conn.execute("SELECT hash FROM entries WHERE seq = ?", (cp[0],)).fetchone()
@@ -269,9 +282,9 @@ class AuditLog:
                     f"{self.path}: entry {cp[0]} no longer has the hash its last checkpoint sealed; refusing to append. "
                     f"Run `policyc audit verify --log {self.path}`"
                 )
-        start = max(cp[0] if cp else 0, head - 2 * self._every)
-        if start == 0:
-            prev = genesis(self._log_id)
+        start = max(cp[0] if cp else self._base, head - 2 * self._every, self._base)
+        if start == self._base:
+            prev = self._base_hash
         else:
             row = self._conn.execute("SELECT hash FROM entries WHERE seq = ?", (start,)).fetchone()
             if row is None:
@@ -301,6 +314,25 @@ class AuditLog:
                 f"refusing to append. Run `policyc audit verify --log {self.path}`"
             )
         return result.last_seq, result.last_hash
+
+    def _check_head(self, last_seq: int) -> None:
+        """The sealed head beside the log (`head.py`) names a checkpoint of this segment that
+        must still be in it: appending to a log cut back behind its head would replace the
+        head, and with it the only evidence of the cut."""
+        try:
+            head = read_head(self.path)
+        except HeadUnreadable as e:
+            raise AuditLogCorrupt(f"{e}; refusing to append. Run `policyc audit verify --log {self.path}`") from None
+        if head is None or head.segment < self._segment:
+            return
+        if head.log_id != self._log_id:
+            raise AuditLogCorrupt(f"{self.path}.head: the sealed head belongs to another log (id {head.log_id}, this one {self._log_id}); "
+                                  "refusing to append. Move the stray head away or run `policyc audit verify`")
+        found = self._conn.execute("SELECT hash FROM checkpoints WHERE seq = ? AND time = ?", (head.seq, head.time)).fetchone()
+        if head.segment > self._segment or last_seq < head.seq or found is None or bytes(found[0]).hex() != head.hash:
+            raise AuditLogCorrupt(f"{self.path}: the log ends at entry {last_seq} but its sealed head names a checkpoint at entry {head.seq} "
+                                  "that it no longer holds (entries or checkpoints were removed); refusing to append. "
+                                  f"Run `policyc audit verify --log {self.path}`")
 
     # ------------------------------------------------------------------ appending
 
@@ -428,6 +460,8 @@ class AuditLog:
                         self._settle_range(Ack.decode(payload))
                     elif kind == FromWriter.READY:
                         self._ready.set()
+                    elif kind == FromWriter.ROTATED:
+                        self._rotated.put(payload)
                     elif kind == FromWriter.FATAL:
                         why = payload.decode(errors="replace")
                         _log.error("%s", why)
@@ -562,6 +596,33 @@ class AuditLog:
                 self._frames.append(frame(ToWriter.CHECKPOINT, b""))
                 self._queued.notify_all()
 
+    def rotate(self, timeout: float = 120.0) -> int:
+        """Close the live segment (everything submitted before this call goes into it) with
+        a signed close record, move it to `<log>.segments/`, and go on in a new live segment
+        chained to it (`segments.py`). Records submitted meanwhile wait in the pipe and land
+        in the new segment: nothing is lost. Returns the closed segment's number; raises
+        AuditWriteError when the writer refused (nothing to close, readers in the way) or
+        is gone."""
+        with self._rotating:
+            with self._send:
+                if self._closing or self._stopped is not None:
+                    raise AuditWriteError(f"{self.path}: audit log is {'closed' if self._closing else 'stopped: ' + str(self._stopped)}")
+                self._frames.append(frame(ToWriter.ROTATE, b""))
+                self._queued.notify_all()
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    answer = json.loads(self._rotated.get(timeout=0.2))
+                    break
+                except queue.Empty:
+                    if self._stopped is not None:
+                        raise AuditWriteError(f"{self.path}: rotation not done: {self._stopped}") from None
+                    if time.monotonic() > deadline:
+                        raise AuditWriteError(f"{self.path}: rotation not answered within {timeout:g} s") from None
+            if "error" in answer:
+                raise AuditWriteError(str(answer["error"]))
+            return int(answer["segment"])
+
     @property
     def last_seq(self) -> int:
         """The last seq the writer has made durable."""
@@ -588,6 +649,22 @@ class AuditLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _continue_rotation(path: Path, durability: Durability) -> None:
+    """A rotation cut short after the live file was moved (the writer died between the move
+    and the new file): start the next segment from the last closed one, as it would have."""
+    number, last = closed_segments(path)[-1]
+    conn = connect_reader(last)
+    try:
+        lid = log_id(conn)
+        _, base, base_hash = segment_base(conn)
+        row = conn.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+    finally:
+        conn.close()
+    seq, h = (row[0], bytes(row[1])) if row else (base, base_hash or genesis(lid))
+    _log.warning("%s: the live segment is missing after segment %d was closed; starting segment %d after entry %d", path, number, number + 1, seq)
+    create_segment(path, lid, number + 1, seq, h, durable=durability == "full")
 
 
 class CommitTimes:

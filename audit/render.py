@@ -35,6 +35,12 @@ def verify_json(r: VerifyReport) -> dict[str, Any]:
         "closed": r.closed,
         "last_checkpoint": None if r.last_checkpoint is None else r.last_checkpoint.model_dump(mode="json"),
         "anchor": None if r.last_checkpoint is None else f"{r.last_checkpoint.seq}:{r.last_checkpoint.hash}",
+        "verdict": r.verdict,
+        "unproven": r.unproven,
+        "tail_proven": r.tail_proven,
+        "proven_end": r.proven_end,
+        "segments": r.segments,
+        "pruned_through": r.pruned_through,
     }
 
 
@@ -51,8 +57,18 @@ def verify_text(r: VerifyReport) -> str:
         for p in sorted(r.problems, key=lambda p: p.seq):
             if p is not first:
                 lines.append(f"  also: {p}")
+    if r.ok and r.verdict == "green":
+        by = "the sealed head" if r.head is not None and r.proven_end == r.head.seq else "the anchor"
+        lines.append(f"  verdict: green: chain, signatures and the log's end verified (the end by {by})")
+    elif r.ok:
+        lines.append("  verdict: amber: no problem found, but not everything is verified:")
+        lines.extend(f"    - {why}" for why in r.unproven)
+    else:
+        lines.append("  verdict: red")
     lines.append(f"  durable log ends at entry {r.durable_end} (sealed through {r.sealed_seq}"
-                 + (", closed cleanly)" if r.closed else ", no close record after it)"))
+                 + (", closed cleanly)" if r.closed else ", no close record after it)")
+                 + (f", in {r.segments} segments" if r.segments > 1 else "")
+                 + (f"; entries 1..{r.pruned_through} pruned by retention" if r.pruned_through else ""))
     if r.last_checkpoint is not None:
         lines.append(f"  anchor: {r.last_checkpoint.seq}:{r.last_checkpoint.hash} (keep it apart from the log: `verify --anchor`)")
     lines.extend(f"  note: {n}" for n in r.notes)

@@ -237,3 +237,56 @@ def _check_schema(conn: sqlite3.Connection, path: Path, *, create: bool) -> None
 def log_id(conn: sqlite3.Connection) -> str:
     row = conn.execute("SELECT value FROM meta WHERE key = 'log_id'").fetchone()
     return row[0] if row else ""
+
+
+def segment_base(conn: sqlite3.Connection) -> tuple[int, int, bytes | None]:
+    """(segment number, base seq, base hash) of an open store. A log's first segment (and
+    every log written before rotation existed) is segment 1 on the log's genesis (base 0,
+    hash None); a segment started by rotation continues the chain of the one it follows:
+    its first entry is `base seq + 1` and links to `base hash` (`segments.py`)."""
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('segment', 'base_seq', 'base_hash')").fetchall())
+    try:
+        segment = int(meta.get("segment", 1))
+        base = int(meta.get("base_seq", 0))
+        base_hash = bytes.fromhex(meta["base_hash"]) if "base_hash" in meta else None
+    except (TypeError, ValueError):
+        raise AuditLogUnavailable("the log's segment marker in its `meta` table is not valid") from None
+    return segment, base, base_hash
+
+
+def create_segment(path: Path, lid: str, segment: int, base_seq: int, base_hash: bytes, *, durable: bool) -> None:
+    """Create the store of segment `segment` at `path` (which must not exist), chained to
+    the entry `base_seq` with hash `base_hash` of the segment before it. Built under a
+    temporary name and renamed into place, so `path` is either absent or a whole store."""
+    tmp = Path(f"{path}.new")
+    for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm"), Path(f"{tmp}-journal")):
+        leftover.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        conn.executescript(_DDL)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema", STORE_SCHEMA), ("log_id", lid), ("segment", str(segment)),
+                                                           ("base_seq", str(base_seq)), ("base_hash", base_hash.hex())])
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        conn.close()
+    if durable:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -35,15 +35,18 @@ def _walk_chunk(path: str, select: str, lo: int, hi: int, prev: bytes, collect: 
 
 
 def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, collect: frozenset[int], *, indexed: bool,
-             workers: int | None = None) -> WalkResult:
-    """`walk` over every entry of the log at `path` (`conn`: an open reader of it), in
-    `workers` processes (default: the CPUs, at most MAX_WORKERS) when it is large."""
+             workers: int | None = None, first: int = 1) -> WalkResult:
+    """`walk` over every entry of the log file at `path` (`conn`: an open reader of it), in
+    `workers` processes (default: the CPUs, at most MAX_WORKERS) when it is large. `genesis`
+    is the hash entry `first` links to (a segment's base, `segments.py`)."""
     lo_seq, hi_seq, count = conn.execute("SELECT min(seq), max(seq), count(*) FROM entries").fetchone()
     k = min(workers or os.cpu_count() or 1, MAX_WORKERS)
-    if k < 2 or count < PARALLEL_FROM or lo_seq != 1 or hi_seq != count:  # small, or seqs not 1..n: one walk
-        return walk(conn.execute(select + " ORDER BY seq"), genesis, 1, collect, indexed=indexed)
+    if k < 2 or count < PARALLEL_FROM or lo_seq != first or hi_seq != first + count - 1:  # small, or seqs not consecutive: one walk
+        return walk(conn.execute(select + " ORDER BY seq"), genesis, first, collect, indexed=indexed)
     size = -(-count // k)
-    bounds = [(1 + i * size, min(count, (i + 1) * size)) for i in range(k)]
+    end = first + count - 1
+    bounds = [(first + i * size, min(end, first - 1 + (i + 1) * size)) for i in range(k)]
+    bounds = [(lo, hi) for lo, hi in bounds if lo <= hi]
     starts = [genesis] + [conn.execute("SELECT hash FROM entries WHERE seq = ?", (lo - 1,)).fetchone()[0] for lo, _ in bounds[1:]]
     # Plain child processes (`python -m`), not multiprocessing: no re-import of the caller's
     # main module, and safe from a threaded caller (the gRPC auditor API).

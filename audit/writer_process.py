@@ -13,12 +13,15 @@ acknowledged nothing of it. It never touches the decision service's interpreter 
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
 import select
+import signal
 import sqlite3
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .draft_encoder import EncodedDraft, draft_values, encode_draft, encode_drafts, split_drafts
@@ -27,7 +30,8 @@ from .index_columns import IndexRow, index_row
 
 if TYPE_CHECKING:
     from .redaction import Redactor
-from .writer import ChainWriter, Signer, WriterConfig
+from .head import Head, sign_head, write_head
+from .writer import ChainWriter, HeadSink, RotateError, Signer, WriterConfig
 
 _NO_INDEX: IndexRow = ()  # store v1: SQLite generates the index columns
 
@@ -43,6 +47,50 @@ def _signer(cfg: WriterConfig) -> Signer | None:
 
     key = Ed25519PrivateKey.from_private_bytes(cfg.signing_key)
     return lambda seq, h, wall, final, opens, sealed: checkpoints.sign(key, cfg.log_id, seq, h.hex(), wall, final, opens, sealed)
+
+
+def _head_sink(cfg: WriterConfig) -> HeadSink:
+    """Replaces `<log>.head` after each commit that wrote a checkpoint (`head.py`)."""
+    key = None
+    if cfg.signing_key is not None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        key = Ed25519PrivateKey.from_private_bytes(cfg.signing_key)
+    durable = cfg.durability == "full"
+
+    def sink(segment: int, seq: int, h: bytes, wall: float, final: bool, opens: bool) -> None:
+        head = Head(cfg.log_id, segment, seq, h.hex(), wall, final, opens)
+        try:
+            write_head(cfg.path, sign_head(key, head) if key is not None else head, durable=durable)
+        except OSError as e:  # the records are durable; only the proof of the log's end lags, and verify says so
+            print(f"policyc audit writer: {cfg.path}: sealed head not written: {e.strerror}", file=sys.stderr, flush=True)
+
+    return sink
+
+
+ROTATE_SIGNAL = signal.SIGUSR1  # `policyc audit rotate` asks a running writer to rotate (`writer_pid_path`)
+
+
+def writer_pid_path(log: str) -> Path:
+    """Where the writer process of the log at `log` says its pid, for `policyc audit rotate`."""
+    return Path(f"{log}.writer")
+
+
+def rotated_path(log: str) -> Path:
+    """Where a writer says how the last rotation asked by signal ended (JSON)."""
+    return Path(f"{log}.rotated")
+
+
+def _rotate(writer: ChainWriter, fd_out: int) -> bytes:
+    """Rotate; the answer as JSON. An error past the move of the live file is fatal."""
+    try:
+        closed = writer.rotate()
+    except RotateError as e:
+        return json.dumps({"error": str(e)}).encode()
+    except (sqlite3.Error, OSError) as e:
+        _tell(fd_out, frame(FromWriter.FATAL, f"{writer.path}: rotation failed after the segment was closed: {e}".encode()))
+        os._exit(1)
+    return json.dumps({"segment": closed, "seq": writer.base_seq, "time": time.time()}).encode()
 
 
 class _Drafts:
@@ -126,12 +174,20 @@ def serve(fd_in: int, fd_out: int) -> None:
     buf = bytearray()
     cfg = _read_init(fd_in, buf)
     try:
-        writer = ChainWriter(cfg, _signer(cfg))
+        writer = ChainWriter(cfg, _signer(cfg), _head_sink(cfg))
         writer.write([], opens=True)  # the session's start, signed: entries after a close record need it
     except (sqlite3.Error, ValueError) as e:
         _tell(fd_out, frame(FromWriter.FATAL, f"{cfg.path}: audit writer cannot open the log: {e}".encode()))
         return
     drafts: _Drafts | None = _Drafts(cfg.redact) if cfg.warm else None  # (~0.1 s of imports, before READY rather than on the first draft)
+    wake_r, wake_w = os.pipe()  # a rotation asked by signal wakes the select below
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(ROTATE_SIGNAL, lambda *_: None)
+    try:
+        writer_pid_path(cfg.path).write_text(str(os.getpid()))
+    except OSError:
+        pass  # only `policyc audit rotate` against a running writer needs it
     _tell(fd_out, frame(FromWriter.READY, b""))
     indexed = cfg.indexed
     ticket = 0
@@ -141,7 +197,13 @@ def serve(fd_in: int, fd_out: int) -> None:
             _commit(writer, fd_out, ticket, [], [])
             continue
         if len(buf) < HEADER.size or len(buf) < HEADER.size + HEADER.unpack_from(buf)[0]:  # no whole frame yet
-            if not select.select([fd_in], [], [], due)[0]:
+            ready = select.select([fd_in, wake_r], [], [], due)[0]
+            if wake_r in ready:
+                if ROTATE_SIGNAL in os.read(wake_r, 64):  # everything read so far is committed: a batch boundary
+                    answer = _rotate(writer, fd_out)
+                    _write_status(rotated_path(cfg.path), answer)
+                continue
+            if not ready:
                 continue  # the periodic checkpoint is due: sealed at the top of the loop
             chunk = os.read(fd_in, _READ)
             if not chunk:
@@ -173,6 +235,10 @@ def serve(fd_in: int, fd_out: int) -> None:
                 ticket += 1
             elif kind == ToWriter.CHECKPOINT:
                 writer.force_seal()
+            elif kind == ToWriter.ROTATE:  # what came before goes to the closing segment, what follows to the next
+                _commit(writer, fd_out, first, records, failed, end=ticket)
+                records, failed, first = [], [], ticket
+                _tell(fd_out, frame(FromWriter.ROTATED, _rotate(writer, fd_out)))
             elif kind == ToWriter.CLOSE:
                 closing = True
                 break
@@ -185,8 +251,18 @@ def serve(fd_in: int, fd_out: int) -> None:
                 writer.close()
             except sqlite3.Error as e:
                 message = f"{cfg.path}: final checkpoint not written: {e}"
+            writer_pid_path(cfg.path).unlink(missing_ok=True)
             _tell(fd_out, frame(FromWriter.CLOSED, message.encode()))
             return
+
+
+def _write_status(path: Path, answer: bytes) -> None:
+    try:
+        tmp = Path(f"{path}.tmp")
+        tmp.write_bytes(answer)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"policyc audit writer: {path}: rotation status not written: {e.strerror}", file=sys.stderr, flush=True)
 
 
 def _commit(writer: ChainWriter, fd_out: int, first: int, records: list[tuple[bytes, IndexRow]], failed: list[tuple[int, int, str]],
