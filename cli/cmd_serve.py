@@ -233,11 +233,11 @@ def run(args) -> int:
               f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}; {fleet_access(server)}", file=sys.stderr, flush=True)
         await stop.wait()
         await server.stop(grace=2.0)
-        audit = server.audit
-        if audit is not None and (audit.lost or audit.log.stopped != "closed"):
-            print(f"policyc serve: stopped, but the audit log {audit.log.path} did not close cleanly "
-                  f"({audit.log.stopped}): {audit.lost} record(s) were never made durable, "
-                  f"{audit.acknowledged_lost} of them decisions already acknowledged", file=sys.stderr)
+        from policyc.cli.audit_exit import audit_loss
+
+        lost = audit_loss(server.audit)
+        if lost is not None:
+            print(f"policyc serve: {lost}", file=sys.stderr)
             return 1  # Exit.FAILED
         print("policyc serve: stopped", file=sys.stderr)
         return 0
