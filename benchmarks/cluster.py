@@ -38,6 +38,7 @@ from pathlib import Path
 
 import grpc
 
+from policyc.client import operator_channel
 from policyc.cluster.agent import InstanceAgent
 from policyc.cluster.config import FleetConfig
 from policyc.cluster.etcd_store import EtcdStore
@@ -211,7 +212,7 @@ def _wait_ready(port: int, want: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with operator_channel(f"127.0.0.1:{port}") as ch:
                 d = pb_grpc.DecisionsStub(ch).Decide(pb.DecideRequest(headers={"X-SLO-Latency": "150ms", "X-Data-Region": "us-west"}), timeout=1)
                 if want == 0 or d.candidates > 0:
                     return
@@ -237,7 +238,7 @@ def _phase(k: int, bpath: Path, etcd: LocalEtcd, fleet: list, seconds: float) ->
              for i, port in enumerate(ports)]
     try:
         _wait_ready(ports[0], 0)
-        with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as ch:
+        with operator_channel(f"127.0.0.1:{ports[0]}") as ch:
             s = pb_grpc.DecisionsStub(ch)
             for inst in fleet:
                 dep = {f: v for f, v in inst.deployment.model_dump().items() if f in pb.Deployment.DESCRIPTOR.fields_by_name}

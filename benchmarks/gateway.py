@@ -29,6 +29,8 @@ the client); then the p50 policyc adds and its throughput as a share of round-ro
 
 from __future__ import annotations
 
+from policyc.client import operator_channel
+
 import argparse
 import asyncio
 import multiprocessing as mp
@@ -268,7 +270,6 @@ def main() -> int:
     if args.lag:
         return _break_lag(args.lag)
 
-    import grpc
 
     from gateway_rig import SMALL, free_port, pool_layout
 
@@ -302,7 +303,7 @@ def main() -> int:
                         for s in slots], workdir=work / "servers").start(timeout=60)
     envoys: list[EnvoyProcess] = []
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s, inst in zip(slots, models.instances):
                 reg = s.instance.model_copy(update={"id": inst.instance_id, "model": args.model, "deployment":

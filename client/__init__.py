@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .bearer import with_token
+from .bearer import operator_channel, with_token
 from .decisions import ClientError, DecisionClient, FieldViolation, Unavailable
 
-__all__ = ["ClientError", "DecisionClient", "FieldViolation", "Unavailable", "with_token"]
+__all__ = ["ClientError", "DecisionClient", "FieldViolation", "Unavailable", "operator_channel", "with_token"]

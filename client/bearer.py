@@ -45,3 +45,14 @@ def with_token(channel: grpc.Channel, token: str | None) -> grpc.Channel:
     """`channel`, every call of which sends `authorization: Bearer <token>` (unchanged when
     `token` is None)."""
     return grpc.intercept_channel(channel, _Bearer(token)) if token else channel
+
+
+def operator_channel(target: str, options: list[tuple[str, Any]] | None = None) -> grpc.Channel:
+    """A plaintext channel to a decision service on this machine's loopback that carries
+    the operator token the service keeps (`server/operator_token.py`: its state dir or its
+    runtime entry), as the CLI finds it; a plain channel when there is none (tests, the
+    demo and benchmarks register their fleet through it)."""
+    from policyc.server.operator_token import find_for
+
+    found = find_for(target)
+    return with_token(grpc.insecure_channel(target, options=options), found[0] if found is not None else None)

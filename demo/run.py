@@ -22,9 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import TextIO
 
-import grpc
 
 import policyc
+from policyc.client import operator_channel
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
@@ -71,7 +71,7 @@ class Demo:
         pool: ModelPool | None = None
         gateway: Gateway | None = None
         try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with operator_channel(f"127.0.0.1:{port}") as channel:
                 stub = pb_grpc.DecisionsStub(channel)
                 pool = self._pool(bundle, real)
                 self.say.head("register the fleet over gRPC")

@@ -6,6 +6,8 @@ grpc. Each `*_cases` yields (name, check) pairs; a check returns (ok, what happe
 
 from __future__ import annotations
 
+from policyc.client import operator_channel, with_token
+
 import contextlib
 import copy
 import io
@@ -242,11 +244,17 @@ def grpc_cases(workdir: Path) -> Iterator[tuple[str, Check]]:
     bad = b.model_copy(update={"contracts": (c0.model_copy(update={"compute": c0.compute.model_copy(update={"tokens": 0})}),)
                                + b.contracts[1:]})
     _FILES.update({"{fifo}": str(fifo), "{rehashed}": bundle_io.dumps(bundle_io.seal(bad))})
-    channel = grpc.insecure_channel(f"127.0.0.1:{th.server.port}", options=[("grpc.max_send_message_length", 64 << 20)])
+    _FILES["{api_endpoint}"] = f"127.0.0.1:{th.server.port}"
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    operator = operator_channel(f"127.0.0.1:{th.server.port}", options=options)  # the token the service keeps
+    anonymous = grpc.insecure_channel(f"127.0.0.1:{th.server.port}", options=options)
     spec = json.loads((CASES / "grpc" / "cases.json").read_text(encoding="utf-8"))
     for c in spec["cases"]:
         def check(c: dict[str, Any] = c) -> tuple[bool, str]:
             method = c["method"]
+            who = c.get("as", "operator")
+            channel = operator if who == "operator" else anonymous if who == "anonymous" \
+                else with_token(anonymous, who.removeprefix("token:"))
             call = channel.unary_unary(f"/{SERVICE_NAME}/{method}", request_serializer=None, response_deserializer=None)
             try:
                 call(_request(method, c), timeout=10)

@@ -22,6 +22,7 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from policyc.client import operator_channel
 from policyc.audit.query import AuditReader
 from policyc.audit.records import EntryKind
 from policyc.compiler import bundle_io
@@ -76,7 +77,7 @@ def served(bundles: dict[str, Bundle], keys: tuple[Ed25519PrivateKey, Ed25519Pri
 
 
 def _stub(th: ServerThread) -> tuple[grpc.Channel, pb_grpc.DecisionsStub]:
-    ch = grpc.insecure_channel(f"127.0.0.1:{th.server.port}")
+    ch = operator_channel(f"127.0.0.1:{th.server.port}")
     return ch, pb_grpc.DecisionsStub(ch)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from policyc.client import operator_channel
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
 from policyc.placer import SimulatedCluster
@@ -84,7 +85,7 @@ class Serve:
 
     def register_fleet(self, bundle: Bundle) -> None:
         slots = SimulatedCluster(1, HOSTS, GPUS, hosts_per_rack=4).gpu_slots()
-        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+        with operator_channel(f"127.0.0.1:{self.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for inst in admissible_fleet(bundle, slots):
                 stub.RegisterInstance(convert.register_request(inst), timeout=10)
@@ -130,7 +131,7 @@ class Client:
         self.refusals: list[Refusal] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self._channel = operator_channel(f"127.0.0.1:{port}")
         self.stub = pb_grpc.DecisionsStub(self._channel)
         self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(threads)]
         for t in self._threads:

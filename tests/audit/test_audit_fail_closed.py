@@ -23,6 +23,7 @@ from audit_serve_rig import Client, Serve, logged_ids, write_bundle
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from policyc.client import operator_channel
 from policyc.audit.verify import verify
 from policyc.cli.keys import generate, load_public
 from policyc.compiler.bundle import Bundle
@@ -87,7 +88,7 @@ def test_kill_9_of_the_writer_makes_decide_refuse_within_one_window(bundle: Bund
     client = Client(serve.port)
     try:
         client.wait_for(300)
-        with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as ch:
+        with operator_channel(f"127.0.0.1:{serve.port}") as ch:
             health = health_pb2_grpc.HealthStub(ch)
             assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
             assert "policyc_audit_healthy 1.0" in serve.metrics()

@@ -19,6 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
 from policyc.server.app import DecisionServer, ServerThread
@@ -51,7 +52,7 @@ def _serve(bundle: Bundle, log: Path, mode: AuditDurability) -> ServerThread:
 
 
 def _health(port: int) -> int:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with operator_channel(f"127.0.0.1:{port}") as ch:
         return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="")).status
 
 
@@ -71,7 +72,7 @@ def test_sync_mode_answers_only_decisions_already_on_disk(bundle: Bundle, tmp_pa
     log = tmp_path / "audit.db"
     th = _serve(bundle, log, AuditDurability.SYNC)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for _ in range(30):
                 d = stub.Decide(REQ, timeout=5)
@@ -101,7 +102,7 @@ def test_a_full_disk_closes_the_gate_and_nothing_unlogged_is_acknowledged(bundle
     acked: list[str] = []
     refusal = ""
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             deadline = time.monotonic() + 30
             while not refusal:
@@ -133,7 +134,7 @@ def test_a_hung_writer_closes_the_gate_after_the_window_and_recovery_reopens_it(
     assert audit is not None
     pid = audit.log._proc.pid
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             stub.Decide(REQ, timeout=5)
             os.kill(pid, signal.SIGSTOP)
@@ -182,7 +183,7 @@ def test_a_full_queue_for_the_writer_closes_the_gate_naming_the_log(bundle: Bund
     pid = audit.log._proc.pid
     filler = "x" * 16_000  # an accounting record's detail can be this long (many attempts)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             stub.Decide(REQ, timeout=5)
             os.kill(pid, signal.SIGSTOP)

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from cluster_rig import eventually, new_prefix, replica
 
+from policyc.client import operator_channel
 from policyc.cluster.local_etcd import free_ports
 from policyc.gateway.bootstrap import PICKER_CLUSTER, GatewaySpec, build_bootstrap
 from policyc.gateway.envoy_process import EnvoyProcess
@@ -51,7 +52,7 @@ def two_replicas_behind_envoy(bundle, etcd):  # type: ignore[no-untyped-def]
                             ServerSpec((InstanceSpec(chosen[2].id, lite.full, lite.simplified, name=BACKUP, aliases=(MODEL,)),))],
                            workdir=work / "servers").start(timeout=60)
         started.append(models)
-        with grpc.insecure_channel(f"127.0.0.1:{reps[0].server.port}") as ch:  # registered on one replica ...
+        with operator_channel(f"127.0.0.1:{reps[0].server.port}") as ch:  # registered on one replica ...
             stub = pb_grpc.DecisionsStub(ch)
             for inst, f in zip(chosen, (full.full, full.full, lite.full)):
                 inst = inst.model_copy(update={"deployment": inst.deployment.model_copy(update={"endpoint": models.endpoint(inst.id)})})

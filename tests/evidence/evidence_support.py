@@ -10,13 +10,13 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-import grpc
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
 from gateway_rig import BACKUP, PRIMARY, SMALL, free_port, pool_layout  # noqa: E402
 
+from policyc.client import operator_channel  # noqa: E402
 from policyc.compiler.bundle import Bundle  # noqa: E402
 from policyc.enforcer.signal_windows import SignalWindows  # noqa: E402
 from policyc.compiler.pipeline import compile_paths  # noqa: E402
@@ -53,7 +53,7 @@ class EvidenceRig:
         if place is not None:
             specs = [place(s.model, spec) for s, spec in zip(self.slots, specs)]
         self.models = ModelPool(specs, workdir=workdir / "servers", fork=place is None).start(timeout=60)
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in self.slots:
                 inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(

@@ -10,6 +10,7 @@ from typing import Iterator
 import grpc
 import pytest
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.server import convert
 from policyc.server.app import DecisionServer, ServerThread
@@ -25,7 +26,7 @@ SMALL = ClusterSpec(seed=1, hosts=32, gpus_per_host=4, hosts_per_rack=4)
 def served(bundle: Bundle) -> Iterator[tuple[DecisionServer, pb_grpc.DecisionsStub]]:
     th = ServerThread(DecisionServer(bundle, ServeConfig(cluster=SMALL, enforcer=EnforcerMode.OFF)))
     th.start()
-    with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+    with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
         yield th.server, pb_grpc.DecisionsStub(ch)
     th.stop()
 

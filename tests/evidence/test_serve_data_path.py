@@ -37,6 +37,7 @@ import pytest
 from evidence_support import REPO
 from gateway_rig import BACKUP, PRIMARY, SMALL, free_port, pool_layout
 
+from policyc.client import operator_channel
 from policyc.audit.query import AuditReader
 from policyc.audit.records import EntryKind
 from policyc.compiler import bundle_io
@@ -232,7 +233,7 @@ def test_a_killed_service_is_reaped_and_its_kept_registry_is_in_the_backend_map_
     state = bundle_dir / "state"
     first = Serve(bundle_dir / "bundle.json", bundle_dir, "--state-dir", str(state))
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{first.port}") as ch:
+        with operator_channel(f"127.0.0.1:{first.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in slots:
                 inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(
@@ -295,7 +296,7 @@ def world() -> Iterator[SimpleNamespace]:
         envoy = EnvoyProcess(build_bootstrap(spec), workdir / "envoy").start()
         (serve.cgroup / "cgroup.procs").write_text(f"{envoy.pid}\n")  # the gateway runs in the hooked cgroup
         registrations = {}
-        with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as ch:
+        with operator_channel(f"127.0.0.1:{serve.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in slots:
                 inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(
@@ -391,7 +392,7 @@ def test_a_failing_model_server_is_quarantined_onto_its_backup_then_released(wor
 def test_the_backend_map_follows_deregistration_and_registration(world: SimpleNamespace) -> None:
     primary = world.endpoint[PRIMARY]
     bid = world.maps.backends()[primary]
-    with grpc.insecure_channel(f"127.0.0.1:{world.serve.port}") as ch:
+    with operator_channel(f"127.0.0.1:{world.serve.port}") as ch:
         stub = pb_grpc.DecisionsStub(ch)
         # the backup leaves: the primary has nowhere to be quarantined to, so it leaves the map
         stub.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=world.ids[BACKUP]), timeout=10)

@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.gateway.access_log import AccessLogReceiver, AccessLogServer
 from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
@@ -106,7 +106,7 @@ class Gateway:
                 specs.append(ServerSpec((InstanceSpec(s.instance_id, lite.full, lite.simplified, name=BACKUP,
                                                       aliases=(PRIMARY,)),)))
         self.models = ModelPool(specs, workdir=self.workdir / "servers").start(timeout=60)
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in self.slots:
                 inst = s.instance.model_copy(update={"deployment": s.instance.deployment.model_copy(

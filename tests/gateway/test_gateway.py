@@ -10,6 +10,7 @@ import urllib.request
 import grpc
 import pytest
 
+from policyc.client import operator_channel
 from policyc.compiler import bundle_io
 from policyc.gateway.bootstrap import GatewaySpec, POOL_CLUSTER, build_bootstrap
 from policyc.gateway.envoy_process import EnvoyProcess
@@ -128,7 +129,7 @@ def test_a_bundle_reload_under_gateway_load_fails_no_request(gateway: Gateway, b
     for t in threads:
         t.start()
     hashes = []
-    with grpc.insecure_channel(f"127.0.0.1:{gateway.server.port}") as ch:
+    with operator_channel(f"127.0.0.1:{gateway.server.port}") as ch:
         stub = pb_grpc.DecisionsStub(ch)
         for _ in range(3):
             time.sleep(0.15)
@@ -350,7 +351,7 @@ def test_policyc_gateway_without_accounting_logs_only_what_the_picker_needs(gate
 def test_no_instance_with_an_endpoint_is_503_and_the_picker_not_ready(gateway: Gateway, client: OipClient) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(f"127.0.0.1:{gateway.server.port}") as ch:
+    with operator_channel(f"127.0.0.1:{gateway.server.port}") as ch:
         stub = pb_grpc.DecisionsStub(ch)
         for s in gateway.slots:
             stub.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=s.instance_id), timeout=10)

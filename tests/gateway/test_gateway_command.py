@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from policyc.client import operator_channel
 from policyc.compiler import bundle_io
 from policyc.gateway.bootstrap import PICKER_CLUSTER
 from policyc.gateway.envoy_process import envoy_binary
@@ -70,7 +71,7 @@ def test_one_command_gives_a_gateway_that_follows_registrations(bundle, tmp_path
     models = ModelPool([ServerSpec((InstanceSpec("fraud-scorer@host-0002/gpu0", files.full),))],
                        workdir=tmp_path / "servers").start(timeout=60)
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{api}") as ch:
+        with operator_channel(f"127.0.0.1:{api}") as ch:
             grpc.channel_ready_future(ch).result(timeout=30)
             stub = pb_grpc.DecisionsStub(ch)
             d = next(s.to_deployment() for s in _slots() if s.host == "host-0002" and s.gpu == "gpu0")

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_rig import REPO, SMALL, start  # noqa: E402
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle  # noqa: E402
 from policyc.compiler.pipeline import compile_paths  # noqa: E402
 from policyc.server.app import ServerThread  # noqa: E402
@@ -37,7 +38,7 @@ def served(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="module")
 def channel(served: ServerThread) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(f"127.0.0.1:{served.server.port}") as ch:
+    with operator_channel(f"127.0.0.1:{served.server.port}") as ch:
         yield ch
 
 

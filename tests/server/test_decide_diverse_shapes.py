@@ -12,6 +12,7 @@ import grpc
 
 from server_rig import SMALL, start
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.server.config import ServeConfig
 from policyc.server.decision import DecisionInput
@@ -42,7 +43,7 @@ def test_no_solver_on_the_loop_and_a_warm_reload(bundle: Bundle) -> None:
         svc.shapes = RequestShapes(max_shapes=64)  # small, so the mix overflows it many times
         rng = random.Random(25)
         stages = {}
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for _ in range(160):
                 d = stub.Decide(pb.DecideRequest(headers=diverse(rng)), timeout=30)
@@ -94,7 +95,7 @@ def test_decide_batch_answers_as_decide_does(bundle: Bundle) -> None:
     try:
         rng = random.Random(7)
         reqs = [pb.DecideRequest(headers=diverse(rng)) for _ in range(40)]
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             batch = stub.DecideBatch(pb.DecideBatchRequest(requests=reqs), timeout=30)
             assert len(batch.decisions) == len(reqs)
@@ -133,7 +134,7 @@ def test_match_all_lists_what_the_index_admits(bundle: Bundle) -> None:
     try:
         reg = th.server.engine.state.registry
         entries = [(i, attributes(i, bundle.contract(i.model), bundle), s) for i, _, s in reg.entries()]
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for h in ({"X-Tenant": "charite", "X-Data-Region": "eu-west"}, {"X-SLO-Latency": "150ms"}, {}):
                 r = stub.MatchAll(pb.MatchAllRequest(request=pb.DecideRequest(headers=h)), timeout=30)

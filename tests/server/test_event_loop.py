@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 import uvloop
 from server_rig import SMALL, start
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.server.config import ServeConfig
 from policyc.server.event_loop import ENV, LoopKind, loop_kind, new_event_loop, run
@@ -48,7 +48,7 @@ def test_server_thread_decides_on_uvloop(bundle: Bundle, monkeypatch: pytest.Mon
     th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
     try:
         assert isinstance(th.loop, uvloop.Loop)
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             d = pb_grpc.DecisionsStub(ch).Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer-lite"}))
         assert d.outcome == pb.ADMITTED and d.placement.instance_id
     finally:

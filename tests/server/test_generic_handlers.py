@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.server.config import ServeConfig
 from policyc.server.proto import SERVICE_NAME, pb, pb_grpc
@@ -38,7 +39,7 @@ def test_no_method_is_registered_and_every_service_answers(bundle: Bundle, monke
     monkeypatch.setattr(asyncio, "wait", spy_wait)
     th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             req = pb.DecideRequest(headers={"X-Tenant": "acme-bank", "X-Data-Region": "us-west"})
             for _ in range(5):

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from server_rig import SMALL, start  # noqa: E402
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle  # noqa: E402
 from policyc.server.config import ServeConfig  # noqa: E402
 from policyc.server.heap import HeapSettler  # noqa: E402
@@ -173,13 +174,12 @@ def test_server_settles_its_heap_on_the_refresher_tick_and_releases_it_on_stop(b
 def test_after_a_reload_the_old_registry_is_freed_not_frozen(bundle: Bundle) -> None:  # noqa: F811
     """A reload unfreezes, so the previous registry (its groups and tiers reference each
     other) is collected; the request-shape cache, which held the old state, lets it go."""
-    import grpc
 
     from policyc.server.proto import pb, pb_grpc
 
     th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False, settle_heap=True))
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             stub.Decide(pb.DecideRequest(headers={"X-Tenant": "acme-bank", "X-Model": "fraud-scorer"}))
             th.server.refresher.tick()  # settles, with the shape cache holding the state

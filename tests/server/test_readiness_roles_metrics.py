@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from policy_text import REPO
 
+from policyc.client import operator_channel
 from policyc.client import ClientError, DecisionClient, Unavailable
 from policyc.compiler.pipeline import compile_paths
 from policyc.server import convert
@@ -36,7 +37,7 @@ def bundle():  # type: ignore[no-untyped-def]
 
 
 def _status(port: int, service: str) -> str:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    with operator_channel(f"127.0.0.1:{port}") as ch:
         r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
@@ -63,7 +64,7 @@ def test_not_ready_until_the_registry_is_warm_and_again_when_the_topology_goes_s
         for name in ("", "readiness", SERVICE_NAME):
             assert _status(port, name) == "NOT_SERVING", name
         assert th.server.readiness.reasons == ["registry: 0 of 1 instances registered"]
-        with DecisionClient(f"127.0.0.1:{port}") as c:
+        with DecisionClient(f"127.0.0.1:{port}", token=th.server.operator_token) as c:
             c.register_message(convert.register_request(_fraud_instance(th.server)))
             assert _eventually(lambda: c.health("readiness"), "SERVING") == "SERVING"
             assert c.health("") == "SERVING" and c.health(SERVICE_NAME) == "SERVING"
@@ -124,7 +125,7 @@ def test_roles_are_checked_before_the_method_runs(secured) -> None:  # type: ign
 def test_client_reads_error_details_and_tells_down_from_refused(bundle) -> None:  # type: ignore[no-untyped-def]
     with ServerThread(DecisionServer(bundle, ServeConfig(cluster=SMALL, start_refresher=False))) as th:
         addr = f"127.0.0.1:{th.server.port}"
-        with DecisionClient(addr) as c:
+        with DecisionClient(addr, token=th.server.operator_token) as c:
             bad = convert.register_request(_fraud_instance(th.server))
             bad.deployment.tpm = False
             bad.deployment.region = "eu-west"
@@ -162,7 +163,7 @@ def test_metrics_on_their_own_address_per_rpc_and_totals_apart(bundle, tmp_path:
     port = _free_port()
     cfg = ServeConfig(cluster=SMALL, start_refresher=False, metrics_port=port, metrics_host="127.0.0.1")
     with ServerThread(DecisionServer(bundle, cfg)) as th:
-        with DecisionClient(f"127.0.0.1:{th.server.port}") as c:
+        with DecisionClient(f"127.0.0.1:{th.server.port}", token=th.server.operator_token) as c:
             c.register_message(convert.register_request(_fraud_instance(th.server)))
             for _ in range(5):
                 assert c.decide(FINANCE).outcome == pb.ADMITTED

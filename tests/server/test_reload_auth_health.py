@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from policyc.client import operator_channel
 from policyc.compiler import bundle_io
 from policyc.compiler.pipeline import compile_sources
 from policyc.dsl.source import Source
@@ -114,7 +115,7 @@ def guarded(bundle):  # type: ignore[no-untyped-def]
 
 
 def test_roles(guarded) -> None:
-    with grpc.insecure_channel(f"127.0.0.1:{guarded.server.port}") as ch:
+    with operator_channel(f"127.0.0.1:{guarded.server.port}") as ch:
         s = pb_grpc.DecisionsStub(ch)
         req = pb.DecideRequest(headers={"X-Model": "fraud-scorer-lite"})
         as_ = lambda t: (("authorization", f"Bearer {t}"),)  # noqa: E731

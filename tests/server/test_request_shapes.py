@@ -9,6 +9,7 @@ import pytest
 
 from server_rig import SMALL, start
 
+from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.server.app import DecisionServer
 from policyc.server.config import ServeConfig
@@ -90,7 +91,7 @@ def test_repeated_requests_over_grpc_hit_the_cache_and_bad_ones_are_never_kept(b
     th = start(bundle, ServeConfig(cluster=SMALL, start_refresher=False))
     try:
         svc = th.server.service
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             req = pb.DecideRequest(headers=HEADERS)
             ds = [stub.Decide(req) for _ in range(5)]
@@ -178,7 +179,7 @@ def test_the_same_request_in_another_byte_order_finds_its_shape(bundle: Bundle) 
         orders = [b"".join(parts), b"".join(reversed(parts)), parts[1] + parts[0] + parts[2]]
         assert len(set(orders)) == 3 and len({pb.DecideRequest.FromString(o).SerializeToString(deterministic=True)
                                               for o in orders}) == 1
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             decide = ch.unary_unary("/policyc.decision.v1.Decisions/Decide")
             batch = ch.unary_unary("/policyc.decision.v1.Decisions/DecideBatch")
             first = pb.Decision.FromString(decide(orders[0]))

@@ -19,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_rig import SMALL, start
 
+from policyc.client import operator_channel
 from policyc.server.auth import Tokens
 from policyc.server.config import ServeConfig, TlsFiles
 from policyc.server.proto import pb, pb_grpc
@@ -89,7 +90,7 @@ def test_tls_serves_clients_that_trust_the_ca_and_carries_tokens(bundle, pki) ->
             with pytest.raises(grpc.RpcError) as info:
                 s.Decide(req, metadata=(("authorization", "Bearer audit-secret"),), timeout=10)
             assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as plain:  # plaintext to a TLS port gets nowhere
+        with operator_channel(f"127.0.0.1:{port}") as plain:  # plaintext to a TLS port gets nowhere
             with pytest.raises(grpc.RpcError) as info:
                 health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(service=""), timeout=3)
             assert info.value.code() is grpc.StatusCode.UNAVAILABLE
