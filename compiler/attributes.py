@@ -32,10 +32,20 @@ INSTANCE_ATTRIBUTES: dict[str, tuple[ValueType, str]] = {
 
 LABEL_PREFIX = "labels."
 
+# Request variables an LLM request's body gives (the gateway reads them: gateway/llm_body.py);
+# absent from other requests, so a rule reads them under `has(request.prompt_tokens)` or with
+# a comparison that is false when they are missing.
+BODY_REQUEST_VARS: dict[str, ValueType] = {
+    "prompt_tokens": "count",  # the prompt's tokens by the served model's tokenizer
+    "max_tokens": "count",  # `max_tokens` / `max_completion_tokens`, when the client gave it
+    "stream": "bool",  # the client asked for a stream of server-sent events
+}
+
 # Request variables that exist without a header mapping.
 BUILTIN_REQUEST_VARS: dict[str, ValueType] = {
     "tenant": "name",
     "tenant_class": "name",
+    **BODY_REQUEST_VARS,
 }
 
 

@@ -114,6 +114,18 @@ class Slo(Frozen):
     allowance: float = 0.0  # seconds of network + queueing reserved out of `latency`
 
 
+class Llm(Frozen):
+    """An LLM's per-token costs, limits and token SLOs (`llm { … }`), in SI units: what a
+    request costs is its own prompt and `max_tokens` times these (`meaning.llm_*`)."""
+
+    prefill_flops: float  # FLOPs per prompt token
+    decode_flops: float  # FLOPs per output token
+    context: int  # tokens: prompt and output together
+    kv_bytes_per_token: float | None = None  # bytes of KV cache a token holds
+    ttft: float | None = None  # seconds: time to first token, upper bound
+    tpot: float | None = None  # seconds: time per output token after the first, upper bound
+
+
 class Session(Frozen):
     state: Literal["nvme", "host_memory", "remote"]
     colocate: Literal["same_numa", "same_host", "none"] = "none"
@@ -145,6 +157,7 @@ class Contract(Frozen):
     security: tuple[SecurityAttr, ...] = ()  # attributes the deployment must provide
     session: Session | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    llm: Llm | None = None  # an LLM's per-token contract (absent for other models)
     origin: SourceRef
     field_origins: tuple[tuple[str, SourceRef], ...] = ()  # "compute.flops" -> span
     gpu_shares: tuple[GpuShare, ...] = ()  # filled by the solver

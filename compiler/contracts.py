@@ -17,6 +17,7 @@ from . import limits
 
 from .check_values import ARCHS, PRECISIONS, version_bounds_problem
 from .fields import BlockReader, ref, shape
+from .llm_contract import lower_llm
 
 __all__ = ["ARCHS", "PRECISIONS", "contract_header", "lower_contract"]
 
@@ -42,7 +43,7 @@ def lower_contract(block: ast.Block, diags: list[Diagnostic]) -> Contract | None
     where = f"contract `{name}`"
     n_before = len(diags)
     top = BlockReader(block, where, diags, fields=(),
-                      blocks=("compute", "memory", "dependencies", "slo", "placement", "session", "labels"))
+                      blocks=("compute", "memory", "dependencies", "slo", "placement", "session", "labels", "llm"))
     origins: dict[str, SourceRef] = {}
 
     def track(reader: BlockReader, section: str, key: str) -> None:
@@ -118,12 +119,13 @@ def lower_contract(block: ast.Block, diags: list[Diagnostic]) -> Contract | None
             value = r.string(key)
             if value is not None:
                 labels.append((key, value))
+    llm = lower_llm(b, where, diags, origins) if (b := top.block_one("llm")) is not None else None
     if len(diags) > n_before or compute is None or memory is None or deps is None:
         return None
     return Contract(
         name=name, version=version, compute=compute, memory=memory, dependencies=deps, slo=slo,
         regions=regions, gpu_arch=archs, security=security, session=session,  # type: ignore[arg-type]
-        labels=tuple(sorted(labels)), origin=ref(block.span),
+        labels=tuple(sorted(labels)), llm=llm, origin=ref(block.span),
         field_origins=tuple(sorted(origins.items())),
     )
 

@@ -298,6 +298,61 @@ def instance_attributes(contract: ContractView, deployment: Mapping[str, Scalar]
     return attrs
 
 
+# ----------------------------------------------------------------------- an LLM request
+
+
+class LlmView(Protocol):
+    @property
+    def prefill_flops(self) -> float: ...
+    @property
+    def decode_flops(self) -> float: ...
+    @property
+    def context(self) -> int: ...
+    @property
+    def kv_bytes_per_token(self) -> float | None: ...
+    @property
+    def ttft(self) -> float | None: ...
+    @property
+    def tpot(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCost:
+    """One LLM request's cost, from its own prompt and output tokens (the output is its
+    `max_tokens`: the most it may generate, so the estimate is an upper bound)."""
+
+    flops: float  # prefill + decode FLOPs
+    ttft_s: float  # the prefill's compute time on the share: the first token's lower bound
+    total_s: float  # prefill and every output token
+    kv_bytes: float | None  # KV cache the request holds at its end (None: not declared)
+
+
+def llm_cost(llm: LlmView, prompt_tokens: float, output_tokens: float, rate: float, share: float = 1.0) -> LlmCost:
+    """What a request of `prompt_tokens` in and `output_tokens` out costs on a GPU whose
+    effective FLOP/s is `rate` (`compute_rate`), computed on `share` of it:
+
+        prefill = prefill_flops * prompt_tokens      ttft  = prefill / (rate * share)
+        decode  = decode_flops * output_tokens       total = (prefill + decode) / (rate * share)
+        kv      = kv_bytes_per_token * (prompt_tokens + output_tokens)
+    """
+    prefill = llm.prefill_flops * max(prompt_tokens, 0.0)
+    decode = llm.decode_flops * max(output_tokens, 0.0)
+    speed = rate * max(share, MIN_SHARE)
+    kv = llm.kv_bytes_per_token * (prompt_tokens + output_tokens) if llm.kv_bytes_per_token is not None else None
+    return LlmCost(prefill + decode, prefill / speed if speed > 0 else math.inf,
+                   (prefill + decode) / speed if speed > 0 else math.inf, kv)
+
+
+def llm_budget(llm: LlmView, output_tokens: float, ttft: float | None = None, tpot: float | None = None) -> float | None:
+    """A request's whole-answer budget from its token SLOs (a request's own `ttft` / `tpot`,
+    else the contract's): `ttft + tpot * (output_tokens - 1)`; None without both."""
+    first = ttft if ttft is not None else llm.ttft
+    per = tpot if tpot is not None else llm.tpot
+    if first is None or per is None:
+        return None
+    return first + per * max(output_tokens - 1.0, 0.0)
+
+
 # ----------------------------------------------------------------------- latency target
 
 

@@ -31,27 +31,28 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from policyc.audit.errors import AuditError
-from policyc.compiler.bundle import Bundle
+from policyc.compiler.bundle import Bundle, Scalar
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.decision import DecisionInput
 from policyc.server.errors import ServiceError, Status
 from policyc.server.request_shapes import RequestShapes
 from policyc.server.service import DecisionService
 
-from . import messages, refusal
+from . import llm_pick, messages, refusal
 from .access_log import AccessLogReceiver, Attempt, Call
 from .acts import Acts, Break
 from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
 from .pick import Pick, plan_pick
 from .pool import Pool
-from .request_view import PolicyView, shape_key
+from .llm_pick import body_kind
+from .request_view import PolicyView, attributes_key, shape_key
 
 log = logging.getLogger("policyc.gateway")
 
@@ -71,6 +72,10 @@ class PickerConfig:
     forwarded_headers: frozenset[str] = frozenset()  # lower-case names for the model server, not the policy
     # also serve on this Unix socket (an Envoy on the same machine: a `pipe` address, cheaper than TCP loopback)
     unix_socket: str | None = None
+    # request headers as Envoy hands them over (its pseudo-headers and own headers included): beyond
+    # either bound, 431 with the reason (`gateway/limits.py`: Envoy's HTTP/2 codec would reset or GOAWAY)
+    max_headers_count: int = 100
+    max_header_bytes: int = 60 * 1024
 
 
 class RuleTables:
@@ -111,6 +116,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
         self.from_access_log = False  # True once `follow_access_log`: breaks and request ends from Envoy's log
         self._view = PolicyView(config.forwarded_headers)
+        self.llm: llm_pick.LlmPicker | None = None  # `enable_llm`: LLM requests are picked on their body
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -135,7 +141,11 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 if req is grpc.aio.EOF:
                     return
                 if req.HasField("request_headers"):
-                    await context.write((await self._request_headers(req))[0])
+                    llm_kind = body_kind(req) if self.llm is not None else None
+                    if llm_kind is None:
+                        await context.write((await self._request_headers(req))[0])
+                    else:  # an LLM request: the pick waits for its body
+                        await self._llm_body(context, req, llm_kind)
                     return
                 await context.write(messages.empty_for(req.WhichOneof("request") or ""))
         picked: list[str] = []
@@ -145,6 +155,11 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 if req is grpc.aio.EOF:
                     return
                 kind = req.WhichOneof("request")
+                if kind == "request_headers" and self.llm is not None and (llm_kind := body_kind(req)) is not None:
+                    pick = await self._llm_body(context, req, llm_kind)
+                    if pick is not None:
+                        picked.append(pick)
+                    continue
                 if kind == "request_headers":
                     resp, pick = await self._request_headers(req)
                     if pick is not None:
@@ -158,9 +173,34 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             for did in picked:
                 self._open.pop(did, None)
 
-    async def _request_headers(self, req: ep.ProcessingRequest) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
+    async def _llm_body(self, context: grpc.aio.ServicerContext, headers: ep.ProcessingRequest, kind: str) -> str | None:
+        """An LLM request (`llm_pick.py`): its headers let through, its body read, the pick
+        answered on the body message. Returns the decision id when it was forwarded."""
+        assert self.llm is not None
+        if headers.request_headers.end_of_stream:  # no body will come: nothing to pick on
+            await context.write(llm_pick.error_response(400, f"a {kind} request needs a JSON body", "bad-body",
+                                                        "invalid_request_body"))
+            return None
+        await context.write(llm_pick.CONTINUE_REQUEST_HEADERS)
+        body = await context.read()
+        if body is grpc.aio.EOF:
+            return None
+        if not body.HasField("request_body"):
+            await context.write(messages.empty_for(body.WhichOneof("request") or ""))
+            return None
+        resp, pick = await self.llm.pick(headers, body, kind)
+        await context.write(resp)
+        return pick.decision_id if pick is not None else None
+
+    def enable_llm(self, picks: "llm_pick.LlmPicks") -> None:
+        """Read the bodies of LLM requests (the bootstrap's LLM routes send them)."""
+        self.llm = llm_pick.LlmPicker(self, picks)
+
+    async def _request_headers(self, req: ep.ProcessingRequest,
+                               attributes: Mapping[str, Scalar] | None = None) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
         """The pick, in one coroutine (the hot path: one frame, no await unless a new shape
-        needs its feasibility answer or the audit log is in sync mode)."""
+        needs its feasibility answer or the audit log is in sync mode). `attributes`: typed
+        request variables besides the headers (an LLM request's body, `llm_pick.py`)."""
         t0 = time.perf_counter()
         try:
             open_ = self._open
@@ -170,14 +210,19 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             if len(open_) >= config.max_in_flight:
                 self._count("shed")
                 return messages.immediate(refusal.shed(self.in_flight, config.max_in_flight)), None
+            header_map = req.request_headers.headers
+            if len(header_map.headers) > config.max_headers_count or header_map.ByteSize() > config.max_header_bytes:
+                self._count("headers-too-large")
+                return messages.immediate(refusal.headers_too_large(len(header_map.headers), header_map.ByteSize(),
+                                                                    config.max_headers_count, config.max_header_bytes)), None
             view = self._view
             if view.forwarded is not config.forwarded_headers:  # the configuration changed
                 view = self._view = PolicyView(config.forwarded_headers)
             policy = view.of(req.request_headers.headers.headers)
             service, shapes = self.service, self.shapes
             try:
-                key = shape_key(policy)
-                make_input = lambda: DecisionInput(policy, {}, routable_only=True)  # noqa: E731
+                key = shape_key(policy) if attributes is None else shape_key(policy) + attributes_key(attributes)
+                make_input = lambda: DecisionInput(policy, attributes or {}, routable_only=True)  # noqa: E731
                 prepared = None
                 if shapes.get(service.engine.state, key) is None:  # a new shape: Z3 off the loop
                     prepared = await service.prepare_new_shape(shapes, key, make_input)

@@ -52,6 +52,11 @@ def shape_key(headers: Mapping[str, str]) -> bytes:
     return "\n".join(f"{k}\x00{v}" for k, v in sorted(headers.items())).encode("utf-8", "surrogateescape")
 
 
+def attributes_key(attributes: Mapping[str, object]) -> bytes:
+    """The part of the shape key that typed request variables add (an LLM body's facts)."""
+    return b"\x01" + "\n".join(f"{k}\x00{v!r}" for k, v in sorted(attributes.items())).encode("utf-8", "surrogateescape")
+
+
 class PolicyView:
     """`policy_view` for the picker's hot path: what each header name means (skipped, or the
     policy's name for it, lower case) is worked out once per distinct name, so a request's

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pyroaring import BitMap
 
+from policyc.compiler.attributes import BODY_REQUEST_VARS
 from policyc.compiler.bundle import Atom, Bundle, Expr, RequestRule, Scalar
 
 from .attribute_index import EMPTY, AttributeIndex, union
@@ -150,7 +151,7 @@ class FleetIndex:
         # shape and base keys leave them out (`_read_vars`), and every tenant of a class
         # shares one base instead of making its own
         read = frozenset().union(*(cr.reads for cr in self.rules))
-        carried = {h.var for h in bundle.headers} | ({"tenant_class"} if bundle.tenants else set())
+        carried = {h.var for h in bundle.headers} | ({"tenant_class"} if bundle.tenants else set()) | set(BODY_REQUEST_VARS)
         self._unread = tuple(sorted(carried - read))
         # which rules apply depends on which read variables are present and on the values the
         # guards compare, nothing else: a new base looks its rules up by those (`_rule_shape`)

@@ -14,6 +14,7 @@ import math
 import re
 from typing import Mapping
 
+from policyc.compiler.attributes import BODY_REQUEST_VARS
 from policyc.compiler.bundle import Bundle, Scalar
 from policyc.compiler.diagnostic import Diagnostic, error
 from policyc.compiler.meaning import QUANTITY_KINDS, did_you_mean
@@ -100,6 +101,8 @@ def _var_types(bundle: Bundle) -> dict[str, str]:
     types: dict[str, str] = {h.var: h.type for h in bundle.headers}
     types.setdefault("tenant", "name")
     types["tenant_class"] = "name"
+    for name, t in BODY_REQUEST_VARS.items():  # an LLM body's facts (the gateway's picker gives them)
+        types.setdefault(name, t)
     return types
 
 

@@ -296,7 +296,7 @@ def test_unread_variables_share_a_base() -> None:
     fleet = make_fleet(1_500, 11)
     reg = Registry(fleet.bundle, fleet.instances, fleet.scores)
     ix = reg.index
-    assert ix._unread == ("tenant",)
+    assert ix._unread == ("max_tokens", "prompt_tokens", "stream", "tenant")  # the LLM body's variables: no rule here reads them
     fixed = {"region": "eu-west", "need_tpm": True}
     for tenant, cls in (("anonymous", "public"), ("beta-co", "public"), ("gamma-co", "public"), ("acme-bank", "finance")):
         q = Request.of({**fixed, "slo": 0.2, "tenant": tenant, "tenant_class": cls})

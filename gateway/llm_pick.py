@@ -1,0 +1,182 @@
+"""The picker's LLM half: a pick made from an OpenAI-style request's body.
+
+On `/v1/chat/completions` and `/v1/completions` Envoy sends the picker the request's headers
+and then its whole body (the bootstrap's LLM routes, `llm_routes.py`). The headers are let
+through at once; the body is read (`llm_body.parse_llm_body`: the model, the prompt's tokens
+by the model's tokenizer, `max_tokens`, `stream`, `user`), and the pick is made on both: the
+headers as the policy maps them, the body's facts as request variables (`request.model`,
+`request.prompt_tokens`, `request.max_tokens`, `request.stream`), through the picker's own
+decision path (`EndpointPicker._request_headers`). The answer goes back on the body message:
+the same endpoints, budget, retry headers and metadata as a headers pick, plus
+`x-policyc-upstream: http1` and a fresh route when the picked endpoint speaks HTTP/1.1 (its
+instance's `endpoint_protocol` label), and the body with `stream_options.include_usage` when
+the client streams without asking for usage (the audit's token counts come from it).
+
+A bad body is answered 400 with the reason in `x-policyc-reason` and an OpenAI-style error
+object; every other refusal on these paths (a rule, no instance, shedding) carries the same
+error object, so the OpenAI clients raise their usual exceptions with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import orjson
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from policyc.compiler.bundle import Scalar
+
+from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, with_usage_requested
+from .llm_routes import HTTP1, PROTOCOL_LABEL, UPSTREAM_HEADER
+from .messages import CAUSE_HEADER, REASON_HEADER
+from .refusal import ascii_line
+from .tokens import Tokenizers
+
+if TYPE_CHECKING:
+    from .pick import Pick
+    from .picker import EndpointPicker
+
+log = logging.getLogger("policyc.gateway")
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+CONTINUE_REQUEST_HEADERS = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+LLM_VARS = ("model", "prompt_tokens", "max_tokens", "stream")
+_ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+@dataclass
+class LlmPicks:
+    """What the picker needs for LLM bodies: the models' tokenizers and context limits (a
+    model's context from its contract unless given here)."""
+
+    tokenizers: Tokenizers = field(default_factory=Tokenizers)
+    contexts: dict[str, int] = field(default_factory=dict)
+    # the last requests read, by decision id (bounded): what tests, the audit and the demo show
+    recent: dict[str, LlmRequest] = field(default_factory=dict)
+
+    def remember(self, decision_id: str, req: LlmRequest) -> None:
+        if len(self.recent) >= 4096:
+            self.recent.pop(next(iter(self.recent)))
+        self.recent[decision_id] = req
+
+
+def body_kind(req: ep.ProcessingRequest) -> str | None:
+    """`chat` / `completions` when this request's headers are on a path whose body the
+    picker reads (its `:path`, which Envoy sends among the first headers)."""
+    for h in req.request_headers.headers.headers:
+        if h.key == ":path":
+            return path_kind(h.raw_value.decode("latin-1") if h.raw_value else h.value)
+    return None
+
+
+def _header(req: ep.ProcessingRequest, name: str) -> str | None:
+    for h in req.request_headers.headers.headers:
+        if h.key.lower() == name:
+            return h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return None
+
+
+def _set(mutation: Any, key: str, value: str) -> None:
+    mutation.set_headers.add(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()), append_action=_OVERWRITE)
+
+
+def error_response(status: int, message: str, cause: str, code: str, param: str | None = None,
+                   extra: Mapping[str, str] | None = None) -> ep.ProcessingResponse:
+    """An immediate answer with the OpenAI error object and the reason in `x-policyc-reason`."""
+    body = orjson.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+                                   "param": param, "code": code}})
+    ir = ep.ImmediateResponse(body=body, details=f"policyc_{cause}")
+    ir.status.code = status  # type: ignore[assignment]
+    _set(ir.headers, REASON_HEADER, ascii_line(message))
+    _set(ir.headers, CAUSE_HEADER, cause)
+    _set(ir.headers, "content-type", "application/json")
+    for k, v in (extra or {}).items():
+        _set(ir.headers, k, v)
+    return ep.ProcessingResponse(immediate_response=ir)
+
+
+def as_openai_error(resp: ep.ProcessingResponse) -> ep.ProcessingResponse:
+    """A picker refusal (plain-text body) with the OpenAI error object as its body instead."""
+    ir = resp.immediate_response
+    headers = {h.header.key: h.header.raw_value.decode("utf-8", "replace") for h in ir.headers.set_headers}
+    cause = headers.pop(CAUSE_HEADER, "refused")
+    headers.pop(REASON_HEADER, None)
+    return error_response(ir.status.code or 500, ir.body.decode("utf-8", "replace"), cause, cause, None, headers)
+
+
+class LlmPicker:
+    def __init__(self, picker: "EndpointPicker", picks: LlmPicks) -> None:
+        self.picker = picker
+        self.picks = picks
+
+    def _bundle_vars(self) -> Callable[[str], bool]:
+        bundle = self.picker.service.engine.state.bundle
+        declared = {h.var for h in bundle.headers}
+        from policyc.compiler.attributes import BUILTIN_REQUEST_VARS
+        declared |= set(BUILTIN_REQUEST_VARS)
+        return declared.__contains__
+
+    def _context_of(self, model: str) -> int | None:
+        given = self.picks.contexts.get(model)
+        if given is not None:
+            return given
+        c = self.picker.service.engine.state.bundle.contract(model)
+        llm = getattr(c, "llm", None) if c is not None else None
+        ctx = getattr(llm, "context", None) if llm is not None else None
+        return int(ctx) if ctx else None
+
+    def read(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest, kind: str) -> LlmRequest:
+        bundle = self.picker.service.engine.state.bundle
+        return parse_llm_body(body.request_body.body, kind, self.picks.tokenizers, _header(headers, "x-model"),
+                              lambda m: bundle.contract(m) is not None, self._context_of)
+
+    def attributes(self, r: LlmRequest) -> dict[str, Scalar]:
+        """The body's facts as the request variables this bundle declares."""
+        has = self._bundle_vars()
+        values: dict[str, Scalar] = {"model": r.model, "prompt_tokens": float(r.prompt.tokens), "stream": r.stream}
+        if r.max_tokens is not None:
+            values["max_tokens"] = float(r.max_tokens)
+        return {k: v for k, v in values.items() if has(k)}
+
+    async def pick(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest,
+                   kind: str) -> tuple[ep.ProcessingResponse, "Pick | None"]:
+        """The answer to the body message (a forward with the pick, or a refusal) and the pick."""
+        try:
+            r = self.read(headers, body, kind)
+        except BodyError as e:
+            self.picker._count("bad-body")
+            return error_response(e.status, e.message, "bad-body", e.code, e.param), None
+        resp, pick = await self.picker._request_headers(headers, self.attributes(r))
+        if pick is None:
+            msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
+            return (as_openai_error(msg) if msg.HasField("immediate_response") else msg), None
+        self.picks.remember(pick.decision_id, r)
+        return self.forward(pick, resp, r, _header(headers, UPSTREAM_HEADER) is not None), pick
+
+    def _protocol(self, pick: "Pick") -> str:
+        try:
+            inst = self.picker.service.engine.state.registry.get(pick.instance_id)
+        except Exception:  # noqa: BLE001 - removed since the pick: its protocol as registered is unknown, h2
+            return "h2"
+        return inst.labels.get(PROTOCOL_LABEL, "h2")
+
+    def forward(self, pick: "Pick", resp: ep.ProcessingResponse | bytes, r: LlmRequest, forged: bool = False) -> ep.ProcessingResponse:
+        headers_answer = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
+        out = ep.ProcessingResponse()
+        common = out.request_body.response
+        common.CopyFrom(headers_answer.request_headers.response)
+        if headers_answer.HasField("dynamic_metadata"):
+            out.dynamic_metadata.CopyFrom(headers_answer.dynamic_metadata)
+        if self._protocol(pick) == HTTP1:
+            _set(common.header_mutation, UPSTREAM_HEADER, HTTP1)
+            common.clear_route_cache = True
+        elif forged:  # the client's own header chose the route: remove it and route again
+            common.header_mutation.remove_headers.append(UPSTREAM_HEADER)
+            common.clear_route_cache = True
+        new_body = with_usage_requested(r)
+        if new_body is not None:  # its length changed: say so (Envoy sends the header as it was)
+            common.body_mutation.body = new_body
+            _set(common.header_mutation, "content-length", str(len(new_body)))
+        return out
