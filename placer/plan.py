@@ -30,6 +30,7 @@ class Constraint(str, Enum):
     NETWORK = "network"  # no path from the ingress without crossing a congested hop
     DEPENDENCY = "dependency"  # a declared service not reachable within its p99 bound
     SESSION_STORE = "session_store"
+    QUEUE_DEPTH = "queue_depth"  # the model server's measured queue too deep, or its reading stale
     LATENCY_BUDGET = "latency_budget"
     INTERNAL = "internal"
 

@@ -15,10 +15,12 @@ from .latency_budget import LatencyBudget
 from .network import Network
 from .pcie import Pcie
 from .port import Port
+from .queue_depth import QueueDepth
 from .session_store import SessionStore
 
 SIGNALS: tuple[Signal, ...] = (
-    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), LatencyBudget(),
+    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), QueueDepth(),
+    LatencyBudget(),
 )
 
 REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}

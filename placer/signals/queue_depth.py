@@ -1,0 +1,122 @@
+"""Queue depth: the requests waiting at the model server on a GPU, as the server itself
+reports them (vLLM's `vllm:num_requests_waiting`, scraped from its `/metrics`, or the
+gateway's own count), under the measured key `queue_depth`.
+
+Each waiting request ahead of this one adds `seconds_per_request` to the predicted queueing
+(by default the placer's GPU quantum: the latency model's wait is the mean number queued
+times that quantum, `latency.gpu_queue`, and here the number queued is measured instead of
+modelled); a GPU whose queue is deeper than `max_depth` is refused (no bound by default:
+the queue only scores). A reading older than `max_age_s` is stale and never used: with
+`OnStale.FALL_BACK` (the default) its term is left out and the plan says so; with
+`OnStale.EXCLUDE` the GPU is refused, naming the reading's age. A GPU with no reading (no
+server measured there, or no metrics source configured) is left to the model, as before
+measured state existed; a reading that is not a number of requests (NaN, negative) counts
+as stale.
+
+This file and its line in `signals/__init__.py` are the whole of the signal: the runners
+fold its column into their tables (`framework.py`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..framework import NOTHING, Column, OnStale, Reading, Signal, Stage, TickInputs, Words
+from ..latency import GPU_QUANTUM
+from ..plan import Constraint
+from ..snapshot import Snapshot
+
+KEY = "queue_depth"
+
+
+class QueueDepth(Signal):
+    name = "queue_depth"
+    constraint = Constraint.QUEUE_DEPTH
+    consumes = (KEY,)
+    stage = Stage.TICK
+
+    def __init__(self, *, max_depth: float = math.inf, seconds_per_request: float = GPU_QUANTUM, max_age_s: float = 0.25,
+                 on_stale: OnStale = OnStale.FALL_BACK) -> None:
+        if not (max_depth >= 0 and seconds_per_request >= 0 and max_age_s > 0):
+            raise ValueError(f"queue depth signal: max_depth {max_depth!r}, seconds_per_request {seconds_per_request!r} "
+                             f"and max_age_s {max_age_s!r} must be non-negative (the age bound positive)")
+        self.max_depth = max_depth
+        self.seconds_per_request = seconds_per_request
+        self.max_age_s = max_age_s
+        self.on_stale = OnStale(on_stale)
+
+    def _columns(self, depth: np.ndarray, age: np.ndarray, measured: np.ndarray) -> Column:
+        """From each GPU's depth and age where `measured`: the refusals, the seconds, the stale."""
+        stale = measured & (~(age <= self.max_age_s) | ~(depth >= 0) | ~np.isfinite(depth))
+        fresh = measured & ~stale
+        fail = fresh & (depth > self.max_depth)
+        if self.on_stale is OnStale.EXCLUDE:
+            fail = fail | stale
+        latency = np.where(fresh, depth * self.seconds_per_request, 0.0)
+        return Column(fail=fail, latency=latency, stale=stale if self.on_stale is OnStale.FALL_BACK else None)
+
+    def reference(self, x: TickInputs) -> Column:
+        """Candidate by candidate: its GPU's reading, by key."""
+        measured = x.snap.frame.measured
+        if not measured:
+            return NOTHING
+        t = x.snap.topology
+        gpus = np.arange(len(t.gpus))[x.gpus].tolist()
+        depth, age, present = np.full(len(gpus), np.nan), np.full(len(gpus), np.nan), np.zeros(len(gpus), dtype=bool)
+        for i, g in enumerate(gpus):
+            got = _depth(measured.get(t.gpu_key(g)))
+            if got is not None:
+                (depth[i], age[i]), present[i] = got, True
+        return self._columns(depth, age, present)
+
+    def column(self, x: TickInputs) -> Column:
+        """Every GPU at once: the readings scattered onto the topology's rows (one pass over
+        the readings, once per tick)."""
+        measured = x.snap.frame.measured
+        if not measured:
+            return NOTHING
+        t = x.snap.topology
+        index = t.gpu_index
+        n = len(t.gpus)
+        depth, age, present = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+        for key, reading in measured.items():
+            host, _, gpu = key.rpartition("/")
+            row = index.get((host, gpu))
+            got = _depth(reading)
+            if row is not None and got is not None:
+                (depth[row], age[row]), present[row] = got, True
+        col = self._columns(depth, age, present)
+        return col if isinstance(x.gpus, slice) else col.at(x.gpus)
+
+    def detail(self, w: Words, r: int) -> str:
+        g = int(w.ev.gpus[r])
+        got = _depth(w.snap.frame.measured.get(w.snap.topology.gpu_key(g)))
+        if got is None:
+            return "no queue depth reading"
+        depth, age = got
+        if self._stale(depth, age):
+            return f"queue depth reading {_what(depth, age)}: older than {self.max_age_s:g} s or unusable, excluded as stale"
+        return f"queue depth {depth:g} > {self.max_depth:g} waiting requests"
+
+    def plan_note(self, snap: Snapshot, gpu: int) -> str | None:
+        got = _depth(snap.frame.measured.get(snap.topology.gpu_key(gpu)))
+        if got is None or not self._stale(*got):
+            return None
+        return (f"queue depth of {snap.topology.gpu_key(gpu)} is stale ({_what(*got)}, bound {self.max_age_s:g} s): "
+                f"left out of the prediction, the modelled queue stands")
+
+    def _stale(self, depth: float, age: float) -> bool:
+        return not (age <= self.max_age_s) or not (0 <= depth < math.inf)
+
+
+def _depth(reading: Reading | None) -> tuple[float, float] | None:
+    """(depth, age) of a reading that has a queue depth, else None."""
+    if reading is None:
+        return None
+    v = reading.values.get(KEY)
+    return None if v is None else (float(v), float(reading.age_s))
+
+
+def _what(depth: float, age: float) -> str:
+    return f"{depth:g} waiting, {age:.2f} s old"
