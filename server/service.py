@@ -31,6 +31,7 @@ from .auth import Permission, Tokens
 from .bundle_verifier import BundleVerifier
 from .request_decode import Undecodable
 from .decision import Decision, DecisionInput
+from .endpoint_rules import EndpointRules
 from .engine import DecisionEngine
 from .errors import ServiceError, Status
 from .decide_batch import BadBatch, join_decisions, split_requests
@@ -97,6 +98,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
         self.shapes = RequestShapes()
         self.feasibility_series = FeasibilitySeries(lambda: self.engine.state.feasibility)
         self.topology: Callable[[], Topology | None] = lambda: None  # what registration checks facts against (app sets it)
+        self.endpoints = EndpointRules()  # where an endpoint may point (the app and the gateway reserve their ports)
         metrics.registry.register(self.feasibility_series)
 
     # ------------------------------------------------------------------ common checks
@@ -373,6 +375,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 model = check_against_bundle(contract_from_onnx(request.onnx_model), model, bundle)
             elif not model:
                 raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
+            d = request.deployment
+            if d.host:  # the endpoint's rules first: each is named (the syntax is convert's)
+                self.endpoints.check(request.id, d.endpoint, d.host, self.topology())
             inst = convert.instance(request, model)
             # facts checked against the telemetry that knows them; a deployment that cannot
             # serve its contract at all is refused by the registry first, saying what it needs
