@@ -9,12 +9,13 @@ The weights and the tokenizer are written by `llm_build.py`, run by vLLM's own v
 interpreter (`.venv-vllm`, made by `scripts/setup.sh`): `torch`, `transformers` and
 `tokenizers` live there and nowhere in policyc's environment. The contract
 (`policyc.contract`, the DSL) is written here, from the facts the build reports (the FLOPs
-per token are counted from the model's shape, not guessed).
+per token are counted from the model's shape, not guessed); the command line compiles it
+when it registers the served model (`cli/llm_serving.py`: the run time reads bundles only).
 
-The contract is written in today's contract language: FLOPs per token, the context as its
-`tokens`, bf16, an end-to-end latency SLO. The LLM fields (prefill and decode cost per
-token, KV-cache bytes per token, the context limit, TTFT / TPOT SLOs) are added by the
-language's LLM extension; `contract_source` is the one place that writes them.
+The contract states FLOPs per token, bf16, an end-to-end latency SLO, and the `llm` block:
+prefill and decode FLOPs per token (counted from the shape), the KV-cache bytes a token holds
+(layers x K and V x KV heads x head width x 2 bytes), the context vLLM serves, and the
+TTFT / TPOT SLOs. `contract_source` is the one place that writes it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def contract_source(name: str, facts: dict[str, object]) -> str:
     """The model's contract in the DSL, from the build's facts."""
     flops = float(facts["flops_per_token"])  # type: ignore[arg-type]
     context = int(facts["context"])  # type: ignore[call-overload]
-    shape: dict[str, object] = facts["shape"]  # type: ignore[assignment]
+    shape: dict[str, int] = facts["shape"]  # type: ignore[assignment]
+    head = shape["hidden_size"] // shape["num_attention_heads"]
+    kv_bytes = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * head * 2  # bf16
     return f"""# {name}: a tiny Llama model made by `policyc llm make-model` (random weights, a byte-level
 # BPE trained on Python's standard library, a ChatML template), served by vLLM on the CPU.
 # {facts['parameters']:,} parameters, {shape['num_hidden_layers']} layers of width {shape['hidden_size']};
@@ -105,6 +108,18 @@ contract {name} version "1.0.0" {{
   slo {{
     latency: <= 2000 ms
     allowance: 50 ms
+  }}
+
+  # per token: prefill for each prompt token, decode for each output token, the KV cache a
+  # token holds ({shape['num_hidden_layers']} layers x K and V x {shape['num_key_value_heads']} KV heads x {head} dims x 2 bytes),
+  # the context vLLM is started with, and the token SLOs
+  llm {{
+    prefill: {flops:.6e} FLOP
+    decode: {flops:.6e} FLOP
+    kv_cache: {kv_bytes} B
+    context: {context}
+    ttft: <= 500 ms
+    tpot: <= 50 ms
   }}
 
   labels {{
@@ -163,28 +178,3 @@ def cached_llm_model(cache: Path | None = None, *, name: str = DEFAULT_NAME) -> 
         if not model.contract_path.exists() or model.contract_path.read_text() != text:
             model.contract_path.write_text(text)
     return model
-
-
-def load_contract(model_dir: Path, name: str | None = None):  # type: ignore[no-untyped-def]  # -> compiler.bundle.Contract
-    """The contract that travels with the model (`policyc.contract` in its folder), compiled;
-    the one named `name` when the file holds several. LlmModelError with the compiler's
-    located diagnostics when it does not compile."""
-    from policyc.compiler.pipeline import compile_paths
-    from policyc.dsl.diagnostics import render_text
-
-    path = model_dir / CONTRACT_FILE
-    if not path.is_file():
-        raise LlmModelError(f"{model_dir}: no {CONTRACT_FILE} (the model's contract travels in its folder)")
-    result = compile_paths([path], analyse=False)
-    errors = [d for d in result.diagnostics if getattr(d, "is_error", True)]
-    if errors or result.bundle is None:
-        raise LlmModelError(f"{path}: the contract does not compile:\n{render_text(errors, result.sources)}")
-    contracts = result.bundle.contracts
-    if name is None:
-        if len(contracts) != 1:
-            raise LlmModelError(f"{path}: {len(contracts)} contracts; name the one to serve")
-        return contracts[0]
-    for c in contracts:
-        if c.name == name:
-            return c
-    raise LlmModelError(f"{path}: no contract `{name}` (it has {', '.join(c.name for c in contracts)})")
