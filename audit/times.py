@@ -28,3 +28,20 @@ def format_time(t: float | None) -> str:
     if t is None:
         return "-"
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """`90d`, `12h`, `30m`, `45s`, `2w` or plain seconds; must be positive."""
+    s = text.strip().lower()
+    unit = _UNITS.get(s[-1:]) if s else None
+    number = s[:-1] if unit is not None else s
+    try:
+        value = float(number) * (unit or 1.0)
+    except ValueError:
+        raise AuditInputError(f"{what} `{text}` is not a duration: use e.g. 90d, 12h, 30m, 45s or seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise AuditInputError(f"{what} `{text}` must be a positive, finite duration")
+    return value

@@ -200,6 +200,11 @@ def verify(path: str | os.PathLike[str], *, public_key: Ed25519PublicKey | None 
             conn.close()
         _merge(report, part, i == 0, len(files) > 1 and not is_live)
         base = (part.last_seq, bytes.fromhex(part.last_hash)) if part.last_hash else base
+    if gone and public_key is not None and lid is not None:
+        for g in gone:
+            if not signature_valid(public_key, lid, g.close):
+                report.problems.append(Problem(g.close.seq, ProblemKind.BAD_SIGNATURE,
+                                               f"the close record kept for pruned segment {g.segment} does not verify with the given public key"))
     _check_end(report, live, lid or "", public_key, anchor, gone)
     if report.wal is not None and report.wal.torn:
         report.notes.append(

@@ -1,4 +1,5 @@
-"""`policyc audit verify|report|explain`: what a compliance auditor runs against a log.
+"""`policyc audit verify|report|explain|export|rotate|verify-report`: what a compliance
+auditor (and the operator keeping the log) runs against a log.
 
 Exit codes: 0 ok; 1 the log failed verification: tampered, damaged (a zeroed page, a
 truncated file), or, with `--expect-closed`, not closed cleanly (or the decision is not in
@@ -50,7 +51,34 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     v.add_argument("--expect-closed", action="store_true",
                    help="the log must end with its close record (the service was stopped cleanly): fail otherwise")
     v.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
+    v.add_argument("--record", metavar="ID", help="prove one record alone (a decision id, or seq:N) against --anchor, or against the "
+                   "log's first signed checkpoint after it with --public-key")
+    v.add_argument("--sample", metavar="FILE", help="with --record: take the record from this export (jsonl, csv or parquet) and prove it")
     v.set_defaults(func=_verify)
+
+    x = add_command(asub, "export", help="stream individual decisions and acts, with their accounting and chain position", codes=CODES,
+                    examples=["policyc audit export --from 2026-05-01 --to 2026-06-01 --format csv -o may.csv",
+                              "policyc audit export --format parquet -o all.parquet   # needs pyarrow (policyc[parquet])",
+                              "policyc audit export --format jsonl | head"])
+    x.add_argument("--log", default=common.get_default("log"), help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db)")
+    x.add_argument("--from", dest="start", help="start time, inclusive (ISO 8601 or Unix seconds)")
+    x.add_argument("--to", dest="end", help="end time, exclusive")
+    x.add_argument("--format", choices=("jsonl", "csv", "parquet"), default="jsonl", help="jsonl (default), csv or parquet")
+    x.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (parquet needs a file)")
+    x.set_defaults(func=_export)
+
+    ro = add_command(asub, "rotate", help="close the live segment with a signed checkpoint and start the next, chained to it",
+                     codes=CODES, examples=["policyc audit rotate --log audit.db",
+                                            "policyc audit rotate --log audit.db --retain 400d --public-key ops.pub"])
+    ro.add_argument("--log", default=common.get_default("log"), help="audit log (default: $POLICYC_AUDIT_LOG or ./audit.db)")
+    ro.add_argument("--signing-key", help="the operator's ed25519 private key, when no service holds the log (a running "
+                                          "service's writer signs with its own)")
+    ro.add_argument("--retain", metavar="DURATION", help="after rotating, prune closed segments whose last entry is older than "
+                                                          "this (e.g. 400d), keeping their signed close records in <log>.segments/pruned.json")
+    ro.add_argument("--public-key", help="with --retain: the key the log must verify with before anything is pruned")
+    ro.add_argument("--no-rotate", action="store_true", help="with --retain: prune only")
+    ro.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a running writer to rotate (default 60)")
+    ro.set_defaults(func=_rotate)
 
     r = add_command(asub, "report", help="decisions and resources per model, tenant or region", codes=CODES,
                     examples=["policyc audit report --by model", "policyc audit report --by tenant --from 2026-05-01 --format csv",
@@ -109,6 +137,8 @@ def _anchor(path: str) -> Checkpoint:
 
 def _verify(args) -> int:
     logs = args.log or [common_log()]
+    if args.record or args.sample:
+        return _verify_record(args, logs)
     if len(logs) > 1 or args.etcd:
         return _verify_many(args, logs)
     args.log = logs[0]
@@ -124,6 +154,94 @@ def _verify(args) -> int:
         return _fail(str(e))
     print(dumps(verify_json(result)) if args.format == "json" else verify_text(result))
     return 0 if result.ok else 1
+
+
+def _verify_record(args, logs: list[str]) -> int:  # type: ignore[no-untyped-def]
+    """`verify --record ID`: one record proven against an anchor (exit 0) or refused (1)."""
+    import json
+
+    from policyc.audit.record_proof import prove_record
+
+    if not args.record:
+        return _fail("--sample names an export to take the record from: give the record with --record ID")
+    if len(logs) > 1 or args.etcd:
+        return _fail("--record proves a record of one log: give one --log")
+    try:
+        key = load_public_key(args.public_key) if args.public_key else None
+        anchor = _anchor(args.anchor) if args.anchor else None
+        sample = _sample(args.sample, args.record) if args.sample else None
+        proof = prove_record(logs[0], args.record, anchor=anchor, public_key=key, sample=sample)
+    except AuditLogDamaged as e:
+        print(f"policyc audit: damaged: {e}", file=sys.stderr)
+        return 1
+    except AuditError as e:
+        return _fail(str(e))
+    if args.format == "json":
+        print(json.dumps({"record": args.record, "seq": proof.seq, "hash": proof.hash, "ok": proof.ok, "against": proof.anchor_kind,
+                          "anchor_seq": proof.anchor_seq, "entries_rehashed": proof.walked, "message": proof.message}, indent=2))
+    else:
+        print(f"{logs[0]}: record {args.record}: {'PROVEN' if proof.ok else 'REFUSED'}: {proof.message}")
+    return 0 if proof.ok else 1
+
+
+def _sample(path: str, record: str) -> dict:
+    """The row of `record` (decision id or seq:N) in an export file."""
+    from policyc.audit.export import read
+
+    key = record.removeprefix("seq:")
+    for row in read(path):
+        if (key.isascii() and key.isdigit() and row.get("seq") == int(key)) or (row.get("decision_id") == record and row.get("kind") == "decision"):
+            return row
+    raise AuditInputError(f"{path}: record `{record}` is not in this export")
+
+
+def _export(args) -> int:  # type: ignore[no-untyped-def]
+    from policyc.audit.export import export
+
+    try:
+        start = parse_time(args.start, what="--from") if args.start else None
+        end = parse_time(args.end, what="--to") if args.end else None
+        if args.format == "parquet" and not args.output:
+            raise AuditInputError("parquet is written to a file: add -o FILE")
+        if args.output:
+            try:
+                stats = export(args.log, args.format, args.output, start=start, end=end)
+            except OSError as e:
+                raise AuditInputError(f"{args.output}: cannot write: {e.strerror}") from None
+        else:
+            stats = export(args.log, args.format, sys.stdout.buffer, start=start, end=end)
+            sys.stdout.flush()
+    except AuditError as e:
+        return _fail(str(e))
+    print(f"exported {stats.rows} records ({stats.decisions} decisions, {stats.actions} acts)"
+          + (f" to {args.output}" if args.output else ""), file=sys.stderr)
+    return 0
+
+
+def _rotate(args) -> int:  # type: ignore[no-untyped-def]
+    from policyc.audit import rotation
+    from policyc.audit.checkpoints import load_private_key
+    from policyc.audit.times import parse_duration
+
+    try:
+        retain = parse_duration(args.retain, what="--retain") if args.retain else None
+        if args.no_rotate and retain is None:
+            raise AuditInputError("--no-rotate only makes sense with --retain")
+        if not args.no_rotate:
+            key = load_private_key(args.signing_key) if args.signing_key else None
+            closed = rotation.rotate(args.log, signing_key=key, timeout=args.timeout)
+            print(f"{args.log}: closed segment {closed}; writing segment {closed + 1}")
+        if retain is not None:
+            pub = load_public_key(args.public_key) if args.public_key else None
+            gone = rotation.prune(args.log, retain, public_key=pub)
+            for g in gone:
+                print(f"{args.log}: pruned segment {g.segment} (entries {g.first_seq}..{g.last_seq}); its close record "
+                      f"{g.close.seq}:{g.close.hash} is kept in the segments' pruned.json")
+            if not gone:
+                print(f"{args.log}: no closed segment is older than {args.retain}")
+    except AuditError as e:
+        return _fail(str(e))
+    return 0
 
 
 def common_log() -> str:
