@@ -115,7 +115,7 @@ class DecisionServer:
                                        max_decide_bytes=config.max_decide_bytes,
                                        verifier=BundleVerifier(config.bundle_key))
         self.service.topology = lambda: self.refresher.current().topology
-        self.service.endpoints = EndpointRules(parse_networks(config.endpoint_networks))
+        self.service.endpoints = EndpointRules(parse_networks(config.endpoint_networks), host_addresses=config.host_addresses)
         # who may call what (made at start: the operator token of a throw-away service is
         # keyed by its bound port); `operator_token` is the operator's, for the CLI and tests
         self.access: Access | None = None

@@ -84,6 +84,8 @@ class ServeConfig:
     # RegisterInstance: endpoints only in these networks (CIDR); empty: the topology's
     # hosts' addresses (see endpoint_rules.py)
     endpoint_networks: tuple[str, ...] = ()
+    # (host, ip): addresses the operator declares for a host beside the topology source's
+    host_addresses: tuple[tuple[str, str], ...] = ()
     audit_log: Path | None = None
     # set: every bundle (start, ReloadBundle bytes or path, SIGHUP) must be signed by this key
     bundle_key: Ed25519PublicKey | None = None

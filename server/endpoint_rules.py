@@ -15,7 +15,7 @@ under a hardened host's facts. `RegisterInstance` refuses an endpoint that break
 | `link-local-address` | 169.254.0.0/16, fe80::/10 |
 | `gateway-own-port` | this machine's addresses (loopback included) at a port of the service's own: the decision API, metrics, and with a gateway Envoy's listener and admin, the picker, the access-log receiver |
 | `outside-allowed-networks` | an address outside the operator's `--endpoint-network CIDR` list (default: the topology's hosts' addresses) |
-| `not-the-claimed-host` | an address that is not one of the claimed host's, as the topology source knows them (`HostInfo.addresses`) |
+| `not-the-claimed-host` | an address that is not one of the claimed host's, as the topology source knows them (`HostInfo.addresses`) or the operator declares them (`--host-address HOST=IP`) |
 
 An IPv4-mapped IPv6 address (`::ffff:169.254.169.254`) is judged as the IPv4 address it maps.
 The host rule is what the topology source knows today; the node agent binds it
@@ -50,24 +50,29 @@ class EndpointCheck:
     networks: tuple[Network, ...] | None
     topology: Topology | None
     host: str
+    declared: dict[str, frozenset[IP]] = field(default_factory=dict)  # the operator's `--host-address`
     _owners: dict[IP, str] = field(default_factory=dict)
 
     def owners(self) -> dict[IP, str]:
         """address → the topology host that has it (the first, for loopback shared by the
         simulated hosts)."""
-        if not self._owners and self.topology is not None:
-            for h in self.topology.hosts:
+        if not self._owners:
+            for name, ips in self.declared.items():
+                for ip in ips:
+                    self._owners.setdefault(ip, name)
+            for h in self.topology.hosts if self.topology is not None else ():
                 for a in h.addresses:
                     self._owners.setdefault(_plain(ipaddress.ip_address(a)), h.name)
         return self._owners
 
     def host_addresses(self) -> frozenset[IP]:
+        known = self.declared.get(self.host, frozenset())
         if self.topology is None:
-            return frozenset()
+            return known
         i = self.topology.host_index.get(self.host)
         if i is None:
-            return frozenset()
-        return frozenset(_plain(ipaddress.ip_address(a)) for a in self.topology.hosts[i].addresses)
+            return known
+        return known | frozenset(_plain(ipaddress.ip_address(a)) for a in self.topology.hosts[i].addresses)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,20 @@ RULES: tuple[EndpointRule, ...] = (
 )
 
 
+def parse_host_addresses(specs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """`--host-address HOST=IP` values, or ValueError naming the bad one."""
+    out: list[tuple[str, str]] = []
+    for s in specs:
+        host, sep, ip = s.partition("=")
+        try:
+            if not sep or not host.strip():
+                raise ValueError
+            out.append((host.strip(), str(_plain(ipaddress.ip_address(ip.strip())))))
+        except ValueError:
+            raise ValueError(f"--host-address `{s[:60]}`: expected HOST=IP, e.g. gpu-node-7=10.0.3.7") from None
+    return tuple(out)
+
+
 def parse_networks(specs: Iterable[str]) -> tuple[Network, ...]:
     """`--endpoint-network` values as networks, or ValueError naming the bad one."""
     out: list[Network] = []
@@ -169,10 +188,20 @@ class EndpointRules:
     """The service's endpoint policy: its reserved ports (the gateway adds its own) and the
     operator's networks; `check` refuses an endpoint that breaks a rule."""
 
-    def __init__(self, networks: tuple[Network, ...] = (), rules: tuple[EndpointRule, ...] = RULES) -> None:
+    def __init__(self, networks: tuple[Network, ...] = (), rules: tuple[EndpointRule, ...] = RULES,
+                 host_addresses: Iterable[tuple[str, str]] = ()) -> None:
         self.networks = networks or None
         self.reserved: dict[int, str] = {}
         self.rules = rules
+        self.declared: dict[str, frozenset[IP]] = {}
+        for host, ip in host_addresses:
+            self.declare(host, ip)
+
+    def declare(self, host: str, address: str) -> None:
+        """`address` is one of `host`'s, beside what the topology source knows (an operator's
+        site inventory: `--host-address HOST=IP`)."""
+        ip = _plain(ipaddress.ip_address(address))
+        self.declared[host] = self.declared.get(host, frozenset()) | {ip}
 
     def reserve(self, port: int | None, what: str) -> None:
         """`port` on this machine is `what` of the service's own: never an instance's endpoint."""
@@ -187,7 +216,7 @@ class EndpointRules:
         if parsed is None:
             return  # not `ip:port`: the registration's syntax check says so
         ip, port = parsed
-        c = EndpointCheck(self.reserved, self.networks, topology, host)
+        c = EndpointCheck(self.reserved, self.networks, topology, host, self.declared)
         for rule in self.rules:
             why = rule.breaks(c, ip, port)
             if why is not None:

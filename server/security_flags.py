@@ -7,6 +7,7 @@
     --insecure-plaintext      plaintext off loopback (not advised)
     --audit-log/--audit-key/--audit-durability   the audit log, its signing key, when a decision is acknowledged
     --endpoint-network CIDR   RegisterInstance: endpoints only in these networks (default: the topology's hosts)
+    --host-address HOST=IP    an address of HOST beside those its topology source knows
 
 Without `--token operator:…` and `--open-fleet`, the service makes an operator token and
 keeps it in its state dir (`operator_token.py`), which the CLI on the same machine reads.
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from .auth import Role, Tokens
 from .config import AuditDurability, TlsFiles
-from .endpoint_rules import parse_networks
+from .endpoint_rules import parse_host_addresses, parse_networks
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -43,6 +44,9 @@ def add_security_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-network", action="append", default=[], metavar="CIDR",
                    help="RegisterInstance: accept endpoints only in this network; repeatable (default: the addresses "
                         "of the topology's hosts)")
+    g.add_argument("--host-address", action="append", default=[], metavar="HOST=IP",
+                   help="RegisterInstance: IP is an address of HOST, beside those its topology source knows (a site's "
+                        "inventory); an endpoint must be an address of the host whose facts it claims; repeatable")
 
 
 def security_config(args: Any, check_key: Callable[[str], object] | None = None) -> dict[str, Any]:
@@ -67,4 +71,5 @@ def security_config(args: Any, check_key: Callable[[str], object] | None = None)
             "audit_log": Path(args.audit_log) if args.audit_log else None,
             "audit_key": Path(args.audit_key) if args.audit_key else None,
             "audit_durability": AuditDurability(args.audit_durability),
-            "endpoint_networks": tuple(str(n) for n in parse_networks(args.endpoint_network))}
+            "endpoint_networks": tuple(str(n) for n in parse_networks(args.endpoint_network)),
+            "host_addresses": parse_host_addresses(args.host_address)}

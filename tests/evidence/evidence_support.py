@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+import ipaddress
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -53,6 +54,10 @@ class EvidenceRig:
         if place is not None:
             specs = [place(s.model, spec) for s, spec in zip(self.slots, specs)]
         self.models = ModelPool(specs, workdir=workdir / "servers", fork=place is None).start(timeout=60)
+        for s in self.slots:  # a server placed off loopback (a namespace): its address declared as its host's
+            ip = self.models.endpoint(s.instance_id).rpartition(":")[0].strip("[]")
+            if not ipaddress.ip_address(ip).is_loopback:
+                server.service.endpoints.declare(s.instance.deployment.host, ip)  # as `--host-address HOST=IP`
         with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
             for s in self.slots:

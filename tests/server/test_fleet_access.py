@@ -180,3 +180,32 @@ def test_open_fleet_is_explicit_loud_and_loopback_only(bundle_path: Path) -> Non
                                   "--insecure-plaintext", "--open-fleet", "--enforcer", "off"],
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 2 and "refusing --open-fleet on `0.0.0.0`" in r.stderr, r.stderr
+
+
+def test_the_operators_networks_and_host_addresses_bound_endpoints(bundle) -> None:  # type: ignore[no-untyped-def]
+    """`--endpoint-network` narrows where endpoints may be; `--host-address` tells the service
+    an address of a host its topology source does not know."""
+    from policyc.client import DecisionClient
+    from policyc.server.app import DecisionServer, ServerThread
+    from policyc.server.config import ClusterSpec, ServeConfig
+    from policyc.server.fleet import admissible_fleet
+
+    cfg = ServeConfig(cluster=ClusterSpec(seed=1, hosts=8, gpus_per_host=2, hosts_per_rack=4), start_refresher=False,
+                      endpoint_networks=("10.40.0.0/16",), host_addresses=(("host-0001", "10.40.0.1"),))
+    with ServerThread(DecisionServer(bundle, cfg)) as th:
+        assert th.server.cluster is not None
+        inst = next(i for i in admissible_fleet(bundle, th.server.cluster.gpu_slots()) if i.deployment.host == "host-0001")
+        from policyc.server import convert
+
+        def register(endpoint: str) -> str:
+            msg = convert.register_request(inst.model_copy(update={"deployment": inst.deployment.model_copy(
+                update={"endpoint": endpoint})}))
+            with DecisionClient(f"127.0.0.1:{th.server.port}", token=th.server.operator_token) as c:
+                try:
+                    return c.register_message(msg).instance_id
+                except Exception as e:  # noqa: BLE001 - ClientError: its message is what is checked
+                    return str(e)
+
+        assert register("10.40.0.1:8001") == inst.id
+        assert "rule `outside-allowed-networks`: 127.0.0.1 is in none of 10.40.0.0/16" in register("127.0.0.1:8001")
+        assert "rule `not-the-claimed-host`: 10.40.0.2 is not an address of host `host-0001`" in register("10.40.0.2:8001")
