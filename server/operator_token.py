@@ -103,6 +103,8 @@ def read_token_file(path: Path) -> str:
 
 def _write_new(path: Path, token: str, *, replace: bool) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    if replace and os.path.lexists(tmp):  # left by a killed process that had this pid
+        os.unlink(tmp)
     fd = os.open(tmp if replace else path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, (token + "\n").encode())
