@@ -175,6 +175,11 @@ def parse_llm_body(raw: bytes, kind: str, tokenizers: Tokenizers, header_model: 
         raise _bad("no model: name it in the body's `model` (or the X-Model header)", "model", "model_not_found")
     if not known_model(name):
         raise _bad(f"unknown model `{_shown(name)}`: no contract of this policy serves it", "model", "model_not_found")
+    context = context_of(name)
+    if context is not None and (least := tokenizers.at_least(name, len(raw))) > context:
+        # bounded work: a body this long holds more tokens than the context whatever its text
+        raise _bad(f"the prompt is at least {least} tokens ({len(raw)} bytes), over model `{name}`'s context of "
+                   f"{context} tokens", "messages" if kind == "chat" else "prompt", "context_length_exceeded")
     if kind == "chat":
         msgs = _messages(body)
         count = tokenizers.count_chat(name, msgs)
@@ -193,7 +198,6 @@ def parse_llm_body(raw: bytes, kind: str, tokenizers: Tokenizers, header_model: 
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_CHARS):
         raise _bad(f"`user` must be a string of at most {MAX_USER_CHARS} characters", "user")
-    context = context_of(name)
     if context is not None:
         how = "" if count.counted else f" ({count.how})"
         if count.tokens > context:
@@ -205,13 +209,20 @@ def parse_llm_body(raw: bytes, kind: str, tokenizers: Tokenizers, header_model: 
     return LlmRequest(kind, name, count, max_tokens, stream, user, include_usage, body)
 
 
-def with_usage_requested(req: LlmRequest) -> bytes | None:
-    """The body to send upstream when the picker must ask for usage on a stream the client
-    did not ask it for (`stream_options.include_usage`), else None (the body goes as sent)."""
-    if not req.stream or req.include_usage:
+def upstream_body(req: LlmRequest) -> bytes | None:
+    """The body to send upstream when it must differ from the client's, else None (the body
+    goes as sent): the model named when only `X-Model` gave it (the server reads it from the
+    body), and usage asked for on a stream whose client did not (`stream_options.include_usage`:
+    the audit's token counts come from it)."""
+    add_model = "model" not in req.body
+    add_usage = req.stream and not req.include_usage
+    if not add_model and not add_usage:
         return None
     body = dict(req.body)
-    opts = dict(body.get("stream_options") or {})
-    opts["include_usage"] = True
-    body["stream_options"] = opts
+    if add_model:
+        body["model"] = req.model
+    if add_usage:
+        opts = dict(body.get("stream_options") or {})
+        opts["include_usage"] = True
+        body["stream_options"] = opts
     return orjson.dumps(body)

@@ -19,6 +19,7 @@ error object, so the OpenAI clients raise their usual exceptions with the reason
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -29,9 +30,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from policyc.compiler.bundle import Scalar
 
-from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, with_usage_requested
+from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, upstream_body
 from .llm_routes import HTTP1, PROTOCOL_LABEL, UPSTREAM_HEADER
-from .messages import CAUSE_HEADER, REASON_HEADER
+from .messages import CAUSE_HEADER, REASON_HEADER, RULE_HEADER
 from .refusal import ascii_line
 from .tokens import Tokenizers
 
@@ -42,7 +43,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("policyc.gateway")
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 CONTINUE_REQUEST_HEADERS = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+INLINE_BODY_BYTES = 16 * 1024  # bodies larger than this are read and tokenized off the event loop
 LLM_VARS = ("model", "prompt_tokens", "max_tokens", "stream")
+_http1 = ep.ProcessingResponse()
+_http1.request_headers.response.header_mutation.set_headers.add(
+    header=base_pb2.HeaderValue(key=UPSTREAM_HEADER, raw_value=HTTP1.encode()), append_action=_OVERWRITE)
+_http1.request_headers.response.clear_route_cache = True
+HTTP1_HEADERS = _http1.SerializeToString()
 _ERROR_TYPES = {400: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
@@ -53,6 +60,7 @@ class LlmPicks:
 
     tokenizers: Tokenizers = field(default_factory=Tokenizers)
     contexts: dict[str, int] = field(default_factory=dict)
+    max_body_bytes: int = 4 << 20  # beyond: 413 (the bootstrap's `LlmRoutes.max_body_bytes`)
     # the last requests read, by decision id (bounded): what tests, the audit and the demo show
     recent: dict[str, LlmRequest] = field(default_factory=dict)
 
@@ -97,13 +105,18 @@ def error_response(status: int, message: str, cause: str, code: str, param: str 
     return ep.ProcessingResponse(immediate_response=ir)
 
 
-def as_openai_error(resp: ep.ProcessingResponse) -> ep.ProcessingResponse:
-    """A picker refusal (plain-text body) with the OpenAI error object as its body instead."""
+def as_openai_error(resp: ep.ProcessingResponse, where: Callable[[str], str | None] = lambda _: None) -> ep.ProcessingResponse:
+    """A picker refusal (plain-text body) with the OpenAI error object as its body instead;
+    the rules that refused it named with where they are written (`where`: rule id -> file:line)."""
     ir = resp.immediate_response
     headers = {h.header.key: h.header.raw_value.decode("utf-8", "replace") for h in ir.headers.set_headers}
     cause = headers.pop(CAUSE_HEADER, "refused")
     headers.pop(REASON_HEADER, None)
-    return error_response(ir.status.code or 500, ir.body.decode("utf-8", "replace"), cause, cause, None, headers)
+    message = ir.body.decode("utf-8", "replace")
+    sources = [f"`{r}` at {w}" for r in headers.get(RULE_HEADER, "").split(",") if r and (w := where(r))]
+    if sources:
+        message += f" ({'; '.join(sources)})"
+    return error_response(ir.status.code or 500, message, cause, cause, None, headers)
 
 
 class LlmPicker:
@@ -117,6 +130,13 @@ class LlmPicker:
         from policyc.compiler.attributes import BUILTIN_REQUEST_VARS
         declared |= set(BUILTIN_REQUEST_VARS)
         return declared.__contains__
+
+    def _rule_source(self, rule_id: str) -> str | None:
+        """`file:line` of a rule of the bundle (what a refusal names)."""
+        for r in self.picker.service.engine.state.bundle.rules:
+            if r.id == rule_id:
+                return f"{r.origin.file}:{r.origin.line}"
+        return None
 
     def _context_of(self, model: str) -> int | None:
         given = self.picks.contexts.get(model)
@@ -143,15 +163,23 @@ class LlmPicker:
     async def pick(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest,
                    kind: str) -> tuple[ep.ProcessingResponse, "Pick | None"]:
         """The answer to the body message (a forward with the pick, or a refusal) and the pick."""
+        size = len(body.request_body.body)
+        if size > self.picks.max_body_bytes:
+            self.picker._count("bad-body")
+            return error_response(413, f"the request body is {size} bytes, over the gateway's limit of "
+                                       f"{self.picks.max_body_bytes} bytes", "bad-body", "request_too_large"), None
         try:
-            r = self.read(headers, body, kind)
+            if size > INLINE_BODY_BYTES:  # tokenized in a worker: the loop serves others
+                r = await asyncio.to_thread(self.read, headers, body, kind)
+            else:
+                r = self.read(headers, body, kind)
         except BodyError as e:
             self.picker._count("bad-body")
             return error_response(e.status, e.message, "bad-body", e.code, e.param), None
         resp, pick = await self.picker._request_headers(headers, self.attributes(r))
         if pick is None:
             msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
-            return (as_openai_error(msg) if msg.HasField("immediate_response") else msg), None
+            return (as_openai_error(msg, self._rule_source) if msg.HasField("immediate_response") else msg), None
         self.picks.remember(pick.decision_id, r)
         return self.forward(pick, resp, r, _header(headers, UPSTREAM_HEADER) is not None), pick
 
@@ -161,6 +189,14 @@ class LlmPicker:
         except Exception:  # noqa: BLE001 - removed since the pick: its protocol as registered is unknown, h2
             return "h2"
         return inst.labels.get(PROTOCOL_LABEL, "h2")
+
+    def headers_answer(self, resp: ep.ProcessingResponse | bytes, pick: "Pick") -> ep.ProcessingResponse | bytes:
+        """A headers pick (every path but the body-reading ones: `/v1/models`, OIP REST, gRPC)
+        onto an HTTP/1.1 endpoint: the pick's answer with `x-policyc-upstream: http1` and a
+        fresh route. Appended serialized (protobuf merges concatenated messages)."""
+        if self._protocol(pick) != HTTP1:
+            return resp
+        return (resp if isinstance(resp, bytes) else resp.SerializeToString()) + HTTP1_HEADERS
 
     def forward(self, pick: "Pick", resp: ep.ProcessingResponse | bytes, r: LlmRequest, forged: bool = False) -> ep.ProcessingResponse:
         headers_answer = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
@@ -175,7 +211,7 @@ class LlmPicker:
         elif forged:  # the client's own header chose the route: remove it and route again
             common.header_mutation.remove_headers.append(UPSTREAM_HEADER)
             common.clear_route_cache = True
-        new_body = with_usage_requested(r)
+        new_body = upstream_body(r)
         if new_body is not None:  # its length changed: say so (Envoy sends the header as it was)
             common.body_mutation.body = new_body
             _set(common.header_mutation, "content-length", str(len(new_body)))

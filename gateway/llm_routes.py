@@ -3,8 +3,8 @@ OpenAI-style and Open Inference Protocol REST traffic besides the gRPC it always
 
 - `/v1/chat/completions` and `/v1/completions`: the picker reads the body (the model and the
   prompt are in it), so on these routes the ext_proc filter sends it, BUFFERED: Envoy holds
-  the whole body (at most `max_body_bytes`, beyond which Envoy answers 413 itself) and sends
-  it in one message; a body that takes longer than `body_timeout_ms` to arrive gets 408
+  the whole body and sends it in one message (the picker refuses one over `max_body_bytes` with 413; beyond the
+  listener's per-connection buffer Envoy refuses it with 413 itself); a body that takes longer than `body_timeout_ms` to arrive gets 408
   (the connection manager's request timeout). Both answers carry the reason in
   `x-policyc-reason` and an OpenAI-style error object (local-reply mappers).
 - `/v1/models`, the OIP REST paths (`/v2/...`) and everything else: headers only, as before.
@@ -92,14 +92,20 @@ def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes) -> dict[str, 
     return c
 
 
-def _error_mapper(status: int, reason: str, code: str) -> dict[str, Any]:
-    body = json.dumps({"error": {"message": reason, "type": "invalid_request_error", "param": None, "code": code}})
-    return {"filter": {"status_code_filter": {"comparison": {
-                "op": "EQ", "value": {"default_value": status, "runtime_key": f"policyc.llm.local_reply_{status}"}}}},
-            "headers_to_add": [{"header": {"key": REASON_HEADER, "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-                               {"header": {"key": "content-type", "value": "application/json"},
-                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-            "body": {"inline_string": body}}
+def _error_mapper(status: int, reason: str, code: str, body: bool) -> dict[str, Any]:
+    """Envoy's own `status` answers get `reason` (a picker's answer of that status keeps its
+    own reason: the header is added only where absent). `body`: the OpenAI error object as
+    the body too (only for a status the picker never answers with: the mapper cannot tell)."""
+    mapper: dict[str, Any] = {
+        "filter": {"status_code_filter": {"comparison": {
+            "op": "EQ", "value": {"default_value": status, "runtime_key": f"policyc.llm.local_reply_{status}"}}}},
+        "headers_to_add": [{"header": {"key": REASON_HEADER, "value": reason}, "append_action": "ADD_IF_ABSENT"}]}
+    if body:
+        mapper["body"] = {"inline_string": json.dumps(
+            {"error": {"message": reason, "type": "invalid_request_error", "param": None, "code": code}})}
+        mapper["headers_to_add"].append({"header": {"key": "content-type", "value": "application/json"},
+                                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"})
+    return mapper
 
 
 def llm_listener_limits(limits: LlmRoutes) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def llm_listener_limits(limits: LlmRoutes) -> dict[str, Any]:
         raise ValueError(f"body_timeout_ms must be 1 ms .. 600 s, got {limits.body_timeout_ms}")
     return {"request_timeout": f"{limits.body_timeout_ms / 1000:g}s",
             "local_reply_config": {"mappers": [
-                _error_mapper(413, f"the request body is over the gateway's limit of {limits.max_body_bytes} bytes",
-                              "request_too_large"),
+                _error_mapper(413, "the request body is over what the gateway buffers for one request "
+                                   "(its listener's per-connection buffer)", "request_too_large", body=False),
                 _error_mapper(408, f"the request was not received within the gateway's {limits.body_timeout_ms} ms",
-                              "request_timeout")]}}
+                              "request_timeout", body=True)]}}

@@ -143,7 +143,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 if req.HasField("request_headers"):
                     llm_kind = body_kind(req) if self.llm is not None else None
                     if llm_kind is None:
-                        await context.write((await self._request_headers(req))[0])
+                        resp, pick = await self._request_headers(req)
+                        await context.write(resp if pick is None or self.llm is None else self.llm.headers_answer(resp, pick))
                     else:  # an LLM request: the pick waits for its body
                         await self._llm_body(context, req, llm_kind)
                     return
@@ -164,6 +165,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     resp, pick = await self._request_headers(req)
                     if pick is not None:
                         picked.append(pick.decision_id)
+                        if self.llm is not None:
+                            resp = self.llm.headers_answer(resp, pick)
                 elif kind == "response_headers":
                     resp = self._response_headers(req, picked)
                 else:

@@ -60,14 +60,36 @@ def load_tokenizer(path: Path) -> Tokenizer:
         raise TokenizerError(f"tokenizer `{f}` cannot be loaded: {e}") from None
 
 
+def longest_token_bytes(tok: Tokenizer) -> int:
+    """The most UTF-8 bytes one token of `tok` stands for: a prompt of B bytes is at least
+    B / this many tokens, so one far over a context is refused without tokenizing it."""
+    longest = 1
+    for i in range(tok.get_vocab_size()):
+        text = tok.decode([i], skip_special_tokens=False)
+        longest = max(longest, len(text.encode("utf-8", "surrogatepass")))
+    return longest
+
+
 class Tokenizers:
     """Model name -> its tokenizer, each loaded on first use and kept (thread-safe: the picker
-    counts on its event loop, the benchmark from threads)."""
+    counts on its event loop or in a worker thread, the benchmark from threads)."""
 
     def __init__(self, paths: Mapping[str, Path] | None = None) -> None:
         self._paths: dict[str, Path] = dict(paths or {})
         self._loaded: dict[str, Tokenizer] = {}
+        self._longest: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def at_least(self, model: str, size: int) -> int:
+        """A lower bound on the tokens of `size` bytes of prompt text (its bytes divided by
+        the longest token's; without a tokenizer, the declared estimate's bytes a token)."""
+        tok = self.tokenizer(model)
+        if tok is None:
+            return int(size // ESTIMATE_BYTES_PER_TOKEN)
+        longest = self._longest.get(model)
+        if longest is None:
+            longest = self._longest[model] = longest_token_bytes(tok)
+        return size // longest
 
     def register(self, model: str, path: Path, *, load_now: bool = True) -> None:
         """Count `model`'s prompts with the tokenizer in `path` (loaded now unless told not
@@ -75,6 +97,7 @@ class Tokenizers:
         with self._lock:
             self._paths[model] = path
             self._loaded.pop(model, None)
+            self._longest.pop(model, None)
         if load_now:
             self.tokenizer(model)
 

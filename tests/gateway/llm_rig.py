@@ -116,7 +116,7 @@ class LlmGateway:
         if self.tokenizer is not None:
             for m in (LLM, LITE):
                 tokenizers.register(m, self.tokenizer)
-        self.picks = LlmPicks(tokenizers)
+        self.picks = LlmPicks(tokenizers, max_body_bytes=self.max_body_bytes)
         self.picker.picker.enable_llm(self.picks)
         self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))
         als = self.thread.call(self.als.start())

@@ -11,7 +11,7 @@ import pytest
 from llm_support import make_tokenizer
 from tokenizers import Tokenizer
 
-from policyc.gateway.llm_body import BodyError, parse_llm_body, path_kind, with_usage_requested
+from policyc.gateway.llm_body import BodyError, parse_llm_body, path_kind, upstream_body
 from policyc.gateway.tokens import Tokenizers, TokenizerError
 
 MODELS = {"tiny-llm": 64, "no-tokenizer": None}
@@ -113,10 +113,12 @@ def test_estimate_without_a_tokenizer_is_labelled(toks: Tokenizers) -> None:
 
 
 def test_usage_requested_on_streams_only(toks: Tokenizers) -> None:
-    assert with_usage_requested(parse(toks, CHAT)) is None
-    streamed = with_usage_requested(parse(toks, {**CHAT, "stream": True}))
+    assert upstream_body(parse(toks, CHAT)) is None
+    streamed = upstream_body(parse(toks, {**CHAT, "stream": True}))
     assert streamed is not None and orjson.loads(streamed)["stream_options"] == {"include_usage": True}
-    assert with_usage_requested(parse(toks, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})) is None
+    assert upstream_body(parse(toks, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})) is None
+    named = upstream_body(parse(toks, {"messages": CHAT["messages"]}, header="tiny-llm"))
+    assert named is not None and orjson.loads(named)["model"] == "tiny-llm"  # the server reads the model from the body
 
 
 def test_paths_and_bad_tokenizer(tmp_path: Path) -> None:

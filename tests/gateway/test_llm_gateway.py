@@ -1,0 +1,210 @@
+"""LLM traffic through the real gateway (Envoy, the picker reading bodies, OpenAI-compatible
+HTTP/1.1 model servers as real processes): routed by the model in the body, streamed as the
+server writes, from HTTP/1.1 and HTTP/2 clients, every bad body refused with its status and
+reason, a rule on `request.prompt_tokens`. The same behaviours on real vLLM: tests/llm."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from llm_rig import LITE, LLM, LlmGateway, start_llm_gateway
+from llm_support import make_tokenizer
+
+MAX_BODY = 256 * 1024
+BODY_TIMEOUT_MS = 1500
+
+
+@pytest.fixture(scope="module")
+def llm_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlmGateway]:
+    tok = make_tokenizer(tmp_path_factory.mktemp("tok"))
+    gw = start_llm_gateway(tokenizer=tok, max_body_bytes=MAX_BODY, body_timeout_ms=BODY_TIMEOUT_MS)
+    yield gw
+    gw.stop()
+
+
+def post(gw: LlmGateway, path: str, body: bytes | dict[str, Any], headers: dict[str, str] | None = None,
+         ) -> tuple[int, dict[str, str], bytes]:
+    host, port = gw.listen.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        c.request("POST", path, raw, {"content-type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def chat(content: str = "hello there", **kw: Any) -> dict[str, Any]:
+    return {"model": LLM, "messages": [{"role": "user", "content": content}], **kw}
+
+
+def served_model(gw: LlmGateway, headers: dict[str, str]) -> str:
+    iid = headers["x-policyc-instance"]
+    return next(f.model for f in gw.fakes if f.instance_id == iid)
+
+
+def test_chat_and_completions_routed_by_the_body(llm_gateway: LlmGateway) -> None:
+    for model in (LLM, LITE):
+        status, h, body = post(llm_gateway, "/v1/chat/completions", {**chat(max_tokens=4), "model": model})
+        assert status == 200, body
+        assert served_model(llm_gateway, h) == model
+        out = json.loads(body)
+        assert out["usage"]["completion_tokens"] == 4 and out["choices"][0]["message"]["content"]
+        did = h["x-policyc-decision-id"]
+        read = llm_gateway.picks.recent[did]
+        assert read.model == model and read.max_tokens == 4 and read.prompt.counted and read.prompt.tokens > 0
+    status, h, body = post(llm_gateway, "/v1/completions", {"model": LITE, "prompt": "def f(x):", "max_tokens": 3})
+    assert status == 200 and served_model(llm_gateway, h) == LITE
+    assert json.loads(body)["choices"][0]["text"].split() == ["tok0", "tok1", "tok2"]
+
+
+def test_model_from_x_model_header(llm_gateway: LlmGateway) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, h, _ = post(llm_gateway, "/v1/chat/completions", body, {"x-model": LITE})
+    assert status == 200 and served_model(llm_gateway, h) == LITE
+
+
+def test_stream_passes_through_as_the_server_writes(llm_gateway: LlmGateway) -> None:
+    """5 tokens 400 ms apart: the first event reaches the client well before the last is made."""
+    host, port = llm_gateway.listen.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.request("POST", "/v1/chat/completions", json.dumps(chat(max_tokens=5, stream=True)).encode(),
+              {"content-type": "application/json", "x-policyc-fake-gap-ms": "400"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("content-type") == "text/event-stream"
+    events: list[tuple[float, str]] = []
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if line.startswith(b"data: "):
+            events.append((time.monotonic(), line[6:].strip().decode()))
+    c.close()
+    tokens = [e for e in events if e[1] != "[DONE]" and json.loads(e[1])["choices"]]
+    assert len(tokens) == 5
+    assert tokens[-1][0] - tokens[0][0] >= 1.2  # 4 gaps of 400 ms: the first came as it was written
+    usage = [json.loads(e[1]) for e in events if e[1] != "[DONE]" and not json.loads(e[1])["choices"]]
+    assert usage and usage[0]["usage"]["completion_tokens"] == 5  # the gateway asked for usage
+    assert events[-1][1] == "[DONE]"
+    seen = []
+    for f in llm_gateway.fakes:
+        s = http.client.HTTPConnection("127.0.0.1", f.port, timeout=10)
+        s.request("GET", "/fake/stats")
+        seen += json.loads(s.getresponse().read())["requests"]
+        s.close()
+    streamed = [q["body"] for q in seen if q["body"].get("stream")]
+    assert streamed and all(b["stream_options"] == {"include_usage": True} for b in streamed)
+
+
+def test_http2_client_streams(llm_gateway: LlmGateway) -> None:
+    out = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-N", "-D", "-", "-H", "content-type: application/json",
+                          "--data", json.dumps(chat(max_tokens=3, stream=True)),
+                          f"http://{llm_gateway.listen}/v1/chat/completions"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("HTTP/2 200"), out.stdout[:300]
+    assert out.stdout.count("data: ") >= 4 and "data: [DONE]" in out.stdout
+
+
+def test_models_route(llm_gateway: LlmGateway) -> None:
+    host, port = llm_gateway.listen.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.request("GET", "/v1/models", headers={"x-model": LLM})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    assert r.status == 200 and json.loads(body)["data"][0]["id"] == LLM
+
+
+LONG = " ".join(f"w{i}" for i in range(1500))  # well over 800 tokens, under the 1,024 context? no: over both
+# (name, path, body, headers, status, code, words of the reason)
+BAD = [
+    ("malformed json", "/v1/chat/completions", b'{"model": "tiny-llm", "messages": [', {}, 400, "invalid_json", "not JSON"),
+    ("not an object", "/v1/chat/completions", b'["tiny-llm"]', {}, 400, "invalid_json", "must be a JSON object"),
+    ("not utf-8", "/v1/completions", b'{"model": "tiny-llm", "prompt": "\xc3\x28"}', {}, 400, "invalid_encoding",
+     "not UTF-8"),
+    ("missing model", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, {}, 400, "model_not_found",
+     "no model"),
+    ("unknown model", "/v1/chat/completions", chat(model="gpt-x"), {}, 400, "model_not_found", "unknown model `gpt-x`"),
+    ("header and body disagree", "/v1/chat/completions", chat(), {"x-model": LITE}, 400, "model_mismatch",
+     "X-Model header `tiny-llm-lite`"),
+    ("bad max_tokens", "/v1/chat/completions", chat(max_tokens=-1), {}, 400, "invalid_request_body", "`max_tokens`"),
+    ("over the context", "/v1/completions", {"model": LLM, "prompt": LONG * 2}, {}, 400, "context_length_exceeded",
+     "context of 1024 tokens"),
+    ("over the size limit", "/v1/completions", {"model": LLM, "prompt": "x" * (MAX_BODY + 10)}, {}, 413,
+     "request_too_large", f"limit of {MAX_BODY} bytes"),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body", "headers", "status", "code", "words"), BAD, ids=[b[0] for b in BAD])
+def test_bad_bodies_through_envoy(llm_gateway: LlmGateway, name: str, path: str, body: bytes | dict[str, Any],
+                                  headers: dict[str, str], status: int, code: str, words: str) -> None:
+    got, h, raw = post(llm_gateway, path, body, headers)
+    assert got == status, (name, got, raw[:300])
+    assert words in h.get("x-policyc-reason", ""), (name, h)
+    if h.get("x-policyc-refusal") != "bad-body":  # Envoy's own 413 (over its buffer): its plain body
+        return
+    err = json.loads(raw)["error"]
+    assert err["code"] == code and words in err["message"], (name, err)
+
+
+def test_a_large_body_from_http2_is_413_with_the_reason(llm_gateway: LlmGateway, tmp_path: Path) -> None:
+    """A 3 MiB body from an HTTP/2 client: refused 413 with the reason, by the picker (over its
+    limit) or, where it is over the listener's buffer, by Envoy itself."""
+    big = tmp_path / "big.json"
+    big.write_bytes(json.dumps({"model": LLM, "prompt": "x" * (3 << 20)}).encode())
+    out = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null", "-H",
+                          "content-type: application/json", "--data-binary", f"@{big}",
+                          f"http://{llm_gateway.listen}/v1/completions"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("HTTP/2 413"), (out.stdout[:300], out.stderr[:300])
+    reason = next(line for line in out.stdout.splitlines() if line.startswith("x-policyc-reason: "))
+    assert f"over the gateway's limit of {MAX_BODY} bytes" in reason or "over what the gateway buffers" in reason
+
+
+def test_a_body_too_slow_is_408(llm_gateway: LlmGateway) -> None:
+    host, port = llm_gateway.listen.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 100\r\n\r\n{\"model\": ")
+        t0 = time.monotonic()
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        took = time.monotonic() - t0
+    head = data.decode("latin-1")
+    assert head.startswith("HTTP/1.1 408"), head[:300]
+    assert f"within the gateway's {BODY_TIMEOUT_MS} ms" in head and '"code":"request_timeout"' in head.replace(" ", "")
+    assert took >= BODY_TIMEOUT_MS / 1e3 * 0.9
+
+
+def test_a_rule_on_prompt_tokens_refuses_with_its_source(llm_gateway: LlmGateway) -> None:
+    from tokenizers import Tokenizer
+    assert llm_gateway.tokenizer is not None
+    tok = Tokenizer.from_file(str(llm_gateway.tokenizer))
+    prompt = "def"
+    while len(tok.encode(prompt).ids) <= 850:  # over the rule's 800 tokens, under the 1,024 context
+        prompt += " return value" * 20
+    status, h, raw = post(llm_gateway, "/v1/completions", {"model": LLM, "prompt": prompt, "max_tokens": 1})
+    assert status == 403, raw[:300]
+    assert "llm-prompts.prompt-budget" in h["x-policyc-rule"].split(","), h  # with routing.pinned-model: together
+    err = json.loads(raw)["error"]
+    assert "prompt-budget" in err["message"] and "tiny-llm.contract" in err["message"], err
+    small = post(llm_gateway, "/v1/completions", {"model": LLM, "prompt": "short prompt", "max_tokens": 1})
+    assert small[0] == 200
+
+
+def test_tokens_file_is_real(tmp_path: Path) -> None:
+    """The rig's tokenizer is a real tokenizer.json the `tokenizers` library loads."""
+    from tokenizers import Tokenizer
+    assert Tokenizer.from_file(str(make_tokenizer(tmp_path))).get_vocab_size() > 256
