@@ -9,12 +9,21 @@ send their requests (gRPC or HTTP) to `--listen`.
 point it at a running picker (`--picker`) and give the pool (`--endpoint`, repeatable) or
 the EDS file it should watch (`--eds-path`).
 
-Exit codes: 0 stopped cleanly; 2 bad configuration (bundle, addresses, Envoy missing or
-refusing its configuration), one line.
+Without `--etcd`, the registry is kept in the state dir (`--state-dir`, as `policyc serve`
+keeps it) and the gateway's files (bootstrap, pool, Envoy's log and pid file) in its
+`gateway/` folder: a restart, after a crash or a `kill -9` too, comes back with the fleet it
+had. Envoy dies with the gateway (the parent-death signal); a start stops a leftover Envoy
+its pid file names, and a port someone else holds is named in the error.
+
+Exit codes: 0 stopped cleanly; 1 stopped, but the audit log did not close cleanly (its
+writer died or a record could not be stored: the counts of lost records are printed); 2 bad
+configuration (bundle, addresses, Envoy missing or refusing its configuration, a port in
+use), one line.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import signal
@@ -28,7 +37,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from .help import add_command
 
     p = add_command(sub, "gateway", help="run Envoy with policyc as its endpoint picker (or print its bootstrap)",
-                    description=__doc__, codes=(Exit.OK, Exit.USAGE),
+                    description=__doc__, codes=(Exit.OK, Exit.FAILED, Exit.USAGE),
                     examples=["policyc gateway --bundle bundle.json --listen 127.0.0.1:8080",
                               "policyc gateway --print-bootstrap --picker 127.0.0.1:9002 --endpoint 10.0.0.5:8081 > envoy.json"])
     p.add_argument("--bundle", help="compiled bundle (policyc compile … -o bundle.json); required unless --print-bootstrap")
@@ -49,7 +58,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                         "or executed (execute: an operator's explicit switch, audited)")
     p.add_argument("--enforcer", choices=("auto", "kernel", "userspace", "off"), default="userspace",
                    help="circuit-break enforcement: eBPF kernel plane (kernel, or auto where root and BPF allow), user space (default), or off")
-    p.add_argument("--workdir", help="where the bootstrap, the pool file and Envoy's log go (default: a temp dir)")
+    p.add_argument("--workdir", help="where the bootstrap, the pool file, Envoy's log and pid file go (default: `gateway/` "
+                                     "in the state dir, else a temp dir)")
     p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
     p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")
     p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
@@ -58,6 +68,11 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from policyc.server.security_flags import add_security_flags
 
     add_security_flags(p)  # --token, --open-fleet, TLS, the audit log: the same for `serve` and `gateway`
+    from policyc.cli.gateway_flags import add_limit_flags
+    from policyc.cluster.serve_flags import add_fleet_flags
+
+    add_fleet_flags(p)  # --state-dir (the registry kept across restarts, as `serve` keeps it), --etcd …
+    add_limit_flags(p)  # what one client may hold: timeouts, connections, streams, headers, picks waiting
     p.set_defaults(func=run)
 
 
@@ -81,10 +96,13 @@ def _print_bootstrap(args) -> int:  # type: ignore[no-untyped-def]
             return _fail(str(e))
     if not args.endpoint and not args.eds_path:
         return _fail("--print-bootstrap needs the pool: --endpoint IP:PORT (repeatable) or --eds-path FILE")
+    from policyc.cli.gateway_flags import limits_from
+
     try:
         boot = build_bootstrap(GatewaySpec(picker=args.picker, listen=args.listen, admin=args.admin,
                                            endpoints=tuple(args.endpoint), eds_path=args.eds_path,
-                                           failure_mode_allow=args.failure_mode_allow, retry_budget=budget))
+                                           failure_mode_allow=args.failure_mode_allow, retry_budget=budget,
+                                           limits=limits_from(args)))
     except ValueError as e:
         return _fail(str(e))
     print(json.dumps(boot, indent=2))
@@ -104,6 +122,8 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     from policyc.cli.keys import KeyError_, load_public
     from policyc.server.config import EnforcerMode, SelfHeal, ServeConfig, Telemetry
     from policyc.server.transport import TransportError
+    from policyc.audit.errors import AuditError
+    from policyc.cluster.store import StoreError
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
@@ -119,6 +139,14 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
                 raise ValueError(f"{flag} {e}") from None
         if args.max_in_flight < 1:
             raise ValueError(f"--max-in-flight must be at least 1, got {args.max_in_flight}")
+        if not ipaddress.ip_address(canonical_endpoint(args.admin).rpartition(":")[0].strip("[]")).is_loopback:
+            raise ValueError(f"--admin {args.admin}: Envoy's admin interface listens on loopback only "
+                             "(it can stop Envoy and read its configuration), e.g. 127.0.0.1:9901")
+        from policyc.cli.gateway_flags import limits_from
+        from policyc.cluster.serve_flags import fleet_config
+
+        limits = limits_from(args)
+        fleet = fleet_config(args, key)
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
     from policyc.cli.cmd_serve import check_private_key, fleet_access
@@ -131,15 +159,17 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         return _fail(str(e))
     cfg = ServeConfig(port=args.port, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
                       telemetry=Telemetry(args.telemetry), settle_heap=True,
-                      token_dir=token_dir(args, None, args.port), **security)
+                      token_dir=token_dir(args, fleet, args.port), fleet=fleet, **security)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
         api_port = thread.start()
-    except (TransportError, OSError, ValueError, RuntimeError) as e:
-        return _fail(str(e))
+    except (TransportError, OSError, ValueError, RuntimeError, AuditError, StoreError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    # the gateway's files (Envoy's pid file among them) beside the registry it keeps, so a restart finds both
+    workdir = Path(args.workdir) if args.workdir else fleet.state_dir / "gateway" if fleet and fleet.state_dir else None
     options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
                              failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
-                             concurrency=args.concurrency, workdir=Path(args.workdir) if args.workdir else None)
+                             concurrency=args.concurrency, workdir=workdir, limits=limits)
     gw = Gateway(thread, options)
     try:
         gw.start()
@@ -147,6 +177,9 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         gw.stop()
         thread.stop()
         return _fail(str(e))
+    if gw.envoy is not None and gw.envoy.cleared is not None:
+        print(f"policyc gateway: stopped a stale Envoy of this gateway (pid {gw.envoy.cleared}) left by an earlier run",
+              file=sys.stderr)
     print(f"policyc gateway: clients -> {args.listen} (Envoy, admin {args.admin}); picker on 127.0.0.1:{gw.picker.port}; "
           f"decision API (RegisterInstance with deployment.endpoint) on 127.0.0.1:{api_port}; files in {gw.workdir}; "
           f"{fleet_access(thread.server)}",
@@ -154,12 +187,31 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    audit = thread.server.audit
+    said = False
     while not stop.wait(0.5):
         if gw.envoy is not None and not gw.envoy.alive():
             gw.stop()
             thread.stop()
+            _audit_loss(audit)
             return _fail(f"envoy exited; its log: {gw.envoy.log_path}")
+        if audit is not None and audit.log.stopped is not None and not said:  # fails closed: every pick refused
+            print(f"policyc gateway: the audit log stopped ({audit.log.stopped}): requests are refused until restart",
+                  file=sys.stderr, flush=True)
+            said = True
     gw.stop()
     thread.stop()
+    if _audit_loss(audit):
+        return 1  # Exit.FAILED, as `policyc serve`
     print("policyc gateway: stopped", file=sys.stderr)
     return 0
+
+
+def _audit_loss(audit) -> bool:  # type: ignore[no-untyped-def]
+    """Say what the audit log lost, as `policyc serve` does; True when it lost anything."""
+    from policyc.cli.audit_exit import audit_loss
+
+    lost = audit_loss(audit)
+    if lost is not None:
+        print(f"policyc gateway: {lost}", file=sys.stderr)
+    return lost is not None

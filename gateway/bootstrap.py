@@ -32,10 +32,14 @@ What it wires, and why each piece is Envoy's own:
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
 from policyc.matcher.instance import canonical_endpoint
+
+from . import limits as bounds
+from .limits import Limits
 
 from .llm_routes import LlmRoutes, http1_pool_cluster, llm_listener_limits, llm_routes
 
@@ -63,6 +67,9 @@ DECISION_HEADER = "x-policyc-decision-id"
 PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
 MAX_RETRIES = "x-envoy-max-retries"
 ATTEMPT_COUNT = "x-envoy-attempt-count"
+# what marks an attempt as a retry to a model server (modelserver/wire.py: `x-retry-count`, and Envoy's
+# attempt count, which the router sets itself on every attempt): never taken from a client
+CLIENT_RETRY_MARKS = ("x-retry-count", ATTEMPT_COUNT)
 TLS_HANDSHAKE_HEADER = "x-policyc-tls-handshake-us"  # the request's connection: from its start to the end of its TLS handshake
 # on the answer, for the access log: the TCP connect time of the upstream connection that carried the
 # call's last attempt (Envoy's US_CX_BEG..US_CX_END; the ALS entry has no field for it) and that
@@ -125,6 +132,7 @@ class GatewaySpec:
     node_id: str = "policyc-gateway"
     llm: LlmRoutes | None = None  # the LLM routes (bodies read, HTTP/1.1 upstreams): gateway/llm_routes.py
     extra_response_headers: tuple[tuple[str, str], ...] = field(default=())
+    limits: Limits = Limits()  # what one client may hold: timeouts, connections, streams, headers, picks waiting
 
 
 def _address(endpoint: str) -> dict[str, Any]:
@@ -223,6 +231,7 @@ def _picker_cluster(spec: GatewaySpec) -> dict[str, Any]:
         "health_checks": [{"timeout": "0.25s", "interval": "0.5s", "unhealthy_threshold": 1, "healthy_threshold": 1,
                            "no_traffic_interval": "0.5s",
                            "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+        "circuit_breakers": bounds.picker_circuit_breaker(spec.limits),  # beyond: 429 at once, never a late 503
         "outlier_detection": {"split_external_local_origin_errors": True, "consecutive_local_origin_failure": 1,
                               "enforcing_consecutive_local_origin_failure": 100, "base_ejection_time": "5s",
                               "max_ejection_percent": 100, "interval": "0.5s"},
@@ -302,7 +311,10 @@ def _route(spec: GatewaySpec) -> dict[str, Any]:
             {"header": {"key": UPSTREAM_CONNECT_HEADER, "value": "%COMMON_DURATION(US_CX_BEG:US_CX_END:us)%"},
              "keep_empty_value": False},
             {"header": {"key": UPSTREAM_CONNECTION_HEADER, "value": "%UPSTREAM_CONNECTION_ID%"}, "keep_empty_value": False}]
-    out: dict[str, Any] = {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": answer_headers}
+    out: dict[str, Any] = {"match": {"prefix": "/"}, "route": route, "response_headers_to_add": answer_headers,
+                           # a retry's markers come from the gateway alone (the Lua filter, on attempts after the
+                           # first): a client's own would get the backup's simplified variant on a first attempt
+                           "request_headers_to_remove": list(CLIENT_RETRY_MARKS)}
     if spec.tls_cert is not None and spec.access_log_cluster is not None:
         # the connection's TLS handshake time (µs from its start), onto the request so the access log carries it
         out["request_headers_to_add"] = [{"header": {"key": TLS_HANDSHAKE_HEADER, "value": "%COMMON_DURATION(DS_CX_BEG:DS_HS_END:us)%"},
@@ -341,6 +353,7 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError(f"access_log_flush_ms must be 1-10000 ms, got {spec.access_log_flush_ms}")
     if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:
         raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
+    spec.limits.check()
     http_filters = ([_ext_proc(spec)] if spec.use_picker else []) + [
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
@@ -355,11 +368,12 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
             "routes": _routes(spec)}]},
         "http_filters": http_filters,
         "access_log": _access_log(spec),
+        **bounds.connection_manager_options(spec.limits),
     }
     clusters = [_pool_cluster(spec)]
     if spec.llm is not None:
         clusters.append(http1_pool_cluster(clusters[0], spec.llm))
-        hcm.update(llm_listener_limits(spec.llm))
+        _add_connection_manager_options(hcm, llm_listener_limits(spec.llm))
     if spec.use_picker:
         clusters.append(_picker_cluster(spec))
     if spec.access_log_cluster is not None:
@@ -368,12 +382,32 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
                          "load_assignment": load_assignment(ALS_CLUSTER, (spec.access_log_cluster,))})
     return {
         "node": {"id": spec.node_id, "cluster": "policyc"},
-        "admin": {"address": _address(spec.admin)},
+        "admin": {"address": _admin_address(spec.admin)},
         "static_resources": {
-            "listeners": [{"name": LISTENER, "address": _address(spec.listen),
+            "listeners": [{"name": LISTENER, "address": _address(spec.listen), **bounds.listener_options(spec.limits),
                            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                            "typed_config": hcm}],
                                               **({"transport_socket": _tls(spec)} if spec.tls_cert else {})}]}],
             "clusters": clusters,
         },
+        "overload_manager": bounds.overload_manager(spec.limits),
     }
+
+
+def _add_connection_manager_options(hcm: dict[str, Any], options: dict[str, Any]) -> None:
+    """`options` into the connection manager; their local-reply mappers go before the
+    general ones (`limits.local_reply_mappers`: the first that matches applies)."""
+    options = dict(options)
+    mappers = options.pop("local_reply_config", {}).get("mappers", [])
+    hcm.update(options)
+    hcm.setdefault("local_reply_config", {}).setdefault("mappers", [])[:0] = mappers
+
+
+def _admin_address(admin: str) -> dict[str, Any]:
+    """Envoy's admin interface (`/quitquitquit`, `/config_dump`, ...) on a loopback address
+    only: no route leads there, and no other host can reach it."""
+    address = _address(admin)
+    if not ipaddress.ip_address(address["socket_address"]["address"]).is_loopback:
+        raise ValueError(f"the admin address `{admin}` is not a loopback address: Envoy's admin interface can stop it "
+                         "and read its configuration, so it listens on loopback only (e.g. 127.0.0.1:9901)")
+    return address

@@ -8,7 +8,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
-from .bootstrap import (DECISION_HEADER, ENDPOINT_KEY, LB_NAMESPACE, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_HEADERS,
+from .bootstrap import (CLIENT_RETRY_MARKS, DECISION_HEADER, ENDPOINT_KEY, LB_NAMESPACE, MAX_RETRIES, PER_TRY_TIMEOUT, RETRY_HEADERS,
                         WATCH_KEY, WATCH_NAMESPACE)
 from .pick import Pick
 from .refusal import Refusal, ascii_line
@@ -97,6 +97,11 @@ def forward(pick: Pick, *, with_decision_id: bool = True, see_answer: bool = Fal
     if with_decision_id:
         _set(m, DECISION_HEADER, pick.decision_id)
     m.remove_headers.extend(CLIENT_CONTROLS)
+    # the redirect's headers come on the gateway's retry alone (the Lua filter sets them there): a
+    # client's own copies are dropped, so no first attempt carries them (`X-Retry-Count: 1`: the backup's
+    # simplified variant)
+    m.remove_headers.extend(CLIENT_RETRY_MARKS)
+    m.remove_headers.extend(k.lower() for k, _ in pick.retry_headers if k.lower() not in CLIENT_RETRY_MARKS)
     if pick.per_try_timeout_ms is not None:
         _set(m, PER_TRY_TIMEOUT, str(pick.per_try_timeout_ms))
     else:

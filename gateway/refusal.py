@@ -9,6 +9,7 @@ request is shed) and the decision service's own refusals:
 | no instance can serve (none registered with an endpoint, no GPU can place it) | 503 | UNAVAILABLE |
 | the audit log refuses (it fails closed) | 503 | UNAVAILABLE |
 | too many requests in flight through the picker | 429 | RESOURCE_EXHAUSTED |
+| more request headers, or header bytes, than the gateway takes | 431 | RESOURCE_EXHAUSTED |
 """
 
 from __future__ import annotations
@@ -80,6 +81,15 @@ def no_endpoint(d: Decision, unpublished: bool = False) -> Refusal:
 def shed(in_flight: int, limit: int) -> Refusal:
     return Refusal(429, GRPC_RESOURCE_EXHAUSTED,
                    f"shedding: {in_flight} requests in flight through the picker, the limit is {limit}", "shed")
+
+
+def headers_too_large(count: int, size: int, max_count: int, max_bytes: int) -> Refusal:
+    """More request headers, or more header bytes, than the gateway takes (HTTP 431, as
+    Envoy's HTTP/1.1 codec answers; its HTTP/2 codec would reset the stream instead)."""
+    return Refusal(431, GRPC_RESOURCE_EXHAUSTED,
+                   f"request headers too large: {count} headers, {size} bytes; the gateway takes at most {max_count} "
+                   f"headers and {max_bytes} bytes (policyc gateway --max-headers-count, --max-request-headers-kb)",
+                   "headers-too-large")
 
 
 def internal(what: str) -> Refusal:

@@ -17,6 +17,7 @@ also gets its accounting record from it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
 from policyc.server.app import ServerThread
 
@@ -36,12 +37,17 @@ from policyc.server.node_rebalance import NodeRebalance
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
-from .envoy_process import EnvoyProcess
+from .envoy_process import EnvoyError, EnvoyProcess
+from .limits import Limits
 from .picker import PickerConfig
 from .server import UNIX_PATH_MAX, PickerServer
 
 log = logging.getLogger("policyc.gateway")
 SYNC_INTERVAL = 0.1  # seconds between looks at the pool
+
+
+class WorkdirBusy(EnvoyError):
+    """Another running gateway holds the working directory."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class GatewayOptions:
     tls_cert: Path | None = None  # with tls_key: clients connect over TLS
     tls_key: Path | None = None
     workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
+    limits: Limits = Limits()  # what one client may hold of the gateway (gateway/limits.py)
     log_level: str = "warning"
 
 
@@ -83,6 +90,8 @@ class Gateway:
         sock = str(self.workdir / "picker.sock")  # Envoy reaches the picker here: cheaper than TCP loopback
         self.picker = PickerServer(thread.server, PickerConfig(host=options.picker_host, port=options.picker_port,
                                                                 max_in_flight=options.max_in_flight,
+                                                                max_headers_count=options.limits.max_headers_count,
+                                                                max_header_bytes=options.limits.max_header_bytes,
                                                                 forwarded_headers=options.forwarded_headers,
                                                                 unix_socket=sock if len(sock.encode()) <= UNIX_PATH_MAX
                                                                 else None))
@@ -117,6 +126,7 @@ class Gateway:
         self.kernel_streams: KernelStreamSignals | None = None
         self._unsubscribe_streams: Callable[[], object] | None = None
         self._unlink_rebalance: Callable[[], None] | None = None
+        self._lock: IO[str] | None = None  # `gateway.lock` in the workdir, held while running
 
     def spec(self, picker_port: int) -> GatewaySpec:
         o = self.options
@@ -133,7 +143,27 @@ class Gateway:
                            # policyc's receiver reads the answering attempt from the call's entry
                            log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
-                           tls_key=str(o.tls_key) if o.tls_key else None)
+                           tls_key=str(o.tls_key) if o.tls_key else None, limits=o.limits)
+
+    def _lock_workdir(self) -> None:
+        """Hold `gateway.lock` in the working directory while running (the kernel lets go when
+        this process dies, however): two gateways never share one directory, so an Envoy its
+        pid file names there is a leftover, which `EnvoyProcess.start` may stop."""
+        path = self.workdir / "gateway.lock"
+        lock = open(path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            who = lock.read().strip() or "another process"
+            lock.close()
+            raise WorkdirBusy(f"{self.workdir}: this gateway directory is in use by {who}; stop that gateway or "
+                              "give another --workdir / --state-dir") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+        self._lock = lock
 
     def _write_pool(self, endpoints: tuple[str, ...]) -> None:
         self._version += 1
@@ -155,6 +185,7 @@ class Gateway:
 
     def start(self, timeout: float = 20.0) -> "Gateway":
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._lock_workdir()
         port = self.thread.call(self.picker.start())
         if self.access_log is not None:
             self._als = self.thread.call(self.access_log.start())
@@ -317,6 +348,9 @@ class Gateway:
             self.thread.call(self.picker.stop())
         except RuntimeError:  # the server's loop is already gone
             pass
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _settle_access_log(self, quiet: float = 0.3, timeout: float = 3.0) -> None:
         """Before Envoy stops: wait until its access log has been quiet for `quiet` seconds

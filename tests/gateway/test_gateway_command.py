@@ -71,8 +71,9 @@ def test_one_command_gives_a_gateway_that_follows_registrations(bundle, tmp_path
     models = ModelPool([ServerSpec((InstanceSpec("fraud-scorer@host-0002/gpu0", files.full),))],
                        workdir=tmp_path / "servers").start(timeout=60)
     try:
+        with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:  # up: its operator token is in its state dir
+            grpc.channel_ready_future(probe).result(timeout=30)
         with operator_channel(f"127.0.0.1:{api}") as ch:
-            grpc.channel_ready_future(ch).result(timeout=30)
             stub = pb_grpc.DecisionsStub(ch)
             d = next(s.to_deployment() for s in _slots() if s.host == "host-0002" and s.gpu == "gpu0")
             inst = Instance(id="fraud-scorer@host-0002/gpu0", model=PRIMARY,
