@@ -1,0 +1,313 @@
+"""Measured model-server load: every registered endpoint's Prometheus `/metrics`, scraped on
+a tick (default 50 ms, the Inference Extension's), read with the metric names of its server
+kind (`server_metric_names.PROTOCOLS`), kept with its age.
+
+    scraper = MetricsScraper(interval_s=0.05).start()      # its own thread and event loop
+    scraper.add("127.0.0.1:8000", "vllm")                  # or follow(registry instances)
+    r = scraper.snapshot("127.0.0.1:8000")                 # EndpointReading or None (never scraped)
+    r.values["queue_depth"], r.age_s, r.stale, r.source
+    scraper.stop()
+
+Each endpoint has one task on the scraper's event loop and one kept-alive HTTP/1.1
+connection; a scrape is bounded (`timeout_s` for connect, request and body; a body larger
+than `metrics_text.MAX_BODY_BYTES` is refused), a tick that a slow scrape overran is skipped,
+never queued, and endpoints' ticks are spread over the interval so 100 endpoints do not
+scrape in one burst. A failed scrape keeps the last values, whose age then grows: a reader
+sees `stale` once the age passes `max_age_s` and `error` says why — never an old number
+passed off as fresh. `snapshot` reads an immutable record the loop replaces, so it takes no
+lock and may be called from any thread (the placer's refresher, the gateway).
+
+`stats()` reports scrapes, failures and the loop thread's CPU seconds: the cost of scraping,
+measured (`benchmarks/metrics_scrape.py` divides it by endpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Mapping, NamedTuple
+
+from .metrics_text import MAX_BODY_BYTES, CompiledMap, compile_map, read_figures
+from .readings import Reading
+from .server_metric_names import MetricMap, protocol
+
+DEFAULT_INTERVAL_S = 0.05
+DEFAULT_TIMEOUT_S = 1.0
+MAX_HEADER_BYTES = 64 * 1024
+METRICS_LABEL = "metrics"  # an instance label naming its server kind (`vllm`, `sglang`, ...): `follow` scrapes it
+
+
+class EndpointReading(NamedTuple):
+    """One endpoint's latest figures by key, how old they are, and where they came from."""
+
+    values: Mapping[str, float]
+    age_s: float  # since the scrape that read them (inf: no scrape has succeeded yet)
+    source: str  # "vllm http://127.0.0.1:8000/metrics"
+    stale: bool  # age_s > the scraper's max_age_s
+    scraped_at: float  # wall-clock time of that scrape (0: none yet)
+    error: str | None  # why the latest attempt failed, when it did
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    values: Mapping[str, float]
+    at: float  # monotonic time of the last good scrape (-inf: none)
+    wall: float
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeStats:
+    endpoints: int
+    scrapes: int
+    failures: int
+    cpu_s: float  # CPU seconds of the scraper's thread since start
+    wall_s: float  # seconds since start
+
+
+class _Target:
+    def __init__(self, endpoint: str, kind: str, wanted: CompiledMap, path: str) -> None:
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint `{endpoint}`: expected host:port")
+        self.endpoint, self.kind, self.wanted, self.path = endpoint, kind, wanted, path
+        self.host, self.port = host.strip("[]"), int(port)
+        self.source = f"{kind} http://{endpoint}{path}"
+        self.request = (f"GET {path} HTTP/1.1\r\nHost: {endpoint}\r\nAccept: text/plain\r\n"
+                        "Accept-Encoding: identity\r\nUser-Agent: policyc-scraper\r\n\r\n").encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class MetricsScraper:
+    """Scrape every added endpoint's `/metrics` each `interval_s`; `snapshot` reads the result."""
+
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_age_s: float | None = None) -> None:
+        if not interval_s > 0 or not timeout_s > 0:
+            raise ValueError(f"interval_s {interval_s!r} and timeout_s {timeout_s!r} must be positive")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_age_s = max_age_s if max_age_s is not None else max(5 * interval_s, 0.25)
+        self._states: dict[str, _State] = {}
+        self._targets: dict[str, _Target] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._scrapes = 0
+        self._failures = 0
+        self._started = 0.0
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> MetricsScraper:
+        """Run the scraper's event loop in a daemon thread of its own."""
+        if self._thread is not None:
+            raise RuntimeError("the scraper is already started")
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            ready.set()
+            loop.run_forever()
+            for t in self._targets.values():
+                t.close()
+            loop.close()
+
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=run, name="policyc-metrics-scraper", daemon=True)
+        self._thread.start()
+        ready.wait()
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t.task for t in self._targets.values() if t.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        self._loop = self._thread = None
+
+    def __enter__(self) -> MetricsScraper:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ endpoints
+    def add(self, endpoint: str, kind: str = "vllm", *, metric_map: MetricMap | None = None, path: str = "/metrics") -> None:
+        """Scrape `endpoint` (host:port) as a server of `kind` (its row of the table), or
+        with its own `metric_map`; adding it again replaces its kind."""
+        target = _Target(endpoint, kind, compile_map(metric_map if metric_map is not None else protocol(kind)), path)
+        self._call(self._add, target)
+
+    def remove(self, endpoint: str) -> None:
+        self._call(self._remove, endpoint)
+
+    def follow(self, instances: Iterable[object]) -> None:
+        """Scrape exactly the endpoints of `instances` (registry `Instance`s) that carry a
+        `metrics` label naming their server kind; stop scraping the others."""
+        want: dict[str, str] = {}
+        for inst in instances:
+            endpoint = inst.deployment.endpoint  # type: ignore[attr-defined]
+            kind = inst.labels.get(METRICS_LABEL)  # type: ignore[attr-defined]
+            if endpoint and kind:
+                want[endpoint] = kind
+        for endpoint in [e for e in list(self._targets) if e not in want]:
+            self.remove(endpoint)
+        for endpoint, kind in want.items():
+            t = self._targets.get(endpoint)
+            if t is None or t.kind != kind:
+                self.add(endpoint, kind)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return sorted(self._targets)
+
+    def _call(self, fn, arg) -> None:  # type: ignore[no-untyped-def]
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("start the scraper first")
+        done = threading.Event()
+
+        def go() -> None:
+            try:
+                fn(arg)
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(go)
+        done.wait(10)
+
+    def _add(self, target: _Target) -> None:
+        self._remove(target.endpoint)
+        self._targets[target.endpoint] = target
+        self._states.setdefault(target.endpoint, _State(MappingProxyType({}), float("-inf"), 0.0, None))
+        target.task = asyncio.get_running_loop().create_task(self._run(target))
+
+    def _remove(self, endpoint: str) -> None:
+        t = self._targets.pop(endpoint, None)
+        if t is not None:
+            if t.task is not None:
+                t.task.cancel()
+            t.close()
+        self._states.pop(endpoint, None)
+
+    # ------------------------------------------------------------------ reading
+    def snapshot(self, endpoint: str) -> EndpointReading | None:
+        """The endpoint's latest figures with their age; None when it is not scraped."""
+        s = self._states.get(endpoint)
+        t = self._targets.get(endpoint)
+        if s is None or t is None:
+            return None
+        age = time.monotonic() - s.at
+        return EndpointReading(s.values, age, t.source, not age <= self.max_age_s, s.wall, s.error)
+
+    def reading(self, endpoint: str) -> Reading | None:
+        """The placer's shape (`readings.Reading`) for `measured.by_endpoint`; None before a
+        first good scrape (no figures yet is not a reading)."""
+        r = self.snapshot(endpoint)
+        return None if r is None or not r.values else Reading(r.values, r.age_s)
+
+    def stats(self) -> ScrapeStats:
+        """Scrapes, failures and the scraper thread's CPU time since start (read on its loop)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("start the scraper first")
+
+        async def cpu() -> float:
+            return time.thread_time()
+
+        cpu_s = asyncio.run_coroutine_threadsafe(cpu(), loop).result(10)
+        return ScrapeStats(len(self._targets), self._scrapes, self._failures, cpu_s, time.monotonic() - self._started)
+
+    # ------------------------------------------------------------------ the loop
+    async def _run(self, t: _Target) -> None:
+        await asyncio.sleep(random.uniform(0, self.interval_s))  # spread endpoints over the tick
+        next_at = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    values, problems = await self._scrape(t)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                t.close()
+                self._failures += 1
+                old = self._states.get(t.endpoint)
+                if old is not None:
+                    reason = "timed out" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
+                    self._states[t.endpoint] = _State(old.values, old.at, old.wall, f"{t.source}: {reason}"[:300])
+            else:
+                self._scrapes += 1
+                self._states[t.endpoint] = _State(MappingProxyType(values), time.monotonic(), time.time(),
+                                                  f"{t.source}: {'; '.join(problems)[:300]}" if problems else None)
+            now = time.monotonic()
+            next_at += self.interval_s
+            if next_at < now:  # a slow scrape overran: skip the missed ticks
+                next_at = now + self.interval_s - (now - next_at) % self.interval_s
+            await asyncio.sleep(next_at - now)
+
+    async def _scrape(self, t: _Target) -> tuple[dict[str, float], list[str]]:
+        if t.writer is None or t.reader is None:
+            t.reader, t.writer = await asyncio.open_connection(t.host, t.port, limit=MAX_HEADER_BYTES)
+        t.writer.write(t.request)
+        head = await t.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP/1.1 answer: `{lines[0][:60].decode(errors='replace')}`")
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            headers[k.strip().lower()] = v.strip().lower()
+        if headers.get(b"content-length") is not None:
+            n = int(headers[b"content-length"])
+            if n > MAX_BODY_BYTES:
+                raise ValueError(f"metrics page of {n:,} bytes; at most {MAX_BODY_BYTES:,} are read")
+            body = await t.reader.readexactly(n)
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            body = await self._chunked(t.reader)
+        else:
+            raise ValueError("an answer without Content-Length or chunked encoding")
+        if headers.get(b"connection") == b"close":
+            t.close()
+        status = int(parts[1])
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        return read_figures(body, t.wanted)
+
+    @staticmethod
+    async def _chunked(reader: asyncio.StreamReader) -> bytes:
+        out = bytearray()
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip() or b"x", 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")  # no trailers expected: the empty line
+                return bytes(out)
+            if len(out) + size > MAX_BODY_BYTES:
+                raise ValueError(f"metrics page over {MAX_BODY_BYTES:,} bytes")
+            out += await reader.readexactly(size)
+            await reader.readexactly(2)
+
+
+__all__ = ["EndpointReading", "METRICS_LABEL", "MetricsScraper", "ScrapeStats"]

@@ -1,0 +1,128 @@
+"""What each kind of model server calls the load figures the placer reads: one table,
+declared once (the Inference Extension's model-server protocol table, `docs/proposals/
+003-model-server-protocol`, plus the prefix-cache and time-to-first-token series the
+servers expose), read by the metrics parser and the scraper.
+
+A *key* is the placer's name for a figure (what a signal `consumes`: `queue_depth`,
+`running`, `kv_cache_usage`, ...); a protocol maps each key it knows to the series that
+carries it on that server's `/metrics`. A key a server does not expose is absent from its
+protocol, so its readings never carry it (never a zero passed off as a measurement).
+
+| key | vLLM | SGLang | Triton TensorRT-LLM | trtllm-serve |
+| --- | --- | --- | --- | --- |
+| queue_depth | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `nv_trt_llm_request_metrics{request_type="waiting"}` | `trtllm_num_requests_waiting` |
+| running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `nv_trt_llm_request_metrics{request_type="scheduled"}` | `trtllm_num_requests_running` |
+| kv_cache_usage (0-1) | `vllm:kv_cache_usage_perc` | `sglang:token_usage` | `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}` | `trtllm_kv_cache_utilization` |
+| prefix_cache_hits / _queries (tokens, counters) | `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` | | | |
+| ttft_sum_s / ttft_count (histogram) | `vllm:time_to_first_token_seconds` | `sglang:time_to_first_token_seconds` | | |
+| block_size (tokens) | `vllm:cache_config_info` label `block_size` | `sglang:cache_config_info` label `page_size` | `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}` | `trtllm_kv_cache_tokens_per_block` |
+
+Several series of one name (vLLM's `engine` label, one per data-parallel engine) are summed
+for counts and counters and the largest taken for a fraction (`Agg`). The policyc emulator
+(`modelserver/emulator.py`) speaks `vllm`. An endpoint may name its own protocol: a mapping
+of keys to `Series` (`custom_protocol`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+from typing import Mapping
+
+
+class Agg(Enum):
+    """How several series of one name (one per engine or model) become one figure."""
+
+    SUM = "sum"  # requests waiting, running; counters
+    MAX = "max"  # a fraction of a cache: the fullest engine bounds what fits
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One metric on a server's `/metrics`: its sample name, the labels a sample must carry
+    (all of them, exactly), how several samples combine, and — for an info metric whose
+    figure is a label — the label to read instead of the sample's value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+    agg: Agg = Agg.SUM
+    value_label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in " {}\n\"") or self.name.startswith("#"):
+            raise ValueError(f"metric name `{self.name}`: not a Prometheus sample name")
+
+
+# the placer's keys (what signals consume)
+QUEUE_DEPTH = "queue_depth"
+RUNNING = "running"
+KV_CACHE_USAGE = "kv_cache_usage"
+PREFIX_CACHE_HITS = "prefix_cache_hits"
+PREFIX_CACHE_QUERIES = "prefix_cache_queries"
+TTFT_SUM_S = "ttft_sum_s"
+TTFT_COUNT = "ttft_count"
+BLOCK_SIZE = "block_size"
+KEYS = (QUEUE_DEPTH, RUNNING, KV_CACHE_USAGE, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, TTFT_SUM_S, TTFT_COUNT, BLOCK_SIZE)
+
+MetricMap = Mapping[str, Series]  # key -> the series carrying it
+
+
+def _histogram(name: str) -> dict[str, Series]:
+    return {TTFT_SUM_S: Series(f"{name}_sum"), TTFT_COUNT: Series(f"{name}_count")}
+
+
+def _p(table: dict[str, Series]) -> MetricMap:
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}: the keys are {KEYS}")
+    return MappingProxyType(table)
+
+
+PROTOCOLS: Mapping[str, MetricMap] = MappingProxyType({
+    "vllm": _p({
+        QUEUE_DEPTH: Series("vllm:num_requests_waiting"),
+        RUNNING: Series("vllm:num_requests_running"),
+        KV_CACHE_USAGE: Series("vllm:kv_cache_usage_perc", agg=Agg.MAX),
+        PREFIX_CACHE_HITS: Series("vllm:prefix_cache_hits_total"),
+        PREFIX_CACHE_QUERIES: Series("vllm:prefix_cache_queries_total"),
+        **_histogram("vllm:time_to_first_token_seconds"),
+        BLOCK_SIZE: Series("vllm:cache_config_info", agg=Agg.MAX, value_label="block_size"),
+    }),
+    "sglang": _p({
+        QUEUE_DEPTH: Series("sglang:num_queue_reqs"),
+        RUNNING: Series("sglang:num_running_reqs"),
+        KV_CACHE_USAGE: Series("sglang:token_usage", agg=Agg.MAX),
+        **_histogram("sglang:time_to_first_token_seconds"),
+        BLOCK_SIZE: Series("sglang:cache_config_info", agg=Agg.MAX, value_label="page_size"),
+    }),
+    "triton-trtllm": _p({
+        QUEUE_DEPTH: Series("nv_trt_llm_request_metrics", (("request_type", "waiting"),)),
+        RUNNING: Series("nv_trt_llm_request_metrics", (("request_type", "scheduled"),)),
+        KV_CACHE_USAGE: Series("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "fraction"),), agg=Agg.MAX),
+        BLOCK_SIZE: Series("nv_trt_llm_kv_cache_block_metrics", (("kv_cache_block_type", "tokens_per"),), agg=Agg.MAX),
+    }),
+    "trtllm-serve": _p({
+        QUEUE_DEPTH: Series("trtllm_num_requests_waiting"),
+        RUNNING: Series("trtllm_num_requests_running"),
+        KV_CACHE_USAGE: Series("trtllm_kv_cache_utilization", agg=Agg.MAX),
+        BLOCK_SIZE: Series("trtllm_kv_cache_tokens_per_block", agg=Agg.MAX),
+    }),
+})
+
+
+def protocol(kind: str) -> MetricMap:
+    """The table's protocol for a server kind; ValueError naming the kinds it knows."""
+    try:
+        return PROTOCOLS[kind]
+    except KeyError:
+        raise ValueError(f"unknown model-server kind `{kind}`: one of {', '.join(sorted(PROTOCOLS))}") from None
+
+
+def custom_protocol(table: Mapping[str, Series]) -> MetricMap:
+    """An endpoint's own mapping (a server with other names), checked like the table's."""
+    return _p(dict(table))
+
+
+__all__ = ["Agg", "KEYS", "PROTOCOLS", "MetricMap", "Series", "custom_protocol", "protocol", "BLOCK_SIZE", "KV_CACHE_USAGE",
+           "PREFIX_CACHE_HITS", "PREFIX_CACHE_QUERIES", "QUEUE_DEPTH", "RUNNING", "TTFT_COUNT", "TTFT_SUM_S"]
