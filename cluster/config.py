@@ -27,6 +27,9 @@ class FleetConfig:
     report_interval: float = 1.0  # how often the replica refreshes its report (applied revision, lag)
     anchor_interval: float = 2.0  # how often its audit log's latest checkpoint is anchored in the store
     op_timeout: float = 5.0  # how long a store write waits out an election before giving up
+    # a host's TPM attestation counts this long (seconds); the leader re-attests enrolled hosts
+    # well before (see cluster/attestation.py: once a host is enrolled, `tpm` claims need one)
+    attest_max_age: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.etcd and self.state_dir is None:

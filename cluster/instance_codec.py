@@ -1,4 +1,5 @@
-"""An instance as the store keeps it: JSON of the instance and its score, if one was given."""
+"""An instance as the store keeps it: JSON of the instance, its score if one was given, and
+which of its facts were attested at registration."""
 
 from __future__ import annotations
 
@@ -13,11 +14,24 @@ class InstanceCodecError(ValueError):
     pass
 
 
-def encode(instance: Instance, score: float | None = None) -> bytes:
+def encode(instance: Instance, score: float | None = None, attested: dict[str, str] | None = None) -> bytes:
+    """`attested`: the facts of the instance that were attested when it was registered, and
+    by what (`{"tpm": <attestation key name>}`), recorded beside it for auditors."""
     body: dict[str, object] = {"instance": instance.model_dump(mode="json")}
     if score is not None:
         body["score"] = score
+    if attested:
+        body["attested"] = dict(sorted(attested.items()))
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def attested(raw: bytes) -> dict[str, str]:
+    """The `attested` facts of a stored instance record ({} when none, or not a record)."""
+    try:
+        got = json.loads(raw).get("attested") or {}
+        return {str(k): str(v) for k, v in got.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}
 
 
 def decode(key: str, raw: bytes) -> tuple[Instance, float | None]:

@@ -12,7 +12,10 @@
     requests/<request id> what a registry write of that request id did (applied, or settled as
                           not applied), under a lease of an hour: retries and late copies read it
     attest/hosts/<host>   a host's enrolled attestation key (the operator's `policyc agent enroll`)
-    attest/facts/<host>   the host's last verified TPM quote (when, which key, which PCRs)
+    attest/challenges/<host>  a fresh nonce the control plane asks that host's agent to quote, under a short lease
+    attest/quotes/<host>  the agent's answer (quote, signature, PCR values), under the agent's lease
+    attest/facts/<host>   the host's last attestation as verified (when, which key, which PCRs; or why refused)
+    agents/<host>         a host agent's presence (its AK name, pid), under its lease
 """
 
 from __future__ import annotations
@@ -96,6 +99,19 @@ class Keys:
 
     def enrolled_host(self, host: str) -> str:
         return self.enrolled_hosts + host
+
+    def challenge(self, host: str) -> str:
+        return self.prefix + "attest/challenges/" + host
+
+    def quote_answer(self, host: str) -> str:
+        return self.prefix + "attest/quotes/" + host
+
+    @property
+    def attest(self) -> str:
+        return self.prefix + "attest/"
+
+    def agent(self, host: str) -> str:
+        return self.prefix + "agents/" + host
 
     @property
     def attested_facts(self) -> str:

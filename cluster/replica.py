@@ -40,6 +40,7 @@ from policyc.matcher import Instance, admission_problems
 from policyc.server.errors import ServiceError
 
 from . import anchors, bundle_rollout, instance_codec
+from .attestation import AttestationBook, AttestedFact, Attestor
 from .config import FleetConfig
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
@@ -110,6 +111,7 @@ class Replica:
         self.settled: dict[str, Outcome] = {}  # request id → how an unconfirmed write was settled (the last 1,000)
         self._writing: dict[str, int] = {}  # instance id → writes of it in flight
         self._settler: asyncio.Task[None] | None = None
+        self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
 
     # ================================================================ life cycle
     @property
@@ -141,6 +143,8 @@ class Replica:
         by = self._split(snap)
         self.sessions.load(tuple(by["sessions"]))
         self.quarantines.load(tuple(by["quarantines"]))
+        for problem in self.attestation.load(tuple(by["attest"])):
+            log.warning("replica %s: %s", self.name, problem)
         leader = next((e for e in by["leader"]), None)
         if leader is not None:
             self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
@@ -176,7 +180,7 @@ class Replica:
 
     def _split(self, snap: Snapshot) -> dict[str, list[Any]]:
         k = self.keys
-        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": []}
+        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": [], "attest": []}
         for e in snap.entries:
             if e.key.startswith(k.instances):
                 out["instances"].append(e)
@@ -188,12 +192,15 @@ class Replica:
                 out["leader"].append(e)
             elif e.key == k.bundle:
                 out["bundle"].append(e)
+            elif e.key.startswith(k.attest):
+                out["attest"].append(e)
         return out
 
     def _apply_initial(self, items: list[tuple[Instance, float | None]]) -> None:
         """On the serving loop: the store's instances this bundle admits, in one batch."""
         bundle = self.server.state.bundle
-        ok = [(i, s) for i, s in items if i.id not in self.server.state.registry and not admission_problems(i, bundle)]
+        ok = [(i, s) for i, s in items if i.id not in self.server.state.registry and not admission_problems(i, bundle)
+              and not self._unattested(i)]
         for i, _ in items:
             if admission_problems(i, bundle):
                 log.warning("instance %s is in the store but this replica's bundle does not admit it: %s", i.id,
@@ -203,7 +210,7 @@ class Replica:
     async def _follow_from(self, revision: int) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._follow(revision)), loop.create_task(self._reporting()),
-                       loop.create_task(self._housekeeping())]
+                       loop.create_task(self._housekeeping()), loop.create_task(self._attesting())]
 
     async def stop(self) -> None:
         """Leave: revoke the lease (the report and any leadership go at once)."""
@@ -292,6 +299,7 @@ class Replica:
         self._known = items
         self.sessions.load(tuple(by["sessions"]))
         self.quarantines.load(tuple(by["quarantines"]))
+        self.attestation.load(tuple(by["attest"]))
         self._on_serving(self._converge)
         self.reloads += 1
         pointer = next((e for e in by["bundle"]), None)
@@ -317,7 +325,17 @@ class Replica:
         assert self.loop is not None
         self.loop.call_soon(fn)
 
+    def _unattested(self, inst: Instance) -> str:
+        """Why this replica does not trust the instance's `tpm` claim ("" when it does)."""
+        problem = self.attestation.tpm_problem(inst.deployment.host, inst.deployment.tpm)
+        if problem:
+            log.warning("replica %s does not serve instance %s: %s", self.name, inst.id, problem)
+        return problem
+
     def _apply_put(self, inst: Instance, score: float | None) -> None:
+        if self._unattested(inst):  # kept aside (in `_known`) until its host is attested
+            self.engine.apply_deregister(inst.id)
+            return
         try:
             self.engine.apply_register(inst, score)
         except ServiceError as e:
@@ -350,6 +368,11 @@ class Replica:
                 asyncio.get_running_loop().create_task(self._campaign())
         elif ch.key == k.bundle and ch.kind is ChangeKind.PUT:
             asyncio.get_running_loop().create_task(self._adopt(ch.value.decode()))
+        elif ch.key.startswith(k.enrolled_hosts) or ch.key.startswith(k.attested_facts):
+            problem = self.attestation.on_change(ch)
+            if problem:
+                log.warning("replica %s: %s", self.name, problem)
+            self._on_serving(self._converge)  # `tpm` claims trusted or not from now on
 
     def _follow_quarantine(self, q: QuarantineEntry) -> None:
         """On the serving loop: the leader's quarantine, applied to this replica's guardian."""
@@ -469,6 +492,53 @@ class Replica:
                     await self.store.delete(self.keys.quarantine(b))
             except StoreError as e:
                 log.info("replica %s: housekeeping: %s", self.name, e)
+
+    # ================================================================ attestation
+    async def attest(self, host: str) -> AttestedFact:
+        """Challenge `host`'s agent now and record the result (AttestationError: refused)."""
+        try:
+            fact = await Attestor(self.store, self.keys, self.name).attest(host)
+        except Exception:
+            self.attestation.facts.pop(host, None)  # the refusal's record arrives by the watch
+            raise
+        self.attestation.facts[host] = fact  # before the watch brings it: the caller rechecks now
+        log.info("replica %s: host %s attested (key %s…, PCRs %s)", self.name, host, fact.ak_name[:16],
+                 ",".join(str(i) for i in sorted(fact.pcrs)))
+        return fact
+
+    def attest_later(self, host: str) -> Future[AttestedFact]:
+        return self._run(self.attest(host))
+
+    def can_attest(self, host: str) -> bool:
+        return host in self.attestation.enrolled
+
+    def tpm_problem(self, inst: Instance) -> str:
+        return self.attestation.tpm_problem(inst.deployment.host, inst.deployment.tpm)
+
+    def attested_name(self, inst: Instance) -> str:
+        """The attestation key name behind the instance's `tpm` fact ("" when it claims none)."""
+        f = self.attestation.attested(inst.deployment.host) if inst.deployment.tpm else None
+        return f.ak_name if f is not None else ""
+
+    async def _attesting(self) -> None:
+        """The leader keeps every enrolled host's attestation fresh (re-attested at half its
+        maximum age; a host whose agent does not answer, or answers wrongly, is recorded as
+        refused, and its `tpm` instances stop being served)."""
+        from .tpm_quote import AttestationError
+
+        interval = max(1.0, min(30.0, self.cfg.attest_max_age / 4))
+        while True:
+            await asyncio.sleep(interval)
+            if not self.election.token:
+                continue
+            now = time.time()
+            due = [h for h in self.attestation.enrolled
+                   if (f := self.attestation.facts.get(h)) is None or now - f.time > self.cfg.attest_max_age / 2]
+            for host, got in zip(due, await asyncio.gather(*(self.attest(h) for h in due), return_exceptions=True)):
+                if isinstance(got, (AttestationError, StoreError)):
+                    log.warning("replica %s: host %s not attested: %s", self.name, host, got)
+                elif isinstance(got, BaseException):
+                    log.error("replica %s: attesting host %s: %s: %s", self.name, host, type(got).__name__, got)
 
     # ================================================================ doors for the serving side
     def put_instances(self, items: list[tuple[Instance, float | None]]) -> None:

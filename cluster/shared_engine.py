@@ -23,12 +23,22 @@ from policyc.server.errors import ServiceError, Status
 from policyc.server.registration import REQUEST_ID_HEADER, outcome_unknown
 
 from . import instance_codec
+from .attestation import AttestedFact
 from .registry_ledger import Op, Outcome, RegistryWrite, RequestReused, Unconfirmed
 from .store import StoreError, StoreRefused
+from .tpm_quote import AttestationError
 
 
 class RegistryWriter(Protocol):
     write_timeout: float  # the writer gives up (and reports the outcome unknown) after this
+
+    def tpm_problem(self, inst: Instance) -> str: ...
+
+    def attest_later(self, host: str) -> "Future[AttestedFact]": ...
+
+    def attested_name(self, inst: Instance) -> str: ...
+
+    def can_attest(self, host: str) -> bool: ...
 
     def write_later(self, w: RegistryWrite) -> "Future[Outcome]": ...
 
@@ -45,8 +55,9 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _registration(instance: Instance, score: float | None, request_id: str) -> RegistryWrite:
-    return RegistryWrite(Op.REGISTER, instance.id, request_id or new_request_id(), instance_codec.encode(instance, score))
+def _registration(instance: Instance, score: float | None, request_id: str, ak_name: str = "") -> RegistryWrite:
+    value = instance_codec.encode(instance, score, {"tpm": ak_name} if ak_name else None)
+    return RegistryWrite(Op.REGISTER, instance.id, request_id or new_request_id(), value)
 
 
 class SharedRegistryEngine(DecisionEngine):
@@ -54,9 +65,12 @@ class SharedRegistryEngine(DecisionEngine):
 
     # ---------------------------------------------------------------- direct callers (not the loop)
     def register(self, instance: Instance, score: float | None = None) -> int:
+        if self.writer is not None and (problem := self.writer.tpm_problem(instance)):
+            raise ServiceError(Status.FAILED_PRECONDITION, f"instance `{instance.id}`: {problem}", ("deployment.tpm",),
+                               field="deployment.tpm", code="E732")
         size = super().register(instance, score)  # admission first: the store only gets admissible instances
         if self.writer is not None:
-            w = _registration(instance, score, "")
+            w = _registration(instance, score, "", self.writer.attested_name(instance))
             try:
                 self.writer.write(w)
             except Exception as e:
@@ -96,8 +110,11 @@ class SharedRegistryEngine(DecisionEngine):
     async def register_shared(self, instance: Instance, score: float | None = None, request_id: str = "") -> int:
         """`RegisterInstance` on a replica: admitted and added here, then written to the
         store while the serving loop keeps deciding (an etcd election delays the answer,
-        not the decisions). A retry of an applied request returns its settled result."""
-        w = _registration(instance, score, request_id)
+        not the decisions). A retry of an applied request returns its settled result. A `tpm`
+        claim is trusted only as attested (`attestation.py`): a host due one is challenged now."""
+        if self.writer is not None:
+            await self._check_attested(instance)
+        w = _registration(instance, score, request_id, self.writer.attested_name(instance) if self.writer else "")
         try:
             size = DecisionEngine.register(self, instance, score)
         except ServiceError as e:
@@ -129,6 +146,20 @@ class SharedRegistryEngine(DecisionEngine):
             self.writer.reconcile()  # refused: the store still has it, so this replica serves it again
             raise self._refusal(w, e) from None
         return len(self.state.registry)
+
+    async def _check_attested(self, instance: Instance) -> None:
+        assert self.writer is not None
+        problem = self.writer.tpm_problem(instance)
+        if problem and self.writer.can_attest(instance.deployment.host):  # enrolled, not (freshly) attested: ask now
+            try:
+                await asyncio.wrap_future(self.writer.attest_later(instance.deployment.host))
+            except (AttestationError, StoreError) as e:
+                problem = f"{problem}; attesting it now: {e}"
+            else:
+                problem = self.writer.tpm_problem(instance)
+        if problem:
+            raise ServiceError(Status.FAILED_PRECONDITION, f"instance `{instance.id}`: {problem}", ("deployment.tpm",),
+                               field="deployment.tpm", code="E732")
 
     async def _written(self, w: RegistryWrite) -> Outcome:
         """The writer bounds the write itself (and settles it when it gives up); the

@@ -7,9 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  if ! dpkg -s python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium nghttp2-client >/dev/null 2>&1; then
+  if ! dpkg -s python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium nghttp2-client swtpm swtpm-tools tpm2-tools >/dev/null 2>&1; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium nghttp2-client >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-bpfcc bpftool linux-headers-amd64 iproute2 gcc libc6-dev etcd-server etcd-client chromium nghttp2-client swtpm swtpm-tools tpm2-tools >/dev/null
   fi
   # bcc compiles against kernel headers; the running kernel has no package of its own, and
   # Debian's newest headers serve for programs that use only stable public types.

@@ -1,0 +1,118 @@
+"""`policyc agent run`: one per host. It announces itself under its lease
+(`agents/<host>`), answers the control plane's attestation challenges for its host with
+its TPM's quotes (`attestation.py` has the exchange), and keeps the instances of its own
+host registered through `InstanceAgent` (the model server's lease), refusing any instance
+that claims another host.
+
+    agent = HostAgent(store, keys, "host-3", HostTpm(tcti, state_dir))
+    await agent.start()      # answers every challenge until stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+
+from policyc.matcher import Instance
+
+from .agent import InstanceAgent
+from .attestation import check_host, encode_answer
+from .keys import Keys
+from .lease_keeper import LeaseKeeper
+from .store import Compacted, FleetStore, StoreError, StoreUnavailable
+from .tpm import HostTpm, TpmError
+from .tpm_quote import AttestationKey, parse_selection
+
+log = logging.getLogger("policyc.agent")
+MAX_CHALLENGE_AGE = 60.0  # seconds: an older challenge found at start is not answered
+
+
+class HostAgent:
+    def __init__(self, store: FleetStore, keys: Keys, host: str, tpm: HostTpm | None, *, ttl: int = 5) -> None:
+        self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
+        self.ak_name = ""
+        self.answered = 0  # challenges answered (for status and tests)
+        self._keeper = LeaseKeeper(store, ttl, self._announce, f"agent {host}")
+        self._task: asyncio.Task[None] | None = None
+        self._instances: list[InstanceAgent] = []
+
+    async def start(self) -> None:
+        if self.tpm is not None:
+            ak = await asyncio.to_thread(self.tpm.attestation_key)
+            self.ak_name = AttestationKey.parse(ak).name.hex()
+        await self._keeper.start()
+        self._task = asyncio.get_running_loop().create_task(self._answering())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for a in self._instances:
+            await a.stop()
+        await self._keeper.stop(revoke=True)
+
+    async def _announce(self, lease: int) -> None:
+        await self.store.put(self.keys.agent(self.host), json.dumps(
+            {"host": self.host, "ak_name": self.ak_name, "tpm": self.tpm is not None, "pid": os.getpid(),
+             "time": time.time()}).encode(), lease)
+
+    # ---------------------------------------------------------------- challenges
+    async def _answering(self) -> None:
+        key = self.keys.challenge(self.host)
+        revision = 0
+        while True:
+            try:
+                if not revision:  # start, or after a compaction: the challenge in force now
+                    snap = await self.store.read_prefix(key)
+                    revision = snap.revision
+                    for e in snap.entries:
+                        if e.key == key:
+                            await self._answer(e.value, fresh_only=True)
+                async for ch in self.store.watch(key, revision + 1):
+                    revision = max(revision, ch.revision)
+                    if ch.key == key and ch.value:
+                        await self._answer(ch.value)
+            except Compacted:
+                revision = 0
+            except StoreUnavailable as e:
+                log.info("agent %s: watch interrupted (%s); resuming", self.host, e)
+                await asyncio.sleep(0.2)
+            except StoreError as e:
+                log.warning("agent %s: %s", self.host, e)
+                await asyncio.sleep(0.5)
+
+    async def _answer(self, raw: bytes, *, fresh_only: bool = False) -> None:
+        try:
+            body = json.loads(raw)
+            nonce, pcrs = bytes.fromhex(str(body["nonce"])), parse_selection(str(body["pcrs"]))
+            if not 8 <= len(nonce) <= 64:
+                raise ValueError(f"a nonce of {len(nonce)} bytes (8-64 expected)")
+            if fresh_only and time.time() - float(body.get("time", 0)) > MAX_CHALLENGE_AGE:
+                return
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("agent %s: not a challenge (%s); ignored", self.host, e)
+            return
+        if self.tpm is None:
+            log.warning("agent %s: challenged, but this agent has no TPM (--tcti); not answered", self.host)
+            return
+        try:
+            quote = await asyncio.to_thread(self.tpm.quote, nonce, pcrs)
+        except TpmError as e:
+            log.error("agent %s: could not quote: %s", self.host, e)
+            return
+        await self.store.put(self.keys.quote_answer(self.host), encode_answer(nonce.hex(), quote), self._keeper.lease)
+        self.answered += 1
+        log.info("agent %s: answered challenge from %s over %s", self.host, body.get("by", "?"), body["pcrs"])
+
+    # ---------------------------------------------------------------- its host's instances
+    async def keep_registered(self, instance: Instance, *, score: float | None = None, ttl: int = 5) -> InstanceAgent:
+        """Register one of this host's instances under its own lease; ValueError for an
+        instance that claims another host (an agent speaks for its own host only)."""
+        if instance.deployment.host != self.host:
+            raise ValueError(f"instance `{instance.id}` claims host `{instance.deployment.host}`; this agent is `{self.host}`'s")
+        a = InstanceAgent(self.store, instance, score=score, ttl=ttl, keys=self.keys)
+        await a.start()
+        self._instances.append(a)
+        return a
