@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import ValidationError
@@ -78,15 +79,37 @@ def _range(start: float | None, end: float | None) -> tuple[str, list[float]]:
 
 
 class AuditReader:
-    """A read-only view of a log (safe while the writer is appending)."""
+    """A read-only view of a log (safe while the writer is appending). A rotated log is
+    read as one: its kept closed segments are attached and `entries` is their union with
+    the live file's (`segments.py`), up to SQLite's limit of attached files; segments beyond
+    it (the oldest) are left out and counted in `segments_left_out`."""
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self._conn = conn
         self.path = path
+        self.segments_left_out = 0
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> AuditReader:
-        return cls(connect_reader(path), str(path))
+        from .segments import closed_segments
+
+        reader = cls(connect_reader(path), str(path))
+        closed = closed_segments(path)
+        if closed:
+            reader._attach([p for _, p in closed])
+        return reader
+
+    def _attach(self, paths: list[os.PathLike[str]]) -> None:
+        room = self._conn.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) - 1  # one for the temp schema's view
+        kept = paths[-room:] if room > 0 else []
+        self.segments_left_out = len(paths) - len(kept)
+        names = []
+        for i, p in enumerate(kept):
+            name = f"seg{i}"
+            self._conn.execute("ATTACH DATABASE ? AS " + name, (f"{Path(p).resolve().as_uri()}?mode=ro",))
+            names.append(name)
+        union = " UNION ALL ".join([f"SELECT * FROM {n}.entries" for n in names] + ["SELECT * FROM main.entries"])
+        self._conn.execute(f"CREATE TEMP VIEW entries AS {union}")
 
     def close(self) -> None:
         self._conn.close()

@@ -91,7 +91,20 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                    help="table (default), csv, json, or html: a self-contained page with the chain's verdict, tables and charts")
     r.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of stdout")
     r.add_argument("--public-key", help="with --format html: the operator's public key the verdict checks checkpoints against")
+    r.add_argument("--anchor", help="with --format html: a checkpoint kept apart from the log (as for `verify --anchor`)")
+    r.add_argument("--bundle", metavar="FILE", help="with --format html: the bundle in force, named with its hash and signature state")
+    r.add_argument("--bundle-key", metavar="PUB", help="with --bundle: the public key its signature must verify with")
+    r.add_argument("--sources", metavar="DIR", help="with --format html: the policy sources, named by their git revision or digest")
+    r.add_argument("--auditor", metavar="NAME", help="with --format html: who generates the report (default: user@host)")
+    r.add_argument("--sign", metavar="KEY", help="with -o: sign the written report (a detached ed25519 signature in FILE.sig)")
     r.set_defaults(func=_report)
+
+    vr = add_command(asub, "verify-report", help="check a report's detached signature (`report --sign`)", codes=CODES,
+                     examples=["policyc audit verify-report report.html --public-key auditor.pub"])
+    vr.add_argument("report", metavar="REPORT", help="the report file")
+    vr.add_argument("--public-key", required=True, help="the signer's ed25519 public key")
+    vr.add_argument("--signature", metavar="FILE", help="the signature file (default: REPORT.sig)")
+    vr.set_defaults(func=_verify_report)
 
     e = add_command(asub, "explain", help="one decision: why, where, what it cost, what followed", codes=CODES,
                     examples=["policyc audit explain --log audit.db dec-000009", "policyc audit explain dec-000009 --format json"])
@@ -301,12 +314,24 @@ def _report(args) -> int:
     try:
         start = parse_time(args.start, what="--from") if args.start else None
         end = parse_time(args.end, what="--to") if args.end else None
+        html_only = [f"--{n.replace('_', '-')}" for n in ("anchor", "bundle", "bundle_key", "sources", "auditor") if getattr(args, n)]
+        if args.format != "html" and html_only:
+            raise AuditInputError(f"{', '.join(html_only)} name(s) the context of an html report: add --format html")
+        if args.sign and not args.output:
+            raise AuditInputError("--sign signs the report file: add -o FILE")
+        if args.bundle_key and not args.bundle:
+            raise AuditInputError("--bundle-key checks the signature of --bundle FILE: give the bundle too")
         if args.format == "html":
-            from policyc.audit.html_report import html_report
+            from policyc.audit.html_report import Provenance, html_report
+            from policyc.audit.provenance import bundle_state, generated_by, sources_revision
 
             key = load_public_key(args.public_key) if args.public_key else None
+            anchor = _anchor(args.anchor) if args.anchor else None
+            bundle = bundle_state(args.bundle, load_public_key(args.bundle_key) if args.bundle_key else None) if args.bundle else None
+            prov = Provenance(bundle=bundle, sources=sources_revision(args.sources) if args.sources else None,
+                              generated_by=args.auditor or generated_by())
             with progress(f"verifying {args.log} and drawing the report"):
-                text = html_report(args.log, verify(args.log, public_key=key), start, end)
+                text = html_report(args.log, verify(args.log, public_key=key, anchor=anchor), start, end, prov)
         else:
             with AuditReader.open(args.log) as reader:
                 rep = reader.report(by=args.by, start=start, end=end)
@@ -321,9 +346,29 @@ def _report(args) -> int:
         except OSError as e:
             return _fail(f"{args.output}: cannot write: {e.strerror}")
         print(f"wrote {args.output}", file=sys.stderr)
+        if args.sign:
+            from policyc.audit.checkpoints import load_private_key
+            from policyc.audit.report_signature import sign_report
+
+            try:
+                sig = sign_report(args.output, load_private_key(args.sign))
+            except AuditError as e:
+                return _fail(str(e))
+            print(f"signed {args.output}: {sig}", file=sys.stderr)
     else:
         print(text, end="" if text.endswith("\n") else "\n")
     return 0
+
+
+def _verify_report(args) -> int:  # type: ignore[no-untyped-def]
+    from policyc.audit.report_signature import verify_report
+
+    try:
+        check = verify_report(args.report, load_public_key(args.public_key), args.signature)
+    except AuditError as e:
+        return _fail(str(e))
+    print(("ok: " if check.ok else "FAILED: ") + check.message)
+    return 0 if check.ok else 1
 
 
 def _explain(args) -> int:
