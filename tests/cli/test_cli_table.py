@@ -202,6 +202,12 @@ def cases(w: dict[str, str]) -> list[Case]:
              lambda o, e: Path(d, "r.html").read_text().startswith("<!DOCTYPE html>")),
         Case(["audit", "explain", "--log", f"{d}/audit.db", "no-such-decision"], Exit.FAILED),
         Case(["audit", "report", "--log", f"{d}/absent.db"], Exit.USAGE),
+        Case(["audit", "export", "--log", f"{d}/audit.db", "--format", "csv", "-o", f"{d}/e.csv"], Exit.OK,
+             lambda o, e: "exported 44 records" in e),
+        Case(["audit", "export", "--log", f"{d}/audit.db", "--from", "yesterday"], Exit.USAGE),
+        Case(["audit", "verify", "--log", f"{d}/audit.db", "--record", "dec-000003"], Exit.USAGE, lambda o, e: "--anchor" in e),
+        Case(["audit", "rotate", "--log", f"{d}/absent.db"], Exit.USAGE),
+        Case(["audit", "verify-report", f"{d}/r.html", "--public-key", f"{d}/absent.pub"], Exit.USAGE),
         Case(["audit"], Exit.USAGE),
         # completion
         Case(["completion", "bash"], Exit.OK, lambda o, e: "complete -F _policyc policyc" in o and "deregister" in o),
