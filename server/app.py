@@ -216,7 +216,7 @@ class DecisionServer:
         elif given is not None:
             self.operator = operator_token.OperatorToken(given, None)
         else:
-            self.operator = operator_token.kept(cfg.token_dir) if cfg.token_dir is not None \
+            self.operator = operator_token.kept(cfg.token_dir).published(port) if cfg.token_dir is not None \
                 else operator_token.ephemeral(port)
             tokens = tokens.with_token(self.operator.token, Role.OPERATOR)
         return Access.build(tokens, open_fleet=cfg.open_fleet)

@@ -9,10 +9,12 @@ start and keeps it in a file of mode 0600:
 - a service with a state dir (the embedded default's `~/.local/state/policyc/serve-PORT`,
   or `--state-dir DIR`; a replica on a fixed port uses the default path for its port):
   `STATE_DIR/operator-token`, reused on every restart;
-- a throw-away service (`--port 0`, `--state-dir none`): `RUNTIME/serve-PORT/operator-token`
-  under the user's runtime dir (`$XDG_RUNTIME_DIR/policyc`, else `/tmp/policyc-UID`, a
-  directory of mode 0700 that must belong to the user), keyed by the bound port, made anew
-  at each start and removed at stop.
+- a throw-away service (`--port 0`, `--state-dir none`): made anew at each start.
+
+Either way the service publishes it in its runtime entry `RUNTIME/serve-PORT/operator-token`
+under the user's runtime dir (`$XDG_RUNTIME_DIR/policyc`, else `/tmp/policyc-UID`, a
+directory of mode 0700 that must belong to the user), keyed by the bound port, replaced at
+each start and removed at stop: one place per port where a client looks first.
 
 `find_for(server)` is the other side: for a loopback `host:port` it returns the token of the
 service on that port from the runtime entry, then the default state dir. It sends nothing
@@ -42,15 +44,22 @@ class TokenFileError(ValueError):
 class OperatorToken:
     token: str
     path: Path | None  # the file it is in; None: given by the operator (`--token operator:…`)
-    ephemeral: bool = False  # removed at stop (a throw-away service's runtime entry)
+    runtime: Path | None = None  # the runtime entry's copy for the bound port, removed at stop
+
+    def published(self, port: int) -> "OperatorToken":
+        """This token also in the runtime entry of `port`, where the CLI looks first (a kept
+        token's state dir is not always the default one of its port: `--port 0 --state-dir D`)."""
+        if self.path is None or self.runtime is not None:
+            return self
+        return OperatorToken(self.token, self.path, _write_entry(port, self.token))
 
     def remove(self) -> None:
-        """A throw-away service's file and its directory, at stop (a kept one stays)."""
-        if not self.ephemeral or self.path is None:
+        """The runtime entry's file and its directory, at stop (a kept file stays)."""
+        if self.runtime is None:
             return
         try:
-            self.path.unlink()
-            self.path.parent.rmdir()
+            self.runtime.unlink()
+            self.runtime.parent.rmdir()
         except OSError:
             pass
 
@@ -127,14 +136,19 @@ def kept(state_dir: Path) -> OperatorToken:
     return OperatorToken(read_token_file(path), path)
 
 
-def ephemeral(port: int) -> OperatorToken:
-    """A new token for a throw-away service on `port`, in its runtime entry."""
+def _write_entry(port: int, token: str) -> Path:
     d = runtime_entry(port)
     _private_dir(d.parent)
     _private_dir(d)
-    token = secrets.token_urlsafe(32)
     _write_new(d / FILE_NAME, token, replace=True)  # a killed service's stale entry for this port is replaced
-    return OperatorToken(token, d / FILE_NAME, ephemeral=True)
+    return d / FILE_NAME
+
+
+def ephemeral(port: int) -> OperatorToken:
+    """A new token for a throw-away service on `port`, in its runtime entry."""
+    token = secrets.token_urlsafe(32)
+    path = _write_entry(port, token)
+    return OperatorToken(token, path, path)
 
 
 # ---------------------------------------------------------------------- the client's side
