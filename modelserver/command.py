@@ -14,6 +14,8 @@ the next `--model`, are that instance's:
     --http-port Q              the process's REST port (every instance whose model name
                                no other instance of the process answers)
     --stall-control            honour `x-policyc-stall-ms` (tests and the demo only)
+    --max-answer-bytes N       the largest answer sent, computed before running (default
+                               4 MiB; REST answers counted as JSON, 25 bytes a value)
     --ready-file F             write the bound ports and served instances here once serving
 
     policyc modelserver --model fraud-scorer=a.onnx --instance fs@host-01/gpu0 \\
@@ -26,6 +28,7 @@ arguments are read and `sys.argv` is cleared.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -76,6 +79,35 @@ class _OfInstance(argparse.Action):
             setattr(last, self.dest, value)
 
 
+def listen_host(text: str) -> str:
+    """argparse `type=` for `--host`: an IP address or `localhost`, never a name to resolve
+    (a typo is a usage error naming the flag, not a server that cannot bind)."""
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if bare == "localhost":
+        return bare
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        shown = text[:64].encode("ascii", "backslashreplace").decode()
+        raise argparse.ArgumentTypeError(f"`{shown}` is not an IP address: give one such as 127.0.0.1, ::1 "
+                                         "or 0.0.0.0, or localhost") from None
+    return bare
+
+
+def answer_bytes(text: str) -> int:
+    """argparse `type=` for `--max-answer-bytes`: 1 KiB up to what one gRPC answer may carry."""
+    from .bounds import ANSWER_ENVELOPE, GRPC_MAX_SEND
+
+    top = GRPC_MAX_SEND - ANSWER_ENVELOPE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{text[:40]}` is not a number of bytes") from None
+    if not 1024 <= value <= top:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1024 .. {top} bytes")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(instances=[], default_grpc_port=None)
     p.add_argument("--model", action=_NewInstance, metavar="[NAME=]PATH", help="serve this ONNX model as one instance")
@@ -87,10 +119,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the last --model also answers requests for model OTHER")
     p.add_argument("--grpc-port", action=_OfInstance, dest="grpc_port", type=int, metavar="P",
                    help=f"the last --model's gRPC port (0: any free port; before any --model: the default, {DEFAULT_GRPC_PORT})")
-    p.add_argument("--host", default="127.0.0.1", help="address every server listens on (default 127.0.0.1)")
+    p.add_argument("--host", type=listen_host, default="127.0.0.1",
+                   help="address every server listens on: an IP address or localhost (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8080, help="the process's OIP v2 REST port (0: any free port; default 8080)")
     p.add_argument("--stall-control", action="store_true", help="honour the x-policyc-stall-ms request header")
     p.add_argument("--ready-file", type=Path, help="write the bound ports here (JSON) once serving")
+    p.add_argument("--max-answer-bytes", type=answer_bytes, default=None, metavar="N",
+                   help="the largest answer sent, computed from the output shape before running "
+                        "(default 4 MiB; REST answers counted as JSON, 25 bytes a value)")
 
 
 def _ports(args: argparse.Namespace) -> list[int]:
@@ -126,11 +162,12 @@ def _hosted(args: argparse.Namespace):  # type: ignore[no-untyped-def]  # -> lis
     from .serve import Hosted, check_names
 
     out: list[Hosted] = []
+    answer = {} if getattr(args, "max_answer_bytes", None) is None else {"max_answer_bytes": args.max_answer_bytes}
     for i, port in zip(args.instances, ports):
         name, path = _split(i.model)
         try:
             m = OnnxModel(Path(path), Path(i.simplified) if i.simplified else None, name=name, instance_id=i.instance,
-                          stall_control=args.stall_control)
+                          stall_control=args.stall_control, **answer)
         except ModelLoadError as e:
             raise UsageError(str(e)) from None
         out.append(Hosted(m, tuple(i.aliases), port))

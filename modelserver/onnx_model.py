@@ -8,8 +8,14 @@ REST server sets them; policyc's gRPC servicer sends them as initial metadata). 
 a caller needs — which instance answered, which variant, how long onnxruntime ran — go
 there and into the answer's OIP parameters (see `wire.py`).
 
-A request is computed in the default executor (onnxruntime releases the GIL), so the event
-loop keeps serving the other streams of a connection while one computes or stalls.
+Every request is held to its model's `Bounds` (`bounds.py`: sequence, tokens, tensor
+bytes, answer bytes) before its data are decoded: over a bound it is refused with
+`RequestTooLarge` (REST 413, gRPC INVALID_ARGUMENT), malformed with `InvalidInput`. (The
+REST guard and the gRPC servicer check the raw request first; the checks here hold for
+any other way in.) A request is computed in the server's compute pool, `COMPUTE_THREADS`
+threads (onnxruntime releases the GIL), so the event loop keeps serving the other streams
+and clients while one computes or stalls, and at most that many computes hold memory at
+once.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,7 +41,9 @@ from policyc.onnxgate.contract_metadata import contract_from_model
 from policyc.onnxgate.errors import ContractMetadataError
 
 from . import wire
+from .bounds import DEFAULT_MAX_ANSWER_BYTES, BoundError, Bounds, TooLarge, check_answer, check_shape, output_follows_input
 from .model_files import variant_of
+from .refusals import RequestTooLarge
 
 log = logging.getLogger("policyc.modelserver")
 
@@ -45,6 +54,12 @@ CANCELLED = Counter("policyc_modelserver_cancelled", "requests whose stream the 
                     ["instance"])
 COMPUTE = Histogram("policyc_modelserver_compute_seconds", "onnxruntime run time per call", ["instance", "variant"],
                     buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0))
+
+
+# Computes run here, never on the event loop; threads start on first use (a zygote that
+# imported this module forks before any exists).
+COMPUTE_THREADS = 4
+_COMPUTE = ThreadPoolExecutor(max_workers=COMPUTE_THREADS, thread_name_prefix="policyc-onnx")
 
 
 class ModelLoadError(RuntimeError):
@@ -114,7 +129,8 @@ class OnnxModel(Model):
     """One instance: its full variant, optionally a simplified one served to retries."""
 
     def __init__(self, full: Path, simplified: Path | None = None, *, name: str | None = None,
-                 instance_id: str | None = None, stall_control: bool = False) -> None:
+                 instance_id: str | None = None, stall_control: bool = False,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         model, contract = _read(full)
         if variant_of(model) != wire.FULL:
             raise ModelLoadError(f"{full}: declares variant `{variant_of(model)}`, expected `{wire.FULL}`")
@@ -124,6 +140,8 @@ class OnnxModel(Model):
         self.full_path = full
         self.simplified_path = simplified
         self.stall_control = stall_control
+        self.max_answer_bytes = max_answer_bytes
+        self._bounds: Bounds | None = None
         self._models: dict[str, onnx.ModelProto] = {wire.FULL: model}
         if simplified is not None:
             small, small_contract = _read(simplified)
@@ -143,8 +161,39 @@ class OnnxModel(Model):
             vocab, max_len = _limits(model)
             self._variants[variant] = _Variant(variant, _session(model, path), vocab, max_len)
         self._models.clear()
+        self._bounds = self._bounds_of(self._variants.values())
         self.ready = True
         return self.ready
+
+    def _bounds_of(self, variants: Any) -> Bounds:
+        """The bounds every variant keeps: the shortest longest sequence, the contract's
+        tokens, the largest answer (the output dims, read from each session)."""
+        found: list[Bounds] = []
+        for v in variants:
+            (inp,), outs = v.session.get_inputs(), v.session.get_outputs()
+            out = next((o for o in outs if o.name == wire.OUTPUT_NAME), None)
+            if out is None:
+                raise ModelLoadError(f"{self.full_path}: variant `{v.name}` has no output `{wire.OUTPUT_NAME}`")
+            in_dims = tuple(d if isinstance(d, (int, str)) else "?" for d in inp.shape)
+            out_dims = tuple(d if isinstance(d, (int, str)) else "?" for d in out.shape)
+            problem = output_follows_input(in_dims, out_dims)
+            if problem is not None:
+                raise ModelLoadError(f"{self.full_path}: variant `{v.name}`: {problem}")
+            longest = v.max_len if v.max_len is not None else self.contract.compute.tokens
+            found.append(Bounds(self.name, max_sequence=longest, max_tokens=self.contract.compute.tokens,
+                                max_answer_bytes=self.max_answer_bytes, input_dims=in_dims, output_dims=out_dims))
+        # the strictest sequence bound; the answer bound checked against the largest output
+        strict = min(found, key=lambda b: b.max_sequence)
+        largest = max(found, key=lambda b: b.answer_bytes(1, 1, json=False))
+        return Bounds(self.name, strict.max_sequence, strict.max_tokens, self.max_answer_bytes,
+                      largest.input_dims, largest.output_dims)
+
+    @property
+    def bounds(self) -> Bounds:
+        """What one request may ask of this instance (set when loaded)."""
+        if self._bounds is None:
+            raise RuntimeError(f"model `{self.name}` is not loaded")
+        return self._bounds
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -161,9 +210,16 @@ class OnnxModel(Model):
         tensor = payload.inputs[0]
         if tensor.datatype != "INT64":
             raise InvalidInput(f"input `{wire.INPUT_NAME}`: datatype must be INT64, got {tensor.datatype}")
+        try:  # before the data are decoded: the shape they claim, and the answer it would make
+            batch, sequence = check_shape(list(tensor.shape), self.bounds)
+            check_answer(batch, sequence, self.bounds, json=not payload.from_grpc)
+        except TooLarge as e:
+            raise RequestTooLarge(str(e)) from None
+        except BoundError as e:
+            raise InvalidInput(str(e)) from None
         try:
             ids = tensor.as_numpy()
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise InvalidInput(f"input `{wire.INPUT_NAME}`: data does not match shape {list(tensor.shape)}: {e}") from None
         if ids.ndim != 2 or 0 in ids.shape:
             raise InvalidInput(f"input `{wire.INPUT_NAME}`: shape must be [batch, sequence], got {list(ids.shape)}")
@@ -199,7 +255,7 @@ class OnnxModel(Model):
                 log.info("instance %s: holding request %s for %d ms (stall control)", self.instance_id,
                          payload.id, stall)
                 await asyncio.sleep(stall / 1e3)
-            logits, compute_s = await asyncio.get_running_loop().run_in_executor(None, self._run, variant, ids)
+            logits, compute_s = await asyncio.get_running_loop().run_in_executor(_COMPUTE, self._run, variant, ids)
         except asyncio.CancelledError:
             CANCELLED.labels(self.instance_id).inc()
             log.info("instance %s: request %s cancelled by the caller after %.0f ms", self.instance_id, payload.id,

@@ -15,7 +15,12 @@ gRPC servicer drops the response headers a model returns. Here the same KServe p
   parallel test sessions never race for a port;
 - gRPC answers carry the model's response headers as initial metadata (HTTP/2 response
   headers that Envoy can log and route on);
-- SIGTERM/SIGINT stop both servers and the process exits 0.
+- SIGTERM/SIGINT stop both servers and the process exits 0;
+- no request can take the process down (see `bounds.py`): REST bodies pass `RestGuard`
+  first (body bound, then the infer request against its model's bounds, 413 / 400),
+  gRPC `ModelInfer` is checked against the same bounds before KServe decodes it
+  (INVALID_ARGUMENT), gRPC messages are at most `GRPC_MAX_RECEIVE`, the model repository
+  cannot be changed by a client, and a client's error is one log line (`refusals.py`).
 
 Import this module only after the process's own arguments are parsed: importing KServe
 parses `sys.argv` (`kserve.model_server` does so at import).
@@ -32,14 +37,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
-from kserve.constants.constants import MAX_GRPC_MESSAGE_LENGTH
+from kserve.errors import InvalidInput
 from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as oip
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as oip_grpc
-from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.infer_type import InferRequest, InferResponse
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
@@ -47,7 +52,10 @@ from kserve.protocol.rest.server import RESTServer
 from kserve.utils.utils import to_headers
 
 from . import wire
+from .bounds import GRPC_MAX_RECEIVE, GRPC_MAX_SEND, BoundError, Bounds, TooLarge, check_grpc
 from .onnx_model import OnnxModel
+from .refusals import OneLineExceptionToStatus, RequestTooLarge, install_rest_handlers
+from .rest_guard import RestGuard
 
 log = logging.getLogger("policyc.modelserver")
 
@@ -92,11 +100,33 @@ def rest_names(hosted: list[Hosted]) -> dict[str, Hosted]:
 
 
 class PolicycInferenceServicer(InferenceServicer):
-    """KServe's servicer, except that `ModelInfer` sends the model's response headers."""
+    """KServe's servicer, except that `ModelInfer` checks the request against its model's
+    bounds before anything decodes it and sends the model's response headers, and that the
+    model repository cannot be changed by a client."""
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self._no_repository(context)
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self._no_repository(context)
+
+    @staticmethod
+    async def _no_repository(context: grpc.aio.ServicerContext) -> None:
+        log.warning("refused gRPC repository change from %s", context.peer())
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this model server serves the instances it was started "
+                                                                "with: its model repository is not changed by clients")
 
     async def ModelInfer(self, request: oip.ModelInferRequest,  # noqa: N802 (the OIP method name)
                          context: grpc.aio.ServicerContext) -> oip.ModelInferResponse:
         headers = to_headers(context)
+        model = self._data_plane.model_registry.get_model(request.model_name)
+        if isinstance(model, OnnxModel) and model.ready:
+            try:
+                check_grpc(request, model.bounds)
+            except TooLarge as e:
+                raise RequestTooLarge(str(e)) from None
+            except BoundError as e:
+                raise InvalidInput(str(e)) from None
         self.validate_grpc_request(request)
         body, response_headers = await self._data_plane.infer(
             request=InferRequest.from_grpc(request), headers=headers, model_name=request.model_name)
@@ -121,9 +151,9 @@ def _grpc_server(h: Hosted, host: str) -> tuple[grpc.aio.Server, int]:
     plane = DataPlane(model_registry=_repository(dict.fromkeys(h.names, h)))
     ext = ModelRepositoryExtension(model_registry=plane.model_registry)
     server = grpc.aio.server(
-        interceptors=(ExceptionToStatusInterceptor(),),
-        options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_LENGTH),
-                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_LENGTH),
+        interceptors=(OneLineExceptionToStatus(),),
+        options=[("grpc.max_send_message_length", GRPC_MAX_SEND),
+                 ("grpc.max_receive_message_length", GRPC_MAX_RECEIVE),
                  ("grpc.so_reuseport", 0)],
     )
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(PolicycInferenceServicer(plane, ext), server)
@@ -141,6 +171,12 @@ def _http_socket(listen: Listen) -> socket.socket:
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+def _bounds_facts(b: Bounds) -> dict[str, int]:
+    """An instance's request bounds as its ready file states them (see `bounds.py`)."""
+    return {"max_sequence": b.max_sequence, "max_tokens": b.max_tokens, "max_answer_bytes": b.max_answer_bytes,
+            "rest_body_bytes": b.rest_body_bytes, "grpc_max_receive": GRPC_MAX_RECEIVE}
 
 
 def _announce(path: Path, facts: dict[str, object]) -> None:
@@ -163,7 +199,11 @@ async def _run(hosted: list[Hosted], listen: Listen) -> None:
     http_port = sock.getsockname()[1]
     rest_server = RESTServer("kserve.model_server:app", plane, ext, http_port, grace_period=1, timeout_keep_alive=65)
     rest_server.create_application()
+    from kserve.model_server import app  # the FastAPI app create_application built on
+
+    install_rest_handlers(app)
     uv = rest_server._server  # KServe's uvicorn server: serving a socket we bound needs it (RESTServer.start cannot)
+    uv.config.app = RestGuard(app, {n: h.model.bounds for n, h in rest.items()})
     for server, _ in grpcs:
         await server.start()
     serving = asyncio.create_task(uv.serve(sockets=[sock]))
@@ -173,7 +213,8 @@ async def _run(hosted: list[Hosted], listen: Listen) -> None:
         await serving  # uvicorn failed to start: let its error out
     facts = {"pid": os.getpid(), "host": listen.host, "http_port": http_port, "rest_models": sorted(rest),
              "instances": [{"instance": h.model.instance_id, "model": h.model.name, "contract": h.model.contract.name,
-                            "variants": list(h.model.variants), "aliases": list(h.aliases), "grpc_port": port}
+                            "variants": list(h.model.variants), "aliases": list(h.aliases), "grpc_port": port,
+                            "bounds": _bounds_facts(h.model.bounds)}
                            for h, (_, port) in zip(hosted, grpcs)]}
     for h, (_, port) in zip(hosted, grpcs):
         log.info("instance %s: model %s%s on grpc %s:%d", h.model.instance_id, h.model.name,

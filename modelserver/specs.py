@@ -26,11 +26,13 @@ class InstanceSpec:
 
 @dataclass(frozen=True, slots=True)
 class ServerSpec:
-    """One model-server process: its instances and whether it honours stall requests."""
+    """One model-server process: its instances, whether it honours stall requests, and the
+    largest answer it sends (None: the server's default, `bounds.DEFAULT_MAX_ANSWER_BYTES`)."""
 
     instances: tuple[InstanceSpec, ...]
     stall_control: bool = False
     host: str = "127.0.0.1"
+    max_answer_bytes: int | None = None
 
     def argv(self, ready_file: Path) -> list[str]:
         out = [sys.executable, "-m", "policyc.modelserver", "--host", self.host, "--grpc-port", "0",
@@ -43,6 +45,8 @@ class ServerSpec:
             out += [x for a in i.aliases for x in ("--alias", a)]
         if self.stall_control:
             out.append("--stall-control")
+        if self.max_answer_bytes is not None:
+            out += ["--max-answer-bytes", str(self.max_answer_bytes)]
         return out
 
 

@@ -2,7 +2,7 @@
 
     python tests/adversarial/corpus.py CLASS [--mem-mib N]
 
-Classes: contract, bundle, onnx, grpc, cli (see README.md for what each holds and the
+Classes: contract, bundle, onnx, grpc, cli, modelserver (see README.md for what each holds and the
 memory bound each runs under). The process limits its own address space
 (`RLIMIT_AS`) once its imports are done and before the first case, and gives each case
 a wall-clock limit (`SIGALRM`), so a case that would take gigabytes fails with
@@ -36,7 +36,7 @@ REPO = HERE.parents[1]
 
 # address-space bound per class, MiB (what `import` of the class's stack already takes,
 # measured, plus the headroom a case may use); stated in README.md
-MEMORY_MIB = {"contract": 768, "bundle": 768, "onnx": 1024, "grpc": 1536, "cli": 1536}
+MEMORY_MIB = {"contract": 768, "bundle": 768, "onnx": 1024, "grpc": 1536, "cli": 1536, "modelserver": 1536}
 CASE_SECONDS = 20
 
 

@@ -38,6 +38,10 @@ def warm(cls: str) -> None:
         _server()
     if cls == "cli":
         import policyc.cli.main  # noqa: F401
+    if cls == "modelserver":  # real model servers, started before the runner limits its memory
+        import corpus_modelserver
+
+        corpus_modelserver.warm()
 
 
 # ====================================================================== ONNX
@@ -350,4 +354,8 @@ def cli_cases(workdir: Path) -> Iterator[tuple[str, Check]]:
 
 
 def service_cases(cls: str, workdir: Path) -> Iterator[tuple[str, Check]]:
+    if cls == "modelserver":
+        from corpus_modelserver import modelserver_cases
+
+        return modelserver_cases(workdir)
     return {"onnx": onnx_cases, "grpc": grpc_cases, "cli": cli_cases}[cls](workdir)

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from corpus import CASE_SECONDS, MEMORY_MIB  # noqa: E402
 
-MINIMUM_CASES = {"contract": 200, "bundle": 100, "onnx": 30, "grpc": 30, "cli": 20}
+MINIMUM_CASES = {"contract": 200, "bundle": 100, "onnx": 30, "grpc": 30, "cli": 20, "modelserver": 60}
 
 
 @pytest.mark.parametrize("cls", sorted(MEMORY_MIB))
