@@ -103,7 +103,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
 
     # ------------------------------------------------------------------ common checks
     def _admit(self, context: grpc.aio.ServicerContext, permission: Permission, size: int | None = None) -> None:
-        """Deadline and size limits (roles were checked by `auth.RoleInterceptor` before the
+        """Deadline and size limits (roles were checked by `auth.GuardedHandler` before the
         method ran; `permission` names what the method needs, for readers)."""
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
