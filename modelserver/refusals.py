@@ -30,7 +30,7 @@ class RequestTooLarge(InvalidInput):
 
 
 # client errors: (REST status, gRPC status), most specific first
-CLIENT_ERRORS: tuple[tuple[type[BaseException], HTTPStatus, grpc.StatusCode], ...] = (
+CLIENT_ERRORS: tuple[tuple[type[Exception], HTTPStatus, grpc.StatusCode], ...] = (
     (RequestTooLarge, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidInput, HTTPStatus.BAD_REQUEST, grpc.StatusCode.INVALID_ARGUMENT),
     (ModelNotFound, HTTPStatus.NOT_FOUND, grpc.StatusCode.NOT_FOUND),

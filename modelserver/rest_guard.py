@@ -31,8 +31,8 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, cast
 from urllib.parse import unquote
 
 from .bounds import JSON_OVERHEAD, Bounds, BoundError, Malformed, check_answer, check_header, check_ids, check_shape, flatten
@@ -83,7 +83,7 @@ def check_rest_body(body: bytes, headers: Mapping[str, str], bounds: Bounds) -> 
     tensor = inputs[0]
     name = tensor.get("name")
     check_header(name if isinstance(name, str) else repr(name), tensor.get("datatype"))
-    batch, sequence = check_shape(tensor.get("shape"), bounds)
+    batch, sequence = check_shape(cast(Sequence[object], tensor.get("shape")), bounds)  # it names a non-list too
     check_answer(batch, sequence, bounds, json=True)
     n = batch * sequence
     if "data" in tensor:
