@@ -3,8 +3,10 @@
     enroll(store, keys, "host-3", ak_pub)           # the operator (`policyc agent enroll`)
     fact = await Attestor(store, keys, "r0").attest("host-3")   # the control plane
 
-The exchange: the control plane writes a fresh 32-byte nonce to `attest/challenges/<host>`
-(under a short lease); that host's agent (`host_agent.py`) answers at `attest/quotes/<host>`
+The exchange: the control plane writes a fresh 32-byte nonce to `attest/challenges/<host>/<tag>`
+(under a short lease; the tag is the nonce's first 16 bytes, so concurrent challenges do
+not overwrite each other); that host's agent (`host_agent.py`) answers at
+`attest/quotes/<host>/<tag>`, under the challenge's lease (both go when it is revoked),
 with a TPM quote over the enrolled PCRs carrying the nonce; the control plane verifies it
 against the key the operator enrolled for the host (`tpm_quote.verify_quote`: signature,
 nonce, PCR selection and digest, reference values) and records the result at
@@ -28,6 +30,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .keys import Keys
 from .store import Change, ChangeKind, Entry, FleetStore, StoreError
@@ -64,7 +67,7 @@ class Enrollment:
     enrolled_at: float = 0.0
     by: str = ""
 
-    @property
+    @cached_property
     def key(self) -> AttestationKey:
         return AttestationKey.parse(self.ak_public)
 
@@ -163,12 +166,14 @@ class Attestor:
         if enrolled is None:
             raise AttestationError(f"host `{host}` is not enrolled: run `policyc agent enroll --host {host} …` with its attestation key")
         nonce = secrets.token_bytes(32)
+        tag = nonce[:16].hex()
         lease = await self.store.grant(int(self.timeout) + 5)
         try:
-            await self.store.put(self.keys.challenge(host), json.dumps(
-                {"nonce": nonce.hex(), "pcrs": selection_text(enrolled.pcrs), "by": self.by, "time": time.time()}).encode(), lease)
+            await self.store.put(self.keys.challenge(host, tag), json.dumps(
+                {"nonce": nonce.hex(), "pcrs": selection_text(enrolled.pcrs), "by": self.by, "time": time.time(),
+                 "lease": lease}).encode(), lease)
             try:
-                quote = await self._answer(host, nonce)
+                quote = await self._answer(host, tag, nonce)
                 facts = verify_quote(enrolled.key, nonce, quote, enrolled.pcrs, enrolled.reference)
             except AttestationError as e:
                 await self._record(AttestedFact(host, False, time.time(), enrolled.key.name.hex(), verified_by=self.by, why=str(e)))
@@ -182,8 +187,8 @@ class Attestor:
         await self._record(fact)
         return fact
 
-    async def _answer(self, host: str, nonce: bytes) -> Quote:
-        key, want = self.keys.quote_answer(host), nonce.hex()
+    async def _answer(self, host: str, tag: str, nonce: bytes) -> Quote:
+        key, want = self.keys.quote_answer(host, tag), nonce.hex()
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             got: Entry | None = await self.store.get(key)

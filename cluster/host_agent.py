@@ -22,7 +22,7 @@ from .agent import InstanceAgent
 from .attestation import check_host, encode_answer
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
-from .store import Compacted, FleetStore, StoreError, StoreUnavailable
+from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
 from .tpm import HostTpm, TpmError
 from .tpm_quote import AttestationKey, parse_selection
 
@@ -60,20 +60,19 @@ class HostAgent:
 
     # ---------------------------------------------------------------- challenges
     async def _answering(self) -> None:
-        key = self.keys.challenge(self.host)
+        prefix = self.keys.challenges(self.host)
         revision = 0
         while True:
             try:
-                if not revision:  # start, or after a compaction: the challenge in force now
-                    snap = await self.store.read_prefix(key)
+                if not revision:  # start, or after a compaction: the challenges open now
+                    snap = await self.store.read_prefix(prefix)
                     revision = snap.revision
                     for e in snap.entries:
-                        if e.key == key:
-                            await self._answer(e.value, fresh_only=True)
-                async for ch in self.store.watch(key, revision + 1):
+                        await self._answer(e.key[len(prefix):], e.value, fresh_only=True)
+                async for ch in self.store.watch(prefix, revision + 1):
                     revision = max(revision, ch.revision)
-                    if ch.key == key and ch.value:
-                        await self._answer(ch.value)
+                    if ch.kind is ChangeKind.PUT:
+                        await self._answer(ch.key[len(prefix):], ch.value)
             except Compacted:
                 revision = 0
             except StoreUnavailable as e:
@@ -83,12 +82,15 @@ class HostAgent:
                 log.warning("agent %s: %s", self.host, e)
                 await asyncio.sleep(0.5)
 
-    async def _answer(self, raw: bytes, *, fresh_only: bool = False) -> None:
+    async def _answer(self, tag: str, raw: bytes, *, fresh_only: bool = False) -> None:
         try:
             body = json.loads(raw)
             nonce, pcrs = bytes.fromhex(str(body["nonce"])), parse_selection(str(body["pcrs"]))
+            lease = int(body.get("lease") or 0)
             if not 8 <= len(nonce) <= 64:
                 raise ValueError(f"a nonce of {len(nonce)} bytes (8-64 expected)")
+            if tag != nonce[:16].hex():
+                raise ValueError(f"challenge `{tag[:40]}` does not name its nonce")
             if fresh_only and time.time() - float(body.get("time", 0)) > MAX_CHALLENGE_AGE:
                 return
         except (ValueError, KeyError, TypeError) as e:
@@ -102,7 +104,11 @@ class HostAgent:
         except TpmError as e:
             log.error("agent %s: could not quote: %s", self.host, e)
             return
-        await self.store.put(self.keys.quote_answer(self.host), encode_answer(nonce.hex(), quote), self._keeper.lease)
+        try:  # under the challenge's lease: the answer goes when the challenger is done
+            await self.store.put(self.keys.quote_answer(self.host, tag), encode_answer(nonce.hex(), quote), lease)
+        except StoreError as e:
+            log.warning("agent %s: the challenge from %s ended before its answer (%s)", self.host, body.get("by", "?"), e)
+            return
         self.answered += 1
         log.info("agent %s: answered challenge from %s over %s", self.host, body.get("by", "?"), body["pcrs"])
 

@@ -12,8 +12,8 @@
     requests/<request id> what a registry write of that request id did (applied, or settled as
                           not applied), under a lease of an hour: retries and late copies read it
     attest/hosts/<host>   a host's enrolled attestation key (the operator's `policyc agent enroll`)
-    attest/challenges/<host>  a fresh nonce the control plane asks that host's agent to quote, under a short lease
-    attest/quotes/<host>  the agent's answer (quote, signature, PCR values), under the agent's lease
+    attest/challenges/<host>/<tag>  a fresh nonce the control plane asks that host's agent to quote, under a short lease
+    attest/quotes/<host>/<tag>      the agent's answer (quote, signature, PCR values), under the same lease
     attest/facts/<host>   the host's last attestation as verified (when, which key, which PCRs; or why refused)
     agents/<host>         a host agent's presence (its AK name, pid), under its lease
 """
@@ -100,11 +100,14 @@ class Keys:
     def enrolled_host(self, host: str) -> str:
         return self.enrolled_hosts + host
 
-    def challenge(self, host: str) -> str:
-        return self.prefix + "attest/challenges/" + host
+    def challenges(self, host: str) -> str:
+        return self.prefix + "attest/challenges/" + host + "/"
 
-    def quote_answer(self, host: str) -> str:
-        return self.prefix + "attest/quotes/" + host
+    def challenge(self, host: str, tag: str) -> str:
+        return self.challenges(host) + tag
+
+    def quote_answer(self, host: str, tag: str) -> str:
+        return self.prefix + "attest/quotes/" + host + "/" + tag
 
     @property
     def attest(self) -> str:

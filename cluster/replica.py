@@ -112,6 +112,7 @@ class Replica:
         self._writing: dict[str, int] = {}  # instance id → writes of it in flight
         self._settler: asyncio.Task[None] | None = None
         self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
+        self._attesting_now: dict[str, asyncio.Task[AttestedFact]] = {}
 
     # ================================================================ life cycle
     @property
@@ -495,7 +496,15 @@ class Replica:
 
     # ================================================================ attestation
     async def attest(self, host: str) -> AttestedFact:
-        """Challenge `host`'s agent now and record the result (AttestationError: refused)."""
+        """Challenge `host`'s agent now and record the result (AttestationError: refused).
+        Callers that ask while one is in flight for that host share it."""
+        running = self._attesting_now.get(host)
+        if running is None:
+            running = self._attesting_now[host] = asyncio.get_running_loop().create_task(self._attest(host))
+            running.add_done_callback(lambda _: self._attesting_now.pop(host, None))
+        return await asyncio.shield(running)
+
+    async def _attest(self, host: str) -> AttestedFact:
         try:
             fact = await Attestor(self.store, self.keys, self.name).attest(host)
         except Exception:

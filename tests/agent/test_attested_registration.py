@@ -122,6 +122,9 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
     assert fact.attested and fact.ak_name == ak_a and sorted(fact.pcrs) == [0, 1, 2, 7] and fact.verified_by == "r0"
     record = bg.run(store.get(keys.instance(finance.id)))
     assert instance_codec.attested(record.value) == {"tpm": ak_a}
+    # challenges at once, from both replicas and twice from one: each gets its own answer
+    at_once = [th.server.replica.attest_later("host-0002") for th in (r0, r1, r0)]
+    assert all(f.result(30).attested for f in at_once)
 
     # ---- a tpm claim on a host nobody enrolled
     e, info = _refusal(r1, rec["host-0001"])
@@ -138,8 +141,20 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
 
     # ---- a replayed quote: host-0006 attests once for real, then its answer is replayed
     genuine = start_agent("host-0006", "d")
-    r0.server.replica.attest_later("host-0006").result(30)
-    old = bg.run(store.get(keys.quote_answer("host-0006"))).value
+    answers: list[bytes] = []
+
+    async def keep_answers() -> None:  # what an eavesdropper on the store sees
+        prefix = keys.prefix + "attest/quotes/host-0006/"
+        async for ch in store.watch(prefix, (await store.read_prefix(prefix)).revision + 1):
+            if ch.value:
+                answers.append(ch.value)
+    eavesdropper = asyncio.run_coroutine_threadsafe(keep_answers(), bg.loop)
+    try:
+        r0.server.replica.attest_later("host-0006").result(30)
+        eventually(lambda: bool(answers), 10)
+    finally:
+        eavesdropper.cancel()
+    old = answers[0]
     bg.run(genuine.stop())
     fleet["agents"].remove(genuine)
     _register(r0, rec["host-0006"])  # attested a moment ago: accepted
@@ -148,16 +163,12 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
 
     async def replay() -> None:
         """Answer every challenge for host-0006 with the old quote, its nonce field rewritten."""
-        key = keys.challenge("host-0006")
-        seen = b""
-        while True:
-            got = await store.get(key)
-            if got is not None and got.value != seen:
-                seen = got.value
+        prefix = keys.challenges("host-0006")
+        async for ch in store.watch(prefix, (await store.read_prefix(prefix)).revision + 1):
+            if ch.value:
                 forged = json.loads(old)
-                forged["nonce"] = json.loads(got.value)["nonce"]
-                await store.put(keys.quote_answer("host-0006"), json.dumps(forged).encode())
-            await asyncio.sleep(0.02)
+                forged["nonce"] = json.loads(ch.value)["nonce"]
+                await store.put(keys.quote_answer("host-0006", ch.key[len(prefix):]), json.dumps(forged).encode())
     replayer = asyncio.run_coroutine_threadsafe(replay(), bg.loop)
     try:
         with pytest.raises(AttestationError, match="nonce is not the one issued"):
