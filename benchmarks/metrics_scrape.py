@@ -1,0 +1,107 @@
+"""What scraping model servers' `/metrics` costs: CPU per endpoint at N endpoints (default
+100) on the 50 ms tick, and the reader against prometheus_client's parser on the same page.
+
+    .venv/bin/python benchmarks/metrics_scrape.py [--endpoints 100] [--seconds 10] [--interval 0.05]
+
+The pages are a real vLLM 0.32 `/metrics` page (tests/fixtures/llm, ~50 KB, ~600 lines),
+served by a separate process (asyncio, one port per endpoint, kept-alive HTTP/1.1) so that
+only the scraper's CPU is counted: the CPU time of the scraper's own thread over the run,
+divided by endpoints. Baseline in the same run: reading one page with prometheus_client's
+text parser (what a full parse per scrape would cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "llm" / "vllm-0.32-metrics.txt"
+
+
+def serve(n: int, conn) -> None:  # type: ignore[no-untyped-def]  # runs in the child process
+    body = PAGE.read_bytes()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        servers = [await asyncio.start_server(handle, "127.0.0.1", 0) for _ in range(n)]
+        conn.send([s.sockets[0].getsockname()[1] for s in servers])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--endpoints", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--interval", type=float, default=0.05)
+    args = ap.parse_args()
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from policyc.placer.metrics_scraper import MetricsScraper
+    from policyc.placer.metrics_text import compile_map, read_figures
+    from policyc.placer.server_metric_names import protocol
+
+    body = PAGE.read_bytes()
+    wanted = compile_map(protocol("vllm"))
+    t = time.process_time()
+    for _ in range(2000):
+        read_figures(body, wanted)
+    fast_us = (time.process_time() - t) / 2000 * 1e6
+    t = time.process_time()
+    for _ in range(20):
+        list(text_string_to_metric_families(body.decode()))
+    full_us = (time.process_time() - t) / 20 * 1e6
+
+    parent, child = multiprocessing.Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=serve, args=(args.endpoints, child), daemon=True)
+    proc.start()
+    ports = parent.recv()
+    try:
+        with MetricsScraper(interval_s=args.interval) as scraper:
+            for p in ports:
+                scraper.add(f"127.0.0.1:{p}", "vllm")
+            time.sleep(1.0)  # connections made, ticks spread
+            a = scraper.stats()
+            time.sleep(args.seconds)
+            b = scraper.stats()
+            ages = [r.age_s for r in (scraper.snapshot(f"127.0.0.1:{p}") for p in ports) if r is not None]
+    finally:
+        proc.terminate()
+        proc.join(5)
+    scrapes = b.scrapes - a.scrapes
+    cpu = b.cpu_s - a.cpu_s
+    wall = b.wall_s - a.wall_s
+    expected = args.endpoints * wall / args.interval
+    out = {
+        "endpoints": args.endpoints, "interval_s": args.interval, "seconds": round(wall, 2),
+        "page_bytes": len(body), "scrapes": scrapes, "scrapes_per_s": round(scrapes / wall),
+        "tick_kept": round(scrapes / expected, 3), "failures": b.failures - a.failures,
+        "scraper_cpu_cores": round(cpu / wall, 3),
+        "cpu_per_endpoint_pct_of_a_core": round(100 * cpu / wall / args.endpoints, 3),
+        "cpu_per_scrape_us": round(cpu / max(scrapes, 1) * 1e6, 1),
+        "max_age_at_end_ms": round(1000 * max(ages), 1) if ages else None,
+        "read_figures_us_per_page": round(fast_us, 1), "prometheus_client_parse_us_per_page": round(full_us, 1),
+        "ratio_full_parse_over_reader": round(full_us / fast_us, 1),
+    }
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
