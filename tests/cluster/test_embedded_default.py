@@ -10,6 +10,7 @@ import grpc
 import pytest
 from cluster_rig import SMALL
 
+from policyc.client import operator_channel
 from policyc.cluster.config import FleetConfig
 from policyc.cluster.local_store import LocalStore, StateDirBusy
 from policyc.cluster.store import ChangeKind, Guard, Put
@@ -31,7 +32,7 @@ def test_the_registry_survives_a_restart(bundle, tmp_path) -> None:
     th = _server(bundle, tmp_path / "state")
     fleet = admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["fraud-scorer"])
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             s = pb_grpc.DecisionsStub(ch)
             for inst in fleet[:3]:
                 dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
@@ -43,7 +44,7 @@ def test_the_registry_survives_a_restart(bundle, tmp_path) -> None:
     again = _server(bundle, tmp_path / "state")
     try:
         assert {i.id for i, _, _ in again.server.state.registry.entries()} == {fleet[0].id, fleet[2].id}
-        with grpc.insecure_channel(f"127.0.0.1:{again.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{again.server.port}") as ch:
             d = pb_grpc.DecisionsStub(ch).Decide(pb.DecideRequest(headers={"X-Model": "fraud-scorer"}))
         assert d.outcome == pb.ADMITTED and d.placement.instance_id in {fleet[0].id, fleet[2].id}
     finally:
@@ -93,24 +94,40 @@ def test_local_leases_watches_and_transactions_behave_as_etcds(tmp_path) -> None
     asyncio.run(go())
 
 
-def test_a_registration_the_store_does_not_take_is_refused_and_undone(bundle, tmp_path, monkeypatch) -> None:
+def test_a_registration_the_store_does_not_confirm_is_unknown_undone_here_and_settled_later(bundle, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from cluster_rig import eventually
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from policyc.cluster.registry_ledger import Outcome
     from policyc.cluster.store import StoreUnavailable
 
     th = _server(bundle, tmp_path / "state")
     try:
         inst = admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["fraud-scorer"])[0]
 
-        async def down(*a: object, **k: object) -> int:
+        async def down(*a: object, **k: object) -> tuple[bool, int]:
             raise StoreUnavailable("the store is down (injected)")
-        monkeypatch.setattr(th.server.replica.store, "put", down)
+        monkeypatch.setattr(th.server.replica.store, "transact", down)
         dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
-        with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
+        with operator_channel(f"127.0.0.1:{th.server.port}") as ch:
             with pytest.raises(grpc.RpcError) as info:
                 pb_grpc.DecisionsStub(ch).RegisterInstance(
                     pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)), timeout=10)
-        assert info.value.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-        assert "no replica would serve it" in info.value.details()  # type: ignore[attr-defined]
-        assert inst.id not in th.server.state.registry
+        e = info.value
+        assert e.code() is grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+        assert "outcome is unknown" in e.details() and "injected" in e.details()  # type: ignore[attr-defined]
+        st = rpc_status.from_call(e)  # type: ignore[arg-type]
+        assert st is not None
+        err = error_details_pb2.ErrorInfo()
+        next(d for d in st.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)).Unpack(err)
+        rid = err.metadata["request_id"]
+        assert err.reason == "E730" and err.metadata["outcome"] == "unknown" and rid
+        assert inst.id not in th.server.state.registry  # not served here while unknown
+        assert rid in th.server.replica.unsettled
+        monkeypatch.undo()  # the store answers again: the replica settles it
+        eventually(lambda: rid in th.server.replica.settled, 15)
+        assert th.server.replica.settled[rid] is Outcome.NOT_APPLIED and inst.id not in th.server.state.registry
     finally:
         monkeypatch.undo()
         th.stop()
