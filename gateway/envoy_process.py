@@ -101,7 +101,7 @@ def _cmdline(pid: int) -> list[str]:
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
-def _gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """The process has exited (no such pid, or a zombie: it holds no port any more)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -196,7 +196,7 @@ class EnvoyProcess:
             pid = int(self.pid_path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        if pid <= 1 or pid == os.getpid() or _gone(pid) or not is_envoy_of(pid, self.config_path):
+        if pid <= 1 or pid == os.getpid() or process_gone(pid) or not is_envoy_of(pid, self.config_path):
             self.pid_path.unlink(missing_ok=True)  # stale file, the pid gone or someone else's now
             return None
         for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 2.0)):
@@ -208,11 +208,11 @@ class EnvoyProcess:
                 raise EnvoyError(f"a stale Envoy of this gateway (pid {pid}, named in {self.pid_path}) still runs and "
                                  f"this user cannot stop it: stop it (kill {pid}) and start again") from None
             deadline = time.monotonic() + wait
-            while not _gone(pid) and time.monotonic() < deadline:
+            while not process_gone(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if _gone(pid):
+            if process_gone(pid):
                 break
-        if not _gone(pid):
+        if not process_gone(pid):
             raise EnvoyError(f"a stale Envoy of this gateway (pid {pid}, named in {self.pid_path}) did not stop")
         self.pid_path.unlink(missing_ok=True)
         return pid
