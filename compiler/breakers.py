@@ -12,6 +12,7 @@ from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, did_you_mean, error
 
 from . import units
+from .actions import CANCEL_STREAM, CONFIGURED, KINDS, QUARANTINE, REDIRECT, REPORT_ANOMALY, SELF_HEAL, SCOPES
 from .bundle import Action, Breaker, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal, SignalCondition
 from .check_values import MAX_CONSECUTIVE, SIGNALS, quarantine_problem
 from .fields import BlockReader, ref, shape
@@ -20,7 +21,7 @@ from .fields import BlockReader, ref, shape
 # predicted for this very request (a request far past its own prediction is on a GPU or path
 # that degraded under it, which telemetry shows only on its next tick)
 SHARE_OF = ("slo", "predicted")
-ACTIONS = ("cancel_stream", "redirect", "quarantine", "report_anomaly", "self_heal")
+ACTIONS = KINDS  # the action table's words (`actions.py`)
 HEAL_STEPS = ("gpu_reset", "rdma_link_refresh", "rebalance")
 FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
@@ -33,8 +34,8 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
     n_before = len(diags)
     r = BlockReader(block, f"breaker `{name}`", diags,
                     fields=("scope", "when", "consecutive", "classify", "models", "retry_budget", "actions"),
-                    blocks=("redirect", "quarantine", "self_heal"))
-    scope = r.name("scope", ("request", "gpu", "backend", "connection"), required=True)
+                    blocks=CONFIGURED)
+    scope = r.name("scope", SCOPES, required=True)
     when = r.single("when", required=True)
     conditions = _conditions(when, diags) if when is not None else None
     consecutive = r.integer("consecutive", maximum=MAX_CONSECUTIVE) or 1
@@ -46,15 +47,15 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
     action_names = r.names("actions", ACTIONS, required=True)
     actions: list[Action] = []
     for a in action_names or ():
-        cfg = r.block_one(a) if a in ("redirect", "quarantine", "self_heal") else None
-        if a in ("redirect", "quarantine", "self_heal") and cfg is None:
+        cfg = r.block_one(a) if a in CONFIGURED else None
+        if a in CONFIGURED and cfg is None:
             r.err("E211", f"breaker `{name}` lists `{a}` but has no `{a} {{ … }}` block", r.fields["actions"].span)
             continue
-        if a == "cancel_stream":
+        if a == CANCEL_STREAM:
             actions.append(CancelStream())
-        elif a == "report_anomaly":
+        elif a == REPORT_ANOMALY:
             actions.append(ReportAnomaly())
-        elif a == "redirect" and cfg is not None:
+        elif a == REDIRECT and cfg is not None:
             cr = BlockReader(cfg, f"`redirect` of breaker `{name}`", diags, fields=("backup", "variant"), blocks=("headers",))
             backup = cr.name("backup", required=True)
             variant = cr.name("variant")
@@ -67,7 +68,7 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
                         headers.append((key, value))
             if backup is not None:
                 actions.append(Redirect(backup=backup, variant=variant, headers=tuple(headers)))
-        elif a == "quarantine" and cfg is not None:
+        elif a == QUARANTINE and cfg is not None:
             cr = BlockReader(cfg, f"`quarantine` of breaker `{name}`", diags, fields=("duration", "max_duration", "max_share"))
             duration = cr.quantity("duration", "time", required=True)
             max_duration = cr.quantity("max_duration", "time")
@@ -81,7 +82,7 @@ def lower_breaker(block: ast.Block, diags: list[Diagnostic]) -> Breaker | None:
                     cr.err("E329", message, at)
                 else:
                     actions.append(q)
-        elif a == "self_heal" and cfg is not None:
+        elif a == SELF_HEAL and cfg is not None:
             cr = BlockReader(cfg, f"`self_heal` of breaker `{name}`", diags, fields=("steps",))
             steps = cr.names("steps", HEAL_STEPS, required=True)
             if steps:

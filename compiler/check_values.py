@@ -21,15 +21,18 @@ from typing import Iterable, Sequence
 from policyc.compiler.diagnostic import Diagnostic, Span, error
 
 from . import limits
+from .meaning import ValueKind
+from .value_types import fits, takes_range, takes_values
 from .bundle import (Breaker, Contract, GpuClass, HeaderMapping, Quarantine, Redirect, SelfHeal, SourceRef,
                      Tenant, VersionBound)
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+_T, _R, _S = ValueKind.TIME, ValueKind.RATIO, ValueKind.SIZE  # the value-type table's words (`value_types.py`)
 SIGNALS: dict[str, str] = {
-    "elapsed": "time", "sm_utilization": "ratio", "tls_handshake": "time", "connect_time": "time",
-    "stream_time": "time", "time_to_first_byte": "time",  # the kernel walker's per-stream time; the gateway's TTFB
-    "rdma_watermark": "ratio", "pcie_utilization": "ratio", "error_rate": "ratio", "gpu_memory_free": "size",
+    "elapsed": _T, "sm_utilization": _R, "tls_handshake": _T, "connect_time": _T,
+    "stream_time": _T, "time_to_first_byte": _T,  # the kernel walker's per-stream time; the gateway's TTFB
+    "rdma_watermark": _R, "pcie_utilization": _R, "error_rate": _R, "gpu_memory_free": _S,
 }
 MAX_CONSECUTIVE = 1_000_000
 _VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9}){0,%d}" % (limits.MAX_VERSION_PARTS - 1))
@@ -191,11 +194,11 @@ class _Checker:
         if not _HEADER_NAME.fullmatch(h.header):
             self.err("E207", f"`{h.header[:64]}` is not an HTTP header name", h.origin)
         if h.range is not None:
-            if h.type in ("name", "string", "bool"):
+            if not takes_range(h.type):
                 self.err("E316", f"`range` applies to quantities, and `{h.header}` is of type `{h.type}`", h.origin)
             elif (p := interval_problem(h.range.lo, h.range.hi, "range")) is not None:
                 self.err("E325", f"{p} in {where}", h.origin)
-        if h.values and h.type != "name":
+        if h.values and not takes_values(h.type):
             self.err("E316", f"`values` applies to headers of type `name`, and `{h.header}` is of type `{h.type}`", h.origin)
         self.unique_names(h.values, "values", where, h.origin)
         if (h.on_missing == "default") != (h.default is not None):
@@ -223,7 +226,7 @@ class _Checker:
                 self.err("E305", f"`{c.signal}` is compared with a value that is not a finite, non-negative number", c.origin)
             elif c.of is not None and c.signal != "elapsed":
                 self.err("E324", f"only `elapsed` may be written as a share, in {where}", c.origin)
-            elif c.of is None and t == "ratio" and c.value > 1:
+            elif c.of is None and t == ValueKind.RATIO and c.value > 1:
                 self.err("E328", f"`{c.signal}` is a percentage: compare it with at most 100 %", c.origin)
         if not 1 <= b.consecutive <= MAX_CONSECUTIVE:
             self.err("E327", f"`consecutive` must be between 1 and {MAX_CONSECUTIVE:,} in {where}", b.origin)
@@ -244,11 +247,7 @@ class _Checker:
 
 
 def _scalar_of(v: object, vtype: str) -> bool:
-    if vtype == "bool":
-        return isinstance(v, bool)
-    if vtype in ("name", "string"):
-        return isinstance(v, str)
-    return finite(v)  # type: ignore[arg-type]
+    return fits(v, vtype)  # the value-type table's (`value_types.py`)
 
 
 def check_values(contracts: Iterable[Contract], gpus: Iterable[GpuClass], headers: Iterable[HeaderMapping],

@@ -12,12 +12,10 @@ from typing import cast
 from policyc.dsl import ast
 from policyc.dsl.diagnostics import Diagnostic, error
 
-from . import units
 from .attributes import BUILTIN_REQUEST_VARS
 from .bundle import HeaderMapping, Interval, OnMalformed, OnMissing, Tenant, ValueType
 from .fields import BOOL_WORDS, BlockReader, ref, shape
-
-HEADER_TYPES: tuple[ValueType, ...] = ("time", "bandwidth", "flops", "ratio", "count", "name", "string", "bool")
+from .value_types import HEADER_TYPES, Kind, kind_of, takes_range, takes_values
 
 
 def lower_request(block: ast.Block, diags: list[Diagnostic]) -> list[HeaderMapping]:
@@ -40,12 +38,12 @@ def _header(block: ast.Block, diags: list[Diagnostic]) -> HeaderMapping | None:
     on_missing = r.name("missing", ("reject", "ignore", "default"), required=True)
     on_malformed = r.name("malformed", ("reject", "ignore"), required=True)
     rng: Interval | None = None
-    if vtype in units.TYPE_WORDS and vtype not in ("name", "string", "bool"):
+    if vtype is not None and takes_range(vtype):
         rng = r.interval("range", vtype) if "range" in r.fields else None
     elif "range" in r.fields:
         r.err("E316", f"`range` applies to quantities, and `{header}` is of type `{vtype}`", r.fields["range"].key_span)
     values = r.names("values") or ()
-    if values and vtype != "name":
+    if values and not (vtype is not None and takes_values(vtype)):
         r.err("E316", f"`values` applies to headers of type `name`, and `{header}` is of type `{vtype}`", r.fields["values"].key_span)
     default = None
     dv = r.single("default")
@@ -70,14 +68,15 @@ def _header(block: ast.Block, diags: list[Diagnostic]) -> HeaderMapping | None:
 
 
 def _typed_literal(v: ast.Value, vtype: str, key: str, r: BlockReader):
-    if vtype == "bool":
+    kind = kind_of(vtype)
+    if kind is Kind.FLAG:
         if isinstance(v, ast.Name) and v.dotted in BOOL_WORDS:
             return BOOL_WORDS[v.dotted]
         r.err("E313", f"`{key}` expects yes or no, found {shape(v)}", v.span)
         return None
-    if vtype == "name":
+    if kind is Kind.NAME:
         return r.name_value(v, key)
-    if vtype == "string":
+    if kind is Kind.TEXT:
         return r.string_value(v, key)
     return r.quantity_value(v, key, vtype)
 

@@ -9,6 +9,7 @@ expected (FLOPs are conventionally written as plain scientific notation: 1.2e12)
 from __future__ import annotations
 
 from .bundle import ValueType
+from .value_types import BY_WORD
 
 QuantityType = str  # one of ValueType's quantity kinds, or "flop_rate"
 
@@ -29,18 +30,9 @@ UNITS: dict[str, tuple[QuantityType, float]] = {
     "%": ("ratio", 0.01),
 }
 
-TYPE_WORDS: dict[str, str] = {
-    "time": "a time (ns, us, ms, s, min)",
-    "bandwidth": "a bandwidth (MB/s, GB/s, Gbit/s, …)",
-    "size": "a size (MB, GB, GiB, …)",
-    "flops": "a FLOP count (1.2e12, 1.2 TFLOP)",
-    "flop_rate": "a FLOP rate (TFLOP/s)",
-    "ratio": "a percentage (40 %)",
-    "count": "a plain number",
-    "name": "a name",
-    "string": "a string",
-    "bool": "yes or no",
-}
+# what a value of each type is, in messages: the value-type table's words, and the FLOP rate
+# (a quantity of the catalog's peaks, never a header's or an attribute's type)
+TYPE_WORDS: dict[str, str] = {**{w: v.described for w, v in BY_WORD.items()}, "flop_rate": "a FLOP rate (TFLOP/s)"}
 
 
 def quantity_type(unit: str | None) -> QuantityType:

@@ -18,10 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from policyc.compiler.bundle import Breaker, Bundle, CancelStream, Quarantine, Redirect, ReportAnomaly, SelfHeal
+from policyc.compiler.actions import CANCEL_STREAM, KINDS, QUARANTINE, REDIRECT, REPORT_ANOMALY, SELF_HEAL
+from policyc.compiler.bundle import Breaker, Bundle, Quarantine, Redirect, ReportAnomaly, SelfHeal
 from policyc.enforcer.budget_watch import BudgetWatch
 from policyc.enforcer.collaborators import AnomalySink, AuditSink, StreamHandle
 from policyc.enforcer.connection_ender import ConnectionEnder
@@ -64,6 +66,18 @@ class _Ticket:
     token: int = 0
     holds_retry_slot: bool = False
     cancelled: tuple[Exception | None, float] | None = None  # the urgent cancel's error (None: done) and crossing->cancel seconds
+
+
+@dataclass(slots=True)
+class _Crossing:
+    """One budget crossing's account, as its actions run: the cancel's seconds from the
+    crossing, and the quarantine deferred to after the burst."""
+
+    request_id: str
+    crossed_at: float
+    elapsed: float
+    cancel_s: float | None = None
+    quarantine: Quarantine | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +131,17 @@ class Guardian:
         self._pending_slots: dict[str, str] = {}
         self._ender = ConnectionEnder(plane, self._connections_ended, room=functools.partial(self._watch.wait_for_room, ENDER_ROOM))
         self.break_timings: list[BreakTiming] = []
+        # what each action does, per where it fires, keyed by the action table's words
+        # (`compiler/actions.py`); an action with no entry does nothing there (the table's
+        # scopes keep such rules out of the rule table)
+        self._at_crossing: dict[str, Callable[[_Ticket, Breaker, Any, _Crossing], None]] = {
+            CANCEL_STREAM: self._crossing_cancel, REDIRECT: self._crossing_redirect,
+            REPORT_ANOMALY: self._crossing_report, QUARANTINE: self._crossing_quarantine}
+        self._at_backend: dict[str, Callable[[Endpoint, Breaker, Any], None]] = {
+            QUARANTINE: self._backend_quarantine, REPORT_ANOMALY: self._backend_report}
+        self._at_gpu: dict[str, Callable[[str, Breaker, Any, Mapping[str, float], list[StepResult]], None]] = {
+            REPORT_ANOMALY: self._gpu_report, SELF_HEAL: self._gpu_heal}
+        assert {*self._at_crossing, *self._at_backend, *self._at_gpu} <= set(KINDS), "dispatch on the action table's words"
         if not plane.kernel_enforcement:
             self._record(ActionKind.CLASSIFY, "enforcer", "", Outcome.OBSERVED, "kernel enforcement is OFF: user-space plane in use")
         self.table: RuleTable = build_rule_table(bundle)
@@ -176,7 +201,7 @@ class Guardian:
             deadline = start + seconds
             t.token = self._watch.arm(deadline, functools.partial(self._crossed_late, request_id, t),
                                       functools.partial(self._cancel_at, t)
-                                      if any(isinstance(a, CancelStream) for a in budget.breaker.actions) else None)
+                                      if any(a.kind == CANCEL_STREAM for a in budget.breaker.actions) else None)
             return deadline
 
     def finish(self, request_id: str) -> None:
@@ -223,30 +248,13 @@ class Guardian:
         if t is None or t.budget is None:
             return
         rule = t.budget.breaker
-        elapsed = self._clock() - t.started
-        cancel_s: float | None = None
-        quarantine: Quarantine | None = None
+        acc = _Crossing(request_id, crossed_at, self._clock() - t.started)
+        at = self._at_crossing
         for action in rule.actions:
-            if isinstance(action, CancelStream):
-                if t.cancelled is None:  # not cancelled at the crossing (no watch step ran): now
-                    self._cancel_now(t, self._clock() - crossed_at)
-                assert t.cancelled is not None
-                err, cancel_s = t.cancelled
-                if err is None:
-                    outcome, detail = Outcome.DONE, f"budget {t.budget_s * 1e3:.1f} ms crossed at {elapsed * 1e3:.1f} ms"
-                else:
-                    outcome, detail = Outcome.FAILED, f"cancel failed: {err}"
-                self._record(ActionKind.CANCEL_STREAM, f"request {request_id}", rule.name, outcome, detail)
-            elif isinstance(action, Redirect):
-                self._redirect(t, rule, action)
-            elif isinstance(action, ReportAnomaly):
-                if t.gpu_key:
-                    self._anomalies.report_anomaly(t.gpu_key, ELAPSED, elapsed)
-                    self._record(ActionKind.REPORT_ANOMALY, t.gpu_key, rule.name, Outcome.DONE, f"{ELAPSED}={elapsed:.4f}s")
-                else:
-                    self._record(ActionKind.REPORT_ANOMALY, f"request {request_id}", rule.name, Outcome.REFUSED, "request has no GPU to report")
-            elif isinstance(action, Quarantine) and t.backend is not None:
-                quarantine = action
+            act = at.get(action.kind)
+            if act is not None:
+                act(t, rule, action, acc)
+        quarantine, cancel_s = acc.quarantine, acc.cancel_s
         if quarantine is not None:  # after the burst's cancels and accounts, between crossings (the budget watch's deferred work)
             self._watch.defer(functools.partial(self._quarantine_after_break, t, rule, quarantine, crossed_at, cancel_s))
         elif cancel_s is not None:
@@ -254,6 +262,32 @@ class Guardian:
         with self._lock:
             if request_id in self._tickets:
                 self._tickets[request_id].token = 0
+
+    def _crossing_cancel(self, t: _Ticket, rule: Breaker, action: Any, acc: _Crossing) -> None:
+        if t.cancelled is None:  # not cancelled at the crossing (no watch step ran): now
+            self._cancel_now(t, self._clock() - acc.crossed_at)
+        assert t.cancelled is not None
+        err, acc.cancel_s = t.cancelled
+        if err is None:
+            outcome, detail = Outcome.DONE, f"budget {t.budget_s * 1e3:.1f} ms crossed at {acc.elapsed * 1e3:.1f} ms"
+        else:
+            outcome, detail = Outcome.FAILED, f"cancel failed: {err}"
+        self._record(ActionKind.CANCEL_STREAM, f"request {acc.request_id}", rule.name, outcome, detail)
+
+    def _crossing_redirect(self, t: _Ticket, rule: Breaker, action: Redirect, acc: _Crossing) -> None:
+        self._redirect(t, rule, action)
+
+    def _crossing_report(self, t: _Ticket, rule: Breaker, action: ReportAnomaly, acc: _Crossing) -> None:
+        if t.gpu_key:
+            self._anomalies.report_anomaly(t.gpu_key, ELAPSED, acc.elapsed)
+            self._record(ActionKind.REPORT_ANOMALY, t.gpu_key, rule.name, Outcome.DONE, f"{ELAPSED}={acc.elapsed:.4f}s")
+        else:
+            self._record(ActionKind.REPORT_ANOMALY, f"request {acc.request_id}", rule.name, Outcome.REFUSED,
+                         "request has no GPU to report")
+
+    def _crossing_quarantine(self, t: _Ticket, rule: Breaker, action: Quarantine, acc: _Crossing) -> None:
+        if t.backend is not None:
+            acc.quarantine = action
 
     def _quarantine_after_break(self, t: _Ticket, rule: Breaker, action: Quarantine, crossed_at: float,
                                 cancel_s: float | None) -> None:
@@ -324,11 +358,16 @@ class Guardian:
                 continue
             fired.append(rule.name)
             for action in rule.actions:
-                if isinstance(action, Quarantine):
-                    self._quarantine(backend, rule, action)
-                elif isinstance(action, ReportAnomaly):
-                    self._record(ActionKind.REPORT_ANOMALY, str(backend), rule.name, Outcome.OBSERVED, "backend anomaly")
+                act = self._at_backend.get(action.kind)
+                if act is not None:
+                    act(backend, rule, action)
         return tuple(fired)
+
+    def _backend_quarantine(self, backend: Endpoint, rule: Breaker, action: Quarantine) -> None:
+        self._quarantine(backend, rule, action)
+
+    def _backend_report(self, backend: Endpoint, rule: Breaker, action: ReportAnomaly) -> None:
+        self._record(ActionKind.REPORT_ANOMALY, str(backend), rule.name, Outcome.OBSERVED, "backend anomaly")
 
     def _quarantine(self, backend: Endpoint, rule: Breaker, action: Quarantine) -> bool:
         now = self._clock()
@@ -346,7 +385,7 @@ class Guardian:
         fenced = ""
         fence = self._executor.fence
         if fence is not None:  # replicas sharing a fleet: only the elected leader quarantines
-            verdict = fence.admit("quarantine", str(backend), f"to {backup} for {decision.duration:g} s", rule=rule.name,
+            verdict = fence.admit(QUARANTINE, str(backend), f"to {backup} for {decision.duration:g} s", rule=rule.name,
                                   backup=str(backup), expires_at=time.time() + decision.duration)
             if not verdict.allowed:
                 with self._lock:
@@ -424,15 +463,22 @@ class Guardian:
                 continue
             fired.append(rule.name)
             for action in rule.actions:
-                if isinstance(action, ReportAnomaly):
-                    sig = rule.conditions[0].signal
-                    value = signals.get(sig, float("nan"))
-                    self._anomalies.report_anomaly(gpu_key, sig, value)
-                    self._record(ActionKind.REPORT_ANOMALY, gpu_key, rule.name, Outcome.DONE, f"{sig}={value:g}")
-                elif isinstance(action, SelfHeal):
-                    target = self._heal_targets.get(gpu_key) or HealTarget(gpu_key, gpu_key.split("/")[0])
-                    heal.extend(self._executor.run(action.steps, target, rule.name))
+                act = self._at_gpu.get(action.kind)
+                if act is not None:
+                    act(gpu_key, rule, action, signals, heal)
         return GpuVerdict(cls, tuple(fired), tuple(heal))
+
+    def _gpu_report(self, gpu_key: str, rule: Breaker, action: ReportAnomaly, signals: Mapping[str, float],
+                    heal: list[StepResult]) -> None:
+        sig = rule.conditions[0].signal
+        value = signals.get(sig, float("nan"))
+        self._anomalies.report_anomaly(gpu_key, sig, value)
+        self._record(ActionKind.REPORT_ANOMALY, gpu_key, rule.name, Outcome.DONE, f"{sig}={value:g}")
+
+    def _gpu_heal(self, gpu_key: str, rule: Breaker, action: SelfHeal, signals: Mapping[str, float],
+                  heal: list[StepResult]) -> None:
+        target = self._heal_targets.get(gpu_key) or HealTarget(gpu_key, gpu_key.split("/")[0])
+        heal.extend(self._executor.run(action.steps, target, rule.name))
 
     def observe_gpus(self, keys: Sequence[str], signal: str, values: np.ndarray) -> list[tuple[str, GpuVerdict]]:
         """`observe_gpu(key, {signal: value})` for many GPUs reporting one signal (the decision

@@ -15,14 +15,11 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policyc.compiler.actions import scope_problem
 from policyc.compiler.bundle import (
     Breaker,
     Bundle,
-    CancelStream,
     Quarantine,
-    Redirect,
-    ReportAnomaly,
-    SelfHeal,
     SignalCondition,
 )
 
@@ -120,12 +117,8 @@ def _check(breaker: Breaker) -> None:
     for a in breaker.actions:
         if isinstance(a, Quarantine) and (a.duration <= 0 or a.max_duration < a.duration or not 0 < a.max_share <= 1):
             raise RuleTableError(f"{where}: quarantine needs 0 < duration <= max_duration and max_share in (0, 1]")
-        if isinstance(a, CancelStream) and breaker.scope != "request":
-            raise RuleTableError(f"{where}: cancel_stream acts on one request, but the rule's scope is `{breaker.scope}`")
-        if isinstance(a, SelfHeal) and breaker.scope != "gpu":
-            raise RuleTableError(f"{where}: self_heal acts on a GPU, but the rule's scope is `{breaker.scope}`")
-        if isinstance(a, (Redirect, ReportAnomaly)):
-            continue
+        if (problem := scope_problem(a, breaker.scope)) is not None:  # the action table's scopes
+            raise RuleTableError(f"{where}: {problem}")
 
 
 def build_rule_table(bundle: Bundle) -> RuleTable:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from policyc.audit.records import ActionRecord
-from policyc.compiler.bundle import Bundle, ReportAnomaly
+from policyc.compiler.actions import CANCEL_STREAM, REDIRECT, REPORT_ANOMALY
+from policyc.compiler.bundle import Bundle
 from policyc.enforcer.rule_table import ELAPSED
 
 from .pick import Pick
@@ -84,24 +85,24 @@ class Acts:
                else f"after the upstream reset it (before its {budget} budget)")
         seen = (f"; seen in Envoy's access log {b.lag_s * 1e3:.0f} ms after the break" if b.lag_s is not None
                 else "; seen in the answer's headers")
-        self._record("cancel_stream", f"stream of request {pick.decision_id} to {pick.endpoint}", rule,
+        self._record(CANCEL_STREAM, f"stream of request {pick.decision_id} to {pick.endpoint}", rule,
                      f"Envoy reset the upstream stream {how}: RST_STREAM on that stream only, its connection stays{seen}",
                      pick.decision_id)
         redirect = pick.redirect
         headers = ", ".join(f"{k}: {v}" for k, v in pick.retry_headers)
-        self._record("redirect", f"request {pick.decision_id}", rule,
+        self._record(REDIRECT, f"request {pick.decision_id}", rule,
                      f"retried on attempt {b.attempt} to `{redirect.backup if redirect else '?'}` at {b.served}"
                      f"{' (' + b.answered_by + ')' if b.answered_by else ''} with {headers or 'no headers'}; "
                      f"answered with the {variant or 'unnamed'} variant after {b.elapsed_s * 1e3:.1f} ms",
                      pick.decision_id)
-        if pick.breaker is None or any(isinstance(a, ReportAnomaly) for a in pick.breaker.actions):
+        if pick.breaker is None or any(a.kind == REPORT_ANOMALY for a in pick.breaker.actions):
             if self.anomalies is not None:
                 self.anomalies.report_anomaly(pick.gpu_key, ELAPSED, (pick.per_try_timeout_ms or 0) / 1e3)
-                self._record("report_anomaly", pick.gpu_key, rule,
+                self._record(REPORT_ANOMALY, pick.gpu_key, rule,
                              f"{ELAPSED}={(pick.per_try_timeout_ms or 0) / 1e3:.4f}s on instance {pick.instance_id}: "
                              "its GPU's health drops on the placer's next tick", pick.decision_id)
             else:
-                self._record("report_anomaly", pick.gpu_key, rule, "no placer to report to", pick.decision_id, "skipped")
+                self._record(REPORT_ANOMALY, pick.gpu_key, rule, "no placer to report to", pick.decision_id, "skipped")
         self.breaks.append(b)
 
     def of(self, decision_id: str, at_least: int = 1, timeout: float = 0.0) -> list[ActionRecord]:

@@ -22,6 +22,7 @@ from policyc.compiler import units
 from policyc.compiler.bundle import Bundle, HeaderMapping, Scalar
 from policyc.compiler.diagnostic import Diagnostic
 from policyc.compiler.meaning import QUANTITY_KINDS, did_you_mean
+from policyc.compiler.value_types import Kind, kind_of
 
 from .errors import RequestError, header_problem
 from .request import Request
@@ -52,7 +53,8 @@ def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
     """The typed value of one header, or `_Malformed` saying what is wrong."""
     t = mapping.type
     raw = text.strip()
-    if not raw and t != "string":
+    kind = kind_of(t)
+    if not raw and kind is not Kind.TEXT:
         raise _Malformed(f"empty value; expected {units.describe(t)}")
     if t in QUANTITY_KINDS:
         m = _NUMBER.match(raw)
@@ -73,12 +75,12 @@ def parse_value(text: str, mapping: HeaderMapping) -> Scalar:
         if rng is not None and not (rng.lo <= value <= rng.hi):
             raise _Malformed(f"`{raw}` is out of range {units.format_si(rng.lo, t)} .. {units.format_si(rng.hi, t)}")
         return value
-    if t == "bool":
+    if kind is Kind.FLAG:
         b = _BOOL.get(raw.lower())
         if b is None:
             raise _Malformed(f"`{raw}` is not yes/no/true/false")
         return b
-    if t == "name":
+    if kind is Kind.NAME:
         if not _NAME.match(raw):
             raise _Malformed(f"`{raw}` is not a name (letters, digits, `-`, `_`, `.`)")
         if mapping.values and raw not in mapping.values:
