@@ -46,6 +46,20 @@ class Figure(_Frozen):
     high: float | None = None
 
 
+class LlmFigures(_Frozen):
+    """An LLM call's own figures: its tokens, the time to its first token and per output
+    token measured at the gateway, and the contract's budgets and FLOPs beside them
+    (`estimated`). Each figure says its source and method."""
+
+    prompt_tokens: Figure | None = None
+    completion_tokens: Figure | None = None
+    ttft_seconds: Figure | None = None
+    tpot_seconds: Figure | None = None
+    ttft_budget_seconds: Figure | None = None
+    tpot_budget_seconds: Figure | None = None
+    flops: Figure | None = None
+
+
 class Resources(_Frozen):
     """What one call consumed. A figure is None only when nothing could measure or estimate
     it (e.g. network bytes with no enforcer and no payload sizes): absent, never invented.
@@ -152,6 +166,7 @@ class ActionRecord(_Frozen):
     decision_id: str | None = None  # the call that triggered it, when there is one
     detail: str = ""
     resources: Resources | None = None  # `accounting`: the call's measured figures (absent from other kinds' bodies)
+    llm: LlmFigures | None = None  # an LLM call's `accounting`: its tokens and token times (gateway/llm_stream.py)
 
 
 class EntryKind(str, Enum):
