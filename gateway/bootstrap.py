@@ -41,7 +41,7 @@ from policyc.matcher.instance import canonical_endpoint
 from . import limits as bounds
 from .limits import Limits
 
-from .llm_routes import LlmRoutes, http1_pool_cluster, llm_listener_limits, llm_routes
+from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_routes
 
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
@@ -372,7 +372,7 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
     }
     clusters = [_pool_cluster(spec)]
     if spec.llm is not None:
-        clusters.append(http1_pool_cluster(clusters[0], spec.llm))
+        clusters += llm_clusters(clusters[0], spec.llm)
         _add_connection_manager_options(hcm, llm_listener_limits(spec.llm))
     if spec.use_picker:
         clusters.append(_picker_cluster(spec))
