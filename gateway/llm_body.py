@@ -63,6 +63,8 @@ class LlmRequest:
     user: str | None
     include_usage: bool  # the client asked for usage on its stream itself
     body: dict[str, Any]  # the parsed body (the picker may add `stream_options.include_usage`)
+    ttft_s: float | None = None  # the request's own token SLOs (`x-slo-ttft-ms`, `x-slo-tpot-ms`), seconds
+    tpot_s: float | None = None
 
 
 def path_kind(path: str) -> str | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import orjson
@@ -31,6 +31,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from policyc.compiler.bundle import Scalar
 
 from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, upstream_body
+from .bootstrap import PER_TRY_TIMEOUT
 from .llm_routes import HTTP1, PROTOCOL_LABEL, UPSTREAM_HEADER
 from .messages import CAUSE_HEADER, REASON_HEADER, RULE_HEADER
 from .refusal import ascii_line
@@ -77,6 +78,22 @@ def body_kind(req: ep.ProcessingRequest) -> str | None:
         if h.key == ":path":
             return path_kind(h.raw_value.decode("latin-1") if h.raw_value else h.value)
     return None
+
+
+SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms")  # the Inference Extension's per-request token SLOs, in ms
+MAX_SLO_MS = 600_000
+
+
+def _slo_ms(req: ep.ProcessingRequest, name: str) -> float | None:
+    """A token SLO header in seconds, or BodyError (400) for one that is not 1..600000 ms."""
+    text = _header(req, name)
+    if text is None:
+        return None
+    t = text.strip()
+    if not t.isdigit() or not 1 <= int(t) <= MAX_SLO_MS:
+        raise BodyError(400, f"header `{name}`: `{t[:32]}` is not a whole number of milliseconds from 1 to {MAX_SLO_MS}",
+                        name, "invalid_header")
+    return int(t) / 1e3
 
 
 def _header(req: ep.ProcessingRequest, name: str) -> str | None:
@@ -149,8 +166,18 @@ class LlmPicker:
 
     def read(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest, kind: str) -> LlmRequest:
         bundle = self.picker.service.engine.state.bundle
-        return parse_llm_body(body.request_body.body, kind, self.picks.tokenizers, _header(headers, "x-model"),
-                              lambda m: bundle.contract(m) is not None, self._context_of)
+        r = parse_llm_body(body.request_body.body, kind, self.picks.tokenizers, _header(headers, "x-model"),
+                           lambda m: bundle.contract(m) is not None, self._context_of)
+        ttft, tpot = (_slo_ms(headers, name) for name in SLO_HEADERS)
+        return replace(r, ttft_s=ttft, tpot_s=tpot) if ttft is not None or tpot is not None else r
+
+    def ttft_budget_ms(self, r: LlmRequest) -> int | None:
+        """A stream's first-token budget: its `x-slo-ttft-ms`, else its contract's `llm.ttft`."""
+        if r.ttft_s is not None:
+            return max(1, int(r.ttft_s * 1e3))
+        c = self.picker.service.engine.state.bundle.contract(r.model)
+        ttft = c.llm.ttft if c is not None and c.llm is not None else None
+        return max(1, int(ttft * 1e3)) if ttft is not None else None
 
     def attributes(self, r: LlmRequest) -> dict[str, Scalar]:
         """The body's facts as the request variables this bundle declares."""
@@ -211,6 +238,13 @@ class LlmPicker:
         elif forged:  # the client's own header chose the route: remove it and route again
             common.header_mutation.remove_headers.append(UPSTREAM_HEADER)
             common.clear_route_cache = True
+        ttft_ms = self.ttft_budget_ms(r) if r.stream else None
+        if ttft_ms is not None:  # a stream's attempt is held to its first token (llm_stream.py): that is its budget
+            m = common.header_mutation
+            kept = [h for h in m.remove_headers if h != PER_TRY_TIMEOUT]
+            del m.remove_headers[:]
+            m.remove_headers.extend(kept)
+            _set(m, PER_TRY_TIMEOUT, str(ttft_ms))
         new_body = upstream_body(r)
         if new_body is not None:  # its length changed: say so (Envoy sends the header as it was)
             common.body_mutation.body = new_body

@@ -40,6 +40,11 @@ class LlmRoutes:
     max_body_bytes: int = 4 << 20  # a 220 KB prompt fits many times; beyond: 413
     body_timeout_ms: int = 10_000  # the whole request received within this; beyond: 408
     eds_path_http1: str | None = None  # the HTTP/1.1 pool's EDS file (None: the inline endpoints)
+    # `ip:port` of the stream supervisor (gateway/llm_stream.py), an upstream ext_proc filter on the
+    # HTTP/1.1 pool: first tokens held to their TTFT budget, streams to their TPOT budget, tokens and
+    # times measured. None: answers pass unsupervised (no TTFT break on streams, no TPOT end, no evidence)
+    supervisor: str | None = None
+    supervisor_timeout_ms: int = 1000  # per message to the supervisor
 
 
 def _processing_mode(response_headers: bool) -> dict[str, Any]:
@@ -75,6 +80,42 @@ def llm_routes(limits: LlmRoutes, base: dict[str, Any], response_headers: bool) 
     return routes + _twice(base)
 
 
+SUPERVISOR_CLUSTER = "policyc_llm_supervisor"
+SUPERVISOR_FILTER = "policyc.llm_supervisor"
+
+
+def _supervisor_filter(limits: LlmRoutes) -> dict[str, Any]:
+    """The upstream ext_proc filter: each attempt's request headers (the decision id), its
+    answer's headers (held until the first body chunk) and body, full duplex (the
+    supervisor may end a stalled stream with a body of its own)."""
+    t = f"{limits.supervisor_timeout_ms / 1000:g}s"
+    # its own name: the LLM routes' per-route ext_proc override (body BUFFERED) is the picker's alone
+    return {"name": SUPERVISOR_FILTER, "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": SUPERVISOR_CLUSTER}, "timeout": t},
+        "failure_mode_allow": False,
+        "message_timeout": t,
+        "allow_mode_override": True,
+        "processing_mode": {"request_header_mode": "SEND", "response_header_mode": "SEND",
+                            "request_body_mode": "NONE", "response_body_mode": "FULL_DUPLEX_STREAMED",
+                            "request_trailer_mode": "SKIP", "response_trailer_mode": "SEND"}}}
+
+
+def llm_clusters(h2_pool: dict[str, Any], limits: LlmRoutes) -> list[dict[str, Any]]:
+    """The HTTP/1.1 pool and, with a supervisor, its cluster."""
+    out = [http1_pool_cluster(h2_pool, limits)]
+    if limits.supervisor is not None:
+        host, _, port = limits.supervisor.rpartition(":")
+        out.append({"name": SUPERVISOR_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": {"http2_protocol_options": {}}}},
+                    "load_assignment": {"cluster_name": SUPERVISOR_CLUSTER, "endpoints": [{"lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {"address": host.strip("[]"),
+                                                                     "port_value": int(port)}}}}]}]}})
+    return out
+
+
 def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes) -> dict[str, Any]:
     """The HTTP/2 pool's cluster made HTTP/1.1: the same balancer (the picker's override host),
     the same per-attempt filters, the same endpoints (its own EDS file, same content)."""
@@ -82,6 +123,8 @@ def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes) -> dict[str, 
     c["name"] = POOL_HTTP1_CLUSTER
     opts = c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     opts["explicit_http_config"] = {"http_protocol_options": {}}
+    if limits.supervisor is not None and "http_filters" in opts:  # before the codec, after the retry headers
+        opts["http_filters"].insert(len(opts["http_filters"]) - 1, _supervisor_filter(limits))
     if "load_assignment" in c:
         c["load_assignment"]["cluster_name"] = POOL_HTTP1_CLUSTER
     if "eds_cluster_config" in c:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import grpc
@@ -196,8 +196,10 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         return pick.decision_id if pick is not None else None
 
     def enable_llm(self, picks: "llm_pick.LlmPicks") -> None:
-        """Read the bodies of LLM requests (the bootstrap's LLM routes send them)."""
+        """Read the bodies of LLM requests (the bootstrap's LLM routes send them); their token
+        SLO headers are the LLM picker's, not the policy's."""
         self.llm = llm_pick.LlmPicker(self, picks)
+        self.config = replace(self.config, forwarded_headers=self.config.forwarded_headers | frozenset(llm_pick.SLO_HEADERS))
 
     async def _request_headers(self, req: ep.ProcessingRequest,
                                attributes: Mapping[str, Scalar] | None = None) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:

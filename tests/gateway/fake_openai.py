@@ -7,11 +7,14 @@ token, `usage`, `/v1/models`), with timing the tests control per request:
 - `x-policyc-fake-gap-ms`: between tokens (default 2);
 - `x-policyc-fake-stall-after`: after this many tokens, wait `x-policyc-fake-stall-ms`.
 
+A server started with `--stalls` obeys them (the primaries); one without serves at the
+default pace whatever the headers say (the backup a broken request is retried on).
+
 A prompt's tokens are its whitespace-separated words; the answer is `max_tokens` tokens (16
 when not given). `GET /fake/stats` says what it received and how many streams the client
 left before their end (a disconnect stops generation, as vLLM's does).
 
-Run: `python fake_openai.py PORT INSTANCE_ID MODEL...`; prints `ready` once listening.
+Run: `python fake_openai.py PORT INSTANCE_ID [--stalls] MODEL...`; prints `ready` once listening.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from typing import Any
 
 STATS: dict[str, Any] = {"requests": [], "cancelled": 0, "completed": 0}
+STALLS = {"on": False}
 
 
 def _words(body: dict[str, Any]) -> int:
@@ -76,10 +80,11 @@ async def _answer(writer: asyncio.StreamWriter, method: str, path: str, headers:
         return
     body = json.loads(raw)
     STATS["requests"].append({"path": path, "body": body, "headers": headers, "at": time.time()})
-    ttft = float(headers.get("x-policyc-fake-ttft-ms", "0")) / 1e3
-    gap = float(headers.get("x-policyc-fake-gap-ms", "2")) / 1e3
-    stall_after = int(headers.get("x-policyc-fake-stall-after", "-1"))
-    stall = float(headers.get("x-policyc-fake-stall-ms", "0")) / 1e3
+    control = headers if STALLS["on"] else {}
+    ttft = float(control.get("x-policyc-fake-ttft-ms", "0")) / 1e3
+    gap = float(control.get("x-policyc-fake-gap-ms", "2")) / 1e3
+    stall_after = int(control.get("x-policyc-fake-stall-after", "-1"))
+    stall = float(control.get("x-policyc-fake-stall-ms", "0")) / 1e3
     n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     usage = {"prompt_tokens": _words(body), "completion_tokens": n, "total_tokens": _words(body) + n}
     chat = path == "/v1/chat/completions"
@@ -152,4 +157,7 @@ async def main(port: int, instance: str, models: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3:]))
+    rest = sys.argv[3:]
+    if rest and rest[0] == "--stalls":
+        STALLS["on"], rest = True, rest[1:]
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], rest))

@@ -26,6 +26,7 @@ from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
 from policyc.gateway.envoy_process import EnvoyProcess
 from policyc.gateway.llm_pick import LlmPicks
 from policyc.gateway.llm_routes import HTTP1, PROTOCOL_LABEL, LlmRoutes
+from policyc.gateway.llm_stream import StreamSupervisor, SupervisorServer
 from policyc.gateway.picker import PickerConfig
 from policyc.gateway.server import PickerServer
 from policyc.gateway.tokens import Tokenizers
@@ -59,9 +60,10 @@ class FakeServer:
         return f"127.0.0.1:{self.port}"
 
 
-def start_fake(instance: str, models: list[str]) -> FakeServer:
+def start_fake(instance: str, models: list[str], stalls: bool = False) -> FakeServer:
     port = free_port()
-    p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_openai.py")), str(port), instance, *models],
+    p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_openai.py")), str(port), instance,
+                          *(["--stalls"] if stalls else []), *models],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert p.stdout is not None
     line = p.stdout.readline()
@@ -85,6 +87,8 @@ class LlmGateway:
     instances: dict[str, str] = field(init=False, default_factory=dict)  # endpoint -> instance id
     listen: str = field(init=False)
     picks: LlmPicks = field(init=False)
+    supervisor: StreamSupervisor = field(init=False)
+    supervisor_server: SupervisorServer = field(init=False)
 
     def start(self) -> "LlmGateway":
         self.bundle = llm_bundle()
@@ -103,7 +107,7 @@ class LlmGateway:
                 used.add((inst.deployment.host, inst.deployment.gpu))
                 iid = instance_id(model, inst.deployment.host, inst.deployment.gpu) + f"#llm{i}"
                 if not endpoint:
-                    fake = start_fake(iid, [model])
+                    fake = start_fake(iid, [model], stalls=model == LLM)  # the backup never stalls
                     self.fakes.append(fake)
                     endpoint = fake.endpoint
                 self.instances[endpoint] = iid
@@ -118,6 +122,13 @@ class LlmGateway:
                 tokenizers.register(m, self.tokenizer)
         self.picks = LlmPicks(tokenizers, max_body_bytes=self.max_body_bytes)
         self.picker.picker.enable_llm(self.picks)
+        recent = self.picker.picker.recent
+        self.supervisor = StreamSupervisor(self.picks, lambda: server.engine.state.bundle, self.picker.acts.log,
+                                           self.picker.acts.anomalies,
+                                           lambda did: recent[did].gpu_key if did in recent else None,
+                                           lambda did: recent[did].retry_headers if did in recent else ())
+        self.supervisor_server = SupervisorServer(self.supervisor)
+        supervisor_port = self.thread.call(self.supervisor_server.start())
         self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))
         als = self.thread.call(self.als.start())
         self.picker.picker.follow_access_log(self.als.receiver)
@@ -125,7 +136,8 @@ class LlmGateway:
         spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=self.listen, admin=f"127.0.0.1:{free_port()}",
                            endpoints=tuple(self.instances), access_log_cluster=als, breaks_from_access_log=True,
                            log_every_call=False,
-                           llm=LlmRoutes(max_body_bytes=self.max_body_bytes, body_timeout_ms=self.body_timeout_ms))
+                           llm=LlmRoutes(max_body_bytes=self.max_body_bytes, body_timeout_ms=self.body_timeout_ms,
+                                         supervisor=f"127.0.0.1:{supervisor_port}"))
         self.envoy = EnvoyProcess(build_bootstrap(spec), self.workdir / "envoy").start()
         return self
 
@@ -135,6 +147,7 @@ class LlmGateway:
 
     def stop(self) -> None:
         for step in (self.envoy.stop, lambda: self.thread.call(self.als.stop()),
+                     lambda: self.thread.call(self.supervisor_server.stop()),
                      lambda: self.thread.call(self.picker.stop()), self.thread.stop):
             try:
                 step()

@@ -77,7 +77,7 @@ def test_stream_passes_through_as_the_server_writes(llm_gateway: LlmGateway) -> 
     host, port = llm_gateway.listen.split(":")
     c = http.client.HTTPConnection(host, int(port), timeout=30)
     c.request("POST", "/v1/chat/completions", json.dumps(chat(max_tokens=5, stream=True)).encode(),
-              {"content-type": "application/json", "x-policyc-fake-gap-ms": "400"})
+              {"content-type": "application/json", "x-policyc-fake-gap-ms": "400", "x-slo-tpot-ms": "5000"})
     r = c.getresponse()
     assert r.status == 200 and r.getheader("content-type") == "text/event-stream"
     events: list[tuple[float, str]] = []
@@ -208,3 +208,111 @@ def test_tokens_file_is_real(tmp_path: Path) -> None:
     """The rig's tokenizer is a real tokenizer.json the `tokenizers` library loads."""
     from tokenizers import Tokenizer
     assert Tokenizer.from_file(str(make_tokenizer(tmp_path))).get_vocab_size() > 256
+
+
+def fake_stats(gw: LlmGateway, model: str) -> list[dict[str, Any]]:
+    out = []
+    for f in gw.fakes:
+        if f.model == model:
+            c = http.client.HTTPConnection("127.0.0.1", f.port, timeout=10)
+            c.request("GET", "/fake/stats")
+            out.append(json.loads(c.getresponse().read()))
+            c.close()
+    return out
+
+
+def sse(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def test_ttft_break_retries_once_on_the_backup(llm_gateway: LlmGateway) -> None:
+    """The primary holds its first token 3 s; the stream's TTFT budget is 300 ms: Envoy resets
+    that attempt and retries on the backup with X-Retry-Count: 1; the client sees one answer."""
+    t0 = time.monotonic()
+    status, h, raw = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=4, stream=True),
+                          {"x-slo-ttft-ms": "300", "x-policyc-fake-ttft-ms": "3000"})
+    took = time.monotonic() - t0
+    assert status == 200 and h["x-envoy-attempt-count"] == "2", (status, h)
+    assert served_model(llm_gateway, h) == LITE and took < 2.5
+    events = sse(raw)
+    assert events[-1] == "[DONE]" and sum(1 for e in events[:-1] if json.loads(e)["choices"]) == 4
+    retried = [q for s in fake_stats(llm_gateway, LITE) for q in s["requests"]
+               if q["headers"].get("x-policyc-decision-id") == h["x-policyc-decision-id"]]
+    assert retried and retried[0]["headers"].get("x-retry-count") == "1"
+    acts = llm_gateway.picker.acts.of(h["x-policyc-decision-id"], at_least=2, timeout=10)
+    assert {a.kind for a in acts} >= {"cancel_stream", "redirect"}, acts
+
+
+def test_tpot_stall_ends_the_stream_with_an_error_event(llm_gateway: LlmGateway) -> None:
+    status, h, raw = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=6, stream=True),
+                          {"x-slo-tpot-ms": "250", "x-policyc-fake-stall-after": "2", "x-policyc-fake-stall-ms": "3000"})
+    assert status == 200
+    events = sse(raw)
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "tpot_exceeded" and "250 ms" in err["message"], err
+    assert sum(1 for e in events[:-2] if json.loads(e).get("choices")) == 2  # the tokens sent before the stall
+    did = h["x-policyc-decision-id"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(r.decision_id == did and r.kind == "cancel_stream"
+                                                  for r in llm_gateway.supervisor.records):
+        time.sleep(0.05)
+    kinds = [r.kind for r in llm_gateway.supervisor.records if r.decision_id == did]
+    assert "cancel_stream" in kinds and "report_anomaly" in kinds and "accounting" in kinds, kinds
+    audited = read_audit_actions(llm_gateway, did, "cancel_stream")
+    assert audited and "TPOT budget of 250 ms" in audited[0]["detail"]
+
+
+def read_audit_actions(gw: LlmGateway, decision_id: str, kind: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """The action records of `decision_id` of `kind` as the audit log stored them (read back
+    from its file: what an auditor sees)."""
+    from policyc.audit.query import AuditReader
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with AuditReader.open(gw.workdir / "audit.db") as reader:
+            found = [json.loads(e.record.model_dump_json()) for e in reader.actions_for(decision_id)
+                     if e.record.kind == kind]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_audit_tokens_equal_the_servers_usage(llm_gateway: LlmGateway) -> None:
+    for stream in (False, True):
+        status, h, raw = post(llm_gateway, "/v1/chat/completions", chat("one two three four", max_tokens=7, stream=stream))
+        assert status == 200
+        if stream:
+            usage = next(json.loads(e)["usage"] for e in sse(raw)[:-1] if json.loads(e).get("usage"))
+        else:
+            usage = json.loads(raw)["usage"]
+        did = h["x-policyc-decision-id"]
+        records = read_audit_actions(llm_gateway, did, "accounting")
+        assert records, did
+        llm = records[0]["llm"]
+        assert llm["prompt_tokens"]["value"] == usage["prompt_tokens"] and llm["prompt_tokens"]["source"] == "measured"
+        assert llm["completion_tokens"]["value"] == usage["completion_tokens"] == 7
+        assert llm["ttft_seconds"]["source"] == "measured" and llm["ttft_seconds"]["value"] > 0
+        assert llm["ttft_budget_seconds"]["source"] == "estimated" and llm["ttft_budget_seconds"]["value"] == 0.5
+        assert llm["flops"]["source"] == "estimated"
+        if stream:
+            assert llm["tpot_seconds"]["source"] == "measured"
+
+
+def test_client_disconnect_cancels_the_upstream(llm_gateway: LlmGateway) -> None:
+    before = sum(s["cancelled"] for s in fake_stats(llm_gateway, LLM))
+    host, port = llm_gateway.listen.split(":")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    body = json.dumps(chat(max_tokens=200, stream=True)).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"x-policyc-fake-gap-ms: 50\r\nx-slo-tpot-ms: 5000\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(65536)
+    s.close()  # 3 of 200 tokens read: the client leaves
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if sum(x["cancelled"] for x in fake_stats(llm_gateway, LLM)) > before:
+            return
+        time.sleep(0.1)
+    pytest.fail("the model server kept generating after the client left")
