@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _load(path: str) -> tuple[Bundle | None, str]:
     """The bundle at `path`, or None and the rendered reason it cannot be had."""
     from policyc.compiler import bundle_io
+    from policyc.compiler.load import is_directory
     from policyc.compiler.pipeline import compile_paths
     from policyc.dsl.diagnostics import render_text, summary
 
@@ -45,7 +46,7 @@ def _load(path: str) -> tuple[Bundle | None, str]:
         except bundle_io.BundleError as e:
             return None, f"policyc diff: {e}\n"
     p = Path(path)
-    if p.is_dir() or p.suffix == ".contract":
+    if is_directory(p) or p.suffix == ".contract":
         result = compile_paths([p])
         if not result.ok:
             return None, render_text(result.errors, result.sources) + f"{path}: {summary(result.diagnostics)}\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
 import sys
 from pathlib import Path
 
@@ -53,9 +54,13 @@ def _contracts_from_bundle(path: Path) -> tuple[Contract, ...]:
 
 
 def select_contract(path: Path, name: str) -> Contract:
-    if not path.exists():
-        raise _Failure(f"{path}: no such contract file")
-    if not path.is_file():  # a FIFO, a device, a directory: refused with its kind when read, never read here
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise _Failure(f"{path}: no such contract file") from None
+    except OSError as e:  # a parent the user cannot search
+        raise _Failure(f"{path}: cannot read the contract file: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):  # a FIFO, a device, a directory: refused with its kind when read, never read here
         from policyc.compiler import bounded_read
 
         try:

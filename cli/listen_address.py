@@ -22,7 +22,8 @@ def check_listen_host(text: str) -> str:
     if text == "localhost":
         return text
     if len(text) > MAX_LENGTH or not text.isprintable():
-        raise ValueError(f"`{text[:MAX_LENGTH].encode('ascii', 'backslashreplace').decode()}…` is not an IP address")
+        shown = text[:MAX_LENGTH].encode("unicode_escape").decode("ascii") + ("..." if len(text) > MAX_LENGTH else "")
+        raise ValueError(f"`{shown}` is not an IP address")
     bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     try:
         ipaddress.ip_address(bare)

@@ -29,6 +29,15 @@ def display_name(path: Path) -> str:
         return path.as_posix()
 
 
+def is_directory(path: Path) -> bool:
+    """`path.is_dir()` that is False, not a PermissionError, when a parent cannot be
+    searched (the reader that follows reports that path as E001)."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
     files: list[Path] = []
     diags: list[Diagnostic] = []

@@ -88,7 +88,7 @@ def listen_host(text: str) -> str:
     try:
         ipaddress.ip_address(bare)
     except ValueError:
-        shown = text[:64].encode("ascii", "backslashreplace").decode()
+        shown = text[:64].encode("unicode_escape").decode("ascii")
         raise argparse.ArgumentTypeError(f"`{shown}` is not an IP address: give one such as 127.0.0.1, ::1 "
                                          "or 0.0.0.0, or localhost") from None
     return bare
