@@ -22,6 +22,11 @@ Modules (import what you need; only `serve`, `onnx_model` and `zygote` import KS
                  retry → simplified variant)
 - `serve`        one server process: KServe's DataPlane, RESTServer and gRPC servicer
 - `command`      `python -m policyc.modelserver` / `policyc modelserver`
+- `bounds`       what one request may ask (sequence, batch x sequence <= the contract's
+                 tokens, tensor bytes, answer bytes from the output shape), checked
+                 before any decode or compute; `rest_guard` holds REST bodies to them in
+                 front of FastAPI (413 / 400), `refusals` makes a client's error one log
+                 line and its status (gRPC INVALID_ARGUMENT …)
 
 A pool for tests, the demo and the gateway:
 
