@@ -1,11 +1,14 @@
-"""`policyc agent key|enroll|run|attest`: the host agent and its attested TPM facts.
+"""`policyc agent key|enroll|run|attest|facts`: the host agent and its attested TPM facts.
 
 On each host, `key` makes the host's attestation key in its TPM (once; kept, wrapped by the
 TPM, in the agent's state dir) and writes its public part. The operator then records that
 key for the host with `enroll` (from the public file, carried over by hand or by the
 provisioning system: this is the step that says "this key is host H's TPM"). `run` is the
-agent itself: it answers the control plane's challenges with TPM quotes through the fleet
-store (etcd). `attest` challenges a host now and prints what was verified.
+agent itself: it publishes what it discovers of its host (interfaces, addresses: `facts`
+prints them) and answers the control plane's challenges with TPM quotes, through the fleet
+store (etcd); its addresses become the host's for the endpoint rules, so an instance of
+another host cannot register an endpoint there. `attest` challenges a host now and prints
+what was verified.
 
 Once any host is enrolled, the fleet trusts a `tpm` claim only from an enrolled host whose
 quote verified recently: RegisterInstance refuses the others (E732), and replicas do not
@@ -58,6 +61,10 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     _tpm_flags(r, required=False)
     _store_flags(r)
     r.set_defaults(func=_run)
+    f = add_command(asub, "facts", help="print what the agent discovers of this host (interfaces, addresses) as JSON",
+                    codes=CODES, examples=["policyc agent facts --host host-3"])
+    f.add_argument("--host", required=True, help="this host's name in the fleet")
+    f.set_defaults(func=_facts)
     a = add_command(asub, "attest", help="challenge a host's agent now and print what was verified", codes=CODES,
                     examples=["policyc agent attest --host host-3 --etcd http://127.0.0.1:2379"])
     a.add_argument("--host", required=True, help="the enrolled host to challenge")
@@ -175,6 +182,19 @@ def _attest(args: argparse.Namespace) -> int:
         return int(Exit.FAILED)
     pcrs = ", ".join(f"{i}={v[:12]}…" for i, v in sorted(got.pcrs.items()))
     print(f"host {args.host}: attested with key {got.ak_name[:20]}…; PCRs {pcrs}")
+    return 0
+
+
+def _facts(args: argparse.Namespace) -> int:
+    import json
+
+    from policyc.cluster.attestation import check_host
+    from policyc.cluster.host_facts import discover
+
+    try:
+        print(json.dumps(discover(check_host(args.host)).to_json(), indent=2))
+    except (ValueError, OSError) as e:
+        return _fail(str(e))
     return 0
 
 

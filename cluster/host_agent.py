@@ -1,5 +1,6 @@
-"""`policyc agent run`: one per host. It announces itself under its lease
-(`agents/<host>`), answers the control plane's attestation challenges for its host with
+"""`policyc agent run`: one per host. It announces itself and what it discovered of its
+host (interfaces and addresses, `host_facts.py`; rediscovered every few seconds) under its
+lease (`agents/<host>`), answers the control plane's attestation challenges for its host with
 its TPM's quotes (`attestation.py` has the exchange), and keeps the instances of its own
 host registered through `InstanceAgent` (the model server's lease), refusing any instance
 that claims another host.
@@ -20,6 +21,7 @@ from policyc.matcher import Instance
 
 from .agent import InstanceAgent
 from .attestation import check_host, encode_answer
+from .host_facts import HostFacts, discover
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
 from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
@@ -31,9 +33,13 @@ MAX_CHALLENGE_AGE = 60.0  # seconds: an older challenge found at start is not an
 
 
 class HostAgent:
-    def __init__(self, store: FleetStore, keys: Keys, host: str, tpm: HostTpm | None, *, ttl: int = 5) -> None:
+    def __init__(self, store: FleetStore, keys: Keys, host: str, tpm: HostTpm | None, *, ttl: int = 5,
+                 discover_facts: bool = True, facts_interval: float = 5.0) -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
+        self.discover_facts, self.facts_interval = discover_facts, facts_interval
+        self.facts: HostFacts | None = None
+        self._rediscover: asyncio.Task[None] | None = None
         self.answered = 0  # challenges answered (for status and tests)
         self._keeper = LeaseKeeper(store, ttl, self._announce, f"agent {host}")
         self._task: asyncio.Task[None] | None = None
@@ -43,12 +49,18 @@ class HostAgent:
         if self.tpm is not None:
             ak = await asyncio.to_thread(self.tpm.attestation_key)
             self.ak_name = AttestationKey.parse(ak).name.hex()
+        if self.discover_facts:
+            self.facts = await asyncio.to_thread(discover, self.host)
         await self._keeper.start()
-        self._task = asyncio.get_running_loop().create_task(self._answering())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._answering())
+        if self.discover_facts:
+            self._rediscover = loop.create_task(self._rediscovering())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for t in (self._task, self._rediscover):
+            if t is not None:
+                t.cancel()
         for a in self._instances:
             await a.stop()
         await self._keeper.stop(revoke=True)
@@ -56,7 +68,20 @@ class HostAgent:
     async def _announce(self, lease: int) -> None:
         await self.store.put(self.keys.agent(self.host), json.dumps(
             {"host": self.host, "ak_name": self.ak_name, "tpm": self.tpm is not None, "pid": os.getpid(),
-             "time": time.time()}).encode(), lease)
+             "time": time.time(), "facts": self.facts.to_json() if self.facts is not None else None}).encode(), lease)
+
+    async def _rediscovering(self) -> None:
+        """Publish the host's facts again when they change (an address added, a link down)."""
+        while True:
+            await asyncio.sleep(self.facts_interval)
+            try:
+                now = await asyncio.to_thread(discover, self.host)
+                if now != self.facts:
+                    self.facts = now
+                    if self._keeper.lease:
+                        await self._announce(self._keeper.lease)
+            except (OSError, StoreError) as e:
+                log.warning("agent %s: rediscovering its facts: %s", self.host, e)
 
     # ---------------------------------------------------------------- challenges
     async def _answering(self) -> None:

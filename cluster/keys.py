@@ -15,7 +15,7 @@
     attest/challenges/<host>/<tag>  a fresh nonce the control plane asks that host's agent to quote, under a short lease
     attest/quotes/<host>/<tag>      the agent's answer (quote, signature, PCR values), under the same lease
     attest/facts/<host>   the host's last attestation as verified (when, which key, which PCRs; or why refused)
-    agents/<host>         a host agent's presence (its AK name, pid), under its lease
+    agents/<host>         a host agent's presence and discovered facts (interfaces, addresses), under its lease
 """
 
 from __future__ import annotations
@@ -113,8 +113,12 @@ class Keys:
     def attest(self) -> str:
         return self.prefix + "attest/"
 
+    @property
+    def agents(self) -> str:
+        return self.prefix + "agents/"
+
     def agent(self, host: str) -> str:
-        return self.prefix + "agents/" + host
+        return self.agents + host
 
     @property
     def attested_facts(self) -> str:

@@ -56,15 +56,18 @@ class LocalEtcd:
     root: Path
     cluster_token: str
     _log: list[Path] = field(default_factory=list)
+    also_listen: str = ""
 
     @classmethod
-    def start(cls, size: int = 3, *, timeout: float = 15.0, root: Path | None = None) -> "LocalEtcd":
+    def start(cls, size: int = 3, *, timeout: float = 15.0, root: Path | None = None, also_listen: str = "") -> "LocalEtcd":
+        """`also_listen`: one more address each member's client port listens on (e.g. a
+        bridge's, for agents in network namespaces)."""
         if not Path(ETCD).exists():
             raise RuntimeError(f"etcd is not installed at {ETCD} (Debian: apt-get install etcd-server)")
         base = Path(tempfile.mkdtemp(prefix="policyc-etcd-", dir=root))
         ports = free_ports(2 * size)
         members = [Member(f"m{i}", ports[2 * i], ports[2 * i + 1], base / f"m{i}") for i in range(size)]
-        etcd = cls(members, base, f"policyc-{os.getpid()}-{ports[0]}")
+        etcd = cls(members, base, f"policyc-{os.getpid()}-{ports[0]}", also_listen=also_listen)
         for m in members:
             etcd._launch(m, initial=True)
         etcd.wait_healthy(timeout)
@@ -77,7 +80,8 @@ class LocalEtcd:
     def _launch(self, m: Member, *, initial: bool) -> None:
         peers = ",".join(f"{x.name}=http://127.0.0.1:{x.peer_port}" for x in self.members)
         argv = [ETCD, "--name", m.name, "--data-dir", str(m.data_dir),
-                "--listen-client-urls", f"http://127.0.0.1:{m.client_port}",
+                "--listen-client-urls", f"http://127.0.0.1:{m.client_port}"
+                + (f",http://{self.also_listen}:{m.client_port}" if self.also_listen else ""),
                 "--advertise-client-urls", f"http://127.0.0.1:{m.client_port}",
                 "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",

@@ -41,6 +41,7 @@ from policyc.server.errors import ServiceError
 
 from . import anchors, bundle_rollout, instance_codec
 from .attestation import AttestationBook, AttestedFact, Attestor
+from .host_facts import HostFacts
 from .config import FleetConfig
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
@@ -113,6 +114,7 @@ class Replica:
         self._settler: asyncio.Task[None] | None = None
         self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
         self._attesting_now: dict[str, asyncio.Task[AttestedFact]] = {}
+        self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
 
     # ================================================================ life cycle
     @property
@@ -146,6 +148,8 @@ class Replica:
         self.quarantines.load(tuple(by["quarantines"]))
         for problem in self.attestation.load(tuple(by["attest"])):
             log.warning("replica %s: %s", self.name, problem)
+        for e in by["agents"]:
+            self._agent_report(e.key, e.value)
         leader = next((e for e in by["leader"]), None)
         if leader is not None:
             self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
@@ -181,7 +185,7 @@ class Replica:
 
     def _split(self, snap: Snapshot) -> dict[str, list[Any]]:
         k = self.keys
-        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": [], "attest": []}
+        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": [], "attest": [], "agents": []}
         for e in snap.entries:
             if e.key.startswith(k.instances):
                 out["instances"].append(e)
@@ -195,6 +199,8 @@ class Replica:
                 out["bundle"].append(e)
             elif e.key.startswith(k.attest):
                 out["attest"].append(e)
+            elif e.key.startswith(k.agents):
+                out["agents"].append(e)
         return out
 
     def _apply_initial(self, items: list[tuple[Instance, float | None]]) -> None:
@@ -301,6 +307,9 @@ class Replica:
         self.sessions.load(tuple(by["sessions"]))
         self.quarantines.load(tuple(by["quarantines"]))
         self.attestation.load(tuple(by["attest"]))
+        self.host_facts.clear()
+        for report in by["agents"]:
+            self._agent_report(report.key, report.value)
         self._on_serving(self._converge)
         self.reloads += 1
         pointer = next((e for e in by["bundle"]), None)
@@ -374,6 +383,11 @@ class Replica:
             if problem:
                 log.warning("replica %s: %s", self.name, problem)
             self._on_serving(self._converge)  # `tpm` claims trusted or not from now on
+        elif ch.key.startswith(k.agents):
+            if ch.kind is ChangeKind.PUT:
+                self._agent_report(ch.key, ch.value)
+            else:
+                self.host_facts.pop(k.id_of(ch.key, k.agents), None)
 
     def _follow_quarantine(self, q: QuarantineEntry) -> None:
         """On the serving loop: the leader's quarantine, applied to this replica's guardian."""
@@ -493,6 +507,25 @@ class Replica:
                     await self.store.delete(self.keys.quarantine(b))
             except StoreError as e:
                 log.info("replica %s: housekeeping: %s", self.name, e)
+
+    # ================================================================ host agents
+    def _agent_report(self, key: str, raw: bytes) -> None:
+        """A host agent's report: its discovered addresses become that host's for the
+        endpoint rules (an endpoint on another host's address is refused)."""
+        host = self.keys.id_of(key, self.keys.agents)
+        try:
+            body = json.loads(raw)
+            facts = HostFacts.from_json(body["facts"]) if body.get("facts") else None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("replica %s: %s: not an agent report (%s)", self.name, key, e)
+            return
+        if facts is None or facts.host != host:
+            return
+        self.host_facts[host] = facts
+        rules = getattr(self.server.service, "endpoints", None)
+        if rules is not None:
+            for ip in sorted(facts.routable()):
+                rules.declare(host, ip)
 
     # ================================================================ attestation
     async def attest(self, host: str) -> AttestedFact:

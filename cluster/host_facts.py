@@ -1,0 +1,108 @@
+"""What a host agent discovers about its own host's network: each interface (name, MAC,
+MTU, state, link speed where the driver says) and the addresses on it, read from the
+kernel (rtnetlink through pyroute2, and `/sys/class/net/<if>/speed`) in the network
+namespace the agent runs in. These are the addresses the host's model servers may answer
+on: a replica takes them as the host's own (`Replica` declares them to the endpoint rules),
+so an instance claiming this host with an endpoint on another host's address is refused.
+
+    facts = discover("host-3")
+    facts.routable()          # {"10.0.3.7", "fd00::7"}: no loopback, no link-local
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = "rtnetlink (pyroute2) in the agent's network namespace; link speed from /sys/class/net"
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    mac: str
+    mtu: int
+    state: str  # the kernel's operstate: UP, DOWN, UNKNOWN (loopback), …
+    speed_mbps: int | None  # None: the driver does not say (veth, loopback, a link that is down)
+    addresses: tuple[str, ...]  # CIDR, e.g. 10.0.3.7/24
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    host: str
+    interfaces: tuple[Interface, ...]
+    source: str = SOURCE
+
+    def routable(self) -> set[str]:
+        """The host's addresses another host can reach: not loopback, not link-local."""
+        out = set()
+        for i in self.interfaces:
+            for a in i.addresses:
+                ip = ipaddress.ip_interface(a).ip
+                if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast):
+                    out.add(str(ip))
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {"host": self.host, "source": self.source,
+                "interfaces": [{"name": i.name, "mac": i.mac, "mtu": i.mtu, "state": i.state, "speed_mbps": i.speed_mbps,
+                                "addresses": list(i.addresses)} for i in self.interfaces]}
+
+    @classmethod
+    def from_json(cls, body: dict[str, object]) -> "HostFacts":
+        """ValueError for a record that is not one (bounded: at most 256 interfaces, 64 addresses each)."""
+        try:
+            raw = body["interfaces"]
+            if not isinstance(raw, list) or len(raw) > 256:
+                raise ValueError("interfaces: a list of at most 256")
+            ifs = []
+            for i in raw:
+                addrs = tuple(str(ipaddress.ip_interface(str(a))) for a in list(i["addresses"])[:64])
+                speed = i.get("speed_mbps")
+                ifs.append(Interface(str(i["name"]), str(i["mac"]), int(i["mtu"]), str(i["state"]),
+                                     None if speed is None else int(speed), addrs))
+            return cls(str(body["host"]), tuple(ifs), str(body.get("source") or SOURCE))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"not a host facts record ({e})") from None
+
+
+def _speed(name: str) -> int | None:
+    try:
+        v = int((Path("/sys/class/net") / name / "speed").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return v if v > 0 else None
+
+
+def discover(host: str) -> HostFacts:
+    """The interfaces and addresses of the network namespace this process runs in."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        links = ipr.get_links()
+        addrs = ipr.get_addr()
+    by_index: dict[int, list[str]] = {}
+    for a in addrs:
+        ip = a.get_attr("IFA_ADDRESS")
+        if ip:
+            by_index.setdefault(int(a["index"]), []).append(f"{ip}/{a['prefixlen']}")
+    out = []
+    for link in sorted(links, key=lambda x: int(x["index"])):
+        name = str(link.get_attr("IFLA_IFNAME"))
+        out.append(Interface(name, str(link.get_attr("IFLA_ADDRESS") or ""), int(link.get_attr("IFLA_MTU") or 0),
+                             str(link.get_attr("IFLA_OPERSTATE") or "UNKNOWN"), _speed(name),
+                             tuple(sorted(by_index.get(int(link["index"]), [])))))
+    return HostFacts(host, tuple(out))
+
+
+def main() -> None:
+    """`python -m policyc.cluster.host_facts HOST`: the facts as JSON (what `policyc agent facts` prints)."""
+    import sys
+
+    print(json.dumps(discover(sys.argv[1] if len(sys.argv) > 1 else "this-host").to_json(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

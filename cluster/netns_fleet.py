@@ -1,0 +1,117 @@
+"""Several hosts on one machine: each a Linux network namespace with its own interface and
+address, joined by a bridge in the root namespace (the switch). For tests and for trying
+agents out; needs root and iproute2.
+
+    fleet = NetnsFleet.create(["host-0002", "host-0005"])
+    fleet.hosts["host-0002"].address          # e.g. 10.213.7.10, on its eth0
+    proc = fleet.popen("host-0002", ["policyc", "agent", "run", …])   # runs inside that host
+    fleet.destroy()
+
+The root namespace has the bridge's address (`fleet.gateway`), so processes there (etcd,
+the decision service, Envoy) reach every host and every host reaches them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+class NetnsError(RuntimeError):
+    pass
+
+
+def _ip(*args: str) -> str:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+    if out.returncode != 0:
+        raise NetnsError(f"ip {' '.join(args)}: {out.stderr.strip() or out.returncode}")
+    return out.stdout
+
+
+@dataclass(frozen=True)
+class NsHost:
+    name: str
+    netns: str
+    address: str  # on its eth0, in the fleet's /24
+    veth: str  # its cable's end in the root namespace, a port of the bridge
+
+
+@dataclass
+class NetnsFleet:
+    bridge: str
+    network: ipaddress.IPv4Network
+    hosts: dict[str, NsHost] = field(default_factory=dict)
+
+    @property
+    def gateway(self) -> str:
+        """The root namespace's address on the bridge."""
+        return str(self.network.network_address + 1)
+
+    @classmethod
+    def create(cls, names: Sequence[str], *, network: str | None = None) -> "NetnsFleet":
+        if os.geteuid() != 0:
+            raise NetnsError("network namespaces need root")
+        token = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
+        net = ipaddress.ip_network(network) if network else _free_network()
+        if not isinstance(net, ipaddress.IPv4Network) or net.num_addresses < len(names) + 12:
+            raise NetnsError(f"network {net}: an IPv4 network with room for {len(names)} hosts is required")
+        fleet = cls(f"pcb{token}", net)
+        try:
+            _ip("link", "add", fleet.bridge, "type", "bridge")
+            _ip("addr", "add", f"{fleet.gateway}/{net.prefixlen}", "dev", fleet.bridge)
+            _ip("link", "set", fleet.bridge, "up")
+            for i, name in enumerate(names):
+                fleet._add(name, i, token)
+        except Exception:
+            fleet.destroy()
+            raise
+        return fleet
+
+    def _add(self, name: str, i: int, token: str) -> None:
+        ns, veth, peer = f"pc{token}-{i}", f"pv{token}{i}", f"pn{token}{i}"
+        address = str(self.network.network_address + 10 + i)
+        _ip("netns", "add", ns)
+        self.hosts[name] = NsHost(name, ns, address, veth)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "netns", ns)
+        _ip("-n", ns, "link", "set", peer, "name", "eth0")
+        _ip("-n", ns, "addr", "add", f"{address}/{self.network.prefixlen}", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "set", veth, "master", self.bridge)
+        _ip("link", "set", veth, "up")
+
+    def popen(self, host: str, argv: Sequence[str], **kw: Any) -> "subprocess.Popen[Any]":
+        """Run `argv` inside `host`'s namespace."""
+        return subprocess.Popen(["ip", "netns", "exec", self.hosts[host].netns, *argv], **kw)
+
+    def run(self, host: str, argv: Sequence[str], **kw: Any) -> "subprocess.CompletedProcess[Any]":
+        return subprocess.run(["ip", "netns", "exec", self.hosts[host].netns, *argv], **kw)
+
+    def destroy(self) -> None:
+        for h in self.hosts.values():
+            subprocess.run(["ip", "netns", "del", h.netns], capture_output=True, timeout=20)
+            subprocess.run(["ip", "link", "del", h.veth], capture_output=True, timeout=20)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=20)
+        self.hosts.clear()
+
+
+def _free_network() -> ipaddress.IPv4Network:
+    """A /24 in 10.200.0.0/13 that no route of this machine touches."""
+    used = []
+    for line in _ip("-4", "route", "show", "table", "all").splitlines():
+        dst = line.split()[0] if line else ""
+        if dst[:1].isdigit():
+            try:
+                used.append(ipaddress.ip_network(dst, strict=False))
+            except ValueError:
+                pass
+    for _ in range(200):
+        net = ipaddress.ip_network(f"10.{random.randrange(200, 208)}.{random.randrange(256)}.0/24")
+        if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
+            return net  # type: ignore[return-value]
+    raise NetnsError("no free /24 in 10.200.0.0/13 for the namespace fleet")
