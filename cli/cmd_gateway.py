@@ -60,6 +60,11 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                    help="circuit-break enforcement: eBPF kernel plane (kernel, or auto where root and BPF allow), user space (default), or off")
     p.add_argument("--workdir", help="where the bootstrap, the pool file, Envoy's log and pid file go (default: `gateway/` "
                                      "in the state dir, else a temp dir)")
+    p.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=PATH",
+                   help="count MODEL's prompt tokens with this tokenizer.json (or the model folder holding one); "
+                        "repeatable. A model without one gets a declared estimate, labelled as such")
+    p.add_argument("--no-llm", action="store_true",
+                   help="no LLM routes (OpenAI bodies read, HTTP/1.1 upstreams, streams supervised): gRPC and REST as before")
     p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
     p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")
     p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
@@ -147,6 +152,9 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
 
         limits = limits_from(args)
         fleet = fleet_config(args, key)
+        from policyc.gateway.llm_side import LlmOptions, parse_tokenizer_option
+
+        llm = None if args.no_llm else LlmOptions(tokenizers=tuple(parse_tokenizer_option(t) for t in args.tokenizer))
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
     from policyc.cli.cmd_serve import check_private_key, fleet_access
@@ -169,8 +177,14 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     workdir = Path(args.workdir) if args.workdir else fleet.state_dir / "gateway" if fleet and fleet.state_dir else None
     options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
                              failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
-                             concurrency=args.concurrency, workdir=workdir, limits=limits)
-    gw = Gateway(thread, options)
+                             concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm)
+    from policyc.gateway.tokens import TokenizerError
+
+    try:
+        gw = Gateway(thread, options)
+    except TokenizerError as e:
+        thread.stop()
+        return _fail(str(e))
     try:
         gw.start()
     except (EnvoyError, TransportError, OSError) as e:

@@ -39,6 +39,7 @@ from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from .envoy_process import EnvoyError, EnvoyProcess
 from .limits import Limits
+from .llm_side import LlmOptions, LlmSide
 from .picker import PickerConfig
 from .server import UNIX_PATH_MAX, PickerServer
 
@@ -70,6 +71,7 @@ class GatewayOptions:
     workdir: Path | None = None  # where the bootstrap, the EDS file and Envoy's log go (default: a temp dir)
     limits: Limits = Limits()  # what one client may hold of the gateway (gateway/limits.py)
     log_level: str = "warning"
+    llm: LlmOptions | None = LlmOptions()  # the LLM routes, bodies and streams (gateway/llm_side.py); None: off
 
 
 def retry_budget(table: RuleTable) -> float | None:
@@ -95,6 +97,8 @@ class Gateway:
                                                                 forwarded_headers=options.forwarded_headers,
                                                                 unix_socket=sock if len(sock.encode()) <= UNIX_PATH_MAX
                                                                 else None))
+        # the LLM routes: bodies read with the models' tokenizers, answers supervised (gateway/llm_side.py)
+        self.llm = LlmSide(thread, self.picker, self.workdir, options.llm) if options.llm is not None else None
         self.envoy: EnvoyProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._written: tuple[str, ...] | None = None
@@ -143,7 +147,8 @@ class Gateway:
                            # policyc's receiver reads the answering attempt from the call's entry
                            log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
-                           tls_key=str(o.tls_key) if o.tls_key else None, limits=o.limits)
+                           tls_key=str(o.tls_key) if o.tls_key else None, limits=o.limits,
+                           llm=self.llm.routes if self.llm is not None else None)
 
     def _lock_workdir(self) -> None:
         """Hold `gateway.lock` in the working directory while running (the kernel lets go when
@@ -170,6 +175,8 @@ class Gateway:
         tmp = self.eds_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(eds_document(endpoints, str(self._version))))
         os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
+        if self.llm is not None:
+            self.llm.write_pool(endpoints, str(self._version))
         self._written = endpoints
 
     def _reserve_ports(self, picker_port: int) -> None:
@@ -190,6 +197,8 @@ class Gateway:
         if self.access_log is not None:
             self._als = self.thread.call(self.access_log.start())
         self._reserve_ports(port)
+        if self.llm is not None:
+            self.llm.start()
         endpoints = self.picker.picker.pool.endpoints()
         self._write_pool(endpoints)
         self.bootstrap = build_bootstrap(self.spec(port))
@@ -348,6 +357,11 @@ class Gateway:
             self.thread.call(self.picker.stop())
         except RuntimeError:  # the server's loop is already gone
             pass
+        if self.llm is not None:
+            try:
+                self.llm.stop()
+            except RuntimeError:  # the server's loop is already gone
+                pass
         if self._lock is not None:
             self._lock.close()
             self._lock = None
