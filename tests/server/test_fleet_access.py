@@ -209,3 +209,21 @@ def test_the_operators_networks_and_host_addresses_bound_endpoints(bundle) -> No
         assert register("10.40.0.1:8001") == inst.id
         assert "rule `outside-allowed-networks`: 127.0.0.1 is in none of 10.40.0.0/16" in register("127.0.0.1:8001")
         assert "rule `not-the-claimed-host`: 10.40.0.2 is not an address of host `host-0001`" in register("10.40.0.2:8001")
+
+
+def test_where_each_kind_of_service_keeps_its_token(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The embedded default and a replica on a fixed port keep it in the state dir of the port
+    (where the CLI looks); a throw-away service in its runtime entry only."""
+    from types import SimpleNamespace
+
+    from policyc.cluster.config import FleetConfig
+    from policyc.cluster.serve_flags import default_state_dir, token_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    kept = FleetConfig(state_dir=tmp_path / "mine")
+    assert token_dir(SimpleNamespace(state_dir=str(tmp_path / "mine")), kept, 0) == tmp_path / "mine"
+    replica = SimpleNamespace(state_dir=None, etcd=["http://127.0.0.1:2379"])
+    assert token_dir(replica, FleetConfig(etcd=("http://127.0.0.1:2379",)), 50061) == default_state_dir(50061)
+    assert default_state_dir(50061) == tmp_path / "policyc" / "serve-50061"
+    assert token_dir(SimpleNamespace(state_dir="none"), None, 50061) is None
+    assert token_dir(SimpleNamespace(state_dir=None), None, 0) is None
