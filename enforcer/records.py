@@ -11,12 +11,17 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
 
+from policyc.compiler import actions
+
 
 class ActionKind(str, Enum):
-    CANCEL_STREAM = "cancel_stream"
-    REDIRECT = "redirect"
-    REPORT_ANOMALY = "report_anomaly"
-    QUARANTINE = "quarantine"
+    """What an audit record says the enforcer did: the breaker actions (their words from the
+    action table, `compiler/actions.py`), and the enforcer's own acts around them."""
+
+    CANCEL_STREAM = actions.CANCEL_STREAM
+    REDIRECT = actions.REDIRECT
+    REPORT_ANOMALY = actions.REPORT_ANOMALY
+    QUARANTINE = actions.QUARANTINE
     RELEASE = "release"
     END_CONNECTIONS = "end_connections"
     CLASSIFY = "classify"

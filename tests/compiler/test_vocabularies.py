@@ -20,7 +20,8 @@ from policyc.compiler.requests import HEADER_TYPES
 from policyc.enforcer.rule_table import RuleTableError, build_rule_table
 
 ROOT = Path(__file__).resolve().parents[2]
-READ_ACTIONS = ("compiler/breakers.py", "enforcer/rule_table.py", "enforcer/guardian.py", "gateway/acts.py")
+READ_ACTIONS = ("compiler/breakers.py", "enforcer/rule_table.py", "enforcer/guardian.py", "gateway/acts.py",
+                "enforcer/records.py")
 READ_TYPES = ("compiler/requests.py", "compiler/check_values.py", "matcher/parse.py")
 
 
@@ -68,6 +69,18 @@ def test_scopes_come_from_the_table(scope: str, act: object, ok: bool) -> None:
     else:
         with pytest.raises(RuleTableError, match=f"{actions.kind(act)} acts in a rule of scope"):
             build_rule_table(bundle)
+
+
+def test_the_audit_schema_records_every_action_the_enforcer_takes() -> None:
+    """The audit log's kinds (a pydantic `Literal`, so spelled in the schema) hold every
+    breaker action a request, GPU or backend rule runs (self-heal is recorded by its steps)."""
+    from policyc.audit.records import ActionKind as AuditKind
+    from policyc.enforcer.records import ActionKind
+
+    recorded = set(typing.get_args(AuditKind))
+    for kind in actions.KINDS:
+        if kind != actions.SELF_HEAL:
+            assert kind in recorded and ActionKind(kind).value == kind
 
 
 def test_the_guardian_dispatches_only_the_tables_words_in_their_scopes() -> None:
