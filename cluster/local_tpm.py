@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,13 +43,27 @@ class SoftwareTpm:
     root: Path
     port: int
     proc: subprocess.Popen[bytes]
+    netns: str = ""
+
+    def _probe(self) -> None:
+        """OSError until the command port accepts a connection (inside its namespace, if any)."""
+        if not self.netns:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return
+        probe = "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=0.5).close()"
+        out = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", probe, str(self.port)],
+                             capture_output=True, timeout=10)
+        if out.returncode != 0:
+            raise OSError(f"swtpm in {self.netns} does not listen yet")
 
     @property
     def tcti(self) -> str:
         return f"swtpm:host=127.0.0.1,port={self.port}"
 
     @classmethod
-    def start(cls, root: Path | None = None, *, timeout: float = 10.0) -> "SoftwareTpm":
+    def start(cls, root: Path | None = None, *, timeout: float = 10.0, netns: str = "") -> "SoftwareTpm":
+        """`netns`: run it inside that network namespace (a host of a `NetnsFleet`), where
+        its loopback ports are that host's own."""
         if not Path(SWTPM).exists():
             raise RuntimeError(f"swtpm is not installed at {SWTPM} (Debian: apt-get install swtpm swtpm-tools tpm2-tools)")
         base = Path(tempfile.mkdtemp(prefix="policyc-swtpm-", dir=root)).resolve()
@@ -57,15 +72,17 @@ class SoftwareTpm:
         argv = [SWTPM, "socket", "--tpm2", "--tpmstate", f"dir={base / 'state'}",
                 "--server", f"type=tcp,port={port},bindaddr=127.0.0.1", "--ctrl", f"type=tcp,port={ctrl},bindaddr=127.0.0.1",
                 "--flags", "not-need-init,startup-clear"]
+        if netns:
+            argv = ["ip", "netns", "exec", netns, *argv]
         with open(base / "swtpm.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        tpm = cls(base, port, proc)
+        tpm = cls(base, port, proc, netns)
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"swtpm exited {proc.returncode}: {(base / 'swtpm.log').read_text(errors='replace')[-300:]}")
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                tpm._probe()
                 return tpm
             except OSError:
                 if time.monotonic() > deadline:

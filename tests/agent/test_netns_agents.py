@@ -1,16 +1,25 @@
-"""Host agents in network namespaces (three hosts joined by a bridge, each agent a real
-`policyc agent run` process inside its host): what each reports is its namespace's real
-interfaces and addresses, as `ip` sees them; the replica takes the addresses as the host's,
-so an instance claiming one host with an endpoint on another host's address is refused
-(rule `not-the-claimed-host`), and one on its own host's address is accepted."""
+"""Host agents in network namespaces (three hosts joined by a bridge, each with its own
+software TPM and a real `policyc agent run` process inside it, etcd and the replica in the
+root namespace):
+
+- what each agent reports is its namespace's real interfaces and addresses, as `ip` sees
+  them; the replica takes the addresses as the host's, so an instance claiming one host
+  with an endpoint on another host's address is refused (rule `not-the-claimed-host`);
+- keys made inside each host and enrolled by the operator: an instance on an attested host
+  is accepted, a TPM claim on a host without an enrolled key, a quote from a host whose
+  agent's TPM is not the enrolled one (forged), and an old quote replayed to a new challenge
+  are refused."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import subprocess
 import sys
-from typing import Iterator
+import threading
+from pathlib import Path
+from typing import Any, Iterator
 
 import grpc
 import pytest
@@ -18,12 +27,18 @@ from agent_rig import eventually, new_prefix, replica
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from policyc.cluster import instance_codec
+from policyc.cluster.etcd_store import EtcdStore
+from policyc.cluster.keys import Keys
 from policyc.cluster.local_etcd import LocalEtcd
+from policyc.cluster.local_tpm import SoftwareTpm
 from policyc.cluster.netns_fleet import NetnsFleet
+from policyc.cluster.tpm_quote import AttestationError, AttestationKey
 from policyc.server.fleet import admissible_fleet
 from policyc.server.proto import pb, pb_grpc
 
 HOSTS = ("host-0002", "host-0005", "host-0006")
+POLICYC = [sys.executable, "-m", "policyc.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +55,46 @@ def bridged_etcd(nsfleet: NetnsFleet) -> Iterator[LocalEtcd]:
     etcd = LocalEtcd.start(1, also_listen=nsfleet.gateway)
     yield etcd
     etcd.stop()
+
+
+@pytest.fixture(scope="module")
+def ns_tpms(nsfleet: NetnsFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SoftwareTpm]]:
+    """One software TPM inside each host, on that host's own loopback."""
+    root = tmp_path_factory.mktemp("ns-tpms")
+    started: dict[str, SoftwareTpm] = {}
+    try:
+        for h in HOSTS:
+            started[h] = SoftwareTpm.start(root, netns=nsfleet.hosts[h].netns)
+        yield started
+    finally:
+        for t in started.values():
+            t.stop()
+
+
+def _agents(fleet: NetnsFleet, etcd_url: str, prefix: str, tpms: dict[str, SoftwareTpm] | None = None,
+            state: Path | None = None) -> dict[str, "subprocess.Popen[str]"]:
+    out = {}
+    for h in HOSTS:
+        argv = [*POLICYC, "agent", "run", "--host", h, "--etcd", etcd_url, "--etcd-prefix", prefix]
+        if tpms is not None and state is not None:
+            argv += ["--tcti", tpms[h].tcti, "--state-dir", str(state / h)]
+        out[h] = fleet.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for h, p in out.items():
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert f"host {h} ready" in line, line + (p.stderr.read() if p.poll() is not None and p.stderr else "")
+    return out
+
+
+def _stop(agents: dict[str, "subprocess.Popen[str]"]) -> None:
+    for p in agents.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in agents.values():
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def _real(fleet: NetnsFleet, host: str) -> dict[str, tuple[str, set[str]]]:
@@ -61,14 +116,8 @@ def test_agents_report_their_namespaces_and_an_endpoint_on_another_hosts_address
     prefix = new_prefix()
     r0 = replica(bundle, bridged_etcd, "r0", prefix)
     etcd_url = f"http://{nsfleet.gateway}:{bridged_etcd.members[0].client_port}"
-    agents = {h: nsfleet.popen(h, [sys.executable, "-m", "policyc.cli.main", "agent", "run", "--host", h, "--etcd", etcd_url,
-                                   "--etcd-prefix", prefix], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for h in HOSTS}
+    agents = _agents(nsfleet, etcd_url, prefix)
     try:
-        for h, p in agents.items():
-            assert p.stdout is not None
-            line = p.stdout.readline()
-            assert f"host {h} ready" in line, line + (p.stderr.read() if p.poll() is not None and p.stderr else "")
         seen = r0.server.replica.host_facts
 
         def matches(h: str) -> bool:
@@ -101,11 +150,96 @@ def test_agents_report_their_namespaces_and_an_endpoint_on_another_hosts_address
         assert finance[1].id not in r0.server.state.registry
         _register(r0, rec["host-0005"], f"{other}:8000")  # host-0005's instance on host-0005's address: accepted
     finally:
-        for p in agents.values():
-            p.terminate()
-        for p in agents.values():
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(agents)
+        r0.stop()
+
+
+def _refusal(th, inst, endpoint: str) -> tuple[str, error_details_pb2.ErrorInfo]:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as err:
+        _register(th, inst, endpoint)
+    st = rpc_status.from_call(err.value)  # type: ignore[arg-type]
+    assert st is not None
+    info = error_details_pb2.ErrorInfo()
+    next(d for d in st.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)).Unpack(info)
+    return err.value.details(), info  # type: ignore[attr-defined]
+
+
+def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolled(bundle, nsfleet, bridged_etcd, ns_tpms,
+                                                                                   tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prefix = new_prefix()
+    keys = Keys(prefix)
+    etcd_url = f"http://{nsfleet.gateway}:{bridged_etcd.members[0].client_port}"
+    store_flags = ["--etcd", etcd_url, "--etcd-prefix", prefix]
+    ak = {}
+    for h in HOSTS:  # each host makes its key in its own TPM; the files reach the operator
+        out = nsfleet.run(h, [*POLICYC, "agent", "key", "--tcti", ns_tpms[h].tcti, "--state-dir", str(tmp_path / h),
+                              "--out", str(tmp_path / f"{h}.ak")], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        ak[h] = tmp_path / f"{h}.ak"
+    # the operator enrolls host-0002 with its key, host-0006 with host-0005's (the agent there will quote with its own
+    # TPM: a forged quote), and does not enroll host-0005 at all
+    for h, key_of in (("host-0002", "host-0002"), ("host-0006", "host-0005")):
+        out = subprocess.run([*POLICYC, "agent", "enroll", "--host", h, "--ak", str(ak[key_of]), "--pcrs", "sha256:0,1,2,7",
+                              *store_flags], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    r0 = replica(bundle, bridged_etcd, "r0", prefix)
+    agents = _agents(nsfleet, etcd_url, prefix, ns_tpms, tmp_path)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def run(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
+    store = EtcdStore(bridged_etcd.endpoints)
+    run(store.connect())
+    try:
+        eventually(lambda: len(r0.server.replica.attestation.enrolled) == 2 and len(r0.server.replica.host_facts) == 3, 15)
+        slots = r0.server.cluster.gpu_slots()
+        finance = [i for i in admissible_fleet(bundle, slots, models=["fraud-scorer"]) if i.deployment.host == "host-0002"][0]
+        rec = {i.deployment.host: i for i in admissible_fleet(bundle, slots, models=["recommender"])}
+        addr = {h: nsfleet.hosts[h].address for h in HOSTS}
+
+        # attested host, own address: accepted, the record names the key that attested it
+        _register(r0, finance, f"{addr['host-0002']}:8000")
+        record = run(store.get(keys.instance(finance.id)))
+        assert instance_codec.attested(record.value) == {"tpm": AttestationKey.parse(ak["host-0002"].read_bytes()).name.hex()}
+        # a TPM claim on a host without an enrolled key
+        why, info = _refusal(r0, rec["host-0005"], f"{addr['host-0005']}:8000")
+        assert info.reason == "E732" and "no enrolled attestation key" in why
+        # host-0006 answers with a TPM other than the enrolled one
+        why, info = _refusal(r0, rec["host-0006"], f"{addr['host-0006']}:8000")
+        assert info.reason == "E732" and "does not verify with the host's enrolled attestation key" in why
+
+        # replay: an answer host-0002 gave once, replayed after its agent is gone
+        answers: list[bytes] = []
+
+        async def eavesdrop() -> None:
+            p = keys.prefix + "attest/quotes/host-0002/"
+            async for ch in store.watch(p, (await store.read_prefix(p)).revision + 1):
+                if ch.value:
+                    answers.append(ch.value)
+        spy = asyncio.run_coroutine_threadsafe(eavesdrop(), loop)
+        r0.server.replica.attest_later("host-0002").result(30)
+        eventually(lambda: bool(answers), 10)
+        spy.cancel()
+        agents["host-0002"].terminate()
+        agents["host-0002"].wait(20)
+
+        async def replay() -> None:
+            p = keys.challenges("host-0002")
+            async for ch in store.watch(p, (await store.read_prefix(p)).revision + 1):
+                if ch.value:
+                    forged = json.loads(answers[0])
+                    forged["nonce"] = json.loads(ch.value)["nonce"]
+                    await store.put(keys.quote_answer("host-0002", ch.key[len(p):]), json.dumps(forged).encode())
+        replayer = asyncio.run_coroutine_threadsafe(replay(), loop)
+        try:
+            with pytest.raises(AttestationError, match="nonce is not the one issued"):
+                r0.server.replica.attest_later("host-0002").result(30)
+        finally:
+            replayer.cancel()
+        eventually(lambda: finance.id not in r0.server.state.registry, 10)  # no longer trusted
+    finally:
+        _stop(agents)
+        run(store.close())
+        loop.call_soon_threadsafe(loop.stop)
         r0.stop()
