@@ -103,6 +103,10 @@ def test_unconfirmed_register_and_deregister_are_unknown_then_settled_and_retrie
         sa.RegisterInstance(_register_msg(warm), metadata=(("x-request-id", "warm-" + uuid.uuid4().hex),), timeout=30)
         for th in (a, b):
             eventually(lambda th=th: warm.id in th.server.state.registry, 10)
+        with pytest.raises(grpc.RpcError) as bad:  # an id that cannot name a request (it becomes part of a key)
+            sb.RegisterInstance(_register_msg(inst), metadata=(("x-request-id", "../instances/x"),), timeout=30)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and _error_info(bad.value).metadata["field"] == "x-request-id"
+        assert inst.id not in b.server.state.registry
 
         # ---------------------------------------------------------------- register, quorum lost
         rid = "reg-" + uuid.uuid4().hex
