@@ -12,6 +12,8 @@ Network bytes are never estimated: without a measurement the figure is absent.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from policyc.compiler.bundle import Contract, GpuClass
 from policyc.compiler.meaning import compute_rate, compute_seconds, request_flops
 
@@ -100,6 +102,7 @@ def call_accounting(
     target: str,
     detail: str,
     gpu_seconds: Figure | None = None,
+    compute_kind: Source = Source.MEASURED,
 ) -> ActionRecord:
     """The `accounting` record of one call through the gateway, joined to its decision by
     `decision_id`: the bytes the data plane counted on the wire (both directions, every
@@ -107,16 +110,22 @@ def call_accounting(
     device it computed). `gpu_seconds` is GPU time only, from NVML, when the caller has it
     (per process, or labelled device-wide in its method); it is never the compute time. A
     figure nothing measured is absent, never estimated here (the decision record holds the
-    estimates). `detail` carries the per-attempt breakdown (JSON)."""
+    estimates). `detail` carries the per-attempt breakdown (JSON). `compute_kind`:
+    APPORTIONED when the compute time is a share of a measured total (the serving
+    process's cgroup CPU time divided across the calls it served; `compute_method` then
+    states the rule); an estimate is refused here, as for `gpu_seconds`."""
     _check(decision_id, network_bytes, compute_seconds)
-    if gpu_seconds is not None and gpu_seconds.source is not Source.MEASURED:
-        raise ValueError(f"decision {decision_id}: an accounting record holds measured GPU time only, got {gpu_seconds.source.value}")
+    if gpu_seconds is not None and gpu_seconds.source is Source.ESTIMATED:
+        raise ValueError(f"decision {decision_id}: an accounting record holds measured GPU time only (or apportioned from a "
+                         f"measured total), got {gpu_seconds.source.value}")
+    if compute_kind is Source.ESTIMATED:
+        raise ValueError(f"decision {decision_id}: an accounting record holds measured or apportioned compute time, not an estimate")
     return ActionRecord(
         time=time, kind="accounting", target=target, outcome="done", dry_run=False, decision_id=decision_id,
         detail=detail,
         resources=Resources(
             network_bytes=measured(network_bytes, network_method),
-            compute_seconds=measured(compute_seconds, compute_method) if compute_seconds is not None else None,
+            compute_seconds=Figure(value=compute_seconds, source=compute_kind, method=compute_method) if compute_seconds is not None else None,
             gpu_seconds=gpu_seconds,
         ),
     )
@@ -138,18 +147,23 @@ def call_accounting_body(
     compute_method: str,
     target: str,
     detail: str,
+    compute_kind: Source = Source.MEASURED,
 ) -> bytes:
     """`call_accounting(...).model_dump_json(exclude_none=True)` as bytes, the record's
     stored body, built without the pydantic models (`accounting_wire`: the same bytes, a
     tenth of the cost) for the gateway's serving loop, which makes one per call. Raises
     what `call_accounting` raises."""
     _check(decision_id, network_bytes, compute_seconds)
-    body = accounting_json(decision_id, time, target, detail, FigureWire(value=network_bytes, source="measured",
+    if compute_kind is Source.ESTIMATED:
+        raise ValueError(f"decision {decision_id}: an accounting record holds measured or apportioned compute time, not an estimate")
+    kind: Literal["measured", "apportioned"] = "apportioned" if compute_kind is Source.APPORTIONED else "measured"
+    # float(): the models write an int as a float (2000.0); the structs would write it as given
+    body = accounting_json(decision_id, time, target, detail, FigureWire(value=float(network_bytes), source="measured",
                                                                           method=network_method),
-                           FigureWire(value=compute_seconds, source="measured", method=compute_method)
+                           FigureWire(value=float(compute_seconds), source=kind, method=compute_method)
                            if compute_seconds is not None else None)
     if body is not None:
         return body
     return call_accounting(decision_id, time, network_bytes=network_bytes, network_method=network_method,
                            compute_seconds=compute_seconds, compute_method=compute_method, target=target,
-                           detail=detail).model_dump_json(exclude_none=True).encode()
+                           detail=detail, compute_kind=compute_kind).model_dump_json(exclude_none=True).encode()

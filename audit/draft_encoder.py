@@ -42,7 +42,7 @@ _NonNegative = Annotated[float, Meta(ge=0, lt=_LARGE)]
 
 class FigureWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Figure
     value: _NonNegative
-    source: Literal["measured", "estimated"]
+    source: Literal["measured", "apportioned", "estimated"]
     method: str
     low: _Float | None = None
     high: _Float | None = None

@@ -20,7 +20,7 @@ from .schemas import DECISION_SCHEMA
 
 class FigureFields(TypedDict, total=False):
     value: float
-    source: str  # "measured" | "estimated"
+    source: str  # "measured" | "apportioned" | "estimated"
     method: str
     low: float
     high: float

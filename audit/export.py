@@ -7,8 +7,10 @@ against an anchor (`record_proof.py`, `policyc audit verify --record`); and, for
 without parsing the body, the entry's index fields and every accounting figure flattened
 as three columns: `<figure>` (the value), `<figure>_kind` (measured / apportioned /
 estimated) and `<figure>_source` (what measured or estimated it). The figures are the
-fields of `records.Resources`, read from the model when the export starts: a figure added
-there later (the LLM path's token counts) becomes three more columns with no change here.
+fields of `records.Resources`, and those of any other group of figures a record carries
+(`llm`: an LLM call's tokens and token times, as `llm_prompt_tokens`, ...), read from the
+record models when the export starts: a figure added later becomes three more columns with
+no change here.
 
 Parquet goes through pyarrow, an optional extra (`pip install 'policyc[parquet]'`); without
 it the export says so in one line.
@@ -27,33 +29,68 @@ from typing import IO, Any, Iterator
 import msgspec
 import orjson
 
+from pydantic import BaseModel
+
 from .errors import AuditInputError
-from .records import Resources
+from .records import ActionRecord, DecisionRecord, Figure, Resources
 from .segments import closed_segments
 from .store import connect_reader, segment_base
 
 FORMATS: tuple[str, ...] = ("jsonl", "csv", "parquet")
-FIGURES: tuple[str, ...] = tuple(Resources.model_fields)
+
+
+def _figure_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The path of every Figure field under `model` (groups of figures followed one level
+    down, e.g. ("llm", "prompt_tokens"))."""
+    out: list[tuple[str, ...]] = []
+    for name, info in model.model_fields.items():
+        kinds = [a for a in getattr(info.annotation, "__args__", (info.annotation,)) if isinstance(a, type)]
+        if Figure in kinds:
+            out.append((*prefix, name))
+        elif not prefix:
+            for a in kinds:
+                if issubclass(a, BaseModel):
+                    out += _figure_paths(a, (*prefix, name))
+    return out
+
+
+def _groups() -> list[str]:
+    """Top-level fields of the record models, other than `resources`, that group figures."""
+    names: list[str] = []
+    for model in (DecisionRecord, ActionRecord):
+        for name, info in model.model_fields.items():
+            kinds = [a for a in getattr(info.annotation, "__args__", (info.annotation,)) if isinstance(a, type)]
+            if name != "resources" and name not in names and any(issubclass(a, BaseModel) and _figure_paths(a) for a in kinds):
+                names.append(name)
+    return names
+
+
+def _group_model(name: str) -> type[BaseModel]:
+    for model in (DecisionRecord, ActionRecord):
+        info = model.model_fields.get(name)
+        if info is not None:
+            for a in getattr(info.annotation, "__args__", (info.annotation,)):
+                if isinstance(a, type) and issubclass(a, BaseModel):
+                    return a
+    raise KeyError(name)
+
+
+GROUPS: tuple[str, ...] = tuple(_groups())
+# (field of the record, path inside it): ("resources", "gpu_seconds"), ("llm", "prompt_tokens"), ...
+FIGURE_PATHS: tuple[tuple[str, ...], ...] = tuple([("resources", *p) for p in _figure_paths(Resources)]
+                                                  + [(g, *p) for g in GROUPS for p in _figure_paths(_group_model(g))])
+FIGURES: tuple[str, ...] = tuple("_".join(p[1:]) if p[0] == "resources" else "_".join(p) for p in FIGURE_PATHS)
 INDEX_FIELDS: tuple[str, ...] = ("seq", "segment", "kind", "time", "decision_id", "tenant", "model", "region", "outcome", "action")
 CHAIN_FIELDS: tuple[str, ...] = ("prev_hash", "hash", "body")
 PARQUET_HINT = "Parquet export needs pyarrow: pip install 'policyc[parquet]' (or pip install pyarrow)"
 _BATCH = 10_000
 
 
-class _Figure(msgspec.Struct, gc=False):
-    value: float | None = None
-    source: str | None = None
-    method: str | None = None
-
-
-class _Body(msgspec.Struct, gc=False):
-    """The part of a record the export flattens; msgspec skips the rest without building it
-    (a third of orjson's time per record here)."""
-
-    resources: dict[str, _Figure | None] | None = None
-
-
+# The parts of a record the export flattens; msgspec skips the rest without building it
+# (a third of orjson's time per record here). A Raw cannot be in a union: `null` is the default.
+_Body = msgspec.defstruct("_Body", [(name, msgspec.Raw, msgspec.Raw(b"null")) for name in ("resources", *GROUPS)], gc=False)
 _DECODE = msgspec.json.Decoder(_Body).decode
+_PARTS = ("resources", *GROUPS)
 
 
 def columns() -> list[str]:
@@ -109,15 +146,18 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
     seq, kind, t, did, tenant, model, region, outcome, action, prev, h, body = r
     try:
         text = bytes(body).decode()
-        res = _DECODE(body).resources or {}
-    except (UnicodeDecodeError, msgspec.DecodeError):
+        decoded = _DECODE(body)
+        parts = {name: orjson.loads(memoryview(getattr(decoded, name))) for name in _PARTS}
+    except (UnicodeDecodeError, msgspec.DecodeError, orjson.JSONDecodeError):
         raise AuditInputError(f"entry {seq}: its body is not an audit record; run `policyc audit verify`") from None
     out: dict[str, Any] = {"seq": seq, "segment": segment, "kind": kind, "time": t, "decision_id": did, "tenant": tenant, "model": model,
                            "region": region, "outcome": outcome, "action": action}
-    for f in FIGURES:
-        fig = res.get(f)
-        if fig is not None:
-            out[f], out[f"{f}_kind"], out[f"{f}_source"] = fig.value, fig.source, fig.method
+    for path, f in zip(FIGURE_PATHS, FIGURES):
+        fig: Any = parts
+        for part in path:
+            fig = fig.get(part) if isinstance(fig, dict) else None
+        if isinstance(fig, dict):
+            out[f], out[f"{f}_kind"], out[f"{f}_source"] = fig.get("value"), fig.get("source"), fig.get("method")
         else:
             out[f] = out[f"{f}_kind"] = out[f"{f}_source"] = None
     out["prev_hash"], out["hash"], out["body"] = bytes(prev).hex(), bytes(h).hex(), text

@@ -138,14 +138,14 @@ def gather(path: str, verdict: VerifyReport, start: float | None = None, end: fl
 
 
 # ---------------------------------------------------------------------- page
-_HEAD = ("decisions", "admitted", "rejected", "failed", "compute s meas", "GPU s meas", "GPU s est", "HBM GB meas", "HBM GB est",
-         "net MB meas", "net MB est", "unaccounted", "latency mean ms", "latency max ms")
+_HEAD = ("decisions", "admitted", "rejected", "failed", "compute s meas", "compute s app", "GPU s meas", "GPU s app", "GPU s est",
+         "HBM GB meas", "HBM GB app", "HBM GB est", "net MB meas", "net MB est", "unaccounted", "latency mean ms", "latency max ms")
 
 
 def _cells(r: ReportRow) -> list[str]:
     return [str(r.decisions), str(r.admitted), str(r.rejected), str(r.failed), fmt(r.compute_seconds_measured),
-            fmt(r.gpu_seconds_measured), fmt(r.gpu_seconds_estimated),
-            fmt(r.memory_bytes_measured / 1e9), fmt(r.memory_bytes_estimated / 1e9),
+            fmt(r.compute_seconds_apportioned), fmt(r.gpu_seconds_measured), fmt(r.gpu_seconds_apportioned), fmt(r.gpu_seconds_estimated),
+            fmt(r.memory_bytes_measured / 1e9), fmt(r.memory_bytes_apportioned / 1e9), fmt(r.memory_bytes_estimated / 1e9),
             fmt(r.network_bytes_measured / 1e6), fmt(r.network_bytes_estimated / 1e6), str(r.unaccounted),
             fmt(r.latency_mean * 1e3), fmt(r.latency_max * 1e3)]
 

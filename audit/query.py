@@ -26,8 +26,8 @@ _N = len(COLUMNS)
 
 @dataclass(frozen=True, slots=True)
 class ReportRow:
-    """Totals for one group. Measured and estimated figures are summed apart: an auditor
-    must be able to tell evidence from model."""
+    """Totals for one group. Measured, apportioned and estimated figures are summed apart:
+    an auditor must be able to tell evidence from a share of it and from model."""
 
     key: str
     decisions: int
@@ -44,6 +44,9 @@ class ReportRow:
     unaccounted: int  # decisions with at least one resource figure absent
     latency_mean: float
     latency_max: float
+    compute_seconds_apportioned: float = 0.0  # shares of a measured total (cgroup CPU time across concurrent calls)
+    gpu_seconds_apportioned: float = 0.0
+    memory_bytes_apportioned: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +179,12 @@ class AuditReader:
                    total(CASE WHEN mem_src = 'estimated' THEN mem_b END),
                    total(CASE WHEN net_src = 'measured' THEN net_b END) + total(a.net),
                    total(CASE WHEN net_src = 'estimated' THEN net_b END),
-                   sum((gpu_src IS NULL AND a.gpu IS NULL) OR (mem_src IS NULL AND a.mem IS NULL) OR (net_src IS NULL AND a.net IS NULL)),
-                   total(latency_s) / max(count(*), 1), coalesce(max(latency_s), 0)
+                   sum((gpu_src IS NULL AND a.gpu IS NULL AND a.gpu_a IS NULL) OR (mem_src IS NULL AND a.mem IS NULL AND a.mem_a IS NULL)
+                       OR (net_src IS NULL AND a.net IS NULL)),
+                   total(latency_s) / max(count(*), 1), coalesce(max(latency_s), 0),
+                   total(a.cmp_a),
+                   total(CASE WHEN gpu_src = 'apportioned' THEN gpu_s END) + total(a.gpu_a),
+                   total(CASE WHEN mem_src = 'apportioned' THEN mem_b END) + total(a.mem_a)
             FROM entries LEFT JOIN ({ACCOUNTED}) AS a ON a.did = entries.decision_id
             WHERE kind = 'decision'{where} GROUP BY 1 ORDER BY 1"""
         rows = tuple(ReportRow(*r) for r in self._conn.execute(sql, [LEGACY_COMPUTE_METHOD, *args]))
@@ -201,7 +208,10 @@ ACCOUNTED = f"""SELECT decision_id AS did,
                       sum(CASE WHEN gpu_src = 'measured' AND NOT legacy THEN gpu_s END) AS gpu,
                       sum(CASE WHEN mem_src = 'measured' THEN mem_b END) AS mem,
                       sum(CASE WHEN net_src = 'measured' THEN net_b END) AS net,
-                      sum(CASE WHEN legacy THEN gpu_s WHEN cmp_src = 'measured' THEN cmp END) AS cmp
+                      sum(CASE WHEN legacy THEN gpu_s WHEN cmp_src = 'measured' THEN cmp END) AS cmp,
+                      sum(CASE WHEN gpu_src = 'apportioned' THEN gpu_s END) AS gpu_a,
+                      sum(CASE WHEN mem_src = 'apportioned' THEN mem_b END) AS mem_a,
+                      sum(CASE WHEN cmp_src = 'apportioned' THEN cmp END) AS cmp_a
                FROM (SELECT decision_id, gpu_s, gpu_src, mem_b, mem_src, net_b, net_src, {_LEGACY} AS legacy,
                             json_extract(CAST(body AS TEXT), '$.resources.compute_seconds.value') AS cmp,
                             json_extract(CAST(body AS TEXT), '$.resources.compute_seconds.source') AS cmp_src
@@ -227,4 +237,7 @@ def _total(rows: tuple[ReportRow, ...]) -> ReportRow:
         sum(r.unaccounted for r in rows),
         sum(r.latency_mean * r.decisions for r in rows) / n if n else 0.0,
         max((r.latency_max for r in rows), default=0.0),
+        sum(r.compute_seconds_apportioned for r in rows),
+        sum(r.gpu_seconds_apportioned for r in rows),
+        sum(r.memory_bytes_apportioned for r in rows),
     )

@@ -4,9 +4,11 @@ enforcer and auditors.
 A record is what an auditor gets for one model call (`DecisionRecord`) or one enforcement /
 self-heal step (`ActionRecord`). Records are frozen pydantic models because they cross an
 edge: they are serialised once, hashed into the chain, and read back years later by a
-different policyc. Every resource figure says whether it was *measured* (NVML, kernel
-per-flow counters) or *estimated* (from the contract and placement), because auditors accept
-the two as different kinds of evidence.
+different policyc. Every resource figure says its kind, in `source`: *measured* (by a
+party other than the one billed: NVML, Envoy's access log, kernel per-flow counters),
+*apportioned* (a measured total, e.g. a serving process's cgroup CPU time, divided across
+the calls it served by a stated rule) or *estimated* (from the contract and placement), and
+what produced it, in `method`; auditors accept the three as different kinds of evidence.
 
 Times are UTC Unix seconds (floats); durations are seconds; sizes are bytes.
 """
@@ -28,16 +30,18 @@ class _Frozen(BaseModel):
 
 
 class Source(str, Enum):
-    """Where a resource figure comes from."""
+    """The kind of a resource figure (its source is its `method`)."""
 
     MEASURED = "measured"
+    APPORTIONED = "apportioned"  # a measured total divided across calls; `method` states the rule
     ESTIMATED = "estimated"
 
 
 class Figure(_Frozen):
-    """One resource quantity with its provenance. `method` says how it was obtained
-    (`nvml`, `kernel_flow_counters`, `contract_flops/peak`...) so an auditor can weigh it;
-    `low`/`high` bound an estimate when the contract gives a range."""
+    """One resource quantity with its provenance: `source` is its kind (measured /
+    apportioned / estimated), `method` what produced it (`nvml`, `kernel_flow_counters`,
+    `contract_flops/peak`, and for an apportioned figure the rule that divided it) so an
+    auditor can weigh it; `low`/`high` bound an estimate when the contract gives a range."""
 
     value: float = Field(ge=0)
     source: Source
@@ -77,6 +81,9 @@ class Resources(_Frozen):
     memory_bytes: Figure | None = None  # bytes moved over GPU memory (HBM)
     network_bytes: Figure | None = None  # bytes on the wire, both directions
     compute_seconds: Figure | None = None  # the model server's measured compute time (CPU or GPU), every attempt
+    # New figures (the LLM path's token counts, ...) go here as `Figure | None = None` (and in
+    # `draft_encoder.ResourcesWire`, same order): absent ones are left out of a body, so older
+    # records keep their bytes and hashes, and `export` gives each new figure its columns.
 
 
 class MatchedRule(_Frozen):

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from .query import Explanation, Report, ReportRow
-from .records import ActionRecord, DecisionRecord, Figure
+from .records import ActionRecord, DecisionRecord, Entry, Figure, Source
 from .times import format_time
 from .verify import ProblemKind, VerifyReport
 
@@ -77,7 +77,8 @@ def verify_text(r: VerifyReport) -> str:
 
 # ---------------------------------------------------------------------- report
 
-_HEAD = ("decisions", "admitted", "rejected", "failed", "compute_s_meas", "gpu_s_meas", "gpu_s_est", "mem_GB_meas", "mem_GB_est", "net_MB_meas", "net_MB_est", "unacct", "lat_mean_ms", "lat_max_ms")
+_HEAD = ("decisions", "admitted", "rejected", "failed", "compute_s_meas", "compute_s_app", "gpu_s_meas", "gpu_s_app", "gpu_s_est",
+         "mem_GB_meas", "mem_GB_app", "mem_GB_est", "net_MB_meas", "net_MB_est", "unacct", "lat_mean_ms", "lat_max_ms")
 
 
 def _small(v: float) -> str:
@@ -93,9 +94,12 @@ def _cells(row: ReportRow) -> list[str]:
         str(row.rejected),
         str(row.failed),
         _small(row.compute_seconds_measured),
+        _small(row.compute_seconds_apportioned),
         _small(row.gpu_seconds_measured),
+        _small(row.gpu_seconds_apportioned),
         f"{row.gpu_seconds_estimated:.3f}",
         f"{row.memory_bytes_measured / 1e9:.3f}",
+        f"{row.memory_bytes_apportioned / 1e9:.3f}",
         f"{row.memory_bytes_estimated / 1e9:.3f}",
         _small(row.network_bytes_measured / 1e6),
         f"{row.network_bytes_estimated / 1e6:.3f}",
@@ -113,6 +117,7 @@ def report_table(rep: Report) -> str:
     out = [f"audit report {format_time(rep.start)} .. {format_time(rep.end)} by {rep.by} ({rep.actions} enforcement action(s) in range)", fmt(header), fmt(["-" * w for w in widths])]
     out += [fmt(b) for b in body[:-1]] + [fmt(["-" * w for w in widths]), fmt(body[-1])]
     out.append("meas = measured (net: Envoy's access log; compute: the model server's own time, on any device; gpu: NVML); "
+               "app = apportioned (a measured total divided across concurrent calls by a stated rule); "
                "est = estimated from contract and placement; unacct = decisions with a figure absent")
     return "\n".join(out)
 
@@ -153,7 +158,103 @@ def _fig(name: str, f: Figure | None, unit: str, indent: str = "    ") -> str:
     if f is None:
         return f"{indent}{name}: absent (nothing measured it and it cannot be estimated)"
     rng = f" (range {f.low:.6g}..{f.high:.6g})" if f.low is not None and f.high is not None else ""
-    return f"{indent}{name}: {f.value:.6g} {unit}{rng}, {f.source.value} by {f.method}"
+    return f"{indent}{name}: {f.value:.6g}{' ' + unit if unit else ''}{rng}, {f.source.value} by {f.method}"
+
+
+# Each quantity once, in this order: (Resources field, the name shown, unit).
+QUANTITIES: tuple[tuple[str, str, str], ...] = (
+    ("gpu_seconds", "GPU time", "GPU-s"),
+    ("compute_seconds", "compute", "s"),
+    ("memory_bytes", "memory traffic", "bytes"),
+    ("network_bytes", "network", "bytes"),
+)
+_RANK = {Source.MEASURED: 0, Source.APPORTIONED: 1, Source.ESTIMATED: 2}
+
+
+def _figures(rec: DecisionRecord, actions: tuple[Entry, ...]) -> dict[str, list[tuple[Figure, str]]]:
+    """Every figure of the call per quantity, with where it was recorded: the decision
+    record's (estimates, or what was measured at decision time) and its accounting
+    records' (what the data plane measured). An accounting record from before
+    `compute_seconds` carried the model server's compute time under `gpu_seconds`
+    (`query.LEGACY_COMPUTE_METHOD`): it is shown as compute, which it was."""
+    from .query import LEGACY_COMPUTE_METHOD
+
+    out: dict[str, list[tuple[Figure, str]]] = {q: [] for q, _, _ in QUANTITIES}
+    for q in out:
+        f = getattr(rec.resources, q, None)
+        if f is not None:
+            out[q].append((f, "the decision record"))
+    for a in actions:
+        act = a.record
+        if not isinstance(act, ActionRecord) or act.resources is None:
+            continue
+        for q in out:
+            f = getattr(act.resources, q, None)
+            if f is None:
+                continue
+            if q == "gpu_seconds" and f.method.startswith(LEGACY_COMPUTE_METHOD.rstrip("%")):
+                out["compute_seconds"].append((f, f"accounting record #{a.seq}"))
+            else:
+                out[q].append((f, f"accounting record #{a.seq}"))
+    return out
+
+
+def _resources(rec: DecisionRecord, actions: tuple[Entry, ...]) -> list[str]:
+    """One line per quantity: the strongest evidence (measured, then apportioned, then
+    estimated; several records of the same kind summed), and the contract's estimate
+    beside a measurement, labelled as such, never in its place."""
+    lines = []
+    every = _figures(rec, actions)
+    for q, name, unit in QUANTITIES:
+        figs = every[q]
+        if not figs:
+            if q != "compute_seconds":  # compute time is only ever measured by the data plane
+                lines.append(_fig(name, None, unit))
+            continue
+        best = min(_RANK[f.source] for f, _ in figs)
+        top = [(f, where) for f, where in figs if _RANK[f.source] == best]
+        if len(top) == 1:
+            f, where = top[0]
+            line = _fig(name, f, unit) + f" ({where})"
+        else:
+            total = sum(f.value for f, _ in top)
+            kind = top[0][0].source.value
+            line = (f"    {name}: {total:.6g} {unit}, {kind}, the sum of {len(top)} records: "
+                    + "; ".join(f"{f.value:.6g} by {f.method} ({where})" for f, where in top))
+        rest = [(f, where) for f, where in figs if _RANK[f.source] > best]
+        if rest:
+            line += "; not counted as evidence: " + "; ".join(
+                f"{f.source.value} {f.value:.6g}" + (f" (range {f.low:.6g}..{f.high:.6g})" if f.low is not None and f.high is not None else "")
+                + f" by {f.method}" for f, _ in rest)
+        lines.append(line)
+    lines += _groups(rec, actions)
+    return lines
+
+
+def _groups(rec: DecisionRecord, actions: tuple[Entry, ...]) -> list[str]:
+    """Figures kept in a group of their own (e.g. an LLM call's `llm`: tokens and token
+    times), each printed once with its kind and source, from whichever record holds it."""
+    from pydantic import BaseModel
+
+    lines = []
+    holders: list[tuple[BaseModel, str]] = [(rec, "the decision record"), (rec.resources, "the decision record")]
+    for a in actions:
+        if isinstance(a.record, ActionRecord):
+            holders.append((a.record, f"accounting record #{a.seq}"))
+            if a.record.resources is not None:
+                holders.append((a.record.resources, f"accounting record #{a.seq}"))
+    for res, where in holders:
+        for name in type(res).model_fields:
+            if name == "resources":
+                continue
+            group = getattr(res, name, None)
+            if not isinstance(group, BaseModel):
+                continue
+            for sub in type(group).model_fields:
+                f = getattr(group, sub, None)
+                if isinstance(f, Figure):
+                    lines.append(_fig(f"{name} {sub.replace('_', ' ')}", f, "") + f" ({where})")
+    return lines
 
 
 def explain_text(ex: Explanation) -> str:
@@ -176,20 +277,13 @@ def explain_text(ex: Explanation) -> str:
         out.append(f"  placement: instance {p.instance or '-'} on {p.host or '-'}/{p.gpu or '-'} ({p.gpu_model or '-'}, {p.region or '-'}), share {share}, predicted {pred}")
     stages = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in rec.latency.stages.items())
     out.append(f"  decision latency: {rec.latency.total * 1e3:.3f} ms" + (f" ({stages})" if stages else ""))
-    out.append("  resources:")
-    out.append(_fig("GPU time", rec.resources.gpu_seconds, "GPU-s"))
-    out.append(_fig("memory traffic", rec.resources.memory_bytes, "bytes"))
-    out.append(_fig("network", rec.resources.network_bytes, "bytes"))
+    out.append("  resources (each quantity once: the strongest evidence, with its kind and source):")
+    out.extend(_resources(rec, ex.actions))
     for a in ex.actions:
         act = a.record
         assert isinstance(act, ActionRecord)
         where = f" at {act.rule_origin.file}:{act.rule_origin.line}" if act.rule_origin else ""
         out.append(f"  action #{a.seq}: {act.kind} {act.target} -> {act.outcome}{' (dry run)' if act.dry_run else ''} by {act.rule or 'system'}{where}: {act.detail}")
-        if act.resources is not None:  # an `accounting` record: what the call consumed, measured
-            res = act.resources
-            out.append(_fig("network", res.network_bytes, "bytes", "      "))
-            out.append(_fig("compute", res.compute_seconds, "s", "      "))
-            out.append(_fig("GPU time", res.gpu_seconds, "GPU-s", "      "))
     out.append(f"  chain: entry {ex.entry.seq}, hash {ex.entry.hash[:16]}...")
     s = ex.sealed_by
     out.append(f"  sealed by checkpoint #{s.id} at entry {s.seq} ({'signed' if s.signature else 'unsigned'}, {format_time(s.time)})" if s else "  not yet sealed by a checkpoint")
