@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Protocol
 
 from policyc.matcher.instance import Instance
 
 from .readings import Reading, Readings
 from .telemetry import TelemetryFrame, TelemetrySource
 from .topology import Topology
+
+
+class Measured(Protocol):
+    """What an endpoint source answers: values by key and their age (`Reading`, or the
+    metrics scraper's `EndpointReading`)."""
+
+    @property
+    def values(self) -> Mapping[str, float]: ...
+
+    @property
+    def age_s(self) -> float: ...
 
 
 class WithReadings:
@@ -41,7 +52,7 @@ def endpoint_gpus(instances: Iterable[Instance]) -> dict[str, str]:
     return {i.deployment.endpoint: f"{i.deployment.host}/{i.deployment.gpu}" for i in instances if i.deployment.endpoint}
 
 
-def by_endpoint(snapshot: Callable[[str], Reading | None], gpus: Callable[[], Mapping[str, str]]) -> Callable[[], Readings]:
+def by_endpoint(snapshot: Callable[[str], Measured | None], gpus: Callable[[], Mapping[str, str]]) -> Callable[[], Readings]:
     """Readings per GPU key from a source keyed by endpoint: `snapshot(endpoint)` (None: no
     reading yet) for each endpoint of `gpus()` (endpoint -> GPU key, read each tick: the
     registry changes)."""
