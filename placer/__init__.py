@@ -18,7 +18,10 @@ Public API (what the decision service and the guardian call):
 Placement is an O(candidates) gather from tables computed once per tick (`paths.py`), once
 per contract (`contract_table.py`) and once per (tick, contract) (`tick_table.py`);
 `evaluate.evaluate` is the reference it must equal figure for figure
-(`tests/placer/test_lookup_tables.py`). The fabric search (`fabric.search_many`) runs in
+(`tests/placer/test_lookup_tables.py`). Both run the same placement signals, one file each
+under `signals/` (`framework.py` declares a signal; `docs/placement-signals.md` says how to
+add one); the picker (hysteresis, stickiness, sessions) is `pick.py`. Measured state (the
+model servers' own metrics, with ages) reaches the signals through `measured.py`. The fabric search (`fabric.search_many`) runs in
 scipy's compiled Dijkstra. Declared dependencies bind to fabric endpoints by kind and
 proxy role (the simulator has redis, its proxies, postgres and http per region); a
 dependency of kind `nvme` or `host_memory` is the session store on the GPU's own NUMA
