@@ -36,6 +36,7 @@ REASON_HEADER = "x-policyc-reason"
 CAUSE_HEADER = "x-policyc-refusal"
 CODEC_HEADROOM = 4  # the codec's header limits over the policy's: the policy's refusal is a clean 431
 CODEC_MAX_HEADERS_KB = 8192  # Envoy's own bound on `max_request_headers_kb`
+CODEC_MIN_HEADERS_COUNT = 10_000  # many tiny headers are bounded by their bytes: the picker's 431 answers them too
 HEAP_MONITOR = "envoy.resource_monitors.fixed_heap"
 CONNECTIONS_MONITOR = "envoy.resource_monitors.global_downstream_max_connections"
 
@@ -84,7 +85,8 @@ def connection_manager_options(limits: Limits) -> dict[str, Any]:
         "stream_idle_timeout": _seconds(limits.stream_idle_timeout_s),
         "max_request_headers_kb": min(limits.max_request_headers_kb * CODEC_HEADROOM, CODEC_MAX_HEADERS_KB),
         "common_http_protocol_options": {"idle_timeout": _seconds(limits.idle_timeout_s),
-                                         "max_headers_count": limits.max_headers_count * CODEC_HEADROOM},
+                                         "max_headers_count": max(limits.max_headers_count * CODEC_HEADROOM,
+                                                                  CODEC_MIN_HEADERS_COUNT)},
         "http2_protocol_options": {"max_concurrent_streams": limits.max_concurrent_streams},
         "local_reply_config": {"mappers": local_reply_mappers(limits)},
     }
