@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import orjson
@@ -35,7 +37,7 @@ from .bootstrap import PER_TRY_TIMEOUT
 from .llm_routes import HTTP1, PROTOCOL_LABEL, UPSTREAM_HEADER
 from .messages import CAUSE_HEADER, REASON_HEADER, RULE_HEADER
 from .refusal import ascii_line
-from .tokens import Tokenizers
+from .tokens import TokenizerError, Tokenizers
 
 if TYPE_CHECKING:
     from .pick import Pick
@@ -62,6 +64,8 @@ class LlmPicks:
     tokenizers: Tokenizers = field(default_factory=Tokenizers)
     contexts: dict[str, int] = field(default_factory=dict)
     max_body_bytes: int = 4 << 20  # beyond: 413 (the bootstrap's `LlmRoutes.max_body_bytes`)
+    # model -> the registry generation at which its instances' `model_dir` was looked at for a tokenizer
+    tried: dict[str, int] = field(default_factory=dict)
     # the last requests read, by decision id (bounded): what tests, the audit and the demo show
     recent: dict[str, LlmRequest] = field(default_factory=dict)
 
@@ -94,6 +98,16 @@ def _slo_ms(req: ep.ProcessingRequest, name: str) -> float | None:
         raise BodyError(400, f"header `{name}`: `{t[:32]}` is not a whole number of milliseconds from 1 to {MAX_SLO_MS}",
                         name, "invalid_header")
     return int(t) / 1e3
+
+
+MODEL_DIR_LABEL = "model_dir"  # an LLM instance's label: the model folder (its tokenizer.json) on its host
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
+
+
+def _model_hint(raw: bytes) -> str | None:
+    """The body's `model`, found without parsing it (only to look for its tokenizer first)."""
+    m = _MODEL_FIELD.search(raw[:4096])
+    return m.group(1).decode("utf-8", "replace") if m else None
 
 
 def _header(req: ep.ProcessingRequest, name: str) -> str | None:
@@ -164,8 +178,28 @@ class LlmPicker:
         ctx = getattr(llm, "context", None) if llm is not None else None
         return int(ctx) if ctx else None
 
+    def _discover_tokenizer(self, model: str) -> None:
+        """A model without a tokenizer: the one its registered instances' `model_dir` label
+        names (`policyc modelserver --engine vllm --register` sets it), loaded once, if this
+        machine has it (a registrant is an operator: registering needs the operator token)."""
+        tried, generation = self.picks.tried, self.picker.service.engine.generation
+        if tried.get(model) == generation or self.picks.tokenizers.tokenizer(model) is not None:
+            return
+        tried[model] = generation  # looked at again once the registry changes
+        for inst in self.picker.service.engine.state.registry.routable():
+            folder = inst.labels.get(MODEL_DIR_LABEL)
+            if inst.model == model and folder and (Path(folder) / "tokenizer.json").is_file():
+                try:
+                    self.picks.tokenizers.register(model, Path(folder))
+                    return
+                except TokenizerError as e:
+                    log.warning("picker: %s's tokenizer from instance %s: %s", model, inst.id, e)
+
     def read(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest, kind: str) -> LlmRequest:
         bundle = self.picker.service.engine.state.bundle
+        model = _model_hint(body.request_body.body) or _header(headers, "x-model")
+        if model is not None and bundle.contract(model) is not None:
+            self._discover_tokenizer(model)
         r = parse_llm_body(body.request_body.body, kind, self.picks.tokenizers, _header(headers, "x-model"),
                            lambda m: bundle.contract(m) is not None, self._context_of)
         ttft, tpot = (_slo_ms(headers, name) for name in SLO_HEADERS)

@@ -98,7 +98,7 @@ def _headers(h: Any) -> dict[str, str]:
 
 def _sse_events(buf: bytes) -> tuple[list[bytes], bytes]:
     """Complete `data:` payloads in `buf`, and the incomplete rest."""
-    out = []
+    out: list[bytes] = []
     while True:
         i = buf.find(b"\n\n")
         if i < 0:
@@ -198,6 +198,7 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             try:
                 msg = await asyncio.wait_for(context.read(), timeout) if timeout is not None else await context.read()
             except asyncio.TimeoutError:  # a gap over the TPOT budget after tokens were sent: end the stream
+                assert tpot is not None  # (a read waits with a timeout only then)
                 ev.ended_by_tpot = True
                 gap = time.perf_counter() - (ev.last or ev.started)
                 await context.write(_body(error_event(

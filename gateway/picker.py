@@ -157,9 +157,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     return
                 kind = req.WhichOneof("request")
                 if kind == "request_headers" and self.llm is not None and (llm_kind := body_kind(req)) is not None:
-                    pick = await self._llm_body(context, req, llm_kind)
-                    if pick is not None:
-                        picked.append(pick)
+                    llm_decision = await self._llm_body(context, req, llm_kind)
+                    if llm_decision is not None:
+                        picked.append(llm_decision)
                     continue
                 if kind == "request_headers":
                     resp, pick = await self._request_headers(req)

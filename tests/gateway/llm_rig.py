@@ -42,8 +42,9 @@ REPO = Path(__file__).resolve().parents[2]
 LLM, LITE = "tiny-llm", "tiny-llm-lite"
 
 
-def llm_bundle() -> Bundle:
-    r = compile_paths([str(REPO / "policies"), str(REPO / "policies" / "llm")], analyse=False)
+def llm_bundle(paths: tuple[Path, ...] = (REPO / "policies" / "llm",)) -> Bundle:
+    """`policies` (the request mappings, tenants, rules) with the LLM contracts in `paths`."""
+    r = compile_paths([str(REPO / "policies"), *map(str, paths)], analyse=False)
     assert r.ok and r.bundle is not None, [d.message for d in r.diagnostics]
     return r.bundle
 
@@ -78,6 +79,9 @@ class LlmGateway:
     served: list[tuple[str, str]] = field(default_factory=list)  # (model, endpoint) of servers started elsewhere
     max_body_bytes: int = 4 << 20
     body_timeout_ms: int = 10_000
+    contracts: tuple[Path, ...] = (REPO / "policies" / "llm",)  # compiled with `policies`
+    contexts: dict[str, int] = field(default_factory=dict)  # a model's context, where its contract has none
+    model_dir: Path | None = None  # registered as the instances' `model_dir` label (the picker finds the tokenizer there)
     bundle: Bundle = field(init=False)
     thread: ServerThread = field(init=False)
     picker: PickerServer = field(init=False)
@@ -91,14 +95,14 @@ class LlmGateway:
     supervisor_server: SupervisorServer = field(init=False)
 
     def start(self) -> "LlmGateway":
-        self.bundle = llm_bundle()
+        self.bundle = llm_bundle(self.contracts)
         server = DecisionServer(self.bundle, ServeConfig(cluster=SMALL, enforcer=EnforcerMode.USERSPACE,
                                                          audit_log=self.workdir / "audit.db"))
         self.thread = ServerThread(server)
         self.thread.start()
         assert server.cluster is not None
-        fleet = admissible_fleet(self.bundle, server.cluster.gpu_slots(), models=[LLM, LITE])
         served = self.served or [(LLM, ""), (LLM, ""), (LITE, "")]
+        fleet = admissible_fleet(self.bundle, server.cluster.gpu_slots(), models=sorted({m for m, _ in served}))
         used: set[tuple[str, str]] = set()
         with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
@@ -111,16 +115,17 @@ class LlmGateway:
                     self.fakes.append(fake)
                     endpoint = fake.endpoint
                 self.instances[endpoint] = iid
-                inst = inst.model_copy(update={"id": iid, "labels": {PROTOCOL_LABEL: HTTP1},
+                labels = {PROTOCOL_LABEL: HTTP1, **({"model_dir": str(self.model_dir)} if self.model_dir else {})}
+                inst = inst.model_copy(update={"id": iid, "labels": labels,
                                                "deployment": inst.deployment.model_copy(update={"endpoint": endpoint})})
                 stub.RegisterInstance(convert.register_request(inst), timeout=10)
         self.picker = PickerServer(server, PickerConfig())
         picker_port = self.thread.call(self.picker.start())
         tokenizers = Tokenizers()
         if self.tokenizer is not None:
-            for m in (LLM, LITE):
+            for m in sorted({m for m, _ in served}):
                 tokenizers.register(m, self.tokenizer)
-        self.picks = LlmPicks(tokenizers, max_body_bytes=self.max_body_bytes)
+        self.picks = LlmPicks(tokenizers, dict(self.contexts), max_body_bytes=self.max_body_bytes)
         self.picker.picker.enable_llm(self.picks)
         recent = self.picker.picker.recent
         self.supervisor = StreamSupervisor(self.picks, lambda: server.engine.state.bundle, self.picker.acts.log,

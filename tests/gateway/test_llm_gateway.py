@@ -316,3 +316,19 @@ def test_client_disconnect_cancels_the_upstream(llm_gateway: LlmGateway) -> None
             return
         time.sleep(0.1)
     pytest.fail("the model server kept generating after the client left")
+
+
+def test_the_tokenizer_is_found_in_the_registered_model_dir(tmp_path: Path) -> None:
+    """No --tokenizer: the picker loads the one in the folder the instances registered
+    (`model_dir`, as `policyc modelserver --engine vllm --register` labels them)."""
+    from tokenizers import Tokenizer
+    folder = make_tokenizer(tmp_path / "model").parent
+    gw = start_llm_gateway(model_dir=folder)
+    try:
+        status, h, _ = post(gw, "/v1/completions", {"model": LLM, "prompt": "def f(): return 1", "max_tokens": 1})
+        assert status == 200
+        read = gw.picks.recent[h["x-policyc-decision-id"]]
+        want = len(Tokenizer.from_file(str(folder / "tokenizer.json")).encode("def f(): return 1").ids)
+        assert read.prompt.counted and read.prompt.tokens == want
+    finally:
+        gw.stop()
