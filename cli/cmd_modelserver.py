@@ -7,7 +7,8 @@ instance's. The process's REST port serves the model names one instance answers.
 `--engine vllm --model [NAME=]DIR --port P` serves an LLM folder (weights, tokenizer and its
 `policyc.contract`; `policyc llm make-model DIR` makes one) with a real vLLM OpenAI server
 from `.venv-vllm`, and with `--register` registers it with the decision service at its
-endpoint. See `cli/llm_serving.py`.
+endpoint; `--engine emulator` serves it with the vLLM-compatible emulator (same routes and
+`vllm:*` metrics, a timing model). See `cli/llm_serving.py`.
 
 Exit codes: 0 stopped by SIGTERM/SIGINT; 1 (vllm) the model's contract does not compile, or
 vLLM did not start or died; 2 usage errors (no model, a misplaced option, a model file that
@@ -46,7 +47,7 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine == "vllm":
+    if args.engine in ("vllm", "emulator"):
         from . import llm_serving
 
         return llm_serving.run(args)

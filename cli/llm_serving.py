@@ -2,7 +2,9 @@
 a real vLLM OpenAI server (CPU build, from `.venv-vllm`), with the contract that travels with
 the model (`DIR/policyc.contract`, compiled here), and register it with the decision
 service at its endpoint (`--register`, through `policyc.client` like `policyc instance
-register`: the same connection flags, token and TLS).
+register`: the same connection flags, token and TLS). `--engine emulator` serves the same
+folder with the vLLM-compatible emulator in this process instead (`modelserver/emulator.py`:
+the same routes and `vllm:*` metrics, a timing model; `--slowdown X` for a slower GPU class).
 
     policyc modelserver --engine vllm --model .venv-vllm/models/tiny-llama --port 8000 \\
         --register --instance tiny-llama@host-01/gpu0 --deploy host=host-01 --deploy gpu=gpu0 \\
@@ -34,7 +36,7 @@ from typing import Any
 
 from .exit_codes import Exit
 
-ENGINES = ("kserve", "vllm")
+ENGINES = ("kserve", "vllm", "emulator")
 _BOOL = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 _DEPLOY_BOOLS = ("tpm", "memory_encryption", "hardware_firewall", "tee")
 _DEPLOY_TEXT = ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint")
@@ -52,9 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options `--engine vllm` adds to `policyc modelserver` (KServe's stay as they are)."""
     from .connection import add_connection_flags
 
-    g = p.add_argument_group("LLM engine (--engine vllm)")
+    g = p.add_argument_group("LLM engines (--engine vllm | emulator)")
     g.add_argument("--engine", choices=ENGINES, default="kserve",
-                   help="kserve: ONNX models over OIP (default); vllm: an LLM folder with vLLM's OpenAI server")
+                   help="kserve: ONNX models over OIP (default); vllm: an LLM folder with vLLM's OpenAI server; "
+                        "emulator: the same routes and vllm:* metrics with a timing model (modelserver/emulator.py)")
+    g.add_argument("--slowdown", type=float, default=1.0, metavar="X",
+                   help="emulator: stretch every duration by X (a slower GPU class; default 1)")
     g.add_argument("--port", type=int, default=0, metavar="P", help="vLLM's HTTP port (0: any free port; default 0)")
     g.add_argument("--cpu-bind", default="auto", metavar="CORES",
                    help="cores vLLM's OpenMP threads are bound to: auto, or e.g. 0, 1, 0-1 (default auto)")
@@ -121,9 +126,10 @@ def deployment(facts: list[str], endpoint: str) -> dict[str, Any]:
     return out
 
 
-def labels(given: list[str], model_dir: Path) -> dict[str, str]:
-    """What a gateway and the metrics scraper read off a vLLM instance, then `--label`s."""
-    out = {"engine": "vllm", "endpoint_protocol": "http1", "metrics": "vllm", "model_dir": str(model_dir.resolve())}
+def labels(given: list[str], model_dir: Path, engine: str = "vllm") -> dict[str, str]:
+    """What a gateway and the metrics scraper read off an LLM instance (the emulator speaks
+    vLLM's protocol and metrics), then `--label`s."""
+    out = {"engine": engine, "endpoint_protocol": "http1", "metrics": "vllm", "model_dir": str(model_dir.resolve())}
     for kv in given:
         key, sep, value = kv.partition("=")
         if not sep or not key:
@@ -144,10 +150,15 @@ def _check_options(args: argparse.Namespace) -> tuple[str | None, Path]:
         raise _Usage(f"--port {args.port}: not a port")
     if args.kv_cache_gib < 1 or args.max_model_len < 16:
         raise _Usage("--kv-cache-gib must be at least 1 and --max-model-len at least 16")
+    if args.engine == "emulator" and not 0.01 <= args.slowdown <= 1000:
+        raise _Usage(f"--slowdown {args.slowdown}: expected a factor in [0.01, 1000]")
     head, sep, tail = inst.model.partition("=")
     name, path = (head, tail) if sep and "/" not in head else (None, inst.model)
     model_dir = Path(path)
-    if not (model_dir / "config.json").is_file():
+    if args.engine == "emulator":
+        if not model_dir.is_dir():
+            raise _Usage(f"{model_dir}: not a model folder (the emulator reads its policyc.contract and tokenizer.json)")
+    elif not (model_dir / "config.json").is_file():
         raise _Usage(f"{model_dir}: not a model folder (no config.json); `policyc llm make-model DIR` makes one")
     if args.register and not args.deploy:
         raise _Usage("--register needs the deployment's facts: --deploy host=… --deploy gpu=… --deploy gpu_model=… --deploy region=…")
@@ -162,14 +173,14 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
     """Serve, register, wait for SIGTERM/SIGINT, deregister, stop."""
     from policyc.modelserver.vllm_engine import VllmError, VllmServer, VllmSpec
 
+    engine = "vLLM" if args.engine == "vllm" else "the emulator"
+
     try:
         name, model_dir = _check_options(args)
         contract = load_model_contract(model_dir, name)
         served = name or contract.name
         instance_id = args.instances[0].instance or served
-        spec = VllmSpec(model_dir, served, host=args.host, port=args.port, cpu_bind=args.cpu_bind,
-                        kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len)
-        lbl = labels(args.label, model_dir)
+        lbl = labels(args.label, model_dir, args.engine)
     except _Usage as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return Exit.USAGE
@@ -185,14 +196,16 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
 
     own_dir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="policyc-vllm-")) if own_dir else args.workdir
-    server = VllmServer(spec, workdir)
+    server: Any = _Emulated(served, model_dir, args) if args.engine == "emulator" else \
+        VllmServer(VllmSpec(model_dir, served, host=args.host, port=args.port, cpu_bind=args.cpu_bind,
+                            kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len), workdir)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     registered = None
     clean = False
     try:
         try:
             server.spawn()
-            print(f"{prog}: starting vLLM for `{served}` from {model_dir} on {server.endpoint} (log {server.log_path})",
+            print(f"{prog}: starting {engine} for `{served}` from {model_dir} on {server.endpoint} (log {server.log_path})",
                   file=sys.stderr, flush=True)
             server.wait_ready()
             if args.register:
@@ -200,17 +213,17 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
                 if registered is None:
                     return code
             if args.ready_file:
-                _write_ready(args.ready_file, server, served, instance_id, model_dir, registered)
+                _write_ready(args.ready_file, args.engine, server, served, instance_id, model_dir, registered)
             print(f"{prog}: serving `{served}` at http://{server.endpoint}/v1 (pid {server.pid}, ready in "
                   f"{server.startup_s:.0f} s){' as ' + instance_id if registered else ''}", file=sys.stderr, flush=True)
             while not stop.is_set():
                 if not server.running:
-                    print(f"{prog}: error: vLLM exited while serving:\n{server.log_tail()}", file=sys.stderr)
+                    print(f"{prog}: error: {engine} exited while serving:\n{server.log_tail()}", file=sys.stderr)
                     return Exit.FAILED
                 stop.wait(0.5)
         except _Stop:
             pass
-        except VllmError as e:
+        except (VllmError, OSError) as e:  # did not start; a port that cannot be bound
             print(f"{prog}: error: {e}", file=sys.stderr)
             return Exit.FAILED
         except _Usage as e:
@@ -238,6 +251,48 @@ def register_instance(client: Any, instance_id: str, contract: Any, dep: dict[st
     from policyc.onnxgate.contract_metadata import canonical_json
 
     return client.register(instance_id, dep, model=contract.name, labels=lbl, contract_json=canonical_json(contract))
+
+
+class _Emulated:
+    """The emulator behind the interface the command drives `VllmServer` through."""
+
+    def __init__(self, served: str, model_dir: Path, args: argparse.Namespace) -> None:
+        from policyc.modelserver.emulator import EmulatorServer, EmulatorSpec, TimingModel
+
+        self._server = EmulatorServer([EmulatorSpec(served, model_dir, TimingModel(max_model_len=args.max_model_len),
+                                                    slowdown=args.slowdown, host=args.host, port=args.port)])
+        self.log_path = "(in this process)"
+        self.pid = os.getpid()
+        self.startup_s: float | None = None
+
+    def spawn(self) -> None:
+        self._server.start()
+        self.startup_s = self._server.startup_s
+
+    def wait_ready(self) -> None:
+        pass
+
+    @property
+    def endpoint(self) -> str:
+        return self._server.endpoints[0] if self._server.endpoints else f"(port {self._server.specs[0].port})"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.endpoint}/v1"
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rpartition(":")[2])
+
+    @property
+    def running(self) -> bool:
+        return self._server.running
+
+    def log_tail(self) -> str:
+        return ""
+
+    def stop(self) -> None:
+        self._server.stop()
 
 
 def _register(args: argparse.Namespace, prog: str, instance_id: str, contract: Any, dep: dict[str, Any],
@@ -275,8 +330,8 @@ def _deregister(args: argparse.Namespace, prog: str, instance_id: str) -> None:
         print(f"{prog}: warning: could not deregister {instance_id}: {e}", file=sys.stderr)
 
 
-def _write_ready(path: Path, server: Any, served: str, instance_id: str, model_dir: Path, registered: Any) -> None:
-    facts = {"engine": "vllm", "endpoint": server.endpoint, "base_url": server.base_url, "port": server.port,
+def _write_ready(path: Path, engine: str, server: Any, served: str, instance_id: str, model_dir: Path, registered: Any) -> None:
+    facts = {"engine": engine, "endpoint": server.endpoint, "base_url": server.base_url, "port": server.port,
              "model": served, "instance": instance_id, "model_dir": str(model_dir.resolve()), "pid": server.pid,
              "registered": registered is not None, "startup_s": round(server.startup_s or 0.0, 2)}
     tmp = path.with_name(path.name + ".tmp")
