@@ -103,6 +103,16 @@ def test_one_command_gives_a_gateway_that_follows_registrations(bundle, tmp_path
     assert "clients ->" in err
 
 
+def test_a_gateway_refuses_an_admin_address_off_loopback(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Envoy's admin can stop it and read its configuration: loopback only, said before anything starts."""
+    path = tmp_path / "bundle.json"
+    bundle_io.write(bundle, path)
+    out = subprocess.run(POLICYC + ["gateway", "--bundle", str(path), "--port", "0", "--admin", "10.1.2.3:9901"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--admin 10.1.2.3:9901" in out.stderr and "loopback" in out.stderr, out.stderr
+
+
 def _slots():  # type: ignore[no-untyped-def]
     from policyc.placer import SimulatedCluster
     from policyc.server.config import ClusterSpec
