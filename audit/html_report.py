@@ -129,9 +129,9 @@ def gather(path: str, verdict: VerifyReport, start: float | None = None, end: fl
         for r in records:
             i = min(int((r.time - t0) / width), n - 1)
             getattr(series, r.outcome)[i] += 1
-            g = r.resources.gpu_seconds
-            if g is not None:
-                series.gpu[g.source.value][i] += g.value
+            gpu = r.resources.gpu_seconds
+            if gpu is not None:
+                series.gpu[gpu.source.value][i] += gpu.value
     ranked = sorted(rules.values(), key=lambda g: (-g.count, g.rule))
     return PageData(path, verdict, by_model, by_tenant, by_region, ranked[:TOP_RULES], sorted(bundles.values(), key=lambda b: b.first),
                     series, provenance or Provenance(), left_out)

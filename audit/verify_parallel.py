@@ -57,7 +57,7 @@ def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, c
         proc.stdin.write(pickle.dumps((path, select, lo, hi, prev, collect, indexed)))
         proc.stdin.close()
         procs.append(proc)
-    first = _walk_chunk(path, select, *bounds[0], genesis, collect, indexed)
+    head = _walk_chunk(path, select, *bounds[0], genesis, collect, indexed)
     rest = []
     for proc, (lo, hi), prev in zip(procs, bounds[1:], starts[1:]):
         assert proc.stdout is not None
@@ -66,7 +66,7 @@ def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, c
             rest.append(_walk_chunk(path, select, lo, hi, prev, collect, indexed))
         else:
             rest.append(pickle.loads(out))
-    return _stitch(conn, select, collect, indexed, bounds, [first, *rest])
+    return _stitch(conn, select, collect, indexed, bounds, [head, *rest])
 
 
 def _stitch(conn: sqlite3.Connection, select: str, collect: frozenset[int], indexed: bool,

@@ -22,10 +22,15 @@ large log.
    audited calls give it (a decision draft and an accounting record a call, handed over every
    50 ms) at the gateway benchmark's rates: its CPU per call, and that cost split into a fixed
    cost per commit and a cost per call.
-4. Verify. Writes M records through the real writer process, then times `verify` over them
-   (floor 20 s for 1,000,000).
+4. Verify. Writes M records through the real writer process, rotating the log into S
+   segments as it goes (`AuditLog.rotate`, as `policyc audit rotate` does), then times
+   `verify` walking every segment (floor 10 s for 1,000,000).
+5. Export (`--only export`, or after verify): `policyc audit export`'s writer over the
+   first E records of that log in each format (jsonl, csv, parquet), records per second,
+   with the read-back checked (count and every hash).
 
-Usage: .venv/bin/python benchmarks/audit.py [--quick] [--instances N] [--threads T] [--only durability]
+Usage: .venv/bin/python benchmarks/audit.py [--quick] [--instances N] [--threads T] [--only durability|verify|export]
+       [--segments S] [--export-records E]
 """
 
 from __future__ import annotations
@@ -259,10 +264,13 @@ def template_record() -> DecisionRecord:
     return decision_record(d, REQUESTS[0], server.engine.state.bundle).model_copy(update={"decision_id": "d-0"})
 
 
-def verify_bench(tmp: Path, n: int) -> None:
+def verify_bench(tmp: Path, n: int, segments: int = 4) -> tuple[Path, float]:
+    """Fill a log of `n` records in `segments` segments; time `verify` over it. Returns the
+    log and its records' first time (record i is at base + i ms)."""
     path = tmp / "verify.db"
     template = template_record()
     base = time.time()
+    per_segment = -(-n // segments)
     # Bodies are serialised once from a real record and varied by decision id and time, then
     # go through the real writer (chain, SQLite, checkpoints): this part measures verify,
     # and building a million pydantic records would only measure pydantic.
@@ -276,15 +284,44 @@ def verify_bench(tmp: Path, n: int) -> None:
             )
             if lo % 50_000 == 49_000 or lo + 1000 >= n:
                 receipts[-1].wait()
+            if (lo + 1000) % per_segment == 0 and lo + 1000 < n:
+                log.rotate()  # the records already handed over close this segment
     write_s = time.perf_counter() - t0
-    size = sum(p.stat().st_size for p in tmp.glob("verify.db*")) / 1e6
+    size = sum(p.stat().st_size for p in [*tmp.glob("verify.db*"), *tmp.glob("verify.db.segments/*")] if p.is_file()) / 1e6
     t0 = time.perf_counter()
     report = verify(path)
     verify_s = time.perf_counter() - t0
-    assert report.ok and report.entries == n, report.problems
-    print(f"verify: {n:,} records ({size:,.0f} MB), written in {write_s:.1f} s ({n / write_s:,.0f} records/s through the writer process, 1,000 bodies per pipe write, synchronous=NORMAL for the fill)")
-    print(f"  verify: {verify_s:.2f} s ({n / verify_s:,.0f} records/s), floor 20 s for 1,000,000"
+    assert report.ok and report.entries == n and report.segments == segments, (report.problems, report.segments)
+    print(f"verify: {n:,} records in {report.segments} segments ({size:,.0f} MB), written in {write_s:.1f} s ({n / write_s:,.0f} records/s "
+          "through the writer process, 1,000 bodies per pipe write, synchronous=NORMAL for the fill)")
+    print(f"  verify: {verify_s:.2f} s ({n / verify_s:,.0f} records/s) walking {report.segments} segments, floor 10 s for 1,000,000"
           + (f"; scaled to 1,000,000: {verify_s * 1e6 / n:.1f} s" if n != 1_000_000 else ""))
+    return path, base
+
+
+def export_bench(path: Path, base: float, n: int) -> None:
+    """`policyc audit export` of the first `n` records of `path` in each format: records/s,
+    and the file read back (count and hashes equal to the log's)."""
+    import sqlite3
+
+    from policyc.audit import export as ex
+    from policyc.audit.segments import files
+
+    want: list[bytes] = []
+    for f in files(path):
+        with sqlite3.connect(f) as db:
+            want += [bytes(h) for (h,) in db.execute("SELECT hash FROM entries WHERE time < ? ORDER BY seq", (base + n * 1e-3,))]
+            if len(want) >= n:
+                break
+    for fmt in ex.FORMATS:
+        out = path.parent / f"export.{fmt}"
+        t0 = time.perf_counter()
+        stats = ex.export(path, fmt, out, end=base + n * 1e-3)
+        took = time.perf_counter() - t0
+        rows = [bytes.fromhex(r["hash"]) for r in ex.read(out)]
+        assert stats.rows == len(rows) == len(want) and rows == want, (fmt, stats.rows, len(rows), len(want))
+        print(f"export {fmt}: {stats.rows:,} records in {took:.2f} s ({stats.rows / took:,.0f} records/s, "
+              f"{out.stat().st_size / 1e6:,.0f} MB); read back: count and hashes equal")
 
 
 def cost_per_decision(instances: int, n: int = 2000) -> None:
@@ -409,7 +446,9 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=20_000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", choices=("cost", "throughput", "writer", "durability", "verify"), help="run one part")
+    ap.add_argument("--only", choices=("cost", "throughput", "writer", "durability", "verify", "export"), help="run one part")
+    ap.add_argument("--segments", type=int, default=4, help="segments the verify log is rotated into (default 4)")
+    ap.add_argument("--export-records", type=int, help="records exported in each format (default: 100,000; 20,000 with --quick)")
     ap.add_argument("--client-threads", type=int, default=8, help="gRPC client threads of the durability part")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
@@ -424,8 +463,11 @@ def main() -> None:
             writer_per_call(tmp, min(args.instances, 2_000), rounds=args.rounds, seconds=seconds)
         if args.only in (None, "durability"):
             durability(tmp, min(args.instances, 2_000), args.client_threads, rounds=args.rounds, seconds=seconds)
-        if args.only in (None, "verify"):
-            verify_bench(tmp, 100_000 if args.quick else 1_000_000)
+        if args.only in (None, "verify", "export"):
+            n = 100_000 if args.quick else 1_000_000
+            path, base = verify_bench(tmp, n if args.only != "export" else max(args.export_records or 100_000, 20_000), args.segments)
+            if args.only in (None, "export"):
+                export_bench(path, base, args.export_records or (20_000 if args.quick else 100_000))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
