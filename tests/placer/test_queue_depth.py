@@ -115,3 +115,23 @@ def test_the_tables_give_the_reference_figures_with_readings(monkeypatch, on_sta
             _assert_same(got, ref, f"queue depth {on_stale.value}")
             saw |= {ref.failed(i) for i in range(k)}
     assert Constraint.QUEUE_DEPTH in saw
+
+
+def test_the_column_is_made_once_per_readings_and_settings() -> None:
+    """Every path table of a tick reads the same column (the readings alone decide it), and
+    a change of the signal's settings makes it afresh."""
+    from policyc.placer.framework import EVERY, TickInputs
+    from policyc.placer.signals.queue_depth import QueueDepth
+
+    snap = _world()
+    x = TickInputs(snap, snap.thresholds, EVERY, ingress_rows(snap, None))
+    s = QueueDepth()
+    first = s.column(x)
+    assert s.column(TickInputs(snap, snap.thresholds.conservative(), EVERY, ingress_rows(snap, None))) is first
+    assert first.fail is not None and not first.fail.any()
+    s.max_depth = 10.0
+    bounded = s.column(x)
+    assert bounded is not first and bounded.fail is not None and bounded.fail.any()
+    gpus = np.arange(0, len(snap.topology.gpus), 3)
+    np.testing.assert_array_equal(s.column(TickInputs(snap, snap.thresholds, gpus, ingress_rows(snap, None)[gpus])).fail,
+                                  bounded.fail[gpus])
