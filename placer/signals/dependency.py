@@ -17,7 +17,7 @@ import numpy as np
 
 from policyc.compiler.bundle import ServiceDependency
 
-from ..framework import Column, Signal, Stage, TickContractInputs, Words
+from ..framework import NOTHING, Column, Signal, Stage, TickContractInputs, Words
 from ..plan import Constraint, DependencyBinding
 from ..stores import is_local_store, store_table
 from ..topology import Endpoint, EndpointRole
@@ -34,6 +34,8 @@ class Dependency(Signal):
 
     def reference(self, x: TickContractInputs) -> Column:
         assert x.tick is not None, "the reference binds over the candidates' paths"
+        if not x.contract.dependencies.services:
+            return NOTHING
         snap, tx = x.snap, x.tick
         t, f = snap.topology, snap.frame
         gpus = np.arange(len(t.gpus))[tx.gpus]
@@ -72,6 +74,8 @@ class Dependency(Signal):
         """From the path table's dependency tables (every GPU, built once per tick and kind)."""
         pt = x.table
         assert pt is not None, "the tables' runner passes the tick's path table"
+        if not x.contract.dependencies.services:
+            return NOTHING
         n = len(x.snap.topology.gpus)
         fail = np.zeros(n, dtype=bool)
         deps = np.zeros(n)
