@@ -165,3 +165,15 @@ def test_a_removed_or_tampered_segment_is_caught(tmp_path: Path) -> None:
     doc["segments"][-1]["close"]["hash"] = "00" * 32
     (segments_dir(path) / "pruned.json").write_text(json.dumps(doc))
     assert not verify(path, public_key=PUB).ok
+
+
+def test_a_rotation_cut_short_after_the_move_is_completed_on_open(tmp_path: Path) -> None:
+    """The writer died between moving the live file into the segments and creating the next
+    one: opening the log starts the next segment chained to the last closed one."""
+    path = tmp_path / "audit.db"
+    fill(path, 30, key=KEY)  # closed cleanly: its head names its close record
+    segments_dir(path).mkdir()
+    os.rename(path, segments_dir(path) / "000001.db")
+    fill(path, 10, key=KEY)
+    report = verify(path, public_key=PUB)
+    assert report.ok and report.segments == 2 and report.entries == 44 and report.verdict == "green", (report.problems, report.unproven)
