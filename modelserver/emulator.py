@@ -57,7 +57,7 @@ class EmulatorSpec:
 
     name: str
     model_dir: Path | None = None
-    timing: TimingModel = field(default_factory=TimingModel)
+    timing: TimingModel = field(default_factory=TimingModel)  # defaults fitted to real vLLM here
     slowdown: float = 1.0
     host: str = "127.0.0.1"
     port: int = 0
@@ -151,6 +151,7 @@ class _Instance:
             num_gpu_blocks=str(self.timing.kv_blocks)).set(1)
         self.engine = Engine(self.timing, on_finish=self._finished, on_token=self._token)
         self._seq_ids = 0
+        self._frontend = asyncio.Lock()  # vLLM's API server takes requests in one at a time
 
     # ------------------------------------------------------------------ engine callbacks
     def _token(self, s: Sequence, now: float) -> None:
@@ -243,7 +244,10 @@ class _Instance:
         if not prompt:
             raise _BadRequest("the prompt is empty", "prompt")
         max_tokens = self._max_tokens(body)
-        seq = Sequence(prompt, max_tokens)
+        arrived = time.monotonic()
+        async with self._frontend:
+            await asyncio.sleep(self.timing.frontend_s)
+        seq = Sequence(prompt, max_tokens, arrived=arrived)
         try:
             self.engine.submit(seq)
         except ValueError as e:

@@ -31,9 +31,11 @@ from typing import Callable
 class TimingModel:
     """How long an engine step takes, and the engine's capacity."""
 
-    step_s: float = 1.6e-3  # a step's fixed cost (scheduling, sampling, the model's fixed layers)
-    prefill_s_per_token: float = 12e-6
-    decode_s_per_seq: float = 0.25e-3
+    # fitted to vLLM 0.32 (CPU) serving the tiny model on this machine (benchmarks/emulator_calibration.py)
+    step_s: float = 1.75e-3  # a step's fixed cost (scheduling, sampling, the model's fixed layers)
+    prefill_s_per_token: float = 6.2e-6
+    decode_s_per_seq: float = 0.11e-3
+    frontend_s: float = 1.5e-3  # the API server's own work per request (parse, tokenize), one request at a time
     max_num_seqs: int = 256
     max_batched_tokens: int = 2048  # prefill tokens per step (chunked prefill)
     block_size: int = 128
@@ -41,7 +43,7 @@ class TimingModel:
     max_model_len: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("step_s", "prefill_s_per_token", "decode_s_per_seq"):
+        for name in ("step_s", "prefill_s_per_token", "decode_s_per_seq", "frontend_s"):
             v = getattr(self, name)
             if not (v >= 0 and v < 10):
                 raise ValueError(f"timing `{name}` {v!r}: seconds in [0, 10)")
