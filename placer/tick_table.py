@@ -30,10 +30,9 @@ import numpy as np
 from policyc.compiler.bundle import ServiceDependency
 
 from .contract_table import ContractTable
-from .framework import TickContractInputs
+from .framework import Stage, TickContractInputs
 from .paths import NO_FAILURE, PathTable
 from .signals import CODE, of_stage
-from .framework import Stage
 from .snapshot import Snapshot
 from .topology import Endpoint
 
@@ -43,6 +42,7 @@ from .topology import Endpoint
 # These are the prediction's figures, not one column per signal: a signal's refusals fold into
 # the code, its seconds into `wait` (the tick's signals, added to the queueing) or
 # `dependencies` (the tick-and-contract ones), so a new signal changes no layout.
+_TICK_CONTRACT = of_stage(Stage.TICK_CONTRACT)
 BLOCK_FLOATS = ("min_share", "peak_eff", "no_peak", "free", "network", "raw_network", "dependencies", "sigma", "wait")
 (MIN_SHARE, PEAK_EFF, NO_PEAK, FREE, NETWORK, RAW_NETWORK, DEPENDENCIES, SIGMA, WAIT) = range(len(BLOCK_FLOATS))
 
@@ -127,15 +127,17 @@ def warm_contract_steps(snap: Snapshot, previous: Snapshot | None) -> Iterator[s
 def _build(snap: Snapshot, pt: PathTable, table: ContractTable) -> TickContractTable:
     code = np.minimum(pt.code, table.code)
     n = len(code)
-    deps = np.zeros(n)
+    deps: np.ndarray | None = None
     services: list = []
-    for sig in of_stage(Stage.TICK_CONTRACT):
+    for sig in _TICK_CONTRACT:
         col = sig.column(TickContractInputs(snap, table.contract, table=pt))
         if col.fail is not None:
             np.minimum(code, np.where(col.fail, CODE[sig.constraint], NO_FAILURE), out=code)
         if col.latency is not None:
-            deps = deps + col.latency
+            deps = col.latency if deps is None else deps + col.latency
         services.extend(col.extra)
+    if deps is None:
+        deps = np.zeros(n)
     sigma = np.sqrt(pt.sigma2)
     for a in (code, sigma, deps):
         a.setflags(write=False)

@@ -77,16 +77,17 @@ class Dependency(Signal):
         if not x.contract.dependencies.services:
             return NOTHING
         n = len(x.snap.topology.gpus)
-        fail = np.zeros(n, dtype=bool)
+        fail: np.ndarray | None = None
         deps = np.zeros(n)
         bound: list[Bound] = []
         for svc in x.contract.dependencies.services:
             dt = pt.dependency(x.snap, svc.kind, PROXY_ROLE[svc.proxy])
             if not dt.endpoints:
-                fail[:] = True
+                over = np.ones(n, dtype=bool)
             else:
-                fail |= dt.latency > svc.p99
+                over = dt.latency > svc.p99
                 deps = deps + np.where(np.isfinite(dt.latency), dt.latency, 0.0)
+            fail = over if fail is None else fail | over
             bound.append((svc, dt.endpoints, dt.best, dt.latency))
         return Column(fail=fail, latency=deps, extra=tuple(bound))
 
