@@ -43,7 +43,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Mapping, TypeVar
 
 import numpy as np
 
@@ -170,8 +170,11 @@ class Words:
     held: Callable[[int], float]
 
 
-class Signal(ABC):
-    """One placement signal (see the module's docstring)."""
+X = TypeVar("X", ContractInputs, TickInputs, TickContractInputs, RequestInputs)  # a stage's inputs
+
+
+class Signal(ABC, Generic[X]):
+    """One placement signal (see the module's docstring), reading its stage's inputs `X`."""
 
     name: ClassVar[str]
     constraint: ClassVar[Constraint]
@@ -180,10 +183,10 @@ class Signal(ABC):
     reads_paths: ClassVar[bool] = False  # a TICK signal reading `TickInputs.paths` (the tables build them first)
 
     @abstractmethod
-    def reference(self, x) -> Column:  # type: ignore[no-untyped-def]  # the stage's inputs
+    def reference(self, x: X) -> Column:
         """The signal over the candidates `x.gpus`, stated plainly (the reference runner)."""
 
-    def column(self, x) -> Column:  # type: ignore[no-untyped-def]
+    def column(self, x: X) -> Column:
         """The signal over every GPU (`x.gpus` is every GPU), for the per-tick tables."""
         return self.reference(x)
 

@@ -151,7 +151,7 @@ def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generat
     wait = np.zeros(n)
     signals = of_stage(Stage.TICK)
 
-    def run(s: Signal) -> None:
+    def run(s: Signal[TickInputs]) -> None:
         nonlocal wait
         col = s.column(x)
         if col.fail is not None:

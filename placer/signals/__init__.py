@@ -5,6 +5,8 @@ this order that a GPU fails). Adding a signal: write its file (see `framework.py
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..framework import Signal, Stage
 from ..plan import Constraint
 from .dependency import Dependency
@@ -18,19 +20,19 @@ from .port import Port
 from .queue_depth import QueueDepth
 from .session_store import SessionStore
 
-SIGNALS: tuple[Signal, ...] = (
+SIGNALS: tuple[Signal[Any], ...] = (
     GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), QueueDepth(),
     LatencyBudget(),
 )
 
-REGISTRY: dict[str, Signal] = {s.name: s for s in SIGNALS}
+REGISTRY: dict[str, Signal[Any]] = {s.name: s for s in SIGNALS}
 ORDER: tuple[Constraint, ...] = tuple(s.constraint for s in SIGNALS)
 CODE: dict[Constraint, int] = {c: i for i, c in enumerate(ORDER)}
-BY_CONSTRAINT: dict[Constraint, Signal] = {s.constraint: s for s in SIGNALS}
+BY_CONSTRAINT: dict[Constraint, Signal[Any]] = {s.constraint: s for s in SIGNALS}
 assert len(REGISTRY) == len(SIGNALS) and len(BY_CONSTRAINT) == len(SIGNALS), "a signal's name and word are its own"
 
 
-def of_stage(stage: Stage) -> tuple[Signal, ...]:
+def of_stage(stage: Stage) -> tuple[Signal[Any], ...]:
     """The registered signals of one stage, in `ORDER`."""
     return tuple(s for s in SIGNALS if s.stage is stage)
 

@@ -26,7 +26,7 @@ PROXY_ROLE = {"none": EndpointRole.DIRECT, "shared": EndpointRole.SHARED_PROXY, 
 Bound = tuple[ServiceDependency, Sequence[Endpoint], np.ndarray, np.ndarray]  # (service, endpoints, best, latency)
 
 
-class Dependency(Signal):
+class Dependency(Signal[TickContractInputs]):
     name = "dependency"
     constraint = Constraint.DEPENDENCY
     consumes = ("endpoint_p99",)

@@ -11,7 +11,7 @@ from ..framework import Column, ContractInputs, Signal, Stage, Words
 from ..plan import Constraint
 
 
-class GpuClass(Signal):
+class GpuClass(Signal[ContractInputs]):
     name = "gpu_class"
     constraint = Constraint.GPU_CLASS
     consumes = ()  # structure and catalog only

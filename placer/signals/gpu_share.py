@@ -18,7 +18,7 @@ def refuses(free: np.ndarray, min_share: np.ndarray) -> np.ndarray:
     return free < min_share
 
 
-class GpuShare(Signal):
+class GpuShare(Signal[RequestInputs]):
     name = "gpu_share"
     constraint = Constraint.GPU_SHARE
     consumes = ("gpu_sm_util", "gpu_demand")  # the snapshot's free share derives from both

@@ -7,7 +7,7 @@ from ..framework import Column, Signal, Stage, TickInputs, Words
 from ..plan import Constraint
 
 
-class Health(Signal):
+class Health(Signal[TickInputs]):
     name = "health"
     constraint = Constraint.HEALTH
     consumes = ("gpu_health", "gpu_sm_util")  # the snapshot's effective health derives from both

@@ -17,7 +17,7 @@ def refuses(total: np.ndarray, limit: float) -> np.ndarray:
     return ~(total <= limit)
 
 
-class LatencyBudget(Signal):
+class LatencyBudget(Signal[RequestInputs]):
     name = "latency_budget"
     constraint = Constraint.LATENCY_BUDGET
     consumes = ()  # every other signal's figures, through the prediction

@@ -10,7 +10,7 @@ from ..plan import Constraint
 from .port import would
 
 
-class Network(Signal):
+class Network(Signal[TickInputs]):
     name = "network"
     constraint = Constraint.NETWORK
     consumes = ("link_util", "link_up", "switch_watermark")

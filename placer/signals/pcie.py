@@ -6,7 +6,7 @@ from ..framework import Column, Signal, Stage, TickInputs, Words
 from ..plan import Constraint
 
 
-class Pcie(Signal):
+class Pcie(Signal[TickInputs]):
     name = "pcie"
     constraint = Constraint.PCIE
     consumes = ("gpu_pcie_util",)

@@ -9,7 +9,7 @@ from ..framework import Column, Signal, Stage, TickInputs, Words
 from ..plan import Constraint
 
 
-class Port(Signal):
+class Port(Signal[TickInputs]):
     name = "port"
     constraint = Constraint.PORT
     consumes = ("port_up", "port_watermark", "port_util")

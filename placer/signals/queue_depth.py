@@ -32,7 +32,7 @@ from ..topology import Topology
 KEY = "queue_depth"
 
 
-class QueueDepth(Signal):
+class QueueDepth(Signal[TickInputs]):
     name = "queue_depth"
     constraint = Constraint.QUEUE_DEPTH
     consumes = (KEY,)

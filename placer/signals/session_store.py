@@ -9,7 +9,7 @@ from ..framework import Column, ContractInputs, NOTHING, Signal, Stage, Words
 from ..plan import Constraint
 
 
-class SessionStore(Signal):
+class SessionStore(Signal[ContractInputs]):
     name = "session_store"
     constraint = Constraint.SESSION_STORE
     consumes = ()  # structure only
