@@ -34,6 +34,7 @@ from policyc.enforcer.backup_choice import quarantine_targets
 from policyc.enforcer.data_path import DataPath, DataPathConfig, is_attachable
 from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals, SignalWindows, TelemetryLevels
 from policyc.server.node_rebalance import NodeRebalance
+from policyc.compiler.actions import REDIRECT
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
@@ -77,7 +78,7 @@ class GatewayOptions:
 def retry_budget(table: RuleTable) -> float | None:
     """The tightest `retry_budget` among the breakers that redirect (Envoy's cluster-wide
     retry budget: the share of active requests that may be retries)."""
-    shares = [b.breaker.retry_budget for b in table.budgets if any(a.kind == "redirect" for a in b.breaker.actions)]
+    shares = [b.breaker.retry_budget for b in table.budgets if any(a.kind == REDIRECT for a in b.breaker.actions)]
     return min(shares) if shares else None
 
 
