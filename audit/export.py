@@ -91,6 +91,10 @@ _BATCH = 10_000
 _Body = msgspec.defstruct("_Body", [(name, msgspec.Raw, msgspec.Raw(b"null")) for name in ("resources", *GROUPS)], gc=False)
 _DECODE = msgspec.json.Decoder(_Body).decode
 _PARTS = ("resources", *GROUPS)
+# per part: (path inside it, value column, kind column, source column) of each figure
+_PLAN: tuple[tuple[str, tuple[tuple[tuple[str, ...], str, str, str], ...]], ...] = tuple(
+    (part, tuple((path[1:], f, f"{f}_kind", f"{f}_source") for path, f in zip(FIGURE_PATHS, FIGURES) if path[0] == part)) for part in _PARTS)
+_ABSENT: dict[str, dict[str, None]] = {part: {c: None for _, *cols in subs for c in cols} for part, subs in _PLAN}
 
 
 def columns() -> list[str]:
@@ -152,14 +156,19 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
         raise AuditInputError(f"entry {seq}: its body is not an audit record; run `policyc audit verify`") from None
     out: dict[str, Any] = {"seq": seq, "segment": segment, "kind": kind, "time": t, "decision_id": did, "tenant": tenant, "model": model,
                            "region": region, "outcome": outcome, "action": action}
-    for path, f in zip(FIGURE_PATHS, FIGURES):
-        fig: Any = parts
-        for part in path:
-            fig = fig.get(part) if isinstance(fig, dict) else None
-        if isinstance(fig, dict):
-            out[f], out[f"{f}_kind"], out[f"{f}_source"] = fig.get("value"), fig.get("source"), fig.get("method")
-        else:
-            out[f] = out[f"{f}_kind"] = out[f"{f}_source"] = None
+    for part, subs in _PLAN:
+        d = parts[part]
+        if not isinstance(d, dict):
+            out.update(_ABSENT[part])  # no figure of this part in the record (most records: no `llm`)
+            continue
+        for sub, c, ck, cs in subs:
+            fig: Any = d
+            for name in sub:
+                fig = fig.get(name) if isinstance(fig, dict) else None
+            if isinstance(fig, dict):
+                out[c], out[ck], out[cs] = fig.get("value"), fig.get("source"), fig.get("method")
+            else:
+                out[c] = out[ck] = out[cs] = None
     out["prev_hash"], out["hash"], out["body"] = bytes(prev).hex(), bytes(h).hex(), text
     return out
 
