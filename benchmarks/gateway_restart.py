@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
 
-from restart_rig import GatewayProcess, survivors  # noqa: E402
+from restart_rig import GatewayProcess, children, cpu_seconds, survivors  # noqa: E402
 
 from policyc.compiler.pipeline import compile_paths  # noqa: E402
 
@@ -39,6 +39,7 @@ def main() -> int:
     gw = GatewayProcess(r.bundle, work, extra=("--audit-log", str(work / "audit.db")))
     gw.start_models()
     took: list[float] = []
+    cpu: list[float] = []  # the gateway's CPU seconds (and its Envoy's) until it served: what load cannot inflate
     outlived = 0
     try:
         t0 = gw.start()
@@ -50,8 +51,10 @@ def main() -> int:
             outlived += len(left)
             t0 = gw.start()
             took.append(gw.serving(t0))
-            print(f"try {i + 1}: serving {took[-1]:.2f} s after launch; children outliving the killed gateway: "
-                  f"{len(left)} of {len(kids)}", flush=True)
+            assert gw.proc is not None
+            cpu.append(cpu_seconds(gw.proc.pid) + sum(cpu_seconds(k) for k in children(gw.proc.pid)))
+            print(f"try {i + 1}: serving {took[-1]:.2f} s after launch ({cpu[-1]:.2f} CPU s in the gateway and its "
+                  f"children); children outliving the killed gateway: {len(left)} of {len(kids)}", flush=True)
         code, err = gw.stop()
     finally:
         gw.close()
@@ -60,6 +63,8 @@ def main() -> int:
     print(f"restart after kill -9 to serving, {len(took)} tries: median {statistics.median(took):.2f} s, "
           f"max {max(took):.2f} s, within {args.bound:g} s: {within} of {len(took)}; children that outlived: {outlived}; "
           f"final stop exit {code}")
+    print(f"CPU seconds until serving (gateway + Envoy + audit writer): median {statistics.median(cpu):.2f}, "
+          f"max {max(cpu):.2f}")
     with open("/proc/loadavg") as f:
         print(f"load average at the end: {f.read().split()[0]}")
     return 0 if within == len(took) and outlived == 0 and code == 0 else 1

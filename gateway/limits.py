@@ -63,7 +63,7 @@ class Limits:
                              ("max_concurrent_streams", 1, 2_147_483_647), ("connection_buffer_bytes", 16_384, 1 << 30),
                              ("max_request_headers_kb", 1, CODEC_MAX_HEADERS_KB // CODEC_HEADROOM),
                              ("max_headers_count", 1, 10_000), ("max_pending_picks", 1, 1_000_000),
-                             ("max_heap_mb", 64, 1 << 20)):
+                             ("max_heap_mb", 4, 1 << 20)):
             value = getattr(self, name)
             if not lo <= value <= hi:  # NaN too
                 raise ValueError(f"{name.replace('_', '-')} must be within {lo:g} and {hi:g}, got {value}")
@@ -129,7 +129,7 @@ def local_reply_mappers(limits: Limits) -> list[dict[str, Any]]:
         {"filter": _cel("response.code_details.startsWith('ext_proc_error')"),
          "headers_to_add": [_header(REASON_HEADER, "the endpoint picker did not answer: %RESPONSE_CODE_DETAILS%"),
                             _header(CAUSE_HEADER, "picker")]},
-        {"filter": {"response_flag_filter": {"flags": ["OM"]}},
+        {"filter": _cel("response.code_details == 'overload'"),  # the overload manager's refusal
          "headers_to_add": [_header(REASON_HEADER, "the gateway is overloaded (Envoy's overload manager: "
                                                    f"heap near --max-heap-mb {limits.max_heap_mb})"),
                             _header(CAUSE_HEADER, "overload")]},

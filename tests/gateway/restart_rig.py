@@ -51,6 +51,15 @@ def children(pid: int) -> dict[int, str]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds `pid` has used (its reaped children's included), or 0.0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+
+
 @dataclass
 class GatewayProcess:
     bundle: Bundle

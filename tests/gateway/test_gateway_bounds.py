@@ -207,6 +207,26 @@ def test_connections_beyond_the_limit_are_closed(gateway: Gateway) -> None:
         envoy.stop()
 
 
+def test_an_envoy_over_its_heap_bound_refuses_with_the_reason(gateway: Gateway) -> None:
+    """The overload manager's stop-accepting-requests action (here a heap bound Envoy is over
+    from its start): 503, and the reason says so."""
+    envoy = _envoy(gateway, Limits(max_heap_mb=4), "envoy-heap")
+    try:
+        with OipClient(_listen(envoy)) as c:
+            deadline = time.monotonic() + 10
+            while True:
+                got = _infer(c, BASE)
+                if isinstance(got, grpc.RpcError):
+                    break
+                assert time.monotonic() < deadline, "still accepting requests over the heap bound"
+                time.sleep(0.1)
+        trailers = dict(got.trailing_metadata() or ())  # type: ignore[attr-defined]
+        assert got.code() is grpc.StatusCode.UNAVAILABLE, got  # type: ignore[attr-defined]
+        assert trailers.get("x-policyc-refusal") == "overload" and "overloaded" in trailers.get("x-policyc-reason", ""), trailers
+    finally:
+        envoy.stop()
+
+
 def test_the_admin_interface_is_loopback_only_and_no_route_leads_there(gateway: Gateway) -> None:
     with pytest.raises(ValueError, match="not a loopback address"):
         build_bootstrap(GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), admin="10.1.2.3:9901"))
