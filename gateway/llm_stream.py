@@ -14,9 +14,11 @@ filter sees one attempt, and it sees the answer before the router does:
   budget could never be enforced on a stream.)
 - **After tokens were sent.** The answer has begun; it cannot be retried. A gap between
   chunks longer than the TPOT budget ends the stream: the supervisor sends a last SSE event
-  with an OpenAI-style `error` object and `data: [DONE]`, ends the body, and records a
-  `cancel_stream` act and an anomaly report; Envoy then resets the upstream stream, so the
-  model server stops generating.
+  with an OpenAI-style `error` object and `data: [DONE]`, then has Envoy reset the stream
+  (an immediate response once the answer has begun is a reset: the upstream request is
+  reset, so the model server stops generating; the client has the error event and `[DONE]`,
+  then its transfer ends without the last chunk), and records a `cancel_stream` act and an
+  anomaly report.
 - **Evidence.** Every answer (stream or not) is measured here: the time to the first
   chunk and the mean gap after it (TTFT, TPOT, measured at the gateway), the prompt and
   completion tokens from the answer's `usage` (a stream's last event; the picker asks for
@@ -130,6 +132,9 @@ _SKIP.mode_override.response_trailer_mode = ProcessingMode.SKIP
 _CONTINUE_REQUEST = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 _CONTINUE_RESPONSE = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
 _CONTINUE_TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+_RESET = ep.ProcessingResponse()
+_RESET.immediate_response.status.code = 504  # type: ignore[assignment]  # the answer has begun: Envoy resets the stream
+_RESET.immediate_response.details = "policyc_tpot_exceeded"
 
 
 class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
@@ -203,9 +208,12 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 gap = time.perf_counter() - (ev.last or ev.started)
                 await context.write(_body(error_event(
                     f"the stream stalled: no token for {gap * 1e3:.0f} ms, over its time-per-output-token budget of "
-                    f"{tpot * 1e3:.0f} ms (tpot); ended by the gateway after {ev.events} tokens", "tpot_exceeded"), True))
+                    f"{tpot * 1e3:.0f} ms (tpot); ended by the gateway after {ev.events} tokens", "tpot_exceeded"), False))
                 self._stalled(req, ev, tpot, gap)
                 self._record(req, ev)
+                # then reset the stream: the only way an upstream filter makes Envoy reset the upstream request
+                # (ending the body cleanly would leave the model server generating into a finished answer)
+                await context.write(_RESET)
                 return
             if msg is grpc.aio.EOF:
                 return

@@ -37,7 +37,11 @@ def post(gw: LlmGateway, path: str, body: bytes | dict[str, Any], headers: dict[
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         c.request("POST", path, raw, {"content-type": "application/json", **(headers or {})})
         r = c.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        try:
+            data = r.read()
+        except http.client.IncompleteRead as e:  # a stream the gateway reset after its last event (TPOT)
+            data = e.partial
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
     finally:
         c.close()
 
@@ -121,7 +125,8 @@ def test_models_route(llm_gateway: LlmGateway) -> None:
     r = c.getresponse()
     body = r.read()
     c.close()
-    assert r.status == 200 and json.loads(body)["data"][0]["id"] == LLM
+    assert r.status == 200, (r.status, r.getheaders(), body[:300])
+    assert json.loads(body)["data"][0]["id"] == LLM
 
 
 LONG = " ".join(f"w{i}" for i in range(1500))  # well over 800 tokens, under the 1,024 context? no: over both
@@ -244,6 +249,9 @@ def test_ttft_break_retries_once_on_the_backup(llm_gateway: LlmGateway) -> None:
 
 
 def test_tpot_stall_ends_the_stream_with_an_error_event(llm_gateway: LlmGateway) -> None:
+    """3 s without a token after two, against a 250 ms TPOT budget: the client gets the error
+    event and [DONE], the model server's stream is reset (it stops generating)."""
+    cancelled = sum(s["cancelled"] for s in fake_stats(llm_gateway, LLM))
     status, h, raw = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=6, stream=True),
                           {"x-slo-tpot-ms": "250", "x-policyc-fake-stall-after": "2", "x-policyc-fake-stall-ms": "3000"})
     assert status == 200
@@ -261,6 +269,10 @@ def test_tpot_stall_ends_the_stream_with_an_error_event(llm_gateway: LlmGateway)
     assert "cancel_stream" in kinds and "report_anomaly" in kinds and "accounting" in kinds, kinds
     audited = read_audit_actions(llm_gateway, did, "cancel_stream")
     assert audited and "TPOT budget of 250 ms" in audited[0]["detail"]
+    deadline = time.monotonic() + 10
+    while sum(s["cancelled"] for s in fake_stats(llm_gateway, LLM)) == cancelled and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(s["cancelled"] for s in fake_stats(llm_gateway, LLM)) > cancelled  # the server saw its stream reset
 
 
 def read_audit_actions(gw: LlmGateway, decision_id: str, kind: str, timeout: float = 15.0) -> list[dict[str, Any]]:
