@@ -184,8 +184,9 @@ class ChainWriter:
             raise RotateError(f"{self.path}: the live segment has no entry to close")
         self.write([], final=True)
         busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        if busy:
-            raise RotateError(f"{self.path}: readers kept the write-ahead log busy; the segment was closed but not moved (try again)")
+        if busy:  # moving the file now would leave committed pages behind in the WAL: stay, and reopen after the close record
+            self.write([], opens=True)
+            raise RotateError(f"{self.path}: a reader kept the write-ahead log busy for 5 s; the segment was not rotated (try again)")
         lid = self._cfg.log_id
         durable = self._cfg.durability == "full"
         self._conn.close()

@@ -177,3 +177,27 @@ def test_a_rotation_cut_short_after_the_move_is_completed_on_open(tmp_path: Path
     fill(path, 10, key=KEY)
     report = verify(path, public_key=PUB)
     assert report.ok and report.segments == 2 and report.entries == 44 and report.verdict == "green", (report.problems, report.unproven)
+
+
+def test_rotation_refused_while_a_reader_holds_the_log_and_the_log_stays_whole(tmp_path: Path) -> None:
+    """A reader's snapshot keeps committed pages in the WAL: moving the file would lose them,
+    so the rotation is refused, the log reopened after its close record, and it verifies."""
+    import sqlite3
+
+    from policyc.audit.errors import AuditWriteError
+
+    path = tmp_path / "audit.db"
+    with AuditLog.open(path, signing_key=KEY, durability="normal") as log:
+        for i in range(20):
+            log.append_decision(decision(i))
+        reader = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM entries").fetchone()  # a snapshot held open
+        log.append_decision(decision(20))  # a page the reader's snapshot does not have
+        with pytest.raises(AuditWriteError, match="reader kept the write-ahead log busy"):
+            log.rotate()
+        reader.close()
+        log.append_decision(decision(21))
+        assert log.rotate() == 1  # once the reader is gone
+    report = verify(path, public_key=PUB)
+    assert report.ok and report.segments == 2 and report.entries == 22, report.problems
