@@ -7,11 +7,13 @@ The exchange: the control plane writes a fresh 32-byte nonce to `attest/challeng
 (under a short lease; the tag is the nonce's first 16 bytes, so concurrent challenges do
 not overwrite each other); that host's agent (`host_agent.py`) answers at
 `attest/quotes/<host>/<tag>`, under the challenge's lease (both go when it is revoked),
-with a TPM quote over the enrolled PCRs carrying the nonce; the control plane verifies it
+with a TPM quote over the enrolled PCRs and the host facts its agent discovered (its
+interfaces and addresses), the quote's qualifying data being SHA-256 of a label, the nonce
+and those facts, so they are signed together; the control plane verifies it
 against the key the operator enrolled for the host (`tpm_quote.verify_quote`: signature,
 nonce, PCR selection and digest, reference values) and records the result at
-`attest/facts/<host>`: attested (when, which key, which PCR values) or refused (why). A
-nonce is used for one challenge only: an old quote (replayed) carries another nonce and is
+`attest/facts/<host>`: attested (when, which key, which PCR values, which addresses) or
+refused (why). A nonce is used for one challenge only: an old quote (replayed) carries another nonce and is
 refused; a quote signed by any key but the enrolled one is refused.
 
 `AttestationBook` is what a replica keeps of `attest/` from its watch, and the registration
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import ipaddress
 import json
 import re
 import secrets
@@ -101,11 +105,12 @@ class AttestedFact:
     pcrs: dict[int, str] = field(default_factory=dict)
     verified_by: str = ""
     why: str = ""  # when refused
+    addresses: tuple[str, ...] = ()  # the host's routable addresses its agent reported, signed with the quote
 
     def encode(self) -> bytes:
         return json.dumps({"host": self.host, "attested": self.attested, "time": self.time, "ak_name": self.ak_name,
                            "pcrs": {str(i): v for i, v in sorted(self.pcrs.items())}, "verified_by": self.verified_by,
-                           "why": self.why}, sort_keys=True).encode()
+                           "why": self.why, "addresses": list(self.addresses)}, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, key: str, raw: bytes) -> "AttestedFact":
@@ -113,26 +118,46 @@ class AttestedFact:
         try:
             return cls(str(b["host"]), bool(b["attested"]), float(b["time"]), str(b.get("ak_name") or ""),  # type: ignore[arg-type]
                        {int(i): str(v) for i, v in dict(b.get("pcrs") or {}).items()},  # type: ignore[call-overload]
-                       str(b.get("verified_by") or ""), str(b.get("why") or ""))
+                       str(b.get("verified_by") or ""), str(b.get("why") or ""),
+                       tuple(str(ipaddress.ip_address(str(a))) for a in list(b.get("addresses") or [])[:256]))  # type: ignore[call-overload]
         except (KeyError, TypeError, ValueError) as err:
             raise AttestationError(f"{key}: not an attestation record ({err})") from None
 
 
-def encode_answer(nonce_hex: str, quote: Quote) -> bytes:
+def qualifying_data(nonce: bytes, facts: dict[str, object] | None) -> bytes:
+    """What the TPM signs as the quote's extraData: the nonce bound to the facts the agent
+    reports with it (none: an empty object), so neither can be swapped."""
+    canonical = json.dumps(facts or {}, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(b"policyc-attest-v1\0" + nonce + canonical).digest()
+
+
+@dataclass(frozen=True)
+class Answer:
+    nonce_hex: str
+    quote: Quote
+    facts: dict[str, object] | None  # HostFacts.to_json() of the answering host, or None
+
+
+def encode_answer(nonce_hex: str, quote: Quote, facts: dict[str, object] | None = None) -> bytes:
     return json.dumps({"nonce": nonce_hex, "message": base64.b64encode(quote.message).decode(),
                        "signature": base64.b64encode(quote.signature).decode(),
-                       "pcr_values": [v.hex() for v in quote.pcr_values], "time": time.time()}).encode()
+                       "pcr_values": [v.hex() for v in quote.pcr_values], "facts": facts, "time": time.time()}).encode()
 
 
-def decode_answer(key: str, raw: bytes) -> tuple[str, Quote]:
+def decode_answer(key: str, raw: bytes) -> Answer:
+    if len(raw) > 256 * 1024:
+        raise AttestationError(f"{key}: an answer of {len(raw):,} bytes (at most 256 KiB)")
     b = _json(key, raw)
     try:
         values = b["pcr_values"]
         if not isinstance(values, list) or len(values) > 24:
             raise ValueError("pcr_values must be a list of at most 24")
-        return str(b["nonce"]), Quote(base64.b64decode(str(b["message"]), validate=True),
-                                      base64.b64decode(str(b["signature"]), validate=True),
-                                      tuple(bytes.fromhex(str(v)) for v in values))
+        facts = b.get("facts")
+        if facts is not None and not isinstance(facts, dict):
+            raise ValueError("facts must be an object")
+        return Answer(str(b["nonce"]), Quote(base64.b64decode(str(b["message"]), validate=True),
+                                             base64.b64decode(str(b["signature"]), validate=True),
+                                             tuple(bytes.fromhex(str(v)) for v in values)), facts)
     except (KeyError, TypeError, ValueError) as err:
         raise AttestationError(f"{key}: not a quote answer ({err})") from None
 
@@ -173,8 +198,10 @@ class Attestor:
                 {"nonce": nonce.hex(), "pcrs": selection_text(enrolled.pcrs), "by": self.by, "time": time.time(),
                  "lease": lease}).encode(), lease)
             try:
-                quote = await self._answer(host, tag, nonce)
-                facts = verify_quote(enrolled.key, nonce, quote, enrolled.pcrs, enrolled.reference)
+                answer = await self._answer(host, tag, nonce)
+                facts = verify_quote(enrolled.key, qualifying_data(nonce, answer.facts), answer.quote, enrolled.pcrs,
+                                     enrolled.reference)
+                addresses = _addresses(host, answer.facts)
             except AttestationError as e:
                 await self._record(AttestedFact(host, False, time.time(), enrolled.key.name.hex(), verified_by=self.by, why=str(e)))
                 raise
@@ -183,25 +210,41 @@ class Attestor:
                 await self.store.revoke(lease)  # the challenge goes with it: its nonce is spent
             except StoreError:
                 pass
-        fact = AttestedFact(host, True, time.time(), enrolled.key.name.hex(), facts.pcrs, self.by)
+        fact = AttestedFact(host, True, time.time(), enrolled.key.name.hex(), facts.pcrs, self.by, addresses=addresses)
         await self._record(fact)
         return fact
 
-    async def _answer(self, host: str, tag: str, nonce: bytes) -> Quote:
+    async def _answer(self, host: str, tag: str, nonce: bytes) -> Answer:
         key, want = self.keys.quote_answer(host, tag), nonce.hex()
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             got: Entry | None = await self.store.get(key)
             if got is not None:
-                said, quote = decode_answer(key, got.value)
-                if said == want:
-                    return quote
+                answer = decode_answer(key, got.value)
+                if answer.nonce_hex == want:
+                    return answer
             await asyncio.sleep(0.05)
         raise AttestationError(f"host `{host}`: its agent did not answer the challenge within {self.timeout:g} s "
                                "(is `policyc agent run` up there, with its TPM?)")
 
     async def _record(self, fact: AttestedFact) -> None:
         await self.store.put(self.keys.attested_fact(fact.host), fact.encode())
+
+
+def _addresses(host: str, facts: dict[str, object] | None) -> tuple[str, ...]:
+    """The routable addresses of the (now verified) facts; AttestationError when they are
+    another host's facts or not facts at all."""
+    if facts is None:
+        return ()
+    from .host_facts import HostFacts
+
+    try:
+        parsed = HostFacts.from_json(facts)
+    except ValueError as e:
+        raise AttestationError(f"host `{host}`: the facts signed with its quote are not host facts ({e})") from None
+    if parsed.host != host:
+        raise AttestationError(f"host `{host}`: its quote carries the facts of host `{parsed.host}`")
+    return tuple(sorted(parsed.routable()))
 
 
 class AttestationBook:

@@ -20,7 +20,7 @@ import time
 from policyc.matcher import Instance
 
 from .agent import InstanceAgent
-from .attestation import check_host, encode_answer
+from .attestation import check_host, encode_answer, qualifying_data
 from .host_facts import HostFacts, discover
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
@@ -124,13 +124,14 @@ class HostAgent:
         if self.tpm is None:
             log.warning("agent %s: challenged, but this agent has no TPM (--tcti); not answered", self.host)
             return
-        try:
-            quote = await asyncio.to_thread(self.tpm.quote, nonce, pcrs)
+        facts = self.facts.to_json() if self.facts is not None else None
+        try:  # the quote signs the nonce together with the facts it is sent with
+            quote = await asyncio.to_thread(self.tpm.quote, qualifying_data(nonce, facts), pcrs)
         except TpmError as e:
             log.error("agent %s: could not quote: %s", self.host, e)
             return
         try:  # under the challenge's lease: the answer goes when the challenger is done
-            await self.store.put(self.keys.quote_answer(self.host, tag), encode_answer(nonce.hex(), quote), lease)
+            await self.store.put(self.keys.quote_answer(self.host, tag), encode_answer(nonce.hex(), quote, facts), lease)
         except StoreError as e:
             log.warning("agent %s: the challenge from %s ended before its answer (%s)", self.host, body.get("by", "?"), e)
             return

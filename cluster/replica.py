@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("policyc.cluster")
 
 
+REATTEST_REFUSED = 30.0  # seconds before the leader challenges a host whose attestation was refused again
+
 # One swap at a time in a process: building a bundle's state runs the solver (z3), whose
 # default context is not safe across threads, and replicas that share a process (tests,
 # benchmarks) swap on the same rollout at once (seen: a z3 assertion and a segfault).
@@ -115,6 +117,7 @@ class Replica:
         self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
         self._attesting_now: dict[str, asyncio.Task[AttestedFact]] = {}
         self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
+        self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
 
     # ================================================================ life cycle
     @property
@@ -382,6 +385,11 @@ class Replica:
             problem = self.attestation.on_change(ch)
             if problem:
                 log.warning("replica %s: %s", self.name, problem)
+            host = ch.key.rpartition("/")[2]
+            self._declare_addresses(host)
+            if (ch.key.startswith(k.enrolled_hosts) and ch.kind is ChangeKind.PUT and self.election.token
+                    and host in self.host_facts):
+                asyncio.get_running_loop().create_task(self._attest_quietly(host))
             self._on_serving(self._converge)  # `tpm` claims trusted or not from now on
         elif ch.key.startswith(k.agents):
             if ch.kind is ChangeKind.PUT:
@@ -511,7 +519,9 @@ class Replica:
     # ================================================================ host agents
     def _agent_report(self, key: str, raw: bytes) -> None:
         """A host agent's report: its discovered addresses become that host's for the
-        endpoint rules (an endpoint on another host's address is refused)."""
+        endpoint rules (an endpoint on another host's address is refused): the agent's word
+        for a host that is not enrolled, only what its quote signed for one that is (the
+        leader attests such a host as soon as its agent reports)."""
         host = self.keys.id_of(key, self.keys.agents)
         try:
             body = json.loads(raw)
@@ -522,10 +532,39 @@ class Replica:
         if facts is None or facts.host != host:
             return
         self.host_facts[host] = facts
+        self._declare_addresses(host)
+        if host in self.attestation.enrolled and self.attestation.attested(host) is None and self.election.token:
+            asyncio.get_running_loop().create_task(self._attest_quietly(host))
+
+    def _declare_addresses(self, host: str) -> None:
+        """The addresses the endpoint rules take as `host`'s: the operator's, plus the
+        attested ones (an enrolled host) or the agent's report (one that is not)."""
         rules = getattr(self.server.service, "endpoints", None)
-        if rules is not None:
-            for ip in sorted(facts.routable()):
-                rules.declare(host, ip)
+        if rules is None:
+            return
+        if self._operator_addresses is None:
+            self._operator_addresses = dict(rules.declared)
+        if host in self.attestation.enrolled:
+            fact = self.attestation.attested(host)
+            mine = set(fact.addresses) if fact is not None else set()
+        else:
+            facts = self.host_facts.get(host)
+            mine = facts.routable() if facts is not None else set()
+        base = self._operator_addresses.get(host)
+        if base:
+            rules.declared[host] = base
+        else:
+            rules.declared.pop(host, None)
+        for ip in sorted(mine):
+            rules.declare(host, ip)
+
+    async def _attest_quietly(self, host: str) -> None:
+        from .tpm_quote import AttestationError
+
+        try:
+            await self.attest(host)
+        except (AttestationError, StoreError) as e:
+            log.warning("replica %s: host %s not attested: %s", self.name, host, e)
 
     # ================================================================ attestation
     async def attest(self, host: str) -> AttestedFact:
@@ -544,6 +583,7 @@ class Replica:
             self.attestation.facts.pop(host, None)  # the refusal's record arrives by the watch
             raise
         self.attestation.facts[host] = fact  # before the watch brings it: the caller rechecks now
+        self._declare_addresses(host)
         log.info("replica %s: host %s attested (key %s…, PCRs %s)", self.name, host, fact.ak_name[:16],
                  ",".join(str(i) for i in sorted(fact.pcrs)))
         return fact
@@ -563,19 +603,20 @@ class Replica:
         return f.ak_name if f is not None else ""
 
     async def _attesting(self) -> None:
-        """The leader keeps every enrolled host's attestation fresh (re-attested at half its
-        maximum age; a host whose agent does not answer, or answers wrongly, is recorded as
-        refused, and its `tpm` instances stop being served)."""
+        """The leader keeps the attestation of every enrolled host whose agent reports fresh:
+        attested when it has none, again at half its maximum age, and a refused one again
+        after `REATTEST_REFUSED`; a host whose agent does not answer, or answers wrongly, is
+        recorded as refused, and its `tpm` instances stop being served."""
         from .tpm_quote import AttestationError
 
-        interval = max(1.0, min(30.0, self.cfg.attest_max_age / 4))
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(1.0)
             if not self.election.token:
                 continue
             now = time.time()
-            due = [h for h in self.attestation.enrolled
-                   if (f := self.attestation.facts.get(h)) is None or now - f.time > self.cfg.attest_max_age / 2]
+            due = [h for h in self.attestation.enrolled if h in self.host_facts and h not in self._attesting_now
+                   and ((f := self.attestation.facts.get(h)) is None
+                        or now - f.time > (self.cfg.attest_max_age / 2 if f.attested else REATTEST_REFUSED))]
             for host, got in zip(due, await asyncio.gather(*(self.attest(h) for h in due), return_exceptions=True)):
                 if isinstance(got, (AttestationError, StoreError)):
                     log.warning("replica %s: host %s not attested: %s", self.name, host, got)

@@ -178,7 +178,8 @@ def verify_quote(key: AttestationKey, nonce: bytes, quote: Quote, pcrs: tuple[in
     m.sized()  # qualifiedSigner
     extra = m.sized()
     if extra != nonce:
-        raise AttestationError("quote: its nonce is not the one issued for this challenge (a replayed or stale quote)")
+        raise AttestationError("quote: its nonce is not the one issued for this challenge, with the facts sent "
+                               "(a replayed or stale quote, or facts altered after the TPM signed them)")
     clock, resets, restarts = m.u64(), m.u32(), m.u32()
     m.u8()  # safe
     m.u64()  # firmware version

@@ -27,7 +27,7 @@ from grpc_status import rpc_status
 
 from policyc.cluster import instance_codec
 from policyc.cluster.agent import InstanceAgent
-from policyc.cluster.attestation import AttestedFact, enroll
+from policyc.cluster.attestation import AttestedFact, encode_answer, enroll, qualifying_data
 from policyc.cluster.etcd_store import EtcdStore
 from policyc.cluster.host_agent import HostAgent
 from policyc.cluster.keys import Keys
@@ -50,6 +50,7 @@ class Loop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        self.loop.close()
 
 
 def _register(th, inst, **dep_changes):  # type: ignore[no-untyped-def]
@@ -107,7 +108,7 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
     # the operator enrolls three hosts; host-0005 with TPM b's key, but its agent holds TPM c
     for host, tpm in (("host-0002", "a"), ("host-0005", "b"), ("host-0006", "d")):
         bg.run(enroll(store, keys, host, tpms[tpm].attestation_key(), pcrs=(0, 1, 2, 7), by="test operator"))
-    start_agent("host-0002", "a")
+    agent_a = start_agent("host-0002", "a")
     start_agent("host-0005", "c")
     for th in (r0, r1):
         eventually(lambda th=th: len(th.server.replica.attestation.enrolled) == 3, 10)
@@ -119,7 +120,7 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
     got = bg.run(store.get(keys.attested_fact("host-0002")))
     fact = AttestedFact.decode(got.key, got.value)
     ak_a = AttestationKey.parse(tpms["a"].attestation_key()).name.hex()
-    assert fact.attested and fact.ak_name == ak_a and sorted(fact.pcrs) == [0, 1, 2, 7] and fact.verified_by == "r0"
+    assert fact.attested and fact.ak_name == ak_a and sorted(fact.pcrs) == [0, 1, 2, 7] and fact.verified_by in ("r0", "r1")
     record = bg.run(store.get(keys.instance(finance.id)))
     assert instance_codec.attested(record.value) == {"tpm": ak_a}
     # challenges at once, from both replicas and twice from one: each gets its own answer
@@ -194,3 +195,28 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
     # ---- no TPM claimed: no attestation needed
     _register(r0, rec["host-0000"])
     eventually(lambda: rec["host-0000"].id in r1.server.state.registry, 10)
+
+    # ---- facts altered after signing: a genuine quote from host-0002's TPM over one set of
+    # facts, sent with another (an address added)
+    bg.run(agent_a.stop())
+    fleet["agents"].remove(agent_a)
+    honest = agent_a.facts
+    assert honest is not None
+    altered = honest.to_json()
+    altered["interfaces"] = [*altered["interfaces"], {"name": "evil0", "mac": "", "mtu": 1500, "state": "UP",  # type: ignore[misc]
+                                                     "speed_mbps": None, "addresses": ["203.0.113.9/24"]}]
+
+    async def tamper() -> None:
+        prefix = keys.challenges("host-0002")
+        async for ch in store.watch(prefix, (await store.read_prefix(prefix)).revision + 1):
+            if ch.value:
+                body = json.loads(ch.value)
+                nonce = bytes.fromhex(body["nonce"])
+                quote = await asyncio.to_thread(tpms["a"].quote, qualifying_data(nonce, honest.to_json()), (0, 1, 2, 7))
+                await store.put(keys.quote_answer("host-0002", ch.key[len(prefix):]), encode_answer(nonce.hex(), quote, altered))
+    tamperer = asyncio.run_coroutine_threadsafe(tamper(), bg.loop)
+    try:
+        with pytest.raises(AttestationError, match="facts altered"):
+            r0.server.replica.attest_later("host-0002").result(30)
+    finally:
+        tamperer.cancel()

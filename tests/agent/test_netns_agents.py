@@ -185,7 +185,8 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
     r0 = replica(bundle, bridged_etcd, "r0", prefix)
     agents = _agents(nsfleet, etcd_url, prefix, ns_tpms, tmp_path)
     loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
 
     def run(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
@@ -198,6 +199,10 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         rec = {i.deployment.host: i for i in admissible_fleet(bundle, slots, models=["recommender"])}
         addr = {h: nsfleet.hosts[h].address for h in HOSTS}
 
+        # the leader attests an enrolled host as soon as its agent reports; the addresses it
+        # signed are then the host's for the endpoint rules
+        eventually(lambda: r0.server.replica.attestation.attested("host-0002") is not None, 20)
+        assert r0.server.replica.attestation.attested("host-0002").addresses == (addr["host-0002"],)
         # attested host, own address: accepted, the record names the key that attested it
         _register(r0, finance, f"{addr['host-0002']}:8000")
         record = run(store.get(keys.instance(finance.id)))
@@ -205,9 +210,12 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         # a TPM claim on a host without an enrolled key
         why, info = _refusal(r0, rec["host-0005"], f"{addr['host-0005']}:8000")
         assert info.reason == "E732" and "no enrolled attestation key" in why
-        # host-0006 answers with a TPM other than the enrolled one
-        why, info = _refusal(r0, rec["host-0006"], f"{addr['host-0006']}:8000")
+        # host-0006 answers with a TPM other than the enrolled one: its TPM claim is refused, and
+        # the address its agent reports is not taken as host-0006's (enrolled: only signed addresses count)
+        why, info = _refusal(r0, rec["host-0006"], "")
         assert info.reason == "E732" and "does not verify with the host's enrolled attestation key" in why
+        why, info = _refusal(r0, rec["host-0006"], f"{addr['host-0006']}:8000")
+        assert info.reason == "E725" and info.metadata["rule"] == "outside-allowed-networks", why  # no host's, as far as we know
 
         # replay: an answer host-0002 gave once, replayed after its agent is gone
         answers: list[bytes] = []
@@ -242,4 +250,6 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         _stop(agents)
         run(store.close())
         loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
         r0.stop()
