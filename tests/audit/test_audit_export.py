@@ -139,3 +139,23 @@ def test_record_proven_alone_against_an_anchor_and_tampered_one_refused(small: t
     # nothing to prove against
     assert main(["audit", "verify", "--log", str(path), "--record", "dec-000043"]) == 2
     assert "--anchor" in capsys.readouterr().err
+
+
+def test_a_record_in_a_closed_segment_is_proven_against_the_live_anchor(big: Path, tmp_path: Path) -> None:
+    from policyc.audit.record_proof import prove_record
+
+    report = verify(big)
+    anchor = report.last_checkpoint
+    assert report.ok and report.segments == 2 and anchor is not None and anchor.seq == N
+    proof = prove_record(big, "seq:49990", anchor=anchor)  # segment 1; the anchor is the live segment's close record
+    assert proof.ok and proof.walked == N - 49990, proof.message
+    sample = next(r for r in ex.read(_export_csv(big, tmp_path)) if r["seq"] == 49990)
+    sample["body"] = sample["body"].replace("dec-0-", "dec-X-")
+    refused = prove_record(big, "seq:49990", anchor=anchor, sample=sample)
+    assert not refused.ok and "altered" in refused.message
+
+
+def _export_csv(log: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "part.csv"
+    ex.export(log, "csv", out, start=T0 + 49_980, end=T0 + 50_000)
+    return out
