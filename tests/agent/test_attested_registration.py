@@ -220,3 +220,20 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
             r0.server.replica.attest_later("host-0002").result(30)
     finally:
         tamperer.cancel()
+
+
+def test_an_agent_keeps_its_own_hosts_instances_registered_and_no_other_hosts(fleet, bundle) -> None:  # type: ignore[no-untyped-def]
+    keys, bg, store, (r0, r1) = fleet["keys"], fleet["bg"], fleet["store"], fleet["replicas"]
+    rec = {i.deployment.host: i for i in admissible_fleet(bundle, r0.server.cluster.gpu_slots(), models=["recommender"])}
+    agent = HostAgent(store, keys, "host-0000", None)
+    bg.run(agent.start())
+    fleet["agents"].append(agent)
+    bg.run(agent.keep_registered(rec["host-0000"], ttl=2))
+    for th in (r0, r1):
+        eventually(lambda th=th: rec["host-0000"].id in th.server.state.registry, 10)
+    with pytest.raises(ValueError, match="claims host `host-0003`; this agent is `host-0000`'s"):
+        bg.run(agent.keep_registered(rec["host-0003"]))
+    bg.run(agent.stop())  # its instances go with it
+    fleet["agents"].remove(agent)
+    for th in (r0, r1):
+        eventually(lambda th=th: rec["host-0000"].id not in th.server.state.registry, 10)
