@@ -1,0 +1,163 @@
+"""LLM traffic through the real gateway (Envoy, the picker reading bodies with the model's
+own tokenizer, the stream supervisor) to the session's two real vLLM servers (HTTP/1.1):
+chat and completions routed by the body, a stream whose first token arrives long before
+its last, an HTTP/2 client, prompt tokens counted as vLLM counts them, the audit's tokens
+equal to vLLM's `usage`, a TPOT stall ending the stream (vLLM stops generating), a client
+that leaves cancelling generation. The TTFT break and retry, and every bad body, are in
+tests/gateway/test_llm_gateway.py against a test server whose first token can be held."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from vllm_fleet import VllmFleet
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+from llm_rig import LlmGateway, start_llm_gateway  # noqa: E402
+
+from policyc.audit.query import AuditReader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gw(vllm_servers: VllmFleet) -> Iterator[LlmGateway]:
+    g = start_llm_gateway(tokenizer=vllm_servers.model_dir, contracts=(vllm_servers.contract_path,),
+                          served=[(vllm_servers.model, e) for e in vllm_servers.endpoints])
+    yield g
+    g.stop()
+
+
+def post(gw: LlmGateway, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+         ) -> tuple[int, dict[str, str], bytes]:
+    host, port = gw.listen.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        c.request("POST", path, json.dumps(body).encode(), {"content-type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        try:
+            data = r.read()
+        except http.client.IncompleteRead as e:  # a stream the gateway reset after its last event (TPOT)
+            data = e.partial
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        c.close()
+
+
+def events_of(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def accounting(gw: LlmGateway, decision_id: str, timeout: float = 20.0) -> dict[str, Any]:
+    """The LLM figures of the call's accounting record, read back from the audit file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with AuditReader.open(gw.workdir / "audit.db") as reader:
+            found = [json.loads(e.record.model_dump_json()) for e in reader.actions_for(decision_id)
+                     if e.record.kind == "accounting" and getattr(e.record, "llm", None) is not None]
+        if found:
+            return found[0]["llm"]
+        if time.monotonic() > deadline:
+            pytest.fail(f"no accounting record for {decision_id}")
+        time.sleep(0.1)
+
+
+def generated(endpoint: str) -> float:
+    """vLLM's own count of the tokens it generated (its /metrics)."""
+    c = http.client.HTTPConnection(*endpoint.split(":"), timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    return sum(float(m) for m in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def test_chat_and_completions_routed_to_vllm_with_tokens_as_vllm_counts(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
+    model = vllm_servers.model
+    status, h, raw = post(gw, "/v1/chat/completions",
+                          {"model": model, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8})
+    assert status == 200, raw[:300]
+    usage = json.loads(raw)["usage"]
+    figures = accounting(gw, h["x-policyc-decision-id"])
+    assert figures["prompt_tokens"]["value"] == usage["prompt_tokens"] and figures["prompt_tokens"]["source"] == "measured"
+    assert figures["completion_tokens"]["value"] == usage["completion_tokens"]
+    assert figures["ttft_seconds"]["source"] == "measured" and figures["ttft_budget_seconds"]["source"] == "estimated"
+    prompt = "def parse(text):\n    return [line.strip() for line in text.splitlines() if line]\n"
+    status, h, raw = post(gw, "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4})
+    assert status == 200, raw[:300]
+    read = gw.picks.recent[h["x-policyc-decision-id"]]
+    assert read.prompt.counted and read.prompt.tokens == json.loads(raw)["usage"]["prompt_tokens"]
+
+
+def test_a_stream_passes_through_token_by_token(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
+    host, port = gw.listen.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 300,
+            "ignore_eos": True, "stream": True}
+    c.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+              {"content-type": "application/json", "x-slo-tpot-ms": "5000", "x-slo-ttft-ms": "60000"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("content-type", "").startswith("text/event-stream")
+    did = r.getheader("x-policyc-decision-id")
+    times, events = [], []
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if line.startswith(b"data: "):
+            times.append(time.monotonic())
+            events.append(line[6:].strip().decode())
+    c.close()
+    assert events[-1] == "[DONE]"
+    chunks = [i for i, e in enumerate(events[:-1]) if json.loads(e).get("choices")]  # vLLM may put several tokens in one
+    assert len(chunks) >= 20
+    assert times[chunks[-1]] - times[chunks[0]] > 0.05  # the first reached the client while the rest were generated
+    usage = next(json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage"))
+    assert accounting(gw, did or "")["completion_tokens"]["value"] == usage["completion_tokens"] == 300
+
+
+def test_an_http2_client_to_an_http1_vllm(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
+    out = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-D", "-", "-H", "content-type: application/json",
+                          "--data", json.dumps({"model": vllm_servers.model, "prompt": "x = ", "max_tokens": 3}),
+                          f"http://{gw.listen}/v1/completions"], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("HTTP/2 200"), (out.stdout[:300], out.stderr)
+    assert '"completion_tokens":3' in out.stdout.replace(" ", "")
+
+
+def test_a_tpot_stall_ends_a_vllm_stream_and_vllm_stops(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
+    before = sum(generated(e) for e in vllm_servers.endpoints)
+    status, h, raw = post(gw, "/v1/chat/completions",
+                          {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
+                           "max_tokens": 900, "ignore_eos": True, "stream": True},
+                          {"x-slo-tpot-ms": "1", "x-slo-ttft-ms": "60000"})  # a loaded machine's first token: not this test's
+    assert status == 200
+    events = events_of(raw)
+    seen = gw.supervisor.evidence.get(h["x-policyc-decision-id"], [])
+    why = [(e.chunks, e.events, max(e.gaps, default=0.0), e.usage) for e in seen], gw.supervisor.counts, events[-3:]
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), why
+    assert json.loads(events[-2])["error"]["code"] == "tpot_exceeded"
+    time.sleep(2.0)
+    assert sum(generated(e) for e in vllm_servers.endpoints) - before < 900  # generation stopped with the stream
+
+
+def test_a_client_that_leaves_cancels_generation(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
+    before = sum(generated(e) for e in vllm_servers.endpoints)
+    host, port = gw.listen.split(":")
+    body = json.dumps({"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
+                       "max_tokens": 900, "ignore_eos": True, "stream": True}).encode()
+    s = socket.create_connection((host, int(port)), timeout=60)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slo-tpot-ms: 5000\r\n"
+              b"x-slo-ttft-ms: 60000\r\n"
+              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += s.recv(65536)
+    s.close()
+    time.sleep(3.0)
+    assert sum(generated(e) for e in vllm_servers.endpoints) - before < 900
