@@ -113,6 +113,9 @@ class AuditReader:
             names.append(name)
         union = " UNION ALL ".join([f"SELECT * FROM {n}.entries" for n in names] + ["SELECT * FROM main.entries"])
         self._conn.execute(f"CREATE TEMP VIEW entries AS {union}")
+        cols = "id, seq, hash, time, final, public_key, signature"  # (ids restart in each segment; seqs do not)
+        union = " UNION ALL ".join([f"SELECT {cols} FROM {n}.checkpoints" for n in names] + [f"SELECT {cols} FROM main.checkpoints"])
+        self._conn.execute(f"CREATE TEMP VIEW checkpoints AS {union}")
 
     def close(self) -> None:
         self._conn.close()
