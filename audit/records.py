@@ -62,6 +62,8 @@ class LlmFigures(_Frozen):
     ttft_budget_seconds: Figure | None = None
     tpot_budget_seconds: Figure | None = None
     flops: Figure | None = None
+    ttft_estimated_seconds: Figure | None = None  # the contract's FLOPs at the placed GPU class's rate
+    total_estimated_seconds: Figure | None = None
 
 
 class Resources(_Frozen):
