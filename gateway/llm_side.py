@@ -54,9 +54,20 @@ class LlmSide:
         recent, acts, server = picker.picker.recent, picker.acts, thread.server
         self.supervisor = StreamSupervisor(self.picks, lambda: server.engine.state.bundle, acts.log, acts.anomalies,
                                            lambda did: recent[did].gpu_key if did in recent else None,
-                                           lambda did: recent[did].retry_headers if did in recent else ())
+                                           lambda did: recent[did].retry_headers if did in recent else (),
+                                           self._gpu_model_of)
+        self._picker, self._thread = picker, thread
         self.server = SupervisorServer(self.supervisor)
         self.routes: LlmRoutes | None = None
+
+    def _gpu_model_of(self, decision_id: str) -> str | None:
+        pick = self._picker.picker.recent.get(decision_id)
+        if pick is None:
+            return None
+        try:
+            return self._thread.server.engine.state.registry.get(pick.instance_id).deployment.gpu_model
+        except Exception:  # noqa: BLE001 - deregistered since it answered
+            return None
 
     def start(self) -> LlmRoutes:
         port = self.thread.call(self.server.start())

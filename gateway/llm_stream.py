@@ -140,7 +140,8 @@ _RESET.immediate_response.details = "policyc_tpot_exceeded"
 class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, picks: LlmPicks, bundle: Callable[[], Any], action_log: ActionLog | None = None,
                  anomalies: AnomalySink | None = None, gpu_of: Callable[[str], str | None] = lambda _: None,
-                 retry_headers_of: Callable[[str], tuple[tuple[str, str], ...]] = lambda _: ()) -> None:
+                 retry_headers_of: Callable[[str], tuple[tuple[str, str], ...]] = lambda _: (),
+                 gpu_model_of: Callable[[str], str | None] = lambda _: None) -> None:
         self.picks = picks
         self.bundle = bundle  # the current bundle
         self.log = action_log
@@ -149,6 +150,7 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         # decision id -> the headers its retry carries (`X-Retry-Count: 1`, the redirect's), set here on attempts
         # after the first: this filter sees each attempt's own headers, whatever the filters before it removed
         self.retry_headers_of = retry_headers_of
+        self.gpu_model_of = gpu_model_of  # decision id -> the GPU class of the instance picked (the estimate's rate)
         self.evidence: dict[str, list[Evidence]] = {}  # decision id -> its answered attempts (bounded)
         self.records: list[ActionRecord] = []
         self.counts: dict[str, int] = {}
@@ -336,10 +338,18 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 if c.llm.ttft is not None else None
             out["tpot_budget_seconds"] = Figure(value=c.llm.tpot, source=Source.ESTIMATED, method="contract: llm.tpot") \
                 if c.llm.tpot is not None else None
-            flops = meaning.llm_cost(c.llm, req.prompt.tokens, completion if completion is not None else (req.max_tokens or 0),
-                                     1.0).flops
+            output = completion if completion is not None else (req.max_tokens or 0)
+            flops = meaning.llm_cost(c.llm, req.prompt.tokens, output, 1.0).flops
             out["flops"] = Figure(value=flops, source=Source.ESTIMATED,
                                   method="contract: llm.prefill x prompt tokens + llm.decode x completion tokens")
+            gpu_name = self.gpu_model_of(ev.decision_id)
+            gpu = self.bundle().gpu(gpu_name) if gpu_name else None
+            rate = meaning.compute_rate(c.compute, gpu) if gpu is not None else None
+            if rate:
+                cost = meaning.llm_cost(c.llm, req.prompt.tokens, output, rate)
+                how = f"contract: llm FLOPs at {gpu_name}'s peak x the contract's efficiency, a whole GPU"
+                out["ttft_estimated_seconds"] = Figure(value=cost.ttft_s, source=Source.ESTIMATED, method=how)
+                out["total_estimated_seconds"] = Figure(value=cost.total_s, source=Source.ESTIMATED, method=how)
         return LlmFigures(**out)  # type: ignore[arg-type]
 
     def _record(self, req: LlmRequest, ev: Evidence) -> None:

@@ -131,7 +131,8 @@ class LlmGateway:
         self.supervisor = StreamSupervisor(self.picks, lambda: server.engine.state.bundle, self.picker.acts.log,
                                            self.picker.acts.anomalies,
                                            lambda did: recent[did].gpu_key if did in recent else None,
-                                           lambda did: recent[did].retry_headers if did in recent else ())
+                                           lambda did: recent[did].retry_headers if did in recent else (),
+                                           self._gpu_model_of)
         self.supervisor_server = SupervisorServer(self.supervisor)
         supervisor_port = self.thread.call(self.supervisor_server.start())
         self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))
@@ -145,6 +146,15 @@ class LlmGateway:
                                          supervisor=f"127.0.0.1:{supervisor_port}"))
         self.envoy = EnvoyProcess(build_bootstrap(spec), self.workdir / "envoy").start()
         return self
+
+    def _gpu_model_of(self, decision_id: str) -> str | None:
+        pick = self.picker.picker.recent.get(decision_id)
+        if pick is None:
+            return None
+        try:
+            return self.server.engine.state.registry.get(pick.instance_id).deployment.gpu_model
+        except Exception:  # noqa: BLE001 - deregistered since
+            return None
 
     @property
     def server(self) -> DecisionServer:

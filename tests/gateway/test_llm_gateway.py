@@ -307,6 +307,8 @@ def test_audit_tokens_equal_the_servers_usage(llm_gateway: LlmGateway) -> None:
         assert llm["ttft_seconds"]["source"] == "measured" and llm["ttft_seconds"]["value"] > 0
         assert llm["ttft_budget_seconds"]["source"] == "estimated" and llm["ttft_budget_seconds"]["value"] == 0.5
         assert llm["flops"]["source"] == "estimated"
+        est = llm["ttft_estimated_seconds"]  # the contract's FLOPs at the placed GPU class's rate
+        assert est["source"] == "estimated" and 0 < est["value"] <= llm["total_estimated_seconds"]["value"]
         if stream:
             assert llm["tpot_seconds"]["source"] == "measured"
 
