@@ -22,8 +22,9 @@ from .attributes import INSTANCE_ATTRIBUTES, LABEL_PREFIX, attribute_type
 from .bundle import And, Atom, Const, Expr, Not, Or, RequestRule, Test, ValueType, Var
 from .meaning import Cmp
 from .fields import BOOL_WORDS, BlockReader, ref, shape
+from .value_types import QUANTITIES, Kind, kind_of
 
-QUANTITY_TYPES = {"time", "bandwidth", "flops", "ratio", "count", "size"}
+QUANTITY_TYPES = QUANTITIES  # the value-type table's quantities (`value_types.py`)
 FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
@@ -129,7 +130,7 @@ class _Checker:
             var = self.request_var(v)
             if var is None:
                 self._not_request(v)
-            if self.scope.vars[var] != "bool":
+            if kind_of(self.scope.vars[var]) is not Kind.FLAG:
                 self.err("E317", f"`request.{var}` is {units.describe(self.scope.vars[var])}, not yes/no; compare it", v.span)
             return Test(var=var, cmp=Cmp.EQ, operand=Const(value=True), origin=ref(v.span))
         if isinstance(v, ast.Compare):
@@ -169,7 +170,7 @@ class _Checker:
             attr = self.attribute(v)
             if attr is None:
                 self._unknown_attribute(v)
-            if attribute_type(attr) != "bool":  # type: ignore[arg-type]
+            if kind_of(attribute_type(attr)) is not Kind.FLAG:  # type: ignore[arg-type]
                 self.err("E317", f"`{attr}` is {units.describe(attribute_type(attr))}, not yes/no; compare it", v.span)  # type: ignore[arg-type]
             return Atom(attr=attr, cmp="==", operand=Const(value=True), origin=ref(v.span))  # type: ignore[arg-type]
         if isinstance(v, ast.Compare):
@@ -190,7 +191,7 @@ class _Checker:
             if isinstance(right, ast.Name) and right.parts[0] == "request":
                 var = self.request_var(right)
                 vt = self.scope.vars[var]  # type: ignore[index]
-                if vt != t and not ({vt, t} <= {"name", "string"}):
+                if vt != t and not ({kind_of(vt), kind_of(t)} <= {Kind.NAME, Kind.TEXT}):  # type: ignore[arg-type]
                     self.err("E319", f"`{lattr}` is {units.describe(t)} but `request.{var}` is {units.describe(vt)}", v.span)  # type: ignore[arg-type]
                 self._check_op(op, t, v.span, lattr)  # type: ignore[arg-type]
                 if op in ("in", "not_in"):
@@ -234,11 +235,11 @@ class _Checker:
                 got = units.quantity_type(v.unit)
                 self.err("E303", f"`{what}` is {units.describe(t)}, found {units.describe(got)}", v.span)
             return si
-        if t == "bool":
+        if kind_of(t) is Kind.FLAG:
             if isinstance(v, ast.Name) and v.dotted in BOOL_WORDS:
                 return BOOL_WORDS[v.dotted]
             self.err("E313", f"`{what}` is yes or no, found {shape(v)}", v.span)
-        if t == "string":
+        if kind_of(t) is Kind.TEXT:
             if isinstance(v, ast.String):
                 return v.value
             if isinstance(v, ast.Name) and len(v.parts) == 1:

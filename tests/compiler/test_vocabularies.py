@@ -22,7 +22,7 @@ from policyc.enforcer.rule_table import RuleTableError, build_rule_table
 ROOT = Path(__file__).resolve().parents[2]
 READ_ACTIONS = ("compiler/breakers.py", "enforcer/rule_table.py", "enforcer/guardian.py", "gateway/acts.py",
                 "enforcer/records.py", "gateway/runner.py")
-READ_TYPES = ("compiler/requests.py", "compiler/check_values.py", "matcher/parse.py")
+READ_TYPES = ("compiler/requests.py", "compiler/check_values.py", "compiler/rules.py", "matcher/parse.py")
 
 
 def _constants(path: str) -> list[tuple[int, str]]:
