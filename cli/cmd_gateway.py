@@ -173,8 +173,13 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         api_port = thread.start()
     except (TransportError, OSError, ValueError, RuntimeError, AuditError, StoreError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    # the gateway's files (Envoy's pid file among them) beside the registry it keeps, so a restart finds both
-    workdir = Path(args.workdir) if args.workdir else fleet.state_dir / "gateway" if fleet and fleet.state_dir else None
+    # the gateway's files (Envoy's pid file among them) beside the registry it keeps, so a restart finds both;
+    # a replica (--etcd) keeps them in its port's default state dir; `--state-dir none`, `--port 0`: a temp dir
+    from policyc.cluster.serve_flags import default_state_dir
+
+    kept = fleet.state_dir if fleet is not None and fleet.state_dir is not None else \
+        None if args.state_dir == "none" else default_state_dir(args.port)
+    workdir = Path(args.workdir) if args.workdir else kept / "gateway" if kept is not None else None
     options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
                              failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
                              concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm)
