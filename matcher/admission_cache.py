@@ -10,43 +10,85 @@ dict per instance; the differential tests check the result against `attributes()
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import Mapping, Sequence
 
 from policyc.compiler.bundle import Bundle, Scalar
 
 from .errors import AdmissionError
-from .instance import Instance, admission_problems, deployment_attributes
+from .instance import Deployment, Instance, admission_problems, deployment_attributes
 
 # the deployment facts admission and attributes read, besides the model (host and NUMA node
 # apart: admission reads neither, and the attributes take them as they are)
-_SIGNATURE = itemgetter("gpu_model", "region", "tpm", "memory_encryption", "hardware_firewall", "tee",
-                        "session_state", "cuda")
+SIGNATURE_FIELDS = ("gpu_model", "region", "tpm", "memory_encryption", "hardware_firewall", "tee", "session_state", "cuda")
+_SIGNATURE = itemgetter(*SIGNATURE_FIELDS)
 Signature = tuple[str, tuple]
 
 
 class AdmissionCache:
-    """Per bundle: a new bundle means new verdicts (`Registry.swap_bundle` makes a new one)."""
+    """Per bundle: a new bundle means new verdicts (`Registry.swap_bundle` makes a new one).
+    Each signature gets a small code (`code`), so a registry can keep one int per instance
+    and rebuild its attributes from it (`row`) instead of keeping a dict per instance."""
 
-    __slots__ = ("bundle", "_by_signature", "_label_names")
+    __slots__ = ("bundle", "_code", "_verdicts", "_label_names")
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
-        self._by_signature: dict[Signature, tuple[tuple[str, ...], dict[str, Scalar] | None]] = {}
+        self._code: dict[Signature, int] = {}
+        self._verdicts: list[tuple[tuple[str, ...], dict[str, Scalar] | None]] = []
         self._label_names: dict[str, str] = {}  # label key -> attribute name, built once
 
     def attributes(self, inst: Instance) -> dict[str, Scalar]:
         """The instance's attribute view (a fresh dict), or `AdmissionError` naming it."""
+        return self.row(self.code_of(inst), inst.deployment.__dict__["host"], inst.deployment.__dict__["numa_node"],
+                        inst.labels)
+
+    def code_of(self, inst: Instance) -> int:
+        """The instance's signature code, or `AdmissionError` naming it."""
         d = inst.deployment.__dict__  # pydantic keeps field values here; one C call reads them all
         sig = (inst.model, _SIGNATURE(d))
-        hit = self._by_signature.get(sig)
-        if hit is None:
-            hit = self._by_signature[sig] = self._compute(inst)
-        problems, base = hit
+        code = self._code.get(sig)
+        if code is None:
+            code = self._add(sig, inst)
+        problems, base = self._verdicts[code]
         if base is None:
             raise AdmissionError(inst.id, list(problems))
-        attrs = base.copy()
-        attrs["host"] = d["host"]
-        attrs["numa_node"] = float(d["numa_node"])
-        labels = inst.labels
+        return code
+
+    def codes(self, ids: Sequence[str], models: Sequence[str], facts: Sequence[Sequence[object]],
+              refused: list[tuple[int, tuple[str, ...]]] | None = None) -> list[int]:
+        """The codes of a batch's rows: `facts` are the columns of `SIGNATURE_FIELDS` in
+        order; the first inadmissible row raises `AdmissionError` naming its id, or, given
+        `refused`, every inadmissible row is listed there (its position, its problems) and
+        gets code -1."""
+        table, verdicts = self._code, self._verdicts
+        out: list[int] = []
+        put = out.append
+        for i, sig in enumerate(zip(models, zip(*facts))):
+            code = table.get(sig)
+            if code is None:
+                fields = dict(zip(SIGNATURE_FIELDS, sig[1]))
+                dep = Deployment.model_construct(host="", gpu="", numa_node=0, endpoint="", **fields)
+                code = self._add(sig, Instance.model_construct(id=ids[i], model=sig[0], deployment=dep, labels={}))
+            if verdicts[code][1] is None:
+                if refused is None:
+                    raise AdmissionError(ids[i], list(verdicts[code][0]))
+                refused.append((i, verdicts[code][0]))
+                code = -1
+            put(code)
+        return out
+
+    def base(self, code: int) -> dict[str, Scalar]:
+        """The attributes every instance of the signature shares (do not mutate)."""
+        base = self._verdicts[code][1]
+        assert base is not None  # only admitted signatures are given codes out
+        return base
+
+    def row(self, code: int, host: str, numa: int, labels: Mapping[str, str] | None) -> dict[str, Scalar]:
+        """The attribute view of an instance of signature `code` on this host and NUMA node
+        with these labels (a fresh dict)."""
+        attrs = self.base(code).copy()
+        attrs["host"] = host
+        attrs["numa_node"] = float(numa)
         if labels:
             names = self._label_names
             for k, v in labels.items():
@@ -55,6 +97,11 @@ class AdmissionCache:
                     name = names[k] = "labels." + k
                 attrs[name] = v
         return attrs
+
+    def _add(self, sig: Signature, inst: Instance) -> int:
+        code = self._code[sig] = len(self._verdicts)
+        self._verdicts.append(self._compute(inst))
+        return code
 
     def _compute(self, inst: Instance) -> tuple[tuple[str, ...], dict[str, Scalar] | None]:
         problems = admission_problems(inst, self.bundle)

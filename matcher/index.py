@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
 from pyroaring import BitMap
 
 from policyc.compiler.attributes import BODY_REQUEST_VARS
@@ -41,10 +42,11 @@ from policyc.compiler.meaning import Cmp
 from policyc.compiler.semantics import atoms, value_reads
 from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Ordering, Vars, WithinFn
 from .guards import compile_applies
-from .instance_predicates import compile_static
+from .instance_predicates import compile_row, compile_static
 from .plan import BASE_CACHE_SIZE, EFFECTIVE_BASES, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .ranking import ScoreTiers
 from .result import AppliedRule
+from .slot_attrs import SlotAttrs
 from .threshold_ranks import BELOW, ThresholdRanks, best_at
 
 BLOOM_KINDS = ("equality", "set", "boolean")
@@ -126,7 +128,7 @@ class FleetIndex:
                                  and (a in SHARD_GROUP_ATTRS or a in contract_labels))
         self.bloom = ShardBloom()
         self.live = BitMap()
-        self.attrs: dict[int, Mapping[str, Scalar]] = {}
+        self.attrs = SlotAttrs()  # slot -> attribute view (`slot_attrs.py`)
         self.stats = BloomStats()
         self.rules = tuple(self._compile_rule(r) for r in bundle.rules)
         # requirements that read no request variable are maintained as bitmaps on every
@@ -134,6 +136,9 @@ class FleetIndex:
         # request pays one intersection for them instead of their whole algebra
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
+        self._row_holds = {cr.rule.id: compile_row(cr.rule.require) for cr in self.rules if not cr.static}  # `row_admits`
+        # request shape -> (kept bitmap, or the requirement on a row) per applying rule (`row_admits`)
+        self._row_checks: dict[tuple, tuple[tuple[BitMap | None, Callable[..., bool] | None], ...]] = {}
         self.version = 0  # bumped by every insert / delete: cached candidates are older
         self.rank_misses = 0  # threshold ranks that named a tier without the best candidate (never expected)
         self.rank_stats = RankStats()
@@ -224,6 +229,38 @@ class FleetIndex:
                 g = groups[sig] = []
                 sample[sig] = attrs
             g.append(slot)
+        self._bulk_groups(groups, sample)
+        self.attrs.own = dict(items)
+        self.live = BitMap(sorted(self.attrs.own))
+        self.version += 1
+
+    def bulk_rows(self, rows: list[tuple[Mapping[str, Scalar], np.ndarray]], view: Callable[[int], Mapping[str, Scalar]],
+                  peek: Callable[[int], Mapping[str, Scalar]] | None = None) -> None:
+        """Fill an empty index from rows that share attributes: (one member's attributes,
+        the slots of every instance whose indexed attributes equal them). Nothing is kept
+        per instance: `view(slot)` rebuilds an instance's attributes when asked
+        (`slot_attrs.py`); `peek(slot)`, when given, may answer with a shared read-only
+        mapping holding at least the attributes the rules read (`row_admits`)."""
+        if self.attrs:
+            raise ValueError("bulk_rows() fills an empty index")
+        names = tuple(self.attr_index)
+        groups: dict[tuple, list[int]] = {}
+        sample: dict[tuple, Mapping[str, Scalar]] = {}
+        for attrs, slots in rows:
+            sig = tuple(map(attrs.get, names))
+            g = groups.get(sig)
+            if g is None:
+                g = groups[sig] = []
+                sample[sig] = attrs
+            g.extend(slots.tolist())
+        self._bulk_groups(groups, sample)
+        everyone = BitMap(np.sort(np.concatenate([s for _, s in rows])).tolist()) if rows else BitMap()
+        self.attrs.set_rows(everyone, view, peek)
+        self.live = everyone.copy()
+        self.version += 1
+
+    def _bulk_groups(self, groups: dict[tuple, list[int]], sample: dict[tuple, Mapping[str, Scalar]]) -> None:
+        names = tuple(self.attr_index)
         for i, a in enumerate(names):
             self.attr_index[a].bulk_groups((sig[i], slots) for sig, slots in groups.items() if sig[i] is not None)
         size = self.shard_size
@@ -238,9 +275,6 @@ class FleetIndex:
                     into.extend(slots)
         for (_, bm), slots in zip(self._static_rules, static):
             bm.update(sorted(slots))
-        self.attrs = dict(items)
-        self.live = BitMap(sorted(self.attrs))
-        self.version += 1
 
     # ------------------------------------------------------------------ compiling rules
     def _compile_rule(self, rule: RequestRule) -> CompiledRule:
@@ -618,6 +652,41 @@ class FleetIndex:
             base.ranks = ThresholdRanks(members, attr, below, tiers, self.version, compact=True)
             if key is not None:
                 same[key] = base.ranks  # type: ignore[index]
+        return True
+
+    def row_admits(self, slot: int, vars: Vars) -> bool:
+        """Whether the live instance at `slot` meets every rule that applies to `vars`, read
+        off its own row: a kept requirement (`static`) by one bitmap probe, the others
+        evaluated on its attributes (`semantics.require_holds`). The rules come from the
+        memo of rule shapes, as a base's do; no plan, no candidate set."""
+        if slot not in self.live:
+            return False
+        # the shape by the variables' names and the guard-tested values (C-speed tuples: a
+        # parsed request never carries None); another order of the same names is another
+        # entry, never another answer
+        try:
+            key = (tuple(vars), tuple(map(vars.get, self._tested_vars)))
+            checks = self._row_checks.get(key)
+        except TypeError:  # an unhashable value (only through `Request.of`)
+            key, checks = None, None
+        if checks is None:
+            rules = self._rule_shape(vars)[0]
+            checks = tuple((self.static[cr.rule.id], None) if cr.static else (None, self._row_holds[cr.rule.id])
+                           for cr in rules)
+            if key is not None:
+                if len(self._row_checks) >= RULE_SHAPES:
+                    self._row_checks.clear()
+                self._row_checks[key] = checks
+        attrs = None
+        for bm, holds in checks:
+            if bm is not None:
+                if slot not in bm:
+                    return False
+                continue
+            if attrs is None:
+                attrs = self.attrs.peek(slot)
+            if not holds(attrs, vars):  # type: ignore[misc]
+                return False
         return True
 
     def _rule_shape(self, vars: Vars) -> _RuleShape:

@@ -42,3 +42,34 @@ def compile_static(e: Expr) -> InstancePredicate:
             inner = compile_static(arg)
             return lambda attrs: not inner(attrs)
     raise ValueError(f"a request test in a requirement: {e}")
+
+
+RowPredicate = Callable[[Mapping[str, Scalar], Mapping[str, Scalar]], bool]
+
+
+def compile_row(e: Expr) -> RowPredicate:
+    """`require_holds(e, attrs, vars)` as a closure of (attrs, vars), for checking one
+    instance's row against a request (`FleetIndex.row_admits`); the request must carry
+    every variable `e` reads (the rule applies)."""
+    match e:
+        case Atom(attr=attr, cmp=c, operand=Var(name=name)):
+            cmp = COMPARATORS[c]
+            absent = c in NEGATIVE_CMPS
+
+            def var_atom(attrs: Mapping[str, Scalar], vars: Mapping[str, Scalar]) -> bool:
+                have = attrs.get(attr)
+                return absent if have is None else cmp(have, vars[name])
+            return var_atom
+        case Atom(operand=Const()):
+            static = compile_static(e)
+            return lambda attrs, vars: static(attrs)
+        case And(args=args):
+            parts = tuple(compile_row(a) for a in args)
+            return lambda attrs, vars: all(p(attrs, vars) for p in parts)
+        case Or(args=args):
+            parts = tuple(compile_row(a) for a in args)
+            return lambda attrs, vars: any(p(attrs, vars) for p in parts)
+        case Not(arg=arg):
+            inner = compile_row(arg)
+            return lambda attrs, vars: not inner(attrs, vars)
+    raise ValueError(f"a request test in a requirement: {e}")

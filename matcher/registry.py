@@ -30,27 +30,29 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from typing import Hashable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pyroaring import BitMap
+from pyroaring import BitMap, FrozenBitMap
 
 from policyc.compiler.bundle import Bundle, Scalar
 from policyc.compiler.gc_pause import gc_paused
 
 from .admission_cache import AdmissionCache
 from .base_catalog import Prebuilt, prebuild as _prebuild
-from .errors import AdmissionError, RegistryError, UnknownInstanceError
+from .errors import RegistryError, UnknownInstanceError
 from .explain import explain as _explain
 from .bloom import SHARD_SIZE
+from .columns import InstanceBatch, InstanceColumns
+from .admission_cache import SIGNATURE_FIELDS
 from .index import FleetIndex
 from .plan import EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, PlanCache
 from .instance import Instance
 from .parse import RequestParser
 from .ranking import ScoreTiers
 from .request import Request
-from .result import AllMatches, Explanation, MatchResult, Scored
+from .result import FORMS, AllMatches, Explanation, Form, MatchResult, Scored
 from .slots import SlotAllocator
 
 DEFAULT_SCORE = 0.5
@@ -82,6 +84,26 @@ def _models(bundle: Bundle) -> tuple[str, ...]:
     return tuple(c.name for c in bundle.contracts)
 
 
+def _row_groups(ix: FleetIndex, adm: AdmissionCache, codes: Sequence[int], hosts: Sequence[str], numa: Sequence[int],
+                labels: Sequence[Mapping[str, str] | None]) -> tuple[list[dict[str, Scalar]], np.ndarray, np.ndarray]:
+    """Instances whose indexed attributes agree, grouped: one admission signature, unless
+    the rules read a per-instance fact (host, NUMA node, an instance label). Returns each
+    group's attributes (made once, from its first member), each group's first member and
+    each instance's group."""
+    n = len(codes)
+    reads_host, reads_numa = "host" in ix.attr_index, "numa_node" in ix.attr_index
+    if reads_host or reads_numa or any(lab is not None for lab in labels):
+        table: dict[tuple, int] = {}
+        keys = zip(codes, hosts if reads_host else [None] * n, numa if reads_numa else [None] * n,
+                   [tuple(sorted(lab.items())) if lab else None for lab in labels])
+        row_keys = np.fromiter((table.setdefault(k, len(table)) for k in keys), dtype=np.int64, count=n)
+    else:
+        row_keys = np.asarray(codes, dtype=np.int64)
+    _, first, inverse = np.unique(row_keys, return_index=True, return_inverse=True)
+    samples = [adm.row(codes[i], hosts[i], numa[i], labels[i]) for i in first.tolist()]
+    return samples, first, inverse.reshape(-1)
+
+
 def _gpu_group(instance: Instance) -> tuple[str, str, str]:
     """What a placer chooses between, and what carries a score: a model on a GPU."""
     d = instance.deployment
@@ -101,8 +123,10 @@ class Registry:
         self._slots = SlotAllocator(self._index.shard_size)
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
-        self._instance: dict[int, Instance] = {}
-        self._by_slot = np.empty(1024, dtype=object)  # slot -> Instance (None when free), for `matches`
+        # every instance's facts and id as slot-indexed columns (`columns.py`); objects only
+        # for instances registered as objects or asked for (`_instance_at`)
+        self._cols = InstanceColumns()
+        self._objects: dict[int, Instance] = {}
         self._models = _models(bundle)  # every registered instance's model has a contract in the bundle
         self._scored: dict[int, Scored] = {}  # answers built once per (instance, score)
         self._admission = AdmissionCache(bundle)
@@ -156,10 +180,49 @@ class Registry:
         return instance_id in self._slot_of
 
     def get(self, instance_id: str) -> Instance:
-        slot = self._slot_of.get(instance_id)
-        if slot is None:
-            raise UnknownInstanceError(instance_id)
-        return self._instance[slot]
+        with self._read:
+            slot = self._slot_of.get(instance_id)
+            if slot is None:
+                raise UnknownInstanceError(instance_id)
+            return self._instance_at(slot)
+
+    def _instance_at(self, slot: int) -> Instance:
+        """The instance at `slot` as an object: the one registered, or one made from its row
+        (kept, so a caller asking again gets the same object)."""
+        obj = self._objects.get(slot)
+        if obj is None:
+            obj = self._objects[slot] = self._cols.instance(slot)
+        return obj
+
+    def _row_view(self, ix: FleetIndex) -> tuple[Callable[[int], Mapping[str, Scalar]], Callable[[int], Mapping[str, Scalar]]]:
+        """`_row` for index `ix` to hold, and a cheaper reader for checks of one row (the
+        signature's shared attributes themselves, when the rules read no per-instance fact
+        and the row has no labels of its own); both by a weak reference to the registry's
+        columns, so that an index kept by the prebuild thread does not keep a dropped
+        registry alive."""
+        me = weakref.ref(self)
+        shared = not ({"host", "numa_node"} & ix.attr_index.keys())
+
+        def view(slot: int) -> Mapping[str, Scalar]:
+            reg = me()
+            if reg is None:
+                raise KeyError(slot)
+            return reg._row(slot)
+
+        def peek(slot: int) -> Mapping[str, Scalar]:
+            reg = me()
+            if reg is None:
+                raise KeyError(slot)
+            c = reg._cols
+            if shared and c.labels[slot] is None:
+                return reg._admission.base(c.sig[slot])
+            return reg._row(slot)
+        return view, peek
+
+    def _row(self, slot: int) -> Mapping[str, Scalar]:
+        """The attributes of the instance at `slot`, rebuilt from its row (`slot_attrs.py`)."""
+        c = self._cols
+        return self._admission.row(int(c.sig[slot]), c.strs["host"][slot], int(c.numa[slot]), c.labels[slot])
 
     def score(self, instance_id: str) -> float:
         with self._read:
@@ -182,7 +245,8 @@ class Registry:
         with self._read:
             ix = self._index
             score = self._group_score
-            return [(self._instance[s], ix.attrs[s], score(s)) for s in self._slot_of.values()]
+            at = self._instance_at
+            return [(at(s), ix.attrs[s], score(s)) for s in self._slot_of.values()]
 
     def parse_request(self, headers: Mapping[str, str], tenant: str | None = None) -> Request:
         """Typed request variables, or `RequestError` naming each bad header."""
@@ -240,13 +304,13 @@ class Registry:
             cand = cand & self._routable if cand is not None else BitMap()
             count = len(cand)
         found = tiers.best_distinct(cand, count, k) if distinct_gpus else tiers.best(cand, count, k)  # type: ignore[arg-type]
-        inst, scored, group_of = self._instance, self._scored, tiers.group_of
+        scored, group_of = self._scored, tiers.group_of
         best = []
         for s in found:  # `_scored_at`, inlined: up to k of them per call
             score = -group_of[s].key[0]
             sc = scored.get(s)
             if sc is None or sc.score != score:
-                sc = scored[s] = Scored(inst[s], score)
+                sc = scored[s] = Scored(self._instance_at(s) if sc is None else sc.instance, score)
             best.append(sc)
         return MatchResult(count, tuple(best), plan.applied, ix.bundle.content_hash)
 
@@ -255,13 +319,13 @@ class Registry:
         score = -self._tiers.group_of[slot].key[0]
         sc = self._scored.get(slot)
         if sc is None or sc.score != score:
-            sc = self._scored[slot] = Scored(self._instance[slot], score)
+            sc = self._scored[slot] = Scored(self._instance_at(slot) if sc is None else sc.instance, score)
         return sc
 
     def routable(self) -> tuple[Instance, ...]:
         """The instances with an endpoint (the gateway's pool; a few among the fleet)."""
         with self._read:
-            return tuple(self._instance[s] for s in self._routable)
+            return tuple(self._instance_at(s) for s in self._routable)
 
     def routable_entries(self) -> tuple[Mapping[str, Scalar], ...]:
         """The attributes of each instance with an endpoint, as rules read them."""
@@ -269,27 +333,48 @@ class Registry:
             attrs = self._index.attrs
             return tuple(attrs[s] for s in self._routable)
 
-    def matches(self, request: Request) -> AllMatches:
-        """Every live instance that may serve the request (no ranking): the index's
-        candidate bitmap read out through a slot-indexed array, so the cost is the
-        plan's plus one gather, not a walk in rank order."""
+    def matches(self, request: Request, form: Form = "instances") -> AllMatches:
+        """Every live instance that may serve the request (no ranking), in the form the
+        caller asks for (`AllMatches`): the candidate bitmap itself (`bitmap`), its slots as
+        a numpy array (`slots`), the ids as an object array gathered from the id column
+        (`ids`), a set of ids (`id_set`), or instance objects (`instances`, the slow form:
+        an object is made for each match not registered as one). The cost is the plan's
+        plus, but for `bitmap`, one read of the bitmap and one gather."""
+        if form not in FORMS:
+            raise ValueError(f"matches: form must be one of {', '.join(FORMS)}, got {form!r}")
         with self._read:
             ix = self._index
             plan = ix.plan(request.vars)
-            cand = plan.cand
-            if not plan.count:
-                found: tuple[Instance, ...] = ()
+            cand, count = plan.cand, plan.count
+            out = AllMatches(count, plan.applied, ix.bundle.content_hash, form)
+            if form == "bitmap":
+                out.bitmap = FrozenBitMap(cand) if count else FrozenBitMap()
+                return out
+            slots = np.frombuffer(cand.to_array(), dtype=np.uint32) if count else np.empty(0, dtype=np.uint32)  # type: ignore[union-attr]
+            if form == "slots":
+                out.slots = slots
+            elif form == "instances":
+                objects, row = self._objects, self._cols.instance
+                out.instances = tuple([objects.get(s) or row(s) for s in slots.tolist()])
             else:
-                found = tuple(self._by_slot[np.frombuffer(cand.to_array(), dtype=np.uint32)].tolist())  # type: ignore[union-attr]
-            return AllMatches(found, plan.applied, ix.bundle.content_hash)
+                ids = self._cols.id[slots]
+                if form == "ids":
+                    out.ids = ids
+                else:
+                    out.id_set = set(ids.tolist())
+            return out
 
-    def _place(self, slot: int, instance: Instance | None) -> None:
-        by = self._by_slot
-        if slot >= len(by):
-            grown = np.empty(max(2 * len(by), slot + 1), dtype=object)
-            grown[:len(by)] = by
-            by = self._by_slot = grown
-        by[slot] = instance
+    def admits(self, request: Request, instance_id: str) -> bool:
+        """Whether this one instance may serve the request, read off its own row: the
+        rules that apply (memoised by request shape), a kept requirement by one bitmap
+        probe, the others on the row's attributes (`FleetIndex.row_admits`). No plan and no
+        candidate set is made for one instance. `UnknownInstanceError` for an id not
+        registered."""
+        with self._read:
+            slot = self._slot_of.get(instance_id)
+            if slot is None:
+                raise UnknownInstanceError(instance_id)
+            return self._index.row_admits(slot, request.vars)
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
@@ -304,14 +389,17 @@ class Registry:
         if score is not None:
             score = check_score(instance.id, score)
         with self._write:
-            attrs = self._admission.attributes(instance)
+            code = self._admission.code_of(instance)
             if instance.id in self._slot_of:
                 raise RegistryError(f"instance `{instance.id}` is already registered; use update()")
             with self._read:
-                self._insert(instance, attrs, score)
+                self._insert(instance, code, score)
 
-    def _insert(self, instance: Instance, attrs: Mapping[str, Scalar], score: float | None) -> None:
+    def _insert(self, instance: Instance, code: int, score: float | None) -> None:
+        d = instance.deployment
+        attrs = self._admission.row(code, d.host, d.numa_node, instance.labels)
         slot = self._slots.take(self._index.shard_group(attrs))
+        self._cols.put(slot, instance, code)
         self._index.insert(slot, attrs)
         name = _gpu_group(instance)
         if score is None:
@@ -319,8 +407,7 @@ class Registry:
             score = DEFAULT_SCORE if score is None else score
         self._tiers.add(slot, instance.id, name, -score)
         self._slot_of[instance.id] = slot
-        self._instance[slot] = instance
-        self._place(slot, instance)
+        self._objects[slot] = instance
         self._scored.pop(slot, None)
         if instance.deployment.endpoint:
             self._routable.add(slot)
@@ -338,74 +425,96 @@ class Registry:
         self._tiers.remove(slot)
         self._slots.give(slot)
         self._routable.discard(slot)
-        del self._instance[slot]
-        self._place(slot, None)
+        self._objects.pop(slot, None)
+        self._cols.clear(slot)
         self._scored.pop(slot, None)
         return score
 
     def add_many(self, instances: Iterable[Instance], scores: Mapping[str, float] | None = None) -> None:
         """Register many instances at once, all or nothing; into an empty registry this is
-        the index build (postings built once per value rather than bit by bit)."""
+        the columnar build (`add_batch`: the objects are read once, not kept)."""
         items = list(instances)
-        scores = scores or {}
+        self.add_batch(InstanceBatch.from_instances(items), scores, items)
+
+    def add_batch(self, batch: InstanceBatch, scores: Mapping[str, float] | None = None,
+                  objects: list[Instance] | None = None) -> None:
+        """Register a batch (`columns.py`: from instances, the fleet store's records or
+        columns), all or nothing: ids unique and new, scores in [0, 1], every row admitted
+        (the first refusal raises, naming its id). Into an empty registry this is the index
+        build: no object and no attribute dict per instance, the per-instance work done on
+        whole columns and the rest once per admission signature. `scores`: by id, over the
+        batch's own. `objects`: the batch's rows as objects when the caller has them (kept
+        only for the per-instance path into a non-empty registry)."""
+        n = len(batch)
         with self._write, gc_paused():
-            ids = [inst.id for inst in items]
-            if len(set(ids)) != len(ids) or not self._slot_of.keys().isdisjoint(ids):
+            ids = batch.ids
+            if len(set(ids)) != n or not self._slot_of.keys().isdisjoint(ids):
                 seen: set[str] = set()
                 for iid in ids:
                     if iid in self._slot_of or iid in seen:
                         raise RegistryError(f"instance `{iid}` is already registered; use update()")
                     seen.add(iid)
-            given = [scores.get(iid) for iid in ids]
+            given: list[float | None] = list(batch.scores) if batch.scores else [None] * n
+            if scores:
+                given = [scores.get(iid, g) for iid, g in zip(ids, given)]
             checked = [s if s is None or type(s) is float and 0.0 <= s <= 1.0 else check_score(iid, s)
                        for iid, s in zip(ids, given)]
-            admit = self._admission.attributes
-            attrs = [admit(inst) for inst in items]
+            d = batch.strs
+            facts = [d[f] if f in d else batch.flags[f] for f in SIGNATURE_FIELDS]
+            codes = self._admission.codes(ids, batch.models, facts)
             with self._read:
                 if self._slot_of:
-                    for inst, a, s in zip(items, attrs, checked):
-                        self._insert(inst, a, s)
+                    for i, (code, sc) in enumerate(zip(codes, checked)):
+                        self._insert(objects[i] if objects is not None else batch.instance(i), code, sc)
                     return
-                self._bulk(items, ids, attrs, checked)
+                self._bulk(batch, codes, checked)
         self._start_prebuild()
 
-    def _bulk(self, items: list[Instance], ids: list[str], attrs: list[dict[str, Scalar]], scores: list[float | None]) -> None:
-        """The index build: slots handed out a placement group at a time, then every map,
-        postings bitmap, Bloom filter and score tier filled from whole lists. A group's
-        score is the last one given to a member (as adding them one by one would leave
-        it), `DEFAULT_SCORE` where none was."""
-        by_group: dict[tuple, list[int]] = {}
-        shard_group = self._index.shard_group
-        for n, a in enumerate(attrs):
-            key = shard_group(a)
-            g = by_group.get(key)
-            if g is None:
-                g = by_group[key] = []
-            g.append(n)
-        slots = [0] * len(items)
-        ranged = self._index.range_attrs
-        for group, members in by_group.items():
-            if ranged and len(members) > 1:  # within a group, slots in order of the range attributes
-                members.sort(key=lambda n: _range_key(attrs[n], ranged))
-            for n, slot in zip(members, self._slots.take_many(group, len(members))):
-                slots[n] = slot
-        self._slot_of = dict(zip(ids, slots))
-        self._instance = dict(zip(slots, items))
-        by = np.empty(max(1024, 2 * (max(slots, default=0) + 1)), dtype=object)
-        # fromiter stores each object as it is; assigning the list would make numpy probe every
-        # model for the array protocols (three failing pydantic look-ups each: ~1 s per 100,000)
-        by[slots] = np.fromiter(items, dtype=object, count=len(items))
-        self._by_slot = by
-        self._routable = BitMap(s for s, inst in zip(slots, items) if inst.deployment.endpoint)
-        names = [_gpu_group(inst) for inst in items]
+    def _bulk(self, batch: InstanceBatch, codes: list[int], scores: list[float | None]) -> None:
+        """The index build from columns. Instances whose indexed attributes agree (one
+        admission signature, unless the rules read a per-instance fact: host, NUMA node,
+        an instance label) form one row group, whose attributes are made once. Slots are
+        handed out a placement group at a time, within a group in order of the range
+        attributes (`_range_key`), then every postings bitmap, Bloom filter and score tier
+        is filled from whole lists. A group's score is the last one given to a member (as
+        adding them one by one would leave it), `DEFAULT_SCORE` where none was."""
+        n = len(batch)
+        ix = self._index
+        hosts = batch.strs["host"]
+        samples, first, inverse = _row_groups(ix, self._admission, codes, hosts, batch.numa, batch.labels)
+        # placement groups numbered by first appearance, range keys by rank
+        group_num: dict[tuple, int] = {}
+        row_group = np.empty(len(samples), dtype=np.int64)
+        for r in np.argsort(first, kind="stable").tolist():
+            row_group[r] = group_num.setdefault(ix.shard_group(samples[r]), len(group_num))
+        ranged = ix.range_attrs
+        rkeys = [_range_key(a, ranged) for a in samples]
+        rank = {k: i for i, k in enumerate(sorted(set(rkeys)))}
+        row_rank = np.array([rank[k] for k in rkeys], dtype=np.int64)
+        inst_group = row_group[inverse]
+        order = np.lexsort((row_rank[inverse], inst_group)) if ranged else np.argsort(inst_group, kind="stable")
+        slots = np.empty(n, dtype=np.int64)
+        at = 0
+        for group, count in zip(group_num, np.bincount(inst_group, minlength=len(group_num)).tolist()):
+            slots[order[at:at + count]] = self._slots.take_many(group, count)
+            at += count
+        by_row = np.argsort(inverse, kind="stable")
+        parts = np.split(slots[by_row], np.cumsum(np.bincount(inverse, minlength=len(samples)))[:-1])
+        slot_list = slots.tolist()
+        self._slot_of = dict(zip(batch.ids, slot_list))
+        self._objects = {}
+        self._cols.put_batch(slots, batch, np.asarray(codes, dtype=np.int32))
+        ends = batch.strs["endpoint"]
+        self._routable = BitMap(sorted(s for s, e in zip(slot_list, ends) if e))
+        names = list(zip(batch.models, hosts, batch.strs["gpu"]))
         gscore: dict[tuple[str, str, str], float] = {}
-        for name, s in zip(names, scores):
-            if s is not None:
-                gscore[name] = s
+        for name, sc in zip(names, scores):
+            if sc is not None:
+                gscore[name] = sc
             elif name not in gscore:
                 gscore[name] = DEFAULT_SCORE
-        self._index.bulk(list(zip(slots, attrs)))
-        self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, ids, slots)])
+        ix.bulk_rows(list(zip(samples, parts)), *self._row_view(ix))
+        self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, batch.ids, slot_list)])
 
     def remove(self, instance_id: str) -> None:
         with self._write, self._read:
@@ -419,10 +528,10 @@ class Registry:
         with self._write:
             if instance.id not in self._slot_of:
                 raise UnknownInstanceError(instance.id)
-            attrs = self._admission.attributes(instance)
+            code = self._admission.code_of(instance)
             with self._read:
                 score = self._delete(instance.id)
-                self._insert(instance, attrs, None if _gpu_group(instance) in self._tiers.groups else score)
+                self._insert(instance, code, None if _gpu_group(instance) in self._tiers.groups else score)
 
     def set_score(self, instance_id: str, score: float) -> None:
         """Set the ranking score of an instance's group: a batch of one (`set_scores`)."""
@@ -484,19 +593,27 @@ class Registry:
         until the new one is complete."""
         with self._write, gc_paused():
             new_index = FleetIndex(bundle, self._index.shard_size, self._plan_cache)
-            keep: list[tuple[int, Mapping[str, Scalar]]] = []
-            evicted: list[str] = []
-            refused: list[str] = []
             admission = AdmissionCache(bundle)
-            for iid, slot in self._slot_of.items():
-                try:
-                    keep.append((slot, admission.attributes(self._instance[slot])))
-                except AdmissionError as e:
-                    (evicted if evict_inadmissible else refused).append(iid if evict_inadmissible else f"{iid}: {e.problems[0]}")
-            if refused:
-                more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
-                raise RegistryError("the new bundle does not admit registered instances: " + "; ".join(refused[:5]) + more)
-            new_index.bulk(keep)
+            c = self._cols
+            ids = list(self._slot_of)
+            slots = np.fromiter(self._slot_of.values(), dtype=np.int64, count=len(ids))
+            col = {**c.strs, **c.flags}
+            facts = [col[f][slots].tolist() for f in SIGNATURE_FIELDS]
+            bad: list[tuple[int, tuple[str, ...]]] = []
+            codes = admission.codes(ids, c.model[slots].tolist(), facts, bad)
+            if bad and not evict_inadmissible:
+                more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+                raise RegistryError("the new bundle does not admit registered instances: "
+                                    + "; ".join(f"{ids[i]}: {problems[0]}" for i, problems in bad[:5]) + more)
+            evicted = [ids[i] for i, _ in bad]
+            keep = np.array([code >= 0 for code in codes], dtype=bool)
+            kept = slots[keep]
+            kept_codes = [code for code in codes if code >= 0]
+            samples, _, inverse = _row_groups(new_index, admission, kept_codes, c.strs["host"][kept].tolist(),
+                                              c.numa[kept].tolist(), c.labels[kept].tolist())
+            by_row = np.argsort(inverse, kind="stable")
+            parts = np.split(kept[by_row], np.cumsum(np.bincount(inverse, minlength=len(samples)))[:-1])
+            new_index.bulk_rows(list(zip(samples, parts)), *self._row_view(new_index))  # every row rebuilt from the columns
             parser = RequestParser(bundle)
             with self._read:
                 self._index, self._parser, self._bundle = new_index, parser, bundle
@@ -506,6 +623,7 @@ class Registry:
                 for iid in evicted:
                     self._forget(iid)
                 self._admission = admission
+                c.sig[kept] = kept_codes
         self._start_prebuild()
         return tuple(evicted)
 

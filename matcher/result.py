@@ -7,6 +7,10 @@ rule carries its `origin` (`file:line:col`) and counts are over the live fleet.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pyroaring import FrozenBitMap
 
 from policyc.compiler.bundle import SourceRef
 
@@ -25,19 +29,32 @@ class Scored:
     score: float
 
 
-@dataclass(frozen=True, slots=True)
-class AllMatches:
-    """Every instance that satisfies every applicable rule (`Registry.matches`), in no
-    particular order (the index's slot order: ranking them is what `match` is for);
-    `rules` are the rules that applied."""
+Form = Literal["bitmap", "slots", "ids", "id_set", "instances"]
+FORMS: tuple[Form, ...] = ("bitmap", "slots", "ids", "id_set", "instances")
 
-    instances: tuple[Instance, ...]
+
+@dataclass(slots=True)
+class AllMatches:
+    """Every instance that satisfies every applicable rule (`Registry.matches`), in the
+    form asked for (`form`); only that field is set. In no particular order (the index's
+    slot order: ranking them is what `match` is for); `rules` are the rules that applied.
+
+    - `bitmap`: the candidate slots (a frozen copy of the index's bitmap)
+    - `slots`: the same as a numpy uint32 array, ascending
+    - `ids`: their ids, a numpy object array of `str` in slot order
+    - `id_set`: their ids as a set
+    - `instances`: instance objects (the slow form: most are made on the spot)
+    """
+
+    count: int
     rules: tuple[AppliedRule, ...]
     bundle_hash: str
-
-    @property
-    def count(self) -> int:
-        return len(self.instances)
+    form: Form = "instances"
+    bitmap: FrozenBitMap | None = None
+    slots: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    id_set: set[str] | None = None
+    instances: tuple[Instance, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,8 +346,9 @@ class DecisionService(pb_grpc.DecisionsServicer):
         except ServiceError as e:
             await self._refuse(context, "MatchAll", e)
             raise
-        found = st.registry.matches(req)
-        ids = [i.id for i in (found.instances if not request.limit else found.instances[:request.limit])]
+        found = st.registry.matches(req, "ids")  # the id column gathered, no instance objects
+        assert found.ids is not None
+        ids = (found.ids if not request.limit else found.ids[:request.limit]).tolist()
         return pb.MatchAllResponse(count=found.count, instance_ids=ids, rules=convert.matched_rules(found.bundle_hash, found.rules),
                                    bundle_hash=found.bundle_hash)
 
