@@ -288,9 +288,10 @@ def render(data: PageData) -> str:
         stacked_bars("Decisions per tenant", data.by_tenant.rows), stacked_bars("Decisions per region", data.by_region.rows), "</div>",
         "<h2>Rejections by rule</h2>", rules_section(data.rules),
         "<h2>Over time</h2><div class=\"charts\">", charts_time or "<p class=\"empty\">No decision in range.</p>", "</div>",
-        ("<footer>meas = measured by a party other than the one billed (NVML, Envoy's access log, kernel flow counters); "
-         "apportioned = a measured total divided across concurrent calls by a stated rule; est = estimated from the contract and the "
-         "placement; unaccounted = decisions with a figure absent (never invented). Kinds are summed apart."
+        ("<footer>meas = measured (network: Envoy's access log or the kernel's flow counters; compute: the model server's own "
+         "timing of the call, as it reports it; GPU: NVML); app = apportioned, a measured total divided across concurrent calls by "
+         "the rule each figure states; est = estimated from the contract and the placement; unaccounted = decisions with a figure "
+         "absent (never invented). Kinds are summed apart; `policyc audit explain` and `export` give each figure's source."
          + (f" The {data.segments_left_out} oldest closed segment(s) are beyond what one report reads and are left out of its figures."
             if data.segments_left_out else "") + "</footer>"),
         "</body></html>\n",
