@@ -87,3 +87,26 @@ def test_report_and_export_keep_the_kinds_apart(log: Path, tmp_path: Path) -> No
         for f in ex.FIGURES:
             if r[f] is not None:
                 assert r[f"{f}_kind"] in {s.value for s in Source} and r[f"{f}_source"], (r["seq"], f)
+
+
+def test_an_llm_calls_figures_get_their_columns_with_kind_and_source(tmp_path: Path) -> None:
+    """Figures added in a group of their own (an LLM call's `llm`) are exported without a
+    change to the export: value, kind and source columns each, and explain shows them once."""
+    from policyc.audit.records import ActionRecord, LlmFigures
+
+    path = tmp_path / "audit.db"
+    rec = ActionRecord.model_validate_json(_accounting("dec-000001"))
+    llm = LlmFigures(prompt_tokens=measured(812, "gateway count (model tokenizer)"),
+                     ttft_seconds=measured(0.021, "gateway: first SSE byte"),
+                     flops=Figure(value=1.3e12, source=Source.ESTIMATED, method="contract per-token FLOPs x tokens"))
+    with AuditLog.open(path, durability="normal") as log:
+        log.append_decision(decision(1, t=1777593600.0))
+        log.append_action(rec.model_copy(update={"llm": llm}))
+    ex.export(path, "csv", tmp_path / "x.csv")
+    act = next(r for r in ex.read(tmp_path / "x.csv") if r["kind"] == "action")
+    assert (act["llm_prompt_tokens"], act["llm_prompt_tokens_kind"], act["llm_prompt_tokens_source"]) == \
+        (812.0, "measured", "gateway count (model tokenizer)")
+    assert act["llm_flops_kind"] == "estimated" and act["llm_completion_tokens"] is None
+    with AuditReader.open(path) as reader:
+        text = explain_text(reader.explain("dec-000001"))  # type: ignore[arg-type]
+    assert text.count("llm prompt tokens: 812, measured by gateway count") == 1, text
