@@ -17,6 +17,16 @@ Public API (the rest is internal):
   (`audit/verify.py`: the first bad entry and how, rewrites re-hashed included; appends after
   a close record; truncation against an anchor; damage; `durable_end`, `closed`; a large log
   is walked by one process per CPU, `audit/verify_parallel.py`)
+- `VerifyReport.verdict`: red (a problem) / amber (nothing wrong found, but not everything
+  verified: no key, the log's end unproven, unsealed entries) / green; the log's end is
+  proven by the sealed head the writer keeps beside it (`audit/head.py`) or an anchor
+- `AuditLog.rotate()`, `rotation.rotate(path)`, `rotation.prune(path, retain)`: segments and
+  retention (`audit/segments.py`: closed segments, the pruned record); verify, reports and
+  export walk them
+- `export.export(path, fmt, out, start=, end=)` (jsonl / csv / parquet), `export.read(file)`;
+  `record_proof.prove_record(path, id, anchor=, public_key=, sample=)`: one record proven alone
+- `html_report.html_report(path, verdict, start, end, Provenance(...))`, `provenance.py`
+  (bundle state, sources revision), `report_signature.sign_report / verify_report`
 - `AuditReader` (queries by decision id and time range, reports) (`audit/query.py`)
 - `estimate_resources(...)`, `estimated_figures(...)` (plain values, for drafts), `measured(...)`
   (`audit/accounting.py`)

@@ -50,6 +50,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                                     "`verify --format json`, or its `last_checkpoint`) or the value SEQ:HASH that `verify` prints")
     v.add_argument("--expect-closed", action="store_true",
                    help="the log must end with its close record (the service was stopped cleanly): fail otherwise")
+    v.add_argument("--strict", action="store_true", help="fail (exit 1) unless the verdict is green: signatures checked, the "
+                                                         "log's end proven (sealed head or anchor), every entry sealed")
     v.add_argument("--format", choices=("text", "json"), default="text", help="output as text (default) or one JSON document")
     v.add_argument("--record", metavar="ID", help="prove one record alone (a decision id, or seq:N) against --anchor, or against the "
                    "log's first signed checkpoint after it with --public-key")
@@ -166,7 +168,7 @@ def _verify(args) -> int:
     except AuditError as e:
         return _fail(str(e))
     print(dumps(verify_json(result)) if args.format == "json" else verify_text(result))
-    return 0 if result.ok else 1
+    return 0 if result.ok and (result.verdict == "green" or not args.strict) else 1
 
 
 def _verify_record(args, logs: list[str]) -> int:  # type: ignore[no-untyped-def]

@@ -129,3 +129,10 @@ def test_open_refuses_to_append_behind_its_head(log: Path) -> None:
     _sql(log, "DELETE FROM entries WHERE seq > 180", "DELETE FROM checkpoints WHERE seq > 180")
     with pytest.raises(AuditLogCorrupt, match="sealed head names a checkpoint at entry 220"):
         AuditLog.open(log, signing_key=KEY)
+
+
+def test_strict_fails_amber(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "verify", "--log", str(log)]) == 0  # amber: no key
+    assert "verdict: amber" in capsys.readouterr().out
+    assert main(["audit", "verify", "--log", str(log), "--strict"]) == 1
+    capsys.readouterr()
