@@ -482,7 +482,7 @@ class Replica:
                 "refused_bundle": ({"hash": self.bundle_refused[0], "why": self.bundle_refused[1]} if self.bundle_refused else None),
                 "applied_revision": self.applied_revision, "instances": len(self.server.state.registry),
                 "leader": self.election.token != 0, "token": self.election.token, "lease_ttl": self.cfg.lease_ttl,
-                "store": self.store.description, "time": time.time()}
+                "store": self.store.description, "time": time.time(), "unsettled": len(self.unsettled)}
 
     async def _report(self) -> None:
         if self.keeper.lease:
@@ -592,7 +592,13 @@ class Replica:
         return self._run(self.attest(host))
 
     def can_attest(self, host: str) -> bool:
-        return host in self.attestation.enrolled
+        """Whether a registration may challenge `host` now: it is enrolled, and its last
+        attestation is not a refusal younger than `REATTEST_REFUSED` (so retried
+        registrations do not each wait out an agent that is down, or challenge it again)."""
+        if host not in self.attestation.enrolled:
+            return False
+        f = self.attestation.facts.get(host)
+        return f is None or f.attested or time.time() - f.time > REATTEST_REFUSED
 
     def tpm_problem(self, inst: Instance) -> str:
         return self.attestation.tpm_problem(inst.deployment.host, inst.deployment.tpm)

@@ -1,6 +1,7 @@
 """What `policyc cluster status` shows: the store's members, the leader and its token,
-the bundle in force, each replica (address, bundle, lag behind the store, lease left),
-and how much shared state there is."""
+the bundle in force, each replica (address, bundle, lag behind the store, lease left,
+registry writes not yet settled), each host (agent up, enrolled, attested when and with
+which key, or refused and why) and how much shared state there is."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ class ReplicaView:
     lease: str  # lease id (hex)
     lease_ttl_left: int | None
     report_age_s: float
+    unsettled: int = 0  # registry writes the store did not confirm, not settled yet
+
+
+@dataclass
+class HostView:
+    host: str
+    agent: bool  # its agent holds a live lease
+    addresses: list[str]  # what its agent reports
+    enrolled: str  # attestation key name ("" when not enrolled)
+    attested: bool
+    attested_age_s: float | None
+    why: str  # when its last attestation was refused
 
 
 @dataclass
@@ -41,6 +54,8 @@ class ClusterView:
     sessions: int = 0
     quarantines: int = 0
     anchors: int = 0
+    requests: int = 0  # request ids remembered (registry writes by id)
+    hosts: list[HostView] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +70,10 @@ async def gather(store: FleetStore, keys: Keys) -> ClusterView:
     view = ClusterView(store.description, members, snap.revision, pointer.value.decode() if pointer else "",
                        leader.value.decode() if leader else "", leader.create_revision if leader else 0)
     now = time.time()
+    hosts: dict[str, HostView] = {}
+
+    def host(name: str) -> HostView:
+        return hosts.setdefault(name, HostView(name, False, [], "", False, None, ""))
     for e in snap.entries:
         if e.key.startswith(keys.instances):
             view.instances += 1
@@ -64,6 +83,10 @@ async def gather(store: FleetStore, keys: Keys) -> ClusterView:
             view.quarantines += 1
         elif e.key.startswith(keys.anchors):
             view.anchors += 1
+        elif e.key.startswith(keys.requests):
+            view.requests += 1
+        elif e.key.startswith(keys.agents) or e.key.startswith(keys.enrolled_hosts) or e.key.startswith(keys.attested_facts):
+            _host_record(host, keys, e.key, e.value, now)
         elif e.key.startswith(keys.replicas):
             try:
                 r = json.loads(e.value)
@@ -74,9 +97,32 @@ async def gather(store: FleetStore, keys: Keys) -> ClusterView:
                 str(r.get("name")), str(r.get("address", "")), str(r.get("bundle", "")), r.get("refused_bundle"),
                 int(r.get("applied_revision", 0)), max(0, snap.revision - int(r.get("applied_revision", 0))),
                 view.leader == r.get("name"), int(r.get("token", 0)), f"{e.lease:x}", ttl_left,
-                round(now - float(r.get("time", now)), 2)))
+                round(now - float(r.get("time", now)), 2), int(r.get("unsettled", 0))))
     view.replicas.sort(key=lambda r: r.name)
+    view.hosts = sorted(hosts.values(), key=lambda h: h.host)
     return view
+
+
+def _host_record(host: Any, keys: Keys, key: str, raw: bytes, now: float) -> None:
+    """One agent report, enrollment or attestation record into its host's line."""
+    from .attestation import AttestedFact, Enrollment
+    from .host_facts import HostFacts
+    from .tpm_quote import AttestationError
+
+    try:
+        if key.startswith(keys.agents):
+            h = host(key[len(keys.agents):])
+            h.agent = True
+            facts = json.loads(raw).get("facts")
+            h.addresses = sorted(HostFacts.from_json(facts).routable()) if facts else []
+        elif key.startswith(keys.enrolled_hosts):
+            host(key[len(keys.enrolled_hosts):]).enrolled = Enrollment.decode(key, raw).key.name.hex()
+        else:
+            f = AttestedFact.decode(key, raw)
+            h = host(f.host)
+            h.attested, h.attested_age_s, h.why = f.attested, round(now - f.time, 1), f.why
+    except (ValueError, AttributeError, AttestationError):
+        return
 
 
 async def _ttl_left(store: FleetStore, lease: int) -> int | None:
@@ -98,6 +144,16 @@ def render(view: ClusterView) -> str:
                      f"ttl {r.lease_ttl_left if r.lease_ttl_left is not None else '?'} s  report {r.report_age_s:g} s ago")
         if r.refused_bundle:
             lines.append(f"      refused {str(r.refused_bundle.get('hash', ''))[:23]}…: {r.refused_bundle.get('why', '')}")
+        if r.unsettled:
+            lines.append(f"      {r.unsettled} registry write(s) not confirmed by the store: outcome unknown until settled")
+    if view.hosts:
+        lines.append(f"hosts     {len(view.hosts)}")
+        for h in view.hosts:
+            agent = "agent up" if h.agent else "no agent"
+            tpm = ("not enrolled" if not h.enrolled else
+                   f"attested {h.attested_age_s:g} s ago (key {h.enrolled[:16]}…)" if h.attested else
+                   f"REFUSED: {h.why}" if h.why else f"enrolled (key {h.enrolled[:16]}…), not attested yet")
+            lines.append(f"  {h.host:<16} {agent:<9} {', '.join(h.addresses[:4]) or '-':<24} tpm {tpm}")
     lines.append(f"shared    {view.instances} instance(s), {view.sessions} session(s), {view.quarantines} quarantine(s), "
-                 f"{view.anchors} audit anchor(s)")
+                 f"{view.anchors} audit anchor(s), {view.requests} request id(s)")
     return "\n".join(lines)

@@ -91,7 +91,7 @@ def fleet(bundle, etcd, tpms):  # type: ignore[no-untyped-def]
         bg.close()
 
 
-def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, etcd, caplog, capsys) -> None:  # type: ignore[no-untyped-def]
     keys, bg, store, (r0, r1) = fleet["keys"], fleet["bg"], fleet["store"], fleet["replicas"]
     slots = r0.server.cluster.gpu_slots()
     finance = admissible_fleet(bundle, slots, models=["fraud-scorer"])[0]  # host-0002: its contract requires a TPM
@@ -195,6 +195,18 @@ def test_tpm_claims_are_trusted_only_as_attested(fleet, bundle, tpms, caplog) ->
     # ---- no TPM claimed: no attestation needed
     _register(r0, rec["host-0000"])
     eventually(lambda: rec["host-0000"].id in r1.server.state.registry, 10)
+
+    # ---- what an operator sees: each host's agent, key and attestation
+    from policyc.cli.main import main
+
+    assert main(["cluster", "status", "--etcd", *etcd.endpoints, "--etcd-prefix", keys.prefix, "--format", "json"]) == 0
+    hosts = {h["host"]: h for h in json.loads(capsys.readouterr().out)["hosts"]}
+    assert hosts["host-0002"]["agent"] and hosts["host-0002"]["attested"] and hosts["host-0002"]["enrolled"] == ak_a
+    assert not hosts["host-0005"]["attested"] and "does not verify" in hosts["host-0005"]["why"]
+    assert not hosts["host-0006"]["attested"] and "nonce is not the one issued" in hosts["host-0006"]["why"]
+    assert main(["cluster", "status", "--etcd", *etcd.endpoints, "--etcd-prefix", keys.prefix]) == 0
+    text = capsys.readouterr().out
+    assert "host-0002        agent up" in text and "tpm attested" in text and "tpm REFUSED: quote signature" in text
 
     # ---- facts altered after signing: a genuine quote from host-0002's TPM over one set of
     # facts, sent with another (an address added)
