@@ -14,8 +14,6 @@ from pydantic import ValidationError
 
 from policyc.compiler.bundle import Bundle, Contract
 from policyc.compiler.check_values import check_values
-from policyc.onnxgate.contract_metadata import load_contract
-from policyc.onnxgate.errors import ContractMetadataError
 
 from policyc.compiler.diagnostic import error
 from policyc.matcher.admission_cache import AdmissionCache
@@ -88,6 +86,11 @@ def contract_from_json(text: str) -> Contract:
 
 
 def contract_from_onnx(data: bytes) -> Contract:
+    # imported here: ONNX (with numpy's ml_dtypes) is ~0.6 CPU s of a service's start, and only a
+    # registration that carries a model needs it (a restarted gateway serving again in seconds)
+    from policyc.onnxgate.contract_metadata import load_contract
+    from policyc.onnxgate.errors import ContractMetadataError
+
     try:
         return load_contract(data)
     except ContractMetadataError as e:
