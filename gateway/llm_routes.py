@@ -2,7 +2,10 @@
 OpenAI-style and Open Inference Protocol REST traffic besides the gRPC it always routed.
 
 - `/v1/chat/completions` and `/v1/completions`: the picker reads the body (the model and the
-  prompt are in it), so on these routes the ext_proc filter sends it, BUFFERED: Envoy holds
+  prompt are in it), so these routes have an ext_proc filter of their own (`LLM_PICKER_FILTER`,
+  the same picker; the general one is off there, and this one off elsewhere) that sends it,
+  with its own message timeout (`picker_timeout_ms`: counting a 220 KB prompt's tokens takes
+  longer than a gRPC call's pick may), BUFFERED: Envoy holds
   the whole body and sends it in one message (the picker refuses one over `max_body_bytes` with 413; beyond the
   listener's per-connection buffer Envoy refuses it with 413 itself); a body that takes longer than `body_timeout_ms` to arrive gets 408
   (the connection manager's request timeout). Both answers carry the reason in
@@ -32,6 +35,8 @@ PROTOCOL_LABEL = "endpoint_protocol"  # an instance's label: how its endpoint sp
 POOL_HTTP1_CLUSTER = "policyc_pool_http1"
 BODY_PREFIXES = ("/v1/chat/completions", "/v1/completions")
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+LLM_PICKER_FILTER = "policyc.llm_picker"  # the picker's filter on the body-reading routes
+_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute"
 REASON_HEADER = "x-policyc-reason"
 
 
@@ -45,6 +50,7 @@ class LlmRoutes:
     # times measured. None: answers pass unsupervised (no TTFT break on streams, no TPOT end, no evidence)
     supervisor: str | None = None
     supervisor_timeout_ms: int = 1000  # per message to the supervisor
+    picker_timeout_ms: int = 5000  # per message to the picker on the body-reading routes (tokenizing a long prompt)
 
 
 def _processing_mode(response_headers: bool) -> dict[str, Any]:
@@ -73,11 +79,25 @@ def llm_routes(limits: LlmRoutes, base: dict[str, Any], response_headers: bool) 
         r = copy.deepcopy(base)
         r["match"] = {"path": prefix}
         r["request_body_buffer_limit"] = str(limits.max_body_bytes)
-        r["typed_per_filter_config"] = {EXT_PROC_FILTER: {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-            "overrides": {"processing_mode": _processing_mode(response_headers)}}}
+        r["typed_per_filter_config"] = {EXT_PROC_FILTER: {"@type": _PER_ROUTE, "disabled": True}}
         routes += _twice(r)
-    return routes + _twice(base)
+    rest = copy.deepcopy(base)
+    rest["typed_per_filter_config"] = {**rest.get("typed_per_filter_config", {}),
+                                       LLM_PICKER_FILTER: {"@type": _PER_ROUTE, "disabled": True}}
+    return routes + _twice(rest)
+
+
+def llm_picker_filter(general: dict[str, Any], limits: LlmRoutes, response_headers: bool) -> dict[str, Any]:
+    """The picker's filter for the body-reading routes: the general one's, with the body
+    buffered and its own message timeout."""
+    f = copy.deepcopy(general)
+    f["name"] = LLM_PICKER_FILTER
+    cfg = f["typed_config"]
+    t = f"{limits.picker_timeout_ms / 1000:g}s"
+    cfg["message_timeout"] = t
+    cfg["grpc_service"]["timeout"] = t
+    cfg["processing_mode"] = _processing_mode(response_headers)
+    return f
 
 
 SUPERVISOR_CLUSTER = "policyc_llm_supervisor"
