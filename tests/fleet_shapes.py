@@ -30,6 +30,7 @@ from policyc.compiler.bundle import Bundle, Slo
 from policyc.compiler.pipeline import compile_sources
 from policyc.dsl.source import Source
 from policyc.matcher import Deployment, Instance
+from policyc.matcher.columns import InstanceBatch
 
 FAMILIES = tuple(f"model-{i:02d}" for i in range(50))
 REGIONS = ("us-west", "us-east", "us-central", "eu-west", "eu-central", "ap-south", "ap-east", "sa-east")
@@ -157,6 +158,61 @@ def make_fleet(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_le
     else:
         scores = {i.id: rng.random() for i in insts}
     return Fleet(fleet_bundle(used, latency_cmp), insts, scores)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBatch:
+    """`make_fleet`'s fleet as columns (`matcher.columns.InstanceBatch`, scores in it):
+    what a store snapshot or a batch registration hands the registry, with no object per
+    instance (a million instances as objects take ~1 GB and ~36 s to make)."""
+
+    bundle: Bundle
+    batch: InstanceBatch
+
+
+def make_fleet_batch(n: int, seed: int = 0, *, families: int = len(FAMILIES), score_levels: int = 0,
+                     latency_cmp: str = "<=") -> FleetBatch:
+    """`make_fleet(n, seed, ...)` as columns: the same draws in the same order, so the same
+    ids, deployments and scores (a test holds the two equal)."""
+    rng = random.Random(seed)
+    fams = FAMILIES[:families]
+    pairs = [(f, s) for f in fams for s in SLO_MS]
+    rng.shuffle(pairs)
+    want = max(1, round(n / INSTANCES_PER_DEPLOYMENT))
+    ids: list[str] = []
+    models: list[str] = []
+    strs: dict[str, list[str]] = {k: [] for k in ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint")}
+    numa: list[int] = []
+    flags: dict[str, list[bool]] = {k: [] for k in ("tpm", "memory_encryption", "hardware_firewall", "tee")}
+    used: list[tuple[str, int]] = []
+    gpus = [f"gpu{g}" for g in range(8)]
+    d = 0
+    while len(ids) < n:
+        family, slo_ms = pairs[d % len(pairs)] if d < want else rng.choice(pairs[:want])
+        used.append((family, slo_ms))
+        arch = rng.choice(tuple(ARCH_GPUS))
+        tpm, enc, fw = (rng.random() < 0.5 for _ in SECURITY)
+        region = rng.choice(REGIONS)
+        gpu_model = rng.choice(ARCH_GPUS[arch])
+        size = min(rng.randint(1, 8), n - len(ids))
+        host = f"h{d:05d}"
+        name = contract_name(family, slo_ms)
+        ids.extend([f"{name}-{host}-{g}" for g in range(size)])
+        models.extend([name] * size)
+        for key, value in (("host", host), ("gpu_model", gpu_model), ("region", region), ("session_state", "remote"),
+                           ("cuda", "12.4"), ("endpoint", "")):
+            strs[key].extend([value] * size)
+        strs["gpu"].extend(gpus[:size])
+        numa.extend([g // 4 for g in range(size)])
+        for key, flag in (("tpm", tpm), ("memory_encryption", enc), ("hardware_firewall", fw), ("tee", False)):
+            flags[key].extend([flag] * size)
+        d += 1
+    if score_levels:
+        scores: list[float | None] = [rng.randrange(score_levels) / max(1, score_levels - 1) for _ in ids]
+    else:
+        scores = [rng.random() for _ in ids]
+    batch = InstanceBatch(ids, models, strs, numa, flags, [None] * len(ids), scores)
+    return FleetBatch(fleet_bundle(used, latency_cmp), batch)
 
 
 def request_headers(kind: str, rng: random.Random, families: int = len(FAMILIES)) -> dict[str, str]:

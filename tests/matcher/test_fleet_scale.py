@@ -23,7 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
 from policyc.matcher import Registry, Request, attributes, naive_match
+from policyc.matcher.result import FORMS
 from policyc.matcher import prefix_bitmaps, ranking, threshold_ranks
 from policyc.matcher.attribute_index import AttributeIndex
 from pyroaring import BitMap
@@ -91,6 +94,25 @@ def agrees(reg: Registry, headers: dict[str, str]) -> None:
     every = reg.matches(q)
     assert every.count == len(ids) and {i.id for i in every.instances} == ids
     assert every.rules == reg.match(q, 1).rules
+    forms_agree(reg, q, ids)
+
+
+def forms_agree(reg: Registry, q: Request, ids: frozenset[str]) -> None:
+    """Every answer form of `matches`, and `admits` on every instance, equal the naive scan."""
+    rules = reg.match(q, 1).rules
+    forms = {f: reg.matches(q, f) for f in FORMS}
+    for f, got in forms.items():
+        assert got.form == f and got.count == len(ids) and got.rules == rules, f
+    bitmap, slots, id_arr = forms["bitmap"].bitmap, forms["slots"].slots, forms["ids"].ids
+    assert bitmap is not None and slots is not None and id_arr is not None
+    assert slots.dtype == np.uint32 and list(slots) == sorted(slots.tolist()) == list(bitmap)
+    assert id_arr.dtype == object and len(id_arr) == len(ids) and set(id_arr.tolist()) == ids
+    assert forms["id_set"].id_set == ids
+    insts = forms["instances"].instances
+    assert insts is not None and {i.id for i in insts} == ids
+    assert [i.id for i in insts] == id_arr.tolist()  # one order: the slots'
+    for iid in [e[0].id for e in reg.entries()]:
+        assert reg.admits(q, iid) == (iid in ids), (iid, dict(q.vars))
 
 
 @SETTINGS
