@@ -192,9 +192,10 @@ def _facts(args: argparse.Namespace) -> int:
     from policyc.cluster.host_facts import discover
 
     try:
-        print(json.dumps(discover(check_host(args.host)).to_json(), indent=2))
+        facts = discover(check_host(args.host))
     except (ValueError, OSError) as e:
         return _fail(str(e))
+    print(json.dumps(facts.to_json(), indent=2))
     return 0
 
 
