@@ -98,40 +98,39 @@ def _rules_of(r: DecisionRecord) -> list[tuple[str, str]]:
 
 def gather(path: str, verdict: VerifyReport, start: float | None = None, end: float | None = None,
            provenance: Provenance | None = None) -> PageData:
-    """Everything the page shows, read once from the log (every kept segment)."""
+    """Everything the page shows, read from the log (every kept segment) in one streamed
+    pass over its decisions: memory stays bounded by the groups, not the records."""
+    rules: dict[tuple[str, str], RuleRejections] = {}
+    bundles: dict[str, BundleSeen] = {}
+    series = None
     with AuditReader.open(path) as reader:
         by_model = reader.report(by="model", start=start, end=end)
         by_tenant = reader.report(by="tenant", start=start, end=end)
         by_region = reader.report(by="region", start=start, end=end)
-        records = list(_decisions(reader, start, end))
         left_out = reader.segments_left_out
-    rules: dict[tuple[str, str], RuleRejections] = {}
-    bundles: dict[str, BundleSeen] = {}
-    for r in records:
-        b = bundles.get(r.bundle_hash)
-        if b is None:
-            bundles[r.bundle_hash] = BundleSeen(r.bundle_hash, 1, r.time, r.time)
-        else:
-            b.decisions, b.first, b.last = b.decisions + 1, min(b.first, r.time), max(b.last, r.time)
-        if r.outcome == "admitted":
-            continue
-        for rule, where in _rules_of(r) or [("(no rule named)", "")]:
-            g = rules.setdefault((rule, where), RuleRejections(rule, where))
-            g.count += 1
-            g.example = g.example or (r.reason or "(no reason given)")
-    series = None
-    if records:
-        t0 = min(r.time for r in records)
-        t1 = max(r.time for r in records)
-        n = BINS if t1 > t0 else 1
-        width = max((t1 - t0) / n, 1e-9) * (1 + 1e-9)
-        series = Series(t0, width, [0] * n, [0] * n, [0] * n, {k: [0.0] * n for k in KINDS})
-        for r in records:
-            i = min(int((r.time - t0) / width), n - 1)
-            getattr(series, r.outcome)[i] += 1
-            gpu = r.resources.gpu_seconds
-            if gpu is not None:
-                series.gpu[gpu.source.value][i] += gpu.value
+        t0, t1 = reader.time_span(start=start, end=end)
+        if t0 is not None and t1 is not None:
+            n = BINS if t1 > t0 else 1
+            width = max((t1 - t0) / n, 1e-9) * (1 + 1e-9)
+            series = Series(t0, width, [0] * n, [0] * n, [0] * n, {k: [0.0] * n for k in KINDS})
+        for r in _decisions(reader, start, end):
+            b = bundles.get(r.bundle_hash)
+            if b is None:
+                bundles[r.bundle_hash] = BundleSeen(r.bundle_hash, 1, r.time, r.time)
+            else:
+                b.decisions, b.first, b.last = b.decisions + 1, min(b.first, r.time), max(b.last, r.time)
+            if series is not None:
+                i = max(0, min(int((r.time - series.start) / series.width), len(series.admitted) - 1))
+                getattr(series, r.outcome)[i] += 1
+                gpu = r.resources.gpu_seconds
+                if gpu is not None:
+                    series.gpu[gpu.source.value][i] += gpu.value
+            if r.outcome == "admitted":
+                continue
+            for rule, where in _rules_of(r) or [("(no rule named)", "")]:
+                g = rules.setdefault((rule, where), RuleRejections(rule, where))
+                g.count += 1
+                g.example = g.example or (r.reason or "(no reason given)")
     ranked = sorted(rules.values(), key=lambda g: (-g.count, g.rule))
     return PageData(path, verdict, by_model, by_tenant, by_region, ranked[:TOP_RULES], sorted(bundles.values(), key=lambda b: b.first),
                     series, provenance or Provenance(), left_out)

@@ -167,6 +167,12 @@ class AuditReader:
         rows = self._conn.execute(ENTRY_SELECT + f" WHERE seq > ?{where} ORDER BY seq LIMIT ?", (after_seq, *args, limit))
         return [self._entry(r) for r in rows]
 
+    def time_span(self, *, start: float | None = None, end: float | None = None) -> tuple[float | None, float | None]:
+        """(first, last) decision time in [start, end), (None, None) when there is none."""
+        where, args = _range(start, end)
+        t0, t1 = self._conn.execute(f"SELECT min(time), max(time) FROM entries WHERE kind = 'decision'{where}", args).fetchone()
+        return t0, t1
+
     def report(self, *, by: GroupBy, start: float | None = None, end: float | None = None) -> Report:
         """Decisions and resources per model, tenant or region over [start, end)."""
         if by not in GROUP_BY:
