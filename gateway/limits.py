@@ -123,9 +123,14 @@ def local_reply_mappers(limits: Limits) -> list[dict[str, Any]]:
     and gets Envoy's response code details as its reason, unless the picker gave one."""
     shed = (f"shedding: {limits.max_pending_picks} requests are already waiting for the endpoint picker "
             "(policyc gateway --max-pending-picks)")
+    overflow = "response.code_details.startsWith('ext_proc_error') && response.code_details.contains('overflow')"
+    grpc = "request.headers['content-type'].startsWith('application/grpc')"
     return [
-        {"filter": _cel("response.code_details.startsWith('ext_proc_error') && response.code_details.contains('overflow')"),
-         "status_code": 429, "headers_to_add": [_header(REASON_HEADER, shed), _header(CAUSE_HEADER, "shed")]},
+        # a gRPC caller gets RESOURCE_EXHAUSTED, as from the picker's own shedding (HTTP 429 alone reads as UNAVAILABLE)
+        {"filter": _cel(f"{overflow} && {grpc}"), "status_code": 429,
+         "headers_to_add": [_header(REASON_HEADER, shed), _header(CAUSE_HEADER, "shed"), _header("grpc-status", "8")]},
+        {"filter": _cel(overflow), "status_code": 429,
+         "headers_to_add": [_header(REASON_HEADER, shed), _header(CAUSE_HEADER, "shed")]},
         {"filter": _cel("response.code_details.startsWith('ext_proc_error')"),
          "headers_to_add": [_header(REASON_HEADER, "the endpoint picker did not answer: %RESPONSE_CODE_DETAILS%"),
                             _header(CAUSE_HEADER, "picker")]},
