@@ -1,6 +1,8 @@
 """The LLM tests' shared servers: `vllm_servers`, two real vLLM instances started once per
 test session (see `vllm_fleet.py`). Tests that use it live under tests/llm/ so that every
-one of them shares the same two instances."""
+one of them shares the same two instances; each such test's time limit is raised to
+`VLLM_TEST_TIMEOUT_S`, since the first one also waits for the servers to start (about a
+minute each on a quiet machine, in parallel; several on a loaded one)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,15 @@ from typing import Iterator
 
 import pytest
 
-from vllm_fleet import Launch, VllmFleet
+from vllm_fleet import START_TIMEOUT_S, Launch, VllmFleet
+
+VLLM_TEST_TIMEOUT_S = START_TIMEOUT_S + 300
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "vllm_servers" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
