@@ -11,7 +11,7 @@ Each bound is a flag of `policyc gateway` (`cli/gateway_flags.py`) and a field o
 | at most `max_concurrent_streams` streams per HTTP/2 connection | `http2_protocol_options.max_concurrent_streams` (SETTINGS) | the client queues; a stream beyond it is refused (REFUSED_STREAM) |
 | `connection_buffer_bytes` buffered per connection | listener `per_connection_buffer_limit_bytes` | flow control holds the client back |
 | `max_request_headers_kb` of headers, `max_headers_count` headers | the picker's check (`PickerConfig.max_header_bytes`), with the codec's own limits set above them | 431 with `x-policyc-reason`, over HTTP/1.1 and HTTP/2 alike |
-| at most `max_pending_picks` requests waiting for the picker | the picker cluster's circuit breaker | 429 with `x-policyc-reason` at once, long before the ext_proc message timeout could fire |
+| at most `max_pending_picks` requests waiting for the picker | the picker cluster's circuit breaker | 429 (gRPC: RESOURCE_EXHAUSTED) with `x-policyc-reason` at once, long before the ext_proc message timeout could fire |
 | Envoy's heap at `max_heap_mb` | the overload manager (`fixed_heap`): shrink the heap at 90 %, stop accepting requests at 98 % | 503 with `x-policyc-reason` |
 
 Why the header limits live in the picker: Envoy's HTTP/1.1 codec answers 431 past its limits,
