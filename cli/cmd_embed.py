@@ -56,8 +56,9 @@ def _contracts_from_bundle(path: Path) -> tuple[Contract, ...]:
 def select_contract(path: Path, name: str) -> Contract:
     try:
         mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        raise _Failure(f"{path}: no such contract file") from None
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL byte in the name
+        shown = str(path).encode("unicode_escape").decode("ascii")
+        raise _Failure(f"{shown}: no such contract file") from None
     except OSError as e:  # a parent the user cannot search
         raise _Failure(f"{path}: cannot read the contract file: {e.strerror or e}") from None
     if not stat.S_ISREG(mode):  # a FIFO, a device, a directory: refused with its kind when read, never read here

@@ -34,7 +34,7 @@ def is_directory(path: Path) -> bool:
     searched (the reader that follows reports that path as E001)."""
     try:
         return stat.S_ISDIR(path.stat().st_mode)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
         return False
 
 
@@ -50,6 +50,10 @@ def collect(paths: Sequence[str | Path]) -> tuple[list[Path], list[Diagnostic]]:
             continue
         except OSError as e:  # a parent the user cannot search (EACCES), a loop, a name too long
             diags.append(error("E001", f"cannot read `{p.as_posix()}`: {e.strerror or e}", None))
+            continue
+        except ValueError:  # a NUL byte: no file can have that name
+            shown = p.as_posix().encode("unicode_escape").decode("ascii")
+            diags.append(error("E001", f"no such file or directory `{shown}` (a path cannot hold a NUL byte)", None))
             continue
         if stat.S_ISDIR(st.st_mode):
             try:
