@@ -120,6 +120,29 @@ def test_a_process_answering_the_admin_port_is_named_never_taken_for_its_envoy(b
         gw.close()
 
 
+def test_a_listener_port_held_by_another_process_is_named_not_shared(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Envoy's listener does not share its port (no SO_REUSEPORT): a port someone else
+    listens on is a start that fails, naming the holder, never half the traffic each."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    gw = GatewayProcess(bundle, tmp_path)
+    gw.listen = holder.getsockname()[1]
+    try:
+        gw.start()
+        assert gw.proc is not None
+        _, err = gw.proc.communicate(timeout=60)
+        assert gw.proc.returncode == 2 and "clients ->" not in err, err[-3000:]
+        lines = [line for line in err.splitlines() if line.startswith("policyc gateway: error:")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert f"port {gw.listen} (listener policyc_gateway) is held by pid {os.getpid()}" in lines[0], lines[0]
+    finally:
+        holder.close()
+        gw.close()
+
+
 def test_the_audit_writers_death_is_an_exit_1_that_says_what_was_lost(bundle, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     gw = GatewayProcess(bundle, tmp_path, extra=("--audit-log", str(tmp_path / "audit.db")))
     gw.start_models()
