@@ -21,8 +21,9 @@ with a timing model instead of a model (`emulator_engine.py`), so a fleet of 32-
   prometheus_client as vLLM does: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_preemptions_total`,
-  `vllm:request_success_total{finished_reason}`, `vllm:time_to_first_token_seconds` and
-  `vllm:inter_token_latency_seconds` (vLLM's buckets), `vllm:cache_config_info`. The
+  `vllm:request_success_total{finished_reason}`, `vllm:time_to_first_token_seconds`,
+  `vllm:inter_token_latency_seconds`, `vllm:e2e_request_latency_seconds` and
+  `vllm:request_queue_time_seconds` (vLLM's buckets), `vllm:cache_config_info`. The
   scraper reads them with the same code as vLLM's (`placer/metrics_text.py`).
 - `slowdown` stretches every duration (a slower GPU class in a heterogeneous pool).
 """
@@ -46,6 +47,8 @@ from .emulator_engine import Engine, Sequence, TimingModel
 MAX_BODY_BYTES = 8 * 1024 * 1024
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+               1920.0, 7680.0)  # vLLM's, for end-to-end latency and queue time
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _WORDS = tuple(" the of and to in is that for it as with on be by this are from at or an".split())
 
@@ -145,6 +148,10 @@ class _Instance:
                               buckets=TTFT_BUCKETS, registry=r).labels(**lv)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels,
                              buckets=ITL_BUCKETS, registry=r).labels(**lv)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels,
+                             buckets=E2E_BUCKETS, registry=r).labels(**lv)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                                    labels, buckets=E2E_BUCKETS, registry=r).labels(**lv)
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
               ["block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"], registry=r).labels(
             block_size=str(self.timing.block_size), enable_prefix_caching="True", engine="0",
@@ -162,6 +169,10 @@ class _Instance:
 
     def _finished(self, s: Sequence) -> None:
         self.success.labels(engine="0", model_name=self.spec.name, finished_reason=s.finished or "error").inc()
+        if s.finished == "length":
+            now = time.monotonic()
+            self.e2e.observe(now - s.arrived)
+            self.queue_time.observe((s.scheduled_at or now) - s.arrived)
 
     # ------------------------------------------------------------------ routes
     def app(self) -> web.Application:

@@ -71,6 +71,7 @@ class Sequence:
     generated: int = 0
     own: int = 0  # blocks it holds alone
     shared: list[bytes] = field(default_factory=list)  # cached prompt blocks it shares
+    scheduled_at: float | None = None  # first admitted to the running batch (queue time ends)
     first_token_at: float | None = None
     last_token_at: float | None = None
     finished: str | None = None  # "length" | "abort"
@@ -221,7 +222,10 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
             while self.waiting and len(self.running) < t.max_num_seqs and self._admit(self.waiting[0]):
-                self.running.append(self.waiting.popleft())
+                admitted = self.waiting.popleft()
+                if admitted.scheduled_at is None:
+                    admitted.scheduled_at = time.monotonic()
+                self.running.append(admitted)
             budget = t.max_batched_tokens
             prefill: list[tuple[Sequence, int]] = []
             decoding: list[Sequence] = []
