@@ -249,7 +249,7 @@ class MetricsScraper:
                     values, problems = await self._scrape(t)
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncio.TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+            except Exception as e:  # any failed scrape (refused, timed out, malformed): stale with its reason, never a dead task
                 t.close()
                 self._failures += 1
                 old = self._states.get(t.endpoint)
