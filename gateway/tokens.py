@@ -16,6 +16,7 @@ the audit keeps as measured.
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ ESTIMATE_BYTES_PER_TOKEN = 4.0
 CHAT_FRAME_TOKENS = 3  # ChatML: <|im_start|> and the role's line break before, <|im_end|> after
 CHAT_REPLY_TOKENS = 3  # the assistant's opening line the template adds for the reply
 MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json larger than this is refused, not loaded
+CACHE_MIN_CHARS = 4096  # texts at least this long have their count kept
+CACHE_ENTRIES = 4096
 
 
 class TokenizerError(ValueError):
@@ -78,6 +81,7 @@ class Tokenizers:
         self._paths: dict[str, Path] = dict(paths or {})
         self._loaded: dict[str, Tokenizer] = {}
         self._longest: dict[str, int] = {}
+        self._counts: collections.OrderedDict[tuple[str, bool, int, int], int] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def at_least(self, model: str, size: int) -> int:
@@ -122,7 +126,7 @@ class Tokenizers:
         tok = self.tokenizer(model)
         if tok is None:
             return _estimate(texts, 0)
-        n = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=True)) if texts else 0
+        n = self._counted(model, tok, texts, True)
         return TokenCount(n, True, f"{model}'s tokenizer")
 
     def count_chat(self, model: str, messages: Iterable[tuple[str, str]]) -> TokenCount:
@@ -133,8 +137,39 @@ class Tokenizers:
         if tok is None:
             return _estimate([f"{r}\n{t}" for r, t in pairs], framing)
         texts = [f"{r}\n{t}" for r, t in pairs]
-        n = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)) if texts else 0
+        n = self._counted(model, tok, texts, False)
         return TokenCount(n + framing, True, f"{model}'s tokenizer, {framing} template tokens declared")
+
+    def _counted(self, model: str, tok: Tokenizer, texts: list[str], special: bool) -> int:
+        """The tokens of `texts`, each long one's count kept (bounded, least recently used out):
+        a conversation resends its history and a system prompt repeats, so a long text is
+        tokenized once. Keyed by the text's own hash (keyed SipHash: a client cannot aim a
+        collision) and length."""
+        cache = self._counts
+        total, todo = 0, []
+        for t in texts:
+            if len(t) < CACHE_MIN_CHARS:
+                todo.append(t)
+                continue
+            key = (model, special, len(t), hash(t))
+            with self._lock:
+                n = cache.get(key)
+                if n is not None:
+                    cache.move_to_end(key)
+            if n is None:
+                todo.append(t)
+            else:
+                total += n
+        if todo:
+            counts = [len(e.ids) for e in tok.encode_batch(todo, add_special_tokens=special)]
+            total += sum(counts)
+            with self._lock:
+                for t, n in zip(todo, counts):
+                    if len(t) >= CACHE_MIN_CHARS:
+                        cache[(model, special, len(t), hash(t))] = n
+                        if len(cache) > CACHE_ENTRIES:
+                            cache.popitem(last=False)
+        return total
 
 
 def _estimate(texts: list[str], extra: int) -> TokenCount:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from policyc.gateway.llm_body import BodyError, parse_llm_body, path_kind, upstream_body
 from policyc.gateway.tokens import Tokenizers, TokenizerError
 
-MODELS = {"tiny-llm": 64, "no-tokenizer": None}
+MODELS = {"tiny-llm": 64, "no-tokenizer": None, "long-llm": None}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,19 @@ def test_paths_and_bad_tokenizer(tmp_path: Path) -> None:
         Tokenizers().register("m", tmp_path)
     with pytest.raises(TokenizerError, match="No such file"):
         Tokenizers().register("m", tmp_path / "absent")
+
+
+def test_long_texts_are_counted_once(tok_path: Path) -> None:
+    """A long message (a conversation's history, a shared system prompt) is tokenized once;
+    its count is the tokenizer's, and a different text is counted anew."""
+    toks = Tokenizers()
+    toks.register("long-llm", tok_path)
+    long = "def f(x):\n    return x + 1\n" * 400
+    raw = Tokenizer.from_file(str(tok_path))
+    want = len(raw.encode("user\n" + long, add_special_tokens=False).ids) + 6
+    body = {"model": "long-llm", "messages": [{"role": "user", "content": long}]}
+    first, again = parse(toks, body), parse(toks, body)
+    other = parse(toks, {**body, "messages": [{"role": "user", "content": long + "y"}]})
+    assert first.prompt.tokens == again.prompt.tokens == want
+    assert other.prompt.tokens == len(raw.encode("user\n" + long + "y", add_special_tokens=False).ids) + 6
+    assert len(toks._counts) >= 2
