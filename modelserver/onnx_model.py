@@ -105,23 +105,33 @@ def _session(model: onnx.ModelProto, path: Path) -> ort.InferenceSession:
         raise ModelLoadError(f"{path}: onnxruntime cannot load it: {e}") from None
 
 
-def _count(headers: Mapping[str, str], name: str, lowest: int) -> int | None:
+def _count(headers: Mapping[str, str], name: str, lowest: int, highest: int) -> int | None:
+    """The integer a count header holds, within [lowest, highest]; InvalidInput naming the
+    header otherwise (a value past int64 once reached the answer's parameters and made it
+    INTERNAL; a 5,000-digit one was echoed whole)."""
     raw = headers.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise InvalidInput(f"header `{name}`: `{raw}` is not an integer") from None
+    text = raw.strip()
+    shown = text[:32].encode("unicode_escape").decode("ascii") + ("..." if len(text) > 32 else "")
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits.isascii() or not digits.isdigit():
+        raise InvalidInput(f"header `{name}`: `{shown}` is not an integer")
+    if len(digits) > 18:  # never parsed: far outside any bound
+        side = f"below {lowest}" if text[:1] == "-" else f"above {highest}"
+        raise InvalidInput(f"header `{name}`: `{shown}` is {side}")
+    value = int(text)
     if value < lowest:
         raise InvalidInput(f"header `{name}`: {value} is below {lowest}")
+    if value > highest:
+        raise InvalidInput(f"header `{name}`: {value} is above {highest}")
     return value
 
 
 def retry_count(headers: Mapping[str, str]) -> int:
     """How many times this request was retried: `x-retry-count`, or Envoy's attempt count - 1."""
-    explicit = _count(headers, wire.RETRY_COUNT, 0) or 0
-    attempts = _count(headers, wire.ENVOY_ATTEMPT_COUNT, 1) or 1
+    explicit = _count(headers, wire.RETRY_COUNT, 0, wire.MAX_RETRY_COUNT) or 0
+    attempts = _count(headers, wire.ENVOY_ATTEMPT_COUNT, 1, wire.MAX_RETRY_COUNT + 1) or 1
     return max(explicit, attempts - 1)
 
 
@@ -233,11 +243,9 @@ class OnnxModel(Model):
     def _stall_ms(self, headers: Mapping[str, str], retries: int) -> int:
         if not self.stall_control or retries > 0:  # the header means nothing here: not even read
             return 0
-        asked = _count(headers, wire.STALL_MS, 0)
+        asked = _count(headers, wire.STALL_MS, 0, wire.MAX_STALL_MS)
         if asked is None:
             return 0
-        if asked > wire.MAX_STALL_MS:
-            raise InvalidInput(f"header `{wire.STALL_MS}`: {asked} ms is more than {wire.MAX_STALL_MS}")
         return asked
 
     async def predict(self, payload: Any, headers: dict[str, str] | None = None,

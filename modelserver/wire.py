@@ -72,3 +72,7 @@ OUTPUT_NAME: Final = "logits"
 # The longest stall a request may ask for: a stall is a test device, never a way to park a
 # server's streams for ever.
 MAX_STALL_MS: Final = 60_000
+
+# The most retries a request may say it is (`x-retry-count`; the decision service takes
+# X-Retry-Count 0 to 1,000 too): a retry budget is a handful.
+MAX_RETRY_COUNT: Final = 1000

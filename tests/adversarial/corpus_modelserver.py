@@ -150,7 +150,7 @@ def _http(endpoint: str, method: str, path: str, body: bytes, headers: dict[str,
 
 
 def _rest_body(c: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-    headers = dict(c.get("headers", {}))
+    headers = {k: _fill(v) for k, v in c.get("headers", {}).items()}
     if "raw_hex" in c:
         return bytes.fromhex(c["raw_hex"]), headers
     if "raw" in c:
@@ -211,7 +211,7 @@ def _send(c: dict[str, Any]) -> tuple[str, str]:
         call = ch.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
                               response_deserializer=lambda b: b)
         try:
-            call(request, timeout=30)
+            call(request, timeout=30, metadata=[(k, _fill(v)) for k, v in c.get("metadata", [])])
             return "OK", ""
         except grpc.RpcError as e:
             return e.code().name, e.details() or ""
