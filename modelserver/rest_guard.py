@@ -112,6 +112,7 @@ class RestGuard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
+        headers: dict[str, str] = {}
         try:
             if REPOSITORY.search(path):
                 raise _Refused(403, "this model server serves the instances it was started with: "
@@ -127,7 +128,9 @@ class RestGuard:
                 except BoundError as e:
                     raise _Refused(e.status, str(e)) from None
         except _Refused as e:
-            drained = await _drain(receive) if e.unread else True
+            # a client waiting for 100 Continue has sent nothing yet: it gets the refusal instead
+            waiting = headers.get("expect", "").lower() == "100-continue"
+            drained = await _drain(receive) if e.unread and not waiting else not e.unread
             await self._refuse(scope, send, e.status, str(e), close=not drained)
             return
         except _Gone:
