@@ -53,7 +53,7 @@ class Limits:
     connection_buffer_bytes: int = 1 << 20
     max_request_headers_kb: int = 60
     max_headers_count: int = 100
-    max_pending_picks: int = 128
+    max_pending_picks: int = 32
     max_heap_mb: int = 1024
 
     def check(self) -> None:
