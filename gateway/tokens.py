@@ -20,9 +20,10 @@ import collections
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
-from tokenizers import Tokenizer
+if TYPE_CHECKING:  # the library is imported where a tokenizer is loaded: a gateway without it counts by estimate
+    from tokenizers import Tokenizer
 
 ESTIMATE_BYTES_PER_TOKEN = 4.0
 CHAT_FRAME_TOKENS = 3  # ChatML: <|im_start|> and the role's line break before, <|im_end|> after
@@ -57,6 +58,11 @@ def load_tokenizer(path: Path) -> Tokenizer:
         raise TokenizerError(f"tokenizer `{f}`: {e.strerror or e}") from None
     if size > MAX_TOKENIZER_BYTES:
         raise TokenizerError(f"tokenizer `{f}`: {size} bytes, more than {MAX_TOKENIZER_BYTES}")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise TokenizerError(f"tokenizer `{f}`: the `tokenizers` library is not installed "
+                             "(pip install 'policyc[llm]')") from None
     try:
         return Tokenizer.from_file(str(f))
     except Exception as e:  # noqa: BLE001 - the library raises its own exception kinds for a bad file
