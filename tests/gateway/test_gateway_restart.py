@@ -191,3 +191,33 @@ def test_process_gone_knows_a_zombie(tmp_path: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     p.wait()
+
+
+def test_a_pid_file_naming_another_program_stops_nothing(tmp_path: Path) -> None:
+    """The pid in `envoy.pid` reused by another program (or another gateway's Envoy): its
+    command line says so, it is left alone and the stale file removed."""
+    from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
+    from policyc.gateway.envoy_process import PID_FILE, EnvoyProcess
+
+    spec = GatewaySpec(picker="127.0.0.1:9", endpoints=("127.0.0.1:8001",))
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        envoy = EnvoyProcess(build_bootstrap(spec), tmp_path / "gw")
+        envoy.workdir.mkdir()
+        (envoy.workdir / PID_FILE).write_text(f"{other.pid}\n")
+        assert envoy.clear_stale() is None
+        assert other.poll() is None and not (envoy.workdir / PID_FILE).exists()
+        # an Envoy, but another gateway's (another directory's bootstrap)
+        from gateway_rig import free_port
+
+        theirs = EnvoyProcess(build_bootstrap(GatewaySpec(picker="127.0.0.1:9", endpoints=("127.0.0.1:8001",),
+                                                          listen=f"127.0.0.1:{free_port()}", admin=f"127.0.0.1:{free_port()}")),
+                              tmp_path / "elsewhere").start()
+        try:
+            (envoy.workdir / PID_FILE).write_text(f"{theirs.pid}\n")
+            assert envoy.clear_stale() is None and theirs.alive()
+        finally:
+            theirs.stop()
+    finally:
+        other.kill()
+        other.wait()
