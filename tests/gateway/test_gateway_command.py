@@ -65,7 +65,7 @@ def test_one_command_gives_a_gateway_that_follows_registrations(bundle, tmp_path
     api, listen, admin, picker = free_port(), free_port(), free_port(), free_port()
     proc = subprocess.Popen(POLICYC + ["gateway", "--bundle", str(path), "--port", str(api), "--listen", f"127.0.0.1:{listen}",
                                        "--admin", f"127.0.0.1:{admin}", "--picker-port", str(picker),
-                                       "--workdir", str(tmp_path / "gw")],
+                                       "--workdir", str(tmp_path / "gw"), "--state-dir", str(tmp_path / "state")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     files = write_model_files(bundle.contract(PRIMARY), tmp_path / "models")
     models = ModelPool([ServerSpec((InstanceSpec("fraud-scorer@host-0002/gpu0", files.full),))],
