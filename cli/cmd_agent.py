@@ -188,6 +188,9 @@ def _attest(args: argparse.Namespace) -> int:
 def _facts(args: argparse.Namespace) -> int:
     import json
 
+    from .extras import require
+
+    require("kernel", command="agent facts")  # interface discovery is pyroute2's
     from policyc.cluster.attestation import check_host
     from policyc.cluster.host_facts import discover
 
@@ -200,6 +203,9 @@ def _facts(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .extras import require
+
+    require("kernel", command="agent run")  # interface discovery is pyroute2's
     from policyc.cluster.attestation import check_host
     from policyc.cluster.host_agent import HostAgent
     from policyc.cluster.tpm import HostTpm, TpmError

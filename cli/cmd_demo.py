@@ -23,6 +23,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def run(args) -> int:
+    from .extras import require
+
+    require("gateway", "modelserver", command="demo")
     from policyc.demo.run import DemoError, run_demo
 
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")

@@ -87,6 +87,9 @@ def _read_stdin_model(read_model):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
+    from .extras import require
+
+    require("onnx", command="embed")
     import onnx
 
     from policyc.onnxgate.contract_metadata import CONTRACT_KEY, canonical_json, contract_hash, embed_contract

@@ -117,6 +117,9 @@ def _print_bootstrap(args) -> int:  # type: ignore[no-untyped-def]
 def run(args) -> int:  # type: ignore[no-untyped-def]
     if args.print_bootstrap:
         return _print_bootstrap(args)
+    from .extras import require
+
+    require("gateway", command="gateway")
     if not args.bundle:
         return _fail("give --bundle (or --print-bootstrap)")
     from policyc.compiler import bundle_io

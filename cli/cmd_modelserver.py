@@ -47,6 +47,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
+    from .extras import require
+
+    require("llm" if args.engine in ("vllm", "emulator") else "modelserver", command=f"modelserver --engine {args.engine}")
     if args.engine in ("vllm", "emulator"):
         from . import llm_serving
 

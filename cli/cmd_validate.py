@@ -28,6 +28,9 @@ def _dims(values: list[str]) -> dict[str, int] | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .extras import require
+
+    require("onnx", command="validate")
     from policyc.onnxgate.report import render_json, render_text
     from policyc.onnxgate.validate import validate_model
 

@@ -22,7 +22,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e '.[dev]'
+.venv/bin/pip install -q -e '.[all,dev]'  # the core and every extra (pyproject.toml): demo and the suite use them all
 
 # bcc is not on PyPI: expose only Debian's bcc package to the venv (not all of dist-packages,
 # whose old libraries would shadow the venv's).

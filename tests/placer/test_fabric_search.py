@@ -1,4 +1,4 @@
-"""The compiled fabric search (scipy's Dijkstra, all sources at once) gives the figures of a
+"""The columnar fabric search (all sources at once) gives the figures of a
 plain textbook Dijkstra over the same rules: blocked links and nodes are never relaxed,
 endpoints and gateways are never transit, variance follows the chosen path."""
 
