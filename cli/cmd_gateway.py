@@ -77,6 +77,12 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from policyc.cluster.serve_flags import add_fleet_flags
 
     add_fleet_flags(p)  # --state-dir (the registry kept across restarts, as `serve` keeps it), --etcd …
+    from policyc.cli.scrape_flags import add_scrape_flags
+
+    add_scrape_flags(p)  # --scrape-interval, --no-scrape: the model servers' own metrics to the placer
+    p.add_argument("--refresh", type=float, default=0.05, metavar="SECONDS",
+                   help="the placer's refresh interval: a scraped queue reaches placement within a scrape and a "
+                        "refresh (default 0.05)")
     add_limit_flags(p)  # what one client may hold: timeouts, connections, streams, headers, picks waiting
     p.set_defaults(func=run)
 
@@ -168,8 +174,13 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         security = security_config(args, check_private_key)
     except ValueError as e:
         return _fail(str(e))
+    from policyc.cli.scrape_flags import scrape_interval
+
+    if not 0.01 <= args.refresh <= 3600:
+        return _fail(f"--refresh {args.refresh:g}: expected seconds in [0.01, 3600]")
     cfg = ServeConfig(port=args.port, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
-                      telemetry=Telemetry(args.telemetry), settle_heap=True,
+                      telemetry=Telemetry(args.telemetry), settle_heap=True, refresh_interval=args.refresh,
+                      metrics_scrape_interval=scrape_interval(args),
                       token_dir=token_dir(args, fleet, args.port), fleet=fleet, **security)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))

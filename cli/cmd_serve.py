@@ -72,6 +72,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_security_flags(p)  # --token, --open-fleet, TLS, the audit log: the same for `serve` and `gateway`
     add_fleet_flags(p)  # --etcd URL…, --state-dir: many replicas, or a registry that survives a restart
+    from policyc.cli.scrape_flags import add_scrape_flags
+
+    add_scrape_flags(p)  # --scrape-interval, --no-scrape: the model servers' own metrics to the placer
     p.set_defaults(func=run)
 
 
@@ -175,10 +178,12 @@ def run(args) -> int:
             return _fail(f"--metrics-address `{args.metrics_address}`: expected HOST:PORT")
         metrics_host, metrics_port = host.strip("[]"), int(port_text)
     tls = security["tls"]
+    from policyc.cli.scrape_flags import scrape_interval
+
     cfg = ServeConfig(
         host=args.host, port=args.port, telemetry=Telemetry(args.telemetry),
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
-        refresh_interval=args.refresh, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal),
+        refresh_interval=args.refresh, metrics_scrape_interval=scrape_interval(args), enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal),
         metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )
     from policyc.cluster.serve_flags import fleet_config, token_dir

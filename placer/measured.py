@@ -9,14 +9,23 @@ through the registry's endpoint -> GPU map (`endpoint_gpus`)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
 
 from policyc.matcher.instance import Instance
 
-from .readings import Reading, Readings
+from .metrics_scraper import METRICS_LABEL
+from .readings import NO_READINGS, Reading, Readings
 from .telemetry import TelemetryFrame, TelemetrySource
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from policyc.matcher.registry import Registry
+
+    from .metrics_scraper import MetricsScraper
+
+log = logging.getLogger("policyc.placer.measured")
 
 
 class Measured(Protocol):
@@ -68,4 +77,54 @@ def by_endpoint(snapshot: Callable[[str], Measured | None], gpus: Callable[[], M
     return readings
 
 
-__all__ = ["WithReadings", "by_endpoint", "endpoint_gpus"]
+
+
+class ScrapedFleet:
+    """The metrics scraper kept on a registry's endpoints, and its readings per GPU key for
+    `WithReadings`: the wiring of a running decision service (`server/app.py`).
+
+    `readings()` is the refresher's (called once per tick, where the frame is sampled): when
+    the registry changed since the last tick (another registry, or its index's membership
+    version moved) it makes the scraper follow the routable instances that carry a `metrics`
+    label (their server kind: `metrics_scraper.METRICS_LABEL`) and remaps endpoints to GPU
+    keys; then it reads each endpoint's latest scrape with its age (`by_endpoint`). Before
+    `start()` and after `stop()` there are no readings (the placer's model stands)."""
+
+    def __init__(self, scraper: "MetricsScraper", registry: "Callable[[], Registry | None]") -> None:
+        self.scraper = scraper
+        self._registry = registry
+        self._seen: tuple[int, int, int] | None = None  # (registry, index, membership version) last followed
+        self._gpus: dict[str, str] = {}
+        self._by = by_endpoint(scraper.snapshot, lambda: self._gpus)
+        self._on = False
+
+    def start(self) -> "ScrapedFleet":
+        self.scraper.start()
+        self._on = True
+        return self
+
+    def stop(self) -> None:
+        self._on = False
+        self.scraper.stop()
+
+    def readings(self) -> Readings:
+        if not self._on:
+            return NO_READINGS
+        reg = self._registry()
+        if reg is None:
+            return NO_READINGS
+        ix = reg.index
+        seen = (id(reg), id(ix), ix.version)
+        if seen != self._seen:
+            routable = reg.routable()
+            scraped = [i for i in routable if i.labels.get(METRICS_LABEL)]
+            try:
+                self.scraper.follow(scraped)
+            except ValueError as e:  # an endpoint the scraper cannot parse: the others are still followed next time
+                log.warning("metrics scraper: %s", e)
+            self._gpus = endpoint_gpus(scraped)
+            self._seen = seen
+        return self._by()
+
+
+__all__ = ["ScrapedFleet", "WithReadings", "by_endpoint", "endpoint_gpus"]

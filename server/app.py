@@ -23,6 +23,8 @@ from policyc.audit.log import AuditLog
 from policyc.compiler.bundle import Bundle
 from policyc.placer import Placer, Refresher, SimulatedCluster, TelemetrySource
 from policyc.placer.catalog import catalog_for
+from policyc.placer.measured import ScrapedFleet, WithReadings
+from policyc.placer.metrics_scraper import MetricsScraper
 
 from .audit_bridge import AuditBridge
 from .audit_metrics import AuditCollector
@@ -63,6 +65,10 @@ class DecisionServer:
 
             self.cluster = None
             source = LocalHostSource(nvml=NvmlSource())
+        self.scraped: ScrapedFleet | None = None  # the model servers' own metrics, started with the service
+        if config.metrics_scrape_interval is not None:
+            self.scraped = ScrapedFleet(MetricsScraper(config.metrics_scrape_interval), lambda: self.engine.state.registry)
+            source = WithReadings(source, self.scraped.readings)
         self.refresher = Refresher(source, config.refresh_interval)
         self.refresher.tick()
         self.placer = Placer(self.refresher, catalog_for(bundle.gpu_catalog))  # replaced on every reload (engine.reload)
@@ -189,6 +195,8 @@ class DecisionServer:
         for name in ("", SERVICE_NAME):  # NOT_SERVING until every readiness check passes
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._loop = asyncio.get_running_loop()
+        if self.scraped is not None:
+            self.scraped.start()
         if self.config.start_refresher:
             if self._topology_fresh() is not None:
                 self.refresher.tick()  # built long before start(): a fresh snapshot first
@@ -272,6 +280,8 @@ class DecisionServer:
         if self.replica is not None:
             await self.replica.stop()
         self.refresher.stop()
+        if self.scraped is not None:
+            self.scraped.stop()
         self.engine.state.feasibility.close()  # its solver thread ends once the queued shapes are solved
         if self.heap is not None:
             self.heap.release()

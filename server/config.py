@@ -116,3 +116,8 @@ class ServeConfig:
     # service when none is named), its backend map following the registry (server/kernel_path.py);
     # None: loaded, attached to nothing
     data_path: DataPathConfig | None = DataPathConfig()
+    # scrape every registered instance's /metrics that names its server kind (the `metrics`
+    # label: vllm, sglang, ...) on this tick, seconds, and hand the readings to the placer's
+    # measured signals (queue depth, ...) with their ages (placer/measured.py ScrapedFleet);
+    # None: no scraping, the placer's model alone
+    metrics_scrape_interval: float | None = 0.05

@@ -112,8 +112,12 @@ class QueueDepth(Signal[TickInputs]):
 
     def plan_note(self, snap: Snapshot, gpu: int) -> str | None:
         got = _depth(snap.frame.measured.get(snap.topology.gpu_key(gpu)))
-        if got is None or not self._stale(*got):
+        if got is None:
             return None
+        if not self._stale(*got):  # the measured queue the prediction used, named
+            depth, age = got
+            return (f"queue depth of {snap.topology.gpu_key(gpu)}: {depth:g} waiting, measured {age * 1e3:.0f} ms ago "
+                    f"(+{depth * self.seconds_per_request * 1e3:.1f} ms queueing)")
         return (f"queue depth of {snap.topology.gpu_key(gpu)} is stale ({_what(*got)}, bound {self.max_age_s:g} s): "
                 f"left out of the prediction, the modelled queue stands")
 
