@@ -31,6 +31,8 @@ class Constraint(str, Enum):
     DEPENDENCY = "dependency"  # a declared service not reachable within its p99 bound
     SESSION_STORE = "session_store"
     QUEUE_DEPTH = "queue_depth"  # the model server's measured queue too deep, or its reading stale
+    RUNNING_REQUESTS = "running_requests"  # the model server's measured batch too full, or its reading stale
+    KV_CACHE = "kv_cache"  # the model server's measured KV-cache use near full, or its reading stale
     LATENCY_BUDGET = "latency_budget"
     INTERNAL = "internal"
 

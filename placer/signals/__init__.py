@@ -13,15 +13,17 @@ from .dependency import Dependency
 from .gpu_class import GpuClass
 from .gpu_share import GpuShare
 from .health import Health
+from .kv_cache import KvCache
 from .latency_budget import LatencyBudget
 from .network import Network
 from .pcie import Pcie
 from .port import Port
 from .queue_depth import QueueDepth
+from .running_requests import RunningRequests
 from .session_store import SessionStore
 
 SIGNALS: tuple[Signal[Any], ...] = (
-    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), QueueDepth(),
+    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
     LatencyBudget(),
 )
 

@@ -66,7 +66,9 @@ def _world():  # type: ignore[no-untyped-def]
     measured = {}
     for g in rng.choice(len(t.gpus), len(t.gpus) // 2, replace=False).tolist():
         depth = float(rng.integers(0, 40)) if g % 7 else float("nan")
-        measured[t.gpu_key(g)] = Reading({"queue_depth": depth, "kv_cache_usage": 0.5}, float(rng.uniform(0, 0.6)))
+        kv = float(rng.uniform(0, 1.05)) if g % 5 else float("nan")  # over 1 or NaN: unusable, stale
+        measured[t.gpu_key(g)] = Reading({"queue_depth": depth, "kv_cache_usage": kv, "running": float(rng.integers(0, 300))},
+                                         float(rng.uniform(0, 0.6)))
     measured["no-such-host/gpu0"] = Reading({"queue_depth": 3.0}, 0.0)
     pcie = snap.frame.gpu_pcie_util.copy()
     pcie[::5] = 0.95  # over the limit (the simulator's PCIe stays low)
