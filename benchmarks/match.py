@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import statistics
@@ -45,7 +46,8 @@ import time
 from pathlib import Path
 
 from policyc.compiler.pipeline import compile_paths
-from policyc.matcher import Deployment, Instance, Registry, naive_match
+from policyc.matcher import Deployment, Instance, InstanceBatch, Registry, naive_match
+from policyc.matcher.admission_cache import SIGNATURE_FIELDS, AdmissionCache
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the fleet generator the property tests use too
@@ -196,6 +198,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer naive-scan and Cedar samples")
     ap.add_argument("--instances", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--per-kind", type=int, default=0, help="requests of each kind timed in every answer form")
+    ap.add_argument("--store", action="store_true", help="also time the load from store records above 200,000 instances")
     ap.add_argument("--fleet", choices=("five", "realistic", "both"), default="both",
                     help="today's five-contract fleet, the fleet-scale one, or both")
     args = ap.parse_args()
@@ -205,43 +209,125 @@ def main() -> None:
         fleet_scale(args)
 
 
-def comprehension(kind: str, v: dict):  # type: ignore[no-untyped-def]
-    """The plain Python baseline for all matches: the request's conditions written inline."""
+def comprehension(kind: str, v: dict, as_set: bool = False):  # type: ignore[no-untyped-def]
+    """The plain Python baseline for all matches: the request's conditions written inline
+    over (id, attributes) pairs, giving the ids as a list (or a set)."""
     slo = v["slo"]
     if kind == "selective":
         fam, reg = v["family"], v["region"]
+        if as_set:
+            return lambda pairs: {i for i, a in pairs if a["slo_latency"] <= slo and a["labels.family"] == fam
+                                  and a["region"] == reg and a["tpm"]}
         return lambda pairs: [i for i, a in pairs if a["slo_latency"] <= slo and a["labels.family"] == fam
                               and a["region"] == reg and a["tpm"]]
     if kind == "compliance":
         reg, arch = v["region"], v["arch"]
         tpm, enc, fw = v.get("need_tpm", False), v.get("need_encryption", False), v.get("need_firewall", False)
+        if as_set:
+            return lambda pairs: {i for i, a in pairs if a["slo_latency"] <= slo and a["region"] == reg and a["gpu_arch"] == arch
+                                  and (not tpm or a["tpm"]) and (not enc or a["memory_encryption"])
+                                  and (not fw or a["hardware_firewall"])}
         return lambda pairs: [i for i, a in pairs if a["slo_latency"] <= slo and a["region"] == reg and a["gpu_arch"] == arch
                               and (not tpm or a["tpm"]) and (not enc or a["memory_encryption"])
                               and (not fw or a["hardware_firewall"])]
     if kind == "regional":
         reg = v["region"]
+        if as_set:
+            return lambda pairs: {i for i, a in pairs if a["slo_latency"] <= slo and a["region"] == reg}
         return lambda pairs: [i for i, a in pairs if a["slo_latency"] <= slo and a["region"] == reg]
+    if as_set:
+        return lambda pairs: {i for i, a in pairs if a["slo_latency"] <= slo}
     return lambda pairs: [i for i, a in pairs if a["slo_latency"] <= slo]
 
 
+def condition(kind: str, v: dict):  # type: ignore[no-untyped-def]
+    """The same conditions for one instance's attributes (the naive single check)."""
+    slo = v["slo"]
+    if kind == "selective":
+        fam, reg = v["family"], v["region"]
+        return lambda a: a["slo_latency"] <= slo and a["labels.family"] == fam and a["region"] == reg and a["tpm"]
+    if kind == "compliance":
+        reg, arch = v["region"], v["arch"]
+        tpm, enc, fw = v.get("need_tpm", False), v.get("need_encryption", False), v.get("need_firewall", False)
+        return lambda a: (a["slo_latency"] <= slo and a["region"] == reg and a["gpu_arch"] == arch and (not tpm or a["tpm"])
+                          and (not enc or a["memory_encryption"]) and (not fw or a["hardware_firewall"]))
+    if kind == "regional":
+        reg = v["region"]
+        return lambda a: a["slo_latency"] <= slo and a["region"] == reg
+    return lambda a: a["slo_latency"] <= slo
+
+
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def naive_pairs(bundle, batch: InstanceBatch) -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def]
+    """The naive scan's fleet: (id, attributes) per instance, the attributes as the matcher
+    defines them (one admission per signature, a dict per instance)."""
+    adm = AdmissionCache(bundle)
+    s = batch.strs
+    codes = adm.codes(batch.ids, batch.models, [s[f] if f in s else batch.flags[f] for f in SIGNATURE_FIELDS])
+    row = adm.row
+    return [(iid, row(c, h, n, lab)) for iid, c, h, n, lab in zip(batch.ids, codes, s["host"], batch.numa, batch.labels)]
+
+
+def store_records(batch: InstanceBatch) -> list[tuple[str, bytes]]:
+    """The fleet as the store keeps it (`cluster/instance_codec.py`: JSON of the instance and
+    its score under its key), for the snapshot load."""
+    out = []
+    for i in range(len(batch)):
+        inst = batch.instance(i)
+        out.append((f"/policyc/instances/{inst.id}",
+                    json.dumps({"instance": inst.model_dump(mode="json"), "score": batch.scores[i]},
+                               sort_keys=True, separators=(",", ":")).encode()))
+    return out
+
+
 def fleet_scale(args: argparse.Namespace) -> None:
-    print("\n=== fleet scale: 50 families x 8 regions x 4 architectures, an SLO per deployment ===")
+    n_inst = args.instances
+    print(f"\n=== fleet scale, {n_inst:,} instances: 50 families x 8 regions x 4 architectures, an SLO per deployment ===")
+    print(f"machine: load average {load()} (1 / 5 / 15 min) on {os.cpu_count()} CPUs")
     t0 = time.perf_counter()
-    fl = fleet_shapes.make_fleet(args.instances, seed=7)
+    fb = fleet_shapes.make_fleet_batch(n_inst, seed=7)  # the store's data, as columns
     gen_s = time.perf_counter() - t0
     gc.collect()
-    t0, c0 = time.perf_counter(), time.process_time()
-    reg = Registry(fl.bundle, fl.instances, fl.scores)
-    build_s, build_cpu = time.perf_counter() - t0, time.process_time() - c0
     rss0 = rss_mb()
-    prebuild_line = warm(reg, rss0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    reg = Registry(fb.bundle)
+    reg.add_batch(fb.batch)
+    build_s, build_cpu = time.perf_counter() - t0, time.process_time() - c0
+    gc.collect()
+    rss1 = rss_mb()
+    prebuild_line = warm(reg, rss1)
     ix = reg.index
-    print(f"fleet: {len(reg):,} instances, {len(fl.bundle.contracts):,} contracts, "
+    print(f"fleet: {len(reg):,} instances, {len(fb.bundle.contracts):,} contracts, "
           f"{len(ix.attr_index['slo_latency'].keys)} distinct SLOs, {len(ix.bloom.shards)} shards, "
-          f"{len(reg._tiers.tiers)} score tiers (generated in {gen_s:.1f} s)")
-    print(f"registry build: {build_s:.2f} s wall, {build_cpu:.2f} s CPU (floor 3 s)")
+          f"{len(reg._tiers.tiers)} score tiers (columns generated in {gen_s:.1f} s)")
+    print(f"setup, registry from columns (Registry.add_batch): {build_s:.2f} s wall, {build_cpu:.2f} s CPU, "
+          f"+{rss1 - rss0:.0f} MB RSS  (floor: 3 s at 100k; 20 s and 1.5 GB at 1M)")
     print(prebuild_line)
-    print(f"machine: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    gc.collect()
+    r0 = rss_mb()
+    t0 = time.perf_counter()
+    pairs = naive_pairs(fb.bundle, fb.batch)
+    naive_s = time.perf_counter() - t0
+    gc.collect()
+    print(f"setup, naive (id, attributes) pairs from the same columns: {naive_s:.2f} s wall, +{rss_mb() - r0:.0f} MB RSS")
+    if args.store or n_inst <= 200_000:
+        recs = store_records(fb.batch)
+        gc.collect()
+        r0 = rss_mb()
+        t0, c0 = time.perf_counter(), time.process_time()
+        decoded = ((k, body["instance"], body.get("score")) for k, body in ((k, json.loads(v)) for k, v in recs))
+        reg2 = Registry(fb.bundle, prebuild=False)
+        reg2.add_batch(InstanceBatch.from_records(decoded))
+        st_s, st_cpu = time.perf_counter() - t0, time.process_time() - c0
+        gc.collect()
+        print(f"setup, registry from the store's records (JSON decoded, InstanceBatch.from_records, add_batch): "
+              f"{st_s:.2f} s wall, {st_cpu:.2f} s CPU, +{rss_mb() - r0:.0f} MB RSS")
+        assert len(reg2) == len(reg)
+        del reg2, recs, decoded
+        gc.collect()
     n = max(400, args.requests * 4)
     seen: set[tuple] = set()
     for _, h in fleet_shapes.request_mix(n, seed=101):  # warm-up: other new requests
@@ -254,7 +340,7 @@ def fleet_scale(args: argparse.Namespace) -> None:
     lat: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
     counts: dict[str, list[int]] = {k: [] for k in fleet_shapes.KINDS}
     bases, rs = ix.bases, ix.rank_stats
-    bh0, bm0, r0, d0, b0 = bases.hits, bases.misses, rs.by_ranks, rs.by_bitmap, rs.builds
+    bh0, bm0, r0_, d0, b0 = bases.hits, bases.misses, rs.by_ranks, rs.by_bitmap, rs.builds
     cpu: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
     pc, tc = time.perf_counter_ns, time.thread_time_ns
     made: list[bool] = []  # whether the request made its base (fixed values never seen before)
@@ -272,7 +358,7 @@ def fleet_scale(args: argparse.Namespace) -> None:
     bhits, bmisses = bases.hits - bh0, bases.misses - bm0
     print(f"\nbest candidate, match(request, k=1), {n} requests, {new_raw / n:.1%} of them raw shapes never seen "
           f"before; their fixed values (base) seen before {bhits / max(1, bhits + bmisses):.1%}; answered by threshold "
-          f"ranks {rs.by_ranks - r0}, from the base's bitmap {rs.by_bitmap - d0}, ranks built {rs.builds - b0}  "
+          f"ranks {rs.by_ranks - r0_}, from the base's bitmap {rs.by_bitmap - d0}, ranks built {rs.builds - b0}  "
           f"(floor: p50 <= 10 us, p99 <= 50 us)")
     print("wall µs, and the thread's CPU µs (what the call cost when the shared machine let it run; the clock read included)")
     print(f"{'kind':<12}{'p50':>8}{'p99':>8}{'p99.9':>8}{'cpu p50':>9}{'cpu p99':>9}{'matches (median)':>18}")
@@ -283,70 +369,35 @@ def fleet_scale(args: argparse.Namespace) -> None:
     all_cpu = [x for k in fleet_shapes.KINDS for x in cpu[k]]
     print(f"{'all':<12}{pct(all_lat, 50):>8.1f}{pct(all_lat, 99):>8.1f}{pct(all_lat, 99.9):>8.1f}{pct(all_cpu, 50):>9.1f}"
           f"{pct(all_cpu, 99):>9.1f}")
-    # the same requests in measurement order, split by whether they made their base: the
-    # p99 of the whole is decided by how many made one and what that cost
-    seq_lat = [0.0] * n
-    seq_cpu = [0.0] * n
-    at = dict.fromkeys(fleet_shapes.KINDS, 0)
-    for i, (kind, _) in enumerate(parsed):
-        seq_lat[i], seq_cpu[i] = lat[kind][at[kind]], cpu[kind][at[kind]]
-        at[kind] += 1
-    for label, sel in (("new base", True), ("seen base", False)):
-        sl = [x for x, m in zip(seq_lat, made) if m is sel]
-        sc = [x for x, m in zip(seq_cpu, made) if m is sel]
-        if sl:
-            print(f"{label:<12}{pct(sl, 50):>8.1f}{pct(sl, 99):>8.1f}{pct(sl, 99.9):>8.1f}{pct(sc, 50):>9.1f}"
-                  f"{pct(sc, 99):>9.1f}{len(sl):>18,} requests")
-    for k_, distinct in ((32, True),):
-        lk = []
-        for _, q in parsed[:1000]:
-            t = pc()
-            reg.match(q, k_, distinct_gpus=distinct)
-            lk.append((pc() - t) / 1e3)
-        print(f"match(request, k={k_}, distinct_gpus) (what Decide asks for): p50 {pct(lk, 50):.1f} µs, p99 {pct(lk, 99):.1f} µs")
+    lk = []
+    for _, q in parsed[:1000]:
+        t = pc()
+        reg.match(q, 32, distinct_gpus=True)
+        lk.append((pc() - t) / 1e3)
+    print(f"match(request, k=32, distinct_gpus) (what Decide asks for): p50 {pct(lk, 50):.1f} µs, p99 {pct(lk, 99):.1f} µs")
 
-    # all matches against the list comprehension, same fleet, same run, alternating
-    pairs = [(inst, a) for inst, a, _ in reg.entries()]
-    per_kind = 8 if args.quick else 25
-    idx_t: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
-    lc_t: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
-    for kind in fleet_shapes.KINDS:
-        for _, q in [p for p in parsed if p[0] == kind][-per_kind:]:
-            lc = comprehension(kind, dict(q.vars))
-            t = pc()
-            got = reg.matches(q)
-            idx_t[kind].append((pc() - t) / 1e3)
-            t = pc()
-            want = lc(pairs)
-            lc_t[kind].append((pc() - t) / 1e3)
-            assert {i.id for i in got.instances} == {i.id for i in want}, (kind, q)
-    print("\nall matches, Registry.matches against a list comprehension over the same 100,000 (median µs; floor: <= 0.2x, "
-          "never slower on broad requests)")
-    print(f"{'kind':<12}{'matches':>10}{'index':>10}{'list comp':>11}{'ratio':>8}{'worst ratio':>13}")
-    ratios = []
-    for k in fleet_shapes.KINDS:
-        r = [a / b for a, b in zip(idx_t[k], lc_t[k])]
-        ratios.extend(r)
-        print(f"{k:<12}{statistics.median(counts[k]):>10,.0f}{statistics.median(idx_t[k]):>10.0f}"
-              f"{statistics.median(lc_t[k]):>11.0f}{statistics.median(r):>8.3f}{max(r):>13.3f}")
-    print(f"{'all':<12}{'':>10}{'':>10}{'':>11}{statistics.median(ratios):>8.3f}{max(ratios):>13.3f}")
-    entries = reg.entries()
-    for kind in fleet_shapes.KINDS:  # the naive scan agrees on a sample
-        _, q = next(p for p in parsed if p[0] == kind)
-        ans = naive_match(fl.bundle, entries, q.vars, 1)
-        m = reg.match(q, 1)
-        assert m.count == len(ans.ids) and tuple(s.instance.id for s in m.best) == ans.best, kind
-    print("naive scan: same count and best candidate on one request of each kind")
+    answer_forms(reg, pairs, parsed, counts, args)
+    single_checks(reg, pairs, parsed)
+
+    if n_inst <= 200_000:
+        entries = reg.entries()
+        for kind in fleet_shapes.KINDS:  # the naive scan agrees on a sample
+            _, q = next(p for p in parsed if p[0] == kind)
+            ans = naive_match(fb.bundle, entries, q.vars, 1)
+            m = reg.match(q, 1)
+            assert m.count == len(ans.ids) and tuple(s.instance.id for s in m.best) == ans.best, kind
+        print("naive scan (naive_match): same count and best candidate on one request of each kind")
+        del entries
 
     rng = random.Random(9)
-    victims = rng.sample(fl.instances, 2000)
+    victims = [fb.batch.instance(i) for i in rng.sample(range(len(fb.batch)), 2000)]
     rem, add, sc = [], [], []
     for inst in victims:
         t = pc()
         reg.remove(inst.id)
         rem.append((pc() - t) / 1e3)
         t = pc()
-        reg.add(inst, fl.scores[inst.id])
+        reg.add(inst, rng.random())
         add.append((pc() - t) / 1e3)
         t = pc()
         reg.set_score(inst.id, rng.random())
@@ -356,12 +407,107 @@ def fleet_scale(args: argparse.Namespace) -> None:
     churn = []
     for (_, q), inst in zip(parsed[:1000], victims):
         reg.remove(inst.id)
-        reg.add(inst, fl.scores[inst.id])
+        reg.add(inst, 0.5)
         t = pc()
         reg.match(q, 1)
         churn.append((pc() - t) / 1e3)
     print(f"best candidate after a membership change before each request: p50 {pct(churn, 50):.1f} µs, p99 {pct(churn, 99):.1f} µs")
-    print(f"machine now: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"machine now: load average {load()}")
+
+
+FORM_COLS = ("bitmap", "slots", "ids", "id_set", "instances")
+OBJECTS_MOST = 100_000
+
+
+def answer_forms(reg: Registry, pairs: list, parsed: list, counts: dict, args: argparse.Namespace) -> None:
+    """`Registry.matches` in each form against the list (and set) comprehension over the same
+    fleet, same run, alternating; each answer checked equal to the comprehension's."""
+    pc = time.perf_counter_ns
+    per_kind = args.per_kind or (6 if args.quick else 20)
+    few = 2  # the objects form makes an object per match: a couple of requests per kind
+    t_form: dict[tuple[str, str], list[float]] = {}
+    t_naive: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
+    t_naive_set: dict[str, list[float]] = {k: [] for k in fleet_shapes.KINDS}
+    got_counts: dict[str, list[int]] = {k: [] for k in fleet_shapes.KINDS}
+    for kind in fleet_shapes.KINDS:
+        for j, (_, q) in enumerate([p for p in parsed if p[0] == kind][-per_kind:]):
+            v = dict(q.vars)
+            lc, ls = comprehension(kind, v), comprehension(kind, v, as_set=True)
+            reg.matches(q, "slots")  # the plan made once (as a repeated request finds it); every form then reads it
+            # objects: a couple of requests a kind, and none past OBJECTS_MOST matches (seconds each)
+            forms = FORM_COLS if j < few and reg.matches(q, "bitmap").count <= OBJECTS_MOST else FORM_COLS[:-1]
+            for f in (forms if j % 2 else tuple(reversed(forms))):
+                gc.disable()
+                t = pc()
+                got = reg.matches(q, f)
+                t_form.setdefault((kind, f), []).append((pc() - t) / 1e3)
+                gc.enable()
+                if f == "id_set":
+                    ids = got.id_set
+                del got
+            gc.disable()
+            t = pc()
+            want = lc(pairs)
+            t_naive[kind].append((pc() - t) / 1e3)
+            t = pc()
+            want_set = ls(pairs)
+            t_naive_set[kind].append((pc() - t) / 1e3)
+            gc.enable()
+            assert ids == want_set == set(want), (kind, v)
+            got_counts[kind].append(len(want))
+            del want, want_set, ids
+    print(f"\nall matches by answer form, Registry.matches against the list / set comprehension over the same "
+          f"{len(pairs):,} (id, attributes) pairs, same run, alternating; median µs and ratio to the comprehension "
+          f"(ids as a set against the set comprehension); {per_kind} requests a kind, objects on {few}  "
+          f"(floor: array forms <= 0.5x on broad, never slower, selective <= 0.05x)")
+    head = f"{'kind':<12}{'matches':>10}{'naive list':>11}{'naive set':>10}"
+    for f in FORM_COLS:
+        head += f"{f:>11}{'x':>7}"
+    print(head)
+    for k in fleet_shapes.KINDS:
+        nl, ns = statistics.median(t_naive[k]), statistics.median(t_naive_set[k])
+        line = f"{k:<12}{statistics.median(got_counts[k]):>10,.0f}{nl:>11.0f}{ns:>10.0f}"
+        for f in FORM_COLS:
+            ts = t_form.get((k, f), [])
+            if not ts:
+                line += f"{'-':>11}{'-':>7}"
+                continue
+            # the ratio: the median of each request's own ratio (the same request's naive time)
+            rs = [a / b for a, b in zip(ts, t_naive_set[k] if f == "id_set" else t_naive[k])]
+            line += f"{statistics.median(ts):>11.1f}{statistics.median(rs):>7.3f}"
+        print(line)
+    worst = {f: max(max(a / b for a, b in zip(t_form[(k, f)], t_naive_set[k] if f == "id_set" else t_naive[k]))
+                    for k in fleet_shapes.KINDS if t_form.get((k, f))) for f in FORM_COLS}
+    print("worst single-request ratio per form: " + ", ".join(f"{f} {w:.3f}" for f, w in worst.items()))
+
+
+def single_checks(reg: Registry, pairs: list, parsed: list) -> None:
+    """One instance checked by id (`Registry.admits`) against the naive check of that one
+    instance's attributes (its conditions inline), same requests, same ids."""
+    pc = time.perf_counter_ns
+    rng = random.Random(11)
+    attrs_of = dict(pairs)
+    ids = list(attrs_of)
+    sample = parsed[:2000]
+    picks = [rng.choice(ids) for _ in sample]
+    conds = [condition(kind, dict(q.vars)) for kind, q in sample]
+    mine, naive = [], []
+    agree = hits = 0
+    gc.disable()
+    for (kind, q), iid, cond in zip(sample, picks, conds):
+        t = pc()
+        a = reg.admits(q, iid)
+        mine.append((pc() - t) / 1e3)
+        t = pc()
+        b = cond(attrs_of[iid])
+        naive.append((pc() - t) / 1e3)
+        agree += a == bool(b)
+        hits += a
+    gc.enable()
+    print(f"\none instance checked by id, Registry.admits(request, id), {len(sample)} new requests each with a random id "
+          f"({hits} admitted): p50 {pct(mine, 50):.2f} µs, p99 {pct(mine, 99):.2f} µs; naive (that instance's "
+          f"attributes, conditions inline) p50 {pct(naive, 50):.2f} µs  (floor: <= 2 µs)")
+    assert agree == len(sample), f"admits disagrees with the naive check on {len(sample) - agree} of {len(sample)}"
 
 
 def five_contracts(args: argparse.Namespace) -> None:

@@ -234,13 +234,12 @@ class FleetIndex:
         self.live = BitMap(sorted(self.attrs.own))
         self.version += 1
 
-    def bulk_rows(self, rows: list[tuple[Mapping[str, Scalar], np.ndarray]], view: Callable[[int], Mapping[str, Scalar]],
-                  peek: Callable[[int], Mapping[str, Scalar]] | None = None) -> None:
+    def bulk_rows(self, rows: list[tuple[Mapping[str, Scalar], np.ndarray]], view: Callable[[int], Mapping[str, Scalar]]) -> None:
         """Fill an empty index from rows that share attributes: (one member's attributes,
         the slots of every instance whose indexed attributes equal them). Nothing is kept
         per instance: `view(slot)` rebuilds an instance's attributes when asked
-        (`slot_attrs.py`); `peek(slot)`, when given, may answer with a shared read-only
-        mapping holding at least the attributes the rules read (`row_admits`)."""
+        (`slot_attrs.py`); a check of one row (`row_admits`) reads its group's attributes.
+        The rows must agree on every attribute the rules read."""
         if self.attrs:
             raise ValueError("bulk_rows() fills an empty index")
         names = tuple(self.attr_index)
@@ -255,7 +254,8 @@ class FleetIndex:
             g.extend(slots.tolist())
         self._bulk_groups(groups, sample)
         everyone = BitMap(np.sort(np.concatenate([s for _, s in rows])).tolist()) if rows else BitMap()
-        self.attrs.set_rows(everyone, view, peek)
+        self.attrs.set_rows(everyone, view)
+        self.attrs.share(rows)
         self.live = everyone.copy()
         self.version += 1
 

@@ -194,30 +194,17 @@ class Registry:
             obj = self._objects[slot] = self._cols.instance(slot)
         return obj
 
-    def _row_view(self, ix: FleetIndex) -> tuple[Callable[[int], Mapping[str, Scalar]], Callable[[int], Mapping[str, Scalar]]]:
-        """`_row` for index `ix` to hold, and a cheaper reader for checks of one row (the
-        signature's shared attributes themselves, when the rules read no per-instance fact
-        and the row has no labels of its own); both by a weak reference to the registry's
-        columns, so that an index kept by the prebuild thread does not keep a dropped
-        registry alive."""
+    def _row_view(self) -> Callable[[int], Mapping[str, Scalar]]:
+        """`_row` for an index to hold: by a weak reference, so that an index kept by the
+        prebuild thread does not keep a dropped registry alive."""
         me = weakref.ref(self)
-        shared = not ({"host", "numa_node"} & ix.attr_index.keys())
 
         def view(slot: int) -> Mapping[str, Scalar]:
             reg = me()
             if reg is None:
                 raise KeyError(slot)
             return reg._row(slot)
-
-        def peek(slot: int) -> Mapping[str, Scalar]:
-            reg = me()
-            if reg is None:
-                raise KeyError(slot)
-            c = reg._cols
-            if shared and c.labels[slot] is None:
-                return reg._admission.base(c.sig[slot])
-            return reg._row(slot)
-        return view, peek
+        return view
 
     def _row(self, slot: int) -> Mapping[str, Scalar]:
         """The attributes of the instance at `slot`, rebuilt from its row (`slot_attrs.py`)."""
@@ -513,7 +500,7 @@ class Registry:
                 gscore[name] = sc
             elif name not in gscore:
                 gscore[name] = DEFAULT_SCORE
-        ix.bulk_rows(list(zip(samples, parts)), *self._row_view(ix))
+        ix.bulk_rows(list(zip(samples, parts)), self._row_view())
         self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, batch.ids, slot_list)])
 
     def remove(self, instance_id: str) -> None:
@@ -613,7 +600,7 @@ class Registry:
                                               c.numa[kept].tolist(), c.labels[kept].tolist())
             by_row = np.argsort(inverse, kind="stable")
             parts = np.split(kept[by_row], np.cumsum(np.bincount(inverse, minlength=len(samples)))[:-1])
-            new_index.bulk_rows(list(zip(samples, parts)), *self._row_view(new_index))  # every row rebuilt from the columns
+            new_index.bulk_rows(list(zip(samples, parts)), self._row_view())  # every row rebuilt from the columns
             parser = RequestParser(bundle)
             with self._read:
                 self._index, self._parser, self._bundle = new_index, parser, bundle

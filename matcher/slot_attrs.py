@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping
 
+import numpy as np
 from pyroaring import BitMap
 
 from policyc.compiler.bundle import Scalar
@@ -19,30 +20,41 @@ Attrs = Mapping[str, Scalar]
 
 
 class SlotAttrs(Mapping[int, Attrs]):
-    __slots__ = ("own", "lazy", "rows", "peeks")
+    __slots__ = ("own", "lazy", "rows", "shared")
 
     def __init__(self) -> None:
         self.own: dict[int, Attrs] = {}
         self.lazy = BitMap()  # slots whose view `rows` rebuilds
         self.rows: Callable[[int], Attrs] | None = None
-        self.peeks: Callable[[int], Attrs] | None = None
+        # slot -> its row group's attributes (one member's, shared: equal to every member's
+        # on each attribute the rules read), or None; what `peek` answers with
+        self.shared = np.empty(0, dtype=object)
 
-    def set_rows(self, slots: BitMap, rows: Callable[[int], Attrs], peek: Callable[[int], Attrs] | None = None) -> None:
-        """`slots`' views come from `rows(slot)` from now on; `peek`: a cheaper reader that
-        may answer with a shared mapping holding every attribute the rules read."""
+    def set_rows(self, slots: BitMap, rows: Callable[[int], Attrs]) -> None:
+        """`slots`' views come from `rows(slot)` from now on."""
         self.lazy |= slots
         self.rows = rows
-        self.peeks = peek or rows
+
+    def share(self, groups: list[tuple[Attrs, np.ndarray]]) -> None:
+        """Each group's slots read by `peek` as the group's attributes."""
+        top = max((int(s.max()) for _, s in groups if len(s)), default=-1)
+        if top >= len(self.shared):
+            grown = np.empty(max(top + 1, 2 * len(self.shared)), dtype=object)
+            grown[:len(self.shared)] = self.shared
+            self.shared = grown
+        for attrs, slots in groups:
+            self.shared[slots] = [attrs] * len(slots) if len(slots) else []
 
     def peek(self, slot: int) -> Attrs:
-        """`self[slot]`, or a shared read-only mapping with the attributes the rules read
-        (never mutate what this returns)."""
+        """A mapping with `slot`'s value of every attribute the rules read: its own dict, or
+        its row group's shared attributes (never mutate what this returns)."""
         a = self.own.get(slot)
-        if a is not None:
-            return a
-        if slot in self.lazy and self.peeks is not None:
-            return self.peeks(slot)
-        raise KeyError(slot)
+        if a is None:
+            shared = self.shared
+            a = shared[slot] if slot < len(shared) else None
+            if a is None:
+                return self[slot]
+        return a
 
     def __getitem__(self, slot: int) -> Attrs:
         a = self.own.get(slot)
@@ -55,11 +67,15 @@ class SlotAttrs(Mapping[int, Attrs]):
     def __setitem__(self, slot: int, attrs: Attrs) -> None:
         self.own[slot] = attrs
         self.lazy.discard(slot)
+        if slot < len(self.shared):
+            self.shared[slot] = None
 
     def pop(self, slot: int) -> Attrs:  # type: ignore[override]
         a = self[slot]
         self.own.pop(slot, None)
         self.lazy.discard(slot)
+        if slot < len(self.shared):
+            self.shared[slot] = None
         return a
 
     def __contains__(self, slot: object) -> bool:
