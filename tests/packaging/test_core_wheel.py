@@ -111,61 +111,88 @@ def test_the_core_install_is_small_and_has_none_of_the_heavy_packages(core: Core
     assert "policyc/docs/language.md" in wheel_names
 
 
-def test_readme_quick_start_from_init_works_from_the_core_wheel(core: Core, tmp_path: Path) -> None:
-    p = core.policyc
-    out = _run([p, "init", "start"], cwd=tmp_path, env=core.env).stdout
-    assert "policyc compile policies/ -o bundle.json" in out
-    work = tmp_path / "start"
-    assert sorted(x.name for x in (work / "policies").glob("*.contract"))
-    fleet = sorted((work / "fleet").glob("*.json"))
-    assert len(fleet) >= 5
-    again = _run([p, "init", "start"], cwd=tmp_path, env=core.env, ok=False)
-    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+def quick_start() -> list[str]:
+    """The README's quick-start block, one command a line, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Quick start", 1)[1].split("```", 2)[1]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
-    assert "ok: " in _run([p, "check", "policies/"], cwd=work, env=core.env).stdout
-    tested = _run([p, "test", "policies/"], cwd=work, env=core.env).stdout
-    assert re.search(r"\d+ passed, 0 failed", tested), tested
-    assert "wrote bundle.json" in _run([p, "compile", "policies/", "-o", "bundle.json"], cwd=work, env=core.env).stdout
-    assert _run([p, "docs"], cwd=work, env=core.env).stdout.startswith("# The contract language: reference")
-    ref = _run([p, "docs", "--path"], cwd=work, env=core.env).stdout.strip()
+
+def test_readme_quick_start_runs_top_to_bottom_from_the_core_wheel(core: Core, tmp_path: Path) -> None:
+    """Each line as a shell runs it, in the folder the `cd` lines lead to. Where a test must
+    differ from a user, it only adds: `serve` gets a free port (`--port 0`, and the address
+    then reaches the later commands as `$POLICYC_SERVER`), no metrics port and the user-space
+    enforcer (the suite's kernel-plane tests own `lo`); the pager is `cat`."""
+    lines = quick_start()
+    assert lines[0] == "pip install policyc" and any(line.startswith("policyc init") for line in lines)
+    env = dict(core.env)
+    cwd = tmp_path
+    serve: subprocess.Popen | None = None  # type: ignore[type-arg]
+    said: list[str] = []
+    try:
+        for line in lines[1:]:
+            if line.startswith("cd "):
+                cwd = cwd / line[3:].strip()
+                continue
+            if line.startswith("policyc serve") and line.endswith("&"):
+                argv = [*line.rstrip("&").split(), "--port", "0", "--metrics-port", "0", "--enforcer", "userspace",
+                        "--audit-log", "audit.log"]
+                serve = subprocess.Popen(argv, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+                said = _wait_listening(serve)
+                env["POLICYC_SERVER"] = re.search(r"listening on (\S+:\d+)", "".join(said)).group(1)  # type: ignore[union-attr]
+                continue
+            r = _run(["bash", "-c", line.replace("| less", "| cat")], cwd=cwd, env=env, timeout=300)
+            _check_line(line, r.stdout)
+    finally:
+        if serve is not None:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                serve.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                serve.wait()
+    assert serve is not None and serve.returncode == 0
+    hint = said[-1]
+    assert "policyc instance register" in hint and "policyc init" in hint, "".join(said)
+    again = _run([core.policyc, "init", "my-policies"], cwd=tmp_path, env=core.env, ok=False)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    assert _run([core.policyc, "audit", "verify", "--log", "audit.log"], cwd=cwd, env=core.env).returncode == 0
+    ref = _run([core.policyc, "docs", "--path"], env=core.env).stdout.strip()
     assert ref.startswith(str(core.site)) and Path(ref).read_text().startswith("# The contract language")
 
-    serve = subprocess.Popen([p, "serve", "--bundle", "bundle.json", "--port", "0", "--metrics-port", "0", "--enforcer", "userspace",
-                              "--state-dir", "state", "--audit-log", "audit.log"], cwd=work, env=core.env,
-                             stderr=subprocess.PIPE, text=True)
+
+def _wait_listening(serve: subprocess.Popen) -> list[str]:  # type: ignore[type-arg]
+    """serve's stderr up to its register hint (a fresh service has no instance)."""
     lines: list[str] = []
-    try:
-        addr = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = serve.stderr.readline() if serve.stderr else ""
-            if not line and serve.poll() is not None:
-                break
-            lines.append(line)
-            m = re.search(r"listening on (\S+:\d+)", line)
-            addr = addr or (m.group(1) if m else None)
-            if "no instances are registered yet" in line:
-                break
-        assert addr, f"policyc serve did not start (exit {serve.poll()}):\n{''.join(lines)}"
-        hint = lines[-1]
-        assert "policyc instance register" in hint and "policyc init" in hint, "".join(lines)
-        conn = ["--server", addr, "--token-file", str(work / "state" / "operator-token")]
-        for f in fleet:
-            reg = _run([p, "instance", "register", "--file", str(f), *conn], cwd=work, env=core.env)
-            assert reg.stdout.startswith("registered "), reg.stdout
-        decided = _run([p, "decide", "--format", "json", "--header", "X-SLO-Latency=150ms", "--header", "X-Data-Region=us-west",
-                        *conn[:2]], cwd=work, env=core.env)
-        assert json.loads(decided.stdout)["outcome"] == "ADMITTED", decided.stdout
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
-    assert serve.returncode == 0
-    verified = _run([p, "audit", "verify", "--log", "audit.log"], cwd=work, env=core.env)
-    assert verified.returncode == 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = serve.stderr.readline() if serve.stderr else ""
+        if not line and serve.poll() is not None:
+            break
+        lines.append(line)
+        if "no instances are registered yet" in line:
+            return lines
+    raise AssertionError(f"policyc serve did not start (exit {serve.poll()}):\n{''.join(lines)}")
+
+
+def _check_line(line: str, out: str) -> None:
+    """What each README command must have printed."""
+    if line.startswith("policyc init"):
+        assert "fleet instances" in out, out
+    elif line.startswith("policyc check"):
+        assert out.startswith("ok: "), out
+    elif line.startswith("policyc test"):
+        assert re.search(r"\d+ passed, 0 failed", out), out
+    elif line.startswith("policyc compile"):
+        assert "wrote bundle.json" in out, out
+    elif line.startswith("for f in fleet"):
+        assert out.count("registered ") >= 5, out
+    elif line.startswith("policyc decide"):
+        assert out.startswith("ADMITTED"), out
+    elif line.startswith("policyc docs"):
+        assert out.startswith("# The contract language: reference"), out[:200]
+    else:
+        raise AssertionError(f"the README's quick start has a line this test does not know: {line}")
 
 
 @pytest.mark.parametrize(("argv", "extra"), [
