@@ -101,6 +101,18 @@ def load_model_contract(model_dir: Path, name: str | None = None):  # type: igno
     raise _Failed(f"{path}: no contract `{name}` (it has {', '.join(f'`{c.name}`' for c in contracts)})")
 
 
+def check_model_cost(model_dir: Path, contract: Any) -> None:
+    """The gate before serving: the contract's per-token cost against the folder's
+    `config.json` (`onnxgate.llm_config_check`); `_Failed` with the gate's message on drift.
+    Checked here because the model folder is here: the decision service receives only the
+    contract when this command registers the instance."""
+    from policyc.onnxgate.llm_config_check import check_llm_config
+
+    verdict = check_llm_config(model_dir, contract)
+    if not verdict.ok:
+        raise _Failed(verdict.message)
+
+
 def deployment(facts: list[str], endpoint: str) -> dict[str, Any]:
     """`--deploy KEY=VALUE` facts as a Deployment's fields; the endpoint defaults to where vLLM listens."""
     out: dict[str, Any] = {}
@@ -178,6 +190,7 @@ def run(args: argparse.Namespace, prog: str = "policyc modelserver") -> int:
     try:
         name, model_dir = _check_options(args)
         contract = load_model_contract(model_dir, name)
+        check_model_cost(model_dir, contract)
         served = name or contract.name
         instance_id = args.instances[0].instance or served
         lbl = labels(args.label, model_dir, args.engine)

@@ -120,6 +120,8 @@ CODES: dict[str, str] = {
     "E723": "an invalid field of the registration",
     "E724": "instance already registered, or not registered",
     "E725": "an endpoint a registration may not name (the gateway's own ports, metadata, link-local, another host's)",
+    "E726": "the registered model's counted cost is outside its contract beyond the gate's tolerance (contract drift)",
+    "E727": "the registered model's cost cannot be counted (an op without a rule, or shapes left unresolved)",
     # the fleet store and attested host facts (policyc.cluster)
     "E730": "a registry write the fleet store did not confirm: its outcome is unknown until the store answers",
     "E731": "a request id reused for a different request",

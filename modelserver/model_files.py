@@ -15,7 +15,7 @@ and the instance registers with that file (`RegisterInstance(onnx_model=…)`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -50,6 +50,9 @@ def build_variant(contract: Contract, variant: str, *, seed: int = 0) -> onnx.Mo
     spec = SPECS.get(variant)
     if spec is None:
         raise ValueError(f"unknown variant `{variant}` (known: {', '.join(SPECS)})")
+    # The model takes the contract's token count (its FLOPs are counted there, by
+    # `policyc validate` and at registration); requests stay within MAX_LEN.
+    spec = replace(spec, max_len=max(spec.max_len, contract.compute.tokens))
     model = embed_contract(build_transformer(spec, seed=seed), contract)
     model.metadata_props.add(key=VARIANT_KEY, value=variant)
     return model

@@ -97,6 +97,26 @@ def contract_from_onnx(data: bytes) -> Contract:
         raise ServiceError(Status.INVALID_ARGUMENT, str(e), field=e.field) from None
 
 
+def check_counted_cost(data: bytes) -> None:
+    """The ONNX gate at registration: the model an instance registers with is recounted at its
+    contract's token count (cached per file digest, `onnxgate.registration_check`), and a
+    count outside the declared FLOPs widened by the gate's tolerance, or a model the gate
+    cannot count, is refused (`FAILED_PRECONDITION`) with `policyc validate`'s message.
+    Done here, where the whole file arrives, so that no model server can register a model
+    whose contract it does not meet; call it after `check_against_bundle` (the contract
+    counted against is then the bundle's)."""
+    from policyc.onnxgate.registration_check import recount_model
+
+    r = recount_model(data).report
+    if r.ok:
+        return
+    if r.verdict.value in ("bad_model", "bad_contract"):
+        raise ServiceError(Status.INVALID_ARGUMENT, r.message, field=r.field or "onnx_model")
+    code = "E726" if r.verdict.value == "drift" else "E727"
+    raise ServiceError(Status.FAILED_PRECONDITION, f"the ONNX gate refuses the model: {r.message}", r.problems[:20],
+                       field="compute.flops", diagnostics=(error(code, r.message, field="compute.flops"),))
+
+
 def check_against_bundle(given: Contract, model: str, bundle: Bundle) -> str:
     """The model name to register under; ServiceError when the given contract is not the bundle's."""
     name = model or given.name

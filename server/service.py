@@ -44,7 +44,8 @@ from .request_shapes import RequestShapes, ShapeEntry
 from .state import PolicyState
 from .rich_status import default_code, refusal_trailers
 from .rpc_metrics import code_name, counts_itself
-from .registration import admissible, check_against_bundle, check_facts, contract_from_json, contract_from_onnx, request_id_of
+from .registration import (admissible, check_against_bundle, check_counted_cost, check_facts, contract_from_json,
+                           contract_from_onnx, request_id_of)
 
 CODES = {s: getattr(grpc.StatusCode, s.value) for s in Status}
 log = logging.getLogger("policyc.server")
@@ -374,6 +375,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
                 model = check_against_bundle(contract_from_json(request.contract_json), model, bundle)
             elif which == "onnx_model":
                 model = check_against_bundle(contract_from_onnx(request.onnx_model), model, bundle)
+                await asyncio.to_thread(check_counted_cost, request.onnx_model)  # the gate recounts (cached per file)
             elif not model:
                 raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
             d = request.deployment
