@@ -49,7 +49,7 @@ class LlmRoutes:
     # HTTP/1.1 pool: first tokens held to their TTFT budget, streams to their TPOT budget, tokens and
     # times measured. None: answers pass unsupervised (no TTFT break on streams, no TPOT end, no evidence)
     supervisor: str | None = None
-    supervisor_timeout_ms: int = 1000  # per message to the supervisor
+    supervisor_timeout_ms: int = 5000  # per message to the supervisor (it answers at once; a loaded machine's stall)
     picker_timeout_ms: int = 5000  # per message to the picker on the body-reading routes (tokenizing a long prompt)
 
 

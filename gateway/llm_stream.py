@@ -263,7 +263,13 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             await context.write(empty_for(kind or ""))
 
     def _event(self, data: bytes, ev: Evidence) -> None:
+        """One SSE payload: a token chunk is counted from its bytes (no JSON parse per token);
+        only an event carrying a `usage` object is parsed."""
         if data == b"[DONE]" or not data.startswith(b"{"):
+            return
+        if b'"usage":{' not in data and b'"usage": {' not in data:
+            if b'"choices":[{' in data or b'"choices": [{' in data:
+                ev.events += 1
             return
         try:
             obj = orjson.loads(data)

@@ -299,8 +299,9 @@ def test_audit_tokens_equal_the_servers_usage(llm_gateway: LlmGateway) -> None:
         else:
             usage = json.loads(raw)["usage"]
         did = h["x-policyc-decision-id"]
-        records = read_audit_actions(llm_gateway, did, "accounting")
-        assert records, did
+        records = read_audit_actions(llm_gateway, did, "accounting", timeout=40.0)
+        kept = [(r.kind, r.detail) for r in llm_gateway.supervisor.records if r.decision_id == did]
+        assert records, (did, stream, kept, llm_gateway.supervisor.counts)
         llm = records[0]["llm"]
         assert llm["prompt_tokens"]["value"] == usage["prompt_tokens"] and llm["prompt_tokens"]["source"] == "measured"
         assert llm["completion_tokens"]["value"] == usage["completion_tokens"] == 7
