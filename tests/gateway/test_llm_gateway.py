@@ -347,3 +347,30 @@ def test_the_tokenizer_is_found_in_the_registered_model_dir(tmp_path: Path) -> N
         assert read.prompt.counted and read.prompt.tokens == want
     finally:
         gw.stop()
+
+
+def test_oip_rest_is_routed_to_an_http1_endpoint(tmp_path: Path) -> None:
+    """A KServe model server's OIP v2 REST port, registered with `endpoint_protocol: http1`:
+    `POST /v2/models/M/infer` through the gateway reaches it (picked on its headers)."""
+    from policyc.modelserver.client import rest_body, token_ids
+    from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
+    from policyc.modelserver.model_files import write_model_files
+
+    from gateway_rig import PRIMARY
+
+    from llm_rig import llm_bundle
+    files = write_model_files(llm_bundle().contract(PRIMARY), tmp_path / "models")  # type: ignore[arg-type]
+    models = ModelPool([ServerSpec((InstanceSpec(f"{PRIMARY}@rest", files.full),))], workdir=tmp_path / "servers").start(timeout=60)
+    gw = None
+    try:
+        rest = models.instances[0].http_endpoint
+        gw = start_llm_gateway(served=[(PRIMARY, rest)])
+        status, h, raw = post(gw, f"/v2/models/{PRIMARY}/infer", rest_body(token_ids(16)),
+                              {"x-model": PRIMARY, "x-data-region": "us-west", "x-tenant": "acme-bank"})
+        assert status == 200, (status, h, raw[:300])
+        assert h["x-policyc-decision-id"] and json.loads(raw)["outputs"], raw[:300]
+        assert gw.server.engine.state.registry.get(gw.instances[rest]).deployment.endpoint == rest
+    finally:
+        if gw is not None:
+            gw.stop()
+        models.stop()
