@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 import msgspec
-import orjson
 
 from pydantic import BaseModel
 
@@ -151,8 +150,8 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
     try:
         text = bytes(body).decode()
         decoded = _DECODE(body)
-        parts = {name: orjson.loads(memoryview(getattr(decoded, name))) for name in _PARTS}
-    except (UnicodeDecodeError, msgspec.DecodeError, orjson.JSONDecodeError):
+        parts = {name: msgspec.json.decode(memoryview(getattr(decoded, name))) for name in _PARTS}
+    except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
         raise AuditInputError(f"entry {seq}: its body is not an audit record; run `policyc audit verify`") from None
     out: dict[str, Any] = {"seq": seq, "segment": segment, "kind": kind, "time": t, "decision_id": did, "tenant": tenant, "model": model,
                            "region": region, "outcome": outcome, "action": action}
@@ -204,7 +203,7 @@ def export(log: str | os.PathLike[str], fmt: str, out: IO[bytes] | str | os.Path
 def _jsonl(items: Iterator[dict[str, Any]], out: IO[bytes]) -> None:
     buf: list[bytes] = []
     for r in items:
-        buf.append(orjson.dumps(r))
+        buf.append(msgspec.json.encode(r))
         if len(buf) >= _BATCH:
             out.write(b"\n".join(buf) + b"\n")
             buf.clear()
@@ -263,7 +262,7 @@ def read(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[dict[
             with open(p, "rb") as f:
                 for line in f:
                     if line.strip():
-                        yield orjson.loads(line)
+                        yield msgspec.json.decode(line)
         elif fmt == "csv":
             with open(p, encoding="utf-8", newline="") as f:
                 for r in csv.DictReader(f):

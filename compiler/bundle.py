@@ -7,7 +7,7 @@ drifting copy of the same shapes. Quantities are SI floats (seconds, bytes/s, FL
 fractions in [0, 1]); every entity keeps the `SourceRef` it came from so that solver
 verdicts, decisions and audit records can point at `file:line:col`.
 
-Canonical form: `canonical_bytes()` is compact JSON (orjson) with sorted keys over everything but
+Canonical form: `canonical_bytes()` is compact JSON (msgspec) with sorted keys over everything but
 `content_hash` and `signature`; its sha256 is the content hash. Loading verifies the
 schema version and the hash (see `compiler/bundle_io.py`).
 """
@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import meaning
 from .diagnostic import Diagnostic, Span
 
-SCHEMA_VERSION = "policyc.bundle/v3"  # v2: canonical bytes written by orjson; v3: full spans, latency targets, one Diagnostic
+SCHEMA_VERSION = "policyc.bundle/v4"  # v2: canonical bytes written by orjson; v3: full spans, latency targets, one Diagnostic;
+# v4: canonical bytes written by msgspec (a float's exponent without `+`: 1e16, not 1e+16)
 
 Cmp = meaning.Cmp  # an enum of the comparisons, written in the bundle as "==", "<=", "in", ...
 ValueType = Literal["time", "bandwidth", "flops", "ratio", "count", "size", "name", "string", "bool"]
@@ -357,7 +358,7 @@ class Signature(Frozen):
 
 
 class Bundle(Frozen):
-    schema_version: Literal["policyc.bundle/v3"] = "policyc.bundle/v3"  # SCHEMA_VERSION
+    schema_version: Literal["policyc.bundle/v4"] = "policyc.bundle/v4"  # SCHEMA_VERSION
     compiler_version: str
     contracts: tuple[Contract, ...] = ()
     gpu_catalog: tuple[GpuClass, ...] = ()

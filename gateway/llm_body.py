@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import orjson
+import msgspec
 
 from .tokens import TokenCount, Tokenizers
 
@@ -50,7 +50,7 @@ class BodyError(Exception):
 
     def json(self) -> bytes:
         """The OpenAI-style error object the clients parse (`openai.BadRequestError` etc.)."""
-        return orjson.dumps({"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}})
+        return msgspec.json.encode({"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}})
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +159,9 @@ def parse_llm_body(raw: bytes, kind: str, tokenizers: Tokenizers, header_model: 
     except UnicodeDecodeError as e:
         raise _bad(f"the body is not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start}", None, "invalid_encoding") from None
     try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as e:
-        raise _bad(f"the body is not JSON: {e}", None, "invalid_json") from None
+        body = msgspec.json.decode(raw) if raw else None
+    except (msgspec.DecodeError, RecursionError) as e:  # msgspec has no depth limit of its own: Python's stack is it
+        raise _bad(f"the body is not JSON: {e if not isinstance(e, RecursionError) else 'nested too deeply'}", None, "invalid_json") from None
     if not isinstance(body, dict):
         what = "empty" if not raw else f"a JSON {type(body).__name__ if body is not None else 'null'}"
         raise _bad(f"the body must be a JSON object, got {what}", None, "invalid_json")
@@ -227,4 +227,4 @@ def upstream_body(req: LlmRequest) -> bytes | None:
         opts = dict(body.get("stream_options") or {})
         opts["include_usage"] = True
         body["stream_options"] = opts
-    return orjson.dumps(body)
+    return msgspec.json.encode(body)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import orjson
+import msgspec
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
@@ -124,7 +124,7 @@ def _set(mutation: Any, key: str, value: str) -> None:
 def error_response(status: int, message: str, cause: str, code: str, param: str | None = None,
                    extra: Mapping[str, str] | None = None) -> ep.ProcessingResponse:
     """An immediate answer with the OpenAI error object and the reason in `x-policyc-reason`."""
-    body = orjson.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+    body = msgspec.json.encode({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
                                    "param": param, "code": code}})
     ir = ep.ImmediateResponse(body=body, details=f"policyc_{cause}")
     ir.status.code = status  # type: ignore[assignment]

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import grpc
-import orjson
+import msgspec
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -113,7 +113,7 @@ def _sse_events(buf: bytes) -> tuple[list[bytes], bytes]:
 
 def error_event(message: str, code: str) -> bytes:
     """The last event of a stream the gateway ended: the OpenAI clients raise it as an APIError."""
-    err = orjson.dumps({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
+    err = msgspec.json.encode({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
     return b"data: " + err + b"\n\ndata: [DONE]\n\n"
 
 
@@ -272,8 +272,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 ev.events += 1
             return
         try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            obj = msgspec.json.decode(data)
+        except (msgspec.DecodeError, RecursionError):
             return
         if not isinstance(obj, dict):
             return
@@ -285,8 +285,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
 
     def _usage_of(self, body: bytes, ev: Evidence) -> None:
         try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
+            obj = msgspec.json.decode(body)
+        except (msgspec.DecodeError, RecursionError):
             return
         if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
             ev.usage = obj["usage"]

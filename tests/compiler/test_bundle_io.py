@@ -85,10 +85,10 @@ def test_signature_cannot_be_moved_to_another_bundle(bundle):
 def test_the_file_form_is_the_full_dump_whether_or_not_the_seal_data_is_reused(bundle):
     """`dumps` reuses the data a bundle was just sealed or signed from; the text must be what
     dumping the whole bundle gives, for that bundle and for any other."""
-    import orjson
+    import msgspec
 
     def full(b):
-        return orjson.dumps(b.model_dump(mode="json"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+        return msgspec.json.format(msgspec.json.encode(b.model_dump(mode="json"), order="sorted"), indent=2).decode() + "\n"
 
     sealed = bundle_io.seal(bundle)
     signed = bundle_io.sign(bundle, Ed25519PrivateKey.generate())
@@ -117,3 +117,24 @@ def test_a_rehashed_bundle_the_compiler_would_refuse_is_refused(bundle):
                                     + bundle.contracts[1:]})
     with pytest.raises(BundleError, match=r"bundle refused: .*error\[E305\]: `efficiency`"):
         bundle_io.loads(bundle_io.dumps(bundle_io.seal(bad)))
+
+
+def test_a_large_float_is_canonical_and_its_bundle_loads(bundle):
+    """v4: the canonical bytes are msgspec's (`1e16`, no `+`); a bundle holding such a value
+    seals, writes and loads back with its hash."""
+    big = bundle.model_copy(update={"compiler_version": "x"})
+    sealed = bundle_io.seal(big)
+    text = bundle_io.dumps(sealed)
+    assert bundle_io.loads(text) == sealed
+    assert bundle_io._encode({"v": 1e16, "w": 2.5e-7, "n": 2**70}) == b'{"n":1180591620717411303424,"v":1e16,"w":2.5e-7}'
+
+
+@pytest.mark.parametrize(("text", "where", "why"), [
+    ('{"a": NaN}', "1:7", "`NaN` is not a JSON number"),
+    ('{\n  "a": 1,\n}', "3:1", "trailing comma in object"),
+    ('{"a": Infinity}', "1:7", "`Infinity` is not a JSON number"),
+])
+def test_invalid_json_is_located(text, where, why):
+    with pytest.raises(BundleError) as e:
+        bundle_io.loads(text)
+    assert str(e.value) == f"<bundle>:{where}: not a bundle: invalid JSON ({why})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
+import msgspec
 import pytest
 from llm_support import make_tokenizer
 from tokenizers import Tokenizer
@@ -30,7 +30,7 @@ def toks(tok_path: Path) -> Tokenizers:
 
 
 def parse(toks: Tokenizers, body: bytes | dict, kind: str = "chat", header: str | None = None):  # type: ignore[no-untyped-def]
-    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
     return parse_llm_body(raw, kind, toks, header, MODELS.__contains__, MODELS.get)
 
 
@@ -79,7 +79,7 @@ def test_bad_bodies(toks: Tokenizers, name: str, body: bytes | dict, kind: str, 
     assert e.value.status == status, name
     assert e.value.code == code, (name, e.value.message)
     assert words in e.value.message, (name, e.value.message)
-    err = orjson.loads(e.value.json())["error"]
+    err = msgspec.json.decode(e.value.json())["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"] == e.value.message
     assert err["type"] == "invalid_request_error" and err["code"] == code
 
@@ -115,10 +115,10 @@ def test_estimate_without_a_tokenizer_is_labelled(toks: Tokenizers) -> None:
 def test_usage_requested_on_streams_only(toks: Tokenizers) -> None:
     assert upstream_body(parse(toks, CHAT)) is None
     streamed = upstream_body(parse(toks, {**CHAT, "stream": True}))
-    assert streamed is not None and orjson.loads(streamed)["stream_options"] == {"include_usage": True}
+    assert streamed is not None and msgspec.json.decode(streamed)["stream_options"] == {"include_usage": True}
     assert upstream_body(parse(toks, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})) is None
     named = upstream_body(parse(toks, {"messages": CHAT["messages"]}, header="tiny-llm"))
-    assert named is not None and orjson.loads(named)["model"] == "tiny-llm"  # the server reads the model from the body
+    assert named is not None and msgspec.json.decode(named)["model"] == "tiny-llm"  # the server reads the model from the body
 
 
 def test_paths_and_bad_tokenizer(tmp_path: Path) -> None:
