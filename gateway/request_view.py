@@ -3,7 +3,8 @@
 A request through the gateway carries more than the policy's headers: HTTP/2 pseudo
 headers, transport and tracing headers (`te`, `user-agent`, `x-request-id` — unique per
 request), Envoy's own (`x-envoy-*`) and headers meant for the model server (`x-policyc-*`,
-e.g. the stall control the tests use). Those are not the policy's to judge and must not
+e.g. the stall control the tests use), and what the OpenAI SDKs say about themselves
+(`x-stainless-*`, `openai-*`). Those are not the policy's to judge and must not
 key the request-shape cache (a per-request id would make every request a new shape).
 Everything else goes to the bundle's header parser, so a misspelt policy header is still
 refused with "did you mean".
@@ -15,7 +16,9 @@ from typing import Any, Iterable, Mapping
 
 from policyc.matcher.parse import PASSTHROUGH_HEADERS
 
-NOT_POLICY_PREFIXES = (":", "x-envoy-", "x-policyc-", "x-gateway-", "grpc-")
+# (`x-stainless-*`, `openai-*`: what the OpenAI SDKs send about themselves and the caller's
+# OpenAI organisation and project, on every request: client metadata, not a policy's input)
+NOT_POLICY_PREFIXES = (":", "x-envoy-", "x-policyc-", "x-gateway-", "grpc-", "x-stainless-", "openai-")
 
 
 def header_map(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
