@@ -10,18 +10,39 @@ dict per instance; the differential tests check the result against `attributes()
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 from policyc.compiler.bundle import Bundle, Scalar
 
 from .errors import AdmissionError
-from .instance import Deployment, Instance, admission_problems, deployment_attributes
+from .instance import Instance, admission_problems, deployment_attributes
 
 # the deployment facts admission and attributes read, besides the model (host and NUMA node
 # apart: admission reads neither, and the attributes take them as they are)
 SIGNATURE_FIELDS = ("gpu_model", "region", "tpm", "memory_encryption", "hardware_firewall", "tee", "session_state", "cuda")
 _SIGNATURE = itemgetter(*SIGNATURE_FIELDS)
 Signature = tuple[str, tuple]
+
+
+class _Facts:
+    """A deployment's signature facts (`SIGNATURE_FIELDS`) as attributes, no host."""
+
+    __slots__ = SIGNATURE_FIELDS + ("host", "gpu", "numa_node", "endpoint")
+
+    def __init__(self, gpu_model: str, region: str, tpm: bool, memory_encryption: bool, hardware_firewall: bool,
+                 tee: bool, session_state: str, cuda: str) -> None:
+        self.gpu_model, self.region, self.session_state, self.cuda = gpu_model, region, session_state, cuda
+        self.tpm, self.memory_encryption, self.hardware_firewall, self.tee = tpm, memory_encryption, hardware_firewall, tee
+        self.host, self.gpu, self.numa_node, self.endpoint = "", "", 0, ""
+
+
+class _Row:
+    """An instance as admission reads it (`admission_problems`, `deployment_attributes`)."""
+
+    __slots__ = ("id", "model", "deployment", "labels")
+
+    def __init__(self, iid: str, model: str, deployment: _Facts) -> None:
+        self.id, self.model, self.deployment, self.labels = iid, model, deployment, None
 
 
 class AdmissionCache:
@@ -66,9 +87,10 @@ class AdmissionCache:
         for i, sig in enumerate(zip(models, zip(*facts))):
             code = table.get(sig)
             if code is None:
-                fields = dict(zip(SIGNATURE_FIELDS, sig[1]))
-                dep = Deployment.model_construct(host="", gpu="", numa_node=0, endpoint="", **fields)
-                code = self._add(sig, Instance.model_construct(id=ids[i], model=sig[0], deployment=dep, labels={}))
+                # admission reads the model and these facts only: a plain stand-in, not a
+                # pydantic object (two of those cost more than the verdict itself)
+                dep = _Facts(*sig[1])
+                code = self._add(sig, cast(Instance, _Row(ids[i], sig[0], dep)))
             if verdicts[code][1] is None:
                 if refused is None:
                     raise AdmissionError(ids[i], list(verdicts[code][0]))

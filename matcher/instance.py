@@ -9,6 +9,7 @@ view named by `policyc.compiler.attributes.INSTANCE_ATTRIBUTES`.
 from __future__ import annotations
 
 import ipaddress
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,6 +75,7 @@ def canonical_endpoint(text: str) -> str:
     return f"[{ip.compressed}]:{int(port)}" if ip.version == 6 else f"{ip}:{int(port)}"
 
 
+@lru_cache(maxsize=256)
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
