@@ -40,6 +40,7 @@ from .llm_model import LlmModelError, vllm_python
 
 STOP_GRACE_S = 15.0
 READY_TIMEOUT_S = 400.0
+PORT_RETRIES = 3  # a port picked free may be taken by another process before vLLM binds it
 _PR_SET_PDEATHSIG = 1
 
 
@@ -130,6 +131,8 @@ class VllmServer:
         if not (self.spec.model_dir / "config.json").is_file():
             raise VllmError(f"{self.spec.model_dir}: not a model folder (no config.json)")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._finalizer is not None:  # a respawn: the earlier process is gone
+            self._finalizer.detach()
         self.port = self.spec.port or free_port(self.spec.host)
         with open(self.log_path, "wb") as log:
             self._started_at = time.monotonic()
@@ -145,7 +148,12 @@ class VllmServer:
         if self._proc is None:
             raise VllmError("wait_ready before spawn")
         deadline = time.monotonic() + timeout
+        retries = PORT_RETRIES
         while True:
+            if self._proc.poll() is not None and retries and not self.spec.port and self._lost_port_race():
+                retries -= 1  # another process bound the free port we picked before vLLM did: pick again
+                self.spawn()
+                continue
             if self._proc.poll() is not None:
                 raise VllmError(f"vLLM ({self.spec.served_name}, port {self.port}) exited with {self._proc.returncode} "
                                 f"before serving:\n{self.log_tail()}")
@@ -156,6 +164,9 @@ class VllmServer:
                 raise VllmError(f"vLLM ({self.spec.served_name}, port {self.port}) not serving after {timeout:.0f} s:\n"
                                 + self.log_tail())
             time.sleep(0.25)
+
+    def _lost_port_race(self) -> bool:
+        return "address already in use" in self.log_tail(80).lower()
 
     def health(self, timeout: float = 2.0) -> bool:
         """True when `GET /health` answers 200 now."""
