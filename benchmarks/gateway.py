@@ -3,7 +3,7 @@ KServe model servers, with policyc picking every request (ext_proc: the decision
 the placer, the audit log) against Envoy's own round-robin to the same servers, measured
 in the same run, the modes alternating round by round so all see the same machine.
 
-    .venv/bin/python benchmarks/gateway.py [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
+    .venv/bin/python benchmarks/gateway.py [--quick] [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
                                            [--model fraud-scorer] [--breaks access-log|response] [--accounting]
     .venv/bin/python benchmarks/gateway.py --lag 12   # break -> act recorded, from Envoy's access log
 
@@ -33,6 +33,7 @@ from policyc.client import operator_channel
 
 import argparse
 import asyncio
+import cProfile
 import multiprocessing as mp
 import os
 import re
@@ -184,6 +185,66 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def _profiling(prof: "cProfile.Profile", on: bool) -> None:
+    """Start or stop `prof` on the thread this coroutine runs on (the serving loop's)."""
+    if on:
+        prof.enable()
+    else:
+        prof.disable()
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """pid -> parent pid of every live process under `root` (from /proc)."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                parent[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    out: dict[int, int] = {}
+    frontier = [root]
+    while frontier:
+        p = frontier.pop()
+        for c, pp in parent.items():
+            if pp == p and c not in out:
+                out[c] = pp
+                frontier.append(c)
+    return out
+
+
+def _policyc_pids(exclude: set[int]) -> list[int]:
+    """This process and every process under it that is policyc's (the audit writer above
+    all): all but the subtrees rooted at `exclude` (Envoy, the model servers and their
+    zygote, the load generator: `exclude`'s pids and any process whose command line names
+    the model server or h2load)."""
+    tree = _descendants(os.getpid())
+    out = [os.getpid()]
+    for pid in tree:
+        p, skip = pid, False
+        while p != os.getpid() and not skip:
+            try:
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+            except OSError:
+                cmd = b""
+            skip = p in exclude or b"policyc.modelserver" in cmd or b"h2load" in cmd
+            p = tree.get(p, os.getpid())
+        if not skip:
+            out.append(pid)
+    return out
+
+
+def _cpu_sum(pids: list[int]) -> float:
+    """`_cpu_s` summed over `pids` (a process gone meanwhile counts nothing)."""
+    total = 0.0
+    for p in pids:
+        try:
+            total += _cpu_s(p)
+        except OSError:
+            pass
+    return total
+
+
 def _requests(envoy: "EnvoyProcess") -> int:
     """Requests this gateway's Envoy has taken so far (warm-up included)."""
     name = "http.policyc_gateway.downstream_rq_total"
@@ -251,6 +312,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", metavar="PATH",
+                    help="profile the serving event loop (cProfile, CPU time) during policyc's rounds; stats to PATH, "
+                         "the top functions printed")
+    ap.add_argument("--quick", action="store_true", help="2 s rounds, 3 of them (a loaded machine's run in about a minute a phase)")
     ap.add_argument("--concurrency", default="1,8", help="closed-loop callers, comma-separated phases")
     ap.add_argument("--servers", type=int, default=2, help="model-server processes (one instance each)")
     ap.add_argument("--client", choices=("h2load", "python"), default="h2load",
@@ -267,6 +332,8 @@ def main() -> int:
                          "one a second, through the test rig's gateway; prints how long after the break the acts were "
                          "recorded from Envoy's access log")
     args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 2.0, 3
     if args.lag:
         return _break_lag(args.lag)
 
@@ -338,6 +405,7 @@ def main() -> int:
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
+        prof = cProfile.Profile(time.thread_time) if args.profile else None
         client = args.client
         if client == "h2load" and shutil.which("h2load") is None:
             raise SystemExit("benchmarks/gateway.py: `h2load` is not installed (Debian: apt-get install nghttp2-client, "
@@ -346,27 +414,38 @@ def main() -> int:
         message = infer_request(args.model, token_ids(4)).SerializeToString()
         body.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
         model_pids = [p.pid for p in models.processes if p.pid is not None]
-        t, c, m = time.perf_counter(), _cpu_s(os.getpid()), sum(_cpu_s(p) for p in model_pids)
+        assert server.audit is not None
+        audit_log = server.audit.log
+        # policyc's processes: this one (decision service, picker) and the audit writer it started
+        pols = _policyc_pids({e.pid for e in envoys if e.pid is not None} | set(model_pids))
+        others = [p for p in pols if p != os.getpid()]
+        t, c, m = time.perf_counter(), _cpu_sum(pols), sum(_cpu_s(p) for p in model_pids)
         time.sleep(2.0)
-        # what the policyc process (placer refresher, audit, readiness) and the model servers spend with no load
-        idle_rate = (_cpu_s(os.getpid()) - c) / (time.perf_counter() - t)
+        # what policyc's processes (placer refresher, audit, readiness) and the model servers spend with no load
+        idle_rate = (_cpu_sum(pols) - c) / (time.perf_counter() - t)
         model_idle = (sum(_cpu_s(p) for p in model_pids) - m) / (time.perf_counter() - t)
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {len(endpoints)} model servers, "
               f"{len(server.engine.state.registry)} instances registered; {args.rounds} rounds x {args.seconds:g} s per mode; "
               f"client {client}; model {args.model}; breaks from the {args.breaks.replace('-', ' ')}"
               f"{', accounting records on' if als is not None and args.accounting else ''}; "
-              f"idle: policyc process {idle_rate * 1e3:.0f} ms CPU/s, model servers {model_idle * 1e3:.0f} ms CPU/s "
+              f"policyc processes: {len(pols)} (this one, the audit writer {others}); "
+              f"idle: policyc processes {idle_rate * 1e3:.0f} ms CPU/s, model servers {model_idle * 1e3:.0f} ms CPU/s "
               "(subtracted below)")
         for conc in phases:
             res: dict[str, list[tuple[list[float], int, float]]] = {m: [] for m in targets}
-            # CPU s of the policyc process, Envoy, the client, the model servers
-            cpu: dict[str, list[float]] = {m: [0.0, 0.0, 0.0, 0.0] for m in targets}
+            # CPU s of policyc's processes (all), Envoy, the client, the model servers, policyc's processes but this one
+            cpu: dict[str, list[float]] = {m: [0.0, 0.0, 0.0, 0.0, 0.0] for m in targets}
             served = dict.fromkeys(targets, 0)
             refused = dict.fromkeys(targets, 0)
+            commits = dict.fromkeys(targets, 0)  # the audit writer's commits (each an fsync) and records
+            records = dict.fromkeys(targets, 0)
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
-                    c0, e0, t0 = _cpu_s(os.getpid()), _cpu_s(envoy.pid or 0), time.perf_counter()
+                    c0, w0, e0, t0 = _cpu_sum(pols), _cpu_sum(others), _cpu_s(envoy.pid or 0), time.perf_counter()
                     q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(picker, mode)
+                    k0, a0 = audit_log.commits, audit_log.acked
+                    if prof is not None and mode == "policyc":
+                        thread.call(_profiling(prof, True))
                     if client == "h2load":
                         lat, failed, elapsed, client_cpu = _h2load_round(target, args.model, conc, args.seconds, body, work)
                         res[mode].append((lat, failed, elapsed))
@@ -374,12 +453,17 @@ def main() -> int:
                         res[mode].append(_round(target, args.model, conc, args.seconds))
                         client_cpu = float("nan")
                     wall = time.perf_counter() - t0
-                    cpu[mode][0] += _cpu_s(os.getpid()) - c0 - idle_rate * wall
+                    if prof is not None and mode == "policyc":
+                        thread.call(_profiling(prof, False))
+                    cpu[mode][0] += _cpu_sum(pols) - c0 - idle_rate * wall
+                    cpu[mode][4] += _cpu_sum(others) - w0
                     cpu[mode][1] += _cpu_s(envoy.pid or 0) - e0
                     cpu[mode][2] += client_cpu
                     cpu[mode][3] += sum(_cpu_s(p) for p in model_pids) - m0 - model_idle * wall
                     served[mode] += _requests(envoy) - q0
                     refused[mode] += _refusals(picker, mode) - r0
+                    commits[mode] += audit_log.commits - k0
+                    records[mode] += audit_log.acked - a0
             summary = {}
             for mode, rounds in res.items():
                 lat = [x for r in rounds for x in r[0]]
@@ -389,8 +473,9 @@ def main() -> int:
                 n = max(served[mode], 1)  # every request Envoy took, warm-up included: what the CPU was spent on
                 print(f"  concurrency {conc:>2} {mode:>14}: {summary[mode][0]:8.0f} req/s (rounds {min(rates):.0f}-{max(rates):.0f}), "
                       f"p50 {summary[mode][1]:.2f} ms, p99 {summary[mode][2]:.2f} ms, errors {errors}; CPU per request: "
-                      f"policyc process {cpu[mode][0] / n * 1e6:.0f} us, Envoy {cpu[mode][1] / n * 1e6:.0f} us, "
-                      f"client {cpu[mode][2] / n * 1e6:.0f} us, model servers {cpu[mode][3] / n * 1e6:.0f} us")
+                      f"policyc processes {cpu[mode][0] / n * 1e6:.0f} us (audit writer {cpu[mode][4] / n * 1e6:.0f}), Envoy {cpu[mode][1] / n * 1e6:.0f} us, "
+                      f"client {cpu[mode][2] / n * 1e6:.0f} us, model servers {cpu[mode][3] / n * 1e6:.0f} us; "
+                      f"audit {records[mode]} records in {commits[mode]} commits")
             pc, rr, nop = summary["policyc"], summary["round-robin"], summary["no-op ext_proc"]
             print(f"  concurrency {conc:>2}: policyc adds {pc[1] - rr[1]:+.2f} ms at p50, {pc[2] - rr[2]:+.2f} ms at p99; "
                   f"throughput {pc[0] / rr[0]:.2f} x round-robin; of the p50 added, the ext_proc hop alone (no-op) "
@@ -402,6 +487,11 @@ def main() -> int:
                 return f"{statistics.median(xs):.2f} x (rounds {xs[0]:.2f}-{xs[-1]:.2f})"
 
             print(f"  concurrency {conc:>2}: round by round, policyc {paired('policyc')}, no-op {paired('no-op ext_proc')}")
+        if prof is not None:
+            import pstats
+
+            prof.dump_stats(args.profile)
+            pstats.Stats(args.profile).sort_stats("tottime").print_stats(30)
         print(f"picker: {picker.picker.counts}; load average after {os.getloadavg()[0]:.2f}")
         if als is not None:
             print(f"access log: {als.receiver.counts}")
