@@ -58,6 +58,13 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                     examples=[("policyc agent run --host host-3 --tcti device:/dev/tpmrm0 --state-dir /var/lib/policyc-agent "
                                "--etcd http://127.0.0.1:2379")])
     r.add_argument("--host", required=True, help="this host's name in the fleet")
+    r.add_argument("--signal-period", type=float, default=0.2, metavar="SECONDS",
+                   help="measure the host (interfaces, qdisc backlog, disks, model servers) and publish every SECONDS "
+                        "(default 0.2; 0: do not measure)")
+    r.add_argument("--sched-fifo", type=int, metavar="PRIO", help="run the collector SCHED_FIFO at this priority (1-99; root)")
+    r.add_argument("--cpus", metavar="LIST", help="pin the collector to these CPUs (e.g. 0 or 2-3)")
+    r.add_argument("--model-server", action="append", default=[], metavar="NAME=PID",
+                   help="a model server process to measure (CPU, RSS, run-queue delay); repeatable")
     _tpm_flags(r, required=False)
     _store_flags(r)
     r.set_defaults(func=_run)
@@ -208,10 +215,17 @@ def _run(args: argparse.Namespace) -> int:
     require("kernel", command="agent run")  # interface discovery is pyroute2's
     from policyc.cluster.attestation import check_host
     from policyc.cluster.host_agent import HostAgent
+    from policyc.cluster.signal_ticker import IsolationError, parse_cpus
     from policyc.cluster.tpm import HostTpm, TpmError
 
     try:
         check_host(args.host)
+        cpus = parse_cpus(args.cpus) if args.cpus else None
+        servers = _servers(args.model_server)
+        if args.signal_period and not 0.01 <= args.signal_period <= 60:
+            raise ValueError(f"--signal-period {args.signal_period:g}: between 0.01 and 60 s (0: no signals)")
+        if args.sched_fifo is not None and not 1 <= args.sched_fifo <= 99:
+            raise ValueError(f"--sched-fifo {args.sched_fifo}: a SCHED_FIFO priority is 1..99")
     except ValueError as e:
         return _fail(str(e))
     if (args.tcti is None) != (args.state_dir is None):
@@ -219,7 +233,8 @@ def _run(args: argparse.Namespace) -> int:
     tpm = HostTpm(args.tcti, args.state_dir) if args.tcti else None
 
     async def body(store, keys):  # type: ignore[no-untyped-def]
-        agent = HostAgent(store, keys, args.host, tpm)
+        agent = HostAgent(store, keys, args.host, tpm, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
+                          cpus=cpus, processes=servers)
         await agent.start()
         print(f"policyc agent: host {args.host} ready" + (f", attestation key {agent.ak_name[:20]}…" if tpm else ", no TPM"),
               flush=True)
@@ -232,6 +247,17 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     try:
         _, code = _with_store(args, body)
-    except TpmError as e:
+    except (TpmError, IsolationError) as e:
         return _fail(str(e))
     return 0 if code is None else code
+
+
+def _servers(specs: list[str]) -> dict[str, int]:
+    """`--model-server NAME=PID` flags: ValueError naming the bad one."""
+    out = {}
+    for spec in specs:
+        name, _, pid = spec.partition("=")
+        if not name or not pid.isdigit() or int(pid) <= 0:
+            raise ValueError(f"--model-server `{spec}`: NAME=PID expected (e.g. vllm-0=4242)")
+        out[name] = int(pid)
+    return out

@@ -1,6 +1,8 @@
 """`policyc agent run`: one per host. It announces itself and what it discovered of its
 host (interfaces and addresses, `host_facts.py`; rediscovered every few seconds) under its
-lease (`agents/<host>`), answers the control plane's attestation challenges for its host with
+lease (`agents/<host>`), publishes what it measures on its host every tick (`signals/<host>`,
+under the same lease: `host_signals.py` reads the kernel, `signal_ticker.py` keeps the period,
+optionally SCHED_FIFO and pinned, and measures its own period, jitter and CPU), answers the control plane's attestation challenges for its host with
 its TPM's quotes (`attestation.py` has the exchange), and keeps the instances of its own
 host registered through `InstanceAgent` (the model server's lease), refusing any instance
 that claims another host.
@@ -20,10 +22,12 @@ import time
 from policyc.matcher import Instance
 
 from .agent import InstanceAgent
+from .host_signals import Collector
 from .attestation import check_host, encode_answer, qualifying_data
 from .host_facts import HostFacts, discover
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
+from .signal_ticker import Ticker
 from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
 from .tpm import HostTpm, TpmError
 from .tpm_quote import AttestationKey, parse_selection
@@ -34,7 +38,9 @@ MAX_CHALLENGE_AGE = 60.0  # seconds: an older challenge found at start is not an
 
 class HostAgent:
     def __init__(self, store: FleetStore, keys: Keys, host: str, tpm: HostTpm | None, *, ttl: int = 5,
-                 discover_facts: bool = True, facts_interval: float = 5.0) -> None:
+                 discover_facts: bool = True, facts_interval: float = 5.0, signal_period: float | None = 0.2,
+                 sched_fifo: int | None = None, cpus: tuple[int, ...] | None = None,
+                 processes: dict[str, int] | None = None) -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
         self.discover_facts, self.facts_interval = discover_facts, facts_interval
@@ -44,6 +50,13 @@ class HostAgent:
         self._keeper = LeaseKeeper(store, ttl, self._announce, f"agent {host}")
         self._task: asyncio.Task[None] | None = None
         self._instances: list[InstanceAgent] = []
+        self.ticker = (Ticker(Collector(processes), signal_period, self._take, sched_fifo=sched_fifo, cpus=cpus)
+                       if signal_period is not None else None)
+        self._pending: dict[str, object] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._publisher: asyncio.Task[None] | None = None
+        self.published = 0  # signal reports written (for status and tests)
 
     async def start(self) -> None:
         if self.tpm is not None:
@@ -56,9 +69,15 @@ class HostAgent:
         self._task = loop.create_task(self._answering())
         if self.discover_facts:
             self._rediscover = loop.create_task(self._rediscovering())
+        if self.ticker is not None:
+            self._wake, self._loop = asyncio.Event(), loop
+            self._publisher = loop.create_task(self._publishing())
+            await asyncio.to_thread(self.ticker.start)  # IsolationError: the flags could not be applied
 
     async def stop(self) -> None:
-        for t in (self._task, self._rediscover):
+        if self.ticker is not None:
+            await asyncio.to_thread(self.ticker.stop)
+        for t in (self._task, self._rediscover, self._publisher):
             if t is not None:
                 t.cancel()
         for a in self._instances:
@@ -82,6 +101,33 @@ class HostAgent:
                         await self._announce(self._keeper.lease)
             except (OSError, StoreError) as e:
                 log.warning("agent %s: rediscovering its facts: %s", self.host, e)
+
+    # ---------------------------------------------------------------- measured signals
+    def _take(self, body: dict[str, object]) -> None:
+        """From the collector's thread: the latest report, for the writer (one in flight at
+        most; a newer report replaces one not yet written)."""
+        def hand() -> None:
+            self._pending = body
+            if self._wake is not None:
+                self._wake.set()
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(hand)
+
+    async def _publishing(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            body, self._pending = self._pending, None
+            if body is None or not self._keeper.lease:
+                continue
+            body["host"] = self.host
+            try:
+                await self.store.put(self.keys.signal(self.host), json.dumps(body, separators=(",", ":")).encode(),
+                                     self._keeper.lease)
+                self.published += 1
+            except StoreError as e:
+                log.info("agent %s: publishing its signals: %s", self.host, e)
 
     # ---------------------------------------------------------------- challenges
     async def _answering(self) -> None:

@@ -16,6 +16,9 @@
     attest/quotes/<host>/<tag>      the agent's answer (quote, signature, PCR values), under the same lease
     attest/facts/<host>   the host's last attestation as verified (when, which key, which PCRs; or why refused)
     agents/<host>         a host agent's presence and discovered facts (interfaces, addresses), under its lease
+    signals/<host>        what the host's agent measured in its last tick (timestamped), under its lease
+    host_acts/<host>/<id> a self-heal step the leader sends to that host's agent, with its fencing token, under the leader's lease
+    act_results/<host>/<id>  the agent's result of that step (outcome, duration, token), under the agent's lease
 """
 
 from __future__ import annotations
@@ -126,6 +129,27 @@ class Keys:
 
     def attested_fact(self, host: str) -> str:
         return self.attested_facts + host
+
+    @property
+    def signals(self) -> str:
+        return self.prefix + "signals/"
+
+    def signal(self, host: str) -> str:
+        return self.signals + host
+
+    @property
+    def host_acts(self) -> str:
+        return self.prefix + "host_acts/"
+
+    def host_act(self, host: str, act_id: str) -> str:
+        return f"{self.host_acts}{host}/{act_id}"
+
+    @property
+    def act_results(self) -> str:
+        return self.prefix + "act_results/"
+
+    def act_result(self, host: str, act_id: str) -> str:
+        return f"{self.act_results}{host}/{act_id}"
 
     def id_of(self, key: str, under: str) -> str:
         return key[len(under):]

@@ -42,6 +42,7 @@ from policyc.server.errors import ServiceError
 from . import anchors, bundle_rollout, instance_codec
 from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_facts import HostFacts
+from .measured_hosts import HostSignalBook
 from .config import FleetConfig
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
@@ -117,6 +118,7 @@ class Replica:
         self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
         self._attesting_now: dict[str, asyncio.Task[AttestedFact]] = {}
         self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
+        self.host_signals = HostSignalBook()  # what each host's agent measured last (`signals/<host>`), for the placer
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
 
     # ================================================================ life cycle
@@ -153,6 +155,8 @@ class Replica:
             log.warning("replica %s: %s", self.name, problem)
         for e in by["agents"]:
             self._agent_report(e.key, e.value)
+        for e in by["signals"]:
+            self.host_signals.on_report(self.keys.id_of(e.key, self.keys.signals), e.value)
         leader = next((e for e in by["leader"]), None)
         if leader is not None:
             self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
@@ -188,7 +192,8 @@ class Replica:
 
     def _split(self, snap: Snapshot) -> dict[str, list[Any]]:
         k = self.keys
-        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": [], "attest": [], "agents": []}
+        out: dict[str, list[Any]] = {"instances": [], "sessions": [], "quarantines": [], "leader": [], "bundle": [], "attest": [], "agents": [],
+                                     "signals": []}
         for e in snap.entries:
             if e.key.startswith(k.instances):
                 out["instances"].append(e)
@@ -204,6 +209,8 @@ class Replica:
                 out["attest"].append(e)
             elif e.key.startswith(k.agents):
                 out["agents"].append(e)
+            elif e.key.startswith(k.signals):
+                out["signals"].append(e)
         return out
 
     def _apply_initial(self, items: list[tuple[Instance, float | None]]) -> None:
@@ -313,6 +320,9 @@ class Replica:
         self.host_facts.clear()
         for report in by["agents"]:
             self._agent_report(report.key, report.value)
+        self.host_signals.reports.clear()
+        for report in by["signals"]:
+            self.host_signals.on_report(self.keys.id_of(report.key, self.keys.signals), report.value)
         self._on_serving(self._converge)
         self.reloads += 1
         pointer = next((e for e in by["bundle"]), None)
@@ -356,7 +366,12 @@ class Replica:
 
     async def _dispatch(self, ch: Change) -> None:
         k = self.keys
-        if ch.key.startswith(k.instances):
+        if ch.key.startswith(k.signals):  # the hottest key: every host, every tick
+            if ch.kind is ChangeKind.PUT:
+                self.host_signals.on_report(k.id_of(ch.key, k.signals), ch.value)
+            else:
+                self.host_signals.forget(k.id_of(ch.key, k.signals))
+        elif ch.key.startswith(k.instances):
             iid = k.id_of(ch.key, k.instances)
             if ch.kind is ChangeKind.DELETE:
                 self._known.pop(iid, None)

@@ -27,6 +27,7 @@ class Constraint(str, Enum):
     GPU_SHARE = "gpu_share"  # not enough free share for the solver's lower bound
     PCIE = "pcie"
     PORT = "port"  # RDMA port down or over its watermark / utilisation threshold
+    PORT_BACKLOG = "port_backlog"  # the host agent's measured qdisc backlog over the watermark, or the link down
     NETWORK = "network"  # no path from the ingress without crossing a congested hop
     DEPENDENCY = "dependency"  # a declared service not reachable within its p99 bound
     SESSION_STORE = "session_store"

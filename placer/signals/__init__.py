@@ -18,12 +18,13 @@ from .latency_budget import LatencyBudget
 from .network import Network
 from .pcie import Pcie
 from .port import Port
+from .port_backlog import PortBacklog
 from .queue_depth import QueueDepth
 from .running_requests import RunningRequests
 from .session_store import SessionStore
 
 SIGNALS: tuple[Signal[Any], ...] = (
-    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
+    GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), PortBacklog(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
     LatencyBudget(),
 )
 

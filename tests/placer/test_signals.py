@@ -70,6 +70,9 @@ def _world():  # type: ignore[no-untyped-def]
         measured[t.gpu_key(g)] = Reading({"queue_depth": depth, "kv_cache_usage": kv, "running": float(rng.integers(0, 300))},
                                          float(rng.uniform(0, 0.6)))
     measured["no-such-host/gpu0"] = Reading({"queue_depth": 3.0}, 0.0)
+    for p in rng.choice(len(t.ports), len(t.ports) // 2, replace=False).tolist():  # host agents' measured port backlog
+        measured[t.port_key(p)] = Reading({"port_backlog_fraction": float(rng.uniform(0, 1)), "port_backlog_bytes": 5e4,
+                                           "port_up": float(p % 11 != 0), "stale_after_s": 1.0}, float(rng.uniform(0, 1.5)))
     pcie = snap.frame.gpu_pcie_util.copy()
     pcie[::5] = 0.95  # over the limit (the simulator's PCIe stays low)
     wm = snap.frame.port_watermark.copy()
