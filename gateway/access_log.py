@@ -37,7 +37,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2 as al
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from policyc.audit.accounting import call_accounting, call_accounting_body
-from policyc.audit.records import ActionRecord
+from policyc.audit.cgroup_cpu import CgroupCpuMeter
+from policyc.audit.records import ActionRecord, Source
 
 from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER, UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER
 
@@ -50,6 +51,7 @@ INSTANCE_HEADER = "x-policyc-instance"
 VARIANT_HEADER = "x-policyc-variant"
 GRPC_STATUS = "grpc-status"
 GRACE = 1.0  # seconds a call waits for attempts Envoy has not flushed yet
+CPU_HOLD = 0.5  # seconds a record waits for the calls that overlapped it before its cgroup CPU is apportioned
 ORPHAN_AFTER = 30.0  # seconds an attempt waits for its call's downstream entry
 NETWORK_METHOD = "envoy grpc access log: upstream wire bytes sent + received, every attempt"
 COMPUTE_METHOD = "model server: onnxruntime InferenceSession.run time (x-policyc-compute-us), every attempt"
@@ -277,17 +279,27 @@ def _figures(call: Call, attempts: list[Attempt]) -> dict[str, Any]:
             "detail": _DETAIL(detail).decode()}
 
 
-def accounting_record(call: Call, attempts: list[Attempt]) -> ActionRecord:
+def _with_cpu(figures: dict[str, Any], cpu: tuple[float, str] | None) -> dict[str, Any]:
+    """`figures` with the compute time the kernel measured for the serving process's cgroup,
+    apportioned to the call (`audit/cgroup_cpu.py`), in place of the model server's own
+    (which stays in the detail, per attempt)."""
+    if cpu is not None:
+        figures.update(compute_seconds=cpu[0], compute_method=cpu[1], compute_kind=Source.APPORTIONED)
+    return figures
+
+
+def accounting_record(call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None = None) -> ActionRecord:
     """The call's one audit record: measured bytes (every attempt, both ways), the model
-    server's compute time as `compute_seconds` (GPU-seconds stay absent: see GPU_ABSENT)."""
-    return call_accounting(call.decision_id, call.start, **_figures(call, attempts))
+    server's compute time as `compute_seconds`, or with `cpu` the CPU-seconds of its process's
+    cgroup apportioned to it (GPU-seconds stay absent: see GPU_ABSENT)."""
+    return call_accounting(call.decision_id, call.start, **_with_cpu(_figures(call, attempts), cpu))
 
 
-def accounting_body(call: Call, attempts: list[Attempt]) -> bytes:
+def accounting_body(call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None = None) -> bytes:
     """`accounting_record(call, attempts)`'s stored body (its `model_dump_json(exclude_none=True)`),
     without the pydantic models: what the receiver hands a `body_sink` (the server bridge), a
     fifth of the record's cost on the serving loop (measured)."""
-    return call_accounting_body(call.decision_id, call.start, **_figures(call, attempts))
+    return call_accounting_body(call.decision_id, call.start, **_with_cpu(_figures(call, attempts), cpu))
 
 
 @dataclass
@@ -333,6 +345,10 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         self._sweeper: asyncio.Task[None] | None = None
         self.listeners: list[Callable[[Call, list[Attempt]], None]] = []  # e.g. the cross-layer signal windows
         self.sent_by_host: dict[str, int] = {}  # upstream wire bytes Envoy sent each model server (the kernel cross-check)
+        # the kernel's CPU count of each serving process (its cgroup), apportioned to calls
+        # (`audit/cgroup_cpu.py`); records wait in `_held` until its samples cover their span
+        self.cpu: CgroupCpuMeter | None = None
+        self._held: list[tuple[str, Call, list[Attempt], float]] = []
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],  # noqa: N802 - gRPC's name
                                context: grpc.aio.ServicerContext) -> als_pb2.StreamAccessLogsResponse:
@@ -409,11 +425,37 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         sink, body_sink = self.sink, self.body_sink
         if sink is None and body_sink is None:
             return
+        cpu = self.cpu
+        if cpu is not None and len(attempts) == 1 and attempts[0].host and call.duration is not None:
+            if cpu.note(attempts[0].host, call.start, call.start + call.duration, did):
+                self._held.append((did, call, attempts, time.monotonic()))
+                return
+        self._emit(did, call, attempts, None)
+
+    def _release_held(self, late: bool) -> None:
+        """Record the held calls `CPU_HOLD` seconds after they arrived, once their process's
+        samples cover their span (all of them when `late`; after `grace` even uncovered: a
+        call whose samples never came keeps the server's figure). The hold lets the calls
+        that overlapped one and ended soon after it arrive first, so they share its CPU."""
+        cpu, now, keep = self.cpu, time.monotonic(), []
+        assert cpu is not None
+        for did, call, attempts, since in self._held:
+            host, end = attempts[0].host, call.start + (call.duration or 0.0)
+            waited = now - since
+            if not late and (waited < CPU_HOLD or (not cpu.covered(host, end) and waited < self.grace)):
+                keep.append((did, call, attempts, since))
+                continue
+            share = cpu.apportion(host, call.start, end, did)
+            self._emit(did, call, attempts, (share, cpu.method) if share is not None else None)
+        self._held = keep
+
+    def _emit(self, did: str, call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None) -> None:
+        sink, body_sink = self.sink, self.body_sink
         try:
             if body_sink is not None:
-                body_sink(accounting_body(call, attempts))
-            else:
-                sink(accounting_record(call, attempts))  # type: ignore[misc]
+                body_sink(accounting_body(call, attempts, cpu))
+            elif sink is not None:
+                sink(accounting_record(call, attempts, cpu))
             self.counts.recorded += 1
         except Exception as e:  # noqa: BLE001 - counted and said, the receiver keeps going
             self.counts.dropped += 1
@@ -423,6 +465,8 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
         """Record calls whose missing attempts did not come within `grace`; forget
         attempts whose call never came."""
         now = time.monotonic()
+        if self._held:
+            self._release_held(False)
         for did, p in list(self._pending.items()):
             if p.call is not None and now - p.since >= self.grace:
                 self._settle(did, p, True)
@@ -436,7 +480,7 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
             self.sweep()
 
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._held)
 
     @property
     def records(self) -> bool:
@@ -476,3 +520,7 @@ class AccessLogServer:
         for did, p in list(self.receiver._pending.items()):  # at stop: record what arrived
             if p.call is not None:
                 self.receiver._settle(did, p, True)
+        if self.receiver._held:
+            self.receiver._release_held(True)
+        if self.receiver.cpu is not None:
+            self.receiver.cpu.stop()

@@ -36,6 +36,8 @@ from policyc.enforcer.signal_windows import GatewaySignals, KernelStreamSignals,
 from policyc.server.node_rebalance import NodeRebalance
 from policyc.compiler.actions import REDIRECT
 
+from policyc.audit.cgroup_cpu import CgroupCpuMeter
+
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
 from .envoy_process import EnvoyError, EnvoyProcess
@@ -115,6 +117,10 @@ class Gateway:
             self.access_log = AccessLogServer(AccessLogReceiver(None, every_attempt=False, body_sink=sink), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
+            if sink is not None:  # each call's CPU from its serving process's cgroup (audit/cgroup_cpu.py)
+                meter = CgroupCpuMeter()
+                if meter.available:
+                    self.access_log.receiver.cpu = meter.start()
         self._als: str | None = options.access_log_cluster
         self.signals: SignalWindows | None = None  # the gateway's cross-layer signals, 10 ms windows, to the guardian
         g = thread.server.guardian

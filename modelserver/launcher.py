@@ -38,6 +38,7 @@ from typing import Iterator, Sequence
 
 import grpc
 
+from . import cgroup_place
 from .forked import Forked
 from .oip import InferenceStub, pb
 from .specs import InstanceSpec, ServerSpec, ServingInstance
@@ -77,6 +78,7 @@ class ModelServerProcess:
         self.startup_s: float | None = None
         self._started_at = 0.0
         self._terminated = False
+        self.cgroup: Path | None = None  # its own cgroup v2 (cgroup_place): the kernel's count of its CPU
 
     # ------------------------------------------------------------------ life cycle
     def spawn(self) -> None:
@@ -116,6 +118,8 @@ class ModelServerProcess:
                 raise ModelServerError(f"model server not serving after {timeout:.0f} s:\n" + self.log_tail())
             time.sleep(0.02)
         self._facts = json.loads(self.ready_file.read_text())
+        if self.cgroup is None and self.pid is not None:
+            self.cgroup = cgroup_place.place(self.pid)
         self._check_ready(deadline)
         self.startup_s = time.monotonic() - self._started_at
         self.instances = self._serving()
@@ -159,6 +163,8 @@ class ModelServerProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        cgroup_place.release(self.cgroup)
+        self.cgroup = None
         return proc.returncode
 
     def __enter__(self) -> ModelServerProcess:
