@@ -36,14 +36,20 @@ class SlotAttrs(Mapping[int, Attrs]):
         self.rows = rows
 
     def share(self, groups: list[tuple[Attrs, np.ndarray]]) -> None:
-        """Each group's slots read by `peek` as the group's attributes."""
-        top = max((int(s.max()) for _, s in groups if len(s)), default=-1)
+        """Each group's slots read by `peek` as the group's attributes (one scatter)."""
+        if not groups:
+            return
+        sizes = np.fromiter((len(s) for _, s in groups), dtype=np.int64, count=len(groups))
+        slots = np.concatenate([s for _, s in groups])
+        if not len(slots):
+            return
+        top = int(slots.max())
         if top >= len(self.shared):
             grown = np.empty(max(top + 1, 2 * len(self.shared)), dtype=object)
             grown[:len(self.shared)] = self.shared
             self.shared = grown
-        for attrs, slots in groups:
-            self.shared[slots] = [attrs] * len(slots) if len(slots) else []
+        attrs = np.fromiter((a for a, _ in groups), dtype=object, count=len(groups))
+        self.shared[slots] = attrs[np.repeat(np.arange(len(groups)), sizes)]
 
     def peek(self, slot: int) -> Attrs:
         """A mapping with `slot`'s value of every attribute the rules read: its own dict, or
