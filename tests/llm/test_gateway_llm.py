@@ -161,3 +161,21 @@ def test_a_client_that_leaves_cancels_generation(gw: LlmGateway, vllm_servers: V
     s.close()
     time.sleep(3.0)
     assert sum(generated(e) for e in vllm_servers.endpoints) - before < 900
+
+
+def test_a_first_token_later_than_its_ttft_budget_is_reset_before_the_answer_begins(gw: LlmGateway,
+                                                                                    vllm_servers: VllmFleet) -> None:
+    """vLLM sends its headers before its first token; the supervisor holds them, so Envoy's
+    per-try timeout (the TTFT budget, 1 ms here: no first token comes that fast) still
+    resets the attempt before anything reached the client. This contract names no backup,
+    so the reset ends the request (504), and Envoy counted the per-try timeout."""
+    from policyc.gateway.llm_routes import POOL_HTTP1_CLUSTER
+
+    stat = f"cluster.{POOL_HTTP1_CLUSTER}.upstream_rq_per_try_timeout"
+    before = gw.envoy.stats(stat).get(stat, 0)
+    status, h, raw = post(gw, "/v1/chat/completions",
+                          {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
+                           "max_tokens": 50, "stream": True}, {"x-slo-ttft-ms": "1"})
+    assert status == 504 and b"data:" not in raw, (status, raw[:200])
+    assert "per_try_timeout" in h.get("x-policyc-reason", "") or b"upstream request timeout" in raw, h
+    assert gw.envoy.stats(stat).get(stat, 0) == before + 1
