@@ -125,8 +125,9 @@ class InstanceBatch:
     def instance(self, i: int) -> Instance:
         """The i-th instance as an object (fields already checked)."""
         s = self.strs
-        dep = Deployment.model_construct(**{n: s[n][i] for n, _ in STR_FACTS}, numa_node=self.numa[i],
-                                         **{n: self.flags[n][i] for n in FLAG_FACTS})
+        values: dict[str, Any] = {n: s[n][i] for n, _ in STR_FACTS}
+        values.update({n: self.flags[n][i] for n in FLAG_FACTS}, numa_node=self.numa[i])
+        dep = Deployment.model_construct(**values)
         return Instance.model_construct(id=self.ids[i], model=self.models[i], deployment=dep,
                                         labels=dict(self.labels[i] or {}))
 
@@ -212,8 +213,9 @@ class InstanceColumns:
     def instance(self, slot: int) -> Instance:
         """The instance at `slot` as an object, made from its row (its fields were checked
         when it was registered)."""
-        dep = Deployment.model_construct(**{n: a[slot] for n, a in self.strs.items()}, numa_node=int(self.numa[slot]),
-                                         **{n: bool(a[slot]) for n, a in self.flags.items()})
+        values: dict[str, Any] = {n: a[slot] for n, a in self.strs.items()}
+        values.update({n: bool(a[slot]) for n, a in self.flags.items()}, numa_node=int(self.numa[slot]))
+        dep = Deployment.model_construct(**values)
         lab = self.labels[slot]
         return Instance.model_construct(id=self.id[slot], model=self.model[slot], deployment=dep,
                                         labels=dict(lab) if lab else {})

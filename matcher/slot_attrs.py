@@ -85,7 +85,7 @@ class SlotAttrs(Mapping[int, Attrs]):
         return a
 
     def __contains__(self, slot: object) -> bool:
-        return slot in self.own or slot in self.lazy
+        return slot in self.own or isinstance(slot, int) and slot in self.lazy
 
     def __len__(self) -> int:
         return len(self.own) + len(self.lazy)
