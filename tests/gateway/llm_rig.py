@@ -161,9 +161,9 @@ class LlmGateway:
         return self.thread.server
 
     def stop(self) -> None:
-        for step in (self.envoy.stop, lambda: self.thread.call(self.als.stop()),
+        for step in (lambda: self.envoy.stop(), lambda: self.thread.call(self.als.stop()),
                      lambda: self.thread.call(self.supervisor_server.stop()),
-                     lambda: self.thread.call(self.picker.stop()), self.thread.stop):
+                     lambda: self.thread.call(self.picker.stop()), lambda: self.thread.stop()):
             try:
                 step()
             except Exception:  # noqa: BLE001 - stop everything that was started, whatever failed first
@@ -179,4 +179,9 @@ class LlmGateway:
 def start_llm_gateway(**kw: object) -> LlmGateway:
     workdir = Path(tempfile.mkdtemp(prefix="policyc-llm-gw-"))
     os.makedirs(workdir, exist_ok=True)
-    return LlmGateway(workdir, **kw).start()  # type: ignore[arg-type]
+    gw = LlmGateway(workdir, **kw)  # type: ignore[arg-type]
+    try:
+        return gw.start()
+    except BaseException:  # a start that fails half-way stops what it started (the model servers above all)
+        gw.stop()
+        raise
