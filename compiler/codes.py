@@ -27,6 +27,7 @@ CODES: dict[str, str] = {
     "E106": "too many terms in one list or expression",
     "E107": "string too long",
     "E108": "number too long",
+    "E109": "unknown unit",
     # structure
     "E201": "unknown field",
     "E202": "duplicate field or label",

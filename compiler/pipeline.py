@@ -73,9 +73,12 @@ def compile_sources(sources: Sequence[Source], *, analyse: bool = True, stop_aft
     with gc_paused():
         c = Compilation({s.name: s for s in sources}, analyse)
         for name, run in STAGES:
-            run(c)
-            if any(d.is_error for d in c.diags) or name == stop_after:
+            if any(d.is_error for d in c.diags) and (name not in GATHERING or _unparsed(c)):
                 break
+            run(c)
+            if name == stop_after:
+                break
+        c.diags = _without_echoes(c.diags)
         c.diags.sort(key=sort_key)
         errors = any(d.is_error for d in c.diags)
         return CompileResult(None if errors else c.bundle, c.diags, c.sources)
@@ -143,11 +146,34 @@ def emit(c: Compilation) -> None:
         c.bundle = bundle_io.seal(c.bundle)
 
 
+def _unparsed(c: Compilation) -> bool:
+    """A file that did not parse (a syntax error other than a repaired unknown unit) lowers
+    to nothing, so the later stages would report its names as unknown: they wait."""
+    return any(d.is_error and d.code.startswith("E1") and d.code != "E109" for d in c.diags)
+
+
+def _without_echoes(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """An unknown unit was blanked to parse on (dsl/parser.py), so the value before it reads
+    as a plain number and lowering says so: that echo of the E109 beside it is dropped."""
+    units = {(d.span.file, d.span.line, d.span.col) for d in diags if d.code == "E109" and d.span is not None}
+    if not units:
+        return diags
+
+    def echo(d: Diagnostic) -> bool:
+        s = d.span
+        return (d.code != "E109" and s is not None and s.line == s.end_line
+                and any((s.file, s.line, col) in units for col in range(s.end_col, s.end_col + 3)))
+    return [d for d in diags if not echo(d)]
+
+
 Stage = tuple[str, Callable[[Compilation], None]]
 STAGES: tuple[Stage, ...] = (
     ("parse", parse), ("lower", lower), ("resolve", resolve_names), ("plan", plan), ("analyse", analyse), ("emit", emit),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)
+# the stages that run past errors, so that one run reports every error they can find (each
+# works on what lowered cleanly); from `plan` on, a stage needs an error-free program
+GATHERING: frozenset[str] = frozenset({"parse", "lower", "resolve"})
 
 
 def lower_policies(policies: list[ast.Block], low: Lowered, diags: list[Diagnostic]) -> None:
