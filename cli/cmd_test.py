@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
                          "uncovered": [{"id": r.id, "origin": str(r.origin)} for r in report.uncovered]},
         }, indent=1, sort_keys=True))
     else:
-        for problem in report.errors:
-            print(f"error: {problem}")
+        for problem in report.errors:  # a test file's problems come located and rendered (`file:line:col: error[E8xx]`)
+            print(problem if "error[E" in problem.split("\n", 1)[0] else f"error: {problem}")
         for r in report.results:
             print(f"{'PASS' if r.passed else 'FAIL'}: {r.file}: {r.name}")
             for f in r.failures:

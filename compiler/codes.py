@@ -7,6 +7,7 @@ that every code the source reports is listed here.
     E0xx input files        E1xx syntax             E2xx structure
     E3xx units and types    E4xx names, references  E5xx/W5xx solver analyses
     E6xx bundle checks      E7xx requests and registrations (the decision service)
+    E8xx policy test files (`*_test.toml`, `policyc test`)
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ CODES: dict[str, str] = {
     "E730": "a registry write the fleet store did not confirm: its outcome is unknown until the store answers",
     "E731": "a request id reused for a different request",
     "E732": "a host fact claimed without a verified attestation",
+    # policy test files
+    "E801": "a test file that is not valid TOML",
+    "E802": "a test file's field is missing, unknown or of the wrong type",
 }
 
 

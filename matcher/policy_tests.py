@@ -98,18 +98,25 @@ class TestFileError(ValueError):
 
 
 def load(path: Path) -> TestFile:
+    """The test file, or TestFileError whose message is every problem as located
+    diagnostics, rendered as the compiler renders its own (test_file_errors.py)."""
+    from .test_file_errors import render, toml_error, validation_errors
+
+    name = path.as_posix()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise TestFileError(f"{path.as_posix()}: cannot read: {e.strerror}") from None
+        raise TestFileError(f"{name}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise TestFileError(f"{name}: not UTF-8 text (byte offset {e.start})") from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TestFileError(f"{path.as_posix()}: not valid TOML: {e}") from None
+        raise TestFileError(render(name, text, [toml_error(name, text, e)])) from None
     try:
         return TestFile.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise TestFileError(f"{path.as_posix()}: `{where}`: {first['msg']} ({e.error_count()} problem(s))") from None
+        raise TestFileError(render(name, text, validation_errors(name, text, raw, e, TestFile))) from None
 
 
 def run_case(reg: Registry, case: Case, file: str) -> CaseResult:

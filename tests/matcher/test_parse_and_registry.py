@@ -128,7 +128,7 @@ def test_policyc_test_cli(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     bad.write_text('[[case]]\nname = "wrong"\nheaders = { X-Tenant = "acme-bank" }\nadmitted = true\n'
                    '[[case]]\nname = "typo"\nadmited = true\n', encoding="utf-8")
     assert main(["test", str(REPO / "policies"), "--tests", str(bad)]) == 1
-    assert "`case.1.admitted`: Field required" in capsys.readouterr().out
+    assert "bad_test.toml:5:1: error[E802]: case 2 ('typo'): `admitted` is required" in capsys.readouterr().out
     copies = tmp_path / "copies_test.toml"
     dep = 'deployment = { host = "h1", gpu = "gpu0", gpu_model = "A100-80G", region = "us-west", tpm = true, ' \
           'memory_encryption = true, hardware_firewall = true }\n'
