@@ -66,14 +66,16 @@ def release(path: Path | None) -> None:
 
 
 def reap_stale(root: Path | None = None) -> int:
-    """Remove empty `policyc-modelserver-*` cgroups a killed run left; how many went."""
+    """Remove the empty `policyc-modelserver-<pid>` cgroups of processes that are gone (a
+    killed run's leftovers; a live pid's cgroup is being filled, so it stays); how many went."""
     root = root or cgroup2_root()
     gone = 0
     if root is None:
         return 0
     for d in root.glob(f"{PREFIX}*"):
+        pid = d.name[len(PREFIX):]
         try:
-            if not (d / "cgroup.procs").read_text().split():
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and not (d / "cgroup.procs").read_text().split():
                 d.rmdir()
                 gone += 1
         except OSError:

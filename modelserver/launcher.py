@@ -253,6 +253,7 @@ class ModelPool:
             self._own_dir = True
         t = time.monotonic()
         self.processes = [ModelServerProcess(s, self.workdir / f"server-{n}") for n, s in enumerate(self.servers)]
+        cgroup_place.reap_stale()  # the cgroups of servers a killed run left behind
         try:
             if self.fork and len(self.processes) > 1:
                 self._start_zygote()

@@ -223,3 +223,32 @@ def test_the_apportioning_rule_on_known_samples(tmp_path: Path) -> None:
     assert a == pytest.approx(0.75) and b == pytest.approx(0.25) and a + b == pytest.approx(1.0)
     assert meter.apportion("127.0.0.1:1", 999.0, 1000.5, "c") is None  # before the first sample: no figure
     assert meter.apportion("127.0.0.1:2", 1000.0, 1001.0, "d") is None  # not watched
+
+
+def test_a_cgroup_is_released_at_stop_and_leftovers_of_dead_servers_reaped() -> None:
+    import subprocess
+
+    from policyc.audit.cgroup_cpu import cgroup2_root
+    from policyc.modelserver import cgroup_place
+
+    root = cgroup2_root()
+    assert root is not None
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        path = cgroup_place.place(child.pid)
+        assert path is not None and cgroup_of_pid(child.pid) == path
+    finally:
+        child.kill()
+        child.wait()
+    assert path.exists() and cgroup_place.reap_stale() >= 1 and not path.exists()  # its process is gone
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        held = cgroup_place.place(live.pid)
+        assert held is not None
+        cgroup_place.reap_stale()
+        assert held.exists()  # a live server's cgroup stays
+        cgroup_place.release(held)  # as the launcher does at stop: anything left moves to the parent first
+        assert not held.exists() and cgroup_of_pid(live.pid) == root
+    finally:
+        live.kill()
+        live.wait()
