@@ -202,6 +202,7 @@ def _check_line(line: str, out: str) -> None:
     (["modelserver", "--model", "m=model.onnx", "--port", "1"], "modelserver"),
     (["modelserver", "--engine", "emulator", "--model", "m=dir", "--port", "1"], "llm"),
     (["agent", "facts", "--host", "h1"], "kernel"),
+    (["lsp"], "lsp"),
 ])
 def test_a_command_without_its_extra_names_it_in_one_line(core: Core, tmp_path: Path, argv: list[str], extra: str) -> None:
     r = _run([core.policyc, *argv], cwd=tmp_path, env=core.env, ok=False)
