@@ -153,26 +153,27 @@ class _NoopPicker:
         from policyc.gateway.messages import forward
         from policyc.gateway.pick import Pick
 
-        self._responses = [forward(Pick("0" * 32, "noop", "noop", e, "noop/gpu0", (), None, None, None, (), 0.0, 0))
-                           for e in endpoints]
+        self._responses = [forward(Pick("0" * 32, "noop", "noop", e, "noop/gpu0", (), None, None, None, (), 0.0, 0)).SerializeToString()
+                           for e in endpoints]  # serialized once, as the picker's answers are (`messages.forward_bytes`)
         self._n = 0
 
-    async def Process(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        import grpc
-
-        req = await context.read()
-        if req is grpc.aio.EOF:
-            return
+    async def Process(self, first, context):  # type: ignore[no-untyped-def]
         self._n += 1
         await context.write(self._responses[self._n % len(self._responses)])
 
 
 async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ignore[no-untyped-def]
     import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from policyc.gateway.messages import serialize
+    from policyc.gateway.server import EXT_PROC_SERVICE
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    ep_grpc.add_ExternalProcessorServicer_to_server(_NoopPicker(endpoints), server)  # type: ignore[arg-type]
+    # registered as the picker's is (gateway/server.py): unary-request, the first message handed over
+    process = grpc.unary_stream_rpc_method_handler(_NoopPicker(endpoints).Process, request_deserializer=ep.ProcessingRequest.FromString,
+                                                   response_serializer=serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": process}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.add_insecure_port(f"unix:{unix_socket}")
     await server.start()

@@ -31,7 +31,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -133,11 +133,15 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         receiver.listeners.append(self._logged)
         self.from_access_log = True
 
-    async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # type: ignore[override]
+    async def Process(self, first: ep.ProcessingRequest,  # type: ignore[override]
                       context: grpc.aio.ServicerContext) -> None:
+        """One ext_proc stream. `server.py` registers the method as unary-request: grpc hands
+        over the stream's first message (its request headers) and `context.read()` reads the
+        rest, the same stream as a bidirectional handler sees, without the request iterator
+        and its first read (benchmarks/gateway_hop.py: `aio-unary-in` against `aio`)."""
+        req: Any = first  # a ProcessingRequest, or grpc.aio.EOF once read past the last
         if self.from_access_log:
             while True:  # the request's headers are the only message asked for: answer them and end the stream
-                req = await context.read()
                 if req is grpc.aio.EOF:
                     return
                 if req.HasField("request_headers"):
@@ -149,10 +153,10 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                         await self._llm_body(context, req, llm_kind)
                     return
                 await context.write(messages.empty_for(req.WhichOneof("request") or ""))
+                req = await context.read()
         picked: list[str] = []
         try:
             while True:
-                req = await context.read()
                 if req is grpc.aio.EOF:
                     return
                 kind = req.WhichOneof("request")
@@ -160,6 +164,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     llm_decision = await self._llm_body(context, req, llm_kind)
                     if llm_decision is not None:
                         picked.append(llm_decision)
+                    req = await context.read()
                     continue
                 if kind == "request_headers":
                     resp, pick = await self._request_headers(req)
@@ -172,6 +177,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 else:
                     resp = messages.empty_for(kind or "")
                 await context.write(resp)
+                req = await context.read()
         finally:
             for did in picked:
                 self._open.pop(did, None)
