@@ -270,5 +270,25 @@ def test_agent_flags_are_checked(tmp_path) -> None:  # type: ignore[no-untyped-d
         out = subprocess.run([*POLICYC, "agent", "run", "--host", "host-0002", "--etcd", etcd.endpoints[0],
                               "--cpus", str((os.cpu_count() or 1) + 64)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "could not apply --cpus" in out.stderr, out.stderr
+        # isolated: every thread of the agent SCHED_FIFO on CPU 0, and it reports its own period and jitter
+        store_prefix = new_prefix()
+        agent = subprocess.Popen([*POLICYC, "agent", "run", "--host", "host-0002", "--etcd", etcd.endpoints[0], "--etcd-prefix",
+                                  store_prefix, "--sched-fifo", "10", "--cpus", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert agent.stdout is not None and "ready" in agent.stdout.readline()
+            tids = [int(t) for t in os.listdir(f"/proc/{agent.pid}/task")]
+            assert tids and all(os.sched_getscheduler(t) == os.SCHED_FIFO and os.sched_getaffinity(t) == {0} for t in tids)
+            got = subprocess.run(["etcdctl", "--endpoints", etcd.endpoints[0], "get", "--print-value-only",
+                                  f"{store_prefix}signals/host-0002"], capture_output=True, text=True, timeout=30)
+            deadline = time.monotonic() + 20
+            while "period_mean_s" not in got.stdout and time.monotonic() < deadline:
+                time.sleep(0.3)
+                got = subprocess.run(["etcdctl", "--endpoints", etcd.endpoints[0], "get", "--print-value-only",
+                                      f"{store_prefix}signals/host-0002"], capture_output=True, text=True, timeout=30)
+            stats = json.loads(got.stdout)["agent"]
+            assert stats["period_s"] == 0.2 and 0.1 < stats["period_mean_s"] < 0.4 and stats["jitter_s"] >= 0
+        finally:
+            _stop([agent])
     finally:
         etcd.stop()
