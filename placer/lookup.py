@@ -50,14 +50,19 @@ SCALAR_MAX = 32  # candidate sets up to this size are evaluated with Python scal
 
 def lookup(
     snap: Snapshot, th: Thresholds, gpus: np.ndarray, ingress: int | None, table: ContractTable, reserved: np.ndarray,
-    budget: float,
+    budget: float, priced: tuple[np.ndarray, float] | None = None,
 ) -> Evaluation:
     """`gpus`: topology indices of the candidates; `reserved`: share already reserved on
-    each candidate's GPU this tick; `ingress`: fabric node, or None for regional gateways."""
+    each candidate's GPU this tick; `ingress`: fabric node, or None for regional gateways;
+    `priced`: an LLM request's own (share per candidate, FLOPs) in place of the contract's
+    constant ones (`llm_price.py`), evaluated by numpy on the gather (a copy of the rows)."""
     pt = path_table(snap, th, ingress)
     tt = tick_table(snap, pt, table)
     g = tt.block[gpus]
-    if len(gpus) <= SCALAR_MAX:
+    flops = table.flops
+    if priced is not None:
+        g[:, MIN_SHARE], flops = priced
+    elif len(gpus) <= SCALAR_MAX:
         figures = scalar_figures(tt.layout, g.tolist(), reserved.tolist(), table.flops, budget * th.budget_fraction,
                                  th.stability_weight)
         return scalar_evaluation(tt, g, gpus, figures)
@@ -67,7 +72,7 @@ def lookup(
     free = g[:, FREE] - reserved
     code = np.minimum(ints[:, 0], np.where(gpu_share.refuses(free, min_share), _SHARE, NO_FAILURE))
     share_used = np.minimum(np.maximum(np.maximum(free, min_share), LEAST_SHARE), 1.0)  # np.clip, without its overhead
-    compute = compute_seconds(table.flops, g[:, PEAK_EFF], share_used)
+    compute = compute_seconds(flops, g[:, PEAK_EFF], share_used)
     no_peak = g[:, NO_PEAK] != 0.0
     if no_peak.any():
         compute[no_peak] = np.inf

@@ -27,6 +27,7 @@ from .shares import ShareBound
 from .evaluate import ORDER, Evaluation
 from .evaluated import Evaluated, RowFixed
 from .framework import Stage, Words
+from .llm_price import RequestPrice, priced_bounds, priced_flops
 from .lookup import lookup, scalar_rows
 from .pick import Kept, Picker
 from .plan import (
@@ -82,18 +83,20 @@ class Placer:
 
     def place(
         self, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None = None, *,
-        ingress: str | None = None, affinity_key: str | None = None,
+        ingress: str | None = None, affinity_key: str | None = None, price: RequestPrice | None = None,
     ) -> PlacementPlan | NoPlacement:
         """Choose a GPU among `candidates` for one request with `budget` seconds end to end.
 
         `ingress` names the fabric node the request enters at (default: the gateway of each
         candidate's region). `affinity_key` groups requests for hysteresis (default: the
-        contract name and ingress). Never raises: every failure is a `NoPlacement`.
+        contract name and ingress). `price`: an LLM request's own tokens (`llm_price.py`),
+        which set its share and its compute instead of the contract's constant `tokens`.
+        Never raises: every failure is a `NoPlacement`.
         """
         snap: Snapshot | None = None
         try:
             snap = self._snapshots.current()
-            return self._place(snap, candidates, budget, contract, session, ingress, affinity_key)
+            return self._place(snap, candidates, budget, contract, session, ingress, affinity_key, price)
         except Exception as e:  # the contract is "never raises": a bug becomes a refusal that says so
             return NoPlacement(Constraint.INTERNAL, f"placer error: {type(e).__name__}: {e}", False,
                                snap.version if snap is not None else -1)
@@ -158,7 +161,7 @@ class Placer:
 
     def _place(
         self, snap: Snapshot, candidates: Sequence[Instance], budget: float, contract: Contract, session: str | None,
-        ingress: str | None, affinity_key: str | None,
+        ingress: str | None, affinity_key: str | None, price: RequestPrice | None = None,
     ) -> PlacementPlan | NoPlacement:
         t = snap.topology
         now = self._clock()
@@ -190,18 +193,25 @@ class Placer:
             return _refused(snap, stale, reasons, Constraint.INPUT, "the topology has no ingress gateway to enter from")
 
         table = self._contract_table(contract, t)
+        bounds = table.bounds
+        priced: tuple[np.ndarray, float] | None = None
+        if price is not None and contract.llm is not None:  # this request's own share and FLOPs
+            bounds = priced_bounds(contract, price, table.bounds, self._catalog)
+            names, model_idx = t.gpu_models
+            per_class = np.array([bounds[n].min_share for n in names], dtype=np.float64)
+            priced = (per_class[model_idx[cs.gpus]], priced_flops(contract.llm, price)[1])
         with self._lock:
             if self._reserved_version != snap.version or len(self._reserved) != len(t.gpus):
                 self._reserved, self._reserved_version = [0.0] * len(t.gpus), snap.version
             reserved = cs.take(self._reserved)
         gathered = None
-        if len(cs.rows) <= SCALAR_MAX:
+        if priced is None and len(cs.rows) <= SCALAR_MAX:
             tt, gathered = cs.gathered(snap, th, node, table)
             outs = scalar_rows(tt.layout, gathered.rows, reserved, table.flops, budget * th.budget_fraction,
                                th.stability_weight, gathered.figures)
             ev = Evaluated.of_lists(cs.gpus, cs.rows, tt, gathered, outs)
         else:
-            ev = Evaluated.of_evaluation(lookup(snap, th, cs.gpus, node, table, np.array(reserved), budget))
+            ev = Evaluated.of_evaluation(lookup(snap, th, cs.gpus, node, table, np.array(reserved), budget, priced))
 
         best = ev.best
         if best < 0:
@@ -212,7 +222,7 @@ class Placer:
             shares = (tuple(reserved), budget)
             if gathered is not None and not stale and gathered.refusal is not None and gathered.refusal[0] == shares:
                 return gathered.refusal[1]
-            out = self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), table.bounds, budget)
+            out = self._refusal(snap, th, stale, reasons, unknown, ev.evaluation(), bounds, budget)
             if gathered is not None and not stale:
                 gathered.refusal = (shares, out)
             return out
@@ -226,7 +236,7 @@ class Placer:
             share = row.min_share
             if self._reserved_version == snap.version:
                 self._reserved[row.gpu] += share
-        return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, queueing, compute, table.bounds, move, reasons,
+        return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, queueing, compute, bounds, move, reasons,
                           unknown, budget)
 
     def _rejections(
@@ -276,7 +286,7 @@ class Placer:
                 msg += (f"; runner-up {t.gpu_key(int(full.gpus[runner]))} predicted {full.total[runner] * 1e3:.1f} ms "
                         f"± {full.sigma[runner] * 1e3:.1f} ms, rank {full.rank[runner] * 1e3:.1f} ms")
             reasons = [msg, f"share {share:.3f} of the GPU from the {b.source.value}"
-                       + (f" ({b.detail})" if b.source is ShareSource.CATALOG else ""), *map(str, notes)]
+                       + (f" ({b.detail})" if b.source is not ShareSource.SOLVER else ""), *map(str, notes)]
             for sig in _NOTED:  # a measured reading the prediction left out as stale, say
                 line = sig.plan_note(snap, g)
                 if line is not None:

@@ -41,6 +41,7 @@ class Constraint(str, Enum):
 class ShareSource(str, Enum):
     SOLVER = "solver"
     CATALOG = "catalog"  # computed here: the bundle had no solver entry for the class
+    REQUEST = "request"  # an LLM request priced by its own tokens on the catalog (`llm_price.py`)
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable: never assigned to (see above)

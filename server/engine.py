@@ -22,6 +22,7 @@ from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.placer.catalog import catalog_for
+from policyc.placer.llm_price import request_price
 from policyc.solver.feasibility import Feasible, Infeasible
 
 from .decision_ids import new_decision_id
@@ -219,7 +220,10 @@ class DecisionEngine:
         plan: PlacementPlan | NoPlacement | None = None
         model = ""
         for label, contract, cands, budget, session in mt.tries:
-            plan = self.placer.place(cands, budget, contract, session)
+            # an LLM request is priced by its own prompt and max_tokens, not the contract's constant
+            price = request_price(contract, vars_) if contract.llm is not None else None
+            plan = self.placer.place(cands, budget, contract, session) if price is None else \
+                self.placer.place(cands, budget, contract, session, price=price)
             if isinstance(plan, PlacementPlan):
                 model = contract.name
                 break

@@ -39,12 +39,14 @@ import z3
 
 from policyc.compiler.bundle import Atom, Bundle, Scalar, SourceRef, Test
 from policyc.compiler.meaning import CONTRACT_QUANTITIES, fixed_quantity
+from policyc.placer.catalog import catalog_for
 
 from .classes import group
 from .domains import QUANTITY_TYPES, domains, leaves
 from .encode import RuleEncoder
 from policyc.compiler.semantics import rule_applies
 from .space import Space
+from .token_feasibility import first_token_bounds, first_token_refusal
 from .verdict import Verdict, new_solver, verdict
 
 FIXED_ATTRS = CONTRACT_QUANTITIES  # one value per contract
@@ -117,6 +119,8 @@ class RequestFeasibility:
         for c in classes:
             self.space.reserve(c.names)
         self._solver.add(self.enc.instance_frame(), self.enc.fleet_domain(classes), *self.space.axioms)
+        # LLM contracts' first-token bounds: asked per request before the shape cache (`_by_tokens`)
+        self._first_token = first_token_bounds(bundle.contracts, catalog_for(bundle.gpu_catalog))
         self._rule_lits = {}
         for r in bundle.rules:
             lit = z3.Bool(f"rule:{r.id}", self.space.ctx)
@@ -161,6 +165,9 @@ class RequestFeasibility:
     # ------------------------------------------------------------------ checks
     def check(self, variables: Mapping[str, Scalar]) -> Answer:
         """Cached: the answer for this request's shape (Z3 in this thread on a miss)."""
+        by_tokens = self._by_tokens(variables)
+        if by_tokens is not None:
+            return by_tokens
         key = self.shape(variables)
         hit = self._cache.get(key)
         if hit is not None:
@@ -173,6 +180,9 @@ class RequestFeasibility:
     def lookup(self, variables: Mapping[str, Scalar]) -> Answer:
         """The serving path's question: the cached answer, or one that needs no solver,
         or `PENDING` with the shape queued for the solver thread. Never runs Z3."""
+        by_tokens = self._by_tokens(variables)
+        if by_tokens is not None:
+            return by_tokens
         key = self.shape(variables)
         hit = self._cache.get(key)
         if hit is not None:
@@ -190,7 +200,7 @@ class RequestFeasibility:
         cached): what a serving loop awaits instead of running Z3 itself. Requests of one
         new shape share one solve."""
         key = self.shape(variables)
-        hit = self._cache.get(key)
+        hit = self._by_tokens(variables) or self._cache.get(key)
         if hit is not None:
             f: Future[Answer] = Future()
             f.set_result(hit)
@@ -272,6 +282,12 @@ class RequestFeasibility:
             finally:
                 with self._start_lock:
                     self._queued.pop(key, None)
+
+    def _by_tokens(self, variables: Mapping[str, Scalar]) -> Infeasible | None:
+        """An LLM request whose prefill cannot meet its contract's TTFT on any GPU class
+        (`token_feasibility.py`): exact per request, so never cached by shape."""
+        refused = first_token_refusal(self._first_token, variables)
+        return None if refused is None else Infeasible(refused[0], (), (refused[1],))
 
     def _without_solver(self, variables: Mapping[str, Scalar]) -> Answer | None:
         """`solve`'s answers that need no Z3 (outside the domain; no rule applies)."""

@@ -32,4 +32,6 @@ class GpuShare(Signal[RequestInputs]):
         held = w.held(g)  # the share placed on this snapshot since it was taken counts against it
         free = w.snap.gpu_free[g]
         since = f" ({free:.3f} free on the snapshot, {held:.3f} placed since)" if held else ""
-        return f"free share {free - held:.3f} < required {w.ev.min_share[r]:.3f}{since}"
+        b = w.bounds.get(w.snap.topology.gpus[g].model)
+        why = f": {b.detail}" if b is not None and not b.feasible and b.min_share > 1.0 else ""  # a request no share can serve
+        return f"free share {free - held:.3f} < required {w.ev.min_share[r]:.3f}{since}{why}"
