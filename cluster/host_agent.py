@@ -22,6 +22,7 @@ import time
 from policyc.matcher import Instance
 
 from .agent import InstanceAgent
+from .host_acts import ActTaker
 from .host_signals import Collector
 from .attestation import check_host, encode_answer, qualifying_data
 from .host_facts import HostFacts, discover
@@ -57,6 +58,8 @@ class HostAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publisher: asyncio.Task[None] | None = None
         self.published = 0  # signal reports written (for status and tests)
+        self.acts = ActTaker(store, keys, self.host, lambda: self._keeper.lease, self._drain)
+        self._acting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.tpm is not None:
@@ -67,6 +70,7 @@ class HostAgent:
         await self._keeper.start()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._answering())
+        self._acting = loop.create_task(self.acts.run())
         if self.discover_facts:
             self._rediscover = loop.create_task(self._rediscovering())
         if self.ticker is not None:
@@ -77,7 +81,7 @@ class HostAgent:
     async def stop(self) -> None:
         if self.ticker is not None:
             await asyncio.to_thread(self.ticker.stop)
-        for t in (self._task, self._rediscover, self._publisher):
+        for t in (self._task, self._rediscover, self._publisher, self._acting):
             if t is not None:
                 t.cancel()
         for a in self._instances:
@@ -185,6 +189,14 @@ class HostAgent:
         log.info("agent %s: answered challenge from %s over %s", self.host, body.get("by", "?"), body["pcrs"])
 
     # ---------------------------------------------------------------- its host's instances
+    async def _drain(self) -> int:
+        """The leader's `drain` of this host: the instances this agent keeps, deregistered."""
+        n = len(self._instances)
+        for a in self._instances:
+            await a.stop()
+        self._instances.clear()
+        return n
+
     async def keep_registered(self, instance: Instance, *, score: float | None = None, ttl: int = 5) -> InstanceAgent:
         """Register one of this host's instances under its own lease; ValueError for an
         instance that claims another host (an agent speaks for its own host only)."""

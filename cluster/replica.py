@@ -41,6 +41,7 @@ from policyc.server.errors import ServiceError
 
 from . import anchors, bundle_rollout, instance_codec
 from .attestation import AttestationBook, AttestedFact, Attestor
+from .host_acts import ActSender
 from .host_facts import HostFacts
 from .measured_hosts import HostSignalBook
 from .config import FleetConfig
@@ -118,6 +119,7 @@ class Replica:
         self.attestation = AttestationBook(self.keys, cfg.attest_max_age)
         self._attesting_now: dict[str, asyncio.Task[AttestedFact]] = {}
         self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
+        self.acts = ActSender(self)  # self-heal steps sent to the host's agent (the executor's `remote`)
         self.host_signals = HostSignalBook()  # what each host's agent measured last (`signals/<host>`), for the placer
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
 
@@ -140,6 +142,10 @@ class Replica:
         self._joined = True
         self._apply_initial(items)
         self.engine.writer = self
+        g = self.server.guardian
+        if g is not None:  # the leader's host steps go to the host's agent, their results into this audit
+            self.acts.audit = g.executor.audit
+            g.executor.remote = self.acts
         await self._follow_from(self.applied_revision)
 
     async def _join(self) -> list[tuple[Instance, float | None]]:
@@ -371,6 +377,9 @@ class Replica:
                 self.host_signals.on_report(k.id_of(ch.key, k.signals), ch.value)
             else:
                 self.host_signals.forget(k.id_of(ch.key, k.signals))
+        elif ch.key.startswith(k.act_results):
+            if ch.kind is ChangeKind.PUT:
+                self.acts.on_result(ch.key, ch.value)
         elif ch.key.startswith(k.instances):
             iid = k.id_of(ch.key, k.instances)
             if ch.kind is ChangeKind.DELETE:

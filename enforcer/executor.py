@@ -57,6 +57,14 @@ class FenceVerdict(Protocol):
     def detail(self) -> str: ...
 
 
+class RemoteAct(Protocol):
+    """Where hosts run agents (policyc.cluster), a hardware step for a host is carried out
+    by that host's agent: `remote(step, target, rule, dry_run)` sends it (fenced) and says
+    so, or returns None for a step it does not carry (then this process runs it)."""
+
+    def __call__(self, step: str, target: HealTarget, rule: str, dry_run: bool) -> StepResult | None: ...
+
+
 class Fence(Protocol):
     """Where replicas share a fleet, one elected leader takes dangerous acts: `admit` says
     whether this process may take this one now, checked against its fencing token in the
@@ -74,6 +82,7 @@ class ActionExecutor:
     commands: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_COMMANDS))
     timeout_s: float = 60.0
     fence: Fence | None = None
+    remote: RemoteAct | None = None  # the host's agent carries the step out (its result is audited when it comes back)
 
     def run(self, steps: Sequence[str], target: HealTarget, rule: str) -> list[StepResult]:
         """Run the steps in order; a failed hardware step stops the rest (no rebalance onto a broken GPU).
@@ -81,6 +90,15 @@ class ActionExecutor:
         the fencing token goes into the step's record."""
         results: list[StepResult] = []
         for step in steps:
+            sent = self.remote(step, target, rule, not self.allow_real) if self.remote is not None else None
+            if sent is not None:  # fenced by the sender: the order lands only under a fencing token that holds
+                results.append(sent)
+                self.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",
+                                        rule=rule, outcome=sent.outcome, dry_run=not self.allow_real, detail=sent.detail,
+                                        source="executor"))
+                if sent.outcome in (Outcome.FAILED, Outcome.REFUSED):
+                    break
+                continue
             fenced = ""
             if self.fence is not None:
                 verdict = self.fence.admit("self_heal_step", f"{step} {target.gpu_key}", f"rule {rule}", rule=rule)
