@@ -43,12 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import config_file
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config_file.install(parser)  # --config FILE / POLICYC_<COMMAND>_<FLAG> for serve, gateway, agent run
+    config_file.prepare(parser, argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
     try:
+        if getattr(args, "print_config", False):
+            return config_file.print_config(args, parser, argv)
         return int(args.func(args))
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
