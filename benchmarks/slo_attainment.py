@@ -1,0 +1,478 @@
+"""SLO attainment per router: the same emulated model servers, the same request trace, one
+router at a time, in one run.
+
+    scripts/bench_setup.sh                      # the peers: vllm-router, sglang-router in .venv-routers
+    .venv/bin/python benchmarks/slo_attainment.py --instances 32 --rate 12 --duration 20
+    .venv/bin/python benchmarks/slo_attainment.py --quick   # 8 instances, 8 s a router
+
+Routers: policyc's gateway (`policyc gateway`, its placer scraping the servers' `/metrics`);
+Envoy round robin and least request (a plain Envoy bootstrap, the same binary the gateway
+runs); `vllm-router` (round_robin, power_of_two, cache_aware) and `sglang-router`
+(cache_aware) from `.venv-routers` (a router whose binary is missing is reported as not run,
+never dropped silently).
+
+The pool: `--instances` vLLM-compatible emulators (`modelserver/emulator.py`, vLLM's routes
+and `vllm:*` metrics) in a process of their own, restarted for every router (empty queues,
+empty prefix caches). Each is registered with policyc on a GPU of the simulated cluster that
+admits the model; half on H100s, a quarter on A100-80Gs and a quarter on L4s, each emulator
+slowed by its class's bf16 peak against the H100's (`--base-slowdown` for the H100), so the
+pool is heterogeneous in fact as well as in declaration. `max_num_seqs` is kept small
+(`--max-seqs`) so requests queue at a busy server, as at a loaded vLLM.
+
+The trace (`--trace FILE` to reuse one; written beside the results): Poisson arrivals at
+`--rate` for `--duration` seconds; three tenants with TTFT SLOs sent as `x-slo-ttft-ms`
+(gold 300 ms 20 %, silver 1000 ms 50 %, bronze 4000 ms 30 %); 70 % of requests open with
+one of 8 shared system prompts (prefix groups, like the anchors' "b2b-saas" workload scaled
+down); 70 % short questions, 30 % long documents; 16 to 64 output tokens; streamed chat.
+
+policyc's bundle is `policies` with the model's contract from `policies/llm`, its TPOT bound
+raised from 50 ms (set for real vLLM on this CPU) to 2 s: the slowed emulators' steps are
+longer than 50 ms, and policyc's gateway ends a stream that breaks its contract's TPOT,
+which no peer does. The TTFT SLOs are the tenants' headers, which policyc's gateway holds
+each streamed attempt to (a first token later than its SLO is cut and retried once on the
+backup model, `tiny-llm-lite`, which this pool does not serve: a miss either way).
+
+The load: a small asyncio client (aiohttp) here, driven by the trace file: one request per
+trace line at its arrival offset, the first streamed chunk's arrival its TTFT. It is used
+instead of inference-perf or guidellm because both generate their own prompts and neither
+sends a per-request header from a trace (each tenant's SLO); see benchmarks/RESULTS.md.
+
+Per router: SLO attainment (the share of all requests answered 200 with TTFT within their
+SLO; refused and failed requests count as missed), goodput (requests per second that met
+their SLO), TTFT p50/p90/p99 of the answered, output tokens per second, and the refusals
+with their reasons (policyc's `x-policyc-reason`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny-llm"
+ROUTERS_VENV = REPO / ".venv-routers"
+TPOT_LINE = "tpot: <= 50 ms"  # the contract's, for real vLLM on CPU; the slowed pool's is 2 s (see the docstring)
+ALL_ROUTERS = ("policyc", "envoy-round-robin", "envoy-least-request", "vllm-router:round_robin",
+               "vllm-router:power_of_two", "vllm-router:cache_aware", "sglang-router:cache_aware")
+TENANTS = (("gold", 300, 0.2), ("silver", 1000, 0.5), ("bronze", 4000, 0.3))
+CLASSES = (("H100", 0.5), ("A100-80G", 0.25), ("L4", 0.25))
+WORDS = ("the of and to in is that for it as with on be by this are from at or an account invoice customer "
+         "contract renewal payment usage report tenant region latency error").split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------------- the trace
+@dataclass(frozen=True)
+class Entry:
+    at: float  # seconds from the start
+    tenant: str
+    slo_ms: int
+    group: int  # prefix group, -1: none
+    long: bool
+    prompt: str
+    system: str
+    max_tokens: int
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        w = rng.choice(WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
+
+
+def make_trace(seed: int, rate: float, duration: float) -> list[Entry]:
+    rng = random.Random(seed)
+    systems = [f"You are the support assistant of company {g}. " + _text(random.Random(seed * 100 + g), 600) for g in range(8)]
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return out
+        r = rng.random()
+        tenant, slo, _ = next(x for x, c in zip(TENANTS, _cumulative([w for _, _, w in TENANTS])) if r < c)
+        group = rng.randrange(8) if rng.random() < 0.7 else -1
+        long = rng.random() < 0.3
+        prompt = _text(rng, rng.randint(1200, 2000) if long else rng.randint(60, 240))
+        out.append(Entry(round(t, 4), tenant, slo, group, long, prompt, systems[group] if group >= 0 else "",
+                         rng.randint(16, 64)))
+
+
+def _cumulative(ws: list[float]) -> list[float]:
+    acc, out = 0.0, []
+    for w in ws:
+        acc += w
+        out.append(acc)
+    out[-1] = 1.0
+    return out
+
+
+# ---------------------------------------------------------------------- the pool
+EMULATORS = """
+import json, sys, time
+from policyc.modelserver.emulator import EmulatorServer, EmulatorSpec
+from policyc.modelserver.emulator_engine import TimingModel
+specs = json.loads(sys.argv[1])
+srv = EmulatorServer([EmulatorSpec(s["model"], timing=TimingModel(max_num_seqs=s["max_seqs"]), slowdown=s["slowdown"])
+                      for s in specs]).start()
+print(json.dumps(srv.endpoints), flush=True)
+time.sleep(86400)
+"""
+
+
+@dataclass(frozen=True)
+class Slot:
+    instance_id: str
+    gpu_model: str
+    slowdown: float
+    deployment: dict[str, Any]
+
+
+def pool_slots(n: int, base_slowdown: float) -> tuple[list[Slot], Any]:
+    """`n` GPUs of the simulated cluster that admit the model, by class share, each with
+    its emulator's slowdown (the class's bf16 peak against the H100's)."""
+    sys.path.insert(0, str(REPO / "tests" / "gateway"))
+    sys.path.insert(0, str(REPO / "tests"))
+    from llm_rig import llm_bundle
+
+    from policyc.placer import SimulatedCluster
+    from policyc.placer.catalog import catalog_by_name, catalog_for
+    from policyc.server.config import ClusterSpec
+    from policyc.server.fleet import admissible_fleet
+
+    contracts = Path(tempfile.mkdtemp(prefix="policyc-slo-contract-"))
+    text = (REPO / "policies" / "llm" / "tiny-llm.contract").read_text()
+    if TPOT_LINE not in text:
+        raise SystemExit(f"slo_attainment: policies/llm/tiny-llm.contract no longer declares `{TPOT_LINE}`")
+    (contracts / "tiny-llm.contract").write_text(text.replace(TPOT_LINE, "tpot: <= 2 s"))
+    bundle = llm_bundle((contracts,))
+    c = ClusterSpec()
+    slots = SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack).gpu_slots()
+    fleet = admissible_fleet(bundle, slots, models=[MODEL])
+    peaks = {name: dict(g.peak_flops)["bf16"] for name, g in catalog_by_name(catalog_for(bundle.gpu_catalog)).items()}
+    out: list[Slot] = []
+    for cls, share in CLASSES:
+        want = max(1, round(n * share)) if cls != CLASSES[-1][0] else n - len(out)
+        of = [i for i in fleet if i.deployment.gpu_model == cls][:want]
+        if len(of) < want:
+            raise SystemExit(f"slo_attainment: the simulated cluster has {len(of)} {cls} GPUs admitting {MODEL}, {want} wanted")
+        out += [Slot(i.id, cls, base_slowdown * peaks["H100"] / peaks[cls], i.deployment.model_dump()) for i in of]
+    return out, bundle
+
+
+class Pool:
+    def __init__(self, slots: list[Slot], max_seqs: int) -> None:
+        specs = [{"model": MODEL, "max_seqs": max_seqs, "slowdown": s.slowdown} for s in slots]
+        self.proc = subprocess.Popen([sys.executable, "-c", EMULATORS, json.dumps(specs)], stdout=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit("slo_attainment: the emulators did not start")
+        self.endpoints: list[str] = json.loads(line)
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+# ---------------------------------------------------------------------- the routers
+class Router:
+    url: str
+    procs: list[subprocess.Popen[bytes]]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class PolicycRouter(Router):
+    def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str]) -> None:
+        from policyc.client import operator_channel
+        from policyc.compiler import bundle_io
+        from policyc.gateway.llm_routes import HTTP1, PROTOCOL_LABEL
+        from policyc.matcher.instance import Deployment, Instance
+        from policyc.placer.metrics_scraper import METRICS_LABEL
+        from policyc.server import convert
+        from policyc.server.proto import pb_grpc
+
+        import grpc
+
+        path = workdir / "bundle.json"
+        bundle_io.write(bundle, path)
+        api, listen = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{listen}"
+        log = open(workdir / "policyc-gateway.log", "wb")
+        self.procs = [subprocess.Popen(
+            [sys.executable, "-m", "policyc.cli.main", "gateway", "--bundle", str(path), "--port", str(api),
+             "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()),
+             "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096"],
+            stdout=log, stderr=log, start_new_session=True)]
+        with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:
+            grpc.channel_ready_future(probe).result(timeout=60)
+        with operator_channel(f"127.0.0.1:{api}") as ch:
+            stub = pb_grpc.DecisionsStub(ch)
+            for s, e in zip(slots, endpoints):
+                inst = Instance(id=s.instance_id, model=MODEL, labels={PROTOCOL_LABEL: HTTP1, METRICS_LABEL: "vllm"},
+                                deployment=Deployment(**{**s.deployment, "endpoint": e}))
+                stub.RegisterInstance(convert.register_request(inst), timeout=10)
+
+
+class EnvoyRouter(Router):
+    def __init__(self, workdir: Path, endpoints: list[str], policy: str) -> None:
+        from policyc.gateway.envoy_process import envoy_binary
+
+        listen, admin = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{listen}"
+        hosts = [{"endpoint": {"address": {"socket_address": {"address": h, "port_value": int(p)}}}}
+                 for h, p in (e.rsplit(":", 1) for e in endpoints)]
+        boot = {
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+            "static_resources": {
+                "listeners": [{"name": "in", "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                               "filter_chains": [{"filters": [{
+                                   "name": "envoy.filters.network.http_connection_manager",
+                                   "typed_config": {
+                                       "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                                       "stat_prefix": "in",
+                                       "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+                                           {"match": {"prefix": "/"}, "route": {"cluster": "pool", "timeout": "120s"}}]}]},
+                                       "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                                           "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}],
+                "clusters": [{"name": "pool", "type": "STATIC", "connect_timeout": "2s", "lb_policy": policy,
+                              "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
+                                                                   "max_requests": 100000}]},
+                              "load_assignment": {"cluster_name": "pool", "endpoints": [{"lb_endpoints": hosts}]}}]}}
+        path = workdir / f"envoy-{policy}.json"
+        path.write_text(json.dumps(boot))
+        log = open(workdir / f"envoy-{policy}.log", "wb")
+        self.procs = [subprocess.Popen([envoy_binary(), "-c", str(path), "--concurrency", "1", "-l", "warning",
+                                        "--base-id", str(random.randrange(1, 1 << 20))],
+                                       stdout=log, stderr=log, start_new_session=True)]
+
+
+class RustRouter(Router):
+    def __init__(self, workdir: Path, endpoints: list[str], kind: str, policy: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        urls = [f"http://{e}" for e in endpoints]
+        if kind == "vllm-router":
+            argv = [str(ROUTERS_VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+                    "--policy", policy]
+        else:
+            argv = [str(ROUTERS_VENV / "bin" / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
+                    "--worker-urls", *urls, "--policy", policy]
+        log = open(workdir / f"{kind}-{policy}.log", "wb")
+        self.procs = [subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)]
+
+
+def router_available(name: str) -> str | None:
+    """None, or why the router cannot run here."""
+    kind = name.split(":")[0]
+    if kind in ("vllm-router", "sglang-router") and not (ROUTERS_VENV / "bin" / kind).exists():
+        return f"{ROUTERS_VENV / 'bin' / kind} missing: run scripts/bench_setup.sh"
+    if kind.startswith("envoy") or kind == "policyc":
+        from policyc.gateway.envoy_process import EnvoyError, envoy_binary
+
+        try:
+            envoy_binary()
+        except EnvoyError as e:
+            return str(e)
+    return None
+
+
+def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str]) -> Router:
+    if name == "policyc":
+        return PolicycRouter(workdir, bundle, slots, endpoints)
+    if name.startswith("envoy-"):
+        return EnvoyRouter(workdir, endpoints, {"envoy-round-robin": "ROUND_ROBIN", "envoy-least-request": "LEAST_REQUEST"}[name])
+    kind, policy = name.split(":")
+    return RustRouter(workdir, endpoints, kind, policy)
+
+
+# ---------------------------------------------------------------------- the load
+@dataclass
+class Outcome:
+    status: int
+    ttft_s: float | None
+    tokens: int
+    reason: str
+    slo_ms: int
+    tenant: str
+
+
+def _body(e: Entry) -> bytes:
+    msgs = ([{"role": "system", "content": e.system}] if e.system else []) + [{"role": "user", "content": e.prompt}]
+    return json.dumps({"model": MODEL, "messages": msgs, "max_tokens": e.max_tokens, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+
+
+async def _one(session: Any, url: str, e: Entry, t0: float) -> Outcome:
+    await asyncio.sleep(max(0.0, t0 + e.at - time.monotonic()))
+    sent = time.monotonic()
+    ttft, tokens = None, 0
+    try:
+        async with session.post(f"{url}/v1/chat/completions", data=_body(e),
+                                headers={"content-type": "application/json", "x-slo-ttft-ms": str(e.slo_ms)}) as r:
+            if r.status != 200:
+                text = (await r.read())[:300].decode(errors="replace")
+                reason = r.headers.get("x-policyc-reason") or text.strip().replace("\n", " ")[:120]
+                return Outcome(r.status, None, 0, reason, e.slo_ms, e.tenant)
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                    ttft = time.monotonic() - sent  # the first token (a role-only chunk may come before it)
+                if chunk.get("usage"):
+                    tokens = int(chunk["usage"].get("completion_tokens") or 0)
+            return Outcome(200, ttft, tokens, "", e.slo_ms, e.tenant)
+    except Exception as ex:  # noqa: BLE001 - a failed request is an outcome (missed), named
+        return Outcome(0, None, 0, f"{type(ex).__name__}: {ex}"[:120], e.slo_ms, e.tenant)
+
+
+async def drive(url: str, trace: list[Entry]) -> tuple[list[Outcome], float]:
+    import aiohttp
+
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        t0 = time.monotonic() + 0.2
+        got = await asyncio.gather(*(_one(session, url, e, t0) for e in trace))
+        return list(got), time.monotonic() - t0
+
+
+async def warm(url: str, timeout: float = 30.0) -> None:
+    """Until the router answers a small chat 200 (a gateway's pool file, a router's health checks)."""
+    import aiohttp
+
+    end = time.monotonic() + timeout
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    last = ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        while time.monotonic() < end:
+            try:
+                async with s.post(f"{url}/v1/chat/completions", data=body, headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except Exception as ex:  # noqa: BLE001 - not up yet
+                last = type(ex).__name__
+            await asyncio.sleep(0.3)
+    raise RuntimeError(f"did not answer 200 within {timeout:.0f} s ({last})")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarise(name: str, outs: list[Outcome], wall: float) -> dict[str, Any]:
+    met = [o for o in outs if o.status == 200 and o.ttft_s is not None and o.ttft_s * 1e3 <= o.slo_ms]
+    ttfts = [o.ttft_s for o in outs if o.status == 200 and o.ttft_s is not None]
+    by_tenant = {t: round(100 * sum(1 for o in met if o.tenant == t) / max(1, sum(1 for o in outs if o.tenant == t)), 1)
+                 for t, _, _ in TENANTS}
+    refused = Counter(f"{o.status} {o.reason}" for o in outs if o.status != 200)
+    return {"router": name, "requests": len(outs), "attainment_pct": round(100 * len(met) / max(1, len(outs)), 1),
+            "by_tenant_pct": by_tenant, "goodput_rps": round(len(met) / wall, 2),
+            "ttft_ms": {q: round(_pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+            "output_tok_s": round(sum(o.tokens for o in outs) / wall, 1), "refused": dict(refused.most_common(6)),
+            "wall_s": round(wall, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--instances", type=int, default=32)
+    ap.add_argument("--rate", type=float, default=12.0, help="requests per second (Poisson)")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of trace per router")
+    ap.add_argument("--base-slowdown", type=float, default=10.0, help="the H100 emulators' slowdown (others by peak)")
+    ap.add_argument("--max-seqs", type=int, default=4, help="each emulator's max_num_seqs")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
+    ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
+    ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
+    ap.add_argument("--setup", action="store_true", help="install the peer routers first (scripts/bench_setup.sh)")
+    ap.add_argument("--quick", action="store_true", help="8 instances, 8 s a router")
+    args = ap.parse_args()
+    if args.quick:
+        args.instances, args.duration = 8, 8.0
+    if args.setup:
+        subprocess.run(["bash", str(REPO / "scripts" / "bench_setup.sh")], check=True)
+    routers = [r for r in args.routers.split(",") if r]
+    bad = [r for r in routers if r not in ALL_ROUTERS]
+    if bad:
+        print(f"slo_attainment: unknown routers {bad}; known: {', '.join(ALL_ROUTERS)}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="policyc-slo-"))
+    if args.trace:
+        trace = [Entry(**json.loads(line)) for line in args.trace.read_text().splitlines() if line.strip()]
+    else:
+        trace = make_trace(args.seed, args.rate, args.duration)
+    (workdir / "trace.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in trace))
+    slots, bundle = pool_slots(args.instances, args.base_slowdown)
+    shape = {"requests": len(trace), "rate_rps": args.rate, "duration_s": args.duration,
+             "tenants": {t: f"{s} ms, {w:.0%}" for t, s, w in TENANTS},
+             "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
+             "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
+             "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)), "max_num_seqs": args.max_seqs}
+    print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
+    results = []
+    for name in routers:
+        why = router_available(name)
+        if why is not None:
+            results.append({"router": name, "not_run": why})
+            print(json.dumps(results[-1]), flush=True)
+            continue
+        pool = Pool(slots, args.max_seqs)
+        router: Router | None = None
+        try:
+            router = start_router(name, workdir, bundle, slots, pool.endpoints)
+            asyncio.run(warm(router.url))
+            outs, wall = asyncio.run(drive(router.url, trace))
+            results.append(summarise(name, outs, wall))
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            results.append({"router": name, "not_run": f"{type(e).__name__}: {e}"[:300]})
+        finally:
+            if router is not None:
+                router.stop()
+            pool.stop()
+        print(json.dumps(results[-1]), flush=True)
+    out = args.out or workdir / "results.json"
+    out.write_text(json.dumps({"trace": shape, "results": results}, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
