@@ -23,8 +23,11 @@ the callers' streams, as one gRPC channel would): on a small machine a Python cl
 spend as much CPU per request as the gateway and the ratio would measure the client.
 `--client python` keeps the grpc.aio client (a second process). Reported per mode and
 concurrency: requests/s, p50, p99 (client-observed), errors, and the CPU per request of
-each process (the policyc process and the model servers net of what they spend idle, Envoy,
-the client); then the p50 policyc adds and its throughput as a share of round-robin's.
+each process (policyc's processes, this one and every child but Envoy, the model servers and
+h2load: the audit writer, shown on its own with its records and commits; the model servers;
+both net of what they spend idle; Envoy; the client); then the p50 policyc adds and its
+throughput as a share of round-robin's. `--profile PATH` profiles the serving loop during
+policyc's rounds; `benchmarks/gateway_hop.py` times the ext_proc hop alone per grpcio shape.
 """
 
 from __future__ import annotations
