@@ -22,6 +22,10 @@ process holding the listening socket of the endpoint's port (`/proc/net/tcp{,6}`
 host, in this network namespace, is found; for the others no figure is made (the record
 keeps the model server's own measure, labelled as such).
 
+GPU time the same way, where NVML is (`nvml_process.py`): the driver's per-process SM
+samples of the cgroup's processes, summed into GPU-seconds, apportioned by the same rule
+(`apportion_gpu`, method `nvml: …`).
+
 Sampling starts when an endpoint is first seen (its first call has no samples before it,
 so it gets no cgroup figure). Samples are kept `keep` seconds, spans as long.
 """
@@ -39,6 +43,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .nvml_process import METHOD as GPU_METHOD, NvmlProcessGpu
+
 log = logging.getLogger("policyc.audit.cgroup_cpu")
 
 INTERVAL = 0.02  # seconds between samples of a cgroup's cpu.stat
@@ -47,10 +53,13 @@ SOURCE = "cgroup"
 TCP_LISTEN = "0A"
 
 
+RULE = ("a call gets du * overlap / max(interval, sum of the overlapping calls' overlaps) of each interval "
+        "(calls the gateway had logged by this record's hold)")
+GPU_EVERY = 5  # NVML is polled every this many CPU samples (100 ms at the default interval)
+
+
 def method_text(interval: float) -> str:
-    return (f"{SOURCE}: cpu.stat usage_usec of the serving process's cgroup, sampled every {interval * 1e3:.0f} ms; "
-            "a call gets du * overlap / max(interval, sum of the overlapping calls' overlaps) of each interval "
-            "(calls the gateway had logged by this record's hold)")
+    return f"{SOURCE}: cpu.stat usage_usec of the serving process's cgroup, sampled every {interval * 1e3:.0f} ms; {RULE}"
 
 
 def read_usage_seconds(cgroup: Path) -> float:
@@ -155,13 +164,43 @@ class _Watched:
     times: deque[float] = field(default_factory=deque)
     usage: deque[float] = field(default_factory=deque)
     spans: deque[tuple[float, float, str]] = field(default_factory=deque)  # (start, end, key), by arrival
+    gpu_times: deque[float] = field(default_factory=deque)  # NVML's GPU-seconds of its processes so far
+    gpu_usage: deque[float] = field(default_factory=deque)
+
+
+def share(times: list[float], values: list[float], spans: list[tuple[float, float, str]],
+          start: float, end: float, key: str) -> float | None:
+    """The call `key`'s share of a cumulative series over [start, end] by the rule above
+    (None when the samples do not cover the span)."""
+    if len(times) < 2 or end <= start or times[0] > start or times[-1] < end:
+        return None
+    i = bisect.bisect_right(times, start) - 1
+    j = bisect.bisect_left(times, end)
+    total = 0.0
+    for k in range(i, j):
+        a, b = times[k], times[k + 1]
+        du = values[k + 1] - values[k]
+        if du <= 0 or b <= a:
+            continue
+        mine = min(b, end) - max(a, start)
+        if mine <= 0:
+            continue
+        covered = sum(max(0.0, min(b, e) - max(a, s)) for s, e, other in spans if other != key) + mine
+        total += du * mine / max(b - a, covered)
+    return total
 
 
 class CgroupCpuMeter:
     """Samples the cgroups of the endpoints it is shown and apportions their CPU to calls."""
 
-    def __init__(self, interval: float = INTERVAL, keep: float = KEEP, root: Path | None = None) -> None:
+    def __init__(self, interval: float = INTERVAL, keep: float = KEEP, root: Path | None = None,
+                 gpu: NvmlProcessGpu | None = None, gpu_every: int = GPU_EVERY) -> None:
+        """`gpu`: NVML's per-process sampler (`nvml_process.open_nvml()`), polled every
+        `gpu_every` samples; None: no GPU figures."""
         self.interval = interval
+        self.gpu = gpu
+        self.gpu_every = gpu_every
+        self.gpu_method = f"{GPU_METHOD}; {RULE}" if gpu is not None else None
         self.keep = keep
         self.root = root or cgroup2_root()
         self.method = method_text(interval)
@@ -190,11 +229,15 @@ class CgroupCpuMeter:
             self._thread = None
 
     def _run(self) -> None:
+        tick = 0
         while not self._stop.wait(self.interval):
             self._resolve_asked()
             now = time.time()
             with self._lock:
                 watched = list(self._by_cgroup.values())
+            tick += 1
+            if self.gpu is not None and tick % self.gpu_every == 0:
+                self._sample_gpu(watched, now)
             for w in watched:
                 try:
                     u = read_usage_seconds(w.cgroup)
@@ -208,6 +251,34 @@ class CgroupCpuMeter:
                         w.usage.popleft()
                     while w.spans and w.spans[0][1] < now - self.keep:
                         w.spans.popleft()
+
+    def _sample_gpu(self, watched: list[_Watched], now: float) -> None:
+        """Each watched cgroup's GPU-seconds so far: NVML's per-process figures of its processes."""
+        gpu = self.gpu
+        assert gpu is not None
+        try:
+            gpu.poll()
+        except Exception as e:  # noqa: BLE001 - a driver error stops GPU figures, never the CPU ones
+            log.warning("NVML per-process utilisation failed (%s): no GPU figures from now on", e)
+            self.gpu = None
+            return
+        live: set[int] = set()
+        for w in watched:
+            try:
+                pids = {int(p) for p in (w.cgroup / "cgroup.procs").read_text().split()}
+            except OSError:
+                continue
+            live |= pids
+            total = sum(gpu.gpu_seconds.get(p, 0.0) for p in pids)
+            with self._lock:
+                if w.gpu_usage and total < w.gpu_usage[-1]:
+                    total = w.gpu_usage[-1]  # a process left: the cgroup's total does not go back
+                w.gpu_times.append(now)
+                w.gpu_usage.append(total)
+                while w.gpu_times and w.gpu_times[0] < now - self.keep:
+                    w.gpu_times.popleft()
+                    w.gpu_usage.popleft()
+        gpu.forget(live)
 
     def _resolve_asked(self) -> None:
         with self._lock:
@@ -257,23 +328,19 @@ class CgroupCpuMeter:
         when the process is not watched or the samples do not cover the span yet."""
         with self._lock:
             w = self._by_endpoint.get(endpoint)
-            if w is None or len(w.times) < 2 or end <= start:
+            if w is None:
                 return None
             times, usage = list(w.times), list(w.usage)
             spans = [s for s in w.spans if s[0] < end and s[1] > start]
-        if times[0] > start or times[-1] < end:
-            return None
-        i = bisect.bisect_right(times, start) - 1
-        j = bisect.bisect_left(times, end)
-        total = 0.0
-        for k in range(i, j):
-            a, b = times[k], times[k + 1]
-            du = usage[k + 1] - usage[k]
-            if du <= 0 or b <= a:
-                continue
-            mine = min(b, end) - max(a, start)
-            if mine <= 0:
-                continue
-            covered = sum(max(0.0, min(b, e) - max(a, s)) for s, e, other in spans if other != key) + mine
-            total += du * mine / max(b - a, covered)
-        return total
+        return share(times, usage, spans, start, end, key)
+
+    def apportion_gpu(self, endpoint: str, start: float, end: float, key: str) -> float | None:
+        """The call's share of its process's GPU-seconds (NVML) over [start, end], by the
+        same rule; None without NVML or samples covering the span."""
+        with self._lock:
+            w = self._by_endpoint.get(endpoint)
+            if w is None or self.gpu is None:
+                return None
+            times, usage = list(w.gpu_times), list(w.gpu_usage)
+            spans = [s for s in w.spans if s[0] < end and s[1] > start]
+        return share(times, usage, spans, start, end, key)

@@ -38,7 +38,7 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from policyc.audit.accounting import call_accounting, call_accounting_body
 from policyc.audit.cgroup_cpu import CgroupCpuMeter
-from policyc.audit.records import ActionRecord, Source
+from policyc.audit.records import ActionRecord, Figure, Source
 
 from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER, UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER
 
@@ -56,6 +56,7 @@ ORPHAN_AFTER = 30.0  # seconds an attempt waits for its call's downstream entry
 NETWORK_METHOD = "envoy grpc access log: upstream wire bytes sent + received, every attempt"
 COMPUTE_METHOD = "model server: onnxruntime InferenceSession.run time (x-policyc-compute-us), every attempt"
 # why an accounting record has no `gpu_seconds` (compute time is not GPU time)
+GPU_MEASURED = "apportioned from NVML's per-process samples of the serving process: see gpu_seconds"
 GPU_ABSENT = ("absent: the model servers run onnxruntime's CPU execution provider, so a call holds no GPU "
               "for NVML to measure; the decision record holds the contract's GPU-seconds estimate")
 
@@ -259,11 +260,11 @@ def _routed(call: Call, answer: bool) -> int:
     return call.attempts - 1 if answer else call.attempts
 
 
-def _figures(call: Call, attempts: list[Attempt]) -> dict[str, Any]:
+def _figures(call: Call, attempts: list[Attempt], gpu_note: str = GPU_ABSENT) -> dict[str, Any]:
     """The record's parts, as both `accounting_record` and `accounting_body` take them."""
     detail = _Detail(attempts, call.attempts, max(call.attempts - len(attempts), 0),
                      _Downstream(call.duration, call.first_byte, call.grpc_status, call.received, call.sent, call.tls,
-                                 call.tls_handshake, call.upstream_connect, call.upstream_connection), GPU_ABSENT)
+                                 call.tls_handshake, call.upstream_connect, call.upstream_connection), gpu_note)
     if len(attempts) == 1:  # the common call: its one attempt's figures as they are (the same values)
         a = attempts[0]
         sent, compute, target = a.sent + a.received, a.compute_seconds, a.host or "(no upstream)"
@@ -288,11 +289,14 @@ def _with_cpu(figures: dict[str, Any], cpu: tuple[float, str] | None) -> dict[st
     return figures
 
 
-def accounting_record(call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None = None) -> ActionRecord:
+def accounting_record(call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None = None,
+                      gpu: Figure | None = None) -> ActionRecord:
     """The call's one audit record: measured bytes (every attempt, both ways), the model
     server's compute time as `compute_seconds`, or with `cpu` the CPU-seconds of its process's
-    cgroup apportioned to it (GPU-seconds stay absent: see GPU_ABSENT)."""
-    return call_accounting(call.decision_id, call.start, **_with_cpu(_figures(call, attempts), cpu))
+    cgroup apportioned to it; `gpu`: its process's GPU-seconds from NVML apportioned to it
+    (without: absent, see GPU_ABSENT)."""
+    figures = _figures(call, attempts, GPU_MEASURED if gpu is not None else GPU_ABSENT)
+    return call_accounting(call.decision_id, call.start, gpu_seconds=gpu, **_with_cpu(figures, cpu))
 
 
 def accounting_body(call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None = None) -> bytes:
@@ -446,16 +450,21 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
                 keep.append((did, call, attempts, since))
                 continue
             share = cpu.apportion(host, call.start, end, did)
-            self._emit(did, call, attempts, (share, cpu.method) if share is not None else None)
+            gpu = cpu.apportion_gpu(host, call.start, end, did)
+            self._emit(did, call, attempts, (share, cpu.method) if share is not None else None,
+                       Figure(value=gpu, source=Source.APPORTIONED, method=cpu.gpu_method or "nvml")
+                       if gpu is not None else None)
         self._held = keep
 
-    def _emit(self, did: str, call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None) -> None:
+    def _emit(self, did: str, call: Call, attempts: list[Attempt], cpu: tuple[float, str] | None,
+              gpu: Figure | None = None) -> None:
         sink, body_sink = self.sink, self.body_sink
         try:
             if body_sink is not None:
-                body_sink(accounting_body(call, attempts, cpu))
+                body_sink(accounting_body(call, attempts, cpu) if gpu is None else  # the fast path has no GPU figure
+                          accounting_record(call, attempts, cpu, gpu).model_dump_json(exclude_none=True).encode())
             elif sink is not None:
-                sink(accounting_record(call, attempts, cpu))
+                sink(accounting_record(call, attempts, cpu, gpu))
             self.counts.recorded += 1
         except Exception as e:  # noqa: BLE001 - counted and said, the receiver keeps going
             self.counts.dropped += 1

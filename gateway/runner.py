@@ -37,6 +37,7 @@ from policyc.server.node_rebalance import NodeRebalance
 from policyc.compiler.actions import REDIRECT
 
 from policyc.audit.cgroup_cpu import CgroupCpuMeter
+from policyc.audit.nvml_process import open_nvml
 
 from .access_log import AccessLogReceiver, AccessLogServer
 from .bootstrap import POOL_CLUSTER, GatewaySpec, build_bootstrap, eds_document
@@ -118,7 +119,7 @@ class Gateway:
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
             if sink is not None:  # each call's CPU from its serving process's cgroup (audit/cgroup_cpu.py)
-                meter = CgroupCpuMeter()
+                meter = CgroupCpuMeter(gpu=open_nvml())  # GPU-seconds per process where NVML is
                 if meter.available:
                     self.access_log.receiver.cpu = meter.start()
         self._als: str | None = options.access_log_cluster

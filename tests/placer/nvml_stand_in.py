@@ -64,12 +64,15 @@ class Gpu:
             self.max_sm_clock, self.pcie_tx, self.pcie_rx, self.link_gen, self.link_width, self.ecc_uncorrected, failing))
 
 
-def write_table(path: Path, gpus: list[Gpu], init_error: int = 0) -> None:
-    """Replace the device table at once (a rename), so the driver never reads half of one."""
+def write_table(path: Path, gpus: list[Gpu], init_error: int = 0,
+                procs: tuple[tuple[int, int, int, int], ...] = ()) -> None:
+    """Replace the device table at once (a rename), so the driver never reads half of one.
+    `procs`: (GPU index, pid, SM util %, memory util %) of the processes using the GPUs."""
     lines = ["# stand-in NVML device table (tests/placer/nvml_stand_in.py)"]
     if init_error:
         lines.append(f"init={init_error}")
     lines += [g.line() for g in gpus]
+    lines += [f"proc={gpu}|{pid}|{sm}|{mem}" for gpu, pid, sm, mem in procs]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)

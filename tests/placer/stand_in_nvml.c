@@ -11,16 +11,23 @@
  *   name|PCI bus id|SM util %|memory util %|memory total B|memory free B|SM clock MHz|
  *   max SM clock MHz|PCIe TX KB/s|PCIe RX KB/s|link generation|link width|uncorrected ECC|
  *   failing calls ("-", or "nvmlDeviceGetName:15,nvmlDeviceGetPcieThroughput:3": call:error)
+ *
+ * and `proc=GPU index|pid|SM util %|memory util %` is one process using a GPU: what
+ * nvmlDeviceGetProcessUtilization reports for it, one sample stamped at the call's time.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 #define MAX_GPUS 64
 #define NOT_SUPPORTED 3
 #define INVALID_ARGUMENT 2
 #define UNINITIALIZED 1
 #define GPU_NOT_FOUND 28
+#define NOT_FOUND 6
+#define INSUFFICIENT_SIZE 7
+#define MAX_PROCS 256
 
 typedef struct {
     char name[96], bus_id[32], failing[512];
@@ -36,20 +43,35 @@ typedef struct {
     char bus_id[32];
 } pci_info_t;
 
+typedef struct { unsigned gpu, pid, sm_util, mem_util; } proc_t;
+typedef struct {
+    unsigned pid;
+    unsigned long long time_stamp;
+    unsigned sm_util, mem_util, enc_util, dec_util;
+} process_sample_t;
+
 static gpu_t gpus[MAX_GPUS];
-static int n_gpus, init_error, initialised;
+static proc_t procs[MAX_PROCS];
+static int n_gpus, n_procs, init_error, initialised;
 
 static void load(void) {
     const char *path = getenv("POLICYC_STAND_IN_NVML");
     FILE *f = path ? fopen(path, "r") : NULL;
     char line[2048];
     n_gpus = 0;
+    n_procs = 0;
     init_error = 0;
     if (!f) return;
     while (fgets(line, sizeof line, f) && n_gpus < MAX_GPUS) {
         line[strcspn(line, "\r\n")] = 0;
         if (line[0] == '#' || line[0] == 0) continue;
         if (strncmp(line, "init=", 5) == 0) { init_error = atoi(line + 5); continue; }
+        if (strncmp(line, "proc=", 5) == 0) {
+            proc_t *q = &procs[n_procs];
+            if (n_procs < MAX_PROCS && sscanf(line + 5, "%u|%u|%u|%u", &q->gpu, &q->pid, &q->sm_util, &q->mem_util) == 4)
+                n_procs++;
+            continue;
+        }
         gpu_t *g = &gpus[n_gpus];
         char *field[14];
         int n = 0;
@@ -206,4 +228,31 @@ int nvmlDeviceGetTotalEccErrors(void *h, int error_type, int counter_type, unsig
     int e = gpu_for(h, "nvmlDeviceGetTotalEccErrors", &g);
     if (!e) *count = error_type == 1 ? g->ecc : 0; /* NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 */
     return e;
+}
+
+/* The processes the table puts on this GPU, one sample each, stamped now (microseconds). */
+int nvmlDeviceGetProcessUtilization(void *h, process_sample_t *samples, unsigned *count, unsigned long long last_seen) {
+    gpu_t *g;
+    int e = gpu_for(h, "nvmlDeviceGetProcessUtilization", &g);
+    if (e) return e;
+    if (!count) return INVALID_ARGUMENT;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    unsigned long long now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    unsigned gpu = (unsigned)((long)h - 1), n = 0;
+    for (int i = 0; i < n_procs; i++) n += procs[i].gpu == gpu;
+    if (n == 0 || now <= last_seen) return NOT_FOUND;
+    if (!samples || *count < n) { *count = n; return INSUFFICIENT_SIZE; }
+    unsigned k = 0;
+    for (int i = 0; i < n_procs; i++) {
+        if (procs[i].gpu != gpu) continue;
+        samples[k].pid = procs[i].pid;
+        samples[k].time_stamp = now;
+        samples[k].sm_util = procs[i].sm_util;
+        samples[k].mem_util = procs[i].mem_util;
+        samples[k].enc_util = samples[k].dec_util = 0;
+        k++;
+    }
+    *count = k;
+    return 0;
 }
