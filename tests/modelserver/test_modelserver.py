@@ -217,9 +217,9 @@ def test_the_backup_serves_its_simplified_variant_to_a_retry(pool: ModelPool, mo
     (pb.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[3],
                                            contents=pb.InferTensorContents(int64_contents=[1, 2, 3])),
      "shape must be [batch, sequence], got [3]"),
-    (pb.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[1, 65],
-                                           contents=pb.InferTensorContents(int64_contents=[1] * 65)),
-     "sequence of 65 is longer than 64"),
+    (pb.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[1, 129],
+                                           contents=pb.InferTensorContents(int64_contents=[1] * 129)),
+     "sequence of 129 is longer than 128"),  # the model takes its contract's 128 tokens in one sequence
 ])
 def test_a_malformed_grpc_request_gets_a_clear_error(pool: ModelPool, tensor: pb.ModelInferRequest.InferInputTensor,
                                                      message: str) -> None:
