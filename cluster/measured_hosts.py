@@ -77,6 +77,8 @@ class HostReport:
                        _table(body.get("processes") or {}, "processes"), agent)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"signals of {host}: not a report ({e})") from None
+        except ValueError as e:
+            raise ValueError(f"signals of {host}: {e}") from None
 
 
 def _numbers(d: Any, what: str) -> dict[str, float]:
@@ -125,7 +127,7 @@ class HostSignalBook:
 
     def status(self, now: float | None = None) -> dict[str, dict[str, Any]]:
         """Per host: age, stale or not, the agent's own period and jitter (for status and tests)."""
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for h, r in self.reports.items():
             age = r.age(now)
             out[h] = {"age_s": round(age, 3), "stale": age > self.stale_after(r), "stale_after_s": self.stale_after(r),
@@ -167,8 +169,8 @@ class HostMeasured:
         readings: dict[str, Reading] = {}
         notes: list[str] = []
         ports_of: dict[int, list[int]] = {}
-        for i, p in enumerate(t.ports):
-            ports_of.setdefault(p.host, []).append(i)
+        for i, info in enumerate(t.ports):
+            ports_of.setdefault(info.host, []).append(i)
         for host, rep in reports.items():
             hi = t.host_index.get(host)
             if hi is None:
