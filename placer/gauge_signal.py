@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from functools import lru_cache
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import numpy as np
 
@@ -44,6 +44,11 @@ class GaugeSignal(Signal[TickInputs]):
     @abstractmethod
     def terms(self, value: np.ndarray) -> np.ndarray:
         """Seconds a fresh `value` adds to the predicted queueing (vectorised)."""
+
+    def value(self, values: Mapping[str, float]) -> float | None:
+        """The gauge from a reading's values (None: the reading has none); by default the
+        value of `key`, a subclass may derive it (a histogram's mean from its sum and count)."""
+        return values.get(self.key)
 
     def settings(self) -> tuple:
         """What the column depends on besides the readings (a subclass adds its own)."""
@@ -92,7 +97,7 @@ class GaugeSignal(Signal[TickInputs]):
             n = len(t.gpus)
             value, age, present = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
             got = [(row, v, r.age_s) for k, r in measured.items()
-                   if (row := index.get(k)) is not None and (v := r.values.get(self.key)) is not None]
+                   if (row := index.get(k)) is not None and (v := self.value(r.values)) is not None]
             if got:
                 rows, values, ages = zip(*got)
                 at = np.array(rows, dtype=np.int64)
@@ -129,7 +134,7 @@ class GaugeSignal(Signal[TickInputs]):
     def _get(self, reading: Reading | None) -> tuple[float, float] | None:
         if reading is None:
             return None
-        v = reading.values.get(self.key)
+        v = self.value(reading.values)
         return None if v is None else (float(v), float(reading.age_s))
 
     def _stale(self, value: float, age: float) -> bool:

@@ -34,6 +34,7 @@ class Constraint(str, Enum):
     QUEUE_DEPTH = "queue_depth"  # the model server's measured queue too deep, or its reading stale
     RUNNING_REQUESTS = "running_requests"  # the model server's measured batch too full, or its reading stale
     KV_CACHE = "kv_cache"  # the model server's measured KV-cache use near full, or its reading stale
+    MEASURED_TTFT = "measured_ttft"  # the model server's measured mean time to first token over its bound, or stale
     LATENCY_BUDGET = "latency_budget"
     INTERNAL = "internal"
 

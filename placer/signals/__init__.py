@@ -15,6 +15,7 @@ from .gpu_share import GpuShare
 from .health import Health
 from .kv_cache import KvCache
 from .latency_budget import LatencyBudget
+from .measured_ttft import MeasuredTtft
 from .network import Network
 from .pcie import Pcie
 from .port import Port
@@ -25,6 +26,7 @@ from .session_store import SessionStore
 
 SIGNALS: tuple[Signal[Any], ...] = (
     GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), PortBacklog(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
+    MeasuredTtft(),
     LatencyBudget(),
 )
 

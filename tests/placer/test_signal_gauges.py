@@ -27,6 +27,7 @@ from policyc.placer.paths import ingress_rows
 from policyc.placer.readings import Reading
 from policyc.placer.signals import REGISTRY
 from policyc.placer.signals.kv_cache import KvCache
+from policyc.placer.signals.measured_ttft import MeasuredTtft
 from policyc.placer.signals.running_requests import RunningRequests
 
 VARIANTS: dict[str, Callable[[], GaugeSignal]] = {
@@ -36,6 +37,8 @@ VARIANTS: dict[str, Callable[[], GaugeSignal]] = {
     "kv, registered": lambda: KvCache(),
     "kv, tight, excluding stale": lambda: KvCache(max_usage=0.5, on_stale=OnStale.EXCLUDE),
     "kv, no bound, slow": lambda: KvCache(max_usage=1.0, seconds_at_half=0.02),
+    "ttft, registered": lambda: MeasuredTtft(),
+    "ttft, bounded, excluding stale": lambda: MeasuredTtft(max_ttft_s=0.3, on_stale=OnStale.EXCLUDE),
 }
 
 
@@ -147,6 +150,24 @@ def test_the_tables_give_the_reference_figures_with_gauges(monkeypatch, k: int) 
             _assert_same(got, ref, "gauges")
             saw |= {ref.failed(i) for i in range(k)}
     assert {Constraint.KV_CACHE, Constraint.RUNNING_REQUESTS} & saw
+
+
+def test_a_slower_servers_measured_first_tokens_move_the_placement() -> None:
+    """Two servers, one answering first tokens in 20 ms on average, one in 400 ms (a slower
+    class): the fast one is chosen, and the plan names its measured mean; a server that has
+    answered nothing yet is left to the model."""
+    quiet, cands = _placer({})
+    first = _place(quiet, cands)
+    assert isinstance(first, PlacementPlan)
+    keys = [f"{c.deployment.host}/{c.deployment.gpu}" for c in cands[:4]]
+    other = next(k for k in keys if k != first.gpu_key)
+    p, cands = _placer({first.gpu_key: Reading({"ttft_sum_s": 40.0, "ttft_count": 100.0}, 0.02),
+                        other: Reading({"ttft_sum_s": 2.0, "ttft_count": 100.0}, 0.02),
+                        **{k: Reading({"ttft_sum_s": 0.0, "ttft_count": 0.0}, 0.02) for k in keys if k not in (first.gpu_key, other)}})
+    plan = p.place([c for c in cands if f"{c.deployment.host}/{c.deployment.gpu}" in (first.gpu_key, other)], 0.2, contract(),
+                   affinity_key="ttft")
+    assert isinstance(plan, PlacementPlan) and plan.gpu_key == other
+    assert any(x.startswith(f"measured mean TTFT of {other}: 20.0 ms, measured 20 ms ago") for x in plan.reasons), plan.reasons
 
 
 def test_bad_settings_are_refused_by_name() -> None:

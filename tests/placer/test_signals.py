@@ -67,7 +67,8 @@ def _world():  # type: ignore[no-untyped-def]
     for g in rng.choice(len(t.gpus), len(t.gpus) // 2, replace=False).tolist():
         depth = float(rng.integers(0, 40)) if g % 7 else float("nan")
         kv = float(rng.uniform(0, 1.05)) if g % 5 else float("nan")  # over 1 or NaN: unusable, stale
-        measured[t.gpu_key(g)] = Reading({"queue_depth": depth, "kv_cache_usage": kv, "running": float(rng.integers(0, 300))},
+        measured[t.gpu_key(g)] = Reading({"queue_depth": depth, "kv_cache_usage": kv, "running": float(rng.integers(0, 300)),
+                                          "ttft_sum_s": float(rng.uniform(0, 50)), "ttft_count": float(rng.integers(0, 200))},
                                          float(rng.uniform(0, 0.6)))
     measured["no-such-host/gpu0"] = Reading({"queue_depth": 3.0}, 0.0)
     for p in rng.choice(len(t.ports), len(t.ports) // 2, replace=False).tolist():  # host agents' measured port backlog
