@@ -50,6 +50,7 @@ log = logging.getLogger("policyc.audit.cgroup_cpu")
 INTERVAL = 0.02  # seconds between samples of a cgroup's cpu.stat
 KEEP = 120.0  # seconds of samples and spans kept
 SOURCE = "cgroup"
+LOOK_AGAIN = 30.0  # seconds before an endpoint whose process was not found here is looked for again
 TCP_LISTEN = "0A"
 
 
@@ -207,6 +208,7 @@ class CgroupCpuMeter:
         self._by_endpoint: dict[str, _Watched | None] = {}  # None: looked for, not found here
         self._by_cgroup: dict[Path, _Watched] = {}
         self._asked: set[str] = set()
+        self._missing: dict[str, float] = {}  # endpoint -> when its process was last looked for and not found
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -242,7 +244,8 @@ class CgroupCpuMeter:
                 try:
                     u = read_usage_seconds(w.cgroup)
                 except (OSError, ValueError):
-                    continue  # the process ended and its cgroup went: its samples stay until they age out
+                    self._gone(w)  # the process ended and its cgroup went: its endpoints are looked for anew
+                    continue
                 with self._lock:
                     w.times.append(now)
                     w.usage.append(u)
@@ -291,19 +294,28 @@ class CgroupCpuMeter:
                 if cg is None or cg == self.root:
                     # not found here, or not in a cgroup of its own: its cgroup's CPU is not its alone
                     self._by_endpoint[endpoint] = None
+                    self._missing[endpoint] = time.monotonic()
                     continue
                 w = self._by_cgroup.get(cg) or _Watched(cg)
                 self._by_cgroup[cg] = w
                 self._by_endpoint[endpoint] = w
                 log.info("cgroup CPU: %s is pid %d in %s", endpoint, pid, cg)
 
+    def _gone(self, w: _Watched) -> None:
+        with self._lock:
+            self._by_cgroup.pop(w.cgroup, None)
+            for endpoint in [e for e, v in self._by_endpoint.items() if v is w]:
+                del self._by_endpoint[endpoint]
+
     # ------------------------------------------------------------------ calls
     def note(self, endpoint: str, start: float, end: float, key: str) -> bool:
         """A call's span on `endpoint` (wall-clock seconds); False when its process is not
         (yet) watched. The first sight of an endpoint starts looking for its cgroup."""
         with self._lock:
-            if endpoint not in self._by_endpoint:
+            missing = self._missing.get(endpoint)
+            if endpoint not in self._by_endpoint or (missing is not None and time.monotonic() - missing > LOOK_AGAIN):
                 self._by_endpoint[endpoint] = None
+                self._missing.pop(endpoint, None)
                 self._asked.add(endpoint)
                 return False
             w = self._by_endpoint[endpoint]

@@ -223,6 +223,9 @@ def test_the_apportioning_rule_on_known_samples(tmp_path: Path) -> None:
     assert a == pytest.approx(0.75) and b == pytest.approx(0.25) and a + b == pytest.approx(1.0)
     assert meter.apportion("127.0.0.1:1", 999.0, 1000.5, "c") is None  # before the first sample: no figure
     assert meter.apportion("127.0.0.1:2", 1000.0, 1001.0, "d") is None  # not watched
+    meter._gone(w)  # its cgroup went (a restarted server): the endpoint is looked for anew at its next call
+    assert meter.apportion("127.0.0.1:1", 1000.0, 1001.0, "a") is None
+    assert not meter.note("127.0.0.1:1", 1001.0, 1002.0, "e") and "127.0.0.1:1" in meter._asked
 
 
 def test_a_cgroup_is_released_at_stop_and_leftovers_of_dead_servers_reaped() -> None:
