@@ -93,3 +93,14 @@ def test_config_without_a_decoder_shape_is_refused_naming_the_field(tmp_path: Pa
     (ok / "config.json").write_text("[1, 2")
     v = check_llm_config(ok, _contract(ok / "policyc.contract"))
     assert not v.ok and "not JSON" in v.message
+
+
+def test_the_folder_make_model_writes_meets_its_own_contract() -> None:
+    """The real folder (`policyc llm make-model`, shared in vLLM's venv): its config.json, as
+    transformers wrote it, against the contract written beside it and the policies' tiny-llm."""
+    from policyc.modelserver.llm_model import cached_llm_model
+
+    model = cached_llm_model()
+    v = check_llm_config(model.dir, _contract(model.contract_path, model.name))
+    assert v.ok and v.counted == model.facts["flops_per_token"], v.message
+    assert check_llm_config(model.dir, _contract(REPO / "policies" / "llm" / "tiny-llm.contract", "tiny-llm")).ok
