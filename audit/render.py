@@ -117,7 +117,8 @@ def report_table(rep: Report) -> str:
     out = [f"audit report {format_time(rep.start)} .. {format_time(rep.end)} by {rep.by} ({rep.actions} enforcement action(s) in range)", fmt(header), fmt(["-" * w for w in widths])]
     out += [fmt(b) for b in body[:-1]] + [fmt(["-" * w for w in widths]), fmt(body[-1])]
     out.append("meas = measured (net: Envoy's access log; compute: the model server's own time, on any device; gpu: NVML); "
-               "app = apportioned (a measured total divided across concurrent calls by a stated rule); "
+               "app = apportioned (a measured total divided across concurrent calls by a stated rule; compute: "
+               "the serving process's cgroup CPU time, gpu: NVML's per-process samples); "
                "est = estimated from contract and placement; unacct = decisions with a figure absent")
     return "\n".join(out)
 
