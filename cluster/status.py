@@ -39,6 +39,10 @@ class HostView:
     attested: bool
     attested_age_s: float | None
     why: str  # when its last attestation was refused
+    signals_age_s: float | None = None  # its agent's last measured report (`signals/<host>`), how old
+    signals_stale: bool = False  # older than five of its periods (at least 1 s): the placer does not use it
+    period_ms: float | None = None  # the agent's own collection period and jitter, as it reports them
+    jitter_ms: float | None = None
 
 
 @dataclass
@@ -85,6 +89,8 @@ async def gather(store: FleetStore, keys: Keys) -> ClusterView:
             view.anchors += 1
         elif e.key.startswith(keys.requests):
             view.requests += 1
+        elif e.key.startswith(keys.signals):
+            _signals_record(host(e.key[len(keys.signals):]), e.key[len(keys.signals):], e.value, now)
         elif e.key.startswith(keys.agents) or e.key.startswith(keys.enrolled_hosts) or e.key.startswith(keys.attested_facts):
             _host_record(host, keys, e.key, e.value, now)
         elif e.key.startswith(keys.replicas):
@@ -125,6 +131,22 @@ def _host_record(host: Any, keys: Keys, key: str, raw: bytes, now: float) -> Non
         return
 
 
+def _signals_record(h: HostView, name: str, raw: bytes, now: float) -> None:
+    """A host agent's measured report into its host's line: how old, stale or not, its period."""
+    from .measured_hosts import HostReport, HostSignalBook
+
+    try:
+        rep = HostReport.parse(name, raw)
+    except ValueError:
+        return
+    age = rep.age(now)
+    h.signals_age_s, h.signals_stale = round(age, 2), age > HostSignalBook().stale_after(rep)
+    if "period_mean_s" in rep.agent:
+        h.period_ms = round(rep.agent["period_mean_s"] * 1e3, 1)
+    if "jitter_s" in rep.agent:
+        h.jitter_ms = round(rep.agent["jitter_s"] * 1e3, 2)
+
+
 async def _ttl_left(store: FleetStore, lease: int) -> int | None:
     return await store.time_to_live(lease) if lease else None
 
@@ -154,6 +176,10 @@ def render(view: ClusterView) -> str:
                    f"attested {h.attested_age_s:g} s ago (key {h.enrolled[:16]}…)" if h.attested else
                    f"REFUSED: {h.why}" if h.why else f"enrolled (key {h.enrolled[:16]}…), not attested yet")
             lines.append(f"  {h.host:<16} {agent:<9} {', '.join(h.addresses[:4]) or '-':<24} tpm {tpm}")
+            if h.signals_age_s is not None:
+                period = (f", period {h.period_ms:g} ± {h.jitter_ms:g} ms" if h.period_ms is not None and h.jitter_ms is not None
+                          else "")
+                lines.append(f"  {'':<16} signals {h.signals_age_s:g} s old{' (STALE: not used)' if h.signals_stale else ''}{period}")
     lines.append(f"shared    {view.instances} instance(s), {view.sessions} session(s), {view.quarantines} quarantine(s), "
                  f"{view.anchors} audit anchor(s), {view.requests} request id(s)")
     return "\n".join(lines)

@@ -248,6 +248,13 @@ def test_a_shaped_uplink_moves_placements_off_its_host_and_a_silent_agent_is_sta
                        step=0.05)
             reading = fresh_frame().measured[f"{silent}/mlx5_0"]
             assert reading.age_s > reading.values["stale_after_s"]
+            # what an operator sees: each host's signals, how old, its agent's period and jitter
+            out = subprocess.run([*POLICYC, "cluster", "status", "--etcd", url, "--etcd-prefix", prefix, "--format", "json"],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            hosts = {h["host"]: h for h in json.loads(out.stdout)["hosts"]}
+            assert hosts[silent]["signals_stale"] and not hosts[chosen]["signals_stale"]
+            assert hosts[chosen]["signals_age_s"] < 2 and 100 < hosts[chosen]["period_ms"] < 400 and hosts[chosen]["jitter_ms"] >= 0
         finally:
             agents[silent].send_signal(signal.SIGCONT)
         eventually(lambda: not book.status()[silent]["stale"], 15, step=0.05)
