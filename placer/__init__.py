@@ -22,7 +22,7 @@ per contract (`contract_table.py`) and once per (tick, contract) (`tick_table.py
 under `signals/` (`framework.py` declares a signal; `docs/placement-signals.md` says how to
 add one); the picker (hysteresis, stickiness, sessions) is `pick.py`. Measured state (the
 model servers' own metrics, with ages) reaches the signals through `measured.py`. The fabric search (`fabric.search_many`) runs in
-scipy's compiled Dijkstra. Declared dependencies bind to fabric endpoints by kind and
+a columnar Bellman-Ford in numpy (fabric.py). Declared dependencies bind to fabric endpoints by kind and
 proxy role (the simulator has redis, its proxies, postgres and http per region); a
 dependency of kind `nvme` or `host_memory` is the session store on the GPU's own NUMA
 node (`stores.py`), bound with role `local`.
