@@ -303,10 +303,12 @@ class _Instance:
         async def send(obj: Any) -> None:
             await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
-        if chat:
-            await send({"id": rid, "object": kind, "created": created, "model": self.spec.name,
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        role = chat  # vLLM sends the role chunk with its first output (after prefill), not at once
         while (n := await seq.out.get()) is not None:
+            if role:
+                await send({"id": rid, "object": kind, "created": created, "model": self.spec.name,
+                            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+                role = False
             piece = self.tokens.piece(sid, n)
             last = n >= seq.max_tokens
             reason = "length" if last else None
