@@ -39,6 +39,7 @@ from . import decision_scenes, fleet_scene
 from policyc.gateway.runner import Gateway
 
 from .gateway_up import start_gateway
+from .llm_scene import LlmScene
 from .model_pool import RealInstance, plan, start_pool
 from .narration import DemoError, Narrator
 from .traffic import HTTP_OF, Outcome, Traffic
@@ -56,6 +57,18 @@ class Demo:
         self.started = time.monotonic()
 
     def run(self) -> int:
+        llm = LlmScene(self.say, self.dir)
+        llm.start_vllm()  # ~70 s to serve: it starts while the other scenes run, and its scene is the last
+        try:
+            self._scenes()
+            llm.run()
+        finally:
+            llm.stop()
+        self.say.say(f"\ndemo finished in {time.monotonic() - self.started:.1f} s: gateway, model servers and decision "
+                     "service stopped, audit log verified")
+        return 0
+
+    def _scenes(self) -> None:
         bundle = self._compile()
         self.say.head("serve the decision service on the simulated cluster")
         audit_path = self.dir / "audit.db"
@@ -100,9 +113,6 @@ class Demo:
                 pool.stop()
             thread.stop()
         self._audit(audit_path)
-        self.say.say(f"\ndemo finished in {time.monotonic() - self.started:.1f} s: gateway, model servers and decision "
-                     "service stopped, audit log verified")
-        return 0
 
     # ------------------------------------------------------------------ set-up scenes
     def _compile(self) -> Bundle:

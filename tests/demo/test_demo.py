@@ -9,9 +9,15 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
+from policyc.demo.llm_scene import SCENE_CONTRACT
 from policyc.demo.run import run_demo
 
+RULE_LINE = 1 + SCENE_CONTRACT.read_text().splitlines().index("  rule prompt-budget {")
 
+
+@pytest.mark.timeout(600)  # the LLM scene waits for real vLLM to start (~70 s on a quiet machine, more on CI's)
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     out = io.StringIO()
     assert run_demo(out, tmp_path) == 0
@@ -38,10 +44,24 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "self_heal_step  gpu_reset", "dry_run", "EXPLAIN", "demo finished",
         # every answered call through the gateway has measured network bytes and compute seconds
         "measured per call through the gateway: ",
+        # the LLM scene on real vLLM (CI has .venv-vllm): routed by the body, streamed, a long prompt refused by its
+        # rule and line, a stalled first token broken and answered by the backup, the audit's tokens
+        "LLM traffic on real vLLM", "(no X-Model header: the body names the model;",
+        "OK  HTTP 200 from `tiny-llama@", f"`llm-demo.prompt-budget` at demo/llm-scene.contract:{RULE_LINE})",
+        "PERMISSION_DENIED (HTTP 403, rule)", "Envoy attempts 2, upstream_rq_per_try_timeout +1",
+        "retried on attempt 2 to `tiny-llama-lite` at", "with x-retry-count: 1",
+        "audit, the streamed chat: prompt", "audit, the retried stream: prompt", "LLM scene:", "vLLM stopped",
     ):
         assert expected in text, expected
+    stream = re.search(r"(\d+) events streamed, the first after (\d+) ms, \[DONE\] after (\d+) ms; usage (\d+) prompt \+ "
+                       r"(\d+) completion tokens", text)
+    assert stream and int(stream[5]) == 48 and int(stream[2]) <= int(stream[3]), text[-3000:]
+    audit = re.search(r"audit, the streamed chat: prompt (\d+) \(measured\) \+ completion (\d+) \(measured\) tokens", text)
+    assert audit and (audit[1], audit[2]) == (stream[4], stream[5])  # the audit's tokens are the server's usage
+    long_prompt = re.search(r"a prompt of (\d+) tokens", text)
+    assert long_prompt and int(long_prompt[1]) > 800
     assert (tmp_path / "audit.db").exists()
     # every model server and Envoy it started is gone
-    pids = [int(p) for p in re.findall(r"Envoy \(pid (\d+)\)", text)]
+    pids = [int(p) for p in re.findall(r"(?:Envoy|vLLM) \(pid (\d+)\)", text)]
     pids += [json.loads(f.read_text())["pid"] for f in (tmp_path / "servers").glob("server-*/ready.json")]
     assert pids and not any(os.path.exists(f"/proc/{p}") for p in pids)

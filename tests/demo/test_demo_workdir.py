@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.timeout(660)  # the demo's LLM scene waits for real vLLM to start
 def test_demo_with_a_relative_workdir_runs_and_keeps_its_files(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "policyc.cli.main", "demo", "--workdir", "out/"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
