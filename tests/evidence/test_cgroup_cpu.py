@@ -183,6 +183,7 @@ def test_a_calls_cgroup_cpu_is_within_20_percent_of_its_known_cost(rig: Rig) -> 
             assert detail["attempts"][0]["compute_seconds"] == a.compute_us / 1e6  # the server's own figure kept
             figures.append(cpu.value)
     got = float(np.median(figures))
+    print(f"known CPU per call {known:.4f} s; recorded (cgroup, apportioned) {', '.join(f'{f:.4f}' for f in figures)} s")
     assert abs(got - known) <= 0.2 * known, (figures, known)
 
 
