@@ -12,13 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from policyc.compiler import bundle_io
+from policyc.compiler.diagnostic import sort_key
 
 from .compiling import compile_inputs
 from .exit_codes import Exit
 from .help import add_command
 from .report import add_format_flag, print_diagnostics
+
+if TYPE_CHECKING:
+    from policyc.matcher.policy_tests import TestFileError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,6 +56,16 @@ def _fail_json(message: str, diagnostics: list) -> int:  # type: ignore[type-arg
     return Exit.FAILED
 
 
+def render_test_file_error(e: TestFileError) -> str:
+    """A test file's problems as the compiler prints its own: source line, caret, help."""
+    from policyc.dsl.diagnostics import render_text
+    from policyc.dsl.source import Source
+
+    if not e.diagnostics:
+        return str(e)
+    return render_text(sorted(e.diagnostics, key=sort_key), {e.path: Source(e.path, e.text)}).rstrip("\n")
+
+
 def run(args: argparse.Namespace) -> int:
     from policyc.dsl.diagnostics import render_json
     from policyc.matcher.policy_tests import run_files
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail_json("no `*_test.toml` files found", diagnostics)
         print("policyc test: no `*_test.toml` files found", flush=True)
         return Exit.FAILED
-    report = run_files(bundle, files)
+    report = run_files(bundle, files, render_test_file_error)
     failed = [r for r in report.results if not r.passed]
     if args.format == "json":
         print(json.dumps({

@@ -32,10 +32,12 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from policyc.compiler.bundle import Bundle, RequestRule
+from policyc.compiler.diagnostic import Diagnostic
 
 from .errors import RegistryError, RequestError
 from policyc.compiler.semantics import admits
@@ -94,13 +96,21 @@ class Report:
 
 
 class TestFileError(ValueError):
-    pass
+    """A test file that cannot be run: the message, and where there are any, its located
+    diagnostics and the file's text, so that `policyc test` can print them as the compiler
+    prints its own (source line and caret)."""
+
+    def __init__(self, message: str, diagnostics: Iterable[Diagnostic] = (), path: str = "", text: str = "") -> None:
+        super().__init__(message)
+        self.diagnostics = tuple(diagnostics)
+        self.path = path
+        self.text = text
 
 
 def load(path: Path) -> TestFile:
-    """The test file, or TestFileError whose message is every problem as located
-    diagnostics, rendered as the compiler renders its own (test_file_errors.py)."""
-    from .test_file_errors import render, toml_error, validation_errors
+    """The test file, or TestFileError carrying every problem as a located diagnostic
+    (test_file_errors.py)."""
+    from .test_file_errors import plain, toml_error, validation_errors
 
     name = path.as_posix()
     try:
@@ -112,11 +122,13 @@ def load(path: Path) -> TestFile:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TestFileError(render(name, text, [toml_error(name, text, e)])) from None
+        diags = [toml_error(name, text, e)]
+        raise TestFileError(plain(diags), diags, name, text) from None
     try:
         return TestFile.model_validate(raw)
     except ValidationError as e:
-        raise TestFileError(render(name, text, validation_errors(name, text, raw, e, TestFile))) from None
+        diags = validation_errors(name, text, raw, e, TestFile)
+        raise TestFileError(plain(diags), diags, name, text) from None
 
 
 def run_case(reg: Registry, case: Case, file: str) -> CaseResult:
@@ -176,14 +188,16 @@ def _score_clash(fleet: list[FleetEntry]) -> str | None:
     return None
 
 
-def run_files(bundle: Bundle, files: list[Path]) -> Report:
+def run_files(bundle: Bundle, files: list[Path], render: Callable[[TestFileError], str] = str) -> Report:
+    """Every case of every file; a file that cannot be run is one of the report's errors,
+    in the words `render` gives it (the CLI's shows source lines and carets)."""
     results: list[CaseResult] = []
     errors: list[str] = []
     for path in files:
         try:
             tf = load(path)
         except TestFileError as e:
-            errors.append(str(e))
+            errors.append(render(e))
             continue
         name = path.as_posix()
         reg = Registry(bundle)

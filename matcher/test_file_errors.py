@@ -17,16 +17,16 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ValidationError
 
 from policyc.compiler.diagnostic import Diagnostic, Span, did_you_mean, error, sort_key
-from policyc.dsl.diagnostics import render_text
-from policyc.dsl.source import Source
 
 TABLES = {"case": "case", "instance": "instance"}  # array-of-tables key -> the word for one entry
 _HEADER = re.compile(r"^[ \t]*\[\[[ \t]*([A-Za-z_][\w-]*)[ \t]*\]\][ \t]*(?:#.*)?$")
 
 
-def render(path: str, text: str, diags: Iterable[Diagnostic]) -> str:
-    """The diagnostics as `policyc check` prints them (source line and caret)."""
-    return render_text(sorted(diags, key=sort_key), {path: Source(path, text)}).rstrip("\n")
+def plain(diags: Iterable[Diagnostic]) -> str:
+    """The diagnostics one line each, in order (`file:line:col: error[E8xx]: …`); the CLI
+    renders them with their source lines from `TestFileError.diagnostics` (the runtime
+    never imports `dsl/`, where the renderer lives)."""
+    return "\n".join(str(d) for d in sorted(diags, key=sort_key))
 
 
 def toml_error(path: str, text: str, e: tomllib.TOMLDecodeError) -> Diagnostic:
@@ -122,4 +122,4 @@ def _place(lines: list[str], start: int, stop: int, keys: list[str]) -> tuple[in
     return best
 
 
-__all__ = ["render", "toml_error", "validation_errors"]
+__all__ = ["plain", "toml_error", "validation_errors"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from policyc.cli.cmd_test import render_test_file_error
 from policyc.cli.main import main
 from policyc.compiler.codes import CODES
 from policyc.matcher.policy_tests import TestFileError as BrokenTestFile, load
@@ -28,7 +29,7 @@ def test_a_bad_test_file_gives_located_diagnostics(case: dict, tmp_path: Path) -
     path.write_text(case["text"], encoding="utf-8")
     with pytest.raises(BrokenTestFile) as e:
         load(path)
-    text = str(e.value)
+    text = render_test_file_error(e.value)
     heads = [line.removeprefix(f"{path.as_posix()}:") for line in text.splitlines() if ": error[E" in line]
     assert heads == case["expect"], text
     for h in case["help"]:

@@ -32,9 +32,14 @@ FRONT_END = {f"policyc.compiler.{n}" for n in
 @cache
 def modules() -> dict[str, Path]:
     out: dict[str, Path] = {}
-    for p in ROOT.rglob("*.py"):
+    # walk only the product's own folders: hidden ones (.venv, .venv-vllm, a benchmark's
+    # .venv-routers …) hold gigabytes of other packages' files
+    tops = [t for t in ROOT.iterdir() if not t.name.startswith(".") and t.name not in NOT_PRODUCT]
+    for p in (q for t in tops for q in ([t] if t.is_file() else t.rglob("*.py"))):
+        if p.suffix != ".py":
+            continue
         rel = p.relative_to(ROOT)
-        if rel.parts[0] in NOT_PRODUCT or len(rel.parts) == 1 and rel.name != "__init__.py" or "_pb2" in p.name:
+        if len(rel.parts) == 1 and rel.name != "__init__.py" or "_pb2" in p.name:
             continue
         parts = list(rel.with_suffix("").parts)
         if parts[-1] == "__init__":
