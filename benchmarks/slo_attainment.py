@@ -33,9 +33,10 @@ each streamed attempt to (a first token later than its SLO is cut and retried on
 backup model, `tiny-llm-lite`, which this pool does not serve: a miss either way).
 
 The load: a small asyncio client (aiohttp) here, driven by the trace file: one request per
-trace line at its arrival offset, the first streamed chunk's arrival its TTFT. It is used
-instead of inference-perf or guidellm because both generate their own prompts and neither
-sends a per-request header from a trace (each tenant's SLO); see benchmarks/RESULTS.md.
+trace line at its arrival offset, the first streamed token's arrival its TTFT. The issue
+asks for inference-perf or guidellm; neither was installed or tried in the session that
+wrote this (time), so whether either can replay this trace with a per-request SLO header is
+open. This client replays exactly the trace file's prompts, groups and headers.
 
 Per router: SLO attainment (the share of all requests answered 200 with TTFT within their
 SLO; refused and failed requests count as missed), goodput (requests per second that met
@@ -192,6 +193,18 @@ class Pool:
             raise SystemExit("slo_attainment: the emulators did not start")
         self.endpoints: list[str] = json.loads(line)
 
+    def served(self) -> list[float]:
+        """Requests each server finished (its own `vllm:request_success_total`), in pool order."""
+        import urllib.request
+
+        out = []
+        for e in self.endpoints:
+            with urllib.request.urlopen(f"http://{e}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            out.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                           if line.startswith("vllm:request_success_total{")))
+        return out
+
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
@@ -215,7 +228,7 @@ class Router:
 
 
 class PolicycRouter(Router):
-    def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str]) -> None:
+    def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int) -> None:
         from policyc.client import operator_channel
         from policyc.compiler import bundle_io
         from policyc.gateway.llm_routes import HTTP1, PROTOCOL_LABEL
@@ -234,7 +247,8 @@ class PolicycRouter(Router):
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "policyc.cli.main", "gateway", "--bundle", str(path), "--port", str(api),
              "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()),
-             "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096"],
+             "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096",
+             "--candidates", str(candidates)],
             stdout=log, stderr=log, start_new_session=True)]
         with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:
             grpc.channel_ready_future(probe).result(timeout=60)
@@ -309,9 +323,9 @@ def router_available(name: str) -> str | None:
     return None
 
 
-def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str]) -> Router:
+def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int) -> Router:
     if name == "policyc":
-        return PolicycRouter(workdir, bundle, slots, endpoints)
+        return PolicycRouter(workdir, bundle, slots, endpoints, candidates)
     if name.startswith("envoy-"):
         return EnvoyRouter(workdir, endpoints, {"envoy-round-robin": "ROUND_ROBIN", "envoy-least-request": "LEAST_REQUEST"}[name])
     kind, policy = name.split(":")
@@ -351,13 +365,16 @@ async def _one(session: Any, url: str, e: Entry, t0: float) -> Outcome:
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
+                if "error" in chunk:  # the gateway ended the stream (its TTFT or TPOT bound): its code
+                    err = chunk["error"]
+                    return Outcome(0, ttft, tokens, f"stream ended: {err.get('code')}", e.slo_ms, e.tenant)
                 if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
                     ttft = time.monotonic() - sent  # the first token (a role-only chunk may come before it)
                 if chunk.get("usage"):
                     tokens = int(chunk["usage"].get("completion_tokens") or 0)
             return Outcome(200, ttft, tokens, "", e.slo_ms, e.tenant)
     except Exception as ex:  # noqa: BLE001 - a failed request is an outcome (missed), named
-        return Outcome(0, None, 0, f"{type(ex).__name__}: {ex}"[:120], e.slo_ms, e.tenant)
+        return Outcome(0, ttft, tokens, f"{type(ex).__name__}: {ex}"[:100], e.slo_ms, e.tenant)
 
 
 async def drive(url: str, trace: list[Entry]) -> tuple[list[Outcome], float]:
@@ -419,6 +436,7 @@ def main() -> int:
     ap.add_argument("--base-slowdown", type=float, default=10.0, help="the H100 emulators' slowdown (others by peak)")
     ap.add_argument("--max-seqs", type=int, default=4, help="each emulator's max_num_seqs")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--candidates", type=int, default=8, help="policyc gateway --candidates (its default 8)")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -457,10 +475,17 @@ def main() -> int:
         pool = Pool(slots, args.max_seqs)
         router: Router | None = None
         try:
-            router = start_router(name, workdir, bundle, slots, pool.endpoints)
+            router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates)
             asyncio.run(warm(router.url))
             outs, wall = asyncio.run(drive(router.url, trace))
             results.append(summarise(name, outs, wall))
+            time.sleep(1.0)  # the last streams' ends reach the servers' counters
+            served = pool.served()
+            by_class: Counter[str] = Counter()
+            for s, n in zip(slots, served):
+                by_class[s.gpu_model] += int(n)
+            results[-1]["served_by_class"] = dict(by_class)
+            results[-1]["busiest_server_share_pct"] = round(100 * max(served) / max(1.0, sum(served)), 1)
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             results.append({"router": name, "not_run": f"{type(e).__name__}: {e}"[:300]})
         finally:

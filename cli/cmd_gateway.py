@@ -80,6 +80,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     from policyc.cli.scrape_flags import add_scrape_flags
 
     add_scrape_flags(p)  # --scrape-interval, --no-scrape: the model servers' own metrics to the placer
+    p.add_argument("--candidates", type=int, default=8, metavar="N",
+                   help="instances the matcher hands the placer at a time, best ranked first (default 8); the placer's "
+                        "measured signals choose among them")
     p.add_argument("--refresh", type=float, default=0.05, metavar="SECONDS",
                    help="the placer's refresh interval: a scraped queue reaches placement within a scrape and a "
                         "refresh (default 0.05)")
@@ -178,9 +181,11 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
 
     if not 0.01 <= args.refresh <= 3600:
         return _fail(f"--refresh {args.refresh:g}: expected seconds in [0.01, 3600]")
+    if not 1 <= args.candidates <= 4096:
+        return _fail(f"--candidates {args.candidates}: expected 1 to 4096")
     cfg = ServeConfig(port=args.port, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
                       telemetry=Telemetry(args.telemetry), settle_heap=True, refresh_interval=args.refresh,
-                      metrics_scrape_interval=scrape_interval(args),
+                      metrics_scrape_interval=scrape_interval(args), candidates=args.candidates,
                       token_dir=token_dir(args, fleet, args.port), fleet=fleet, **security)
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
