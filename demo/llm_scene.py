@@ -283,12 +283,13 @@ class LlmScene:
     def _audit(self, gw: Gateway, decision_id: str, what: str, timeout: float = 15.0) -> None:
         """The call's `accounting` record: tokens and times measured at the gateway, the contract's estimate beside."""
         from policyc.audit.query import AuditReader
+        from policyc.audit.records import ActionRecord
 
         deadline = time.monotonic() + timeout
         while True:
             with AuditReader.open(self.dir / "audit.db") as reader:
                 found = [e.record for e in reader.actions_for(decision_id)
-                         if e.record.kind == "accounting" and getattr(e.record, "llm", None) is not None]
+                         if isinstance(e.record, ActionRecord) and e.record.kind == "accounting" and e.record.llm is not None]
             if found:
                 break
             if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ class Member:
     endpoint: str
     gpu_key: str
     score: float
+    protocol: str = "h2"  # how its endpoint speaks (its `endpoint_protocol` label): a retry stays on the primary's
 
 
 class Pool:
@@ -30,6 +31,7 @@ class Pool:
         self._endpoints: tuple[str, ...] = ()
         self._published: frozenset[str] | None = None
         self._version = 0  # bumped whenever the members or the published endpoints change
+        self._protocols: dict[str, str] = {}  # endpoint -> how it speaks
 
     @property
     def published(self) -> frozenset[str] | None:
@@ -59,12 +61,14 @@ class Pool:
                 score = reg.score(inst.id)
             except UnknownInstanceError:  # removed since routable() was read
                 continue
-            members.append(Member(inst.id, inst.model, d.endpoint, f"{d.host}/{d.gpu}", score))
+            members.append(Member(inst.id, inst.model, d.endpoint, f"{d.host}/{d.gpu}", score,
+                                  inst.labels.get("endpoint_protocol", "h2")))
         members.sort(key=lambda m: (-m.score, m.instance_id))
         by_model: dict[str, list[Member]] = {}
         for m in members:
             by_model.setdefault(m.model, []).append(m)
         self._by_model = {k: tuple(v) for k, v in by_model.items()}
+        self._protocols = {m.endpoint: m.protocol for m in members}
         self._endpoints = tuple(sorted({m.endpoint for m in members}))
         self._seen = (st, gen)
         self._version += 1
@@ -82,8 +86,15 @@ class Pool:
 
     def fallbacks(self, model: str, avoid_endpoint: str, avoid_gpu: str, n: int = 1) -> tuple[Member, ...]:
         """Up to `n` instances of `model` for a retry: never the primary's endpoint, and
-        another GPU than the primary's first (a GPU that stalled one request may stall the next)."""
+        another GPU than the primary's first (a GPU that stalled one request may stall the next).
+        Only instances that speak the primary's protocol: Envoy chose the request's pool (HTTP/1.1
+        or HTTP/2) once, for the primary, and the retry goes through the same pool, so a backup
+        speaking the other protocol would fail the retry (an HTTP/1.1 vLLM never redirects into
+        an HTTP/2 server, nor the other way)."""
         pub = self.published
-        cands = [m for m in self.members(model) if m.endpoint != avoid_endpoint and (pub is None or m.endpoint in pub)]
+        members = self.members(model)
+        protocol = self._protocols.get(avoid_endpoint, "h2")
+        cands = [m for m in members if m.endpoint != avoid_endpoint and (pub is None or m.endpoint in pub)
+                 and m.protocol == protocol]
         cands.sort(key=lambda m: m.gpu_key == avoid_gpu)  # stable: best score first within each
         return tuple(cands[:n])
