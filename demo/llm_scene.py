@@ -52,7 +52,7 @@ POLICIES = Path(__file__).resolve().parents[1] / "policies"
 BACKUP = "tiny-llama-lite"
 CLUSTER = ClusterSpec(seed=1, hosts=8, gpus_per_host=4, hosts_per_rack=4)
 READY_TIMEOUT_S = 400.0
-STARTUP_NICE = 10  # vLLM's niceness: the other scenes run while it starts
+STARTUP_NICE = 19  # vLLM's niceness: the other scenes run while it starts
 STALL_SLOWDOWN = 1000.0  # its first token: ~1.9 s, over tiny-llama's 500 ms llm.ttft
 # The contract's 50 ms between tokens is met by vLLM on a quiet core; the demo's requests state
 # their own (the Inference Extension's header), since the demo shares two cores with all it runs.
@@ -280,7 +280,7 @@ class LlmScene:
             raise DemoError("the gateway did not record the TTFT break and the redirect")
         return did
 
-    def _audit(self, gw: Gateway, decision_id: str, what: str, timeout: float = 15.0) -> None:
+    def _audit(self, gw: Gateway, decision_id: str, what: str, timeout: float = 30.0) -> None:
         """The call's `accounting` record: tokens and times measured at the gateway, the contract's estimate beside."""
         from policyc.audit.query import AuditReader
         from policyc.audit.records import ActionRecord
