@@ -43,3 +43,15 @@ def decode(key: str, raw: bytes) -> tuple[Instance, float | None]:
         return inst, None if score is None else float(score)
     except (ValueError, KeyError, TypeError, ValidationError) as e:
         raise InstanceCodecError(f"{key}: not an instance record ({str(e).splitlines()[0]})") from None
+
+
+def record(key: str, raw: bytes) -> tuple[str, object, object]:
+    """(key, instance record, score or None) for `InstanceBatch.from_records`, which checks
+    the record's fields; InstanceCodecError when `raw` is not a stored instance at all."""
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise InstanceCodecError(f"{key}: not an instance record (not JSON: {e})") from None
+    if type(body) is not dict or "instance" not in body:
+        raise InstanceCodecError(f"{key}: not an instance record (no `instance` field)")
+    return key, body["instance"], body.get("score")

@@ -33,13 +33,16 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, MutableMapping
 
 from policyc.compiler import bundle_io
-from policyc.matcher import Instance, admission_problems
+from policyc.matcher import Instance
+from policyc.matcher.columns import InstanceBatch
+from policyc.server import bulk_registration
 from policyc.server.errors import ServiceError
 
 from . import anchors, bundle_rollout, instance_codec
+from .known_instances import KnownInstances
 from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_acts import ActSender
 from .host_facts import HostFacts
@@ -104,7 +107,7 @@ class Replica:
         self.applied_revision = 0
         self.reloads = 0  # prefix reloads after a compaction
         self.bundle_refused: tuple[str, str] | None = None  # (hash, why) of the last bundle refused
-        self._known: dict[str, tuple[Instance, float | None]] = {}  # what the store holds, admitted or not
+        self._known: MutableMapping[str, tuple[Instance, float | None]] = {}  # what the store holds, admitted or not
         self._tasks: list[asyncio.Task[Any]] = []
         self._following = asyncio.Event()
         self._bundle_lock: asyncio.Lock | None = None
@@ -122,6 +125,7 @@ class Replica:
         self.acts = ActSender(self)  # self-heal steps sent to the host's agent (the executor's `remote`)
         self.host_signals = HostSignalBook()  # what each host's agent measured last (`signals/<host>`), for the placer
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
+        self.dropped_at_load: tuple[bulk_registration.Refusal, ...] = ()  # store instances not served at start, and why
 
     # ================================================================ life cycle
     @property
@@ -138,9 +142,9 @@ class Replica:
         self.loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self.address = self.cfg.advertise or address
-        items = await self._join()
+        batch = await self._join()
         self._joined = True
-        self._apply_initial(items)
+        self._apply_initial(batch)
         self.engine.writer = self
         g = self.server.guardian
         if g is not None:  # the leader's host steps go to the host's agent, their results into this audit
@@ -148,7 +152,7 @@ class Replica:
             g.executor.remote = self.acts
         await self._follow_from(self.applied_revision)
 
-    async def _join(self) -> list[tuple[Instance, float | None]]:
+    async def _join(self) -> InstanceBatch:
         self._bundle_lock = asyncio.Lock()
         await self.store.connect()
         await self.keeper.start()
@@ -166,17 +170,24 @@ class Replica:
         leader = next((e for e in by["leader"]), None)
         if leader is not None:
             self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
-        items = []
+        # the store's instances as columns (no object per instance): a record that is not one,
+        # or whose fields are wrong, is refused here, naming its key and field
+        records = []
         for e in by["instances"]:
             try:
-                items.append(instance_codec.decode(e.key, e.value))
+                records.append(instance_codec.record(e.key, e.value))
             except instance_codec.InstanceCodecError as err:
-                log.warning("%s", err)
+                log.warning("replica %s: %s", self.name, err)
+        batch, _, bad = bulk_registration.batch_from_records(records)
+        for r in bad:
+            log.warning("replica %s: store record refused: %s", self.name, r.reason)
+        stored = set(batch.ids)
         # instances registered here before joining are this replica's registrations: store them too
-        local = [(i, None) for i, _, _ in self.server.state.registry.entries() if i.id not in {x.id for x, _ in items}]
+        local = [(i, None) for i, _, _ in self.server.state.registry.entries() if i.id not in stored]
         for inst, score in local:
             await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
-        self._known = {i.id: (i, s) for i, s in items + local}
+        self._known = KnownInstances(batch)
+        self._known.update({i.id: (i, s) for i, s in local})
         pointer = next((e for e in by["bundle"]), None)
         current, ours = (pointer.value.decode() if pointer is not None else ""), self.server.state.bundle_hash
         if not self.cfg.shared:
@@ -194,7 +205,7 @@ class Replica:
         if not self.election.leader:
             await self.election.campaign()
         await self._report()
-        return items
+        return batch
 
     def _split(self, snap: Snapshot) -> dict[str, list[Any]]:
         k = self.keys
@@ -219,16 +230,32 @@ class Replica:
                 out["signals"].append(e)
         return out
 
-    def _apply_initial(self, items: list[tuple[Instance, float | None]]) -> None:
-        """On the serving loop: the store's instances this bundle admits, in one batch."""
-        bundle = self.server.state.bundle
-        ok = [(i, s) for i, s in items if i.id not in self.server.state.registry and not admission_problems(i, bundle)
-              and not self._unattested(i)]
-        for i, _ in items:
-            if admission_problems(i, bundle):
-                log.warning("instance %s is in the store but this replica's bundle does not admit it: %s", i.id,
-                            admission_problems(i, bundle)[0])
-        self.engine.apply_register_many(ok)
+    def _apply_initial(self, batch: InstanceBatch) -> None:
+        """On the serving loop: the store's instances this bundle admits, whose endpoint the
+        endpoint rules allow and whose host's claims are trusted, in one columnar batch.
+        What is dropped stays in `_known` and is logged with why (`dropped_at_load`)."""
+        service = self.server.service
+        rules, topology = service.endpoints, service.topology()
+
+        def endpoint(iid: str, ep: str, host: str) -> str | None:
+            if not host:
+                return None
+            try:
+                rules.check(iid, ep, host, topology)
+            except ServiceError as e:
+                return e.message
+            return None
+        reg = self.server.state.registry
+        taken = [iid for iid in batch.ids if iid in reg]
+        keep, _, refused = bulk_registration.screen(
+            batch, self.server.state.bundle, endpoint=endpoint, host_check=self.attestation.tpm_problem, taken=taken,
+            wheres=[self.keys.instance(iid) for iid in batch.ids])
+        taken_ids = set(taken)
+        self.dropped_at_load = tuple(r for r in refused if r.instance_id not in taken_ids)
+        for r in self.dropped_at_load:
+            log.warning("replica %s does not serve instance %s (in the store at %s): %s", self.name, r.instance_id,
+                        r.where, r.reason)
+        self.engine.apply_register_batch(keep)
 
     async def _follow_from(self, revision: int) -> None:
         loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Iterable, Protocol
 
 from policyc.matcher import Instance
+from policyc.matcher.columns import InstanceBatch
 from policyc.server.engine import DecisionEngine
 from policyc.server.errors import ServiceError, Status
 from policyc.server.registration import REQUEST_ID_HEADER, outcome_unknown
@@ -212,6 +213,11 @@ class SharedRegistryEngine(DecisionEngine):
     def apply_register_many(self, items: list[tuple[Instance, float | None]]) -> None:
         if items:
             DecisionEngine.register_many(self, [i for i, _ in items], {i.id: s for i, s in items if s is not None})
+
+    def apply_register_batch(self, batch: InstanceBatch) -> None:
+        """The store's instances at start, screened (`bulk_registration.screen`), as columns."""
+        if len(batch):
+            DecisionEngine.register_batch(self, batch)
 
     def apply_deregister(self, instance_id: str) -> None:
         if instance_id in self.state.registry:

@@ -20,6 +20,7 @@ from policyc.compiler.bundle import Bundle, Contract
 from policyc.compiler.diagnostic import error
 from policyc.compiler.semantics import applicable_rules, require_holds
 from policyc.matcher import AdmissionError, Instance, RegistryError, UnknownInstanceError, admission_problems
+from policyc.matcher.columns import InstanceBatch
 from policyc.placer import NoPlacement, PlacementPlan, Placer
 from policyc.placer.catalog import catalog_for
 from policyc.placer.llm_price import request_price
@@ -292,6 +293,22 @@ class DecisionEngine:
         with self._write:
             try:
                 self._state.registry.add_many(items, scores)
+            except RegistryError as e:
+                raise ServiceError(Status.FAILED_PRECONDITION, str(e)) from None
+            self._generation = next(self._generations)
+            return len(self._state.registry)
+
+    def register_batch(self, batch: InstanceBatch) -> int:
+        """Bulk registration from columns (`bulk_registration.py` screens the rows first),
+        all or nothing, no `Instance` object per row. Rows without a score take their GPU's
+        current placer score, as `register` does."""
+        if self._score_of is not None and (not batch.scores or None in batch.scores):
+            given = batch.scores or [None] * len(batch)
+            hosts, gpus, score_of = batch.strs["host"], batch.strs["gpu"], self._score_of
+            batch.scores = [score_of(h, g) if s is None else s for s, h, g in zip(given, hosts, gpus)]
+        with self._write:
+            try:
+                self._state.registry.add_batch(batch)
             except RegistryError as e:
                 raise ServiceError(Status.FAILED_PRECONDITION, str(e)) from None
             self._generation = next(self._generations)
