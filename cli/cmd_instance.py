@@ -1,7 +1,10 @@
 """`policyc instance register|deregister|list`: manage the running service's fleet.
 
-`register ID --model M --host H --gpu G --gpu-model C --region R [facts…]` adds an
-instance of a contract the served bundle holds; `--onnx MODEL.onnx` sends a model whose
+`register ID --model M --host H --gpu G [--endpoint IP:PORT] [facts…]` adds an instance
+of a contract the served bundle holds. The facts not given (region, GPU class, CUDA,
+security, NUMA node, session store) are read from the service's topology for that host and
+GPU (`policyc topology hosts --gpus` lists them); the service checks every fact claimed.
+`--endpoint` is where a gateway sends the instance's traffic (an address of its host); `--onnx MODEL.onnx` sends a model whose
 metadata carries its contract (`policyc embed`), `--contract-json F` a contract in the
 bundle's schema. `--file F` reads the whole `RegisterInstanceRequest` as JSON (`-`: stdin);
 flags given beside it override its fields. The service refuses a deployment that does not
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Callable
 
 from .connection import SetupError, add_connection_flags, connect, fail, usage
@@ -19,7 +23,17 @@ from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_bytes, read_text
 
-FACTS = ("host", "gpu", "gpu_model", "region", "session_state", "cuda")
+FACTS = ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint")
+# what each fact is (`policyc topology hosts --gpus` lists the values the service's topology holds)
+FACT_HELP = {
+    "host": "the host it runs on (a name `policyc topology hosts` lists)",
+    "gpu": "its GPU on that host (`gpu0`, ...)",
+    "gpu_model": "the GPU's class (`H100`, `A100`, ...: the topology's)",
+    "region": "the host's region",
+    "session_state": "the session store on the GPU's NUMA node (`local`, `remote`, ...)",
+    "cuda": "the host's CUDA version",
+    "endpoint": "IP:PORT a gateway sends this instance's traffic to (an address of its host); none: placement only",
+}
 FLAGS = ("tpm", "memory_encryption", "hardware_firewall", "tee")
 
 
@@ -27,13 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     codes = (Exit.OK, Exit.USAGE, Exit.UNAVAILABLE, Exit.REFUSED)
     p = add_command(sub, "instance", help="register, deregister and list the service's model instances",
                     description=__doc__, codes=codes,
-                    examples=[("policyc instance register fs-1 --model fraud-scorer --host h1 --gpu gpu0 --gpu-model H100 "
-                               "--region us-west --tpm --memory-encryption --hardware-firewall"),
+                    examples=["policyc topology hosts --gpus",
+                              "policyc instance register fs-1 --model fraud-scorer --host host-0002 --gpu gpu0 --endpoint 127.0.0.1:9001",
                               "policyc instance list --format json", "policyc instance deregister fs-1"])
     isub = p.add_subparsers(dest="instance_command", metavar="ACTION", parser_class=type(p))
     r = add_command(isub, "register", help="add an instance (its contract, its deployment's facts)", codes=codes,
-                    examples=["policyc instance register fs-1 --model fraud-scorer --host h1 --gpu gpu0 --gpu-model H100 --region us-west",
-                              "policyc instance register fs-2 --onnx dist/model.onnx --host h2 --gpu gpu1 --gpu-model A100 --region us-east",
+                    examples=["policyc instance register fs-1 --model fraud-scorer --host host-0002 --gpu gpu0 --endpoint 127.0.0.1:9001",
+                              "policyc instance register fs-2 --onnx dist/model.onnx --host host-0003 --gpu gpu1 --endpoint 198.18.0.3:9000",
                               "policyc instance register --file instance.json"])
     r.add_argument("id", nargs="?", metavar="ID", help="instance id (unique in the fleet)")
     r.add_argument("--file", metavar="FILE", help="a RegisterInstanceRequest as JSON (`-`: stdin)")
@@ -41,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--onnx", metavar="MODEL", help="an ONNX model carrying its contract (policyc embed)")
     r.add_argument("--contract-json", metavar="FILE", help="the contract as JSON, in the bundle's schema")
     for fact in FACTS:
-        r.add_argument(f"--{fact.replace('_', '-')}", dest=fact, help=f"deployment fact `{fact}`")
+        r.add_argument(f"--{fact.replace('_', '-')}", dest=fact, metavar="IP:PORT" if fact == "endpoint" else None,
+                       help=FACT_HELP[fact])
     r.add_argument("--numa-node", type=int, help="the GPU's NUMA node")
     for flag in FLAGS:
         r.add_argument(f"--{flag.replace('_', '-')}", dest=flag, action="store_true", default=None,
@@ -137,14 +152,56 @@ def _call(args: argparse.Namespace, command: str, call: Callable[[Any], Any]) ->
             raise _Refused(fail(command, args, e)) from None
 
 
+def _fill_from_topology(client: Any, msg: Any, numa_given: bool) -> str | None:
+    """The facts of `msg`'s host and GPU that neither a flag nor --file gave, taken from the
+    service's own topology (`ListHosts`): the service checks every claimed fact against it,
+    so a registration names its host, GPU and endpoint, and the rest is what the host is.
+    Returns why the registration cannot be sent (a host or GPU the topology does not know)."""
+    d = msg.deployment
+    if not d.host:
+        return None
+    hosts = client.list_hosts()
+    if not hosts.known:
+        return None
+    h = next((x for x in hosts.hosts if x.host == d.host), None)
+    if h is None:
+        near = [x.host for x in hosts.hosts][:3]
+        return (f"--host `{d.host}`: no such host among the service's {len(hosts.hosts)} "
+                f"({', '.join(near)}, …: `policyc topology hosts` lists them)")
+    if not d.region:
+        d.region = h.region
+    if not d.cuda:
+        d.cuda = h.cuda
+    for flag in FLAGS:
+        if not getattr(d, flag):
+            setattr(d, flag, getattr(h, flag))
+    g = next((x for x in h.gpus if x.gpu == d.gpu), None)
+    if g is None:
+        return f"--gpu `{d.gpu}`: {d.host} has {', '.join(x.gpu for x in h.gpus) or 'no GPU'}"
+    if not d.gpu_model:
+        d.gpu_model = g.gpu_model
+    if not d.session_state:
+        d.session_state = g.session_state
+    if not numa_given and d.numa_node == 0:
+        d.numa_node = g.numa_node
+    return None
+
+
 def _register(args: argparse.Namespace) -> int:
     msg = _request(args)
     if isinstance(msg, str):
         return usage("instance register", msg)
+
+    def call(c: Any) -> Any:
+        return _fill_from_topology(c, msg, args.numa_node is not None) or c.register_message(msg)
+
     try:
-        r = _call(args, "instance register", lambda c: c.register_message(msg))
+        r = _call(args, "instance register", call)
     except _Refused as e:
         return e.code
+    if isinstance(r, str):
+        print(f"policyc instance register: error: {r}", file=sys.stderr)
+        return Exit.REFUSED
     if args.format == "json":
         print(json.dumps({"ok": True, "instance_id": r.instance_id, "model": r.model, "registry_size": r.registry_size,
                           "bundle_hash": r.bundle_hash}, indent=1, sort_keys=True))

@@ -149,6 +149,10 @@ class DecisionClient:
     def list_instances(self, model: str | None = None) -> pb.ListInstancesResponse:
         return self._call(self._stub.ListInstances, pb.ListInstancesRequest(model=model or ""))
 
+    def list_hosts(self, region: str | None = None) -> pb.ListHostsResponse:
+        """The hosts the service's topology knows (their facts, GPUs, addresses)."""
+        return self._call(self._stub.ListHosts, pb.ListHostsRequest(region=region or ""))
+
     def reload(self, *, bundle_json: str | None = None, path: str | None = None, evict_inadmissible: bool = False) -> pb.ReloadBundleResponse:
         if (bundle_json is None) == (path is None):
             raise ValueError("give exactly one of `bundle_json` and `path`")

@@ -148,6 +148,7 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = {
     DECISIONS + "DeregisterInstance": Permission.REGISTER,
     DECISIONS + "ReloadBundle": Permission.RELOAD,
     DECISIONS + "ListInstances": Permission.LIST,
+    DECISIONS + "ListHosts": Permission.LIST,
 }
 
 

@@ -438,6 +438,54 @@ class ListInstancesResponse(_message.Message):
     bundle_hash: str
     def __init__(self, instances: _Optional[_Iterable[_Union[InstanceInfo, _Mapping]]] = ..., bundle_hash: _Optional[str] = ...) -> None: ...
 
+class ListHostsRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class GpuFacts(_message.Message):
+    __slots__ = ("gpu", "gpu_model", "numa_node", "session_state")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUMA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_STATE_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    gpu_model: str
+    numa_node: int
+    session_state: str
+    def __init__(self, gpu: _Optional[str] = ..., gpu_model: _Optional[str] = ..., numa_node: _Optional[int] = ..., session_state: _Optional[str] = ...) -> None: ...
+
+class HostFacts(_message.Message):
+    __slots__ = ("host", "region", "cuda", "tpm", "memory_encryption", "hardware_firewall", "tee", "addresses", "gpus")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_FIELD_NUMBER: _ClassVar[int]
+    TPM_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ENCRYPTION_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIREWALL_FIELD_NUMBER: _ClassVar[int]
+    TEE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    region: str
+    cuda: str
+    tpm: bool
+    memory_encryption: bool
+    hardware_firewall: bool
+    tee: bool
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuFacts]
+    def __init__(self, host: _Optional[str] = ..., region: _Optional[str] = ..., cuda: _Optional[str] = ..., tpm: _Optional[bool] = ..., memory_encryption: _Optional[bool] = ..., hardware_firewall: _Optional[bool] = ..., tee: _Optional[bool] = ..., addresses: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[_Union[GpuFacts, _Mapping]]] = ...) -> None: ...
+
+class ListHostsResponse(_message.Message):
+    __slots__ = ("hosts", "known")
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostFacts]
+    known: bool
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostFacts, _Mapping]]] = ..., known: _Optional[bool] = ...) -> None: ...
+
 class ReloadBundleRequest(_message.Message):
     __slots__ = ("bundle_json", "path", "evict_inadmissible")
     BUNDLE_JSON_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class DecisionsStub:
                 request_serializer=decision__pb2.ListInstancesRequest.SerializeToString,
                 response_deserializer=decision__pb2.ListInstancesResponse.FromString,
                 _registered_method=True)
+        self.ListHosts = channel.unary_unary(
+                '/policyc.decision.v1.Decisions/ListHosts',
+                request_serializer=decision__pb2.ListHostsRequest.SerializeToString,
+                response_deserializer=decision__pb2.ListHostsResponse.FromString,
+                _registered_method=True)
 
 
 class DecisionsServicer:
@@ -136,6 +141,14 @@ class DecisionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHosts(self, request, context):
+        """Auditor or operator: the hosts the service's topology knows, their facts, GPUs and
+        addresses: what `RegisterInstance` checks a deployment against (`policyc topology hosts`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecisionsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +191,11 @@ def add_DecisionsServicer_to_server(servicer, server):
                     servicer.ListInstances,
                     request_deserializer=decision__pb2.ListInstancesRequest.FromString,
                     response_serializer=decision__pb2.ListInstancesResponse.SerializeToString,
+            ),
+            'ListHosts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHosts,
+                    request_deserializer=decision__pb2.ListHostsRequest.FromString,
+                    response_serializer=decision__pb2.ListHostsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +414,33 @@ class Decisions:
             '/policyc.decision.v1.Decisions/ListInstances',
             decision__pb2.ListInstancesRequest.SerializeToString,
             decision__pb2.ListInstancesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHosts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/policyc.decision.v1.Decisions/ListHosts',
+            decision__pb2.ListHostsRequest.SerializeToString,
+            decision__pb2.ListHostsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,8 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
                           response_serializer=pb.ReloadBundleResponse.SerializeToString),
         "ListInstances": u(service.ListInstances, request_deserializer=decoder(pb.ListInstancesRequest),
                            response_serializer=pb.ListInstancesResponse.SerializeToString),
+        "ListHosts": u(service.ListHosts, request_deserializer=decoder(pb.ListHostsRequest),
+                       response_serializer=pb.ListHostsResponse.SerializeToString),
     }
 
 

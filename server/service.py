@@ -44,6 +44,7 @@ from .request_shapes import RequestShapes, ShapeEntry
 from .state import PolicyState
 from .rich_status import default_code, refusal_trailers
 from .rpc_metrics import code_name, counts_itself
+from .host_facts import hosts_msg
 from .registration import (admissible, check_against_bundle, check_counted_cost, check_facts, contract_from_json,
                            contract_from_onnx, request_id_of)
 
@@ -444,6 +445,17 @@ class DecisionService(pb_grpc.DecisionsServicer):
                for inst, _, score in st.registry.entries() if not request.model or inst.model == request.model]
         out.sort(key=lambda i: i.id)
         return pb.ListInstancesResponse(instances=out, bundle_hash=st.bundle_hash)
+
+    @_no_tracebacks
+    async def ListHosts(self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext) -> pb.ListHostsResponse:
+        """The hosts of the topology registration checks facts against, so an operator can
+        see what `instance register` may claim (read-only: auditor or operator)."""
+        try:
+            self._admit(context, Permission.LIST)
+        except ServiceError as e:
+            await self._refuse(context, "ListHosts", e)
+            raise
+        return hosts_msg(self.topology(), request.region)
 
     async def reload_path(self, path: str, source: str = "SIGHUP") -> tuple[str, tuple[str, ...]]:
         """Load `path` through the service's verifier (off the loop) and swap to it; a
