@@ -80,9 +80,10 @@ ROUTES_MAX = 4096
 _routes: dict[tuple[object, ...], Route] = {}
 
 
-def _route(breaker: Breaker | None, retry_count: int, endpoint: str, gpu_key: str, pool: Pool) -> Route:
+def _route(breaker: Breaker | None, retry_count: int, endpoint: str, gpu_key: str, pool: Pool,
+           subset: frozenset[str] | None = None) -> Route:
     # the breaker by identity (a route holds its breaker, so the id stays its own while memoized)
-    key = (id(breaker), retry_count, endpoint, gpu_key, id(pool), pool.version())
+    key = (id(breaker), retry_count, endpoint, gpu_key, id(pool), pool.version(), subset)
     found = _routes.get(key)
     if found is not None:
         return found
@@ -90,7 +91,11 @@ def _route(breaker: Breaker | None, retry_count: int, endpoint: str, gpu_key: st
     fallbacks: tuple[Member, ...] = ()
     headers: tuple[tuple[str, str], ...] = ()
     if redirect is not None:
-        fallbacks = pool.fallbacks(redirect.backup, endpoint, gpu_key)
+        if subset is None:
+            fallbacks = pool.fallbacks(redirect.backup, endpoint, gpu_key)
+        else:  # the Endpoint Picker Protocol: fallbacks too come from the gateway's candidate subset
+            fallbacks = tuple(m for m in pool.fallbacks(redirect.backup, endpoint, gpu_key, n=len(subset))
+                              if m.endpoint in subset)[:1]
         hs = {k.lower(): v for k, v in redirect.headers}
         hs[RETRY_HEADER] = str(retry_count + 1)  # the guardian's rule: the retry says it is one
         headers = tuple(sorted(hs.items()))
@@ -103,8 +108,9 @@ def _route(breaker: Breaker | None, retry_count: int, endpoint: str, gpu_key: st
     return r
 
 
-def plan_pick(d: Decision, table: RuleTable, pool: Pool, spent_s: float) -> Pick:
-    """`d` must be admitted with a placement on an instance with an endpoint."""
+def plan_pick(d: Decision, table: RuleTable, pool: Pool, spent_s: float, subset: frozenset[str] | None = None) -> Pick:
+    """`d` must be admitted with a placement on an instance with an endpoint. `subset`: the
+    gateway's candidate endpoints (the fallback list is drawn from them alone)."""
     plan = d.plan
     assert plan is not None and d.model is not None and d.endpoint
     predicted = plan.latency.total
@@ -114,6 +120,6 @@ def plan_pick(d: Decision, table: RuleTable, pool: Pool, spent_s: float) -> Pick
         rule, seconds = found
         breaker = rule.breaker
         timeout_ms = max(1, int((seconds - max(spent_s, 0.0)) * 1e3))
-    r = _route(breaker, d.retry_count, d.endpoint, plan.gpu_key, pool)
+    r = _route(breaker, d.retry_count, d.endpoint, plan.gpu_key, pool, subset)
     return Pick(d.decision_id, d.model, plan.instance_id, d.endpoint, plan.gpu_key, r.fallbacks, timeout_ms, breaker,
                 r.redirect, r.retry_headers, predicted * 1e3, d.retry_count, r)

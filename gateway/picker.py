@@ -62,6 +62,9 @@ RECENT = 1024
 # a pick's longest wait for its access-log entry: the route's timeout (30 s, every attempt), the
 # receiver's grace for late attempts, margin; beyond, the request no longer counts as in flight
 OPEN_MAX_S = 40.0
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # the Endpoint Picker Protocol's candidate subset (v0.3.0 on)
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+MAX_SUBSET = 4096  # a larger list is cut here: bounded work per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,26 @@ class RuleTables:
         if self._for is not b or self._table is None:
             self._table, self._for = build_rule_table(b), b
         return self._table
+
+
+def endpoint_subset(req: ep.ProcessingRequest) -> frozenset[str] | None:
+    """The Endpoint Picker Protocol's candidate subset: the `ip:port` list Envoy passes in the
+    request's filter metadata (`envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset`);
+    None when not given (every pool endpoint is a candidate). An empty list is a subset of none."""
+    if not req.HasField("metadata_context"):
+        return None
+    ns = req.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if ns is None or SUBSET_KEY not in ns.fields:
+        return None
+    v = ns.fields[SUBSET_KEY]
+    kind = v.WhichOneof("kind")
+    if kind == "list_value":
+        items = [x.string_value for x in v.list_value.values[:MAX_SUBSET]]
+    elif kind == "string_value":  # a comma-separated list, as the destination header is written
+        items = v.string_value.split(",")[:MAX_SUBSET]
+    else:
+        items = []
+    return frozenset(x.strip() for x in items if x.strip())
 
 
 def _value(h: Any) -> str:
@@ -231,9 +254,13 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 view = self._view = PolicyView(config.forwarded_headers)
             policy = view.of(req.request_headers.headers.headers)
             service, shapes = self.service, self.shapes
+            subset = endpoint_subset(req)
             try:
                 key = shape_key(policy) if attributes is None else shape_key(policy) + attributes_key(attributes)
-                make_input = lambda: DecisionInput(policy, attributes or {}, routable_only=True)  # noqa: E731
+                if subset is not None:
+                    key = key + b"\x00subset\x00" + ",".join(sorted(subset)).encode()
+                make_input = lambda: DecisionInput(policy, attributes or {}, routable_only=True,  # noqa: E731
+                                                   endpoint_subset=subset)
                 prepared = None
                 if shapes.get(service.engine.state, key) is None:  # a new shape: Z3 off the loop
                     prepared = await service.prepare_new_shape(shapes, key, make_input)
@@ -248,14 +275,15 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 self._count("audit")
                 return messages.immediate(refusal.from_error(ServiceError(Status.UNAVAILABLE, str(e)))), None
             if not d.admitted:
-                r = refusal.from_rejection(d)
+                r = refusal.from_rejection(d) if subset is None else refusal.outside_subset(d)
                 self._count(r.cause)
                 return messages.immediate(r), None
             published = self.pool.published
-            if not d.endpoint or (published is not None and d.endpoint not in published):
+            if not d.endpoint or (published is not None and d.endpoint not in published) or \
+                    (subset is not None and d.endpoint not in subset):
                 self._count("no-instance")
                 return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
-            pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0)
+            pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0, subset)
             breakable = pick.per_try_timeout_ms is not None
             from_log = self.from_access_log
             if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it

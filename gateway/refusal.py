@@ -69,6 +69,17 @@ def from_rejection(d: Decision) -> Refusal:
                    "no-instance", d.decision_id)
 
 
+def outside_subset(d: Decision) -> Refusal:
+    """No admissible instance in the gateway's candidate subset: 503, as the Endpoint Picker
+    Protocol asks, with the decision's reason (its rules' or the subset's)."""
+    r = d.rejection
+    assert r is not None
+    if r.stage is Stage.FEASIBILITY:  # the policy refuses the request wherever it would go
+        return from_rejection(d)
+    return Refusal(503, GRPC_UNAVAILABLE, f"no endpoint of the gateway's candidate subset can serve this request "
+                   f"({r.stage.value}): {r.reason}", "subset", d.decision_id, r.rule_ids)
+
+
 def no_endpoint(d: Decision, unpublished: bool = False) -> Refusal:
     """Admitted on an instance the gateway cannot reach: one without an endpoint (never
     chosen for a gateway request; a guard so such a decision never becomes traffic) or one

@@ -65,6 +65,9 @@ class DecisionInput:
     session: str | None = None
     retry_count: int = 0
     routable_only: bool = False  # a gateway's request: only instances with an endpoint may serve it
+    # the Endpoint Picker Protocol's candidate subset (`ip:port`s the gateway allows): only instances
+    # whose endpoint is one of them may serve it; None: no subset given
+    endpoint_subset: frozenset[str] | None = None
 
 
 @dataclass(slots=True, unsafe_hash=True)  # immutable: never assigned to (see above)

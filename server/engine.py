@@ -141,8 +141,9 @@ class DecisionEngine:
         latest score push seen, or younger than `score_lag`)."""
         st = prep.state
         routable = prep.input.routable_only
+        subset = prep.input.endpoint_subset
         try:
-            key: tuple | None = (st.registry.index.shape_key(prep.request.vars)[0], routable)
+            key: tuple | None = (st.registry.index.shape_key(prep.request.vars)[0], routable, subset)
         except TypeError:  # an unhashable value (only through `Request.of`): ranked afresh
             key = None
         table = self._ranked_shapes
@@ -153,7 +154,9 @@ class DecisionEngine:
                         (hit.scores == scores or now - hit.made_at < self.score_lag):
                     table.move_to_end(key)
                     return hit
-        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT, distinct_gpus=True, routable=routable)
+        # a candidate subset: every admitted instance is ranked, then only the subset's kept
+        m = st.registry.match(prep.request, self.candidates * MODEL_FANOUT if subset is None else max(1, len(st.registry)),
+                              distinct_gpus=True, routable=routable)
         rej: Rejection | None = None
         windows: list[tuple[str, Contract, tuple[Instance, ...]]] = []
         if not m.admitted:
@@ -173,7 +176,11 @@ class DecisionEngine:
             # model only when none of this one's windows has.
             groups: dict[str, list[Instance]] = {}
             for s in m.best:
-                groups.setdefault(s.instance.model, []).append(s.instance)
+                if subset is None or s.instance.deployment.endpoint in subset:
+                    groups.setdefault(s.instance.model, []).append(s.instance)
+            if not groups:  # the rules admit instances, none of them in the gateway's subset
+                rej = Rejection(Stage.MATCH, f"none of the {m.count} admissible instances has an endpoint in the gateway's "
+                                f"candidate subset ({', '.join(sorted(subset or ()))[:300] or 'empty'})")
             n = self.candidates
             for model, cands in groups.items():
                 contract = st.bundle.contract(model)
