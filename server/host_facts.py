@@ -23,8 +23,14 @@ def hosts_msg(topology: Topology | None, region: str = "") -> "pb.ListHostsRespo
     for i, h in enumerate(topology.hosts):
         if region and h.region != region:
             continue
+        gs: list[pb.GpuFacts] = sorted(gpus.get(i, []), key=_gpu_order)
         out.append(pb.HostFacts(host=h.name, region=h.region, cuda=h.cuda, tpm=h.tpm, memory_encryption=h.memory_encryption,
                                 hardware_firewall=h.hardware_firewall, tee=h.tee, addresses=list(h.addresses),
-                                gpus=sorted(gpus.get(i, []), key=lambda x: (len(x.gpu), x.gpu))))
+                                gpus=gs))
     out.sort(key=lambda x: x.host)
     return pb.ListHostsResponse(hosts=out, known=True)
+
+
+def _gpu_order(g: "pb.GpuFacts") -> tuple[int, str]:
+    """`gpu2` before `gpu10`."""
+    return len(g.gpu), g.gpu
