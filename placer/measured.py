@@ -4,7 +4,8 @@ servers' own readings (`readings.Reading` per GPU key), so the signals that cons
 
 Readings come from any callable returning them per GPU key; `by_endpoint` adapts a source
 keyed by endpoint (the metrics scraper's `snapshot(endpoint) -> Reading(values, age_s)`)
-through the registry's endpoint -> GPU map (`endpoint_gpus`)."""
+through the registry's endpoint -> GPU map (`endpoint_gpus`). `ScrapedFleet` is the running
+service's wiring: the metrics scraper following the registry, its readings per GPU key."""
 
 from __future__ import annotations
 
