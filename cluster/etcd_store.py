@@ -22,11 +22,13 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
+import grpc
 from aetcd import rpc
 
 from .store import Change, ChangeKind, Compacted, Delete, Entry, Guard, Put, Snapshot, StoreError, StoreRefused, StoreStatus, StoreUnavailable
 
 T = TypeVar("T")
+READ_PAGE = 2000  # keys per Range of `read_prefix` (~0.8 MB of instance records)
 _RETRYABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError)
 _TRANSIENT_WORDS = ("leader changed", "no leader", "timed out", "unavailable", "too many requests", "connection")
 
@@ -148,12 +150,30 @@ class EtcdStore:
         return None if got is None else _entry(got)
 
     async def read_prefix(self, prefix: str) -> Snapshot:
+        """Every key under `prefix` at one revision, read a page at a time: one Range of a
+        100,000-instance fleet is ~40 MB, ten times gRPC's 4 MB message limit. Pages are
+        read at the first page's revision (one consistent snapshot); a page too large for
+        the limit (large records) is read again at half the count."""
         async def call() -> Snapshot:
             c = self._client
             await c.connect()
-            resp = await c.kvstub.Range(rpc.RangeRequest(key=prefix.encode(), range_end=_range_end(prefix)),
-                                        timeout=c._timeout, metadata=c.metadata)
-            return Snapshot(tuple(_entry(kv) for kv in resp.kvs), resp.header.revision)
+            end = _range_end(prefix)
+            key, revision, limit = prefix.encode(), 0, READ_PAGE
+            kvs: list[Any] = []
+            while True:
+                try:
+                    resp = await c.kvstub.Range(rpc.RangeRequest(key=key, range_end=end, limit=limit, revision=revision),
+                                                timeout=c._timeout, metadata=c.metadata)
+                except grpc.aio.AioRpcError as e:
+                    if e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and limit > 1:
+                        limit //= 2
+                        continue
+                    raise
+                kvs.extend(resp.kvs)
+                revision = revision or resp.header.revision
+                if not resp.more or not resp.kvs:
+                    return Snapshot(tuple(_entry(kv) for kv in kvs), revision)
+                key = resp.kvs[-1].key + b"\0"
         return await self._retry(f"read {prefix}", call)
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:

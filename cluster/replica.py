@@ -178,7 +178,8 @@ class Replica:
                 records.append(instance_codec.record(e.key, e.value))
             except instance_codec.InstanceCodecError as err:
                 log.warning("replica %s: %s", self.name, err)
-        batch, _, bad = bulk_registration.batch_from_records(records)
+        # off the loop (the lease keeps being refreshed meanwhile): ~0.3 s of checks at 100,000
+        batch, _, bad = await asyncio.to_thread(bulk_registration.batch_from_records, records)
         for r in bad:
             log.warning("replica %s: store record refused: %s", self.name, r.reason)
         stored = set(batch.ids)

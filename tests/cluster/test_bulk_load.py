@@ -112,3 +112,25 @@ def test_a_bad_store_record_is_refused_naming_the_record_and_the_field(bundle, e
         assert any(Keys(prefix).instance("bad-numa") in m and "numa_node" in m for m in caplog.messages)
     finally:
         th.stop()
+
+
+def test_a_prefix_is_read_a_page_at_a_time_at_one_revision(etcd, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A 100,000-instance snapshot is ~40 MB, ten times gRPC's message limit in one Range."""
+    from policyc.cluster import etcd_store
+    monkeypatch.setattr(etcd_store, "READ_PAGE", 7)
+    prefix = new_prefix()
+    _put_all(etcd, prefix, {f"{prefix}k{i:03d}": str(i).encode() for i in range(30)})
+
+    async def read():  # type: ignore[no-untyped-def]
+        s = EtcdStore(etcd.endpoints)
+        await s.connect()
+        try:
+            snap = await s.read_prefix(prefix)
+            await s.put(f"{prefix}k999", b"later")  # after the read: not in it
+            return snap, await s.read_prefix(prefix)
+        finally:
+            await s.close()
+    snap, again = asyncio.run(read())
+    assert [e.key for e in snap.entries] == [f"{prefix}k{i:03d}" for i in range(30)]
+    assert [e.value for e in snap.entries] == [str(i).encode() for i in range(30)]
+    assert len(again.entries) == 31 and again.revision > snap.revision
