@@ -56,6 +56,8 @@ LISTENER = "policyc_gateway"
 ENDPOINT_KEY = "x-gateway-destination-endpoint"  # Endpoint Picker Protocol
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # the Endpoint Picker Protocol's candidate subset (v0.3.0 on)
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # the picker marks a request that can break (it has a budget) in this dynamic metadata, so an
 # access log that carries only what the picker needs logs only those calls
 WATCH_NAMESPACE = "policyc.gateway"
@@ -261,8 +263,10 @@ def _ext_proc(spec: GatewaySpec) -> dict[str, Any]:
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
         "mutation_rules": {"allow_envoy": True},  # the picker sets x-envoy-upstream-rq-per-try-timeout-ms
         # the served host (`envoy.lb`) goes to the picker only for its response phase
+        # the Endpoint Picker Protocol's candidate subset (`envoy.lb.subset_hint`), set by a filter before this one
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE, WATCH_NAMESPACE]},
-                             **({} if spec.breaks_from_access_log else {"forwarding_namespaces": {"untyped": [LB_NAMESPACE]}})},
+                             "forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE] + ([] if spec.breaks_from_access_log
+                                                                                       else [LB_NAMESPACE])}},
     }}
 
 

@@ -48,7 +48,7 @@ from policyc.server.service import DecisionService
 from . import llm_pick, messages, refusal
 from .access_log import AccessLogReceiver, Attempt, Call
 from .acts import Acts, Break
-from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY
+from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE
 from .pick import Pick, plan_pick
 from .pool import Pool
 from .llm_pick import body_kind
@@ -62,8 +62,6 @@ RECENT = 1024
 # a pick's longest wait for its access-log entry: the route's timeout (30 s, every attempt), the
 # receiver's grace for late attempts, margin; beyond, the request no longer counts as in flight
 OPEN_MAX_S = 40.0
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # the Endpoint Picker Protocol's candidate subset (v0.3.0 on)
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 MAX_SUBSET = 4096  # a larger list is cut here: bounded work per request
 
 
