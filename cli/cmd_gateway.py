@@ -65,6 +65,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                         "repeatable. A model without one gets a declared estimate, labelled as such")
     p.add_argument("--no-llm", action="store_true",
                    help="no LLM routes (OpenAI bodies read, HTTP/1.1 upstreams, streams supervised): gRPC and REST as before")
+    p.add_argument("--otlp-endpoint", metavar="IP:PORT",
+                   help="trace every request: Envoy's spans (W3C traceparent continued from the client) and the "
+                        "picker's (parse, match, place, audit) to this OTLP/gRPC collector (needs policyc[otel])")
     p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
     p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")
     p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
@@ -112,11 +115,14 @@ def _print_bootstrap(args) -> int:  # type: ignore[no-untyped-def]
         return _fail("--print-bootstrap needs the pool: --endpoint IP:PORT (repeatable) or --eds-path FILE")
     from policyc.cli.gateway_flags import limits_from
 
+    from policyc.gateway.tracing import check_endpoint
+
     try:
+        otlp = check_endpoint(args.otlp_endpoint) if args.otlp_endpoint is not None else None
         boot = build_bootstrap(GatewaySpec(picker=args.picker, listen=args.listen, admin=args.admin,
                                            endpoints=tuple(args.endpoint), eds_path=args.eds_path,
                                            failure_mode_allow=args.failure_mode_allow, retry_budget=budget,
-                                           limits=limits_from(args)))
+                                           limits=limits_from(args), otlp_endpoint=otlp))
     except ValueError as e:
         return _fail(str(e))
     print(json.dumps(boot, indent=2))
@@ -166,6 +172,13 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         fleet = fleet_config(args, key)
         from policyc.gateway.llm_side import LlmOptions, parse_tokenizer_option
 
+        otlp = None
+        if args.otlp_endpoint is not None:
+            from policyc.gateway.tracing import available, check_endpoint
+
+            otlp = check_endpoint(args.otlp_endpoint)
+            if (missing := available()) is not None:
+                raise ValueError(f"--otlp-endpoint: {missing}")
         llm = None if args.no_llm else LlmOptions(tokenizers=tuple(parse_tokenizer_option(t) for t in args.tokenizer))
     except (bundle_io.BundleError, ValueError) as e:
         return _fail(str(e))
@@ -201,7 +214,7 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     workdir = Path(args.workdir) if args.workdir else kept / "gateway" if kept is not None else None
     options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
                              failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
-                             concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm)
+                             concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm, otlp_endpoint=otlp)
     from policyc.gateway.tokens import TokenizerError
 
     try:

@@ -45,6 +45,7 @@ from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_picker
 
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
+OTLP_CLUSTER = "policyc_otlp"  # the OpenTelemetry collector Envoy's tracer exports to (`otlp_endpoint`)
 ALS_CLUSTER = "policyc_access_log"  # reserved for the access-log service (issue 20)
 # Envoy sends its buffered access-log entries when this many bytes are buffered or at the flush
 # interval, whichever comes first. Its default (16 KiB, ~20 of policyc's ~820-byte entries) made
@@ -135,6 +136,9 @@ class GatewaySpec:
     llm: LlmRoutes | None = None  # the LLM routes (bodies read, HTTP/1.1 upstreams): gateway/llm_routes.py
     extra_response_headers: tuple[tuple[str, str], ...] = field(default=())
     limits: Limits = Limits()  # what one client may hold: timeouts, connections, streams, headers, picks waiting
+    # an OTLP/gRPC collector's `ip:port`: Envoy traces every request (W3C traceparent, OpenTelemetry) and
+    # sends its spans there; the picker's and the model server's spans continue its trace (gateway/tracing.py)
+    otlp_endpoint: str | None = None
 
 
 def _address(endpoint: str) -> dict[str, Any]:
@@ -333,6 +337,19 @@ def _routes(spec: GatewaySpec) -> list[dict[str, Any]]:
     return llm_routes(spec.llm, _route(spec), not spec.breaks_from_access_log)
 
 
+def _tracing(spec: GatewaySpec) -> dict[str, Any]:
+    """Envoy's OpenTelemetry tracer: a span per request, continuing the client's W3C
+    `traceparent` (a new trace without one), its context sent on to the picker (the ext_proc
+    call's gRPC metadata) and to the model server (the upstream request's headers); spans
+    exported over OTLP/gRPC to `otlp_endpoint`. Every request is sampled unless the client's
+    traceparent says not to (tracing is opt-in)."""
+    return {"tracing": {"random_sampling": {"value": 100.0}, "spawn_upstream_span": True, "provider": {
+        "name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
+            "service_name": "policyc-gateway"}}}}
+
+
 def _tls(spec: GatewaySpec) -> dict[str, Any]:
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
@@ -375,6 +392,7 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         "http_filters": http_filters,
         "access_log": _access_log(spec),
         **bounds.connection_manager_options(spec.limits),
+        **(_tracing(spec) if spec.otlp_endpoint is not None else {}),
     }
     clusters = [_pool_cluster(spec)]
     if spec.llm is not None:
@@ -382,6 +400,10 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         _add_connection_manager_options(hcm, llm_listener_limits(spec.llm))
     if spec.use_picker:
         clusters.append(_picker_cluster(spec))
+    if spec.otlp_endpoint is not None:
+        clusters.append({"name": OTLP_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                         "typed_extension_protocol_options": _h2(),
+                         "load_assignment": load_assignment(OTLP_CLUSTER, (spec.otlp_endpoint,))})
     if spec.access_log_cluster is not None:
         clusters.append({"name": ALS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
                          "typed_extension_protocol_options": _h2(),

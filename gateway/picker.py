@@ -51,6 +51,7 @@ from .acts import Acts, Break
 from .bootstrap import ATTEMPT_COUNT, LB_NAMESPACE, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE
 from .pick import Pick, plan_pick
 from .pool import Pool
+from .tracing import PickerTracer, Stamps, trace_context
 from .llm_pick import body_kind
 from .request_view import PolicyView, attributes_key, shape_key
 
@@ -138,6 +139,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self.from_access_log = False  # True once `follow_access_log`: breaks and request ends from Envoy's log
         self._view = PolicyView(config.forwarded_headers)
         self.llm: llm_pick.LlmPicker | None = None  # `enable_llm`: LLM requests are picked on their body
+        self.tracer: PickerTracer | None = None  # `--otlp-endpoint`: each pick's spans (gateway/tracing.py)
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -168,8 +170,11 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 if req.HasField("request_headers"):
                     llm_kind = body_kind(req) if self.llm is not None else None
                     if llm_kind is None:
-                        resp, pick = await self._request_headers(req)
+                        stamps = self._stamps(req, context) if self.tracer is not None else None
+                        resp, pick = await self._request_headers(req, stamps=stamps)
                         await context.write(resp if pick is None or self.llm is None else self.llm.headers_answer(resp, pick))
+                        if stamps is not None:
+                            self._trace(stamps)
                     else:  # an LLM request: the pick waits for its body
                         await self._llm_body(context, req, llm_kind)
                     return
@@ -188,11 +193,17 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     req = await context.read()
                     continue
                 if kind == "request_headers":
-                    resp, pick = await self._request_headers(req)
+                    stamps = self._stamps(req, context) if self.tracer is not None else None
+                    resp, pick = await self._request_headers(req, stamps=stamps)
                     if pick is not None:
                         picked.append(pick.decision_id)
                         if self.llm is not None:
                             resp = self.llm.headers_answer(resp, pick)
+                    if stamps is not None:
+                        await context.write(resp)
+                        self._trace(stamps)
+                        req = await context.read()
+                        continue
                 elif kind == "response_headers":
                     resp = self._response_headers(req, picked)
                 else:
@@ -228,12 +239,29 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self.llm = llm_pick.LlmPicker(self, picks)
         self.config = replace(self.config, forwarded_headers=self.config.forwarded_headers | frozenset(llm_pick.SLO_HEADERS))
 
+    def _stamps(self, req: ep.ProcessingRequest, context: grpc.aio.ServicerContext) -> Stamps:
+        """A traced pick's stamps, with the trace context Envoy (or the client) sent."""
+        parent, state = trace_context(context.invocation_metadata(), req.request_headers.headers.headers)
+        return Stamps(traceparent=parent, tracestate=state)
+
+    def _trace(self, stamps: Stamps) -> None:
+        """The pick's spans, once its answer is written (never on the pick's own path)."""
+        assert self.tracer is not None
+        try:
+            self.tracer.record(stamps)
+        except Exception:  # noqa: BLE001 - a tracing failure never touches the request
+            log.exception("picker: the spans of decision %s", stamps.decision_id)
+
     async def _request_headers(self, req: ep.ProcessingRequest,
-                               attributes: Mapping[str, Scalar] | None = None) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
+                               attributes: Mapping[str, Scalar] | None = None,
+                               stamps: Stamps | None = None) -> tuple[ep.ProcessingResponse | bytes, Pick | None]:
         """The pick, in one coroutine (the hot path: one frame, no await unless a new shape
         needs its feasibility answer or the audit log is in sync mode). `attributes`: typed
-        request variables besides the headers (an LLM request's body, `llm_pick.py`)."""
+        request variables besides the headers (an LLM request's body, `llm_pick.py`).
+        `stamps`: a traced pick's times, filled in here (`tracing.py`)."""
         t0 = time.perf_counter()
+        if stamps is not None:
+            stamps.start = stamps.parsed = stamps.decided = stamps.end = t0
         try:
             open_ = self._open
             if open_ and self.from_access_log:
@@ -257,6 +285,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 key = shape_key(policy) if attributes is None else shape_key(policy) + attributes_key(attributes)
                 if subset is not None:
                     key = key + b"\x00subset\x00" + ",".join(sorted(subset)).encode()
+                if stamps is not None:
+                    stamps.parsed = time.perf_counter()
                 make_input = lambda: DecisionInput(policy, attributes or {}, routable_only=True,  # noqa: E731
                                                    endpoint_subset=subset)
                 prepared = None
@@ -265,6 +295,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 d, _, durable = service.decide_shape(shapes, key, make_input, t0, prepared)
                 if durable is not None:
                     await durable  # sync audit: forward only once the decision's record is on disk
+                if stamps is not None:
+                    stamps.decided = stamps.end = time.perf_counter()
+                    stamps.decision_id, stamps.timing = d.decision_id, d.timing
             except ServiceError as e:
                 r = refusal.from_error(e)
                 self._count(r.cause)
@@ -291,6 +324,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             recent[pick.decision_id] = pick
             if len(recent) > RECENT:
                 recent.popitem(last=False)
+            if stamps is not None:
+                stamps.end = time.perf_counter()
             return messages.forward_bytes(pick, breakable and not from_log, breakable and from_log), pick
         except Exception as e:  # noqa: BLE001 - the boundary: a bug refuses this request, never forwards it
             log.exception("picker failed")

@@ -76,6 +76,7 @@ class GatewayOptions:
     limits: Limits = Limits()  # what one client may hold of the gateway (gateway/limits.py)
     log_level: str = "warning"
     llm: LlmOptions | None = LlmOptions()  # the LLM routes, bodies and streams (gateway/llm_side.py); None: off
+    otlp_endpoint: str | None = None  # an OTLP/gRPC collector: Envoy's and the picker's spans go there (gateway/tracing.py)
 
 
 def retry_budget(table: RuleTable) -> float | None:
@@ -103,6 +104,10 @@ class Gateway:
                                                                 else None))
         # the LLM routes: bodies read with the models' tokenizers, answers supervised (gateway/llm_side.py)
         self.llm = LlmSide(thread, self.picker, self.workdir, options.llm) if options.llm is not None else None
+        if options.otlp_endpoint is not None:  # opt-in: each pick's spans, children of Envoy's (gateway/tracing.py)
+            from .tracing import PickerTracer
+
+            self.picker.picker.tracer = PickerTracer(options.otlp_endpoint)
         self.envoy: EnvoyProcess | None = None
         self._task: asyncio.Task[None] | None = None
         self._written: tuple[str, ...] | None = None
@@ -156,7 +161,7 @@ class Gateway:
                            log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
                            tls_key=str(o.tls_key) if o.tls_key else None, limits=o.limits,
-                           llm=self.llm.routes if self.llm is not None else None)
+                           llm=self.llm.routes if self.llm is not None else None, otlp_endpoint=o.otlp_endpoint)
 
     def _lock_workdir(self) -> None:
         """Hold `gateway.lock` in the working directory while running (the kernel lets go when
@@ -342,6 +347,10 @@ class Gateway:
             if self.access_log is not None:
                 self._settle_access_log()
             self.envoy.stop()
+        tracer = self.picker.picker.tracer
+        if tracer is not None:  # the last spans out (Envoy's went with it)
+            tracer.shutdown()
+            self.picker.picker.tracer = None
         if self._unlink_rebalance is not None:
             self._unlink_rebalance()
             self._unlink_rebalance = None
