@@ -40,6 +40,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from policyc.audit.errors import AuditError
 from policyc.compiler.bundle import Bundle, Scalar
 from policyc.enforcer.rule_table import RuleTable, build_rule_table
+from policyc.matcher.instance import canonical_endpoint
 from policyc.server.decision import DecisionInput
 from policyc.server.errors import ServiceError, Status
 from policyc.server.request_shapes import RequestShapes
@@ -116,7 +117,16 @@ def endpoint_subset(req: ep.ProcessingRequest) -> frozenset[str] | None:
         items = v.string_value.split(",")[:MAX_SUBSET]
     else:
         items = []
-    return frozenset(x.strip() for x in items if x.strip())
+    return frozenset(e for e in map(_endpoint_or_none, items) if e is not None)
+
+
+def _endpoint_or_none(text: str) -> str | None:
+    """`text` as the registry writes endpoints (`[::1]:80`, `10.0.0.1:80`), so the two compare;
+    None for an entry that is no `ip:port` (it can name no instance: it only narrows the subset)."""
+    try:
+        return canonical_endpoint(text.strip())
+    except ValueError:
+        return None
 
 
 def _value(h: Any) -> str:

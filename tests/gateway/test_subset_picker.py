@@ -89,6 +89,9 @@ def test_a_subset_restricts_the_pick(rig: tuple[ServerThread, int, list[str]]) -
     for allowed in ([others[0]], others[1:3]):
         got = _endpoints(_pick(port, allowed))
         assert got[0] in allowed and all(e in allowed for e in got), (allowed, got)
+    # entries that are no `ip:port` name no instance; the others still count (spaces trimmed)
+    got = _endpoints(_pick(port, ["not-an-endpoint", "10.0.0.1:99999", f" {others[0]} "]))
+    assert got == [others[0]], got
 
 
 def test_a_subset_with_no_admissible_instance_is_refused_503_with_the_reason(rig: tuple[ServerThread, int, list[str]]) -> None:
