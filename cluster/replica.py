@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
     from .shared_engine import SharedRegistryEngine
 
+STORE_TXN = 100  # instance records per transaction of a bulk registration
 log = logging.getLogger("policyc.cluster")
 
 
@@ -689,6 +690,15 @@ class Replica:
                 self._known[inst.id] = (inst, score)
                 await self.store.put(self.keys.instance(inst.id), instance_codec.encode(inst, score))
         self._wait(self._run(put()), "registration")
+
+    async def store_instances(self, items: list[tuple[Instance, float | None]]) -> None:
+        """RegistryWriter, bulk, on the serving loop: plain puts (no lease), `STORE_TXN` to a
+        transaction (etcd refuses more than 128 operations in one)."""
+        for at in range(0, len(items), STORE_TXN):
+            chunk = items[at:at + STORE_TXN]
+            await self.store.transact([], [Put(self.keys.instance(i.id), instance_codec.encode(i, s)) for i, s in chunk])
+            for i, s in chunk:
+                self._known[i.id] = (i, s)
 
     def write_later(self, w: RegistryWrite) -> Future[Outcome]:
         """RegistryWriter: one registration or removal under its request id, on the loop."""

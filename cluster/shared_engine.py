@@ -51,6 +51,8 @@ class RegistryWriter(Protocol):
 
     def put_instances(self, items: list[tuple[Instance, float | None]]) -> None: ...
 
+    async def store_instances(self, items: list[tuple[Instance, float | None]]) -> None: ...
+
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
@@ -129,6 +131,26 @@ class SharedRegistryEngine(DecisionEngine):
         except Exception as e:
             self._undo_register(instance.id, e)
             raise self._refusal(w, e) from None
+        return len(self.state.registry)
+
+    async def register_batch_shared(self, batch: InstanceBatch, items: list[tuple[Instance, float | None]]) -> int:
+        """`RegisterInstances` on a replica, for rows that claim no `tpm` (those go one by
+        one through `register_shared`, attested): added here in one columnar batch, then
+        stored as plain puts in transactions (a retry repeats them harmlessly, as
+        `register_many`'s). A store that does not confirm them takes them out here again:
+        the outcome is unknown (some may take effect), and registering them again converges."""
+        size = DecisionEngine.register_batch(self, batch)
+        if self.writer is None:
+            return size
+        try:
+            await self.writer.store_instances(items)
+        except StoreError as e:
+            for i, _ in items:
+                if i.id in self.state.registry:
+                    DecisionEngine.deregister(self, i.id)
+            raise ServiceError(Status.UNAVAILABLE, f"{len(items)} instance(s): the fleet store did not confirm them ({e}); "
+                               "the outcome is unknown (some may take effect): registering them again converges",
+                               code="E730", info={"outcome": "unknown"}) from None
         return len(self.state.registry)
 
     async def deregister_shared(self, instance_id: str, request_id: str = "") -> int:

@@ -145,6 +145,7 @@ METHOD_PERMISSIONS: Mapping[str, Permission] = {
     DECISIONS + "MatchAll": Permission.LIST,
     DECISIONS + "Explain": Permission.EXPLAIN,
     DECISIONS + "RegisterInstance": Permission.REGISTER,
+    DECISIONS + "RegisterInstances": Permission.REGISTER,
     DECISIONS + "DeregisterInstance": Permission.REGISTER,
     DECISIONS + "ReloadBundle": Permission.RELOAD,
     DECISIONS + "ListInstances": Permission.LIST,

@@ -391,6 +391,42 @@ class RegisterInstanceResponse(_message.Message):
     unverified_facts: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, instance_id: _Optional[str] = ..., model: _Optional[str] = ..., registry_size: _Optional[int] = ..., bundle_hash: _Optional[str] = ..., unverified_facts: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class RegisterInstancesRequest(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[RegisterInstanceRequest]
+    def __init__(self, instances: _Optional[_Iterable[_Union[RegisterInstanceRequest, _Mapping]]] = ...) -> None: ...
+
+class RegisterInstanceResult(_message.Message):
+    __slots__ = ("instance_id", "registered", "status", "message", "field", "code", "unverified_facts")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    UNVERIFIED_FACTS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    registered: bool
+    status: str
+    message: str
+    field: str
+    code: str
+    unverified_facts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, instance_id: _Optional[str] = ..., registered: _Optional[bool] = ..., status: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., code: _Optional[str] = ..., unverified_facts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterInstancesResponse(_message.Message):
+    __slots__ = ("results", "registered", "registry_size", "bundle_hash")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_HASH_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RegisterInstanceResult]
+    registered: int
+    registry_size: int
+    bundle_hash: str
+    def __init__(self, results: _Optional[_Iterable[_Union[RegisterInstanceResult, _Mapping]]] = ..., registered: _Optional[int] = ..., registry_size: _Optional[int] = ..., bundle_hash: _Optional[str] = ...) -> None: ...
+
 class DeregisterInstanceRequest(_message.Message):
     __slots__ = ("instance_id",)
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class DecisionsStub:
                 request_serializer=decision__pb2.RegisterInstanceRequest.SerializeToString,
                 response_deserializer=decision__pb2.RegisterInstanceResponse.FromString,
                 _registered_method=True)
+        self.RegisterInstances = channel.unary_unary(
+                '/policyc.decision.v1.Decisions/RegisterInstances',
+                request_serializer=decision__pb2.RegisterInstancesRequest.SerializeToString,
+                response_deserializer=decision__pb2.RegisterInstancesResponse.FromString,
+                _registered_method=True)
         self.DeregisterInstance = channel.unary_unary(
                 '/policyc.decision.v1.Decisions/DeregisterInstance',
                 request_serializer=decision__pb2.DeregisterInstanceRequest.SerializeToString,
@@ -121,6 +126,15 @@ class DecisionsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterInstances(self, request, context):
+        """Operator: many instances in one call, each checked as RegisterInstance checks it; a
+        refused item does not stop the others (one result per item, in order), and the
+        admitted ones are registered in one batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeregisterInstance(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -176,6 +190,11 @@ def add_DecisionsServicer_to_server(servicer, server):
                     servicer.RegisterInstance,
                     request_deserializer=decision__pb2.RegisterInstanceRequest.FromString,
                     response_serializer=decision__pb2.RegisterInstanceResponse.SerializeToString,
+            ),
+            'RegisterInstances': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterInstances,
+                    request_deserializer=decision__pb2.RegisterInstancesRequest.FromString,
+                    response_serializer=decision__pb2.RegisterInstancesResponse.SerializeToString,
             ),
             'DeregisterInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.DeregisterInstance,
@@ -333,6 +352,33 @@ class Decisions:
             '/policyc.decision.v1.Decisions/RegisterInstance',
             decision__pb2.RegisterInstanceRequest.SerializeToString,
             decision__pb2.RegisterInstanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/policyc.decision.v1.Decisions/RegisterInstances',
+            decision__pb2.RegisterInstancesRequest.SerializeToString,
+            decision__pb2.RegisterInstancesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,8 @@ def method_handlers(service: DecisionService) -> dict[str, grpc.RpcMethodHandler
                      response_serializer=pb.Explanation.SerializeToString),
         "RegisterInstance": u(service.RegisterInstance, request_deserializer=decoder(pb.RegisterInstanceRequest),
                               response_serializer=pb.RegisterInstanceResponse.SerializeToString),
+        "RegisterInstances": u(service.RegisterInstances, request_deserializer=decoder(pb.RegisterInstancesRequest),
+                               response_serializer=pb.RegisterInstancesResponse.SerializeToString),
         "DeregisterInstance": u(service.DeregisterInstance, request_deserializer=decoder(pb.DeregisterInstanceRequest),
                                 response_serializer=pb.DeregisterInstanceResponse.SerializeToString),
         "ReloadBundle": u(service.ReloadBundle, request_deserializer=decoder(pb.ReloadBundleRequest),

@@ -22,6 +22,7 @@ from policyc.placer.topology import Topology
 from policyc.audit.errors import AuditError
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
+from policyc.matcher import Instance
 from policyc.compiler.diagnostic import error
 from policyc.solver.feasibility import Pending
 
@@ -45,6 +46,7 @@ from .state import PolicyState
 from .rich_status import default_code, refusal_trailers
 from .rpc_metrics import code_name, counts_itself
 from .host_facts import hosts_msg
+from .register_batch import register_instances
 from .registration import (admissible, check_against_bundle, check_counted_cost, check_facts, contract_from_json,
                            contract_from_onnx, request_id_of)
 
@@ -370,25 +372,7 @@ class DecisionService(pb_grpc.DecisionsServicer):
         try:
             self._admit(context, Permission.REGISTER)
             bundle = self.engine.state.bundle
-            which = request.WhichOneof("contract")
-            model = request.model
-            if which == "contract_json":
-                model = check_against_bundle(contract_from_json(request.contract_json), model, bundle)
-            elif which == "onnx_model":
-                model = check_against_bundle(contract_from_onnx(request.onnx_model), model, bundle)
-                await asyncio.to_thread(check_counted_cost, request.onnx_model)  # the gate recounts (cached per file)
-            elif not model:
-                raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
-            d = request.deployment
-            if d.host:  # the endpoint's rules first: each is named (the syntax is convert's)
-                self.endpoints.check(request.id, d.endpoint, d.host, self.topology())
-            inst = convert.instance(request, model)
-            # facts checked against the telemetry that knows them; a deployment that cannot
-            # serve its contract at all is refused by the registry first, saying what it needs
-            unverified = check_facts(inst, self.topology()) if admissible(inst, bundle) else ()
-            score = request.score if request.HasField("score") else None
-            if score is not None and not 0.0 <= score <= 1.0:
-                raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
+            inst, model, score, unverified = await self._checked_registration(request, bundle)
             shared = getattr(self.engine, "register_shared", None)  # a replica: the fleet store's write, awaited off the loop
             rid = request_id_of(context.invocation_metadata())  # a retry with the same id converges
             size = await shared(inst, score, rid) if shared is not None else self.engine.register(inst, score)
@@ -397,6 +381,43 @@ class DecisionService(pb_grpc.DecisionsServicer):
             raise
         return pb.RegisterInstanceResponse(instance_id=inst.id, model=model, registry_size=size, bundle_hash=bundle.content_hash,
                                            unverified_facts=unverified)
+
+    @_no_tracebacks
+    async def RegisterInstances(self, request: pb.RegisterInstancesRequest,
+                                context: grpc.aio.ServicerContext) -> pb.RegisterInstancesResponse:
+        """Each item checked as RegisterInstance checks it; the admitted ones in one batch
+        (`bulk_registration.py`); a refused item is named in its result, not raised."""
+        try:
+            self._admit(context, Permission.REGISTER)
+            return await register_instances(self, request, context)
+        except ServiceError as e:
+            await self._refuse(context, "RegisterInstances", e)
+            raise
+
+    async def _checked_registration(self, request: pb.RegisterInstanceRequest,
+                                    bundle: Bundle) -> tuple[Instance, str, float | None, tuple[str, ...]]:
+        """RegisterInstance's checks of one item, in its order: (instance, model, score,
+        unverified facts), or ServiceError naming the problem."""
+        which = request.WhichOneof("contract")
+        model = request.model
+        if which == "contract_json":
+            model = check_against_bundle(contract_from_json(request.contract_json), model, bundle)
+        elif which == "onnx_model":
+            model = check_against_bundle(contract_from_onnx(request.onnx_model), model, bundle)
+            await asyncio.to_thread(check_counted_cost, request.onnx_model)  # the gate recounts (cached per file)
+        elif not model:
+            raise ServiceError(Status.INVALID_ARGUMENT, "give `model`, `contract_json` or `onnx_model`", field="model")
+        d = request.deployment
+        if d.host:  # the endpoint's rules first: each is named (the syntax is convert's)
+            self.endpoints.check(request.id, d.endpoint, d.host, self.topology())
+        inst = convert.instance(request, model)
+        # facts checked against the telemetry that knows them; a deployment that cannot
+        # serve its contract at all is refused by the registry first, saying what it needs
+        unverified = check_facts(inst, self.topology()) if admissible(inst, bundle) else ()
+        score = request.score if request.HasField("score") else None
+        if score is not None and not 0.0 <= score <= 1.0:
+            raise ServiceError(Status.INVALID_ARGUMENT, f"score must be in [0, 1], got {score}", field="score")
+        return inst, model, score, tuple(unverified)
 
     @_no_tracebacks
     async def DeregisterInstance(self, request: pb.DeregisterInstanceRequest, context: grpc.aio.ServicerContext) -> pb.DeregisterInstanceResponse:
