@@ -43,7 +43,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
     port = _free_port()
     log = open(d / "serve.log", "w")
     proc = subprocess.Popen([*CLI, "serve", "--bundle", str(d / "bundle.json"), "--port", str(port),
-                             "--state-dir", str(d / "state")], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                             "--state-dir", str(d / "state"), "--token", "client:test-client-token",
+                             "--token", "auditor:test-auditor-token"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -117,3 +118,11 @@ def test_register_refuses_a_false_fact_with_its_truth(served: tuple[str, dict[st
     assert "gpu_model" in r.stderr and "H100" in r.stderr, r.stderr
     r = _run("instance", "register", "fs-y", "--model", "fraud-scorer", "--host", "nope-1", "--gpu", "gpu0", env=env)
     assert r.returncode == 7 and "no such host" in r.stderr, r.stderr
+
+
+def test_hosts_are_for_auditors_and_operators_not_clients(served: tuple[str, dict[str, str]]) -> None:
+    _, env = served
+    r = _run("topology", "hosts", "--token", "test-auditor-token", "--format", "json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["hosts"], r.stderr
+    r = _run("topology", "hosts", "--token", "test-client-token", env=env)
+    assert r.returncode == 7 and "PERMISSION_DENIED" in r.stderr, r.stderr
