@@ -12,7 +12,7 @@ runs); `vllm-router` (round_robin, power_of_two, cache_aware) and `sglang-router
 never dropped silently).
 
 The pool: `--instances` vLLM-compatible emulators (`modelserver/emulator.py`, vLLM's routes
-and `vllm:*` metrics) in a process of their own, restarted for every router (empty queues,
+and `vllm:*` metrics), four to a process, restarted for every router (empty queues,
 empty prefix caches). Each is registered with policyc on a GPU of the simulated cluster that
 admits the model; half on H100s, a quarter on A100-80Gs and a quarter on L4s, each emulator
 slowed by its class's bf16 peak against the H100's (`--base-slowdown` for the H100), so the
@@ -183,15 +183,23 @@ def pool_slots(n: int, base_slowdown: float) -> tuple[list[Slot], Any]:
 
 
 class Pool:
-    def __init__(self, slots: list[Slot], max_seqs: int) -> None:
+    """The emulators, `per_process` to a process (each process is one Python event loop, so
+    a few servers each keep their own timing, and /metrics scrapes, from queueing behind the
+    others')."""
+
+    def __init__(self, slots: list[Slot], max_seqs: int, per_process: int = 4) -> None:
         specs = [{"model": MODEL, "max_seqs": max_seqs, "slowdown": s.slowdown} for s in slots]
-        self.proc = subprocess.Popen([sys.executable, "-c", EMULATORS, json.dumps(specs)], stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit("slo_attainment: the emulators did not start")
-        self.endpoints: list[str] = json.loads(line)
+        self.procs = [subprocess.Popen([sys.executable, "-c", EMULATORS, json.dumps(specs[i:i + per_process])],
+                                       stdout=subprocess.PIPE, text=True, start_new_session=True)
+                      for i in range(0, len(specs), per_process)]
+        self.endpoints: list[str] = []
+        for p in self.procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if not line:
+                self.stop()
+                raise SystemExit("slo_attainment: the emulators did not start")
+            self.endpoints += json.loads(line)
 
     def served(self) -> list[float]:
         """Requests each server finished (its own `vllm:request_success_total`), in pool order."""
@@ -206,8 +214,12 @@ class Pool:
         return out
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(10)
 
 
 # ---------------------------------------------------------------------- the routers
