@@ -103,6 +103,7 @@ def call_accounting(
     detail: str,
     gpu_seconds: Figure | None = None,
     compute_kind: Source = Source.MEASURED,
+    trace_id: str | None = None,
 ) -> ActionRecord:
     """The `accounting` record of one call through the gateway, joined to its decision by
     `decision_id`: the bytes the data plane counted on the wire (both directions, every
@@ -128,6 +129,7 @@ def call_accounting(
             compute_seconds=Figure(value=compute_seconds, source=compute_kind, method=compute_method) if compute_seconds is not None else None,
             gpu_seconds=gpu_seconds,
         ),
+        trace_id=trace_id,
     )
 
 
@@ -148,6 +150,7 @@ def call_accounting_body(
     target: str,
     detail: str,
     compute_kind: Source = Source.MEASURED,
+    trace_id: str | None = None,
 ) -> bytes:
     """`call_accounting(...).model_dump_json(exclude_none=True)` as bytes, the record's
     stored body, built without the pydantic models (`accounting_wire`: the same bytes, a
@@ -161,9 +164,9 @@ def call_accounting_body(
     body = accounting_json(decision_id, time, target, detail, FigureWire(value=float(network_bytes), source="measured",
                                                                           method=network_method),
                            FigureWire(value=float(compute_seconds), source=kind, method=compute_method)
-                           if compute_seconds is not None else None)
+                           if compute_seconds is not None else None, trace_id)
     if body is not None:
         return body
     return call_accounting(decision_id, time, network_bytes=network_bytes, network_method=network_method,
                            compute_seconds=compute_seconds, compute_method=compute_method, target=target,
-                           detail=detail, compute_kind=compute_kind).model_dump_json(exclude_none=True).encode()
+                           detail=detail, compute_kind=compute_kind, trace_id=trace_id).model_dump_json(exclude_none=True).encode()

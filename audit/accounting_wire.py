@@ -39,17 +39,18 @@ class AccountingWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_
     decision_id: str
     detail: str
     resources: ResourcesWire
+    trace_id: str | None = None  # a traced call's (omitted when None, as the model's body omits it)
 
 
 def accounting_json(decision_id: str, time: float, target: str, detail: str, network: FigureWire,
-                    compute: FigureWire | None) -> bytes | None:
+                    compute: FigureWire | None, trace_id: str | None = None) -> bytes | None:
     """The stored body of an accounting record with these (already checked) parts, or None
     when pydantic must write it (see the module's docstring)."""
     if not (-_LARGE < time < _LARGE and network.value < _LARGE and (compute is None or compute.value < _LARGE)):
         return None
     record = AccountingWire(schema_version="policyc.audit.action/v1", time=time, kind="accounting", target=target,
                             outcome="done", dry_run=False, decision_id=decision_id, detail=detail,
-                            resources=ResourcesWire(network_bytes=network, compute_seconds=compute))
+                            resources=ResourcesWire(network_bytes=network, compute_seconds=compute), trace_id=trace_id)
     try:
         return _ENCODE(record)
     except (TypeError, UnicodeEncodeError):  # e.g. a lone surrogate: let the models say what is wrong

@@ -176,6 +176,9 @@ class ActionRecord(_Frozen):
     detail: str = ""
     resources: Resources | None = None  # `accounting`: the call's measured figures (absent from other kinds' bodies)
     llm: LlmFigures | None = None  # an LLM call's `accounting`: its tokens and token times (gateway/llm_stream.py)
+    # a traced call's `accounting` (`policyc gateway --otlp-endpoint`): its W3C trace id, whose spans carry the
+    # decision id in turn (gateway/tracing.py). Absent from other records' bodies, so their bytes and hashes hold
+    trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
 
 class EntryKind(str, Enum):

@@ -67,6 +67,7 @@ WATCH_KEY = "breakable"
 BROKEN_ATTEMPT_FLAGS = ("UT", "UR", "UC")
 RETRY_HEADERS = "x-policyc-retry-headers"  # picker -> Lua: headers for attempts after the first
 DECISION_HEADER = "x-policyc-decision-id"
+TRACEPARENT = "traceparent"  # W3C trace context: logged when the gateway traces, so a call's record names its trace
 PER_TRY_TIMEOUT = "x-envoy-upstream-rq-per-try-timeout-ms"
 MAX_RETRIES = "x-envoy-max-retries"
 ATTEMPT_COUNT = "x-envoy-attempt-count"
@@ -299,7 +300,8 @@ def _access_log(spec: GatewaySpec, log_name: str = "policyc") -> list[dict[str, 
                           "grpc_service": {"envoy_grpc": {"cluster_name": ALS_CLUSTER}},
                           "buffer_flush_interval": f"{spec.access_log_flush_ms / 1000:g}s",
                           "buffer_size_bytes": ALS_BUFFER_BYTES},
-        "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER],
+        "additional_request_headers_to_log": [DECISION_HEADER, TLS_HANDSHAKE_HEADER,
+                                              *([TRACEPARENT] if spec.otlp_endpoint is not None else [])],
         "additional_response_headers_to_log": ["x-policyc-compute-us", "x-policyc-instance", "x-policyc-variant", "grpc-status",
                                                UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER],
         "additional_response_trailers_to_log": ["grpc-status"]}}]

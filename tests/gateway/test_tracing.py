@@ -5,6 +5,7 @@ place and audit spans, in the right parentage, with the decision id on the picke
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,21 +19,22 @@ from typing import Any
 import grpc
 import pytest
 
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts  # noqa: E402
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc  # noqa: E402
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
 
-from policyc.client import operator_channel  # noqa: E402
-from policyc.compiler import bundle_io  # noqa: E402
-from policyc.gateway.bootstrap import GatewaySpec, OTLP_CLUSTER, build_bootstrap  # noqa: E402
-from policyc.gateway.tracing import DECISION_ATTRIBUTE, SERVICE_NAME, trace_context  # noqa: E402
-from policyc.matcher.instance import Instance  # noqa: E402
-from policyc.modelserver.client import OipClient, token_ids  # noqa: E402
-from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec  # noqa: E402
-from policyc.modelserver.model_files import write_model_files  # noqa: E402
-from policyc.server import convert  # noqa: E402
-from policyc.server.proto import pb_grpc  # noqa: E402
+from policyc.audit.query import AuditReader
+from policyc.client import operator_channel
+from policyc.compiler import bundle_io
+from policyc.gateway.bootstrap import GatewaySpec, OTLP_CLUSTER, build_bootstrap
+from policyc.gateway.tracing import DECISION_ATTRIBUTE, SERVICE_NAME, trace_context
+from policyc.matcher.instance import Instance
+from policyc.modelserver.client import OipClient, token_ids
+from policyc.modelserver.launcher import InstanceSpec, ModelPool, ServerSpec
+from policyc.modelserver.model_files import write_model_files
+from policyc.server import convert
+from policyc.server.proto import pb_grpc
 
-from gateway_rig import PRIMARY, free_port  # noqa: E402
+from gateway_rig import PRIMARY, free_port
 
 POLICYC = [sys.executable, "-m", "policyc.cli.main"]
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -79,6 +81,20 @@ def _complete(spans: list[tuple[str, Any]]) -> bool:
         any(s.parent_span_id.hex() == CLIENT_SPAN for s in envoy)
 
 
+def _accounting(db: Path, decision_id: str) -> Any:
+    """The call's `accounting` record, once the gateway's access log has brought it in."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if db.exists():
+            with AuditReader.open(db) as reader:
+                got = [e.record for e in reader.actions_for(decision_id) if e.record.kind == "accounting"]  # type: ignore[union-attr]
+            if got:
+                assert len(got) == 1, got
+                return got[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no accounting record for {decision_id} within 30 s")
+
+
 def _attr(span: Any, key: str) -> str:
     return next((a.value.string_value for a in span.attributes if a.key == key), "")
 
@@ -91,7 +107,7 @@ def test_a_request_through_the_gateway_yields_one_trace(bundle, tmp_path: Path, 
     proc = subprocess.Popen(POLICYC + ["gateway", "--bundle", str(path), "--port", str(api), "--listen", f"127.0.0.1:{listen}",
                                        "--admin", f"127.0.0.1:{admin}", "--picker-port", str(picker),
                                        "--workdir", str(tmp_path / "gw"), "--state-dir", str(tmp_path / "state"),
-                                       "--otlp-endpoint", otlp],
+                                       "--audit-log", str(tmp_path / "audit.db"), "--otlp-endpoint", otlp],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     files = write_model_files(bundle.contract(PRIMARY), tmp_path / "models")
     iid = "fraud-scorer@host-0002/gpu0"
@@ -121,11 +137,21 @@ def test_a_request_through_the_gateway_yields_one_trace(bundle, tmp_path: Path, 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not _complete(c.of_trace(CLIENT_TRACE)):
             time.sleep(0.2)
+        accounting = _accounting(tmp_path / "audit.db", answer.decision_id)
+        # the untraced warm-up call's record: Envoy began a trace of its own, named there too
+        untraced = _accounting(tmp_path / "audit.db", ready.decision_id)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        proc.terminate()  # the gateway alone: it stops Envoy and closes its audit log (its writer is in its group)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=30)
         models.stop()
     assert proc.returncode == 0, err[-3000:]
+    # the decision's call record names its trace; the trace's spans name the decision
+    assert accounting.trace_id == CLIENT_TRACE, accounting
+    assert untraced.trace_id is not None and untraced.trace_id != CLIENT_TRACE and c.of_trace(untraced.trace_id)
     spans = c.of_trace(CLIENT_TRACE)
     envoy = {s.span_id.hex(): s for svc, s in spans if svc == "policyc-gateway"}
     ours = [s for svc, s in spans if svc == SERVICE_NAME and _attr(s, DECISION_ATTRIBUTE) == answer.decision_id]
@@ -192,3 +218,24 @@ def _slots():  # type: ignore[no-untyped-def]
 
     c = ClusterSpec()
     return SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack).gpu_slots()
+
+
+def test_a_calls_record_names_its_trace_and_old_records_keep_their_bytes() -> None:
+    from pydantic import ValidationError
+
+    from policyc.audit.accounting import call_accounting, call_accounting_body
+    from policyc.gateway.access_log import _trace_id
+
+    parts = dict(network_bytes=1234.0, network_method="envoy", compute_seconds=0.002, compute_method="x-policyc-compute-us",
+                 target="127.0.0.1:8001", detail="{}")
+    traced = call_accounting_body("d-1", 1.7e9, trace_id=CLIENT_TRACE, **parts)  # type: ignore[arg-type]
+    assert traced == call_accounting("d-1", 1.7e9, trace_id=CLIENT_TRACE,  # type: ignore[arg-type]
+                                     **parts).model_dump_json(exclude_none=True).encode()
+    assert json.loads(traced)["trace_id"] == CLIENT_TRACE
+    plain = call_accounting_body("d-1", 1.7e9, **parts)  # type: ignore[arg-type]
+    assert b"trace_id" not in plain  # an untraced call's body, so its hash, as before tracing existed
+    with pytest.raises(ValidationError):
+        call_accounting("d-1", 1.7e9, trace_id="not-a-trace-id", **parts)  # type: ignore[arg-type]
+    assert _trace_id(f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01") == CLIENT_TRACE
+    for bad in (None, "", "00-xyz", f"00-{'0' * 32}-{CLIENT_SPAN}-01", f"00-{CLIENT_TRACE.upper()}-{CLIENT_SPAN}-01"):
+        assert _trace_id(bad) is None, bad
