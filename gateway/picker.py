@@ -28,6 +28,7 @@ stream with the pick's answer: nothing else is asked about it).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -120,6 +121,7 @@ def endpoint_subset(req: ep.ProcessingRequest) -> frozenset[str] | None:
     return frozenset(e for e in map(_endpoint_or_none, items) if e is not None)
 
 
+@functools.lru_cache(maxsize=8192)  # a gateway names the same few endpoints again and again; parsing one costs ~8 us
 def _endpoint_or_none(text: str) -> str | None:
     """`text` as the registry writes endpoints (`[::1]:80`, `10.0.0.1:80`), so the two compare;
     None for an entry that is no `ip:port` (it can name no instance: it only narrows the subset)."""
