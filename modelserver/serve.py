@@ -56,8 +56,10 @@ from .bounds import GRPC_MAX_RECEIVE, GRPC_MAX_SEND, BoundError, Bounds, TooLarg
 from .onnx_model import OnnxModel
 from .refusals import OneLineExceptionToStatus, RequestTooLarge, install_rest_handlers
 from .rest_guard import RestGuard
+from .tracing import ServerTracer, from_environment
 
 log = logging.getLogger("policyc.modelserver")
+_tracer: ServerTracer | None = None  # set in `serve` when the OpenTelemetry environment asks for traces
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +130,13 @@ class PolicycInferenceServicer(InferenceServicer):
             except BoundError as e:
                 raise InvalidInput(str(e)) from None
         self.validate_grpc_request(request)
-        body, response_headers = await self._data_plane.infer(
-            request=InferRequest.from_grpc(request), headers=headers, model_name=request.model_name)
+        span = _tracer.start(headers, request.model_name) if _tracer is not None else None
+        try:
+            body, response_headers = await self._data_plane.infer(
+                request=InferRequest.from_grpc(request), headers=headers, model_name=request.model_name)
+        finally:
+            if span is not None:  # the caller's trace goes on through the inference (modelserver/tracing.py)
+                span.end()
         shown = tuple((k, str(v)) for k, v in response_headers.items() if k in wire.RESPONSE_HEADERS)
         if shown:
             await context.send_initial_metadata(shown)
@@ -238,9 +245,14 @@ def serve(hosted: list[Hosted], listen: Listen) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, before_serving)
+    global _tracer
+    _tracer = from_environment()
     try:
         for h in hosted:
             h.model.load()
         asyncio.run(_run(hosted, listen))
     except SystemExit:
         pass
+    finally:
+        if _tracer is not None:  # the last spans out
+            _tracer.shutdown()
