@@ -7,7 +7,9 @@ GPU (`policyc topology hosts --gpus` lists them); the service checks every fact 
 `--endpoint` is where a gateway sends the instance's traffic (an address of its host); `--onnx MODEL.onnx` sends a model whose
 metadata carries its contract (`policyc embed`), `--contract-json F` a contract in the
 bundle's schema. `--file F` reads the whole `RegisterInstanceRequest` as JSON (`-`: stdin);
-flags given beside it override its fields. The service refuses a deployment that does not
+flags given beside it override its fields. A file of JSON Lines (one request a line, e.g.
+`fleet.jsonl`) is registered in one `RegisterInstances` call: each line checked as alone, a
+refused line named (`FILE:LINE`) without stopping the others. The service refuses a deployment that does not
 satisfy its contract, naming each unmet requirement.
 """
 
@@ -22,6 +24,7 @@ from .connection import SetupError, add_connection_flags, connect, fail, usage
 from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_bytes, read_text
+from .register_lines import json_lines as _json_lines, register_lines
 
 FACTS = ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint")
 # what each fact is (`policyc topology hosts --gpus` lists the values the service's topology holds)
@@ -50,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "policyc instance register fs-2 --onnx dist/model.onnx --host host-0003 --gpu gpu1 --endpoint 198.18.0.3:9000",
                               "policyc instance register --file instance.json"])
     r.add_argument("id", nargs="?", metavar="ID", help="instance id (unique in the fleet)")
-    r.add_argument("--file", metavar="FILE", help="a RegisterInstanceRequest as JSON (`-`: stdin)")
+    r.add_argument("--file", metavar="FILE", help="a RegisterInstanceRequest as JSON, or JSON Lines of them: "
+                   "all in one call (`-`: stdin)")
     r.add_argument("--model", help="the contract's name in the served bundle")
     r.add_argument("--onnx", metavar="MODEL", help="an ONNX model carrying its contract (policyc embed)")
     r.add_argument("--contract-json", metavar="FILE", help="the contract as JSON, in the bundle's schema")
@@ -84,8 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=no_action)
 
 
-def _request(args: argparse.Namespace) -> Any:
-    """The RegisterInstanceRequest the flags (and --file) describe, or a usage message."""
+def _request(args: argparse.Namespace, text: str | None = None) -> Any:
+    """The RegisterInstanceRequest the flags (and --file, or its `text`) describe, or a usage message."""
     from google.protobuf import json_format
 
     from policyc.server.proto import pb
@@ -93,7 +97,7 @@ def _request(args: argparse.Namespace) -> Any:
     msg = pb.RegisterInstanceRequest()
     if args.file:
         try:
-            json_format.Parse(read_text(args.file), msg)
+            json_format.Parse(read_text(args.file) if text is None else text, msg)
         except (OSError, UnicodeDecodeError) as e:
             return f"{args.file}: cannot read: {getattr(e, 'strerror', None) or e}"
         except json_format.ParseError as e:
@@ -188,7 +192,16 @@ def _fill_from_topology(client: Any, msg: Any, numa_given: bool) -> str | None:
 
 
 def _register(args: argparse.Namespace) -> int:
-    msg = _request(args)
+    text = None
+    if args.file:
+        try:
+            text = read_text(args.file)
+        except (OSError, UnicodeDecodeError) as e:
+            return usage("instance register", f"{args.file}: cannot read: {getattr(e, 'strerror', None) or e}")
+        lines = _json_lines(text)
+        if lines is not None:
+            return register_lines(args, lines)
+    msg = _request(args, text)
     if isinstance(msg, str):
         return usage("instance register", msg)
 

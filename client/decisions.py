@@ -11,7 +11,7 @@ reached in time raises `Unavailable`, so callers tell "down" from "refused".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import grpc
 
@@ -142,6 +142,11 @@ class DecisionClient:
     def register_message(self, msg: pb.RegisterInstanceRequest) -> pb.RegisterInstanceResponse:
         """Register from a request built elsewhere (e.g. read from JSON)."""
         return self._call(self._stub.RegisterInstance, msg)
+
+    def register_batch(self, msgs: Sequence[pb.RegisterInstanceRequest]) -> pb.RegisterInstancesResponse:
+        """Register many in one call (`RegisterInstances`): one result per item, in order; a
+        refused item does not stop the others."""
+        return self._call(self._stub.RegisterInstances, pb.RegisterInstancesRequest(instances=list(msgs)))
 
     def deregister(self, instance_id: str) -> pb.DeregisterInstanceResponse:
         return self._call(self._stub.DeregisterInstance, pb.DeregisterInstanceRequest(instance_id=instance_id))

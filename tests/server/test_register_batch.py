@@ -5,6 +5,7 @@ registered in one batch and served; operator-only."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from typing import Iterator
 import grpc
 import pytest
 
+from policyc.cli.exit_codes import Exit
 from policyc.client import operator_channel
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
@@ -182,3 +184,29 @@ def test_a_batch_is_stored_and_survives_a_restart(served, tmp_path) -> None:  # 
             assert {i.id for i in items} <= _listed(pb_grpc.DecisionsStub(ch))
     finally:
         _stop(proc)
+
+
+def test_cli_registers_a_json_lines_file_in_one_call_naming_refused_lines(served, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server, bundle, _ = served
+    with operator_channel(server) as ch:
+        pairs = _slots(pb_grpc.DecisionsStub(ch), bundle)[-3:]
+    # host and GPU only: the other facts come from the service's topology, as for one registration
+    lines = [json.dumps({"id": f"cli-{n}", "model": m, "deployment": {"host": d.host, "gpu": d.gpu}})
+             for n, (m, d) in enumerate(pairs)]
+    lines.insert(1, json.dumps({"id": "cli-unknown", "model": "no-such-contract",
+                                "deployment": {"host": pairs[0][1].host, "gpu": pairs[0][1].gpu}}))
+    f = tmp_path / "fleet.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLICYC_")}
+    r = subprocess.run([*CLI, "instance", "register", "--file", str(f), "--server", server], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == Exit.REFUSED, r.stderr
+    assert f"{f}:2: cli-unknown:" in r.stderr and "no-such-contract" in r.stderr
+    assert f"registered {len(pairs)} of {len(lines)} from {f}" in r.stdout
+    with operator_channel(server) as ch:
+        assert {f"cli-{n}" for n in range(len(pairs))} <= _listed(pb_grpc.DecisionsStub(ch))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n" + '{"id": "x", "deployment": {"numa_node": "zero"}}\n')
+    r = subprocess.run([*CLI, "instance", "register", "--file", str(bad), "--server", server], capture_output=True,
+                       text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == Exit.USAGE and f"{bad}:2: not a RegisterInstanceRequest" in r.stderr, r.stderr
