@@ -112,7 +112,6 @@ def screen(batch: InstanceBatch, bundle: Bundle, *, endpoint: EndpointCheck | No
         if iid in seen:
             bad[i] = Refusal(pos[i], where[i], iid, "id", f"instance `{iid}` is already registered")
             continue
-        seen.add(iid)
         if endpoint is not None and ends[i]:
             why = endpoint(iid, ends[i], hosts[i])
             if why is not None:
@@ -122,5 +121,7 @@ def screen(batch: InstanceBatch, bundle: Bundle, *, endpoint: EndpointCheck | No
             why = host_check(hosts[i], tpm[i])
             if why:
                 bad[i] = Refusal(pos[i], where[i], iid, "deployment.tpm", f"instance `{iid}`: {why}")
+                continue
+        seen.add(iid)  # only a row that is registered takes its id (a refused one leaves it free)
     keep = [i for i in range(n) if i not in bad]
     return subset(batch, keep), [pos[i] for i in keep], sorted(bad.values(), key=lambda r: r.index)

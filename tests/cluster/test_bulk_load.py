@@ -134,3 +134,61 @@ def test_a_prefix_is_read_a_page_at_a_time_at_one_revision(etcd, monkeypatch) ->
     assert [e.key for e in snap.entries] == [f"{prefix}k{i:03d}" for i in range(30)]
     assert [e.value for e in snap.entries] == [str(i).encode() for i in range(30)]
     assert len(again.entries) == 31 and again.revision > snap.revision
+
+
+# ------------------------------------------------------------------ the screen, held to one by one
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from policyc.matcher import Instance, Registry, RegistryError  # noqa: E402
+from policyc.placer.simulator import SimulatedCluster  # noqa: E402
+from policyc.server.bulk_registration import screen  # noqa: E402
+
+_SLOTS = SimulatedCluster(1, 4, 2).gpu_slots()
+_SPOIL = ("keep", "keep", "keep", "unknown-model", "other-region", "metadata", "duplicate")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(_SPOIL), st.none() | st.floats(0, 1)),
+                min_size=1, max_size=40))
+def test_the_bulk_screen_registers_what_one_by_one_would(bundle, picks) -> None:  # type: ignore[no-untyped-def]
+    """Records spoiled at random (an unknown model, a region the contract refuses, a
+    metadata endpoint, an id given twice): screen + one `add_batch` leaves the registry that
+    checking and adding them one by one leaves, and refuses the same ids."""
+    fleet = admissible_fleet(bundle, _SLOTS)
+    records = []
+    for n, (k, how, score) in enumerate(picks):
+        rec = fleet[k % len(fleet)].model_dump(mode="json")
+        rec["id"] = f"i{n}" if how != "duplicate" or n == 0 else "i0"
+        if how == "unknown-model":
+            rec["model"] = "no-such-contract"
+        elif how == "other-region":
+            rec["deployment"]["region"] = "antarctica"
+        elif how == "metadata":
+            rec["deployment"]["endpoint"] = "169.254.169.254:80"
+        records.append((f"k{n}", rec, score))
+
+    def endpoint(iid: str, ep: str, host: str) -> str | None:
+        return "cloud-metadata-address" if ep.startswith("169.254.169.254") else None
+
+    from policyc.matcher.columns import InstanceBatch
+    keep, _, refused = screen(InstanceBatch.from_records(records), bundle, endpoint=endpoint)
+    bulk = Registry(bundle, prebuild=False)
+    bulk.add_batch(keep)
+
+    one = Registry(bundle, prebuild=False)
+    want_refused = []
+    for _, rec, score in records:
+        inst = Instance.model_validate(rec)
+        if inst.deployment.endpoint and endpoint(inst.id, inst.deployment.endpoint, inst.deployment.host):
+            want_refused.append(inst.id)
+            continue
+        try:
+            one.add(inst, score)
+        except RegistryError:
+            want_refused.append(inst.id)
+    assert [r.instance_id for r in refused] == want_refused
+    assert sorted((i.id, i, s) for i, _, s in bulk.entries()) == sorted((i.id, i, s) for i, _, s in one.entries())
+    for c in bundle.contracts:
+        q, _ = to_request(one, bundle, DecisionInput(headers={"X-Model": c.name}, attributes={}))
+        assert set(bulk.matches(q, "ids").ids) == set(one.matches(q, "ids").ids)
