@@ -6,6 +6,12 @@ in the same run, the modes alternating round by round so all see the same machin
     .venv/bin/python benchmarks/gateway.py [--quick] [--seconds 4] [--rounds 3] [--concurrency 1,8] [--servers 2] [--client h2load]
                                            [--model fraud-scorer] [--breaks access-log|response] [--accounting]
     .venv/bin/python benchmarks/gateway.py --lag 12   # break -> act recorded, from Envoy's access log
+    .venv/bin/python benchmarks/gateway.py --quick --otlp   # + a traced policyc gateway (`--otlp-endpoint`)
+
+`--otlp` adds a fourth gateway: policyc as `policyc gateway --otlp-endpoint` runs it (Envoy's
+OpenTelemetry tracer on every request, the picker's spans through the SDK's batch
+processor, both exported to an OTLP/gRPC receiver in a process of its own,
+`benchmarks/otlp_sink.py`), compared round by round with the untraced policyc gateway.
 
 A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
 policyc (same Python grpc.aio, same event loop, same Unix socket transport, a fixed
@@ -255,10 +261,10 @@ def _requests(envoy: "EnvoyProcess") -> int:
     return envoy.stats(name).get(name, 0)
 
 
-def _refusals(picker: "PickerServer", mode: str) -> int:
+def _refusals(picker: "PickerServer | None", mode: str) -> int:
     """Requests policyc's picker refused so far (immediate responses: HTTP 200 with a gRPC
     status for a gRPC caller, so h2load cannot count them)."""
-    if mode != "policyc":
+    if picker is None:
         return 0
     return sum(n for what, n in picker.picker.counts.items() if what not in ("forwarded", "broken", "unlogged"))
 
@@ -331,6 +337,9 @@ def main() -> int:
                          "ext_proc exchange per call) or the response phase (requests with a budget: two)")
     ap.add_argument("--accounting", action="store_true",
                     help="with --breaks access-log: also write each call's accounting record to the audit log")
+    ap.add_argument("--otlp", action="store_true",
+                    help="also a traced policyc gateway (Envoy's tracer and the picker's spans to an OTLP receiver), "
+                         "its throughput against the untraced one's, round by round")
     ap.add_argument("--lag", type=int, default=0, metavar="N",
                     help="instead: N requests stalled on their primary (broken at the budget, answered by the backup), "
                          "one a second, through the test rig's gateway; prints how long after the break the acts were "
@@ -373,6 +382,7 @@ def main() -> int:
                                                  lite.full),))
                         for s in slots], workdir=work / "servers").start(timeout=60)
     envoys: list[EnvoyProcess] = []
+    sink: subprocess.Popen[str] | None = None  # `--otlp`: the OTLP receiver's process
     try:
         with operator_channel(f"127.0.0.1:{server.port}") as ch:
             stub = pb_grpc.DecisionsStub(ch)
@@ -395,17 +405,32 @@ def main() -> int:
             als_at = None
         endpoints = tuple(i.endpoint for i in models.instances)
         noop, _ = thread.call(_start_noop(endpoints, str(work / "noop.sock")))
+        modes = [("policyc", True, f"unix:{work / 'picker.sock'}"), ("no-op ext_proc", True, f"unix:{work / 'noop.sock'}"),
+                 ("round-robin", False, f"127.0.0.1:{picker_port}")]
+        otlp_at: str | None = None
+        if args.otlp:  # a second picker, the same decision service, tracing (as `policyc gateway --otlp-endpoint`)
+            from policyc.gateway.tracing import PickerTracer
+
+            sink = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "otlp_sink.py")], stdout=subprocess.PIPE, text=True)
+            assert sink.stdout is not None
+            otlp_at = f"127.0.0.1:{sink.stdout.readline().split()[1]}"
+            traced = PickerServer(server, PickerConfig(unix_socket=str(work / "picker-traced.sock")))
+            thread.call(traced.start())
+            traced.picker.tracer = PickerTracer(otlp_at)
+            if als is not None:
+                traced.picker.follow_access_log(als.receiver)
+            modes.insert(1, ("policyc traced", True, f"unix:{work / 'picker-traced.sock'}"))
         targets = {}
-        for mode, use, picker_at in (("policyc", True, f"unix:{work / 'picker.sock'}"),
-                                     ("no-op ext_proc", True, f"unix:{work / 'noop.sock'}"),
-                                     ("round-robin", False, f"127.0.0.1:{picker_port}")):
+        pickers = {"policyc": picker, **({"policyc traced": traced} if args.otlp else {})}
+        for mode, use, picker_at in modes:
             listen = f"127.0.0.1:{free_port()}"
-            policyc = mode == "policyc"
+            policyc = mode in pickers
             spec = GatewaySpec(picker=picker_at, listen=listen, admin=f"127.0.0.1:{free_port()}",
                                endpoints=endpoints, use_picker=use, access_log_cluster=als_at if policyc else None,
                                breaks_from_access_log=policyc and als_at is not None,
                                log_every_call=not (policyc and als_at is not None) or args.accounting,
-                               log_every_attempt=not (policyc and als_at is not None))
+                               log_every_attempt=not (policyc and als_at is not None),
+                               otlp_endpoint=otlp_at if mode == "policyc traced" else None)
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
@@ -421,7 +446,8 @@ def main() -> int:
         assert server.audit is not None
         audit_log = server.audit.log
         # policyc's processes: this one (decision service, picker) and the audit writer it started
-        pols = _policyc_pids({e.pid for e in envoys if e.pid is not None} | set(model_pids))
+        # (the OTLP receiver stands for a collector elsewhere: not policyc's)
+        pols = _policyc_pids({e.pid for e in envoys if e.pid is not None} | set(model_pids) | ({sink.pid} if sink else set()))
         others = [p for p in pols if p != os.getpid()]
         t, c, m = time.perf_counter(), _cpu_sum(pols), sum(_cpu_s(p) for p in model_pids)
         time.sleep(2.0)
@@ -446,7 +472,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, w0, e0, t0 = _cpu_sum(pols), _cpu_sum(others), _cpu_s(envoy.pid or 0), time.perf_counter()
-                    q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(picker, mode)
+                    q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(pickers.get(mode), mode)
                     k0, a0 = audit_log.commits, audit_log.acked
                     if prof is not None and mode == "policyc":
                         thread.call(_profiling(prof, True))
@@ -465,7 +491,7 @@ def main() -> int:
                     cpu[mode][2] += client_cpu
                     cpu[mode][3] += sum(_cpu_s(p) for p in model_pids) - m0 - model_idle * wall
                     served[mode] += _requests(envoy) - q0
-                    refused[mode] += _refusals(picker, mode) - r0
+                    refused[mode] += _refusals(pickers.get(mode), mode) - r0
                     commits[mode] += audit_log.commits - k0
                     records[mode] += audit_log.acked - a0
             summary = {}
@@ -491,6 +517,11 @@ def main() -> int:
                 return f"{statistics.median(xs):.2f} x (rounds {xs[0]:.2f}-{xs[-1]:.2f})"
 
             print(f"  concurrency {conc:>2}: round by round, policyc {paired('policyc')}, no-op {paired('no-op ext_proc')}")
+            if args.otlp:  # the traced gateway against the untraced one, round by round
+                xs = sorted((len(a[0]) / a[2]) / (len(b[0]) / b[2]) for a, b in zip(res["policyc traced"], res["policyc"]))
+                print(f"  concurrency {conc:>2}: tracing on: {statistics.median(xs):.2f} x the untraced policyc gateway's "
+                      f"throughput (rounds {xs[0]:.2f}-{xs[-1]:.2f}); p50 {summary['policyc traced'][1] - pc[1]:+.2f} ms, "
+                      f"p99 {summary['policyc traced'][2] - pc[2]:+.2f} ms")
         if prof is not None:
             import pstats
 
@@ -502,9 +533,19 @@ def main() -> int:
             thread.call(als.stop())
         thread.call(picker.stop())
         thread.call(noop.stop(0.1))
+        if args.otlp:
+            assert traced.picker.tracer is not None
+            traced.picker.tracer.shutdown()  # the last spans out
+            print(f"traced picker: {traced.picker.counts}, {traced.picker.tracer.spans} picks traced")
+            thread.call(traced.stop())
+            assert sink is not None
+            sink.terminate()
+            print(f"OTLP receiver: {sink.communicate(timeout=30)[0].strip()} (Envoy's and the picker's)")
     finally:
         for e in envoys:
             e.stop()
+        if sink is not None and sink.poll() is None:
+            sink.kill()
         thread.stop()
         models.stop()
     return 0
