@@ -152,6 +152,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         self._view = PolicyView(config.forwarded_headers)
         self.llm: llm_pick.LlmPicker | None = None  # `enable_llm`: LLM requests are picked on their body
         self.tracer: PickerTracer | None = None  # `--otlp-endpoint`: each pick's spans (gateway/tracing.py)
+        # the placer's live in-flight counts (placer/signals/gateway_in_flight.py): begun at a forwarded pick,
+        # ended by the request's access-log entry (or its ext_proc stream's end), read by the next pick
+        self.in_flight_gpus = getattr(getattr(service.engine, "placer", None), "in_flight", None)
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -223,8 +226,11 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 await context.write(resp)
                 req = await context.read()
         finally:
+            ended = self.in_flight_gpus
             for did in picked:
                 self._open.pop(did, None)
+                if ended is not None:
+                    ended.end(did)
 
     async def _llm_body(self, context: grpc.aio.ServicerContext, headers: ep.ProcessingRequest, kind: str) -> str | None:
         """An LLM request (`llm_pick.py`): its headers let through, its body read, the pick
@@ -327,6 +333,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 self._count("no-instance")
                 return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
             pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0, subset)
+            if self.in_flight_gpus is not None and d.plan is not None:
+                self.in_flight_gpus.begin(pick.decision_id, f"{d.plan.host}/{d.plan.gpu}")
             breakable = pick.per_try_timeout_ms is not None
             from_log = self.from_access_log
             if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
@@ -357,6 +365,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
     def _logged(self, call: Call, attempts: list[Attempt]) -> None:
         """The access log's entry for one call (every attempt of it, as Envoy measured them):
         the request has ended; if Envoy broke it and retried, record the acts."""
+        if self.in_flight_gpus is not None:
+            self.in_flight_gpus.end(call.decision_id)
         opened = self._open.pop(call.decision_id, None)
         if opened is None:  # not picked here (another replica's), or forgotten after OPEN_MAX_S
             return

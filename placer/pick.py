@@ -1,7 +1,10 @@
 """The picker: which feasible candidate a request gets, once the signals have filtered and
 ranked them (the Inference Extension's "pick" after its filters and scorers).
 
-The best rank wins, but two pieces of state between requests may keep another:
+The best rank wins, once each feasible candidate's rank has this gateway's requests in
+flight there added (`signals/gateway_in_flight.py`: counted at every pick, not once per
+tick, so a burst inside one tick spreads instead of herding onto one GPU); then two pieces
+of state between requests may keep another:
 - sticky choices per affinity key (hysteresis: the previous GPU stays while it is feasible
   and within a margin of the best, so placements do not flap between ticks);
 - sessions: a session stays on its GPU (next to its state store) until that placement
@@ -14,6 +17,8 @@ the shares reserved this tick, so a choice and its reservation are one step.
 
 from __future__ import annotations
 
+from typing import Sequence, cast
+
 import numpy as np
 
 from policyc.compiler.bundle import Contract
@@ -21,7 +26,12 @@ from policyc.compiler.bundle import Contract
 from .evaluate import Evaluation
 from .evaluated import Evaluated
 from .plan import SessionMove
+from .signals import REGISTRY
+from .signals.gateway_in_flight import GatewayInFlight, InFlightCounts
 from .topology import Topology
+
+
+IN_FLIGHT = cast(GatewayInFlight, REGISTRY["gateway_in_flight"])
 
 
 class Kept:
@@ -47,6 +57,7 @@ class Picker:
         self.hysteresis_abs = hysteresis_abs
         self._sticky: dict[str, int] = {}  # affinity key -> topology GPU
         self._sessions: dict[str, int] = {}  # session -> topology GPU
+        self.in_flight = InFlightCounts()  # this gateway's requests in flight per GPU (`begin`/`end` by the gateway)
 
     def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
                key: str) -> tuple[int, SessionMove | None, str | Kept | None]:
@@ -56,18 +67,39 @@ class Picker:
         if session is not None:
             return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
                                         contract)
+        rank: Sequence[float] | dict[int, float] = ev.rank
+        note: Kept | str | None = None
+        if self.in_flight.busy():  # this gateway's requests in flight, counted at every pick (no herding in a tick)
+            best, rank, note = self._with_in_flight(t, ev, best)
         choice: int = best
-        note: Kept | None = None
         prev = self._sticky.get(key)
         if prev is not None:
             r = ev.first_feasible_on(prev)
-            if r >= 0:
-                rank = ev.rank
-                if r != best and rank[r] <= rank[best] * (1 + self.hysteresis) + self.hysteresis_abs:
-                    choice = r
-                    note = Kept(t, prev, ev.gpus[best], self.hysteresis, self.hysteresis_abs)
+            if r >= 0 and r != best and rank[r] <= rank[best] * (1 + self.hysteresis) + self.hysteresis_abs:
+                choice = r
+                note = Kept(t, prev, ev.gpus[best], self.hysteresis, self.hysteresis_abs)
         self._sticky[key] = ev.gpus[choice]
         return choice, None, note
+
+    def _with_in_flight(self, t: Topology, ev: Evaluated, best: int) -> tuple[int, dict[int, float], str | None]:
+        """The best feasible row once each candidate's rank has its in-flight seconds added
+        (`signals/gateway_in_flight.py`), the feasible rows' ranks so adjusted, and the plan's
+        line when the count moved the choice off the model's best."""
+        feas = ev.feasible
+        keys = t.gpu_keys
+        gpus = [keys[int(ev.gpus[r])] for r in feas]
+        counts, secs = self.in_flight.gather(gpus)
+        rank = np.array([float(ev.rank[r]) for r in feas])
+        added = IN_FLIGHT.added(counts, secs, rank)
+        adj = rank + added
+        i = int(np.argmin(adj))
+        new = feas[i]
+        by_row = dict(zip(feas, adj.tolist()))
+        if new == best:
+            return best, by_row, None
+        j = feas.index(best)
+        return new, by_row, IN_FLIGHT.note(gpus[j], float(counts[j]), float(secs[j]), float(added[j])) + \
+            f"; chose {gpus[i]} ({float(counts[i]):g} in flight)"
 
     def release_host(self, t: Topology, host: int) -> tuple[tuple[str, ...], int]:
         """Forget every session and sticky choice on host `host` (so each is placed afresh):

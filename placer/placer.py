@@ -35,6 +35,7 @@ from .plan import (
     ShareSource,
 )
 from .signals import BY_CONSTRAINT, of_stage
+from .signals.gateway_in_flight import InFlightCounts
 from .sites import Sites
 from .snapshot import Snapshot
 from .thresholds import Thresholds
@@ -117,6 +118,12 @@ class Placer:
                 return RebalanceReport(host, (), 0)
             sessions, sticky = self._picker.release_host(t, hi)
         return RebalanceReport(host, sessions, sticky)
+
+    @property
+    def in_flight(self) -> InFlightCounts:
+        """This placer's live in-flight counts (`signals/gateway_in_flight.py`): the gateway
+        calls `begin` when it forwards a pick and `end` when the request ends."""
+        return self._picker.in_flight
 
     def session_gpu(self, session: str) -> str | None:
         g = self._picker.session_gpu(session)

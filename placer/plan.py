@@ -36,6 +36,7 @@ class Constraint(str, Enum):
     KV_CACHE = "kv_cache"  # the model server's measured KV-cache use near full, or its reading stale
     MEASURED_TTFT = "measured_ttft"  # the model server's measured mean time to first token over its bound, or stale
     LATENCY_BUDGET = "latency_budget"
+    GATEWAY_IN_FLIGHT = "gateway_in_flight"  # never refuses: this gateway's own requests in flight, read at the pick
     INTERNAL = "internal"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..framework import Signal, Stage
 from ..plan import Constraint
 from .dependency import Dependency
+from .gateway_in_flight import GatewayInFlight
 from .gpu_class import GpuClass
 from .gpu_share import GpuShare
 from .health import Health
@@ -28,6 +29,7 @@ SIGNALS: tuple[Signal[Any], ...] = (
     GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), PortBacklog(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
     MeasuredTtft(),
     LatencyBudget(),
+    GatewayInFlight(),  # last: it never refuses (read at the pick, `pick.py`)
 )
 
 REGISTRY: dict[str, Signal[Any]] = {s.name: s for s in SIGNALS}

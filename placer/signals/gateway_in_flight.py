@@ -1,0 +1,149 @@
+"""Gateway in flight: the requests this gateway has sent to a GPU's server and not yet seen
+end, counted by the gateway itself (measured key `gateway_in_flight`), read at every pick.
+
+Why it is not a per-tick column: every other measured signal is read once per tick, so all
+the picks of one tick see the same scores and go to the same best GPU (herding; with a 50 ms
+tick and a burst of requests, one server takes them all). The peers avoid it with a count
+updated on every pick (Envoy's least-request, vllm-router's power-of-two). This signal is
+that count: `InFlightCounts` is incremented when the picker forwards a pick (`begin`, with
+the pick's decision id and GPU) and decremented when the gateway learns the request ended
+(`end`: Envoy's access-log entry for the call, or the end of the ext_proc stream when the
+access log is not followed), so the next pick, not the next tick, sees it.
+
+What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its count times
+the seconds one request holds that GPU, `seconds` — the mean duration of this gateway's own
+completed requests there (an exponentially weighted mean, `ALPHA`, measured from `begin` to
+`end` on the gateway's monotonic clock: where the GPU class's real speed shows), or, before
+any request there has completed, the candidate's own predicted rank (the latency model's).
+A request's whole duration is counted per request ahead, as if the server served them one
+at a time: an upper bound for a batching server, the same bound on every GPU. It never
+refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
+
+Bounded: at most `max_open` requests are tracked (the oldest is forgotten first) and one
+whose end never comes is forgotten after `max_age_s`, so a lost access-log entry cannot
+leave a GPU counted busy for ever. One counter per placer (the picker's), thread-safe."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..framework import Column, RequestInputs, Signal, Stage, Words
+from ..plan import Constraint
+
+KEY = "gateway_in_flight"
+ALPHA = 0.2  # the weight of the latest duration in a GPU's mean
+
+
+class InFlightCounts:
+    """The live counters: per GPU key, the requests in flight from this gateway and the mean
+    measured duration of those that ended (see the module's docstring)."""
+
+    def __init__(self, *, max_open: int = 100_000, max_age_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not (max_open > 0 and max_age_s > 0):
+            raise ValueError(f"gateway in-flight counts: max_open {max_open!r} and max_age_s {max_age_s!r} must be positive")
+        self.max_open, self.max_age_s, self._clock = max_open, max_age_s, clock
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()  # decision id -> (GPU key, began), oldest first
+        self._count: dict[str, int] = {}
+        self._seconds: dict[str, float] = {}
+        self.forgotten = 0  # requests whose end never came (expired or pushed out)
+
+    def begin(self, decision_id: str, gpu: str) -> None:
+        """A pick forwarded to `gpu` (`host/gpuN`)."""
+        now = self._clock()
+        with self._lock:
+            if decision_id in self._open:
+                return
+            self._expire(now)
+            self._open[decision_id] = (gpu, now)
+            self._count[gpu] = self._count.get(gpu, 0) + 1
+
+    def end(self, decision_id: str) -> float | None:
+        """The request ended: its GPU's count falls and its duration enters the GPU's mean.
+        Returns the duration (None: not begun here, or already ended or forgotten)."""
+        now = self._clock()
+        with self._lock:
+            got = self._open.pop(decision_id, None)
+            if got is None:
+                return None
+            gpu, began = got
+            self._drop(gpu)
+            took = max(now - began, 0.0)
+            prev = self._seconds.get(gpu)
+            self._seconds[gpu] = took if prev is None else prev + ALPHA * (took - prev)
+            return took
+
+    def busy(self) -> bool:
+        """Whether anything is in flight (the picker's fast path skips the gather when not)."""
+        return bool(self._count)
+
+    def count(self, gpu: str) -> int:
+        return self._count.get(gpu, 0)
+
+    def seconds(self, gpu: str) -> float | None:
+        return self._seconds.get(gpu)
+
+    def gather(self, gpus: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Per GPU key: the count in flight and the mean measured seconds (NaN: none ended)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            c, s = self._count, self._seconds
+            counts = np.array([c.get(g, 0) for g in gpus], dtype=np.float64)
+            secs = np.array([s.get(g, np.nan) for g in gpus], dtype=np.float64)
+        return counts, secs
+
+    def _drop(self, gpu: str) -> None:
+        n = self._count.get(gpu, 0) - 1
+        if n > 0:
+            self._count[gpu] = n
+        else:
+            self._count.pop(gpu, None)
+
+    def _expire(self, now: float) -> None:
+        """Forget the oldest requests past `max_age_s`, or beyond `max_open` (under the lock)."""
+        op = self._open
+        while op:
+            did, (gpu, began) = next(iter(op.items()))
+            if now - began < self.max_age_s and len(op) < self.max_open:
+                return
+            del op[did]
+            self._drop(gpu)
+            self.forgotten += 1
+
+
+class GatewayInFlight(Signal[RequestInputs]):
+    name = "gateway_in_flight"
+    constraint = Constraint.GATEWAY_IN_FLIGHT
+    consumes = (KEY,)
+    stage = Stage.REQUEST  # read per pick, from the live counts (`Picker.choose`), not from a tick's table
+
+    def reference(self, x: RequestInputs) -> Column:
+        """It never refuses: the count only orders the feasible candidates at the pick."""
+        return Column(fail=np.zeros(len(x.total), dtype=bool))
+
+    def added(self, counts: np.ndarray, seconds: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Seconds added to each candidate's rank (vectorised): count × measured seconds per
+        request there, or × the candidate's own predicted rank before any has ended."""
+        return counts * np.where(np.isfinite(seconds), seconds, rank)
+
+    def added_reference(self, counts: Sequence[float], seconds: Sequence[float], rank: Sequence[float]) -> list[float]:
+        """`added`, stated candidate by candidate (the test holds the two equal)."""
+        return [n * (s if s == s and abs(s) != float("inf") else r) for n, s, r in zip(counts, seconds, rank)]
+
+    def detail(self, w: Words, r: int) -> str:
+        return "gateway in flight never refuses a GPU"
+
+    def note(self, gpu: str, count: float, seconds: float, added: float) -> str:
+        """The plan's line when the count moved the choice off the model's best."""
+        per = f"{seconds * 1e3:.0f} ms measured per request" if seconds == seconds else "the predicted rank per request"
+        return f"in flight from this gateway on {gpu}: {count:g} ({per}, +{added * 1e3:.1f} ms)"
+
+
+__all__ = ["ALPHA", "KEY", "GatewayInFlight", "InFlightCounts"]
