@@ -50,7 +50,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         "OK  HTTP 200 from `tiny-llama@", f"`llm-demo.prompt-budget` at demo/llm-scene.contract:{RULE_LINE})",
         "PERMISSION_DENIED (HTTP 403, rule)", "Envoy attempts 2, upstream_rq_per_try_timeout +1",
         "retried on attempt 2 to `tiny-llama-lite` at", "with x-retry-count: 1",
-        "audit, the streamed chat: prompt", "audit, the retried stream: prompt", "LLM scene:", "vLLM stopped",
+        "audit, the streamed chat: prompt", "audit, the retried stream", "LLM scene:", "vLLM stopped",
     ):
         assert expected in text, expected
     stream = re.search(r"(\d+) events streamed, the first after (\d+) ms, \[DONE\] after (\d+) ms; usage (\d+) prompt \+ "
