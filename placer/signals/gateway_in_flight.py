@@ -13,8 +13,9 @@ access log is not followed), so the next pick, not the next tick, sees it.
 What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its count times
 the seconds one request holds that GPU, `seconds` — the mean duration of this gateway's own
 completed requests there (an exponentially weighted mean, `ALPHA`, measured from `begin` to
-`end` on the gateway's monotonic clock: where the GPU class's real speed shows), or, before
-any request there has completed, the candidate's own predicted rank (the latency model's).
+`end` on the gateway's monotonic clock: where the GPU class's real speed shows); before any
+request there has completed, the same mean over every GPU of this gateway, and before any
+has completed anywhere, the candidate's own predicted rank (the latency model's).
 A request's whole duration is counted per request ahead, as if the server served them one
 at a time: an upper bound for a batching server, the same bound on every GPU. It never
 refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
@@ -52,6 +53,7 @@ class InFlightCounts:
         self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()  # decision id -> (GPU key, began), oldest first
         self._count: dict[str, int] = {}
         self._seconds: dict[str, float] = {}
+        self._every: float | None = None  # the same mean over every GPU (a GPU's own stands in for it once measured)
         self.forgotten = 0  # requests whose end never came (expired or pushed out)
 
     def begin(self, decision_id: str, gpu: str) -> None:
@@ -77,6 +79,8 @@ class InFlightCounts:
             took = max(now - began, 0.0)
             prev = self._seconds.get(gpu)
             self._seconds[gpu] = took if prev is None else prev + ALPHA * (took - prev)
+            every = self._every
+            self._every = took if every is None else every + ALPHA * (took - every)
             return took
 
     def busy(self) -> bool:
@@ -89,14 +93,21 @@ class InFlightCounts:
     def seconds(self, gpu: str) -> float | None:
         return self._seconds.get(gpu)
 
+    def measured(self) -> dict[str, float]:
+        """Every GPU's mean measured seconds per request (those where a request ended)."""
+        with self._lock:
+            return dict(self._seconds)
+
     def gather(self, gpus: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Per GPU key: the count in flight and the mean measured seconds (NaN: none ended)."""
+        """Per GPU key: the count in flight and the mean measured seconds (a GPU where none
+        ended: the mean over every GPU; NaN: none ended anywhere)."""
         now = self._clock()
         with self._lock:
             self._expire(now)
             c, s = self._count, self._seconds
             counts = np.array([c.get(g, 0) for g in gpus], dtype=np.float64)
-            secs = np.array([s.get(g, np.nan) for g in gpus], dtype=np.float64)
+            every = np.nan if self._every is None else self._every
+            secs = np.array([s.get(g, every) for g in gpus], dtype=np.float64)
         return counts, secs
 
     def _drop(self, gpu: str) -> None:

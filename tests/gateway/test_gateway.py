@@ -48,6 +48,22 @@ def test_an_admitted_request_reaches_the_instance_the_picker_chose(gateway: Gate
     assert len(gateway.server.engine.state.registry) > 100
 
 
+def test_each_forwarded_pick_counts_in_flight_on_its_gpu_until_its_access_log_entry(gateway: Gateway,
+                                                                                    client: OipClient) -> None:
+    """The gateway in-flight signal on the real path (placer/signals/gateway_in_flight.py):
+    the picker begins a count on the placer for every pick it forwards and the call's
+    access-log entry ends it, leaving the request's measured duration on its GPU."""
+    counts = gateway.picker.picker.in_flight_gpus
+    assert counts is not None and counts is gateway.server.engine.placer.in_flight
+    ids = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10).decision_id for _ in range(3)]
+    deadline = time.monotonic() + 10
+    while counts.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not counts.busy()  # every count ended with its access-log entry
+    assert all(counts.end(d) is None for d in ids)  # ended already, once each
+    assert counts.measured() and all(s > 0 for s in counts.measured().values())
+
+
 def test_new_request_shapes_through_the_gateway_run_no_z3_on_the_serving_loop(gateway: Gateway, client: OipClient) -> None:
     feas = gateway.server.engine.state.feasibility
     before = feas.solves_background
