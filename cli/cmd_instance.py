@@ -18,26 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
-from .connection import SetupError, add_connection_flags, connect, fail, usage
+from .connection import add_connection_flags, usage
 from .exit_codes import Exit
 from .help import add_command
 from .inputs import read_bytes, read_text
+from .instance_facts import FACT_HELP, FACTS, FLAGS, Refused as _Refused, call_service as _call, fill_from_topology as _fill_from_topology
 from .register_lines import json_lines as _json_lines, register_lines
-
-FACTS = ("host", "gpu", "gpu_model", "region", "session_state", "cuda", "endpoint")
-# what each fact is (`policyc topology hosts --gpus` lists the values the service's topology holds)
-FACT_HELP = {
-    "host": "the host it runs on (a name `policyc topology hosts` lists)",
-    "gpu": "its GPU on that host (`gpu0`, ...)",
-    "gpu_model": "the GPU's class (`H100`, `A100`, ...: the topology's)",
-    "region": "the host's region",
-    "session_state": "the session store on the GPU's NUMA node (`local`, `remote`, ...)",
-    "cuda": "the host's CUDA version",
-    "endpoint": "IP:PORT a gateway sends this instance's traffic to (an address of its host); none: placement only",
-}
-FLAGS = ("tpm", "memory_encryption", "hardware_firewall", "tee")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -133,64 +121,6 @@ def _request(args: argparse.Namespace, text: str | None = None) -> Any:
     return msg
 
 
-class _Refused(Exception):
-    """The call did not happen or was refused: `code` is the command's exit code (already reported)."""
-
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _call(args: argparse.Namespace, command: str, call: Callable[[Any], Any]) -> Any:
-    """Connect as the connection flags say and make one call; a connection that cannot be
-    set up is a usage error, a refusal or an unreachable service the client's exit code."""
-    from policyc.client import ClientError
-
-    try:
-        client = connect(args)
-    except SetupError as e:
-        raise _Refused(usage(command, str(e))) from None
-    with client:
-        try:
-            return call(client)
-        except ClientError as e:
-            raise _Refused(fail(command, args, e)) from None
-
-
-def _fill_from_topology(client: Any, msg: Any, numa_given: bool) -> str | None:
-    """The facts of `msg`'s host and GPU that neither a flag nor --file gave, taken from the
-    service's own topology (`ListHosts`): the service checks every claimed fact against it,
-    so a registration names its host, GPU and endpoint, and the rest is what the host is.
-    Returns why the registration cannot be sent (a host or GPU the topology does not know)."""
-    d = msg.deployment
-    if not d.host:
-        return None
-    hosts = client.list_hosts()
-    if not hosts.known:
-        return None
-    h = next((x for x in hosts.hosts if x.host == d.host), None)
-    if h is None:
-        near = [x.host for x in hosts.hosts][:3]
-        return (f"--host `{d.host}`: no such host among the service's {len(hosts.hosts)} "
-                f"({', '.join(near)}, …: `policyc topology hosts` lists them)")
-    if not d.region:
-        d.region = h.region
-    if not d.cuda:
-        d.cuda = h.cuda
-    for flag in FLAGS:
-        if not getattr(d, flag):
-            setattr(d, flag, getattr(h, flag))
-    g = next((x for x in h.gpus if x.gpu == d.gpu), None)
-    if g is None:
-        return f"--gpu `{d.gpu}`: {d.host} has {', '.join(x.gpu for x in h.gpus) or 'no GPU'}"
-    if not d.gpu_model:
-        d.gpu_model = g.gpu_model
-    if not d.session_state:
-        d.session_state = g.session_state
-    if not numa_given and d.numa_node == 0:
-        d.numa_node = g.numa_node
-    return None
-
-
 def _register(args: argparse.Namespace) -> int:
     text = None
     if args.file:
@@ -212,8 +142,11 @@ def _register(args: argparse.Namespace) -> int:
         r = _call(args, "instance register", call)
     except _Refused as e:
         return e.code
-    if isinstance(r, str):
-        print(f"policyc instance register: error: {r}", file=sys.stderr)
+    if isinstance(r, str):  # the topology does not know the host or GPU named
+        if args.format == "json":
+            print(json.dumps({"ok": False, "server": args.server, "error": {"code": "FAILED_PRECONDITION", "message": r}}, indent=1, sort_keys=True))
+        else:
+            print(f"policyc instance register: error: {r}", file=sys.stderr)
         return Exit.REFUSED
     if args.format == "json":
         print(json.dumps({"ok": True, "instance_id": r.instance_id, "model": r.model, "registry_size": r.registry_size,

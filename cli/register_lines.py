@@ -3,7 +3,7 @@
 A file of JSON Lines (one `RegisterInstanceRequest` a line) goes to the service's
 `RegisterInstances` RPC in one call: each line is checked there as `RegisterInstance`
 checks it, and a refused line does not stop the others. Facts a line leaves out are taken
-from the service's topology as for one registration (`cmd_instance._fill_from_topology`,
+from the service's topology as for one registration (`instance_facts.fill_from_topology`,
 the host list fetched once). Refusals are printed as `FILE:LINE: ID: why`; the exit code
 is REFUSED when any line was refused.
 """
@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from . import instance_facts
 from .connection import usage
 from .exit_codes import Exit
 
@@ -56,10 +57,8 @@ def register_lines(args: argparse.Namespace, lines: list[tuple[int, str]]) -> in
 
     from policyc.server.proto import pb
 
-    from . import cmd_instance
-
     given = [f"--{n.replace('_', '-')}" for n in ("id", "model", "onnx", "contract_json", "numa_node", "score",
-                                                   *cmd_instance.FACTS, *cmd_instance.FLAGS) if getattr(args, n, None)]
+                                                   *instance_facts.FACTS, *instance_facts.FLAGS) if getattr(args, n, None)]
     if given or args.label:
         return usage(COMMAND, f"{args.file} has one request a line: give every field there, not {(given or ['--label'])[0]}")
     msgs: list[tuple[int, Any]] = []
@@ -76,14 +75,14 @@ def register_lines(args: argparse.Namespace, lines: list[tuple[int, str]]) -> in
     def call(c: Any) -> Any:
         hosts = _HostsOnce(c)
         for n, m in msgs:
-            why = cmd_instance._fill_from_topology(hosts, m, False)
+            why = instance_facts.fill_from_topology(hosts, m, False)
             if why:
                 return f"{args.file}:{n}: instance `{m.id}`: {why}"
         return c.register_batch([m for _, m in msgs])
 
     try:
-        r = cmd_instance._call(args, COMMAND, call)
-    except cmd_instance._Refused as e:
+        r = instance_facts.call_service(args, COMMAND, call)
+    except instance_facts.Refused as e:
         return e.code
     if isinstance(r, str):
         print(f"policyc {COMMAND}: error: {r}", file=sys.stderr)
