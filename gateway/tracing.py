@@ -93,7 +93,7 @@ class PickerTracer:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # type: ignore[attr-defined]  # mypy does not see the class through the package's typing
 
             exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
         self.endpoint = endpoint

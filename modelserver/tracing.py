@@ -30,7 +30,7 @@ class ServerTracer:
     processor's thread does not survive one)."""
 
     def __init__(self, endpoint: str) -> None:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # type: ignore[attr-defined]  # mypy does not see the class through the package's typing
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
