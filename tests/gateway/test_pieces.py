@@ -229,7 +229,7 @@ def test_what_the_access_log_says_becomes_a_break_or_not(bundle) -> None:  # typ
         acts = Acts(None, None, bundle)
         pick = Pick("d" * 32, "fraud-scorer", "fs@h/g0", "127.0.0.1:8001", "h/g0", (backup,), 40, breaker, None,
                     (("x-retry-count", "1"),), 13.0, 0)
-        picker = SimpleNamespace(_open={pick.decision_id: (pick, 0.0)}, acts=acts, counts={}, _count=lambda what: None)
+        picker = SimpleNamespace(_open={pick.decision_id: (pick, 0.0)}, acts=acts, counts={}, _count=lambda what: None, in_flight_gpus=None)
         call = Call(pick.decision_id, now - 0.1, 300, 200, 0.08, 0.079, n, "0", False, variant="simplified",
                     upstream_host=upstream, instance="lite@h/g2")
         EndpointPicker._logged(picker, call, attempts)  # type: ignore[arg-type]
