@@ -23,6 +23,13 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[all,dev]'  # the core and every extra (pyproject.toml): demo and the suite use them all
+# xds-protos ships an older copy of the OpenTelemetry protos in the same files as
+# opentelemetry-proto (no InstrumentationScope): whichever installs last wins. The tracing
+# extra's exporter needs opentelemetry-proto's own, and Envoy's stubs read only what both have.
+otel_proto=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))' 2>/dev/null || true)
+if [ -n "$otel_proto" ]; then
+  .venv/bin/pip install -q --force-reinstall --no-deps "opentelemetry-proto==$otel_proto"
+fi
 
 # bcc is not on PyPI: expose only Debian's bcc package to the venv (not all of dist-packages,
 # whose old libraries would shadow the venv's).

@@ -115,7 +115,8 @@ def test_a_prefill_over_the_ttft_on_every_class_is_infeasible_with_its_line(serv
     r = d.rejection
     assert r.stage is Stage.FEASIBILITY, r.reason
     assert "`big-chat` cannot give its first token in time" in r.reason and "100000 prompt tokens" in r.reason
-    assert f"(llm.ttft, {llm_bundle[1] / 'big-chat.contract'}:{TTFT_LINE};" in r.reason, r.reason
+    # the file as the compiler names it (relative to the working directory where it can be)
+    assert f"big-chat.contract:{TTFT_LINE};" in r.reason and "(llm.ttft, " in r.reason, r.reason
     assert [(Path(s.file).name, s.line) for s in r.spans] == [("big-chat.contract", TTFT_LINE)]
     # the shape cache merges prompt sizes between rule thresholds: a feasible prompt after
     # the refused one is answered on its own tokens, and the refused one again after it
