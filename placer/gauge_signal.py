@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from functools import lru_cache
 from typing import ClassVar, Mapping
 
 import numpy as np
 
 from .framework import NOTHING, Column, OnStale, Signal, Stage, TickInputs, Words
-from .readings import Reading, Readings
+from .readings import Reading, Readings, gpu_columns
 from .snapshot import Snapshot
 from .topology import Topology
 
@@ -93,17 +92,7 @@ class GaugeSignal(Signal[TickInputs]):
             col = last[3]
         else:
             t = x.snap.topology
-            index = _rows(t)
-            n = len(t.gpus)
-            value, age, present = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
-            got = [(row, v, r.age_s) for k, r in measured.items()
-                   if (row := index.get(k)) is not None and (v := self.value(r.values)) is not None]
-            if got:
-                rows, values, ages = zip(*got)
-                at = np.array(rows, dtype=np.int64)
-                value[at] = np.array(values, dtype=np.float64)
-                age[at] = np.array(ages, dtype=np.float64)
-                present[at] = True
+            value, age, present = gpu_columns(measured, t, lambda r: self.value(r.values))
             col = self._columns(value, age, present)
             self._last = (measured, t, settings, col)  # one assignment: a racing build makes the same column
         return col if isinstance(x.gpus, slice) else col.at(x.gpus)
@@ -139,12 +128,6 @@ class GaugeSignal(Signal[TickInputs]):
 
     def _stale(self, value: float, age: float) -> bool:
         return not (age <= self.max_age_s) or not (0 <= value <= self.top and math.isfinite(value))
-
-
-@lru_cache(maxsize=4)
-def _rows(topology: Topology) -> dict[str, int]:
-    """Each GPU key's row in the topology (a reading's key is a GPU key)."""
-    return {k: i for i, k in enumerate(topology.gpu_keys)}
 
 
 __all__ = ["GaugeSignal"]

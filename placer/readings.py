@@ -5,8 +5,14 @@ can feed the placer's signals (`framework.py`)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 
 class Reading(NamedTuple):
@@ -20,4 +26,31 @@ class Reading(NamedTuple):
 Readings = Mapping[str, Reading]  # per GPU key (`host/gpuN`: the GPU the endpoint's server runs on)
 NO_READINGS: Readings = MappingProxyType({})
 
-__all__ = ["NO_READINGS", "Reading", "Readings"]
+
+
+@lru_cache(maxsize=4)
+def _rows(topology: Topology) -> dict[str, int]:
+    """Each GPU key's row in the topology (a reading's key is a GPU key)."""
+    return {k: i for i, k in enumerate(topology.gpu_keys)}
+
+
+def gpu_columns(readings: Readings, topology: Topology,
+                value_of: Callable[[Reading], float | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One measured value per GPU row of the topology: (value, age in seconds, present),
+    NaN and False where no reading of the GPU gives one; what every gauge-like signal's
+    per-tick column starts from."""
+    index = _rows(topology)
+    n = len(topology.gpus)
+    value, age, present = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+    got = [(row, v, r.age_s) for k, r in readings.items()
+           if (row := index.get(k)) is not None and (v := value_of(r)) is not None]
+    if got:
+        rows, values, ages = zip(*got)
+        at = np.array(rows, dtype=np.int64)
+        value[at] = np.array(values, dtype=np.float64)
+        age[at] = np.array(ages, dtype=np.float64)
+        present[at] = True
+    return value, age, present
+
+
+__all__ = ["NO_READINGS", "Reading", "Readings", "gpu_columns"]

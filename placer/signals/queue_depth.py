@@ -19,13 +19,13 @@ fold its column into their tables (`framework.py`)."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 
 from ..framework import NOTHING, Column, OnStale, Reading, Readings, Signal, Stage, TickInputs, Words
 from ..latency import GPU_QUANTUM
 from ..plan import Constraint
+from ..readings import gpu_columns
 from ..snapshot import Snapshot
 from ..topology import Topology
 
@@ -85,17 +85,7 @@ class QueueDepth(Signal[TickInputs]):
             col = last[3]
             return col if isinstance(x.gpus, slice) else col.at(x.gpus)
         t = x.snap.topology
-        index = _rows(t)
-        n = len(t.gpus)
-        depth, age, present = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
-        got = [(row, v, reading.age_s) for key, reading in measured.items()
-               if (row := index.get(key)) is not None and (v := reading.values.get(KEY)) is not None]
-        if got:
-            rows, depths, ages = zip(*got)
-            at = np.array(rows, dtype=np.int64)
-            depth[at] = np.array(depths, dtype=np.float64)
-            age[at] = np.array(ages, dtype=np.float64)
-            present[at] = True
+        depth, age, present = gpu_columns(measured, t, lambda r: r.values.get(KEY))
         col = self._columns(depth, age, present)
         self._last = (measured, t, settings, col)  # one assignment: a racing build makes the same column
         return col if isinstance(x.gpus, slice) else col.at(x.gpus)
@@ -123,12 +113,6 @@ class QueueDepth(Signal[TickInputs]):
 
     def _stale(self, depth: float, age: float) -> bool:
         return not (age <= self.max_age_s) or not (0 <= depth < math.inf)
-
-
-@lru_cache(maxsize=4)
-def _rows(topology: Topology) -> dict[str, int]:
-    """Each GPU key's row in the topology (a reading's key is a GPU key)."""
-    return {k: i for i, k in enumerate(topology.gpu_keys)}
 
 
 def _depth(reading: Reading | None) -> tuple[float, float] | None:
