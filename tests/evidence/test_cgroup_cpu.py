@@ -200,9 +200,13 @@ def test_concurrent_calls_split_their_process_cpu(rig: Rig) -> None:
     shares = [accounting_of(rig, a.decision_id).resources.compute_seconds for a in answers]
     assert all(s.source == "apportioned" and s.value > 0 for s in shares), shares
     total = sum(s.value for s in shares)
-    # together they hold what the process spent over their spans: no more than it spent, about two calls' cost
+    # together they hold what the process spent over their spans: no more than it spent, and
+    # at least two calls' known cost. Not "about" two calls' cost: two calls at once on two
+    # cores cost the server more than two alone (onnxruntime's pools contend and spin), and
+    # that extra is real CPU the calls caused, which the cgroup rightly counts.
     assert total <= spent * 1.05, (total, spent)
-    assert abs(total - 2 * known) <= 0.2 * 2 * known, (shares, known, spent)
+    assert total >= 0.8 * 2 * known, (shares, known, spent)
+    assert total >= 0.6 * spent, (shares, spent)  # the spans cover the work: little of it is left unassigned
 
 
 def test_the_apportioning_rule_on_known_samples(tmp_path: Path) -> None:

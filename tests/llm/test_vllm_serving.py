@@ -115,8 +115,10 @@ def test_chat_streaming(vllm_servers):
     chunks = [json.loads(d) for _, d in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     content = [c for c in chunks if c["choices"] and "content" in c["choices"][0]["delta"]]
-    # one chunk per token or a few (random weights may sample byte fragments vLLM holds back), not one buffered answer
-    assert len(content) >= 5
+    # one chunk per token or a few, not one buffered answer: vLLM merges the deltas its API
+    # process has not yet sent (random weights also sample byte fragments it holds back), so
+    # on a loaded machine many tokens can share a chunk; more than one chunk is the claim
+    assert len(content) >= 2
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert usage and usage[-1]["completion_tokens"] == 40
     # tokens arrive as they are generated: the first chunk comes well before the last one
@@ -127,13 +129,14 @@ def test_chat_streaming(vllm_servers):
 def test_completion_streaming(vllm_servers):
     inst = vllm_servers.instances[0]
     events = stream(inst.endpoint, "/v1/completions", {
-        "model": vllm_servers.model, "prompt": "import os\n", "max_tokens": 16, "ignore_eos": True, "stream": True,
+        "model": vllm_servers.model, "prompt": "import os\n", "max_tokens": 64, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}})
     assert events[-1][1] == "[DONE]"
     chunks = [json.loads(d) for _, d in events[:-1]]
-    assert sum(1 for c in chunks if c["choices"]) >= 3  # streamed (random weights may sample fragments held back)
+    # streamed: more than one chunk (vLLM merges deltas not yet sent, so a loaded machine sees fewer than one a token)
+    assert sum(1 for c in chunks if c["choices"]) >= 2
     assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 16
+    assert chunks[-1]["usage"]["completion_tokens"] == 64
 
 
 def test_metrics_route_has_the_load_gauges(vllm_servers):
