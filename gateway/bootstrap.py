@@ -421,7 +421,16 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
             "clusters": clusters,
         },
         "overload_manager": bounds.overload_manager(spec.limits),
+        **({"layered_runtime": _tracing_runtime()} if spec.otlp_endpoint is not None else {}),
     }
+
+
+def _tracing_runtime() -> dict[str, Any]:
+    """Envoy's OpenTelemetry tracer exports every 5 spans by default (a gRPC call every other
+    request, ~+170 µs of Envoy's CPU a request, benchmarks/RESULTS.md): export in batches of
+    up to 1,024 spans, at least every 200 ms (a trace is at the collector as soon as before)."""
+    return {"layers": [{"name": "policyc-tracing", "static_layer": {
+        "tracing.opentelemetry.min_flush_spans": 1024, "tracing.opentelemetry.flush_interval_ms": 200}}]}
 
 
 def _add_connection_manager_options(hcm: dict[str, Any], options: dict[str, Any]) -> None:

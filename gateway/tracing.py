@@ -2,11 +2,16 @@
 stages as OpenTelemetry spans, children of the span Envoy made for its ext_proc call, sent
 over OTLP/gRPC to the same collector Envoy's own tracer sends to.
 
-Why after the fact: the pick is the gateway's hot path (one coroutine, microseconds), so
-it only takes `time.perf_counter()` stamps; the spans are built from those stamps and the
-decision's own measured stage times (`Decision.timing`) once the answer is written to
-Envoy, and exported by the SDK's `BatchSpanProcessor` on its own thread. A pick with no
-trace context (no `traceparent` from Envoy) makes no spans.
+Why built by hand: the pick is the gateway's hot path (one coroutine, microseconds) and the
+OpenTelemetry SDK's span objects, processors and exporter cost ~150 µs a pick to build and
+as much again to encode and send (benchmarks/RESULTS.md, issue 40), on threads sharing the
+GIL with the serving loop. So the pick only takes `time.perf_counter()` stamps; once its
+answer is written, `record` checks the W3C sampled flag and queues the stamps (a list
+append); a thread of this tracer wakes every `FLUSH_S`, writes the queued picks' spans as
+OTLP protobuf bytes directly (`otlp_bytes.py`, the wire format of
+`opentelemetry/proto/trace/v1/trace.proto`) and sends them in one `Export` call. Sampling
+is the parent's (parent-based, as the SDK's default sampler): a pick whose `traceparent`
+is absent, malformed or not sampled costs a check and nothing else.
 
 Parentage: Envoy's ext_proc client injects its span's W3C `traceparent` into the gRPC
 call's metadata, which is the parent here; failing that, the `traceparent` among the
@@ -15,18 +20,36 @@ whole pick), with children `parse` (the picker's header view and shape key), `ma
 (feasibility and the matcher), `place` (the placer) and `audit` (the decision's record
 handed to the audit log, and awaited when the log is synchronous). `policyc.decision_id`
 is on each span, so a trace leads to the audit record (`policyc audit explain ID`).
+
+Bounded: at most `MAX_QUEUED` picks wait for the exporter; beyond that a pick's spans are
+dropped and counted (`dropped`), never the request slowed. An unreachable collector costs
+one failed call per flush (counted in `failed`, logged once).
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
+
+from . import otlp_bytes
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 SERVICE_NAME = "policyc-picker"
+SCOPE_NAME = "policyc.gateway.picker"
 DECISION_ATTRIBUTE = "policyc.decision_id"
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+FLUSH_S = 0.2  # a trace is complete at the collector within about this long after its request
+MAX_QUEUED = 50_000  # picks waiting for the exporter (about 50 s at 1,000 picks/s with the collector away)
+MAX_BATCH = 2_000  # picks per Export call (about 1 MB of spans; gRPC's default limit is 4 MB)
+EXPORT_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -41,12 +64,12 @@ def check_endpoint(endpoint: str) -> str:
 
 
 def available() -> str | None:
-    """None when the OpenTelemetry SDK and its OTLP/gRPC exporter are installed, else what to install."""
+    """None when grpc is installed (the spans are written by hand and sent over plain gRPC),
+    else what to install."""
     try:
-        import opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: F401
-        import opentelemetry.sdk.trace  # noqa: F401
+        import grpc  # noqa: F401
     except ImportError:
-        return "tracing needs the OpenTelemetry SDK: pip install 'policyc[otel]'"
+        return "tracing needs grpcio: pip install 'policyc[otel]'"
     return None
 
 
@@ -83,63 +106,127 @@ def trace_context(metadata: Iterable[tuple[str, Any]] | None, headers: Sequence[
     return parent, state
 
 
+_SAMPLED_FLAGS = frozenset(f"{i:02x}" for i in range(256) if i & 1) | frozenset(f"{i:02X}" for i in range(256) if i & 1)
+
+
+def sampled(traceparent: str) -> bool:
+    """Whether a W3C traceparent asks for its trace to be recorded (its flags' sampled bit);
+    the full check of its fields is the exporter's (`otlp_bytes.parse_traceparent`)."""
+    return len(traceparent) >= 55 and traceparent[53:55] in _SAMPLED_FLAGS
+
+
 class PickerTracer:
-    """The SDK's tracer provider for the picker, exporting in batches over OTLP/gRPC."""
+    """Queues sampled picks on the serving loop; a thread of its own writes their spans as
+    OTLP bytes and exports them in batches over OTLP/gRPC.
 
-    def __init__(self, endpoint: str, exporter: Any = None) -> None:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    `send`: where an encoded `ExportTraceServiceRequest` goes (tests); by default a gRPC
+    channel to `endpoint`."""
 
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # type: ignore[attr-defined]  # mypy does not see the class through the package's typing
-
-            exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
+    def __init__(self, endpoint: str, send: Callable[[bytes], None] | None = None) -> None:
         self.endpoint = endpoint
-        self.provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
-        # short delay: a trace is complete at the collector within half a second of its request
-        self.provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
-        self.tracer = self.provider.get_tracer("policyc.gateway.picker")
-        self._propagator = TraceContextTextMapPropagator()
+        self._channel: Any = None
+        if send is None:
+            import grpc
+
+            self._channel = grpc.insecure_channel(endpoint)
+            export = self._channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+            send = lambda body: export(body, timeout=EXPORT_TIMEOUT_S)  # noqa: E731
+        self._send = send
+        self._resource = otlp_bytes.resource({"service.name": SERVICE_NAME})
+        self._scope = otlp_bytes.scope(SCOPE_NAME)
         # perf_counter -> wall-clock nanoseconds (the spans' clock)
         self._offset_ns = time.time_ns() - int(time.perf_counter() * 1e9)
-        self.spans = 0  # picks traced
-
-    def _ns(self, t: float) -> int:
-        return self._offset_ns + int(t * 1e9)
+        self._queue: deque[Stamps] = deque()  # appended on the loop, drained on the exporter's thread (both atomic)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._random = random.Random()
+        self.spans = 0  # picks traced (queued)
+        self.exported = 0  # picks whose spans the collector took
+        self.dropped = 0  # picks left out: the queue was full
+        self.invalid = 0  # sampled-looking traceparents that did not parse
+        self.failed = 0  # Export calls that failed
+        self._thread = threading.Thread(target=self._run, name="policyc-otlp-export", daemon=True)
+        self._thread.start()
 
     def record(self, stamps: Stamps) -> None:
-        """The pick's spans from its stamps and the decision's stage times (none for a
-        refusal before any decision). No parent: nothing."""
-        decision_id, timing = stamps.decision_id, stamps.timing
-        if not stamps.traceparent:
+        """Queue a traced pick's stamps (on the serving loop: a flag check and an append). A
+        pick without a sampled parent: nothing."""
+        if not sampled(stamps.traceparent):
             return
-        carrier = {TRACEPARENT: stamps.traceparent}
-        if stamps.tracestate:
-            carrier[TRACESTATE] = stamps.tracestate
-        parent = self._propagator.extract(carrier)
-        from opentelemetry import trace
-
-        if not trace.get_current_span(parent).get_span_context().is_valid:
-            return  # a malformed traceparent: no trace to join
-        attrs = {DECISION_ATTRIBUTE: decision_id} if decision_id else {}
-        tracer = self.tracer
-        pick = tracer.start_span("policyc.pick", context=parent, kind=trace.SpanKind.SERVER,
-                                 start_time=self._ns(stamps.start), attributes=attrs)
-        inner = trace.set_span_in_context(pick)
-        stages = [("parse", stamps.start, stamps.parsed)]
-        if timing is not None:
-            match_end = stamps.parsed + timing.feasibility + timing.match
-            place_end = min(match_end + timing.place, stamps.decided)
-            stages += [("match", stamps.parsed, min(match_end, stamps.decided)), ("place", min(match_end, stamps.decided), place_end),
-                       ("audit", place_end, stamps.decided)]
-        for name, a, b in stages:
-            s = tracer.start_span(name, context=inner, start_time=self._ns(a), attributes=attrs)
-            s.end(end_time=self._ns(max(a, b)))
-        pick.end(end_time=self._ns(stamps.end))
+        queue = self._queue
+        if len(queue) >= MAX_QUEUED:
+            self.dropped += 1
+            return
+        queue.append(stamps)
         self.spans += 1
 
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(FLUSH_S)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Write and send what is queued (the exporter's thread; `shutdown` calls it last)."""
+        with self._lock:  # one flush at a time (the thread's and shutdown's)
+            queue = self._queue
+            while queue:
+                pop = queue.popleft
+                self._export([pop() for _ in range(min(len(queue), MAX_BATCH))])
+
+    def _export(self, batch: list[Stamps]) -> None:
+        spans = []
+        for stamps in batch:
+            encoded = self._spans(stamps)
+            if encoded is None:
+                self.invalid += 1
+            else:
+                spans.append(encoded)
+        if not spans:
+            return
+        body = otlp_bytes.export_request(self._resource, self._scope, spans)
+        try:
+            self._send(body)
+        except Exception as e:  # noqa: BLE001 - a collector away costs the spans, never a request
+            self.failed += 1
+            if self.failed == 1:
+                log.warning("tracing: the OTLP collector at %s refused %d picks' spans: %s", self.endpoint, len(spans), e)
+            return
+        self.exported += len(spans)
+
+    def _spans(self, stamps: Stamps) -> bytes | None:
+        """The pick's five spans (one for a refusal before any decision) as the concatenated
+        `ScopeSpans.spans` fields, or None for a traceparent that does not parse."""
+        parent = otlp_bytes.parse_traceparent(stamps.traceparent)
+        if parent is None:
+            return None
+        trace_id, parent_id = parent
+        off = self._offset_ns
+        ns = lambda t: off + int(t * 1e9)  # noqa: E731
+        ids = self._random.randbytes(40)
+        pick_id = ids[:8]
+        attrs = otlp_bytes.string_attribute(DECISION_ATTRIBUTE, stamps.decision_id) if stamps.decision_id else b""
+        state = stamps.tracestate if len(stamps.tracestate) <= otlp_bytes.MAX_TRACESTATE else ""
+        out = [otlp_bytes.span(trace_id, pick_id, parent_id, "policyc.pick", otlp_bytes.KIND_SERVER,
+                               ns(stamps.start), ns(stamps.end), attrs, state)]
+        stages = [("parse", stamps.start, stamps.parsed)]
+        timing = stamps.timing
+        if timing is not None:
+            decided = stamps.decided
+            match_end = min(stamps.parsed + timing.feasibility + timing.match, decided)
+            place_end = min(match_end + timing.place, decided)
+            stages += [("match", stamps.parsed, match_end), ("place", match_end, place_end), ("audit", place_end, decided)]
+        for i, (name, a, b) in enumerate(stages, 1):
+            out.append(otlp_bytes.span(trace_id, ids[8 * i:8 * i + 8], pick_id, name, otlp_bytes.KIND_INTERNAL,
+                                       ns(a), ns(max(a, b)), attrs, ""))
+        return b"".join(out)
+
     def shutdown(self) -> None:
-        """Export what is buffered, stop the exporter's thread."""
-        self.provider.shutdown()
+        """Export what is queued, stop the exporter's thread, close the channel."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=EXPORT_TIMEOUT_S + 5)
+        self.flush()
+        if self._channel is not None:
+            self._channel.close()
