@@ -65,6 +65,10 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     r.add_argument("--cpus", metavar="LIST", help="pin the collector to these CPUs (e.g. 0 or 2-3)")
     r.add_argument("--model-server", action="append", default=[], metavar="NAME=PID",
                    help="a model server process to measure (CPU, RSS, run-queue delay); repeatable")
+    r.add_argument("--servers", type=Path, metavar="FILE",
+                   help="model servers to start and supervise, each pinned to its plan's NUMA node and CPUs "
+                        "(JSON list of {name, argv, numa_node, cpus?, env?}); a crashed one is started again")
+    r.add_argument("--server-logs", type=Path, metavar="DIR", help="where the supervised servers' output goes (default: none)")
     _tpm_flags(r, required=False)
     _store_flags(r)
     r.set_defaults(func=_run)
@@ -215,6 +219,8 @@ def _run(args: argparse.Namespace) -> int:
     require("kernel", command="agent run")  # interface discovery is pyroute2's
     from policyc.cluster.attestation import check_host
     from policyc.cluster.host_agent import HostAgent
+    from policyc.cluster.server_pinning import PinError
+    from policyc.cluster.server_specs import load_specs
     from policyc.cluster.signal_ticker import IsolationError, parse_cpus
     from policyc.cluster.tpm import HostTpm, TpmError
 
@@ -222,6 +228,10 @@ def _run(args: argparse.Namespace) -> int:
         check_host(args.host)
         cpus = parse_cpus(args.cpus) if args.cpus else None
         servers = _servers(args.model_server)
+        supervised = load_specs(args.servers) if args.servers else []
+        clash = set(servers) & {s.name for s in supervised}
+        if clash:
+            raise ValueError(f"--model-server and --servers both name {', '.join(sorted(clash))}")
         if args.signal_period and not 0.01 <= args.signal_period <= 60:
             raise ValueError(f"--signal-period {args.signal_period:g}: between 0.01 and 60 s (0: no signals)")
         if args.sched_fifo is not None and not 1 <= args.sched_fifo <= 99:
@@ -234,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
 
     async def body(store, keys):  # type: ignore[no-untyped-def]
         agent = HostAgent(store, keys, args.host, tpm, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
-                          cpus=cpus, processes=servers)
+                          cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs)
         await agent.start()
         print(f"policyc agent: host {args.host} ready" + (f", attestation key {agent.ak_name[:20]}…" if tpm else ", no TPM"),
               flush=True)
@@ -247,8 +257,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     try:
         _, code = _with_store(args, body)
-    except (TpmError, IsolationError) as e:
+    except (TpmError, IsolationError, PinError) as e:
         return _fail(str(e))
+    except OSError as e:  # a supervised server's command could not be started
+        return _fail(f"--servers: {e}")
     return 0 if code is None else code
 
 

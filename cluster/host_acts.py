@@ -14,7 +14,8 @@ agent through etcd, carrying the leader's fencing token, and are carried out the
   `link_refresh` (down, up, carrier: `enforcer/heal_steps.refresh_link`, in the agent's own
   network namespace), `gpu_reset` (only where that GPU exists: `heal_steps.gpu_present`),
   `drain` (the agent deregisters the instances it keeps on its host) and `restart_server`
-  (refused unless the agent supervises that server; it supervises none yet).
+  (the model server the agent supervises under that name, stopped and started again pinned
+  as before: `server_supervisor.py`; refused for a server it does not supervise).
 """
 
 from __future__ import annotations
@@ -142,8 +143,11 @@ class ActTaker:
     """Watches its host's orders and carries them out (see the module's docstring)."""
 
     def __init__(self, store: FleetStore, keys: Keys, host: str, lease: Callable[[], int],
-                 drain: Callable[[], Awaitable[int]] | None = None) -> None:
+                 drain: Callable[[], Awaitable[int]] | None = None,
+                 restart: Callable[[str], Awaitable[str]] | None = None) -> None:
         self.store, self.keys, self.host, self._lease, self._drain = store, keys, host, lease, drain
+        self._restart = restart  # the supervisor's restart (None: the agent supervises no model server)
+        self.supervised: Callable[[], set[str]] = lambda: set()
         self.done: list[dict[str, Any]] = []  # answers given (for status and tests)
 
     async def run(self) -> None:
@@ -232,7 +236,14 @@ class ActTaker:
                 return Outcome.DRY_RUN, "would deregister the instances this agent keeps on its host"
             n = await self._drain()
             return Outcome.DONE, f"deregistered {n} instance(s) this agent kept on its host"
-        return Outcome.REFUSED, f"restart of `{o.arg}`: this agent supervises no model server (it measures them only)"
+        if self._restart is None or o.arg not in self.supervised():
+            return Outcome.REFUSED, f"restart of `{o.arg}`: this agent supervises no model server of that name"
+        if o.dry_run:
+            return Outcome.DRY_RUN, f"would stop model server {o.arg} and start it again, pinned as before"
+        try:
+            return Outcome.DONE, await self._restart(o.arg)
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            return Outcome.FAILED, f"restart of `{o.arg}`: {e}"
 
 
 __all__ = ["ActSender", "ActTaker", "Order", "STEPS"]

@@ -5,7 +5,9 @@ under the same lease: `host_signals.py` reads the kernel, `signal_ticker.py` kee
 optionally SCHED_FIFO and pinned, and measures its own period, jitter and CPU), answers the control plane's attestation challenges for its host with
 its TPM's quotes (`attestation.py` has the exchange), and keeps the instances of its own
 host registered through `InstanceAgent` (the model server's lease), refusing any instance
-that claims another host.
+that claims another host. It starts and supervises the host's model servers
+(`server_supervisor.py`), each pinned to the NUMA node and CPUs its placement plan names
+(`server_pinning.py`), restarts one that crashes, and measures each under its name.
 
     agent = HostAgent(store, keys, "host-3", HostTpm(tcti, state_dir))
     await agent.start()      # answers every challenge until stop()
@@ -28,6 +30,9 @@ from .attestation import check_host, encode_answer, qualifying_data
 from .host_facts import HostFacts, discover
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
+from pathlib import Path
+from typing import Sequence
+from .server_supervisor import ServerSpec, ServerSupervisor
 from .signal_ticker import Ticker
 from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
 from .tpm import HostTpm, TpmError
@@ -41,7 +46,8 @@ class HostAgent:
     def __init__(self, store: FleetStore, keys: Keys, host: str, tpm: HostTpm | None, *, ttl: int = 5,
                  discover_facts: bool = True, facts_interval: float = 5.0, signal_period: float | None = 0.2,
                  sched_fifo: int | None = None, cpus: tuple[int, ...] | None = None,
-                 processes: dict[str, int] | None = None) -> None:
+                 processes: dict[str, int] | None = None, servers: Sequence[ServerSpec] = (),
+                 server_log_dir: Path | None = None) -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
         self.discover_facts, self.facts_interval = discover_facts, facts_interval
@@ -58,7 +64,11 @@ class HostAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publisher: asyncio.Task[None] | None = None
         self.published = 0  # signal reports written (for status and tests)
-        self.acts = ActTaker(store, keys, self.host, lambda: self._keeper.lease, self._drain)
+        self.supervisor = (ServerSupervisor(servers, on_pid=self._server_started, log_dir=server_log_dir)
+                           if servers else None)
+        self.acts = ActTaker(store, keys, self.host, lambda: self._keeper.lease, self._drain,
+                             self.supervisor.restart if self.supervisor is not None else None)
+        self.acts.supervised = lambda: {s.name for s in servers}
         self._acting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -67,7 +77,14 @@ class HostAgent:
             self.ak_name = AttestationKey.parse(ak).name.hex()
         if self.discover_facts:
             self.facts = await asyncio.to_thread(discover, self.host)
-        await self._keeper.start()
+        if self.supervisor is not None:  # PinError: a plan this host cannot honour, before anything is announced
+            await self.supervisor.start()
+        try:
+            await self._keeper.start()
+        except BaseException:
+            if self.supervisor is not None:  # no agent, no servers left behind
+                await self.supervisor.stop()
+            raise
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._answering())
         self._acting = loop.create_task(self.acts.run())
@@ -86,6 +103,8 @@ class HostAgent:
                 t.cancel()
         for a in self._instances:
             await a.stop()
+        if self.supervisor is not None:
+            await self.supervisor.stop()
         await self._keeper.stop(revoke=True)
 
     async def _announce(self, lease: int) -> None:
@@ -105,6 +124,11 @@ class HostAgent:
                         await self._announce(self._keeper.lease)
             except (OSError, StoreError) as e:
                 log.warning("agent %s: rediscovering its facts: %s", self.host, e)
+
+    def _server_started(self, name: str, pid: int) -> None:
+        """A supervised model server (re)started: measure the new process under its name."""
+        if self.ticker is not None:
+            self.ticker.collector.processes[name] = pid
 
     # ---------------------------------------------------------------- measured signals
     def _take(self, body: dict[str, object]) -> None:

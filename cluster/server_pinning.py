@@ -1,0 +1,183 @@
+"""Where a model server runs on its host: the NUMA node and CPUs its placement plan names
+(`PlacementPlan.numa_node` / `.cpus`, the GPU's own NUMA node as the topology has it),
+applied to the process the agent starts.
+
+Two mechanisms, both applied in the child before it execs the server (so the server, every
+thread it starts and everything it forks are born pinned; nothing runs unpinned first):
+
+- `sched_setaffinity` to the plan's CPUs, always;
+- a cpuset cgroup of its own (`policyc-server-<agent pid>-<name>`), where the host has a writable
+  cpuset hierarchy (cgroup v2 with the cpuset controller, else the v1 `cpuset` mount):
+  `cpuset.cpus` the plan's CPUs and `cpuset.mems` its NUMA node, so its memory is
+  allocated on the GPU's node too. Without one, the memory binding is said not to hold
+  (`Pinning.memory`), never claimed.
+
+A CPU the plan names that this host does not have (a plan computed on another topology) is
+refused (`PinError`, naming the CPUs), not silently narrowed.
+
+    pin = Pin.of_plan(plan)                  # or Pin.of_node(1): the node's CPUs from /sys
+    pinning = prepare(pin, "onnx-0")         # the cgroup made, the CPUs checked
+    subprocess.Popen(argv, preexec_fn=pinning.enter)
+    read_affinity(pid)                       # (cpus, mems) from /proc/PID/status
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from policyc.placer.plan import PlacementPlan
+
+CGROUP_PREFIX = "policyc-server-"
+
+
+class PinError(ValueError):
+    pass
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """The kernel's list format (`0-3,8`) -> (0, 1, 2, 3, 8); ValueError naming the bad part."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError:
+            raise ValueError(f"CPU list `{text}`: `{part}` is not a number or range") from None
+        if lo < 0 or hi < lo or hi - lo > 4096:
+            raise ValueError(f"CPU list `{text}`: `{part}` is not a range")
+        out.extend(range(lo, hi + 1))
+    return tuple(sorted(set(out)))
+
+
+def cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> `0-2,5`, as /proc and cgroup files write it."""
+    out: list[str] = []
+    for c in sorted(set(cpus)):
+        if out and "-" in out[-1] and int(out[-1].split("-")[1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        elif out and "-" not in out[-1] and int(out[-1]) == c - 1:
+            out[-1] = f"{out[-1]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+@dataclass(frozen=True)
+class Pin:
+    numa_node: int
+    cpus: tuple[int, ...]
+
+    @classmethod
+    def of_plan(cls, plan: "PlacementPlan") -> "Pin":
+        """What the placer's plan for the server's GPU names."""
+        return cls(int(plan.numa_node), tuple(plan.cpus))
+
+    @classmethod
+    def of_node(cls, node: int, sys_root: str = "/sys") -> "Pin":
+        """NUMA node `node` of this host with the CPUs the kernel lists for it."""
+        path = Path(sys_root) / "devices/system/node" / f"node{node}" / "cpulist"
+        try:
+            return cls(node, parse_cpu_list(path.read_text()))
+        except OSError:
+            raise PinError(f"NUMA node {node}: this host has none ({path} is not there)") from None
+
+    def describe(self) -> str:
+        return f"NUMA node {self.numa_node}, CPUs {cpu_list(self.cpus)}"
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """A pin made ready for one server: `enter` runs in the child before exec."""
+
+    pin: Pin
+    cgroup: Path | None  # its cpuset cgroup, None where the host has no writable cpuset hierarchy
+    memory: str  # how its memory is bound: "cpuset.mems N", or why it is not
+
+    def enter(self) -> None:
+        """In the forked child (async-signal-safe enough: two syscalls and a write)."""
+        os.sched_setaffinity(0, self.pin.cpus)
+        if self.cgroup is not None:
+            with open(self.cgroup / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+    def release(self) -> None:
+        """Remove its cgroup once its process is gone (a cgroup still in use stays)."""
+        if self.cgroup is not None:
+            try:
+                self.cgroup.rmdir()
+            except OSError:
+                pass
+
+
+def cpuset_root() -> tuple[Path, int] | None:
+    """A writable cpuset hierarchy: (its root, cgroup version), or None."""
+    v2 = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified/cgroup.controllers").exists() else Path("/sys/fs/cgroup")
+    try:
+        if "cpuset" in (v2 / "cgroup.controllers").read_text().split() and os.access(v2, os.W_OK):
+            return v2, 2
+    except OSError:
+        pass
+    v1 = Path("/sys/fs/cgroup/cpuset")
+    if (v1 / "cpuset.cpus").exists() and os.access(v1, os.W_OK):
+        return v1, 1
+    return None
+
+
+def _check(pin: Pin) -> None:
+    if not pin.cpus:
+        raise PinError(f"the plan names no CPUs for NUMA node {pin.numa_node}")
+    have = os.sched_getaffinity(0)
+    missing = sorted(set(pin.cpus) - have)
+    if missing:
+        raise PinError(f"the plan names CPUs {cpu_list(tuple(missing))} (of {pin.describe()}), which this host does not "
+                       f"have or this agent may not use (it may use {cpu_list(tuple(have))}): refused, not narrowed")
+
+
+def prepare(pin: Pin, name: str) -> Pinning:
+    """Check `pin` against this host and make the server's cpuset cgroup where one can be made."""
+    _check(pin)
+    root = cpuset_root()
+    if root is None:
+        return Pinning(pin, None, "not bound: no writable cpuset cgroup on this host (CPUs by sched_setaffinity only)")
+    base, version = root
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
+    path = base / f"{CGROUP_PREFIX}{os.getpid()}-{safe}"  # one hierarchy for every agent on the machine
+    try:
+        if version == 2:
+            sub = (base / "cgroup.subtree_control")
+            if "cpuset" not in sub.read_text().split():
+                sub.write_text("+cpuset")
+        path.mkdir(exist_ok=True)
+        (path / "cpuset.cpus").write_text(cpu_list(pin.cpus))
+        (path / "cpuset.mems").write_text(str(pin.numa_node))
+    except OSError as e:
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+        if e.errno == 22 and not (Path("/sys/devices/system/node") / f"node{pin.numa_node}").exists():
+            raise PinError(f"the plan names NUMA node {pin.numa_node}, which this host does not have") from None
+        return Pinning(pin, None, f"not bound: the cpuset cgroup {path} could not be set ({e.strerror or e}); "
+                                  "CPUs by sched_setaffinity only")
+    return Pinning(pin, path, f"cpuset.mems {pin.numa_node} (cgroup v{version} {path})")
+
+
+def read_affinity(pid: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(CPUs, memory nodes) process `pid` may use, from /proc/PID/status (what the kernel enforces)."""
+    cpus: tuple[int, ...] = ()
+    mems: tuple[int, ...] = ()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            cpus = parse_cpu_list(line.split(":", 1)[1])
+        elif line.startswith("Mems_allowed_list:"):
+            mems = parse_cpu_list(line.split(":", 1)[1])
+    return cpus, mems
+
+
+__all__ = ["Pin", "PinError", "Pinning", "cpu_list", "parse_cpu_list", "prepare", "read_affinity"]

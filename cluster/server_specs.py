@@ -1,0 +1,61 @@
+"""`policyc agent run --servers FILE`: the model servers the agent starts and supervises, as
+JSON — a list of objects, each with its placement as the plan names it:
+
+    [{"name": "onnx-0", "argv": ["policyc", "modelserver", "--model", "m.onnx", "--http-port", "8081"],
+      "numa_node": 1, "cpus": "16-31", "env": {"OMP_NUM_THREADS": "16"}}]
+
+`cpus` may be left out: the NUMA node's own CPUs, as this host's kernel lists them
+(`/sys/devices/system/node/nodeN/cpulist`). A bad entry is a ValueError naming the file,
+the entry and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .server_pinning import Pin, PinError, parse_cpu_list
+from .server_supervisor import ServerSpec
+
+MAX_SERVERS = 256
+MAX_BYTES = 1 << 20
+
+
+def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{path}: {len(raw)} bytes (at most {MAX_BYTES})")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(body, list) or len(body) > MAX_SERVERS:
+        raise ValueError(f"{path}: a list of at most {MAX_SERVERS} model servers expected")
+    out = []
+    for i, item in enumerate(body):
+        where = f"{path}: server {i + 1}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: an object expected")
+        unknown = set(item) - {"name", "argv", "numa_node", "cpus", "env"}
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        argv, env, node = item.get("argv"), item.get("env") or {}, item.get("numa_node")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"{where}: `argv` must be a non-empty list of strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError(f"{where}: `env` must map strings to strings")
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < 1024:
+            raise ValueError(f"{where}: `numa_node` must be the plan's NUMA node (an integer)")
+        try:
+            cpus = item.get("cpus")
+            pin = Pin(node, parse_cpu_list(str(cpus))) if cpus is not None else Pin.of_node(node, sys_root)
+            out.append(ServerSpec(str(item.get("name") or ""), tuple(argv), pin, dict(env)))
+        except (PinError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    return out
+
+
+__all__ = ["load_specs"]
