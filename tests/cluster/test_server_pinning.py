@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from policyc.cluster.host_acts import Order
 from policyc.cluster.host_agent import HostAgent
 from policyc.cluster.keys import Keys
 from policyc.cluster.local_store import LocalStore
@@ -108,6 +109,27 @@ def test_the_agent_pins_its_model_server_where_the_plan_says_and_restarts_it_whe
             assert st["restarts"] == 1 and st["last_exit"] == -signal.SIGKILL
             await _until(lambda: agent.ticker is not None and agent.ticker.collector.processes.get("emu-0") == again, 10,
                          "the collector measuring the new process")
+
+            # the leader's `restart_server` act, under its fencing token: stopped and started again, pinned the same
+            await store.put(keys.leader, b"r0")
+            lead = await store.get(keys.leader)
+            assert lead is not None
+            order = Order("a1", HOST, "restart_server", "emu-0", False, lead.create_revision, "r0", "test", time.time())
+            await store.put(keys.host_act(HOST, order.id), order.encode())
+            answer: dict = {}
+
+            async def answered() -> bool:
+                e = await store.get(keys.act_result(HOST, order.id))
+                answer.update(json.loads(e.value) if e is not None else {})
+                return bool(answer)
+            deadline = time.monotonic() + 60
+            while not await answered():
+                assert time.monotonic() < deadline, "no answer to the restart act"
+                await asyncio.sleep(0.1)
+            third = agent.supervisor.pid("emu-0")
+            assert answer["outcome"] == "done" and f"pid {again} stopped, pid {third} started" in answer["detail"], answer
+            assert third is not None and read_affinity(third)[0] == plan.cpus
+            assert agent.supervisor.status()["emu-0"]["restarts"] == 1  # asked for: not counted as a crash
         finally:
             await agent.stop()
             await store.close()
