@@ -61,6 +61,12 @@ class RuleWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=T
     origin: OriginWire
 
 
+class RejectingWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.RejectingRule
+    stage: Literal["feasibility", "match", "placement"]
+    id: str
+    origin: OriginWire | None = None
+
+
 class PlacementWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True, gc=False):  # records.Placement
     instance: str | None = None
     host: str | None = None
@@ -95,6 +101,7 @@ class DecisionWire(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_on
     outcome: Literal["admitted", "rejected", "failed"]
     reason: str | None = None
     matched_rules: list[RuleWire]
+    rejected_by: list[RejectingWire] | None = None
     placement: PlacementWire | None = None
     latency: LatencyWire
     resources: ResourcesWire

@@ -40,6 +40,7 @@ class DecisionDraft(TypedDict, total=False):
     outcome: str
     reason: str | None
     matched_rules: list[dict[str, object]]
+    rejected_by: list[dict[str, object]]
     placement: dict[str, object] | None
     latency: dict[str, object]
     resources: dict[str, FigureFields]
@@ -61,10 +62,12 @@ def decision_draft(
     latency: float,
     stages: Mapping[str, float],
     resources: Mapping[str, FigureFields] | None = None,
+    rejected_by: Iterable[tuple[str, str, tuple[str, int, int, int, int] | None]] | None = None,
 ) -> DecisionDraft:
     """A draft from the decision's parts. `matched_rules`: (rule id, file, line, col, end line, end col);
     `placement`: the `Placement` fields that are known; `resources`: as `estimated_figures`
-    returns (None: nothing estimated or measured)."""
+    returns (None: nothing estimated or measured); `rejected_by`: a rejection's (stage, rule id,
+    (file, line, col, end line, end col) or None), left out of the draft when None."""
     draft: DecisionDraft = {
         "schema_version": DECISION_SCHEMA,
         "time": time,
@@ -83,4 +86,10 @@ def decision_draft(
         # written even when empty, as the record's default is: the writer's fast path wants every field that has a default other than None
         "resources": dict(resources) if resources is not None else {},
     }
+    if rejected_by is not None:
+        draft["rejected_by"] = [{"stage": st, "id": i, **({"origin": dict(zip(_ORIGIN, o))} if o is not None else {})}
+                                for st, i, o in rejected_by]
     return draft
+
+
+_ORIGIN = ("file", "line", "col", "end_line", "end_col")

@@ -80,6 +80,8 @@ FIGURE_PATHS: tuple[tuple[str, ...], ...] = tuple([("resources", *p) for p in _f
                                                   + [(g, *p) for g in GROUPS for p in _figure_paths(_group_model(g))])
 FIGURES: tuple[str, ...] = tuple("_".join(p[1:]) if p[0] == "resources" else "_".join(p) for p in FIGURE_PATHS)
 INDEX_FIELDS: tuple[str, ...] = ("seq", "segment", "kind", "time", "decision_id", "tenant", "model", "region", "outcome", "action")
+# a rejection's refusing rules (`DecisionRecord.rejected_by`): "id (file:line)", "; "-separated; empty otherwise
+RULE_FIELDS: tuple[str, ...] = ("rejected_by",)
 CHAIN_FIELDS: tuple[str, ...] = ("prev_hash", "hash", "body")
 PARQUET_HINT = "Parquet export needs pyarrow: pip install 'policyc[parquet]' (or pip install pyarrow)"
 _BATCH = 10_000
@@ -87,7 +89,8 @@ _BATCH = 10_000
 
 # The parts of a record the export flattens; msgspec skips the rest without building it
 # (a third of orjson's time per record here). A Raw cannot be in a union: `null` is the default.
-_Body = msgspec.defstruct("_Body", [(name, msgspec.Raw, msgspec.Raw(b"null")) for name in ("resources", *GROUPS)], gc=False)
+_Body = msgspec.defstruct("_Body", [(name, msgspec.Raw, msgspec.Raw(b"null")) for name in ("resources", *GROUPS, *RULE_FIELDS)],
+                          gc=False)
 _DECODE = msgspec.json.Decoder(_Body).decode
 _PARTS = ("resources", *GROUPS)
 # per part: (path inside it, value column, kind column, source column) of each figure
@@ -99,7 +102,7 @@ _ABSENT: dict[str, dict[str, None]] = {part: {c: None for _, *cols in subs for c
 def columns() -> list[str]:
     """The export's columns, in order."""
     figs = [c for f in FIGURES for c in (f, f"{f}_kind", f"{f}_source")]
-    return [*INDEX_FIELDS, *figs, *CHAIN_FIELDS]
+    return [*INDEX_FIELDS, *RULE_FIELDS, *figs, *CHAIN_FIELDS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +154,11 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
         text = bytes(body).decode()
         decoded = _DECODE(body)
         parts = {name: msgspec.json.decode(memoryview(getattr(decoded, name))) for name in _PARTS}
+        refusing = msgspec.json.decode(memoryview(decoded.rejected_by))
     except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
         raise AuditInputError(f"entry {seq}: its body is not an audit record; run `policyc audit verify`") from None
     out: dict[str, Any] = {"seq": seq, "segment": segment, "kind": kind, "time": t, "decision_id": did, "tenant": tenant, "model": model,
-                           "region": region, "outcome": outcome, "action": action}
+                           "region": region, "outcome": outcome, "action": action, "rejected_by": _rules_text(refusing)}
     for part, subs in _PLAN:
         d = parts[part]
         if not isinstance(d, dict):
@@ -170,6 +174,18 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
                 out[c] = out[ck] = out[cs] = None
     out["prev_hash"], out["hash"], out["body"] = bytes(prev).hex(), bytes(h).hex(), text
     return out
+
+
+def _rules_text(refusing: Any) -> str | None:
+    """`rejected_by` as one cell: "rule id (file:line)" per rule, "; "-separated."""
+    if not isinstance(refusing, list) or not refusing:
+        return None
+    out = []
+    for r in refusing:
+        if isinstance(r, dict):
+            o = r.get("origin")
+            out.append(f"{r.get('id')} ({o.get('file')}:{o.get('line')})" if isinstance(o, dict) else str(r.get("id")))
+    return "; ".join(out) or None
 
 
 def export(log: str | os.PathLike[str], fmt: str, out: IO[bytes] | str | os.PathLike[str], *, start: float | None = None,

@@ -90,8 +90,12 @@ def _decisions(reader: AuditReader, start: float | None, end: float | None) -> I
 
 
 def _rules_of(r: DecisionRecord) -> list[tuple[str, str]]:
-    """The rules a rejection is attributed to: the applied rules its reason names, else
-    every rule that applied; none: the decision names no rule (e.g. no capacity)."""
+    """The rules a rejection is attributed to: those its record names as refusing it
+    (`rejected_by`, each with its source line); for records written before it existed,
+    the applied rules its reason names, else every rule that applied; none: the decision
+    names no rule."""
+    if r.rejected_by:
+        return [(x.id, x.where()) for x in r.rejected_by]
     named = [(m.id, m.where()) for m in r.matched_rules if r.reason and m.id in r.reason]
     return named or [(m.id, m.where()) for m in r.matched_rules]
 

@@ -98,6 +98,20 @@ class MatchedRule(_Frozen):
         return f"{self.origin.file}:{self.origin.line}"
 
 
+class RejectingRule(_Frozen):
+    """What refused a rejected decision (`server/rejected_by.py` says what each rejection
+    kind gives): a rule of the bundle (`id` as in the bundle, `origin` where it was
+    written) or, where no rule did, the stage's own cause (`id` the stage's name, or
+    `placement:<binding constraint>`), with the declaration that refused it when there is one."""
+
+    stage: Literal["feasibility", "match", "placement"]
+    id: str
+    origin: SourceRef | None = None
+
+    def where(self) -> str:
+        return f"{self.origin.file}:{self.origin.line}" if self.origin is not None else ""
+
+
 class Placement(_Frozen):
     """Where the call was placed (None fields: not decided, e.g. for a rejection)."""
 
@@ -138,6 +152,9 @@ class DecisionRecord(_Frozen):
     outcome: Outcome
     reason: str | None = None  # one line, for rejections and failures
     matched_rules: tuple[MatchedRule, ...] = ()
+    # a rejection's refusing rules, each with its source: absent from older records' and
+    # admitted records' bodies, so their bytes and hashes hold
+    rejected_by: tuple[RejectingRule, ...] | None = None
     placement: Placement | None = None
     latency: Latency
     resources: Resources = Resources()

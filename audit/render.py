@@ -270,6 +270,8 @@ def explain_text(ex: Explanation) -> str:
         *(f"    ${k} = {v}" for k, v in sorted(rec.variables.items())),
         "  matched rules:" if rec.matched_rules else "  matched rules: none",
         *(f"    {m.id}  at {m.where()}" for m in rec.matched_rules),
+        *(["  rejected by:"] if rec.rejected_by else []),
+        *(f"    {x.id} ({x.stage})" + (f"  at {x.where()}" if x.origin is not None else "") for x in rec.rejected_by or ()),
     ]
     p = rec.placement
     if p is not None:

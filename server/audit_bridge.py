@@ -24,13 +24,13 @@ from typing import Callable, Mapping
 import msgspec
 
 from policyc.audit.accounting import estimate_resources, estimated_figures
-from policyc.audit.draft_encoder import DecisionWire, LatencyWire, OriginWire, PlacementWire, ResourcesWire, RuleWire
+from policyc.audit.draft_encoder import DecisionWire, LatencyWire, OriginWire, PlacementWire, RejectingWire, ResourcesWire, RuleWire
 from policyc.audit.drafts import DecisionDraft, FigureFields, decision_draft
 from policyc.audit.errors import AuditWriteError
 from policyc.audit.schemas import DECISION_SCHEMA
 from policyc.audit.log import AuditLog
 from policyc.audit.records import ActionRecord as AuditAction
-from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement
+from policyc.audit.records import DecisionRecord, Latency, MatchedRule, Placement, RejectingRule
 from policyc.compiler.bundle import Bundle
 from policyc.enforcer.records import ActionKind, ActionRecord, Outcome
 from policyc.matcher import AppliedRule
@@ -38,6 +38,7 @@ from policyc.matcher import AppliedRule
 from .config import AuditDurability
 from .convert import render_var
 from .decision import Decision, Outcome as DecisionOutcome
+from .rejected_by import rejected_by
 
 log = logging.getLogger("policyc.server")
 
@@ -78,7 +79,10 @@ def decision_record(d: Decision, headers: Mapping[str, str], bundle: Bundle) -> 
         gpu = bundle.gpu(p.gpu_model)
         if contract is not None and gpu is not None and 0 < p.share <= 1:
             resources = estimate_resources(contract, gpu, p.share)
-    extra = {"resources": resources} if resources is not None else {}
+    extra: dict[str, object] = {"resources": resources} if resources is not None else {}
+    refusing = rejected_by(d, bundle)
+    if refusing is not None:
+        extra["rejected_by"] = tuple(RejectingRule(stage=st, id=i, origin=o) for st, i, o in refusing)  # type: ignore[arg-type]
     return DecisionRecord(
         time=time.time(), decision_id=d.decision_id, tenant=d.tenant or "unknown", model=d.model,
         request=dict(headers), variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
@@ -105,6 +109,8 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
         matched_rules=[(r.id, r.origin.file, r.origin.line, r.origin.col, r.origin.end_line, r.origin.end_col) for r in d.rules],
         placement=placement,
         latency=d.timing.total, stages=d.timing.stages(), resources=resources,
+        rejected_by=None if (refusing := rejected_by(d, bundle)) is None else
+        [(st, i, None if o is None else (o.file, o.line, o.col, o.end_line, o.end_col)) for st, i, o in refusing],
     )
 
 
@@ -147,12 +153,17 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
                                                      end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in applied]
         _rules[id(applied)] = (applied, rules)
     t = d.timing
+    refusing = rejected_by(d, bundle)
     return DecisionWire(
         schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,  # type: ignore[arg-type]
         tenant=d.tenant or "unknown", model=d.model, request=dict(headers),
         variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
         bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome],  # type: ignore[arg-type]
-        reason=None if d.rejection is None else d.rejection.reason[:500], matched_rules=rules, placement=placement,
+        reason=None if d.rejection is None else d.rejection.reason[:500], matched_rules=rules,
+        rejected_by=None if refusing is None else [
+            RejectingWire(stage=st, id=i, origin=None if o is None else OriginWire(  # type: ignore[arg-type]
+                file=o.file, line=o.line, col=o.col, end_line=o.end_line, end_col=o.end_col)) for st, i, o in refusing],
+        placement=placement,
         latency=LatencyWire(total=t.total, stages={"parse": t.parse, "feasibility": t.feasibility, "match": t.match, "place": t.place}),
         resources=resources,
     )
