@@ -24,6 +24,11 @@ filter sees one attempt, and it sees the answer before the router does:
   completion tokens from the answer's `usage` (a stream's last event; the picker asks for
   it) or, without one, the events counted, the bytes. One `accounting` record per attempt
   that answered, with the contract's estimate beside the measured figures, marked estimated.
+  The record is submitted *before* the answer's last message is passed back to Envoy: once
+  Envoy has it, it finishes the attempt and resets this gRPC stream, and the reset may
+  cancel this handler before a write that already went out returns (seen: 3 streams in 60
+  without their record). An attempt reset after its first chunk (the client left) is
+  recorded with what it sent, marked as cut.
 
 A client that disconnects resets the downstream stream; Envoy resets the upstream one and
 the model server stops (its own abort on disconnect).
@@ -76,6 +81,8 @@ class Evidence:
     bytes: int = 0
     usage: dict[str, Any] | None = None
     ended_by_tpot: bool = False
+    reset: bool = False  # its stream was reset (Envoy, the client) after its first chunk: the answer was cut
+    recorded: bool = False  # its accounting record submitted (once)
     gaps: list[float] = field(default_factory=list)
 
     @property
@@ -193,6 +200,9 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             await self._answer(context, req, ev)
         except asyncio.CancelledError:  # Envoy reset this attempt (its per-try timeout, the client left)
             self._count("reset")
+            if ev.first is not None and not ev.recorded:  # it had begun to answer: what it sent is evidence
+                ev.reset = True
+                self._record(req, ev)
             raise
 
     async def _answer(self, context: grpc.aio.ServicerContext, req: LlmRequest, ev: Evidence) -> None:
@@ -208,11 +218,11 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 assert tpot is not None  # (a read waits with a timeout only then)
                 ev.ended_by_tpot = True
                 gap = time.perf_counter() - (ev.last or ev.started)
+                self._stalled(req, ev, tpot, gap)  # recorded before the writes: a reset may cancel this handler in them
+                self._record(req, ev)
                 await context.write(_body(error_event(
                     f"the stream stalled: no token for {gap * 1e3:.0f} ms, over its time-per-output-token budget of "
                     f"{tpot * 1e3:.0f} ms (tpot); ended by the gateway after {ev.events} tokens", "tpot_exceeded"), False))
-                self._stalled(req, ev, tpot, gap)
-                self._record(req, ev)
                 # then reset the stream: the only way an upstream filter makes Envoy reset the upstream request
                 # (ending the body cleanly would leave the model server generating into a finished answer)
                 await context.write(_RESET)
@@ -247,18 +257,19 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                             self._event(data, ev)
                     elif len(kept) + len(chunk) <= MAX_USAGE_BYTES:
                         kept += chunk
-                await context.write(_body(chunk, end))
-                if end:
+                if end:  # recorded before the last write: Envoy resets this stream as soon as it has it
                     if not req.stream:
                         self._usage_of(bytes(kept), ev)
                     self._record(req, ev)
+                await context.write(_body(chunk, end))
+                if end:
                     return
                 continue
             if kind == "response_trailers":
+                self._record(req, ev)  # before the writes, as above
                 if headers_pending:
                     await context.write(_CONTINUE_RESPONSE)
                 await context.write(_CONTINUE_TRAILERS)
-                self._record(req, ev)
                 return
             await context.write(empty_for(kind or ""))
 
@@ -359,6 +370,9 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         return LlmFigures(**out)  # type: ignore[arg-type]
 
     def _record(self, req: LlmRequest, ev: Evidence) -> None:
+        if ev.recorded:
+            return
+        ev.recorded = True
         kept = self.evidence.setdefault(ev.decision_id, [])
         kept.append(ev)
         if len(self.evidence) > KEEP:
@@ -371,7 +385,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         self._count("answered")
         self._act("accounting", f"LLM call {ev.decision_id} attempt {ev.attempt}",
                   f"{req.model}: {ev.bytes} bytes in {ev.chunks} chunks"
-                  f"{', ended at its TPOT budget' if ev.ended_by_tpot else ''}", ev.decision_id,
+                  f"{', ended at its TPOT budget' if ev.ended_by_tpot else ''}"
+                  f"{', cut: its stream was reset before the answer ended' if ev.reset else ''}", ev.decision_id,
                   resources=Resources(network_bytes=Figure(value=ev.bytes, source=Source.MEASURED,
                                                            method="gateway: answer body bytes")), llm=figures)
 
