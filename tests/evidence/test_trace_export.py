@@ -1,0 +1,181 @@
+"""The picker's spans as OTLP bytes (`gateway/otlp_bytes.py`) and their export
+(`gateway/tracing.py`): what is written decodes with the published `opentelemetry-proto`
+classes into the five spans in their parentage; a real OTLP/gRPC TraceService receives
+them; sampling is the parent's; a collector away or a full queue costs spans, never an
+exception. (The whole path through Envoy and a model server: tests/gateway/test_tracing.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as ts_grpc
+
+from policyc.gateway import otlp_bytes, tracing
+from policyc.gateway.tracing import DECISION_ATTRIBUTE, SERVICE_NAME, PickerTracer, Stamps, sampled
+from policyc.server.decision import Timing
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+
+
+def _stamps(flags: str = "01", decision_id: str = "d-1", timing: Timing | None = None, state: str = "") -> Stamps:
+    t = time.perf_counter()
+    return Stamps(start=t, parsed=t + 10e-6, decided=t + 60e-6, end=t + 70e-6, traceparent=f"00-{TRACE}-{PARENT}-{flags}",
+                  tracestate=state, decision_id=decision_id,
+                  timing=timing if timing is not None else Timing(feasibility=2e-6, match=15e-6, place=20e-6))
+
+
+def _spans(bodies: list[bytes]) -> list[tuple[str, Any]]:
+    out = []
+    for b in bodies:
+        req = ts.ExportTraceServiceRequest.FromString(b)
+        for rs in req.resource_spans:
+            service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
+            for ss in rs.scope_spans:
+                out += [(service, s) for s in ss.spans]
+    return out
+
+
+def test_a_picks_spans_decode_in_their_parentage() -> None:
+    sent: list[bytes] = []
+    tracer = PickerTracer("127.0.0.1:1", send=sent.append)
+    st = _stamps(state="vendor=abc")
+    tracer.record(st)
+    tracer.shutdown()
+    spans = _spans(sent)
+    assert {svc for svc, _ in spans} == {SERVICE_NAME}
+    by_name = {s.name: s for _, s in spans}
+    assert sorted(by_name) == ["audit", "match", "parse", "place", "policyc.pick"] and len(spans) == 5
+    pick = by_name["policyc.pick"]
+    assert pick.trace_id.hex() == TRACE and pick.parent_span_id.hex() == PARENT and pick.trace_state == "vendor=abc"
+    assert pick.kind == pick.SPAN_KIND_SERVER
+    offset = tracer._offset_ns
+    assert pick.start_time_unix_nano == offset + int(st.start * 1e9) and pick.end_time_unix_nano == offset + int(st.end * 1e9)
+    ids = {s.span_id for _, s in spans}
+    assert len(ids) == 5 and all(len(i) == 8 and i != b"\0" * 8 for i in ids)
+    for stage in ("parse", "match", "place", "audit"):
+        s = by_name[stage]
+        assert s.trace_id == pick.trace_id and s.parent_span_id == pick.span_id and s.kind == s.SPAN_KIND_INTERNAL
+        assert pick.start_time_unix_nano <= s.start_time_unix_nano <= s.end_time_unix_nano <= pick.end_time_unix_nano
+        assert [(a.key, a.value.string_value) for a in s.attributes] == [(DECISION_ATTRIBUTE, "d-1")]
+    assert by_name["parse"].end_time_unix_nano == by_name["match"].start_time_unix_nano
+    assert by_name["place"].end_time_unix_nano == by_name["audit"].start_time_unix_nano
+    # the match span lasts the decision's feasibility + match time (to the nanosecond's rounding)
+    m = by_name["match"]
+    assert abs((m.end_time_unix_nano - m.start_time_unix_nano) - 17_000) <= 2
+    assert tracer.exported == 1 and tracer.spans == 1
+
+
+def test_a_refusal_before_any_decision_is_one_span_with_its_parse() -> None:
+    sent: list[bytes] = []
+    tracer = PickerTracer("127.0.0.1:1", send=sent.append)
+    st = _stamps(decision_id="")
+    st.timing = None
+    tracer.record(st)
+    tracer.shutdown()
+    spans = [s for _, s in _spans(sent)]
+    assert sorted(s.name for s in spans) == ["parse", "policyc.pick"] and all(not s.attributes for s in spans)
+
+
+@pytest.mark.parametrize("traceparent", ["", f"00-{TRACE}-{PARENT}-00", f"00-{TRACE}-{PARENT}-02", "garbage"])
+def test_without_a_sampled_parent_nothing_is_queued(traceparent: str) -> None:
+    sent: list[bytes] = []
+    tracer = PickerTracer("127.0.0.1:1", send=sent.append)
+    st = _stamps()
+    st.traceparent = traceparent
+    tracer.record(st)
+    assert tracer.spans == 0 and not tracer._queue
+    tracer.shutdown()
+    assert sent == []
+
+
+@pytest.mark.parametrize("bad", [f"00-{'0' * 32}-{PARENT}-01", f"00-{TRACE}-{'0' * 16}-01", f"00-{TRACE.upper()}-{PARENT}-01",
+                                 f"ff-{TRACE}-{PARENT}-01", f"00-{TRACE}-{PARENT}-01-extra", f"00-{TRACE}-{PARENT[:-1]}x-01"])
+def test_a_malformed_sampled_traceparent_is_counted_not_sent(bad: str) -> None:
+    assert otlp_bytes.parse_traceparent(bad) is None
+    sent: list[bytes] = []
+    tracer = PickerTracer("127.0.0.1:1", send=sent.append)
+    st = _stamps()
+    st.traceparent = bad
+    tracer.record(st)
+    tracer.shutdown()
+    assert sent == [] and tracer.invalid == (1 if sampled(bad) else 0)
+
+
+def test_a_later_version_is_read_as_version_00_prescribes() -> None:
+    assert otlp_bytes.parse_traceparent(f"01-{TRACE}-{PARENT}-01-more") == (bytes.fromhex(TRACE), bytes.fromhex(PARENT))
+
+
+class _Receiver(ts_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.requests: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def Export(self, request: ts.ExportTraceServiceRequest, context: Any) -> ts.ExportTraceServiceResponse:  # noqa: N802
+        with self.lock:
+            self.requests.append(request.SerializeToString())
+        return ts.ExportTraceServiceResponse()
+
+
+def test_a_real_trace_service_receives_the_batches() -> None:
+    receiver = _Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    ts_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        tracer = PickerTracer(f"127.0.0.1:{port}")
+        for i in range(300):
+            tracer.record(_stamps(decision_id=f"d-{i}"))
+        deadline = time.monotonic() + 60  # the exporter's thread flushes every 0.2 s; generous for a loaded machine
+        while time.monotonic() < deadline and tracer.exported < 300:
+            time.sleep(0.05)
+        tracer.shutdown()
+    finally:
+        server.stop(grace=None)
+    spans = _spans(receiver.requests)
+    assert tracer.exported == 300 and tracer.failed == 0
+    assert len(spans) == 300 * 5
+    picks = {s.attributes[0].value.string_value for _, s in spans if s.name == "policyc.pick"}
+    assert picks == {f"d-{i}" for i in range(300)}
+
+
+def test_a_collector_away_costs_spans_not_requests() -> None:
+    with socket_port() as port:  # a port nothing listens on
+        tracer = PickerTracer(f"127.0.0.1:{port}")
+        tracer.record(_stamps())
+        tracer.shutdown()
+    assert tracer.failed >= 1 and tracer.exported == 0
+
+
+def test_a_full_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "MAX_QUEUED", 3)
+    monkeypatch.setattr(tracing, "FLUSH_S", 60.0)
+    sent: list[bytes] = []
+    tracer = PickerTracer("127.0.0.1:1", send=sent.append)
+    for _ in range(5):
+        tracer.record(_stamps())
+    assert tracer.spans == 3 and tracer.dropped == 2
+    tracer.shutdown()
+    assert tracer.exported == 3
+
+
+class socket_port:  # noqa: N801 - a context manager named for what it gives
+    """A loopback port bound and closed again: nothing listens there."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        return None
