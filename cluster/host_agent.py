@@ -27,12 +27,13 @@ from .agent import InstanceAgent
 from .host_acts import ActTaker
 from .host_signals import Collector
 from .attestation import check_host, encode_answer, qualifying_data
-from .host_facts import HostFacts, discover
+from .host_facts import HostFacts, discover, uplinks
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
 from pathlib import Path
 from typing import Sequence
 from .server_supervisor import ServerSpec, ServerSupervisor
+from .session_probe import SessionProbe, SessionStore
 from .signal_ticker import Ticker
 from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
 from .tpm import HostTpm, TpmError
@@ -47,7 +48,8 @@ class HostAgent:
                  discover_facts: bool = True, facts_interval: float = 5.0, signal_period: float | None = 0.2,
                  sched_fifo: int | None = None, cpus: tuple[int, ...] | None = None,
                  processes: dict[str, int] | None = None, servers: Sequence[ServerSpec] = (),
-                 server_log_dir: Path | None = None) -> None:
+                 server_log_dir: Path | None = None, session_stores: Sequence[SessionStore] = (),
+                 session_interval: float = 1.0, uplinks: Sequence[str] | None = None) -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
         self.discover_facts, self.facts_interval = discover_facts, facts_interval
@@ -57,7 +59,9 @@ class HostAgent:
         self._keeper = LeaseKeeper(store, ttl, self._announce, f"agent {host}")
         self._task: asyncio.Task[None] | None = None
         self._instances: list[InstanceAgent] = []
-        self.ticker = (Ticker(Collector(processes), signal_period, self._take, sched_fifo=sched_fifo, cpus=cpus)
+        self._uplinks = uplinks
+        self.sessions = SessionProbe(session_stores, interval=session_interval) if session_stores else None
+        self.ticker = (Ticker(Collector(processes, sessions=self.sessions), signal_period, self._take, sched_fifo=sched_fifo, cpus=cpus)
                        if signal_period is not None else None)
         self._pending: dict[str, object] | None = None
         self._wake: asyncio.Event | None = None
@@ -77,13 +81,25 @@ class HostAgent:
             self.ak_name = AttestationKey.parse(ak).name.hex()
         if self.discover_facts:
             self.facts = await asyncio.to_thread(discover, self.host)
-        if self.supervisor is not None:  # PinError: a plan this host cannot honour, before anything is announced
-            await self.supervisor.start()
+        if self.ticker is not None:  # which interfaces are its uplinks: the operator's, else the routes' (`host_facts.uplinks`)
+            if self._uplinks is not None:
+                self.ticker.collector.uplinks = frozenset(self._uplinks)
+            elif self.facts is not None:
+                self.ticker.collector.uplinks = await asyncio.to_thread(uplinks, self.facts)
+        if self.sessions is not None:  # ValueError: a store directory that is not there
+            self.sessions.start()
         try:
-            await self._keeper.start()
+            if self.supervisor is not None:  # PinError: a plan this host cannot honour, before anything is announced
+                await self.supervisor.start()
+            try:
+                await self._keeper.start()
+            except BaseException:
+                if self.supervisor is not None:  # no agent, no servers left behind
+                    await self.supervisor.stop()
+                raise
         except BaseException:
-            if self.supervisor is not None:  # no agent, no servers left behind
-                await self.supervisor.stop()
+            if self.sessions is not None:
+                self.sessions.stop()
             raise
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._answering())
@@ -98,6 +114,8 @@ class HostAgent:
     async def stop(self) -> None:
         if self.ticker is not None:
             await asyncio.to_thread(self.ticker.stop)
+        if self.sessions is not None:
+            await asyncio.to_thread(self.sessions.stop)
         for t in (self._task, self._rediscover, self._publisher, self._acting):
             if t is not None:
                 t.cancel()

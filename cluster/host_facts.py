@@ -97,6 +97,30 @@ def discover(host: str) -> HostFacts:
     return HostFacts(host, tuple(out))
 
 
+def uplinks(facts: HostFacts) -> frozenset[str]:
+    """The interfaces the host reaches the fleet through: those its default routes leave by,
+    else those with a routable address (a namespace host on one subnet has no default
+    route); never loopback, never an interface without an address (`ifb0`, a spare NIC)."""
+    from pyroute2 import IPRoute
+
+    names = {i.name for i in facts.interfaces}
+    by_index: dict[int, str] = {}
+    out: set[str] = set()
+    with IPRoute() as ipr:
+        for link in ipr.get_links():
+            by_index[int(link["index"])] = str(link.get_attr("IFLA_IFNAME"))
+        for family in (2, 10):  # AF_INET, AF_INET6
+            for r in ipr.get_default_routes(family=family):
+                oif = r.get_attr("RTA_OIF")
+                if oif is not None and by_index.get(int(oif)) in names:
+                    out.add(by_index[int(oif)])
+    if not out:
+        routable = facts.routable()
+        out = {i.name for i in facts.interfaces if any(str(ipaddress.ip_interface(a).ip) in routable for a in i.addresses)}
+    out.discard("lo")
+    return frozenset(out)
+
+
 def main() -> None:
     """`python -m policyc.cluster.host_facts HOST`: the facts as JSON (what `policyc agent facts` prints)."""
     import sys

@@ -4,14 +4,17 @@
   `/sys/class/net/<if>/statistics/{tx,rx}_bytes`), the root qdisc's backlog (bytes and
   packets, from rtnetlink's `TCA_STATS_QUEUE` through pyroute2: what `tc -s qdisc` prints)
   and its limit where the qdisc has one in bytes (tbf) or packets (pfifo, fq_codel, …), and
-  whether the link is up (operstate);
+  whether the link is up (operstate), and whether it is one of the host's uplinks (`uplink`,
+  where the agent knows them: `host_facts.uplinks`);
 - per block device: request latency over the tick (`/proc/diskstats`: the milliseconds
   spent on reads and writes divided by the requests completed in the tick; no request, no
   figure);
 - per watched process (a model server, named by the operator or by the agent that started
   it): CPU seconds per second and RSS (`/proc/PID/stat`, `/proc/PID/statm`) and its
   run-queue delay (`/proc/PID/schedstat`: seconds spent runnable but waiting for a CPU, per
-  second, summed over its threads' shares as the kernel keeps them for the process).
+  second, summed over its threads' shares as the kernel keeps them for the process);
+- per session store the agent was given (`numaN/kind`): the read and write latency of a
+  session's state there, as `session_probe.py` last timed it (with the time it did).
 
 Nothing here is a constant: a figure the kernel does not give (a device without a queue
 limit, a process gone) is absent from the sample, never guessed.
@@ -26,13 +29,17 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .session_probe import SessionProbe
 
 SOURCE = {
     "throughput": "/sys/class/net/<if>/statistics/{tx,rx}_bytes deltas",
     "backlog": "rtnetlink qdisc stats (TCA_STATS_QUEUE) of the root qdisc, as `tc -s qdisc` shows",
     "disk_latency": "/proc/diskstats: (ms reading + ms writing) / requests completed, per tick",
     "process": "/proc/PID/stat (utime+stime), /proc/PID/statm (RSS), /proc/PID/schedstat (run-queue wait)",
+    "session_store": "a session's state written (fsync) and read back (page cache dropped) in the store's directory, timed",
 }
 TC_H_ROOT = 0xFFFFFFFF
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -58,8 +65,11 @@ class _Prev:
 class Collector:
     """One host's kernel readings, with rates over the time since the previous sample."""
 
-    def __init__(self, processes: Mapping[str, int] | None = None, *, sys_root: str = "/sys", proc_root: str = "/proc") -> None:
+    def __init__(self, processes: Mapping[str, int] | None = None, *, sys_root: str = "/sys", proc_root: str = "/proc",
+                 sessions: "SessionProbe | None" = None) -> None:
         self.processes: dict[str, int] = dict(processes or {})
+        self.sessions = sessions  # the session stores' latency, probed in its own thread (`session_probe.py`)
+        self.uplinks: frozenset[str] | None = None  # set: each interface's reading says whether it is one (`uplink`)
         self.sys, self.proc = Path(sys_root), Path(proc_root)
         self._prev: _Prev | None = None
         self._ipr: Any = None
@@ -127,6 +137,8 @@ class Collector:
             except OSError:
                 state = "unknown"
             v: dict[str, float] = {"up": 1.0 if state in ("up", "unknown") else 0.0}
+            if self.uplinks is not None:
+                v["uplink"] = 1.0 if name in self.uplinks else 0.0
             if dt and prev is not None and name in prev.net:
                 ptx, prx = prev.net[name]
                 v["tx_Bps"], v["rx_Bps"] = max(0, tx - ptx) / dt, max(0, rx - prx) / dt
@@ -203,6 +215,8 @@ class Collector:
             if got is not None:
                 procs[name] = got
         out = {"interfaces": self._interfaces(dt, prev, now), "disks": self._disks(dt, prev, now), "processes": procs}
+        if self.sessions is not None:
+            out["sessions"] = self.sessions.latest()
         self._prev = now
         return out
 

@@ -10,7 +10,13 @@ For each host of the topology whose agent reported:
   per second over the port's bandwidth, up the interface's operstate. A topology port named
   like one of the host's interfaces takes that interface's figures; a host whose ports are
   named otherwise (the simulated `mlx5_N` of a namespace host with one `eth0`) has its
-  uplinks' worst figures on each of its ports (fullest queue, any link down);
+  uplinks' worst figures on each of its ports (fullest queue, any link down); the uplinks
+  are the interfaces the agent marks as such (its default route's, or those with a routable
+  address: a down `ifb0` or spare NIC is not one), else all but loopback;
+- each session store the agent probes (`session_probe.py`) is a reading under the store's
+  endpoint name (`host/numa0/nvme`) with its own age (since the agent timed it) and bound
+  (at least three probe intervals): the placer's dependency table takes its `read_s` as the
+  store's latency while fresh (`placer/stores.measured_latency`);
 - the measured readings carry each port's figures under its port key (`host/mlx5_0`,
   read by `placer/signals/port_backlog.py`, which names them and their age in refusals
   and plans), and the host's disk latencies, model-server CPU, RSS and run-queue delay and
@@ -56,6 +62,7 @@ class HostReport:
     disks: Mapping[str, Mapping[str, float]]
     processes: Mapping[str, Mapping[str, float]]
     agent: Mapping[str, float]
+    sessions: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)  # `numaN/kind` -> read_s, write_s, time, …
 
     def age(self, now: float | None = None) -> float:
         return max(0.0, (time.time() if now is None else now) - self.time)
@@ -74,7 +81,7 @@ class HostReport:
             if not (math.isfinite(t) and 0.001 <= period <= 3600):
                 raise ValueError("time or period out of range")
             return cls(host, t, period, _table(body.get("interfaces") or {}, "interfaces"), _table(body.get("disks") or {}, "disks"),
-                       _table(body.get("processes") or {}, "processes"), agent)
+                       _table(body.get("processes") or {}, "processes"), agent, _table(body.get("sessions") or {}, "sessions"))
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"signals of {host}: not a report ({e})") from None
         except ValueError as e:
@@ -138,7 +145,12 @@ class HostSignalBook:
 
 
 def _uplinks(rep: HostReport) -> dict[str, Mapping[str, float]]:
-    return {n: v for n, v in rep.interfaces.items() if n != "lo"}
+    """The host's uplinks: those its agent marks as such (`uplink`), else every interface
+    but loopback (an agent that does not know them)."""
+    ifs = {n: v for n, v in rep.interfaces.items() if n != "lo"}
+    if any("uplink" in v for v in ifs.values()):
+        return {n: v for n, v in ifs.items() if v.get("uplink") == 1.0}
+    return ifs
 
 
 def _port_figures(v: Mapping[str, float]) -> tuple[float | None, float, float, float]:
@@ -205,6 +217,13 @@ class HostMeasured:
                 if bw > 0:
                     util[p] = min(1.0, tx / bw)
                 up[p] = link_up >= 0.5
+            for key, v in rep.sessions.items():  # the session stores, under their endpoints' names
+                if "read_s" not in v:
+                    continue
+                when = v.get("time", rep.time)
+                s_age = max(0.0, now - when) if math.isfinite(when) else age
+                readings[f"{host}/{key}"] = Reading(MappingProxyType(
+                    {**v, "stale_after_s": max(bound, 3.0 * v.get("interval_s", 0.0))}), s_age)
             flat: dict[str, float] = {"stale_after_s": bound}
             for group, table in (("disk", rep.disks), ("process", rep.processes)):
                 for name, v in table.items():

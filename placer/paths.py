@@ -24,7 +24,7 @@ from .framework import EVERY, Signal, Stage, TickInputs
 from .signals import CODE, ORDER, of_stage
 from .signals.dependency import PROXY_ROLE
 from .snapshot import Snapshot
-from .stores import is_local_store, store_table
+from .stores import is_local_store, measured_latency, store_table
 from .thresholds import Thresholds
 from .topology import Endpoint, EndpointRole
 
@@ -178,7 +178,7 @@ def _dependency_table(snap: Snapshot, table: PathTable, kind: str, role: Endpoin
     t, f = snap.topology, snap.frame
     if is_local_store(kind):  # the store on the GPU's NUMA node: no fabric hop, any role
         st = store_table(t, kind)
-        return DependencyTable(st.endpoints, st.best, st.latency)
+        return DependencyTable(st.endpoints, st.best, measured_latency(st, kind, f.measured))
     eps = tuple(e for e in t.endpoints if e.kind == kind and e.role is role)
     n = len(t.gpus)
     if not eps:

@@ -7,22 +7,28 @@ session case: reads 18 ms remote, 3.2 ms local). No switch, port or gateway sits
 path, so searching the fabric for an `nvme` endpoint would always fail. Instead each
 NUMA node's store is an endpoint of its own, reachable only from the GPUs of that NUMA
 node with the store's read latency; a GPU whose NUMA node has another kind of store
-cannot reach it at all. The figures are the same for every tick, so the table is built
-once per topology.
+cannot reach it at all. The table is built once per topology with nominal figures; where
+the host's agent measures its store (a session's state written and read back in the
+store's directory, `cluster/session_probe.py`), the reading under the store's endpoint name
+(`host/numaN/kind`, key `read_s`) replaces the nominal figure while it is fresh
+(`measured_latency`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from functools import lru_cache
+from typing import Mapping
 
 import numpy as np
 
+from .readings import Reading
 from .topology import Endpoint, EndpointRole, StoreKind, Topology
 
 # p99 of a state read from a store on the GPU's NUMA node (seconds): an NVMe read over the
-# local PCIe root complex, or host DRAM across the PCIe link. Nominal figures: no telemetry
-# source measures the store yet.
+# local PCIe root complex, or host DRAM across the PCIe link. Nominal figures, for a store
+# no host agent measures (see `measured_latency`).
 STORE_P99: dict[StoreKind, float] = {StoreKind.NVME: 3.2e-3, StoreKind.HOST_MEMORY: 0.3e-3}
 LOCAL_STORE_KINDS: frozenset[str] = frozenset(k.value for k in STORE_P99)
 
@@ -61,4 +67,28 @@ def store_table(topology: Topology, kind: str) -> StoreTable:
     return StoreTable(tuple(eps), best, latency)
 
 
-__all__ = ["LOCAL_STORE_KINDS", "STORE_P99", "StoreTable", "is_local_store", "store_table"]
+def measured_latency(table: StoreTable, kind: str, measured: Mapping[str, Reading]) -> np.ndarray:
+    """Per GPU, the read latency of its NUMA node's store: what the host's agent measured
+    (reading `read_s` under the endpoint's name) where that reading is no older than its
+    `stale_after_s`, else the nominal figure; inf where the node has no such store."""
+    if not measured or not table.endpoints:
+        return table.latency
+    per_ep: np.ndarray | None = None
+    for i, e in enumerate(table.endpoints):
+        r = measured.get(e.name)
+        if r is None:
+            continue
+        v = r.values.get("read_s")
+        if v is None or not math.isfinite(v) or v < 0 or r.age_s > r.values.get("stale_after_s", math.inf):
+            continue
+        if per_ep is None:
+            per_ep = np.full(len(table.endpoints), STORE_P99[StoreKind(kind)])
+        per_ep[i] = v
+    if per_ep is None:
+        return table.latency
+    out = np.where(np.isfinite(table.latency), per_ep[table.best] if len(table.best) else table.latency, np.inf)
+    out.setflags(write=False)
+    return out
+
+
+__all__ = ["LOCAL_STORE_KINDS", "STORE_P99", "StoreTable", "is_local_store", "measured_latency", "store_table"]

@@ -19,7 +19,7 @@ from policyc.compiler.bundle import ServiceDependency
 
 from ..framework import NOTHING, Column, Signal, Stage, TickContractInputs, Words
 from ..plan import Constraint, DependencyBinding
-from ..stores import is_local_store, store_table
+from ..stores import is_local_store, measured_latency, store_table
 from ..topology import Endpoint, EndpointRole
 
 PROXY_ROLE = {"none": EndpointRole.DIRECT, "shared": EndpointRole.SHARED_PROXY, "dedicated": EndpointRole.DEDICATED_PROXY}
@@ -49,7 +49,7 @@ class Dependency(Signal[TickContractInputs]):
         for svc in x.contract.dependencies.services:
             if is_local_store(svc.kind):  # the session store on each GPU's own NUMA node
                 st = store_table(t, svc.kind)
-                bi, bl = st.best[gpus], st.latency[gpus]
+                bi, bl = st.best[gpus], measured_latency(st, svc.kind, f.measured)[gpus]
                 fail |= ~(bl <= svc.p99)
                 deps = deps + np.where(np.isfinite(bl), bl, 0.0)
                 bound.append((svc, st.endpoints, bi, bl))
