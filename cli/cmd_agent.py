@@ -69,6 +69,13 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                    help="model servers to start and supervise, each pinned to its plan's NUMA node and CPUs "
                         "(JSON list of {name, argv, numa_node, cpus?, env?}); a crashed one is started again")
     r.add_argument("--server-logs", type=Path, metavar="DIR", help="where the supervised servers' output goes (default: none)")
+    r.add_argument("--session-store", action="append", default=[], metavar="NODE:KIND=DIR",
+                   help="a session store on this host (e.g. 0:nvme=/mnt/nvme0/sessions): the agent times a session's state "
+                        "written and read back there and publishes it; the placer uses it for that store; repeatable")
+    r.add_argument("--session-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="how often each session store is probed (default 1)")
+    r.add_argument("--uplinks", metavar="IF,…", help="this host's uplinks (default: its default routes' interfaces, else "
+                                                    "those with a routable address)")
     _tpm_flags(r, required=False)
     _store_flags(r)
     r.set_defaults(func=_run)
@@ -221,6 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     from policyc.cluster.host_agent import HostAgent
     from policyc.cluster.server_pinning import PinError
     from policyc.cluster.server_specs import load_specs
+    from policyc.cluster.session_probe import SessionStore
     from policyc.cluster.signal_ticker import IsolationError, parse_cpus
     from policyc.cluster.tpm import HostTpm, TpmError
 
@@ -229,6 +237,10 @@ def _run(args: argparse.Namespace) -> int:
         cpus = parse_cpus(args.cpus) if args.cpus else None
         servers = _servers(args.model_server)
         supervised = load_specs(args.servers) if args.servers else []
+        stores = [SessionStore.parse(t) for t in args.session_store]
+        if stores and not 0.05 <= args.session_interval <= 600:
+            raise ValueError(f"--session-interval {args.session_interval:g}: between 0.05 and 600 s")
+        ups = [u.strip() for u in args.uplinks.split(",") if u.strip()] if args.uplinks else None
         clash = set(servers) & {s.name for s in supervised}
         if clash:
             raise ValueError(f"--model-server and --servers both name {', '.join(sorted(clash))}")
@@ -244,7 +256,8 @@ def _run(args: argparse.Namespace) -> int:
 
     async def body(store, keys):  # type: ignore[no-untyped-def]
         agent = HostAgent(store, keys, args.host, tpm, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
-                          cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs)
+                          cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs,
+                          session_stores=stores, session_interval=args.session_interval, uplinks=ups)
         await agent.start()
         print(f"policyc agent: host {args.host} ready" + (f", attestation key {agent.ak_name[:20]}…" if tpm else ", no TPM"),
               flush=True)
@@ -257,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     try:
         _, code = _with_store(args, body)
-    except (TpmError, IsolationError, PinError) as e:
+    except (TpmError, IsolationError, PinError, ValueError) as e:  # ValueError: a session store directory not there
         return _fail(str(e))
     except OSError as e:  # a supervised server's command could not be started
         return _fail(f"--servers: {e}")
