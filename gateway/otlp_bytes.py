@@ -56,15 +56,35 @@ def string_attribute(key: str, value: str) -> bytes:
     return _field(0x4A, _field(0x0A, key.encode()) + _field(0x12, _field(0x0A, value.encode())))
 
 
-def span(trace_id: bytes, span_id: bytes, parent_id: bytes, name: str, kind: int, start_ns: int, end_ns: int,
-         attributes: bytes = b"", trace_state: str = "") -> bytes:
-    """One span as a `ScopeSpans.spans` entry (field 2). `attributes`: entries written by
-    `string_attribute`, concatenated."""
-    body = b"".join((b"\x0a\x10", trace_id, b"\x12\x08", span_id,
-                     _field(0x1A, trace_state.encode()) if trace_state else b"",
-                     b"\x22\x08", parent_id, _field(0x2A, name.encode()), bytes((0x30, kind)),
-                     _TIMES.pack(0x39, start_ns, 0x41, end_ns), attributes))
-    return _field(0x12, body)
+_LABELS: dict[tuple[str, int], bytes] = {}  # (name, kind) -> the span's name and kind fields (a handful of stage names)
+
+
+def _label(name: str, kind: int) -> bytes:
+    got = _LABELS.get((name, kind))
+    if got is None:
+        got = _LABELS[(name, kind)] = _field(0x2A, name.encode()) + bytes((0x30, kind))
+    return got
+
+
+def pick_spans(trace_id: bytes, parent_id: bytes, ids: bytes, root: tuple[str, int, int],
+               stages: Sequence[tuple[str, int, int]], attributes: bytes = b"", trace_state: str = "") -> bytes:
+    """A span `root` (name, start ns, end ns; a SERVER span, child of `parent_id`) and its
+    INTERNAL children `stages`, as concatenated `ScopeSpans.spans` entries (Span: trace_id 1,
+    span_id 2, trace_state 3, parent_span_id 4, name 5, kind 6, start 7 and end 8 as fixed64,
+    attributes 9), the parts they share written once. `ids`: 8 bytes a span, the root's
+    first; `attributes`: entries written by `string_attribute`, concatenated, on every span."""
+    head = b"\x0a\x10" + trace_id + b"\x12\x08"
+    times = _TIMES.pack
+    root_id = ids[:8]
+    name, a, b = root
+    state = _field(0x1A, trace_state.encode()) if trace_state else b""
+    out = [_field(0x12, b"".join((head, root_id, state, b"\x22\x08", parent_id, _label(name, KIND_SERVER),
+                                  times(0x39, a, 0x41, b), attributes)))]
+    child_of = b"\x22\x08" + root_id
+    for i, (name, a, b) in enumerate(stages, 1):
+        out.append(_field(0x12, b"".join((head, ids[8 * i:8 * i + 8], child_of, _label(name, KIND_INTERNAL),
+                                          times(0x39, a, 0x41, b), attributes))))
+    return b"".join(out)
 
 
 def resource(attributes: Mapping[str, str]) -> bytes:
@@ -80,6 +100,6 @@ def scope(name: str) -> bytes:
 
 def export_request(resource_field: bytes, scope_field: bytes, spans: Sequence[bytes]) -> bytes:
     """An `ExportTraceServiceRequest` with one resource and one scope holding `spans`
-    (each written by `span`, or several concatenated)."""
+    (each `pick_spans`'s bytes)."""
     scope_spans = _field(0x12, scope_field + b"".join(spans))
     return _field(0x0A, resource_field + scope_spans)

@@ -203,24 +203,19 @@ class PickerTracer:
             return None
         trace_id, parent_id = parent
         off = self._offset_ns
-        ns = lambda t: off + int(t * 1e9)  # noqa: E731
-        ids = self._random.randbytes(40)
-        pick_id = ids[:8]
         attrs = otlp_bytes.string_attribute(DECISION_ATTRIBUTE, stamps.decision_id) if stamps.decision_id else b""
         state = stamps.tracestate if len(stamps.tracestate) <= otlp_bytes.MAX_TRACESTATE else ""
-        out = [otlp_bytes.span(trace_id, pick_id, parent_id, "policyc.pick", otlp_bytes.KIND_SERVER,
-                               ns(stamps.start), ns(stamps.end), attrs, state)]
-        stages = [("parse", stamps.start, stamps.parsed)]
+        start, parsed = off + int(stamps.start * 1e9), off + int(stamps.parsed * 1e9)
+        stages = [("parse", start, max(start, parsed))]
         timing = stamps.timing
         if timing is not None:
             decided = stamps.decided
             match_end = min(stamps.parsed + timing.feasibility + timing.match, decided)
             place_end = min(match_end + timing.place, decided)
-            stages += [("match", stamps.parsed, match_end), ("place", match_end, place_end), ("audit", place_end, decided)]
-        for i, (name, a, b) in enumerate(stages, 1):
-            out.append(otlp_bytes.span(trace_id, ids[8 * i:8 * i + 8], pick_id, name, otlp_bytes.KIND_INTERNAL,
-                                       ns(a), ns(max(a, b)), attrs, ""))
-        return b"".join(out)
+            m, p, d = off + int(match_end * 1e9), off + int(place_end * 1e9), off + int(decided * 1e9)
+            stages += [("match", parsed, max(parsed, m)), ("place", m, max(m, p)), ("audit", p, max(p, d))]
+        return otlp_bytes.pick_spans(trace_id, parent_id, self._random.randbytes(8 * (1 + len(stages))),
+                                     ("policyc.pick", start, off + int(stamps.end * 1e9)), stages, attrs, state)
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread, close the channel."""
