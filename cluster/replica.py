@@ -125,6 +125,7 @@ class Replica:
         self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
         self.acts = ActSender(self)  # self-heal steps sent to the host's agent (the executor's `remote`)
         self.host_signals = HostSignalBook()  # what each host's agent measured last (`signals/<host>`), for the placer
+        self.local_agent: Any = None  # the embedded default's agent for this host (`local_agent.py`), when it runs one
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
         self.dropped_at_load: tuple[bulk_registration.Refusal, ...] = ()  # store instances not served at start, and why
 
@@ -152,6 +153,13 @@ class Replica:
             self.acts.audit = g.executor.audit
             g.executor.remote = self.acts
         await self._follow_from(self.applied_revision)
+        if not self.cfg.shared:  # the embedded default: this host's agent in process (`local_agent.py`)
+            from .local_agent import start_local_agent
+
+            try:
+                self.local_agent = await start_local_agent(self)
+            except (OSError, ValueError, StoreError) as e:
+                log.warning("replica %s: the in-process agent did not start: %s", self.name, e)
 
     async def _join(self) -> InstanceBatch:
         self._bundle_lock = asyncio.Lock()
@@ -279,6 +287,9 @@ class Replica:
         self.engine.writer = None
 
         async def leave() -> None:
+            if self.local_agent is not None:
+                await self.local_agent.stop()
+                self.local_agent = None
             for t in self._tasks + ([self._settler] if self._settler is not None else []):
                 t.cancel()
             await self.keeper.stop(revoke=revoke)
