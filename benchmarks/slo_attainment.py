@@ -28,7 +28,17 @@ down); 70 % short questions, 30 % long documents; 16 to 64 output tokens; stream
 policyc's bundle is `policies` with the model's contract from `policies/llm`, its TPOT bound
 raised from 50 ms (set for real vLLM on this CPU) to 2 s: the slowed emulators' steps are
 longer than 50 ms, and policyc's gateway ends a stream that breaks its contract's TPOT,
-which no peer does. The TTFT SLOs are the tenants' headers, which policyc's gateway holds
+which no peer does. Its per-token prefill cost (`llm.prefill`) is the emulated model's
+(`--contract-prefill emulator`, the default): the emulator's prefill seconds per token on an
+H100-class emulator (its timing model's `prefill_s_per_token` x `--base-slowdown`) times the
+H100's bf16 rate at the contract's efficiency, so that the contract declares the cost of the
+model this pool serves, as an operator declares a real model's; `model` keeps the tiny
+model's own 1.9 MFLOP (which predicts microseconds on every class: the pool then looks
+homogeneous to the contract). The peers read no contract either way.
+
+`--classes` sets the pool's class shares (default half H100, a quarter A100-80G, a quarter
+L4; `H100:0.25,A100-80G:0.25,L4:0.5` is the more heterogeneous pool), `--rates` runs several
+load levels in one run (one trace per rate, the same seed). The TTFT SLOs are the tenants' headers, which policyc's gateway holds
 each streamed attempt to (a first token later than its SLO is cut and retried once on the
 backup model, `tiny-llm-lite`, which this pool does not serve: a miss either way).
 
@@ -66,6 +76,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny-llm"
 ROUTERS_VENV = REPO / ".venv-routers"
 TPOT_LINE = "tpot: <= 50 ms"  # the contract's, for real vLLM on CPU; the slowed pool's is 2 s (see the docstring)
+PREFILL_LINE = "prefill: 1.9e6 FLOP"  # the tiny model's; the emulated model's is declared instead (see the docstring)
 ALL_ROUTERS = ("policyc", "envoy-round-robin", "envoy-least-request", "vllm-router:round_robin",
                "vllm-router:power_of_two", "vllm-router:cache_aware", "sglang-router:cache_aware")
 TENANTS = (("gold", 300, 0.2), ("silver", 1000, 0.5), ("bronze", 4000, 0.3))
@@ -150,7 +161,32 @@ class Slot:
     deployment: dict[str, Any]
 
 
-def pool_slots(n: int, base_slowdown: float) -> tuple[list[Slot], Any]:
+def emulated_prefill_flops(base_slowdown: float, efficiency: float = 0.30) -> float:
+    """The emulated model's prefill FLOPs per token: the H100 emulator's prefill seconds per
+    token times the H100's bf16 rate at the contract's efficiency (see the docstring)."""
+    from policyc.modelserver.emulator_engine import TimingModel
+    from policyc.placer.catalog import catalog_by_name
+
+    peak = dict(catalog_by_name()["H100"].peak_flops)["bf16"]
+    return TimingModel().prefill_s_per_token * base_slowdown * peak * efficiency
+
+
+def parse_classes(text: str) -> tuple[tuple[str, float], ...]:
+    """`H100:0.5,A100-80G:0.25,L4:0.25` -> the pool's class shares (they must sum to 1)."""
+    out = []
+    for part in text.split(","):
+        name, _, share = part.partition(":")
+        try:
+            out.append((name.strip(), float(share)))
+        except ValueError:
+            raise SystemExit(f"slo_attainment: --classes `{part}`: expected CLASS:SHARE") from None
+    if not out or abs(sum(w for _, w in out) - 1.0) > 1e-6 or any(w <= 0 for _, w in out):
+        raise SystemExit(f"slo_attainment: --classes {text!r}: positive shares summing to 1")
+    return tuple(out)
+
+
+def pool_slots(n: int, base_slowdown: float, classes: tuple[tuple[str, float], ...] = CLASSES,
+               contract_prefill: str = "emulator") -> tuple[list[Slot], Any]:
     """`n` GPUs of the simulated cluster that admit the model, by class share, each with
     its emulator's slowdown (the class's bf16 peak against the H100's)."""
     sys.path.insert(0, str(REPO / "tests" / "gateway"))
@@ -166,15 +202,20 @@ def pool_slots(n: int, base_slowdown: float) -> tuple[list[Slot], Any]:
     text = (REPO / "policies" / "llm" / "tiny-llm.contract").read_text()
     if TPOT_LINE not in text:
         raise SystemExit(f"slo_attainment: policies/llm/tiny-llm.contract no longer declares `{TPOT_LINE}`")
-    (contracts / "tiny-llm.contract").write_text(text.replace(TPOT_LINE, "tpot: <= 2 s"))
+    text = text.replace(TPOT_LINE, "tpot: <= 2 s")
+    if contract_prefill == "emulator":
+        if PREFILL_LINE not in text:
+            raise SystemExit(f"slo_attainment: policies/llm/tiny-llm.contract no longer declares `{PREFILL_LINE}`")
+        text = text.replace(PREFILL_LINE, f"prefill: {emulated_prefill_flops(base_slowdown):.4g} FLOP", 1)
+    (contracts / "tiny-llm.contract").write_text(text)
     bundle = llm_bundle((contracts,))
     c = ClusterSpec()
     slots = SimulatedCluster(c.seed, c.hosts, c.gpus_per_host, hosts_per_rack=c.hosts_per_rack).gpu_slots()
     fleet = admissible_fleet(bundle, slots, models=[MODEL])
     peaks = {name: dict(g.peak_flops)["bf16"] for name, g in catalog_by_name(catalog_for(bundle.gpu_catalog)).items()}
     out: list[Slot] = []
-    for cls, share in CLASSES:
-        want = max(1, round(n * share)) if cls != CLASSES[-1][0] else n - len(out)
+    for cls, share in classes:
+        want = max(1, round(n * share)) if cls != classes[-1][0] else n - len(out)
         of = [i for i in fleet if i.deployment.gpu_model == cls][:want]
         if len(of) < want:
             raise SystemExit(f"slo_attainment: the simulated cluster has {len(of)} {cls} GPUs admitting {MODEL}, {want} wanted")
@@ -444,6 +485,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=32)
     ap.add_argument("--rate", type=float, default=12.0, help="requests per second (Poisson)")
+    ap.add_argument("--rates", default=None, help="several load levels, comma-separated (each its own trace)")
+    ap.add_argument("--classes", default=",".join(f"{c}:{w:g}" for c, w in CLASSES),
+                    help="the pool's GPU class shares, CLASS:SHARE,... (default %(default)s)")
+    ap.add_argument("--contract-prefill", choices=("emulator", "model"), default="emulator",
+                    help="the contract's llm.prefill: the emulated model's cost (default) or the tiny model's own")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of trace per router")
     ap.add_argument("--base-slowdown", type=float, default=10.0, help="the H100 emulators' slowdown (others by peak)")
     ap.add_argument("--max-seqs", type=int, default=4, help="each emulator's max_num_seqs")
@@ -465,23 +511,42 @@ def main() -> int:
         print(f"slo_attainment: unknown routers {bad}; known: {', '.join(ALL_ROUTERS)}", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="policyc-slo-"))
-    if args.trace:
-        trace = [Entry(**json.loads(line)) for line in args.trace.read_text().splitlines() if line.strip()]
-    else:
-        trace = make_trace(args.seed, args.rate, args.duration)
-    (workdir / "trace.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in trace))
-    slots, bundle = pool_slots(args.instances, args.base_slowdown)
-    shape = {"requests": len(trace), "rate_rps": args.rate, "duration_s": args.duration,
-             "tenants": {t: f"{s} ms, {w:.0%}" for t, s, w in TENANTS},
-             "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
-             "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
-             "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)), "max_num_seqs": args.max_seqs}
-    print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
-    results = []
+    try:
+        rates = [float(x) for x in args.rates.split(",")] if args.rates else [args.rate]
+    except ValueError:
+        print(f"slo_attainment: --rates {args.rates!r}: numbers, comma-separated", file=sys.stderr)
+        return 2
+    slots, bundle = pool_slots(args.instances, args.base_slowdown, parse_classes(args.classes), args.contract_prefill)
+    shapes, results = [], []
+    for rate in rates:
+        if args.trace:
+            trace = [Entry(**json.loads(line)) for line in args.trace.read_text().splitlines() if line.strip()]
+        else:
+            trace = make_trace(args.seed, rate, args.duration)
+        (workdir / f"trace-{rate:g}.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in trace))
+        shape = {"requests": len(trace), "rate_rps": rate, "duration_s": args.duration,
+                 "tenants": {t: f"{s} ms, {w:.0%}" for t, s, w in TENANTS},
+                 "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
+                 "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
+                 "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
+                 "max_num_seqs": args.max_seqs, "contract_prefill": args.contract_prefill}
+        shapes.append(shape)
+        print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
+        results += run_routers(routers, workdir, bundle, slots, trace, args, rate)
+    out = args.out or workdir / "results.json"
+    out.write_text(json.dumps({"traces": shapes, "results": results}, indent=1))
+    print(f"results: {out}")
+    return 0
+
+
+def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot], trace: list[Entry],
+                args: argparse.Namespace, rate: float) -> list[dict[str, Any]]:
+    """One load level: each router in turn on a fresh pool, the same trace."""
+    results: list[dict[str, Any]] = []
     for name in routers:
         why = router_available(name)
         if why is not None:
-            results.append({"router": name, "not_run": why})
+            results.append({"rate_rps": rate, "router": name, "not_run": why})
             print(json.dumps(results[-1]), flush=True)
             continue
         pool = Pool(slots, args.max_seqs)
@@ -490,7 +555,7 @@ def main() -> int:
             router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates)
             asyncio.run(warm(router.url))
             outs, wall = asyncio.run(drive(router.url, trace))
-            results.append(summarise(name, outs, wall))
+            results.append({"rate_rps": rate, **summarise(name, outs, wall)})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
             served = pool.served()
             by_class: Counter[str] = Counter()
@@ -499,16 +564,13 @@ def main() -> int:
             results[-1]["served_by_class"] = dict(by_class)
             results[-1]["busiest_server_share_pct"] = round(100 * max(served) / max(1.0, sum(served)), 1)
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-            results.append({"router": name, "not_run": f"{type(e).__name__}: {e}"[:300]})
+            results.append({"rate_rps": rate, "router": name, "not_run": f"{type(e).__name__}: {e}"[:300]})
         finally:
             if router is not None:
                 router.stop()
             pool.stop()
         print(json.dumps(results[-1]), flush=True)
-    out = args.out or workdir / "results.json"
-    out.write_text(json.dumps({"trace": shape, "results": results}, indent=1))
-    print(f"results: {out}")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from policyc.compiler.bundle import Scalar
+from policyc.placer.request_facts import CURRENT as CURRENT_FACTS, RequestFacts, prefix_blocks, prompt_text
 
 from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, upstream_body
 from .bootstrap import PER_TRY_TIMEOUT
@@ -150,6 +151,12 @@ def as_openai_error(resp: ep.ProcessingResponse, where: Callable[[str], str | No
     return error_response(ir.status.code or 500, message, cause, cause, None, headers)
 
 
+def request_facts(r: LlmRequest, kind: str, ttft_s: float | None) -> RequestFacts:
+    """What the pick reads about this one request (`placer/request_facts.py`): its prompt's
+    leading blocks, its tokens and its first-token budget in seconds."""
+    return RequestFacts(prefix_blocks(prompt_text(kind, r.body)), float(r.prompt.tokens), ttft_s)
+
+
 class LlmPicker:
     def __init__(self, picker: "EndpointPicker", picks: LlmPicks) -> None:
         self.picker = picker
@@ -237,7 +244,17 @@ class LlmPicker:
         except BodyError as e:
             self.picker._count("bad-body")
             return error_response(e.status, e.message, "bad-body", e.code, e.param), None
-        resp, pick = await self.picker._request_headers(headers, self.attributes(r))
+        # the prompt's leading blocks and TTFT SLO, for the pick's prefix-affinity and predicted-TTFT signals
+        # (placer/request_facts.py: per request, beside the shape's shared decision)
+        ttft_ms = self.ttft_budget_ms(r)  # the request's x-slo-ttft-ms, else its contract's llm.ttft
+        ttft = ttft_ms / 1e3 if ttft_ms is not None else None
+        facts = request_facts(r, kind, ttft) if size <= INLINE_BODY_BYTES else \
+            await asyncio.to_thread(request_facts, r, kind, ttft)
+        token = CURRENT_FACTS.set(facts)
+        try:
+            resp, pick = await self.picker._request_headers(headers, self.attributes(r))
+        finally:
+            CURRENT_FACTS.reset(token)
         if pick is None:
             msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
             return (as_openai_error(msg, self._rule_source) if msg.HasField("immediate_response") else msg), None

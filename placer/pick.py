@@ -1,10 +1,15 @@
 """The picker: which feasible candidate a request gets, once the signals have filtered and
 ranked them (the Inference Extension's "pick" after its filters and scorers).
 
-The best rank wins, once each feasible candidate's rank has this gateway's requests in
-flight there added (`signals/gateway_in_flight.py`: counted at every pick, not once per
-tick, so a burst inside one tick spreads instead of herding onto one GPU); then two pieces
-of state between requests may keep another:
+The best rank wins, once each feasible candidate's rank has the request-stage signals'
+seconds added: this gateway's requests in flight there (`signals/gateway_in_flight.py`:
+counted at every pick, not once per tick, so a burst inside one tick spreads instead of
+herding onto one GPU), and for an LLM request picked on its body (`request_facts.CURRENT`)
+this prompt's predicted time to first token on the candidate's GPU class at its measured
+queue (`signals/predicted_ttft.py`) less the prefill its server likely holds cached
+(`signals/prefix_affinity.py`: sticky until saturated). A request with its own TTFT SLO goes
+to a candidate predicted within it when one is feasible. Then two pieces of state between
+requests may keep another:
 - sticky choices per affinity key (hysteresis: the previous GPU stays while it is feasible
   and within a margin of the best, so placements do not flap between ticks);
 - sessions: a session stays on its GPU (next to its state store) until that placement
@@ -17,21 +22,28 @@ the shares reserved this tick, so a choice and its reservation are one step.
 
 from __future__ import annotations
 
-from typing import Sequence, cast
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 
-from policyc.compiler.bundle import Contract
+from policyc.compiler.bundle import Contract, GpuClass
 
 from .evaluate import Evaluation
 from .evaluated import Evaluated
 from .plan import SessionMove
+from .readings import NO_READINGS, Readings
+from .request_facts import CURRENT, RequestFacts
 from .signals import REGISTRY
 from .signals.gateway_in_flight import GatewayInFlight, InFlightCounts
+from .signals.predicted_ttft import PredictedTtft
+from .signals.prefix_affinity import PrefixAffinity, PrefixIndex
 from .topology import Topology
 
 
 IN_FLIGHT = cast(GatewayInFlight, REGISTRY["gateway_in_flight"])
+PREFIX = cast(PrefixAffinity, REGISTRY["prefix_affinity"])
+PREDICTED = cast(PredictedTtft, REGISTRY["predicted_ttft"])
+LATE = 1e3  # seconds added to a candidate predicted past the request's TTFT SLO (one within it wins)
 
 
 class Kept:
@@ -58,19 +70,26 @@ class Picker:
         self._sticky: dict[str, int] = {}  # affinity key -> topology GPU
         self._sessions: dict[str, int] = {}  # session -> topology GPU
         self.in_flight = InFlightCounts()  # this gateway's requests in flight per GPU (`begin`/`end` by the gateway)
+        self.prefixes = PrefixIndex()  # which GPUs served which prompt prefixes (`signals/prefix_affinity.py`)
 
     def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
-               key: str) -> tuple[int, SessionMove | None, str | Kept | None]:
+               key: str, readings: Readings = NO_READINGS,
+               catalog: Mapping[str, GpuClass] | None = None) -> tuple[int, SessionMove | None, str | Kept | None]:
         """The chosen candidate (a row of `ev`, which has a feasible one: `ev.best >= 0`),
-        a session's move, and the note the plan gives for the choice (None: the best)."""
+        a session's move, and the note the plan gives for the choice (None: the best).
+        `readings`: the snapshot's measured state; `catalog`: the GPU classes (for the
+        predicted TTFT of an LLM request picked on its body)."""
         best = ev.best
         if session is not None:
             return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
                                         contract)
         rank: Sequence[float] | dict[int, float] = ev.rank
         note: Kept | str | None = None
-        if self.in_flight.busy():  # this gateway's requests in flight, counted at every pick (no herding in a tick)
-            best, rank, note = self._with_in_flight(t, ev, best)
+        facts = CURRENT.get()
+        if facts is not None and (contract.llm is None or not catalog):
+            facts = None  # no per-token prefill cost to price this prompt with
+        if facts is not None or self.in_flight.busy():  # read at every pick (no herding in a tick)
+            best, rank, note = self._adjusted(t, ev, best, contract, facts, readings, catalog or {})
         choice: int = best
         prev = self._sticky.get(key)
         if prev is not None:
@@ -79,27 +98,64 @@ class Picker:
                 choice = r
                 note = Kept(t, prev, ev.gpus[best], self.hysteresis, self.hysteresis_abs)
         self._sticky[key] = ev.gpus[choice]
+        if facts is not None and facts.prefix:
+            self.prefixes.record(facts.prefix, t.gpu_keys[int(ev.gpus[choice])])
         return choice, None, note
 
-    def _with_in_flight(self, t: Topology, ev: Evaluated, best: int) -> tuple[int, dict[int, float], str | None]:
-        """The best feasible row once each candidate's rank has its in-flight seconds added
-        (`signals/gateway_in_flight.py`), the feasible rows' ranks so adjusted, and the plan's
-        line when the count moved the choice off the model's best."""
+    def _adjusted(self, t: Topology, ev: Evaluated, best: int, contract: Contract, facts: RequestFacts | None,
+                  readings: Readings, catalog: Mapping[str, GpuClass]) -> tuple[int, dict[int, float], str | None]:
+        """The best feasible row once each candidate's rank has the request-stage signals'
+        seconds added (in flight; this prompt's predicted TTFT less its prefix credit; past
+        the request's TTFT SLO: `LATE`), the feasible rows' ranks so adjusted, and the
+        plan's line when they moved the choice off the model's best."""
         feas = ev.feasible
         keys = t.gpu_keys
         gpus = [keys[int(ev.gpus[r])] for r in feas]
-        counts, secs = self.in_flight.gather(gpus)
         rank = np.array([float(ev.rank[r]) for r in feas])
-        added = IN_FLIGHT.added(counts, secs, rank)
-        adj = rank + added
+        adj = rank.copy()
+        counts = secs = added = np.zeros(len(feas))
+        lines: list[str] = []
+        if self.in_flight.busy():
+            counts, secs = self.in_flight.gather(gpus)
+            added = IN_FLIGHT.added(counts, secs, rank)
+            adj += added
+        ttft: np.ndarray | None = None
+        n_late = 0
+        if facts is not None:
+            per = PREDICTED.per_token(contract, catalog)
+            names, model_idx = t.gpu_models
+            prefill = facts.prompt_tokens * np.array([per.get(names[model_idx[int(ev.gpus[r])]], 0.0) for r in feas])
+            ttft = PREDICTED.added(prefill, PREDICTED.waiting(readings, gpus))
+            if facts.prefix:
+                matched = self.prefixes.matched(facts.prefix, gpus)
+                if matched.any():
+                    credit = PREFIX.credit(matched, len(facts.prefix), prefill, PREFIX.saturated(readings, gpus, counts))
+                    ttft = ttft - credit
+                    k = int(np.argmax(credit))
+                    if credit[k] > 0:
+                        lines.append(PREFIX.note(gpus[k], float(matched[k]), len(facts.prefix), float(credit[k])))
+            adj += ttft
+            if facts.ttft_s is not None:
+                # a candidate with this gateway's requests in flight is judged with their seconds too (a
+                # tight SLO is not promised a busy server: when every candidate is busy, the load decides)
+                late = PREDICTED.late(ttft + added, PREDICTED.measured(readings, gpus), facts.ttft_s)
+                n_late = int(late.sum())
+                if 0 < n_late < len(feas):  # some candidate is predicted within the SLO: one of those
+                    adj = np.where(late, adj + LATE, adj)
         i = int(np.argmin(adj))
         new = feas[i]
         by_row = dict(zip(feas, adj.tolist()))
-        if new == best:
-            return best, by_row, None
-        j = feas.index(best)
-        return new, by_row, IN_FLIGHT.note(gpus[j], float(counts[j]), float(secs[j]), float(added[j])) + \
-            f"; chose {gpus[i]} ({float(counts[i]):g} in flight)"
+        if ttft is not None and facts is not None:
+            lines.append(PREDICTED.note(gpus[i], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < len(feas) else 0,
+                                        n_late < len(feas)))
+        if new != best:
+            j = feas.index(best)
+            if counts[j] or counts[i]:
+                lines.append(IN_FLIGHT.note(gpus[j], float(counts[j]), float(secs[j]), float(added[j])) +
+                             f"; chose {gpus[i]} ({float(counts[i]):g} in flight)")
+            else:
+                lines.append(f"chose {gpus[i]} over the model's best {gpus[j]}")
+        return new, by_row, "; ".join(lines) or None
 
     def release_host(self, t: Topology, host: int) -> tuple[tuple[str, ...], int]:
         """Forget every session and sticky choice on host `host` (so each is placed afresh):

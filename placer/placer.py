@@ -236,7 +236,7 @@ class Placer:
 
         key = affinity_key or self._affinity(contract.name, ingress)
         with self._lock:
-            choice, move, note = self._picker.choose(t, ev, contract, session, key)
+            choice, move, note = self._picker.choose(t, ev, contract, session, key, snap.frame.measured, self._catalog)
             if note is not None:
                 reasons.append(note)
             row, queueing, compute = ev.row(choice, snap, self._sites)

@@ -37,6 +37,8 @@ class Constraint(str, Enum):
     MEASURED_TTFT = "measured_ttft"  # the model server's measured mean time to first token over its bound, or stale
     LATENCY_BUDGET = "latency_budget"
     GATEWAY_IN_FLIGHT = "gateway_in_flight"  # never refuses: this gateway's own requests in flight, read at the pick
+    PREFIX_AFFINITY = "prefix_affinity"  # never refuses: the server that served this prompt's leading blocks, read at the pick
+    PREDICTED_TTFT = "predicted_ttft"  # never refuses: this prompt's prefill on the GPU's class at its queue, read at the pick
     INTERNAL = "internal"
 
 

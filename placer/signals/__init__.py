@@ -21,6 +21,8 @@ from .network import Network
 from .pcie import Pcie
 from .port import Port
 from .port_backlog import PortBacklog
+from .predicted_ttft import PredictedTtft
+from .prefix_affinity import PrefixAffinity
 from .queue_depth import QueueDepth
 from .running_requests import RunningRequests
 from .session_store import SessionStore
@@ -29,7 +31,7 @@ SIGNALS: tuple[Signal[Any], ...] = (
     GpuClass(), Health(), GpuShare(), Pcie(), SessionStore(), PortBacklog(), Port(), Network(), Dependency(), QueueDepth(), RunningRequests(), KvCache(),
     MeasuredTtft(),
     LatencyBudget(),
-    GatewayInFlight(),  # last: it never refuses (read at the pick, `pick.py`)
+    GatewayInFlight(), PrefixAffinity(), PredictedTtft(),  # last: they never refuse (read at the pick, `pick.py`)
 )
 
 REGISTRY: dict[str, Signal[Any]] = {s.name: s for s in SIGNALS}

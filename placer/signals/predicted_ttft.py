@@ -1,0 +1,134 @@
+"""Predicted time to first token, from the contract: this prompt's tokens times the
+contract's per-token prefill cost on each candidate's GPU class (the catalog's peak at the
+contract's precision and efficiency), at the server's measured queue.
+
+    prefill(c)   = prompt_tokens × llm.prefill / rate(class of c)          (seconds)
+    predicted(c) = prefill(c) × (1 + waiting(c)) − prefix credit(c)
+
+`waiting(c)`: the requests the server reports waiting (`queue_depth`, fresh readings only;
+none or stale: 0, and the gateway's in-flight count still prices the load), each counted as
+one prefill of this prompt's size on that class (the placer knows no other request's
+prompt); the prefix credit is `prefix_affinity`'s (the share of the prompt the server is
+likely to hold cached). This is the part the anchors' latency predictors lack: theirs are
+trained on one accelerator class, while the contract's FLOPs and the catalog's peaks price
+the same prompt on an H100, an A100 and an L4 differently (llm-d-router#1868 asks for
+heterogeneous pools).
+
+At the pick (`Picker.choose`, request stage: the prompt is this request's), `prefill(c) ×
+(1 + waiting(c))` is added to each feasible candidate's rank; and when the request carries
+its own TTFT SLO (`x-slo-ttft-ms`, `request_facts.RequestFacts.ttft_s`), a candidate whose
+predicted TTFT is over it is chosen only when no feasible candidate's is within it. For that
+test the prediction is the larger of the contract's figure (plus the seconds of this
+gateway's requests in flight there, `gateway_in_flight`: a busy server is not promised to a
+tight SLO) and the server's measured mean first-token time (`measured_ttft`'s keys, fresh
+readings only): the measured mean holds what the contract cannot — the server's fixed cost
+per engine step and per request, which on a slow class alone can exceed a tight SLO. It never refuses a GPU (the SLO is the client's; a
+late first token is still an answer).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from policyc.compiler.bundle import Contract, GpuClass
+from policyc.compiler.meaning import compute_rate
+
+from ..framework import Column, RequestInputs, Signal, Stage, Words
+from ..plan import Constraint
+from ..readings import Readings
+
+WAITING = "queue_depth"
+TTFT_SUM, TTFT_COUNT = "ttft_sum_s", "ttft_count"  # the server's first-token histogram (`measured_ttft.py`)
+
+
+class PredictedTtft(Signal[RequestInputs]):
+    name = "predicted_ttft"
+    constraint = Constraint.PREDICTED_TTFT
+    consumes = (WAITING, TTFT_SUM, TTFT_COUNT)
+    stage = Stage.REQUEST  # read at the pick: the prompt is this request's (`Picker.choose`)
+
+    def __init__(self, *, max_age_s: float = 0.25) -> None:
+        if not max_age_s > 0:
+            raise ValueError(f"predicted TTFT: max_age_s {max_age_s!r} must be positive")
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._per_token: dict[tuple[int, int], tuple[Contract, Mapping[str, GpuClass], dict[str, float]]] = {}
+
+    def reference(self, x: RequestInputs) -> Column:
+        """It never refuses: the prediction orders the feasible candidates at the pick."""
+        return Column(fail=np.zeros(len(x.total), dtype=bool))
+
+    def per_token(self, contract: Contract, catalog: Mapping[str, GpuClass]) -> dict[str, float]:
+        """Seconds of prefill per prompt token on each GPU class of `catalog` the contract
+        can run on (none: the contract has no `llm` block, or the class no peak at its
+        precision). Kept per (contract, catalog) object."""
+        key = (id(contract), id(catalog))
+        hit = self._per_token.get(key)
+        if hit is not None and hit[0] is contract and hit[1] is catalog:
+            return hit[2]
+        out: dict[str, float] = {}
+        llm = contract.llm
+        if llm is not None:
+            for name, gpu in catalog.items():
+                rate = compute_rate(contract.compute, gpu)
+                if rate is not None and rate > 0:
+                    out[name] = llm.prefill_flops / rate
+        with self._lock:
+            if len(self._per_token) > 256:
+                self._per_token.clear()
+            self._per_token[key] = (contract, catalog, out)
+        return out
+
+    def waiting(self, readings: Readings, gpus: Sequence[str]) -> np.ndarray:
+        """Per GPU key: the server's fresh measured waiting queue, else 0."""
+        out = np.zeros(len(gpus), dtype=np.float64)
+        for i, g in enumerate(gpus):
+            r = readings.get(g)
+            if r is not None and r.age_s <= self.max_age_s:
+                w = r.values.get(WAITING)
+                if w is not None and 0 <= w < float("inf"):
+                    out[i] = w
+        return out
+
+    def measured(self, readings: Readings, gpus: Sequence[str]) -> np.ndarray:
+        """Per GPU key: the server's fresh measured mean first-token time, else 0."""
+        out = np.zeros(len(gpus), dtype=np.float64)
+        for i, g in enumerate(gpus):
+            r = readings.get(g)
+            if r is not None and r.age_s <= self.max_age_s:
+                total, n = r.values.get(TTFT_SUM), r.values.get(TTFT_COUNT)
+                if total is not None and n is not None and n > 0 and 0 <= total < float("inf"):
+                    out[i] = total / n
+        return out
+
+    def late(self, predicted: np.ndarray, measured: np.ndarray, slo: float) -> np.ndarray:
+        """Which candidates are predicted past `slo` (vectorised; see the module)."""
+        return np.maximum(predicted, measured) > slo
+
+    def added(self, prefill: np.ndarray, waiting: np.ndarray) -> np.ndarray:
+        """Seconds added to each candidate's rank (vectorised): its prefill at its queue."""
+        return prefill * (1.0 + waiting)
+
+    def added_reference(self, prefill: Sequence[float], waiting: Sequence[float]) -> list[float]:
+        """`added`, candidate by candidate (the test holds the two equal)."""
+        return [p * (1.0 + w) for p, w in zip(prefill, waiting)]
+
+    def detail(self, w: Words, r: int) -> str:
+        return "predicted TTFT never refuses a GPU"
+
+    def note(self, gpu: str, predicted: float, slo: float | None, late: int, within: bool = True) -> str:
+        """The plan's line: the chosen GPU's predicted TTFT, against the request's SLO (`late`:
+        the candidates passed over as predicted past it; `within`: the chosen one is not)."""
+        if slo is None:
+            return f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms (the contract's prefill on its class, at its queue)"
+        if not within:
+            return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms; no feasible candidate is predicted within the "
+                    f"request's {slo * 1e3:g} ms (with this gateway's requests in flight), the load decides")
+        return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms within the request's {slo * 1e3:g} ms"
+                + (f" ({late} feasible candidate(s) predicted later, passed over)" if late else ""))
+
+
+__all__ = ["PredictedTtft"]

@@ -1,0 +1,162 @@
+"""The prefix-affinity and predicted-TTFT signals, read at the pick: a prompt returns to the
+GPU that served its leading blocks until that GPU saturates; the contract's per-token
+prefill on each candidate's class ranks a heterogeneous pool, and a request's own TTFT SLO
+keeps it off candidates predicted to miss it while one predicted within it is feasible.
+Their vectorised terms equal their references; the index and the blocks stay bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from placer_support import contract, instances
+
+from policyc.compiler.bundle import Contract, Llm
+from policyc.placer import PlacementPlan, Placer, Refresher, SimulatedCluster
+from policyc.placer.framework import RequestInputs
+from policyc.placer.readings import Reading
+from policyc.placer.request_facts import BLOCK_CHARS, CURRENT, RequestFacts, prefix_blocks, prompt_text
+from policyc.placer.signals import REGISTRY, SIGNALS
+from policyc.placer.signals.gateway_in_flight import InFlightCounts
+from policyc.placer.signals.predicted_ttft import PredictedTtft
+from policyc.placer.signals.prefix_affinity import PrefixAffinity, PrefixIndex
+
+PREFIX, PREDICTED = REGISTRY["prefix_affinity"], REGISTRY["predicted_ttft"]
+H100_RATE = 989e12 * 0.3  # the catalog's bf16 peak at the test contract's efficiency (placer_support: 30 %)
+
+
+def _llm_contract(prefill_s_per_token_h100: float) -> Contract:
+    """placer_support's contract with an `llm` block whose prefill costs this much a token on an H100."""
+    base = contract()
+    llm = Llm(prefill_flops=prefill_s_per_token_h100 * base.compute.efficiency * 989e12, decode_flops=1e6, context=8192)
+    return base.model_copy(update={"llm": llm})
+
+
+def test_blocks_are_chained_bounded_and_whole() -> None:
+    system = "You are the support assistant of company 7. " * 10
+    a, b = prefix_blocks(system + "first question"), prefix_blocks(system + "another one entirely")
+    shared = len(system) // BLOCK_CHARS
+    assert a[:shared] == b[:shared] and a != b  # the same leading text, the same leading hashes
+    assert prefix_blocks("x" + system)[:shared] != a[:shared]  # a hash stands for its whole prefix
+    assert prefix_blocks("y" * (BLOCK_CHARS - 1)) == ()  # a partial block is not cached by a server
+    assert len(prefix_blocks("z" * 10**6)) == 256  # a huge prompt hashes its first blocks only
+    assert prefix_blocks(system) == prefix_blocks(system)  # stable (not Python's salted hash)
+    chat = prompt_text("chat", {"messages": [{"role": "system", "content": system},
+                                             {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    assert system in chat and "hi" in chat and prompt_text("completions", {"prompt": [1, 2, 3]}) == ""
+
+
+def test_the_index_counts_consecutive_blocks_and_is_bounded() -> None:
+    ix = PrefixIndex(max_blocks=6, per_block=2)
+    ix.record((1, 2, 3), "h/gpu0")
+    ix.record((1, 2, 9), "h/gpu1")
+    assert ix.matched((1, 2, 3, 4), ["h/gpu0", "h/gpu1", "h/gpu2"]).tolist() == [3, 2, 0]
+    assert ix.matched((5, 2, 3), ["h/gpu0"]).tolist() == [0]  # consecutive from the first block only
+    ix.record((1,), "h/gpu2")  # at most two GPUs a block: the oldest, gpu0, is dropped from block 1
+    assert ix.matched((1, 2, 3), ["h/gpu0", "h/gpu1", "h/gpu2"]).tolist() == [0, 2, 1]
+    ix.record((10, 11, 12, 13), "h/gpu0")
+    assert len(ix) <= 6  # the least recently used blocks are forgotten
+
+
+_f = st.floats(min_value=0.0, max_value=10.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 20), _f, st.booleans(), _f), min_size=1, max_size=40), blocks=st.integers(0, 20))
+def test_the_fast_terms_equal_their_references(rows: list[tuple[int, float, bool, float]], blocks: int) -> None:
+    assert isinstance(PREFIX, PrefixAffinity) and isinstance(PREDICTED, PredictedTtft)
+    assert PREFIX in SIGNALS and PREDICTED in SIGNALS
+    matched, prefill, sat, waiting = (np.array(c) for c in zip(*rows))
+    assert PREFIX.credit(matched.astype(float), blocks, prefill, sat).tolist() == \
+        PREFIX.credit_reference(matched.tolist(), blocks, prefill.tolist(), sat.tolist())
+    assert PREDICTED.added(prefill, waiting).tolist() == PREDICTED.added_reference(prefill.tolist(), waiting.tolist())
+    for sig in (PREFIX, PREDICTED):  # neither refuses a GPU
+        col = sig.reference(RequestInputs(np.ones(len(rows)), np.zeros(len(rows)), prefill, 1.0))
+        assert col.fail is not None and not col.fail.any()
+
+
+def test_saturation_and_measured_ttft_read_fresh_readings_only() -> None:
+    readings = {"h/gpu0": Reading({"queue_depth": 3.0, "kv_cache_usage": 0.1, "ttft_sum_s": 2.0, "ttft_count": 4.0}, 0.05),
+                "h/gpu1": Reading({"queue_depth": 3.0, "kv_cache_usage": 0.9}, 5.0),  # stale: not used
+                "h/gpu2": Reading({"queue_depth": 0.0, "kv_cache_usage": 0.95}, 0.05)}
+    gpus = ["h/gpu0", "h/gpu1", "h/gpu2", "h/gpu3"]
+    assert PREFIX.saturated(readings, gpus, np.array([0, 0, 0, 9.0])).tolist() == [True, False, True, True]
+    assert PREDICTED.waiting(readings, gpus).tolist() == [3.0, 0.0, 0.0, 0.0]
+    assert PREDICTED.measured(readings, gpus).tolist() == [0.5, 0.0, 0.0, 0.0]
+    assert PREDICTED.late(np.array([0.1, 0.1, 0.3, 0.0]), PREDICTED.measured(readings, gpus), 0.2).tolist() == \
+        [True, False, True, False]  # the measured mean holds what the contract cannot
+
+
+def _placer() -> tuple[Placer, list]:
+    sim = SimulatedCluster(seed=7, hosts=4, gpus_per_host=4, hosts_per_rack=2)
+    now = [0.0]
+    r = Refresher(sim, clock=lambda: now[0])
+    r.tick()
+    return Placer(r, clock=lambda: now[0]), instances(sim)
+
+
+def _place(p: Placer, cands: list, c: Contract, facts: RequestFacts | None) -> PlacementPlan:
+    token = CURRENT.set(facts)  # what the gateway's LLM picker does around its pick (gateway/llm_pick.py)
+    try:
+        plan = p.place(cands, 0.5, c)
+    finally:
+        CURRENT.reset(token)
+    assert isinstance(plan, PlacementPlan), plan
+    return plan
+
+
+def test_a_prompt_returns_to_the_gpu_that_served_its_prefix_until_it_saturates() -> None:
+    p, cands = _placer()
+    h100 = [x for x in cands if x.deployment.gpu_model == "H100"]
+    c = _llm_contract(50e-6)  # 1,000 prompt tokens: 50 ms of prefill on an H100
+    a = RequestFacts(prefix_blocks("system prompt of tenant A. " * 40 + "q"), 1000.0)
+    b = RequestFacts(prefix_blocks("system prompt of tenant B. " * 40 + "q"), 1000.0)
+    home_a = _place(p, h100, c, a).gpu_key
+    p.in_flight.begin("held", home_a)  # A's home busy for a moment: B's prompt goes elsewhere
+    home_b = _place(p, h100, c, b).gpu_key
+    p.in_flight.end("held")
+    assert home_b != home_a
+    # idle again: each prompt returns to the GPU that holds its prefix, though the picker's
+    # hysteresis would keep the previous choice (the other GPU) for a prompt it has not seen
+    for _ in range(3):
+        plan_a = _place(p, h100, c, a)
+        assert plan_a.gpu_key == home_a and any("prefix affinity: " + home_a in r for r in plan_a.reasons), plan_a.reasons
+        assert _place(p, h100, c, b).gpu_key == home_b
+    fresh = _place(p, h100, c, RequestFacts(prefix_blocks("unseen " * 100), 1000.0)).gpu_key
+    assert fresh == home_b  # no prefix held anywhere: the hysteresis keeps the last GPU
+    # sticky until saturated: at `max_in_flight` of this gateway's requests there, no credit
+    for i in range(int(PREFIX.max_in_flight)):
+        p.in_flight.begin(f"sat{i}", home_a)
+    assert _place(p, h100, c, a).gpu_key != home_a
+
+
+def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class_within_it() -> None:
+    p, cands = _placer()
+    c = _llm_contract(100e-6)  # 1,000 tokens: 100 ms on an H100, ~3x that on an A100 or L40S
+    prompt = RequestFacts((), 1000.0, None)
+    plan = _place(p, cands, c, prompt)
+    assert plan.gpu_model == "H100" and any("predicted TTFT on " + plan.gpu_key in r for r in plan.reasons)
+    # every H100 busy with one of this gateway's requests, measured at 2 s a request: without a
+    # TTFT SLO the pick moves to a slower class
+    now = [0.0]
+    p._picker.in_flight = counts = InFlightCounts(clock=lambda: now[0])
+    h100 = [f"{x.deployment.host}/{x.deployment.gpu}" for x in cands if x.deployment.gpu_model == "H100"]
+    for i, key in enumerate(h100):
+        counts.begin(f"done{i}", key)
+        now[0] += 2.0
+        counts.end(f"done{i}")
+        counts.begin(f"busy{i}", key)
+    assert _place(p, cands, c, prompt).gpu_model != "H100"
+    # a tight SLO (150 ms) that no candidate is predicted to meet (the H100s busy, the others
+    # slower than 150 ms for this prompt): the plan says so and the load decides
+    tight = _place(p, cands, c, RequestFacts((), 1000.0, 0.15))
+    assert tight.gpu_model != "H100" and any("no feasible candidate is predicted within the request's 150 ms" in r
+                                             for r in tight.reasons), tight.reasons
+    # one H100 free again: the tight SLO's request goes there, every other candidate passed over
+    counts.end("busy0")
+    gold = _place(p, cands, c, RequestFacts((), 1000.0, 0.15))
+    assert gold.gpu_key == h100[0], gold.reasons
+    assert any(f"within the request's 150 ms ({len(cands) - 1} feasible candidate(s) predicted later" in r
+               for r in gold.reasons), gold.reasons
+    # no facts (a pick that did not read a body): the request-stage prediction adds nothing
+    assert not any("predicted TTFT" in r for r in _place(p, cands, c, None).reasons)
