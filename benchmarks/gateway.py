@@ -68,8 +68,12 @@ if TYPE_CHECKING:
 LITE = "fraud-scorer-lite"
 
 
+# `--otlp-parent unsampled`: every request carries a client's traceparent whose sampled flag is off
+EXTRA_METADATA: list[tuple[str, str]] = []
+
+
 def _metadata(model: str) -> tuple[tuple[str, str], ...]:
-    return (("x-model", model), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
+    return (("x-model", model), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"), *EXTRA_METADATA)
 
 
 def _client(target: str, model: str, concurrency: int, seconds: float, out: "mp.Queue[tuple[list[float], int, float]]") -> None:
@@ -340,6 +344,10 @@ def main() -> int:
     ap.add_argument("--otlp", action="store_true",
                     help="also a traced policyc gateway (Envoy's tracer and the picker's spans to an OTLP receiver), "
                          "its throughput against the untraced one's, round by round")
+    ap.add_argument("--otlp-parent", choices=("none", "unsampled"), default="none",
+                    help="with --otlp: none (Envoy starts and samples a trace per request) or unsampled (each request "
+                         "carries a client's traceparent with the sampled flag off: parent-based sampling, the cost "
+                         "of tracing switched on for requests that are not traced)")
     ap.add_argument("--lag", type=int, default=0, metavar="N",
                     help="instead: N requests stalled on their primary (broken at the budget, answered by the backup), "
                          "one a second, through the test rig's gateway; prints how long after the break the acts were "
@@ -347,6 +355,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.rounds = 2.0, 3
+    if args.otlp_parent == "unsampled":  # the same header for every gateway: only the traced one reads it
+        EXTRA_METADATA.append(("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"))
     if args.lag:
         return _break_lag(args.lag)
 
@@ -522,6 +532,15 @@ def main() -> int:
                 print(f"  concurrency {conc:>2}: tracing on: {statistics.median(xs):.2f} x the untraced policyc gateway's "
                       f"throughput (rounds {xs[0]:.2f}-{xs[-1]:.2f}); p50 {summary['policyc traced'][1] - pc[1]:+.2f} ms, "
                       f"p99 {summary['policyc traced'][2] - pc[2]:+.2f} ms")
+
+                def per_call(mode: str) -> list[float]:  # policyc's processes, Envoy, client, model servers: us a request
+                    n = max(served[mode], 1)
+                    return [cpu[mode][i] / n * 1e6 for i in (0, 1, 2, 3)]
+
+                on, off = per_call("policyc traced"), per_call("policyc")
+                print(f"  concurrency {conc:>2}: tracing's CPU a request: policyc processes {on[0] - off[0]:+.0f} us, Envoy "
+                      f"{on[1] - off[1]:+.0f} us, client {on[2] - off[2]:+.0f} us, model servers {on[3] - off[3]:+.0f} us; "
+                      f"untraced / traced CPU a request (all four) {sum(off) / sum(on):.3f}")
         if prof is not None:
             import pstats
 
