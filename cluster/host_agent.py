@@ -68,7 +68,10 @@ class HostAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publisher: asyncio.Task[None] | None = None
         self.published = 0  # signal reports written (for status and tests)
-        self.supervisor = (ServerSupervisor(servers, on_pid=self._server_started, log_dir=server_log_dir)
+        self._served: dict[str, InstanceAgent] = {}  # supervised server -> its registration while it runs
+        self._specs = {s.name: s for s in servers}
+        self.supervisor = (ServerSupervisor(servers, on_pid=self._server_started, on_exit=self._server_exited,
+                                            log_dir=server_log_dir)
                            if servers else None)
         self.acts = ActTaker(store, keys, self.host, lambda: self._keeper.lease, self._drain,
                              self.supervisor.restart if self.supervisor is not None else None)
@@ -88,6 +91,11 @@ class HostAgent:
                 self.ticker.collector.uplinks = await asyncio.to_thread(uplinks, self.facts)
         if self.sessions is not None:  # ValueError: a store directory that is not there
             self.sessions.start()
+        for spec in self._specs.values():  # an instance of another host: refused before anything starts
+            if spec.instance is not None and spec.instance.deployment.host != self.host:
+                raise ValueError(f"model server {spec.name}: instance `{spec.instance.id}` claims host "
+                                 f"`{spec.instance.deployment.host}`; this agent is `{self.host}`'s")
+        self._loop = asyncio.get_running_loop()
         try:
             if self.supervisor is not None:  # PinError: a plan this host cannot honour, before anything is announced
                 await self.supervisor.start()
@@ -123,6 +131,9 @@ class HostAgent:
             await a.stop()
         if self.supervisor is not None:
             await self.supervisor.stop()
+        for a in list(self._served.values()):
+            await a.stop()
+        self._served.clear()
         await self._keeper.stop(revoke=True)
 
     async def _announce(self, lease: int) -> None:
@@ -144,9 +155,37 @@ class HostAgent:
                 log.warning("agent %s: rediscovering its facts: %s", self.host, e)
 
     def _server_started(self, name: str, pid: int) -> None:
-        """A supervised model server (re)started: measure the new process under its name."""
+        """A supervised model server (re)started (from the supervisor's thread): measure the
+        new process under its name, and register its instance (once the agent's lease is up)."""
         if self.ticker is not None:
             self.ticker.collector.processes[name] = pid
+        spec = self._specs.get(name)
+        if spec is not None and spec.instance is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._register_server(name)) if self._loop else None)
+
+    def _server_exited(self, name: str, code: int) -> None:
+        """A supervised model server exited unasked (on the loop): its instance goes until it is back."""
+        a = self._served.pop(name, None)
+        if a is not None:
+            asyncio.get_running_loop().create_task(a.stop())
+
+    async def _register_server(self, name: str) -> None:
+        spec = self._specs[name]
+        assert spec.instance is not None
+        for _ in range(100):  # the agent's own lease first: at start, the servers start before it
+            if self._keeper.lease:
+                break
+            await asyncio.sleep(0.05)
+        old = self._served.pop(name, None)
+        if old is not None:
+            await old.stop()
+        try:
+            a = InstanceAgent(self.store, spec.instance, keys=self.keys)
+            await a.start()
+        except StoreError as e:
+            log.warning("agent %s: registering model server %s: %s", self.host, name, e)
+            return
+        self._served[name] = a
 
     # ---------------------------------------------------------------- measured signals
     def _take(self, body: dict[str, object]) -> None:

@@ -2,10 +2,14 @@
 JSON — a list of objects, each with its placement as the plan names it:
 
     [{"name": "onnx-0", "argv": ["policyc", "modelserver", "--model", "m.onnx", "--http-port", "8081"],
-      "numa_node": 1, "cpus": "16-31", "env": {"OMP_NUM_THREADS": "16"}}]
+      "numa_node": 1, "cpus": "16-31", "env": {"OMP_NUM_THREADS": "16"},
+      "instance": {"id": "fraud-scorer@host-3/gpu1", "model": "fraud-scorer",
+                   "deployment": {"host": "host-3", "gpu": "gpu1", "endpoint": "10.0.0.3:8081", …}}}]
 
 `cpus` may be left out: the NUMA node's own CPUs, as this host's kernel lists them
-(`/sys/devices/system/node/nodeN/cpulist`). A bad entry is a ValueError naming the file,
+(`/sys/devices/system/node/nodeN/cpulist`). `instance`, where given, is registered by the
+agent while the server runs (its host must be the agent's, its endpoint on the host's own
+addresses: the fleet refuses it otherwise). A bad entry is a ValueError naming the file,
 the entry and the field.
 """
 
@@ -13,6 +17,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from pydantic import ValidationError
+
+from policyc.matcher import Instance
 
 from .server_pinning import Pin, PinError, parse_cpu_list
 from .server_supervisor import ServerSpec
@@ -39,7 +47,7 @@ def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
         where = f"{path}: server {i + 1}"
         if not isinstance(item, dict):
             raise ValueError(f"{where}: an object expected")
-        unknown = set(item) - {"name", "argv", "numa_node", "cpus", "env"}
+        unknown = set(item) - {"name", "argv", "numa_node", "cpus", "env", "instance"}
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
         argv, env, node = item.get("argv"), item.get("env") or {}, item.get("numa_node")
@@ -52,7 +60,11 @@ def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
         try:
             cpus = item.get("cpus")
             pin = Pin(node, parse_cpu_list(str(cpus))) if cpus is not None else Pin.of_node(node, sys_root)
-            out.append(ServerSpec(str(item.get("name") or ""), tuple(argv), pin, dict(env)))
+            inst = Instance.model_validate(item["instance"]) if item.get("instance") is not None else None
+            out.append(ServerSpec(str(item.get("name") or ""), tuple(argv), pin, dict(env), inst))
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"{where}: instance.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
         except (PinError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from None
     return out

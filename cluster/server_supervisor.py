@@ -2,7 +2,9 @@
 its placement plan says (`server_pinning.py`), watched, and started again when it exits
 without being asked to (a crash), after a back-off that doubles while it keeps crashing
 (0.5 s up to 10 s; back to 0.5 s once it has run 30 s). Its pid is handed to the agent's
-collector at every start, so its CPU, RSS and run-queue delay are measured under its name.
+collector at every start, so its CPU, RSS and run-queue delay are measured under its name,
+and the agent registers its instance while it runs (`on_pid` / `on_exit`: deregistered
+while it is down, so nothing is placed on a dead server).
 
     sup = ServerSupervisor([ServerSpec("onnx-0", argv, Pin.of_plan(plan))], on_pid=collector.processes.__setitem__)
     await sup.start()          # PinError: a plan this host cannot honour; OSError: argv not runnable
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from policyc.matcher import Instance
+
 from .server_pinning import Pin, Pinning, prepare
 
 log = logging.getLogger("policyc.agent")
@@ -37,6 +41,7 @@ class ServerSpec:
     argv: tuple[str, ...]
     pin: Pin
     env: Mapping[str, str] = field(default_factory=dict)  # added to the agent's environment
+    instance: Instance | None = None  # registered by the agent while the server runs (its endpoint on this host)
 
     def __post_init__(self) -> None:
         if not self.name or len(self.name) > 64 or not all(c.isalnum() or c in "-_." for c in self.name):
@@ -60,12 +65,12 @@ class _Running:
 
 class ServerSupervisor:
     def __init__(self, specs: Sequence[ServerSpec], *, on_pid: Callable[[str, int], None] | None = None,
-                 log_dir: Path | None = None) -> None:
+                 on_exit: Callable[[str, int], None] | None = None, log_dir: Path | None = None) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"model servers: a name given twice ({', '.join(sorted(n for n in set(names) if names.count(n) > 1))})")
         self.specs = tuple(specs)
-        self._on_pid, self._log_dir = on_pid, log_dir
+        self._on_pid, self._on_exit, self._log_dir = on_pid, on_exit, log_dir
         self._servers: dict[str, _Running] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -125,6 +130,8 @@ class ServerSupervisor:
                 log.warning("agent: model server %s (pid %d) exited %d after %.1f s; starting it again in %.1f s",
                             r.spec.name, r.proc.pid, code, now - r.started_at, r.backoff)
                 r.backoff = min(MAX_BACKOFF_S, r.backoff * 2)
+                if self._on_exit is not None:
+                    self._on_exit(r.spec.name, code)
 
     def pid(self, name: str) -> int | None:
         r = self._servers.get(name)

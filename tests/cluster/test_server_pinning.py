@@ -1,7 +1,8 @@
 """The host agent starts its model server pinned where the placer's plan says (the plan's
 `numa_node` and `cpus`), as the kernel then enforces it (`/proc/PID/status` of the server
-and of each of its threads), measures it under its name, and starts it again, pinned the
-same, when it crashes. A plan naming CPUs this host does not have is refused at start."""
+and of each of its threads), measures it under its name, registers its instance while it
+runs, and starts it again, pinned the same, when it crashes (the instance deregistered
+meanwhile and registered again). A plan naming CPUs this host does not have is refused at start."""
 
 from __future__ import annotations
 
@@ -36,15 +37,24 @@ async def _until(cond, timeout: float, what: str) -> None:  # type: ignore[no-un
         await asyncio.sleep(0.05)
 
 
-def _plan(bundle) -> PlacementPlan:  # type: ignore[no-untyped-def]
-    """A real plan for a request on a topology whose NUMA node 0 has CPU 0 only (a CPU every machine has)."""
+def _plan(bundle) -> tuple[PlacementPlan, Instance]:  # type: ignore[no-untyped-def]
+    """A real plan for a request on a topology whose NUMA node 0 has CPU 0 only (a CPU every
+    machine has), and the instance it chose."""
     sim = SimulatedCluster(seed=3, hosts=2, gpus_per_host=2, numa_per_host=1, cpus_per_numa=1, hosts_per_rack=2)
     contract = bundle.contract("recommender")
     cands = [Instance(id=f"recommender@{s.host}/{s.gpu}", model="recommender", deployment=s.to_deployment())
              for s in sim.gpu_slots() if s.host == HOST]
     plan = Placer(Refresher(sim)).place(cands, 5.0, contract)
     assert isinstance(plan, PlacementPlan), plan
-    return plan
+    return plan, next(i for i in cands if i.id == plan.instance_id)
+
+
+async def _until_async(get, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while await get() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        await asyncio.sleep(0.05)
 
 
 def _threads_affinity(pid: int) -> set[tuple[int, ...]]:
@@ -60,12 +70,13 @@ def _threads_affinity(pid: int) -> set[tuple[int, ...]]:
 
 
 def test_the_agent_pins_its_model_server_where_the_plan_says_and_restarts_it_when_it_crashes(bundle, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    plan = _plan(bundle)
+    plan, instance = _plan(bundle)
     assert plan.host == HOST and plan.cpus == (0,) and plan.numa_node == 0
     model = cached_llm_model().dir
     ready = tmp_path / "ready.json"
     spec = ServerSpec("emu-0", (sys.executable, "-m", "policyc.cli.main", "modelserver", "--engine", "emulator", "--model",
-                                str(model), "--instance", plan.instance_id, "--ready-file", str(ready)), Pin.of_plan(plan))
+                                str(model), "--instance", plan.instance_id, "--ready-file", str(ready)), Pin.of_plan(plan),
+                      instance=instance)
     pinned_memory = cpuset_root() is not None
 
     async def go() -> None:
@@ -99,6 +110,9 @@ def test_the_agent_pins_its_model_server_where_the_plan_says_and_restarts_it_whe
                 assert time.monotonic() < deadline, f"the server's RSS in the agent's report: {signals}"
                 await asyncio.sleep(0.1)
 
+            key = keys.instance(instance.id)
+            await _until_async(lambda: store.get(key), 20, "the server's instance registered by the agent")
+            rev = (await store.read_prefix(key)).revision
             ready.unlink()
             os.kill(first, signal.SIGKILL)  # a crash
             await _until(lambda: agent.supervisor.pid("emu-0") not in (None, first) and ready.exists(), 90,
@@ -107,6 +121,14 @@ def test_the_agent_pins_its_model_server_where_the_plan_says_and_restarts_it_whe
             assert again is not None and read_affinity(again)[0] == plan.cpus and _threads_affinity(again) == {plan.cpus}
             st = agent.supervisor.status()["emu-0"]
             assert st["restarts"] == 1 and st["last_exit"] == -signal.SIGKILL
+            kinds: list[str] = []  # deregistered while it was down, registered again once back
+
+            async def changes() -> None:
+                async for ch in store.watch(key, rev + 1):
+                    kinds.append(ch.kind.name)
+                    if kinds[-2:] == ["DELETE", "PUT"]:
+                        return
+            await asyncio.wait_for(changes(), 30)
             await _until(lambda: agent.ticker is not None and agent.ticker.collector.processes.get("emu-0") == again, 10,
                          "the collector measuring the new process")
 
