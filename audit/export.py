@@ -154,7 +154,7 @@ def _row(segment: int, r: tuple[Any, ...]) -> dict[str, Any]:
         text = bytes(body).decode()
         decoded = _DECODE(body)
         parts = {name: msgspec.json.decode(memoryview(getattr(decoded, name))) for name in _PARTS}
-        refusing = msgspec.json.decode(memoryview(decoded.rejected_by))
+        refusing = msgspec.json.decode(memoryview(getattr(decoded, "rejected_by")))  # noqa: B009 - a field of a defstruct
     except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
         raise AuditInputError(f"entry {seq}: its body is not an audit record; run `policyc audit verify`") from None
     out: dict[str, Any] = {"seq": seq, "segment": segment, "kind": kind, "time": t, "decision_id": did, "tenant": tenant, "model": model,
