@@ -15,7 +15,7 @@ thread it starts and everything it forks are born pinned; nothing runs unpinned 
 A CPU the plan names that this host does not have (a plan computed on another topology) is
 refused (`PinError`, naming the CPUs), not silently narrowed.
 
-    pin = Pin.of_plan(plan)                  # or Pin.of_node(1): the node's CPUs from /sys
+    pin = Pin.of_plan(plan)                  # or Pin.of_gpu(topology, host, gpu), Pin.of_node(1)
     pinning = prepare(pin, "onnx-0")         # the cgroup made, the CPUs checked
     subprocess.Popen(argv, preexec_fn=pinning.enter)
     read_affinity(pid)                       # (cpus, mems) from /proc/PID/status
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from policyc.placer.plan import PlacementPlan
+    from policyc.placer.topology import Topology
 
 CGROUP_PREFIX = "policyc-server-"
 
@@ -77,6 +78,16 @@ class Pin:
     def of_plan(cls, plan: "PlacementPlan") -> "Pin":
         """What the placer's plan for the server's GPU names."""
         return cls(int(plan.numa_node), tuple(plan.cpus))
+
+    @classmethod
+    def of_gpu(cls, topology: "Topology", host: str, gpu: str) -> "Pin":
+        """What every plan that places on `host/gpu` names: the GPU's NUMA node and its CPUs
+        (as `placer/sites.site` works them out); PinError for a GPU the topology lacks."""
+        g = topology.gpu_index.get((host, gpu))
+        if g is None:
+            raise PinError(f"GPU {host}/{gpu} is not in the topology")
+        numa = topology.numa[topology.gpus[g].numa]
+        return cls(numa.node, tuple(numa.cpus))
 
     @classmethod
     def of_node(cls, node: int, sys_root: str = "/sys") -> "Pin":

@@ -46,6 +46,7 @@ def _plan(bundle) -> tuple[PlacementPlan, Instance]:  # type: ignore[no-untyped-
              for s in sim.gpu_slots() if s.host == HOST]
     plan = Placer(Refresher(sim)).place(cands, 5.0, contract)
     assert isinstance(plan, PlacementPlan), plan
+    assert Pin.of_gpu(sim.topology(), plan.host, plan.gpu) == Pin.of_plan(plan)  # what `"gpu"` in --servers resolves to
     return plan, next(i for i in cands if i.id == plan.instance_id)
 
 
