@@ -259,12 +259,12 @@ def _run(args: argparse.Namespace) -> int:
                           cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs,
                           session_stores=stores, session_interval=args.session_interval, uplinks=ups)
         await agent.start()
-        print(f"policyc agent: host {args.host} ready" + (f", attestation key {agent.ak_name[:20]}…" if tpm else ", no TPM"),
-              flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before saying ready: a SIGTERM after that line stops it cleanly
             loop.add_signal_handler(sig, stop.set)
+        print(f"policyc agent: host {args.host} ready" + (f", attestation key {agent.ak_name[:20]}…" if tpm else ", no TPM"),
+              flush=True)
         await stop.wait()
         await agent.stop()
         return 0
