@@ -5,6 +5,7 @@ inside the lead time does not hold the interpreter (the wait before a deadline i
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -45,15 +46,31 @@ def test_disarmed_never_fires_and_says_so() -> None:
     assert ran == []
 
 
-def test_a_clock_standing_still_in_the_lead_does_not_hold_the_interpreter() -> None:
-    stuck = [100.0]
-    watch = BudgetWatch(clock=lambda: stuck[0])
-    ran = threading.Event()
-    watch.arm(100.0 + LEAD / 2, lambda _: ran.set())  # inside the lead time, and the clock never gets there
+def _naps() -> float:
+    """200 naps of 1 ms: their wall time."""
     t0 = time.monotonic()
-    for _ in range(200):  # this thread keeps getting the interpreter: 1 ms naps, not one switch interval each
+    for _ in range(200):
         time.sleep(0.001)
-    assert time.monotonic() - t0 < 0.8  # 200 x 5 ms if the watch kept the interpreter (the switch interval)
+    return time.monotonic() - t0
+
+
+def test_a_clock_standing_still_in_the_lead_does_not_hold_the_interpreter() -> None:
+    # A watch that kept the interpreter would make each of this thread's naps wait a switch interval for it:
+    # 50 ms here (200 naps: +10 s), a cost no load on the machine passes for (200 bare naps took 1.3 s at
+    # load 12), set against the same naps with no watch, in the same run.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    try:
+        bare = _naps()
+        stuck = [100.0]
+        watch = BudgetWatch(clock=lambda: stuck[0])
+        ran = threading.Event()
+        watch.arm(100.0 + LEAD / 2, lambda _: ran.set())  # inside the lead time, and the clock never gets there
+        watched = _naps()  # this thread keeps getting the interpreter: 1 ms naps, not one switch interval each
+    finally:
+        sys.setswitchinterval(interval)
+    assert not ran.is_set()
+    assert watched < 2 * bare + 2.0, (watched, bare)
     stuck[0] = 101.0  # the clock moves on: the crossing is acted on
     assert ran.wait(timeout=5)
     watch.close()
@@ -73,7 +90,10 @@ def test_young_collections_land_between_crossings() -> None:
         if phase == "start":
             seen.append((threading.current_thread().name, time.monotonic(), getattr(in_account, "on", False)))
 
-    def account(_late: float) -> None:
+    lates: list[float] = []
+
+    def account(late: float) -> None:
+        lates.append(late)
         in_account.on = True
         for _ in range(threshold0 * 2 // 3):  # cycles (only the collector frees them): over half due after
             cycle: list[object] = []  # each account, never the whole threshold within one
@@ -98,8 +118,10 @@ def test_young_collections_land_between_crossings() -> None:
     steered = [t for t, inside in acts if not inside]
     assert len(steered) >= 10, seen
     # an account's garbage tips a collection inside the next one only where the watch fell
-    # behind (a deadline already due: the timer needs the interpreter, nothing is run)
-    assert len(acts) - len(steered) <= len(steered) // 4, acts
+    # behind (a deadline already due: the timer needs the interpreter, nothing is run): an
+    # account run later than the 5 ms between deadlines is one such (a loaded machine's)
+    behind = sum(1 for late in lates if late > 0.005)
+    assert len(acts) - len(steered) <= len(steered) // 4 + behind, (acts, lates)
     for t in steered:
         ahead = min((d - t for d in deadlines if d > t), default=1.0)
         assert ahead >= GC_ROOM, f"a collection started {ahead * 1e6:.0f} us before a deadline"
@@ -177,8 +199,11 @@ def test_deferred_work_runs_when_overdue_and_at_close() -> None:
     ran: list[str] = []
     at: list[float] = []
     now = time.monotonic()
-    last = now + 0.0005 * 200
-    for i in range(1, 201):  # a crossing every 0.5 ms for 100 ms: never ROOM free of them
+    # a crossing every 0.5 ms for 500 ms: never ROOM free of them. Long enough that a loaded machine's late
+    # threads cannot pass for waiting out the train (at load 11, 200 crossings/100 ms: run 86-93 ms in, or after it;
+    # 1,000/500 ms: at most 72 ms in)
+    last = now + 0.0005 * 1000
+    for i in range(1, 1001):
         watch.arm(now + 0.0005 * i, lambda _late: None, lambda _late: None)
     def overdue() -> None:
         ran.append("overdue")
