@@ -14,7 +14,7 @@ import pytest
 
 from policyc.audit.draft_encoder import encode_draft, wire_draft
 from policyc.audit.export import export, read
-from policyc.audit.html_report import gather
+from policyc.audit.html_report import gather, html_report
 from policyc.audit.log import AuditLog
 from policyc.audit.query import AuditReader
 from policyc.audit.render import explain_text
@@ -93,6 +93,8 @@ def test_report_export_and_explain_show_the_rule_ids(decided, tmp_path: Path) ->
     assert groups[("routing.latency-target", f"{ROUTING}:10")] == 1
     assert groups[("routing.data-region", f"{ROUTING}:15")] == 2  # the match and the unsat core both name it
     assert ("match", "") in groups and any(r.startswith("placement:gpu_share") for r, _ in groups)
+    page_html = html_report(str(db), verify(db))
+    assert "routing.latency-target" in page_html and f"{ROUTING}:10" in page_html and "placement:gpu_share" in page_html
     for fmt in ("jsonl", "csv"):
         out = tmp_path / f"x.{fmt}"
         export(db, fmt, out)
