@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -42,10 +43,11 @@ from policyc.compiler.meaning import Cmp
 from policyc.compiler.semantics import atoms, value_reads
 from .compiled_rule import BitmapFn, ClauseTemplate, CompiledRule, Ordering, Vars, WithinFn
 from .guards import compile_applies
-from .instance_predicates import compile_row, compile_static
+from .instance_predicates import compile_static
 from .plan import BASE_CACHE_SIZE, EFFECTIVE_BASES, EXACT_CACHE_SIZE, PLAN_CACHE_SIZE, Base, Plan, PlanCache
 from .ranking import ScoreTiers
 from .result import AppliedRule
+from .row_check import RowCheck, RowFacts, RowFn
 from .slot_attrs import SlotAttrs
 from .threshold_ranks import BELOW, ThresholdRanks, best_at
 
@@ -136,9 +138,11 @@ class FleetIndex:
         # request pays one intersection for them instead of their whole algebra
         self.static: dict[str, BitMap] = {cr.rule.id: BitMap() for cr in self.rules if cr.static}
         self._static_rules = [(compile_static(cr.rule.require), self.static[cr.rule.id]) for cr in self.rules if cr.static]
-        self._row_holds = {cr.rule.id: compile_row(cr.rule.require) for cr in self.rules if not cr.static}  # `row_admits`
-        # request shape -> (kept bitmap, or the requirement on a row) per applying rule (`row_admits`)
-        self._row_checks: dict[tuple, tuple[tuple[BitMap | None, Callable[..., bool] | None], ...]] = {}
+        # slot -> (attributes, mask of the static requirements met), and request shape -> the
+        # applying rules compiled for one row (`row_admits`, `row_check.py`)
+        self._static_bit = {cr.rule.id: i for i, cr in enumerate(cr for cr in self.rules if cr.static)}
+        self.rows = RowFacts([holds for holds, _ in self._static_rules], self.attr_index)
+        self._row_checks: dict[tuple[str, ...], tuple[Callable[[Vars], Any] | None, dict[Any, RowFn]]] = {}
         self.version = 0  # bumped by every insert / delete: cached candidates are older
         self.rank_misses = 0  # threshold ranks that named a tier without the best candidate (never expected)
         self.rank_stats = RankStats()
@@ -197,11 +201,13 @@ class FleetIndex:
             if holds(attrs):
                 bm.add(slot)
         self.attrs[slot] = attrs
+        self.rows.put(slot, attrs)
         self.live.add(slot)
         self.version += 1
 
     def delete(self, slot: int) -> None:
         attrs = self.attrs.pop(slot)
+        self.rows.drop(slot)
         self.live.discard(slot)
         self.version += 1
         get = attrs.get
@@ -231,6 +237,8 @@ class FleetIndex:
             g.append(slot)
         self._bulk_groups(groups, sample)
         self.attrs.own = dict(items)
+        for slot, attrs in items:
+            self.rows.put(slot, attrs)
         self.live = BitMap(sorted(self.attrs.own))
         self.version += 1
 
@@ -255,7 +263,7 @@ class FleetIndex:
         self._bulk_groups(groups, sample)
         everyone = BitMap(np.sort(np.concatenate([s for _, s in rows])).tolist()) if rows else BitMap()
         self.attrs.set_rows(everyone, view)
-        self.attrs.share(rows)
+        self.rows.share(rows)
         self.live = everyone.copy()
         self.version += 1
 
@@ -656,38 +664,43 @@ class FleetIndex:
 
     def row_admits(self, slot: int, vars: Vars) -> bool:
         """Whether the live instance at `slot` meets every rule that applies to `vars`, read
-        off its own row: a kept requirement (`static`) by one bitmap probe, the others
-        evaluated on its attributes (`semantics.require_holds`). The rules come from the
-        memo of rule shapes, as a base's do; no plan, no candidate set."""
-        if slot not in self.live:
+        off its own row by the shape's compiled check (`row_check.py`): the static
+        requirements by one mask test, the others on its attributes. The rules come from
+        the memo of rule shapes, as a base's do; no plan, no candidate set."""
+        rows = self.rows.rows
+        row = rows[slot] if slot < len(rows) else None
+        if row is None:
             return False
-        # the shape by the variables' names and the guard-tested values (C-speed tuples: a
-        # parsed request never carries None); another order of the same names is another
-        # entry, never another answer
+        # the shape: the variables' names (a tuple of interned strings, hashed once each),
+        # then the values of the guard-tested ones among them (one C-speed itemgetter);
+        # another order of the same names is another entry, never another answer
+        names = tuple(vars)
+        entry = self._row_checks.get(names)
+        if entry is None:
+            entry = self._row_names(names)
+        tested, checks = entry
         try:
-            key = (tuple(vars), tuple(map(vars.get, self._tested_vars)))
-            checks = self._row_checks.get(key)
+            key = tested(vars) if tested is not None else None
+            check = checks.get(key)
         except TypeError:  # an unhashable value (only through `Request.of`)
-            key, checks = None, None
-        if checks is None:
-            rules = self._rule_shape(vars)[0]
-            checks = tuple((self.static[cr.rule.id], None) if cr.static else (None, self._row_holds[cr.rule.id])
-                           for cr in rules)
-            if key is not None:
-                if len(self._row_checks) >= RULE_SHAPES:
-                    self._row_checks.clear()
-                self._row_checks[key] = checks
-        attrs = None
-        for bm, holds in checks:
-            if bm is not None:
-                if slot not in bm:
-                    return False
-                continue
-            if attrs is None:
-                attrs = self.attrs.peek(slot)
-            if not holds(attrs, vars):  # type: ignore[misc]
-                return False
-        return True
+            key, check = _ABSENT, None
+        if check is None:
+            check = RowCheck([cr.rule for cr in self._rule_shape(vars)[0]], self._static_bit, self.rows.position).fn
+            if key is not _ABSENT:
+                if len(checks) >= RULE_SHAPES:
+                    checks.clear()
+                checks[key] = check
+        return check(row, vars)
+
+    def _row_names(self, names: tuple[str, ...]) -> tuple[Callable[[Vars], Any] | None, dict[Any, RowFn]]:
+        """The memo entry of requests carrying these variables: what reads their
+        guard-tested values (None when they carry none), and the checks by those values."""
+        present = [n for n in self._tested_vars if n in names]
+        entry = (itemgetter(*present) if present else None), {}
+        if len(self._row_checks) >= RULE_SHAPES:
+            self._row_checks.clear()
+        self._row_checks[names] = entry
+        return entry
 
     def _rule_shape(self, vars: Vars) -> _RuleShape:
         """The rules that apply to requests like `vars`, their terms split by whether they read

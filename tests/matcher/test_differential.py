@@ -1,6 +1,7 @@
 """The index is an optimisation, never a change of meaning: for random fleets, registry
 updates and requests, `Registry.match` equals `naive_match` (the compiled rules evaluated
-instance by instance): same count, same set, same best-k, same applied rules."""
+instance by instance): same count, same set, same best-k, same applied rules; and
+`Registry.admits` of every instance says whether it is in that set."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def check(reg: Registry, bundle: Bundle, req: Request) -> None:
         assert tuple(s.instance.id for s in got.best) == want.best
         assert tuple(r.id for r in got.rules) == want.rules
     assert {s.instance.id for s in reg.match(req, len(entries) + 1).best} == want.ids
+    # one instance checked by id, on its own row (`row_check.py`): every instance, every shape of rule
+    assert {inst.id for inst, _, _ in entries if reg.admits(req, inst.id)} == want.ids
     # distinct GPUs: the naive order, keeping the first instance of each (model, host, GPU)
     full = naive_match(bundle, entries, req.vars, len(entries) + 1).best
     by_id = {inst.id: inst for inst, _, _ in entries}
