@@ -68,6 +68,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--otlp-endpoint", metavar="IP:PORT",
                    help="trace every request: Envoy's spans (W3C traceparent continued from the client) and the "
                         "picker's (parse, match, place, audit) to this OTLP/gRPC collector (needs policyc[otel])")
+    p.add_argument("--otlp-sampling", metavar="PERCENT", type=float, default=100.0,
+                   help="with --otlp-endpoint: the percentage of requests Envoy starts a sampled trace for when the "
+                        "client sent no traceparent (default 100); a client's traceparent decides for its own request")
     p.add_argument("--print-bootstrap", action="store_true", help="print the Envoy bootstrap and exit")
     p.add_argument("--picker", default="127.0.0.1:9002", help="with --print-bootstrap: the picker's ip:port")
     p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
@@ -119,10 +122,12 @@ def _print_bootstrap(args) -> int:  # type: ignore[no-untyped-def]
 
     try:
         otlp = check_endpoint(args.otlp_endpoint) if args.otlp_endpoint is not None else None
+        if not 0.0 <= args.otlp_sampling <= 100.0:
+            raise ValueError(f"--otlp-sampling {args.otlp_sampling:g}: a percentage in [0, 100]")
         boot = build_bootstrap(GatewaySpec(picker=args.picker, listen=args.listen, admin=args.admin,
                                            endpoints=tuple(args.endpoint), eds_path=args.eds_path,
                                            failure_mode_allow=args.failure_mode_allow, retry_budget=budget,
-                                           limits=limits_from(args), otlp_endpoint=otlp))
+                                           limits=limits_from(args), otlp_endpoint=otlp, otlp_sampling=args.otlp_sampling))
     except ValueError as e:
         return _fail(str(e))
     print(json.dumps(boot, indent=2))
@@ -177,6 +182,8 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
             from policyc.gateway.tracing import available, check_endpoint
 
             otlp = check_endpoint(args.otlp_endpoint)
+            if not 0.0 <= args.otlp_sampling <= 100.0:
+                raise ValueError(f"--otlp-sampling {args.otlp_sampling:g}: a percentage in [0, 100]")
             if (missing := available()) is not None:
                 raise ValueError(f"--otlp-endpoint: {missing}")
         llm = None if args.no_llm else LlmOptions(tokenizers=tuple(parse_tokenizer_option(t) for t in args.tokenizer))
@@ -214,7 +221,8 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
     workdir = Path(args.workdir) if args.workdir else kept / "gateway" if kept is not None else None
     options = GatewayOptions(listen=args.listen, admin=args.admin, picker_port=args.picker_port,
                              failure_mode_allow=args.failure_mode_allow, max_in_flight=args.max_in_flight,
-                             concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm, otlp_endpoint=otlp)
+                             concurrency=args.concurrency, workdir=workdir, limits=limits, llm=llm, otlp_endpoint=otlp,
+                             otlp_sampling=args.otlp_sampling)
     from policyc.gateway.tokens import TokenizerError
 
     try:

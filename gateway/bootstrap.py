@@ -140,6 +140,9 @@ class GatewaySpec:
     # an OTLP/gRPC collector's `ip:port`: Envoy traces every request (W3C traceparent, OpenTelemetry) and
     # sends its spans there; the picker's and the model server's spans continue its trace (gateway/tracing.py)
     otlp_endpoint: str | None = None
+    # the percentage of requests without a client's sampling decision that Envoy traces (its random sampling);
+    # a client's traceparent decides for its own request, sampled or not (parent-based)
+    otlp_sampling: float = 100.0
 
 
 def _address(endpoint: str) -> dict[str, Any]:
@@ -343,9 +346,9 @@ def _tracing(spec: GatewaySpec) -> dict[str, Any]:
     """Envoy's OpenTelemetry tracer: a span per request, continuing the client's W3C
     `traceparent` (a new trace without one), its context sent on to the picker (the ext_proc
     call's gRPC metadata) and to the model server (the upstream request's headers); spans
-    exported over OTLP/gRPC to `otlp_endpoint`. Every request is sampled unless the client's
-    traceparent says not to (tracing is opt-in)."""
-    return {"tracing": {"random_sampling": {"value": 100.0}, "spawn_upstream_span": True, "provider": {
+    exported over OTLP/gRPC to `otlp_endpoint`. A client's traceparent decides whether its
+    request is sampled; `otlp_sampling` percent of the others are (tracing is opt-in)."""
+    return {"tracing": {"random_sampling": {"value": spec.otlp_sampling}, "spawn_upstream_span": True, "provider": {
         "name": "envoy.tracers.opentelemetry", "typed_config": {
             "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
             "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
@@ -374,6 +377,8 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
         raise ValueError("log_every_call=False logs only what the picker needs: it needs breaks_from_access_log")
     if not 1 <= spec.access_log_flush_ms <= 10_000:
         raise ValueError(f"access_log_flush_ms must be 1-10000 ms, got {spec.access_log_flush_ms}")
+    if not 0.0 <= spec.otlp_sampling <= 100.0:
+        raise ValueError(f"otlp_sampling must be a percentage in [0, 100], got {spec.otlp_sampling}")
     if spec.retry_budget is not None and not 0.0 <= spec.retry_budget <= 1.0:
         raise ValueError(f"retry_budget must be a share in [0, 1], got {spec.retry_budget}")
     spec.limits.check()

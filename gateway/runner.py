@@ -77,6 +77,7 @@ class GatewayOptions:
     log_level: str = "warning"
     llm: LlmOptions | None = LlmOptions()  # the LLM routes, bodies and streams (gateway/llm_side.py); None: off
     otlp_endpoint: str | None = None  # an OTLP/gRPC collector: Envoy's and the picker's spans go there (gateway/tracing.py)
+    otlp_sampling: float = 100.0  # percent of requests without a client's sampling decision that are traced
 
 
 def retry_budget(table: RuleTable) -> float | None:
@@ -161,7 +162,8 @@ class Gateway:
                            log_every_attempt=self.access_log is None,
                            tls_cert=str(o.tls_cert) if o.tls_cert else None,
                            tls_key=str(o.tls_key) if o.tls_key else None, limits=o.limits,
-                           llm=self.llm.routes if self.llm is not None else None, otlp_endpoint=o.otlp_endpoint)
+                           llm=self.llm.routes if self.llm is not None else None, otlp_endpoint=o.otlp_endpoint,
+                           otlp_sampling=o.otlp_sampling)
 
     def _lock_workdir(self) -> None:
         """Hold `gateway.lock` in the working directory while running (the kernel lets go when

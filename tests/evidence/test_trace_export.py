@@ -179,3 +179,31 @@ class socket_port:  # noqa: N801 - a context manager named for what it gives
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_envoy_samples_the_share_asked_and_exports_in_batches() -> None:
+    from policyc.gateway.bootstrap import GatewaySpec, build_bootstrap
+
+    def tracing_of(**kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        b = build_bootstrap(GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",), otlp_endpoint="127.0.0.1:4317", **kw))
+        hcm = b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        return hcm["tracing"], b["layered_runtime"]["layers"][0]["static_layer"]
+
+    tr, runtime = tracing_of()
+    assert tr["random_sampling"] == {"value": 100.0}
+    assert runtime["tracing.opentelemetry.min_flush_spans"] > 5 and runtime["tracing.opentelemetry.flush_interval_ms"] <= 1000
+    assert tracing_of(otlp_sampling=12.5)[0]["random_sampling"] == {"value": 12.5}
+    for bad in (-1.0, 100.5, float("nan")):
+        with pytest.raises(ValueError, match="otlp_sampling"):
+            tracing_of(otlp_sampling=bad)
+    plain = build_bootstrap(GatewaySpec(picker="127.0.0.1:9002", endpoints=("127.0.0.1:8001",)))
+    assert "layered_runtime" not in plain  # untraced gateways keep Envoy's defaults
+
+
+def test_a_bad_sampling_share_is_a_one_line_error() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "policyc.cli.main", "gateway", "--print-bootstrap", "--endpoint", "127.0.0.1:8001",
+                          "--otlp-endpoint", "127.0.0.1:4317", "--otlp-sampling", "150"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "--otlp-sampling 150" in out.stderr, out.stderr
