@@ -348,6 +348,8 @@ def main() -> int:
                     help="with --otlp: none (Envoy starts and samples a trace per request) or unsampled (each request "
                          "carries a client's traceparent with the sampled flag off: parent-based sampling, the cost "
                          "of tracing switched on for requests that are not traced)")
+    ap.add_argument("--otlp-sampling", type=float, default=100.0, metavar="PERCENT",
+                    help="with --otlp: the share of requests Envoy samples (`policyc gateway --otlp-sampling`; default 100)")
     ap.add_argument("--lag", type=int, default=0, metavar="N",
                     help="instead: N requests stalled on their primary (broken at the budget, answered by the backup), "
                          "one a second, through the test rig's gateway; prints how long after the break the acts were "
@@ -440,7 +442,7 @@ def main() -> int:
                                breaks_from_access_log=policyc and als_at is not None,
                                log_every_call=not (policyc and als_at is not None) or args.accounting,
                                log_every_attempt=not (policyc and als_at is not None),
-                               otlp_endpoint=otlp_at if mode == "policyc traced" else None)
+                               otlp_endpoint=otlp_at if mode == "policyc traced" else None, otlp_sampling=args.otlp_sampling)
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
