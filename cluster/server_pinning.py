@@ -2,8 +2,9 @@
 (`PlacementPlan.numa_node` / `.cpus`, the GPU's own NUMA node as the topology has it),
 applied to the process the agent starts.
 
-Two mechanisms, both applied in the child before it execs the server (so the server, every
-thread it starts and everything it forks are born pinned; nothing runs unpinned first):
+Two mechanisms, both applied by a small exec wrapper in the server's own process before it
+execs the server (so the server, every thread it starts and everything it forks are born
+pinned; nothing of the server runs unpinned first):
 
 - `sched_setaffinity` to the plan's CPUs, always;
 - a cpuset cgroup of its own (`policyc-server-<agent pid>-<name>`), where the host has a writable
@@ -17,22 +18,39 @@ refused (`PinError`, naming the CPUs), not silently narrowed.
 
     pin = Pin.of_plan(plan)                  # or Pin.of_gpu(topology, host, gpu), Pin.of_node(1)
     pinning = prepare(pin, "onnx-0")         # the cgroup made, the CPUs checked
-    subprocess.Popen(argv, preexec_fn=pinning.enter)
+    subprocess.Popen(pinning.argv(server_argv))
     read_affinity(pid)                       # (cpus, mems) from /proc/PID/status
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from policyc.placer.plan import PlacementPlan
     from policyc.placer.topology import Topology
 
 CGROUP_PREFIX = "policyc-server-"
+# argv: CPUS CGROUP_PROCS_OR_EMPTY SERVER_ARGV…; a cgroup it cannot join is said (the agent then
+# reports the memory binding as not holding), never fatal; a server that cannot be exec'd is 127
+_WRAPPER = """import os, sys
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
+if sys.argv[2]:
+    try:
+        with open(sys.argv[2], "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as e:
+        sys.stderr.write("policyc agent: could not join the cpuset cgroup " + sys.argv[2] + ": " + str(e) + chr(10))
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as e:
+    sys.stderr.write("policyc agent: " + sys.argv[3] + ": " + str(e) + chr(10))
+    os._exit(127)
+"""
 
 
 class PinError(ValueError):
@@ -104,18 +122,30 @@ class Pin:
 
 @dataclass(frozen=True)
 class Pinning:
-    """A pin made ready for one server: `enter` runs in the child before exec."""
+    """A pin made ready for one server: `argv` wraps its command so it starts pinned."""
 
     pin: Pin
     cgroup: Path | None  # its cpuset cgroup, None where the host has no writable cpuset hierarchy
     memory: str  # how its memory is bound: "cpuset.mems N", or why it is not
 
-    def enter(self) -> None:
-        """In the forked child (async-signal-safe enough: two syscalls and a write)."""
-        os.sched_setaffinity(0, self.pin.cpus)
-        if self.cgroup is not None:
-            with open(self.cgroup / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
+    def argv(self, server: Sequence[str]) -> list[str]:
+        """`server`'s command behind a small exec wrapper that pins itself (affinity, then
+        its cgroup) and execs the server in the same process: no `preexec_fn` in an agent
+        that has threads (a fork child running Python code may deadlock on a lock another
+        thread held), and the pid the agent holds is the server's."""
+        procs = str(self.cgroup / "cgroup.procs") if self.cgroup is not None else ""
+        return [sys.executable, "-S", "-E", "-c", _WRAPPER, ",".join(map(str, self.pin.cpus)), procs, *server]
+
+    def in_cgroup(self, pid: int) -> bool:
+        """Whether process `pid` is in this pinning's cgroup (what /proc/PID/cgroup says)."""
+        if self.cgroup is None:
+            return False
+        rel = "/" + self.cgroup.name
+        try:
+            return any(line.split(":", 2)[2].rstrip().endswith(rel) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                       if line.count(":") >= 2 and ("cpuset" in line.split(":")[1].split(",") or line.startswith("0::")))
+        except OSError:
+            return False
 
     def release(self) -> None:
         """Remove its cgroup once its process is gone (a cgroup still in use stays)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -48,6 +49,8 @@ class ServerSpec:
             raise ValueError(f"model server name `{self.name[:80]}`: 1-64 letters, digits, `-`, `_`, `.`")
         if not self.argv:
             raise ValueError(f"model server `{self.name}`: no command to run")
+        if shutil.which(self.argv[0], path=self.env.get("PATH")) is None:  # found now, not as a crash loop later
+            raise ValueError(f"model server `{self.name}`: `{self.argv[0]}` is not an executable on the PATH")
 
 
 @dataclass
@@ -61,6 +64,7 @@ class _Running:
     backoff: float = BACKOFF_S
     due: float | None = None  # monotonic time of the next start after a crash
     stopping: bool = False
+    memory: str = ""  # how its memory is bound, as checked at its last start
 
 
 class ServerSupervisor:
@@ -92,15 +96,23 @@ class ServerSupervisor:
             self._log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self._log_dir / f"{r.spec.name}.log", "ab")
         try:
-            r.proc = subprocess.Popen(list(r.spec.argv), env={**os.environ, **r.spec.env}, stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=subprocess.STDOUT if out is not subprocess.DEVNULL else None,
-                                      preexec_fn=r.pinning.enter, start_new_session=True)
+            r.proc = subprocess.Popen(r.pinning.argv(r.spec.argv), env={**os.environ, **r.spec.env}, stdin=subprocess.DEVNULL,
+                                      stdout=out, stderr=subprocess.STDOUT if out is not subprocess.DEVNULL else None,
+                                      start_new_session=True)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
         r.started_at, r.due = time.monotonic(), None
+        r.memory = r.pinning.memory
+        if r.pinning.cgroup is not None:  # the wrapper joins the cgroup before it execs: see that it did
+            deadline = time.monotonic() + 2.0
+            while not r.pinning.in_cgroup(r.proc.pid) and r.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if not r.pinning.in_cgroup(r.proc.pid):
+                r.memory = f"not bound: the server did not join {r.pinning.cgroup} (CPUs by sched_setaffinity only)"
+                log.warning("agent: model server %s: %s", r.spec.name, r.memory)
         log.info("agent: model server %s started, pid %d, pinned to %s (memory %s)", r.spec.name, r.proc.pid,
-                 r.spec.pin.describe(), r.pinning.memory)
+                 r.spec.pin.describe(), r.memory)
         if self._on_pid is not None:
             self._on_pid(r.spec.name, r.proc.pid)
 
@@ -141,7 +153,7 @@ class ServerSupervisor:
         out: dict[str, dict[str, Any]] = {}
         for n, r in self._servers.items():
             out[n] = {"pid": self.pid(n), "restarts": r.restarts, "last_exit": r.last_exit, "numa_node": r.spec.pin.numa_node,
-                      "cpus": list(r.spec.pin.cpus), "memory": r.pinning.memory}
+                      "cpus": list(r.spec.pin.cpus), "memory": r.memory}
         return out
 
     async def restart(self, name: str) -> str:
