@@ -35,9 +35,13 @@ if TYPE_CHECKING:
     from policyc.placer.topology import Topology
 
 CGROUP_PREFIX = "policyc-server-"
-# argv: CPUS CGROUP_PROCS_OR_EMPTY SERVER_ARGV…; a cgroup it cannot join is said (the agent then
+# argv: CPUS CGROUP_PROCS_OR_EMPTY AGENT_PID SERVER_ARGV…; a cgroup it cannot join is said (the agent then
 # reports the memory binding as not holding), never fatal; a server that cannot be exec'd is 127
-_WRAPPER = """import os, sys
+_WRAPPER = """import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: the server ends with the agent that started it
+if os.getppid() != int(sys.argv[3]):  # the agent ended before this line: so does the server
+    os._exit(0)
+del sys.argv[3]
 os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
 if sys.argv[2]:
     try:
@@ -134,7 +138,7 @@ class Pinning:
         that has threads (a fork child running Python code may deadlock on a lock another
         thread held), and the pid the agent holds is the server's."""
         procs = str(self.cgroup / "cgroup.procs") if self.cgroup is not None else ""
-        return [sys.executable, "-S", "-E", "-c", _WRAPPER, ",".join(map(str, self.pin.cpus)), procs, *server]
+        return [sys.executable, "-S", "-E", "-c", _WRAPPER, ",".join(map(str, self.pin.cpus)), procs, str(os.getpid()), *server]
 
     def in_cgroup(self, pid: int) -> bool:
         """Whether process `pid` is in this pinning's cgroup (what /proc/PID/cgroup says)."""
