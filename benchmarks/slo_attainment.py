@@ -300,7 +300,7 @@ class PolicycRouter(Router):
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "policyc.cli.main", "gateway", "--bundle", str(path), "--port", str(api),
              "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()),
-             "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096",
+             "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096", "--max-pending-picks", "4096",
              "--candidates", str(candidates)],
             stdout=log, stderr=log, start_new_session=True)]
         with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:

@@ -138,9 +138,14 @@ class Picker:
             if facts.ttft_s is not None:
                 # a candidate with this gateway's requests in flight is judged with their seconds too (a
                 # tight SLO is not promised a busy server: when every candidate is busy, the load decides)
-                late = PREDICTED.late(ttft + added, PREDICTED.measured(readings, gpus), facts.ttft_s)
+                expected = PREDICTED.expected(ttft + added, PREDICTED.measured(readings, gpus))
+                late = expected > facts.ttft_s
                 n_late = int(late.sum())
-                if 0 < n_late < len(feas):  # some candidate is predicted within the SLO: one of those
+                tier = PREDICTED.tier(prefill, expected, facts.ttft_s)
+                if tier is not None:  # the slowest class meeting the SLO with room: faster ones kept for tighter SLOs
+                    adj = np.where(tier, adj, adj + LATE)
+                    lines.append(PREDICTED.tier_note(int(tier.sum()), facts.ttft_s))
+                elif 0 < n_late < len(feas):  # some candidate is predicted within the SLO: one of those
                     adj = np.where(late, adj + LATE, adj)
         i = int(np.argmin(adj))
         new = feas[i]

@@ -17,7 +17,14 @@ heterogeneous pools).
 At the pick (`Picker.choose`, request stage: the prompt is this request's), `prefill(c) ×
 (1 + waiting(c))` is added to each feasible candidate's rank; and when the request carries
 its own TTFT SLO (`x-slo-ttft-ms`, `request_facts.RequestFacts.ttft_s`), a candidate whose
-predicted TTFT is over it is chosen only when no feasible candidate's is within it. For that
+predicted TTFT is over it is chosen only when no feasible candidate's is within it. With
+`headroom` set (off by default: 0), when some candidates are expected within that fraction
+of the SLO the request goes to one of the slowest class among those (the largest prefill
+for this prompt: a bronze request's loose SLO is met by an idle L4, and the H100s stay free
+for the gold requests only they can serve in time), the load deciding within the class —
+SLO-aware tiering, as llm-d's SLO-aware router selects by headroom. It is off by default
+because its one benchmark run here (benchmarks/RESULTS.md) did not show a gain on this
+loaded machine. For that
 test the prediction is the larger of the contract's figure (plus the seconds of this
 gateway's requests in flight there, `gateway_in_flight`: a busy server is not promised to a
 tight SLO) and the server's measured mean first-token time (`measured_ttft`'s keys, fresh
@@ -50,10 +57,10 @@ class PredictedTtft(Signal[RequestInputs]):
     consumes = (WAITING, TTFT_SUM, TTFT_COUNT)
     stage = Stage.REQUEST  # read at the pick: the prompt is this request's (`Picker.choose`)
 
-    def __init__(self, *, max_age_s: float = 0.25) -> None:
-        if not max_age_s > 0:
-            raise ValueError(f"predicted TTFT: max_age_s {max_age_s!r} must be positive")
-        self.max_age_s = max_age_s
+    def __init__(self, *, max_age_s: float = 0.25, headroom: float = 0.0) -> None:
+        if not (max_age_s > 0 and 0 <= headroom <= 1):
+            raise ValueError(f"predicted TTFT: max_age_s {max_age_s!r} must be positive, headroom {headroom!r} in [0, 1]")
+        self.max_age_s, self.headroom = max_age_s, headroom
         self._lock = threading.Lock()
         self._per_token: dict[tuple[int, int], tuple[Contract, Mapping[str, GpuClass], dict[str, float]]] = {}
 
@@ -104,9 +111,29 @@ class PredictedTtft(Signal[RequestInputs]):
                     out[i] = total / n
         return out
 
+    def expected(self, predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+        """The figure a candidate is held to the SLO with: the larger of the contract's
+        prediction (with the in-flight seconds) and the measured mean (vectorised)."""
+        return np.maximum(predicted, measured)
+
     def late(self, predicted: np.ndarray, measured: np.ndarray, slo: float) -> np.ndarray:
         """Which candidates are predicted past `slo` (vectorised; see the module)."""
-        return np.maximum(predicted, measured) > slo
+        return self.expected(predicted, measured) > slo
+
+    def tier(self, prefill: np.ndarray, expected: np.ndarray, slo: float) -> np.ndarray | None:
+        """The candidates of the slowest class (the largest prefill for this prompt) among
+        those expected within `headroom` of `slo`, or None when none is (vectorised)."""
+        if self.headroom <= 0:
+            return None  # tiering off (the default)
+        safe = expected <= self.headroom * slo
+        if not safe.any():
+            return None
+        slowest = prefill[safe].max()
+        return safe & (prefill >= slowest * (1 - 1e-9))
+
+    def tier_note(self, n: int, slo: float) -> str:
+        return (f"{n} candidate(s) of the slowest class expected within {self.headroom:.0%} of the request's "
+                f"{slo * 1e3:g} ms TTFT: the faster classes kept for tighter SLOs")
 
     def added(self, prefill: np.ndarray, waiting: np.ndarray) -> np.ndarray:
         """Seconds added to each candidate's rank (vectorised): its prefill at its queue."""

@@ -160,3 +160,15 @@ def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class
                for r in gold.reasons), gold.reasons
     # no facts (a pick that did not read a body): the request-stage prediction adds nothing
     assert not any("predicted TTFT" in r for r in _place(p, cands, c, None).reasons)
+
+
+def test_tiering_sends_a_loose_slo_to_the_slowest_class_within_headroom() -> None:
+    assert PREDICTED.tier(np.array([0.1, 0.3]), np.array([0.1, 0.3]), 5.0) is None  # off by default
+    sig = PredictedTtft(headroom=0.5)
+    prefill = np.array([0.05, 0.15, 0.15, 0.40])  # an H100, two A100s, an L4 (this prompt's prefill)
+    expected = np.array([0.06, 0.20, 0.90, 0.45])
+    got = sig.tier(prefill, expected, 1.0)
+    assert got is not None and got.tolist() == [False, False, False, True]  # the L4 is within 0.5 s: the slowest class
+    got = sig.tier(prefill, expected, 0.5)
+    assert got is not None and got.tolist() == [False, True, False, False]  # within 0.25 s: an A100 (not the busy one)
+    assert sig.tier(prefill, expected, 0.1) is None  # nothing within 50 ms: no tiering, the late test decides
