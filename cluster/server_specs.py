@@ -74,7 +74,9 @@ def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
                 topology = topology or _host_topology(sys_root)
                 pin = Pin.of_gpu(topology, topology.hosts[0].name, gpu)
             else:
-                pin = Pin(node, parse_cpu_list(str(cpus))) if cpus is not None else Pin.of_node(node, sys_root)
+                assert isinstance(node, int)  # checked above when no `gpu` is given
+                n = node
+                pin = Pin(n, parse_cpu_list(str(cpus))) if cpus is not None else Pin.of_node(n, sys_root)
             inst = Instance.model_validate(item["instance"]) if item.get("instance") is not None else None
             out.append(ServerSpec(str(item.get("name") or ""), tuple(argv), pin, dict(env), inst))
         except ValidationError as e:
