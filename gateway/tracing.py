@@ -23,7 +23,8 @@ is on each span, so a trace leads to the audit record (`policyc audit explain ID
 
 Bounded: at most `MAX_QUEUED` picks wait for the exporter; beyond that a pick's spans are
 dropped and counted (`dropped`), never the request slowed. An unreachable collector costs
-one failed call per flush (counted in `failed`, logged once).
+one failed call per flush (counted in `failed`, logged once); what was queued behind it is
+dropped and counted, so a flush, and the gateway's stop, wait for one call's timeout at most.
 """
 
 from __future__ import annotations
@@ -173,9 +174,16 @@ class PickerTracer:
             queue = self._queue
             while queue:
                 pop = queue.popleft
-                self._export([pop() for _ in range(min(len(queue), MAX_BATCH))])
+                if not self._export([pop() for _ in range(min(len(queue), MAX_BATCH))]):
+                    # the collector is away: one call's timeout per flush at most, the rest dropped and counted
+                    n = len(queue)
+                    for _ in range(n):
+                        pop()
+                    self.dropped += n
+                    return
 
-    def _export(self, batch: list[Stamps]) -> None:
+    def _export(self, batch: list[Stamps]) -> bool:
+        """Write and send one batch; False when the collector did not take it."""
         spans = []
         for stamps in batch:
             encoded = self._spans(stamps)
@@ -184,7 +192,7 @@ class PickerTracer:
             else:
                 spans.append(encoded)
         if not spans:
-            return
+            return True
         body = otlp_bytes.export_request(self._resource, self._scope, spans)
         try:
             self._send(body)
@@ -192,8 +200,9 @@ class PickerTracer:
             self.failed += 1
             if self.failed == 1:
                 log.warning("tracing: the OTLP collector at %s refused %d picks' spans: %s", self.endpoint, len(spans), e)
-            return
+            return False
         self.exported += len(spans)
+        return True
 
     def _spans(self, stamps: Stamps) -> bytes | None:
         """The pick's five spans (one for a refusal before any decision) as the concatenated
@@ -222,6 +231,9 @@ class PickerTracer:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=EXPORT_TIMEOUT_S + 5)
-        self.flush()
+        if self._thread.is_alive():  # its export is stuck past its own timeout: do not wait on it again
+            log.warning("tracing: the exporter did not finish; %d picks' spans not sent", len(self._queue))
+        else:
+            self.flush()
         if self._channel is not None:
             self._channel.close()

@@ -155,6 +155,23 @@ def test_a_collector_away_costs_spans_not_requests() -> None:
     assert tracer.failed >= 1 and tracer.exported == 0
 
 
+def test_a_failed_export_drops_what_is_queued_behind_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "MAX_BATCH", 10)
+    monkeypatch.setattr(tracing, "FLUSH_S", 60.0)
+    calls: list[int] = []
+
+    def away(body: bytes) -> None:  # as a collector whose calls time out: one call a flush, not one a batch
+        calls.append(len(body))
+        raise grpc.RpcError("deadline exceeded")
+
+    tracer = PickerTracer("127.0.0.1:1", send=away)
+    for _ in range(35):
+        tracer.record(_stamps())
+    tracer.shutdown()
+    assert len(calls) == 1 and tracer.failed == 1 and tracer.exported == 0
+    assert tracer.dropped == 25 and not tracer._queue  # the first batch of 10 was tried, the 25 behind it dropped
+
+
 def test_a_full_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "MAX_QUEUED", 3)
     monkeypatch.setattr(tracing, "FLUSH_S", 60.0)
