@@ -7,7 +7,11 @@ a real Decide. An old measurement falls back to the nominal figure."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from cluster_rig import SMALL
@@ -38,6 +42,7 @@ def test_the_plan_names_the_session_store_latency_the_agent_measured(bundle, tmp
     replica = th.server.replica
     assert replica is not None and replica.loop is not None
     agent: HostAgent | None = None
+    cleanup: list[Path] = []
     try:
         fleet = [i for i in admissible_fleet(bundle, th.server.cluster.gpu_slots(), models=["support-chatbot"])
                  if i.deployment.host == HOST]
@@ -52,10 +57,14 @@ def test_the_plan_names_the_session_store_latency_the_agent_measured(bundle, tmp
         (dep0,) = [d for d in before.placement.dependencies if d.service == "conversation-store"]
         assert abs(dep0.predicted_ms - STORE_P99[StoreKind.NVME] * 1e3) < 1e-9  # no agent yet: the nominal figure
 
+        # the store directories on tmpfs where there is one: a busy CI disk could read over the contract's
+        # 4 ms bound and refuse the host (right, but not what this test is about)
+        base = Path(tempfile.mkdtemp(prefix="policyc-sessions-", dir="/dev/shm" if os.path.isdir("/dev/shm") else tmp_path))
+        cleanup.append(base)
         stores = []
         for n in (0, 1):
-            (tmp_path / f"nvme{n}").mkdir()
-            stores.append(SessionStore(n, "nvme", tmp_path / f"nvme{n}"))
+            (base / f"nvme{n}").mkdir()
+            stores.append(SessionStore(n, "nvme", base / f"nvme{n}"))
         # one probe per store (a long interval): the figure the plan must show is fixed
         agent = HostAgent(replica.store, replica.keys, HOST, None, signal_period=0.2,
                           session_stores=stores, session_interval=120.0)
@@ -82,6 +91,8 @@ def test_the_plan_names_the_session_store_latency_the_agent_measured(bundle, tmp
         if agent is not None:
             asyncio.run_coroutine_threadsafe(agent.stop(), replica.loop).result(30)
         th.stop()
+        for d in cleanup:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_fresh_measurement_replaces_the_nominal_figure_and_an_old_one_does_not() -> None:
