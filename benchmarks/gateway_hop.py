@@ -44,6 +44,7 @@ VARIANTS = {
     "aio-gen": "grpc.aio server, handler an async generator (async for / yield)",
     "aio-raw": "aio-lean, requests handed over as bytes, parsed in the handler (no deserializer call by grpc)",
     "aio-unary-in": "grpc.aio server, the method registered as unary-request (grpc reads the first message, context.read the rest; the picker's shape)",
+    "aio-unary": "grpc.aio server, the method registered as unary-unary: grpc reads the first message, the handler returns the answer (message and status in one batch; the picker's shape when it follows the access log)",
     "sync-4": "grpc sync server, thread pool of 4",
     "sync-16": "grpc sync server, thread pool of 16",
 }
@@ -133,6 +134,9 @@ def serve(variant: str, path: str) -> None:
         if req.HasField("request_headers"):
             await context.write(answer)
 
+    async def process_unary(req, context):  # type: ignore[no-untyped-def]
+        return answer if req.HasField("request_headers") else b""
+
     async def process_gen(it, context):  # type: ignore[no-untyped-def]
         async for req in it:
             if req.HasField("request_headers"):
@@ -143,9 +147,12 @@ def serve(variant: str, path: str) -> None:
         options = LEAN_OPTIONS if variant in ("aio-lean", "aio-raw") else [("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
         fn, de = {"aio": (process_rw, parse), "aio-lean": (process_rw, parse), "aio-gen": (process_gen, parse),
-                  "aio-raw": (process_raw, None), "aio-unary-in": (process_one, parse)}[variant]
+                  "aio-raw": (process_raw, None), "aio-unary-in": (process_one, parse),
+                  "aio-unary": (process_unary, parse)}[variant]
         if variant == "aio-unary-in":
             h = grpc.unary_stream_rpc_method_handler(process_one, request_deserializer=parse, response_serializer=ident)
+        elif variant == "aio-unary":
+            h = grpc.unary_unary_rpc_method_handler(process_unary, request_deserializer=parse, response_serializer=ident)
         else:
             h = grpc.stream_stream_rpc_method_handler(fn, request_deserializer=de, response_serializer=ident)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {"Process": h}),))

@@ -27,6 +27,7 @@ stream with the pick's answer: nothing else is asked about it).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import logging
@@ -80,6 +81,10 @@ class PickerConfig:
     # either bound, 431 with the reason (`gateway/limits.py`: Envoy's HTTP/2 codec would reset or GOAWAY)
     max_headers_count: int = 100
     max_header_bytes: int = 60 * 1024
+    # the Envoy this picker serves sends each stream its request's headers and nothing else (`policyc
+    # gateway`'s own bootstrap when the picker follows its access log): with no LLM routes, the method is
+    # registered unary-unary (`server.py`); another Envoy may send other messages first, read by `Process`
+    headers_only: bool = False
 
 
 class RuleTables:
@@ -231,6 +236,26 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 self._open.pop(did, None)
                 if ended is not None:
                     ended.end(did)
+
+    async def ProcessHeaders(self, first: ep.ProcessingRequest,
+                             context: grpc.aio.ServicerContext) -> ep.ProcessingResponse | bytes:
+        """One ext_proc stream when the request's headers are its only message each way (the
+        picker follows the access log and reads no LLM body: `server.py` then registers the
+        method unary-unary). grpc hands over the first message and sends the answer and the
+        stream's status in one batch, where a streaming handler's write and its end are two
+        (benchmarks/gateway_hop.py: `aio-unary` against `aio-unary-in`); on the wire it is
+        the stream `Process` answers in this mode: one answer, then the stream ends."""
+        if not first.HasField("request_headers"):  # never sent in this mode (only request headers are)
+            return messages.empty_for(first.WhichOneof("request") or "")
+        stamps = self._stamps(first, context) if self.tracer is not None else None
+        resp, _ = await self._request_headers(first, stamps=stamps)
+        if stamps is not None:  # the spans once the answer is on its way, never on the pick's path
+            asyncio.get_running_loop().call_soon(self._trace_if_on, stamps)
+        return resp
+
+    def _trace_if_on(self, stamps: Stamps) -> None:
+        if self.tracer is not None:  # tracing may be turned off between the pick and its spans
+            self._trace(stamps)
 
     async def _llm_body(self, context: grpc.aio.ServicerContext, headers: ep.ProcessingRequest, kind: str) -> str | None:
         """An LLM request (`llm_pick.py`): its headers let through, its body read, the pick

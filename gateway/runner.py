@@ -101,6 +101,9 @@ class Gateway:
                                                                 max_headers_count=options.limits.max_headers_count,
                                                                 max_header_bytes=options.limits.max_header_bytes,
                                                                 forwarded_headers=options.forwarded_headers,
+                                                                # its own Envoy sends request headers only when the
+                                                                # picker follows policyc's access-log receiver
+                                                                headers_only=options.access_log_cluster is None,
                                                                 unix_socket=sock if len(sock.encode()) <= UNIX_PATH_MAX
                                                                 else None))
         # the LLM routes: bodies read with the models' tokenizers, answers supervised (gateway/llm_side.py)

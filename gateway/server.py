@@ -58,6 +58,12 @@ class PickerServer:
         # the handler's own: less CPU per stream in benchmarks/gateway_hop.py, `aio-unary-in`)
         process = grpc.unary_stream_rpc_method_handler(self.picker.Process, request_deserializer=ep.ProcessingRequest.FromString,
                                                        response_serializer=serialize)
+        if self.config.headers_only and self.picker.from_access_log and self.picker.llm is None:
+            # the request's headers are each stream's only message each way: unary-unary, so grpc sends the
+            # answer and the stream's end in one batch (benchmarks/gateway_hop.py, `aio-unary`)
+            process = grpc.unary_unary_rpc_method_handler(self.picker.ProcessHeaders,
+                                                          request_deserializer=ep.ProcessingRequest.FromString,
+                                                          response_serializer=serialize)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": process}),))
         add_health(self.health, server)  # as a generic handler: no registered method's request-call to wait on after every call
         try:

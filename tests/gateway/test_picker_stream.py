@@ -98,3 +98,32 @@ def test_in_the_response_phase_every_later_message_is_read_and_answered(decision
         assert picker.picker.in_flight == 0
     finally:
         decisions.call(picker.stop(grace=0.1))
+
+
+def test_headers_only_the_pick_is_the_one_answer_and_the_stream_ends_with_it(decisions: ServerThread) -> None:
+    """`PickerConfig.headers_only` (policyc gateway's own Envoy, following its access log):
+    the method is unary-unary, so the headers' answer is the stream's one message and its
+    status follows in the same batch; a message other than headers (which that Envoy never
+    sends) is answered in kind and ends the stream too."""
+    picker = PickerServer(decisions.server, PickerConfig(headers_only=True))
+    picker.picker.follow_access_log(AccessLogReceiver(None, every_attempt=False))
+    port = decisions.call(picker.start())
+
+    async def one(first: ep.ProcessingRequest) -> tuple[ep.ProcessingResponse, object, grpc.StatusCode]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.stream_stream(PATH, request_serializer=ep.ProcessingRequest.SerializeToString,
+                                    response_deserializer=ep.ProcessingResponse.FromString)(timeout=30)
+            await call.write(first)
+            answer = await call.read()
+            return answer, await call.read(), await call.code()
+
+    try:
+        answer, end, code = asyncio.run(one(_headers()))
+        assert answer.HasField("immediate_response") and answer.immediate_response.details  # refused: no instance
+        assert end is grpc.aio.EOF and code == grpc.StatusCode.OK
+        body = ep.ProcessingRequest()
+        body.request_body.body = b"x"
+        answer, end, code = asyncio.run(one(body))
+        assert answer.HasField("request_body") and end is grpc.aio.EOF and code == grpc.StatusCode.OK
+    finally:
+        decisions.call(picker.stop(grace=0.1))
