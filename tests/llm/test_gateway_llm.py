@@ -14,12 +14,13 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
-from vllm_fleet import VllmFleet
+from vllm_fleet import VllmFleet, held_engines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from llm_rig import LlmGateway, start_llm_gateway  # noqa: E402
@@ -130,12 +131,53 @@ def test_an_http2_client_to_an_http1_vllm(gw: LlmGateway, vllm_servers: VllmFlee
     assert '"completion_tokens":3' in out.stdout.replace(" ", "")
 
 
+def _upstream_resets(gw: LlmGateway) -> float:
+    """Envoy's count of requests to the HTTP/1.1 pool it reset (each closes its connection to vLLM)."""
+    from policyc.gateway.llm_routes import POOL_HTTP1_CLUSTER
+
+    prefix = f"cluster.{POOL_HTTP1_CLUSTER}."
+    stats = gw.envoy.stats(prefix)
+    return sum(v for k, v in stats.items() if k.removeprefix(prefix) in ("upstream_rq_tx_reset", "upstream_cx_destroy_with_active_rq"))
+
+
+def _until(what: Callable[[], bool], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# Held: the engines stay stopped after vLLM's API server saw its connection closed and queued the abort; the
+# engine core takes its queue before its next step. Unheld, vLLM would make the 900 tokens in ~0.3 s, on a
+# loaded machine before the gateway had passed the first (seen: 900 made, the stream ended after them).
+ABORT_SETTLE_S = 3.0
+
+
 def test_a_tpot_stall_ends_a_vllm_stream_and_vllm_stops(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
-    before = sum(generated(e) for e in vllm_servers.endpoints)
-    status, h, raw = post(gw, "/v1/chat/completions",
-                          {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
-                           "max_tokens": 900, "ignore_eos": True, "stream": True},
-                          {"x-slo-tpot-ms": "1", "x-slo-ttft-ms": "60000"})  # a loaded machine's first token: not this test's
+    """vLLM's engines are held once they have made the stream's first tokens: a real stall. The
+    supervisor ends the stream at its TPOT budget (an error event, [DONE]) and Envoy resets the
+    upstream request; once the engines run again, vLLM makes no more of its 900 tokens."""
+    def total() -> float:
+        return sum(generated(e) for e in vllm_servers.endpoints)
+
+    before = total()
+    answer: list[tuple[int, dict[str, str], bytes]] = []
+    body = {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
+            "max_tokens": 900, "ignore_eos": True, "stream": True}
+    headers = {"x-slo-tpot-ms": "300", "x-slo-ttft-ms": "60000"}  # a loaded machine's first token: not this test's
+    with held_engines(vllm_servers) as hold:
+        resets = _upstream_resets(gw)
+        client = threading.Thread(target=lambda: answer.append(post(gw, "/v1/chat/completions", body, headers)))
+        client.start()
+        hold.step_until(lambda: total() > before)
+        made = total() - before
+        client.join(120)  # the stream ends while the engines are held: the gateway broke the stall
+        assert answer and not client.is_alive()
+        assert _until(lambda: _upstream_resets(gw) > resets), "Envoy never reset the stalled upstream request"
+        time.sleep(ABORT_SETTLE_S)
+    status, h, raw = answer[0]
     assert status == 200
     events = events_of(raw)
     seen = gw.supervisor.evidence.get(h["x-policyc-decision-id"], [])
@@ -143,24 +185,37 @@ def test_a_tpot_stall_ends_a_vllm_stream_and_vllm_stops(gw: LlmGateway, vllm_ser
     assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), why
     assert json.loads(events[-2])["error"]["code"] == "tpot_exceeded"
     time.sleep(2.0)
-    assert sum(generated(e) for e in vllm_servers.endpoints) - before < 900  # generation stopped with the stream
+    print(f"vLLM made {made:.0f} tokens before the hold, {total() - before:.0f} in all")
+    assert made < 900 and total() - before < 900, (made, total() - before)  # generation stopped with the stream
 
 
 def test_a_client_that_leaves_cancels_generation(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
-    before = sum(generated(e) for e in vllm_servers.endpoints)
+    def total() -> float:
+        return sum(generated(e) for e in vllm_servers.endpoints)
+
+    before = total()
     host, port = gw.listen.split(":")
     body = json.dumps({"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}],
                        "max_tokens": 900, "ignore_eos": True, "stream": True}).encode()
-    s = socket.create_connection((host, int(port)), timeout=60)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slo-tpot-ms: 5000\r\n"
-              b"x-slo-ttft-ms: 60000\r\n"
-              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    got = b""
-    while got.count(b"data: ") < 3:
-        got += s.recv(65536)
-    s.close()
-    time.sleep(3.0)
-    assert sum(generated(e) for e in vllm_servers.endpoints) - before < 900
+    with held_engines(vllm_servers) as hold:
+        resets = _upstream_resets(gw)
+        s = socket.create_connection((host, int(port)), timeout=60)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slo-tpot-ms: 60000\r\n"
+                  b"x-slo-ttft-ms: 60000\r\n"
+                  b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        hold.step_until(lambda: total() > before)
+        made = total() - before
+        got = b""
+        while b"data: " not in got:  # the answer has begun at the client
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+        s.close()  # the client leaves
+        assert _until(lambda: _upstream_resets(gw) > resets), "Envoy never reset the upstream request"
+        time.sleep(ABORT_SETTLE_S)
+    time.sleep(2.0)
+    print(f"vLLM made {made:.0f} tokens before the hold, {total() - before:.0f} in all")
+    assert made < 900 and total() - before < 900, (made, total() - before)
 
 
 def test_a_first_token_later_than_its_ttft_budget_is_reset_before_the_answer_begins(gw: LlmGateway,

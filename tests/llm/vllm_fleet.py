@@ -24,8 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from policyc.modelserver.llm_model import LlmModelError, cached_llm_model, vllm_python
 
@@ -124,3 +126,80 @@ class Launch:
                 p.wait()
                 codes.append(None)
         return codes
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc (parent pid -> child pids)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def engine_core_pids(fleet: VllmFleet) -> list[int]:
+    """The `VLLM::EngineCore` process under each instance's API server: the one that makes tokens."""
+    kids, out = _children(), []
+    for inst in fleet.instances:
+        todo, found = [inst.pid], []
+        while todo:
+            for k in kids.get(todo.pop(), []):
+                todo.append(k)
+                try:
+                    with open(f"/proc/{k}/comm") as f:
+                        if f.read().startswith("VLLM::EngineCor"):
+                            found.append(k)
+                except OSError:
+                    pass
+        if len(found) != 1:
+            raise RuntimeError(f"vLLM {inst.instance_id} (pid {inst.pid}): engine core processes {found}, not one")
+        out += found
+    return out
+
+
+class EngineHold:
+    """vLLM's engine cores stopped (SIGSTOP): no token is made while held, while the API
+    servers (their HTTP, their /metrics) go on. vLLM makes the tiny model's 900 tokens in
+    ~0.3 s, so on a loaded machine a request could end in vLLM before the gateway passed its
+    first token; held, a stall is a real one, as long as the test needs."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def stop(self) -> None:
+        for p in self.pids:
+            os.kill(p, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for p in self.pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def step_until(self, done: Callable[[], bool], timeout: float = 120.0, pulse: float = 0.01) -> None:
+        """Let the engines run `pulse` seconds at a time until `done()` (read while held)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"vLLM's engines made nothing in {timeout:.0f} s of {pulse * 1e3:.0f} ms steps")
+            self.resume()
+            time.sleep(pulse)
+            self.stop()
+            time.sleep(0.1)  # the API server takes in what the engine made
+
+
+@contextmanager
+def held_engines(fleet: VllmFleet) -> Iterator[EngineHold]:
+    """The fleet's engine cores held for the block (always let go after it, even on failure)."""
+    hold = EngineHold(engine_core_pids(fleet))
+    hold.stop()
+    try:
+        yield hold
+    finally:
+        hold.resume()
