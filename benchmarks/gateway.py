@@ -172,7 +172,7 @@ class _NoopPicker:
 
     async def Process(self, first, context):  # type: ignore[no-untyped-def]
         self._n += 1
-        await context.write(self._responses[self._n % len(self._responses)])
+        return self._responses[self._n % len(self._responses)]
 
 
 async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ignore[no-untyped-def]
@@ -183,9 +183,10 @@ async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ig
     from policyc.gateway.server import EXT_PROC_SERVICE
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    # registered as the picker's is (gateway/server.py): unary-request, the first message handed over
-    process = grpc.unary_stream_rpc_method_handler(_NoopPicker(endpoints).Process, request_deserializer=ep.ProcessingRequest.FromString,
-                                                   response_serializer=serialize)
+    # registered as the picker's is behind policyc's own Envoy (gateway/server.py, `headers_only`): unary-unary,
+    # the first message handed over, the answer and the stream's end sent in one batch
+    process = grpc.unary_unary_rpc_method_handler(_NoopPicker(endpoints).Process, request_deserializer=ep.ProcessingRequest.FromString,
+                                                  response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(EXT_PROC_SERVICE, {"Process": process}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.add_insecure_port(f"unix:{unix_socket}")

@@ -31,6 +31,7 @@ scan), add / remove / set_score at that size.
     .venv/bin/python benchmarks/match.py            # both parts, ~2-3 minutes
     .venv/bin/python benchmarks/match.py --quick    # fewer baseline samples
     .venv/bin/python benchmarks/match.py --fleet realistic   # the fleet-scale part only
+    .venv/bin/python benchmarks/match.py --fleet realistic --admits-only --instances 1000000   # setup and admits alone
 """
 
 from __future__ import annotations
@@ -202,6 +203,8 @@ def main() -> None:
     ap.add_argument("--store", action="store_true", help="also time the load from store records above 200,000 instances")
     ap.add_argument("--fleet", choices=("five", "realistic", "both"), default="both",
                     help="today's five-contract fleet, the fleet-scale one, or both")
+    ap.add_argument("--admits-only", action="store_true",
+                    help="the fleet-scale part's setup and the check by id (Registry.admits) alone, against the naive check")
     args = ap.parse_args()
     if args.fleet != "realistic":
         five_contracts(args)
@@ -313,6 +316,13 @@ def fleet_scale(args: argparse.Namespace) -> None:
     naive_s = time.perf_counter() - t0
     gc.collect()
     print(f"setup, naive (id, attributes) pairs from the same columns: {naive_s:.2f} s wall, +{rss_mb() - r0:.0f} MB RSS")
+    if args.admits_only:
+        reqs = fleet_shapes.request_mix(max(400, args.requests * 4), seed=101)
+        for _, h in reqs[:400]:  # warm-up: other new requests, as a running service has seen
+            reg.admits(reg.parse_request(h), fb.batch.ids[0])
+        single_checks(reg, pairs, [(kind, reg.parse_request(h)) for kind, h in fleet_shapes.request_mix(2000, seed=202)])
+        print(f"machine now: load average {load()}")
+        return
     if args.store or n_inst <= 200_000:
         recs = store_records(fb.batch)
         gc.collect()

@@ -696,7 +696,7 @@ class FleetIndex:
         """The memo entry of requests carrying these variables: what reads their
         guard-tested values (None when they carry none), and the checks by those values."""
         present = [n for n in self._tested_vars if n in names]
-        entry = (itemgetter(*present) if present else None), {}
+        entry: tuple[Callable[[Vars], Any] | None, dict[Any, RowFn]] = (itemgetter(*present) if present else None), {}
         if len(self._row_checks) >= RULE_SHAPES:
             self._row_checks.clear()
         self._row_checks[names] = entry

@@ -58,7 +58,7 @@ async def register_instances(service: "DecisionService", request: "pb.RegisterIn
     for i, e in got.refused.items():
         results[i] = _refused(items[i].id, e)
     shared = getattr(service.engine, "register_shared", None)
-    rows = range(len(got.batch))
+    rows: list[int] = list(range(len(got.batch)))
     if shared is not None:  # a replica: a `tpm` claim is attested one by one, through the ledger
         rid = request_id_of(context.invocation_metadata())
         tpm = got.batch.flags["tpm"]
@@ -72,15 +72,15 @@ async def register_instances(service: "DecisionService", request: "pb.RegisterIn
                 results[i] = pb.RegisterInstanceResult(instance_id=inst.id, registered=True,
                                                        unverified_facts=got.unverified[r])
         rows = [r for r in rows if not tpm[r]]
-    batched = subset(got.batch, list(rows)) if len(rows) != len(got.batch) else got.batch
+    batched = subset(got.batch, rows)
     where = [got.items[r] for r in rows]  # item index of each batched row
     unverified = [got.unverified[r] for r in rows]
     if len(batched):
         reg = service.engine.state.registry
         keep, positions, refused = screen(batched, bundle, taken=[iid for iid in batched.ids if iid in reg],
                                           wheres=[f"item {i + 1}" for i in where])
-        for r in refused:
-            results[where[r.index]] = _refused(r.instance_id, _screened(r))
+        for no in refused:
+            results[where[no.index]] = _refused(no.instance_id, _screened(no))
         stored = getattr(service.engine, "register_batch_shared", None)
         try:
             if stored is not None:
