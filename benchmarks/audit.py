@@ -24,7 +24,9 @@ large log.
    cost per commit and a cost per call.
 4. Verify. Writes M records through the real writer process, rotating the log into S
    segments as it goes (`AuditLog.rotate`, as `policyc audit rotate` does), then times
-   `verify` walking every segment (floor 10 s for 1,000,000).
+   `verify` walking every segment (floor 10 s for 1,000,000), twice in the same run: split
+   across one process per usable CPU (a segment of >= 50,000 entries is walked in chunks,
+   `audit/verify_parallel.py`), then in one process; wall, CPU (walkers included) and load.
 5. Export (`--only export`, or after verify): `policyc audit export`'s writer over the
    first E records of that log in each format (jsonl, csv, parquet), records per second,
    with the read-back checked (count and every hash).
@@ -293,16 +295,29 @@ def verify_bench(tmp: Path, n: int, segments: int = 4) -> tuple[Path, float]:
     def cpu() -> float:  # this process and its finished children (verify's walkers)
         return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
-    c0, t0 = cpu(), time.perf_counter()
-    report = verify(path)
-    verify_s, verify_cpu = time.perf_counter() - t0, cpu() - c0
-    assert report.ok and report.entries == n and report.segments == segments, (report.problems, report.segments)
+    from policyc.audit.verify_parallel import PARALLEL_FROM, usable_cpus
+
+    # The same log both ways in one run, the chunked walk first: one process per usable CPU
+    # (each chunk from the stored hash before it, stitched with a check at every boundary,
+    # audit/verify_parallel.py), then one process (workers=1).
+    runs = {}
+    for name, workers in (("parallel", None), ("serial", 1)):
+        load0 = os.getloadavg()[0]
+        c0, t0 = cpu(), time.perf_counter()
+        report = verify(path, workers=workers)
+        runs[name] = (time.perf_counter() - t0, cpu() - c0, load0, os.getloadavg()[0])
+        assert report.ok and report.entries == n and report.segments == segments, (report.problems, report.segments)
     print(f"verify: {n:,} records in {report.segments} segments ({size:,.0f} MB), written in {write_s:.1f} s ({n / write_s:,.0f} records/s "
           "through the writer process, 1,000 bodies per pipe write, synchronous=NORMAL for the fill)")
-    print(f"  verify: {verify_s:.2f} s ({n / verify_s:,.0f} records/s) walking {report.segments} segments, floor 10 s for 1,000,000"
-          + (f"; scaled to 1,000,000: {verify_s * 1e6 / n:.1f} s" if n != 1_000_000 else ""))
-    print(f"  verify CPU: {verify_cpu:.2f} s over {os.cpu_count()} CPUs ({verify_cpu / n * 1e6:.1f} us a record; on an idle machine the "
-          f"wall time would be about {verify_cpu / min(os.cpu_count() or 1, 8):.1f} s)")
+    for name, (verify_s, verify_cpu, la, lb) in runs.items():
+        procs = ("1 process" if name == "serial" else f"{min(usable_cpus(), 8)} processes" if per_segment >= PARALLEL_FROM
+                 else f"1 process: segments of {per_segment:,} entries are under the {PARALLEL_FROM:,} where it splits")
+        print(f"  verify {name} ({procs}): {verify_s:.2f} s wall ({n / verify_s:,.0f} records/s), {verify_cpu:.2f} s CPU "
+              f"({verify_cpu / n * 1e6:.1f} us a record), load {la:.1f} -> {lb:.1f}; floor 10 s for 1,000,000"
+              + (f"; scaled to 1,000,000: {verify_s * 1e6 / n:.1f} s" if n != 1_000_000 else ""))
+    (ps, pc, _, _), (ss, sc, _, _) = runs["parallel"], runs["serial"]
+    print(f"  parallel against serial: wall x{ss / ps:.2f} faster, CPU x{pc / sc:.2f} ({usable_cpus()} usable CPUs; on an idle "
+          f"machine the parallel wall would be about {pc / min(usable_cpus(), 8):.1f} s)")
     return path, base
 
 
