@@ -74,6 +74,8 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                         "written and read back there and publishes it; the placer uses it for that store; repeatable")
     r.add_argument("--session-interval", type=float, default=1.0, metavar="SECONDS",
                    help="how often each session store is probed (default 1)")
+    r.add_argument("--lease-ttl", type=int, default=5, metavar="S",
+                   help="the agent's lease (its facts and signals go this long after it stops answering; default 5)")
     r.add_argument("--uplinks", metavar="IF,…", help="this host's uplinks (default: its default routes' interfaces, else "
                                                     "those with a routable address)")
     _tpm_flags(r, required=False)
@@ -248,6 +250,8 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--signal-period {args.signal_period:g}: between 0.01 and 60 s (0: no signals)")
         if args.sched_fifo is not None and not 1 <= args.sched_fifo <= 99:
             raise ValueError(f"--sched-fifo {args.sched_fifo}: a SCHED_FIFO priority is 1..99")
+        if not 2 <= args.lease_ttl <= 3600:
+            raise ValueError(f"--lease-ttl {args.lease_ttl}: between 2 and 3600 s")
     except ValueError as e:
         return _fail(str(e))
     if (args.tcti is None) != (args.state_dir is None):
@@ -255,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     tpm = HostTpm(args.tcti, args.state_dir) if args.tcti else None
 
     async def body(store, keys):  # type: ignore[no-untyped-def]
-        agent = HostAgent(store, keys, args.host, tpm, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
+        agent = HostAgent(store, keys, args.host, tpm, ttl=args.lease_ttl, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
                           cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs,
                           session_stores=stores, session_interval=args.session_interval, uplinks=ups)
         await agent.start()
