@@ -141,7 +141,11 @@ class FleetIndex:
         # slot -> (attributes, mask of the static requirements met), and request shape -> the
         # applying rules compiled for one row (`row_admits`, `row_check.py`)
         self._static_bit = {cr.rule.id: i for i, cr in enumerate(cr for cr in self.rules if cr.static)}
-        self.rows = RowFacts([holds for holds, _ in self._static_rules], self.attr_index)
+        # a row carries the values of the attributes a requirement compares with a request variable
+        # (what the compiled checks read by position); the others are read off its attributes
+        self.rows = RowFacts([holds for holds, _ in self._static_rules],
+                             sorted({a.attr for cr in self.rules if not cr.static for a in atoms(cr.rule.require)
+                                     if a.operand.kind == "var"}))
         self._row_checks: dict[tuple[str, ...], tuple[Callable[[Vars], Any] | None, dict[Any, RowFn]]] = {}
         self.version = 0  # bumped by every insert / delete: cached candidates are older
         self.rank_misses = 0  # threshold ranks that named a tier without the best candidate (never expected)

@@ -75,14 +75,26 @@ class RowFacts:
     def share(self, groups: Iterable[tuple[Attrs, np.ndarray]]) -> None:
         """Each group's slots get one row: the group's attributes (equal to every member's
         on each attribute the rules read), worked out once."""
-        groups = list(groups)
-        top = max((int(s.max()) for _, s in groups if len(s)), default=-1)
-        self._grow(top + 1)
-        rows = self.rows
-        for attrs, slots in groups:
-            row = self.row(attrs)
-            for s in slots.tolist():
-                rows[s] = row
+        groups = [(a, s) for a, s in groups if len(s)]
+        if not groups:
+            return
+        top = max(int(s.max()) for _, s in groups)
+        if any(r is not None for r in self.rows):  # rows kept: one assignment per slot
+            self._grow(top + 1)
+            rows = self.rows
+            for attrs, slots in groups:
+                row = self.row(attrs)
+                for s in slots.tolist():
+                    rows[s] = row
+            return
+        # none yet (a bulk load): one numpy scatter of the groups' rows, then a list (C loops only)
+        each = np.empty(len(groups), dtype=object)
+        for i, (attrs, _) in enumerate(groups):
+            each[i] = self.row(attrs)
+        out = np.full(max(top + 1, len(self.rows)), None, dtype=object)
+        sizes = np.fromiter((len(s) for _, s in groups), dtype=np.int64, count=len(groups))
+        out[np.concatenate([s for _, s in groups])] = each[np.repeat(np.arange(len(groups)), sizes)]
+        self.rows = out.tolist()
 
 
 class RowCheck:
