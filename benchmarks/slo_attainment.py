@@ -38,7 +38,10 @@ homogeneous to the contract). The peers read no contract either way.
 
 `--classes` sets the pool's class shares (default half H100, a quarter A100-80G, a quarter
 L4; `H100:0.25,A100-80G:0.25,L4:0.5` is the more heterogeneous pool), `--rates` runs several
-load levels in one run (one trace per rate, the same seed). The TTFT SLOs are the tenants' headers, which policyc's gateway holds
+load levels in one run (one trace per rate, the same seed). `--policyc-scrape-interval` passes
+the gateway a scrape tick other than its default 50 ms (a diagnosis: 32 emulators' `/metrics`
+answered every 50 ms share this machine's CPU with their token loops, a cost only the scraping
+router's runs pay; benchmarks/RESULTS.md). The TTFT SLOs are the tenants' headers, which policyc's gateway holds
 each streamed attempt to (a first token later than its SLO is cut and retried once on the
 backup model, `tiny-llm-lite`, which this pool does not serve: a miss either way).
 
@@ -281,7 +284,8 @@ class Router:
 
 
 class PolicycRouter(Router):
-    def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int) -> None:
+    def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int,
+                 scrape_interval: float | None = None) -> None:
         from policyc.client import operator_channel
         from policyc.compiler import bundle_io
         from policyc.gateway.llm_routes import HTTP1, PROTOCOL_LABEL
@@ -301,7 +305,8 @@ class PolicycRouter(Router):
             [sys.executable, "-m", "policyc.cli.main", "gateway", "--bundle", str(path), "--port", str(api),
              "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()),
              "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096", "--max-pending-picks", "4096",
-             "--candidates", str(candidates)],
+             "--candidates", str(candidates),
+             *(["--scrape-interval", f"{scrape_interval:g}"] if scrape_interval is not None else [])],
             stdout=log, stderr=log, start_new_session=True)]
         with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:
             grpc.channel_ready_future(probe).result(timeout=60)
@@ -376,9 +381,10 @@ def router_available(name: str) -> str | None:
     return None
 
 
-def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int) -> Router:
+def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int,
+                 scrape_interval: float | None = None) -> Router:
     if name == "policyc":
-        return PolicycRouter(workdir, bundle, slots, endpoints, candidates)
+        return PolicycRouter(workdir, bundle, slots, endpoints, candidates, scrape_interval)
     if name.startswith("envoy-"):
         return EnvoyRouter(workdir, endpoints, {"envoy-round-robin": "ROUND_ROBIN", "envoy-least-request": "LEAST_REQUEST"}[name])
     kind, policy = name.split(":")
@@ -495,6 +501,8 @@ def main() -> int:
     ap.add_argument("--max-seqs", type=int, default=4, help="each emulator's max_num_seqs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--candidates", type=int, default=8, help="policyc gateway --candidates (its default 8)")
+    ap.add_argument("--policyc-scrape-interval", type=float, default=None, metavar="SECONDS",
+                    help="policyc gateway --scrape-interval (default: the gateway's own, 50 ms); a diagnosis setting")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -552,7 +560,7 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
         pool = Pool(slots, args.max_seqs)
         router: Router | None = None
         try:
-            router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates)
+            router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates, args.policyc_scrape_interval)
             asyncio.run(warm(router.url))
             outs, wall = asyncio.run(drive(router.url, trace))
             results.append({"rate_rps": rate, **summarise(name, outs, wall)})
