@@ -101,12 +101,10 @@ def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, c
     lo_seq, hi_seq, count = conn.execute("SELECT min(seq), max(seq), count(*) FROM entries").fetchone()
     k = min(workers or usable_cpus(), MAX_WORKERS)
     serial = k < 2 or count < PARALLEL_FROM or lo_seq != first or hi_seq != first + count - 1  # small, or seqs not consecutive
-    starts: list[bytes | None] = []
-    bounds: list[tuple[int, int]] = []
-    if not serial and _seq_is_rowid(conn):
-        bounds = plan(first, count, k)
-        starts = [genesis] + [_stored_hash(conn, lo - 1) for lo, _ in bounds[1:]]
-    if len(bounds) < 2 or any(s is None for s in starts):  # one chunk, or a start the file no longer holds
+    bounds = plan(first, count, k) if not serial and _seq_is_rowid(conn) else []
+    found = [_stored_hash(conn, lo - 1) for lo, _ in bounds[1:]]
+    starts = [genesis, *(s for s in found if s is not None)]
+    if len(bounds) < 2 or len(starts) != len(bounds):  # one chunk, or a start the file no longer holds
         return walk(conn.execute(select + " ORDER BY seq"), genesis, first, collect, indexed=indexed)
     # Plain child processes (`python -m`), not multiprocessing: no re-import of the caller's
     # main module, and safe from a threaded caller (the gRPC auditor API).
@@ -123,10 +121,10 @@ def walk_log(path: str, conn: sqlite3.Connection, select: str, genesis: bytes, c
         assert proc.stdout is not None
         out = proc.stdout.read()
         if proc.wait() != 0:  # a worker that failed: walk its chunk here instead
-            rest.append(_walk_chunk(path, select, lo, hi, prev, collect, indexed))  # type: ignore[arg-type]
+            rest.append(_walk_chunk(path, select, lo, hi, prev, collect, indexed))
         else:
             rest.append(pickle.loads(out))
-    return stitch(conn, select, collect, indexed, bounds, starts, [head, *rest])  # type: ignore[arg-type]
+    return stitch(conn, select, collect, indexed, bounds, starts, [head, *rest])
 
 
 def stitch(conn: sqlite3.Connection, select: str, collect: frozenset[int], indexed: bool,
