@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 CGROUP_PREFIX = "policyc-server-"
 # argv: CPUS CGROUP_PROCS_OR_EMPTY AGENT_PID SERVER_ARGV…; a cgroup it cannot join is said (the agent then
 # reports the memory binding as not holding), never fatal; a server that cannot be exec'd is 127
-_WRAPPER = """import ctypes, os, signal, sys
+_WRAPPER = """# policyc-pin-wrapper
+import ctypes, os, signal, sys
 ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG: the server ends with the agent that started it
 if os.getppid() != int(sys.argv[3]):  # the agent ended before this line: so does the server
     os._exit(0)
@@ -139,6 +140,17 @@ class Pinning:
         thread held), and the pid the agent holds is the server's."""
         procs = str(self.cgroup / "cgroup.procs") if self.cgroup is not None else ""
         return [sys.executable, "-S", "-E", "-c", _WRAPPER, ",".join(map(str, self.pin.cpus)), procs, str(os.getpid()), *server]
+
+    @staticmethod
+    def pinned(pid: int) -> bool:
+        """Whether process `pid` is past the wrapper (it exec'd the server: pinned by then). An
+        empty command line is not: while the kernel is in the middle of an exec (the vfork
+        parent already resumed) the new image has no arguments yet."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return bool(cmdline) and b"policyc-pin-wrapper" not in cmdline
 
     def in_cgroup(self, pid: int) -> bool:
         """Whether process `pid` is in this pinning's cgroup (what /proc/PID/cgroup says)."""

@@ -104,6 +104,9 @@ class ServerSupervisor:
                 out.close()
         r.started_at, r.due = time.monotonic(), None
         r.memory = r.pinning.memory
+        deadline = time.monotonic() + 5.0  # past the wrapper (pinned) before it is reported started, measured, registered
+        while not r.pinning.pinned(r.proc.pid) and r.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         if r.pinning.cgroup is not None:  # the wrapper joins the cgroup before it execs: see that it did
             deadline = time.monotonic() + 2.0
             while not r.pinning.in_cgroup(r.proc.pid) and r.proc.poll() is None and time.monotonic() < deadline:
