@@ -241,8 +241,6 @@ class FleetIndex:
             g.append(slot)
         self._bulk_groups(groups, sample)
         self.attrs.own = dict(items)
-        for slot, attrs in items:
-            self.rows.put(slot, attrs)
         self.live = BitMap(sorted(self.attrs.own))
         self.version += 1
 
@@ -267,7 +265,6 @@ class FleetIndex:
         self._bulk_groups(groups, sample)
         everyone = BitMap(np.sort(np.concatenate([s for _, s in rows])).tolist()) if rows else BitMap()
         self.attrs.set_rows(everyone, view)
-        self.rows.share(rows)
         self.live = everyone.copy()
         self.version += 1
 
@@ -277,16 +274,22 @@ class FleetIndex:
             self.attr_index[a].bulk_groups((sig[i], slots) for sig, slots in groups.items() if sig[i] is not None)
         size = self.shard_size
         static: list[list[int]] = [[] for _ in self._static_rules]
+        rows = []  # each group's row (`row_check.py`): its static requirements' mask from the same verdicts
         for sig, slots in groups.items():
-            keys = self._bloom_keys(sample[sig])
+            attrs = sample[sig]
+            keys = self._bloom_keys(attrs)
             per_shard = Counter([s // size for s in slots])
             for shard, n in per_shard.items():
                 self.bloom.add(shard, keys, n)
-            for (holds, _), into in zip(self._static_rules, static):
-                if holds(sample[sig]):
+            mask = 0
+            for i, ((holds, _), into) in enumerate(zip(self._static_rules, static)):
+                if holds(attrs):
                     into.extend(slots)
+                    mask |= 1 << i
+            rows.append((self.rows.row(attrs, mask), slots))
         for (_, bm), slots in zip(self._static_rules, static):
             bm.update(sorted(slots))
+        self.rows.fill(rows)
 
     # ------------------------------------------------------------------ compiling rules
     def _compile_rule(self, rule: RequestRule) -> CompiledRule:

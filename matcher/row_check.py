@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from policyc.compiler.bundle import And, Atom, RequestRule, Scalar, Var
 from policyc.compiler.semantics import NEGATIVE_CMPS
 
@@ -51,13 +49,15 @@ class RowFacts:
         self.position = {a: FIRST + i for i, a in enumerate(self.names)}
         self._static = tuple(static)
 
-    def row(self, attrs: Attrs) -> Row:
-        """The row of an instance with these attributes."""
-        m = 0
-        for i, holds in enumerate(self._static):
-            if holds(attrs):
-                m |= 1 << i
-        return (attrs, m, *map(attrs.get, self.names))
+    def row(self, attrs: Attrs, mask: int | None = None) -> Row:
+        """The row of an instance with these attributes (`mask`: its static requirements'
+        verdicts when the caller has them)."""
+        if mask is None:
+            mask = 0
+            for i, holds in enumerate(self._static):
+                if holds(attrs):
+                    mask |= 1 << i
+        return (attrs, mask, *map(attrs.get, self.names))
 
     def _grow(self, size: int) -> None:
         rows = self.rows
@@ -72,29 +72,17 @@ class RowFacts:
         if slot < len(self.rows):
             self.rows[slot] = None
 
-    def share(self, groups: Iterable[tuple[Attrs, np.ndarray]]) -> None:
-        """Each group's slots get one row: the group's attributes (equal to every member's
-        on each attribute the rules read), worked out once."""
-        groups = [(a, s) for a, s in groups if len(s)]
+    def fill(self, groups: Iterable[tuple[Row, Sequence[int]]]) -> None:
+        """Each group's slots get its row (a bulk load: the instances of a group agree on
+        every attribute the rules read, so they share one tuple)."""
+        groups = [(r, s) for r, s in groups if len(s)]
         if not groups:
             return
-        top = max(int(s.max()) for _, s in groups)
-        if any(r is not None for r in self.rows):  # rows kept: one assignment per slot
-            self._grow(top + 1)
-            rows = self.rows
-            for attrs, slots in groups:
-                row = self.row(attrs)
-                for s in slots.tolist():
-                    rows[s] = row
-            return
-        # none yet (a bulk load): one numpy scatter of the groups' rows, then a list (C loops only)
-        each = np.empty(len(groups), dtype=object)
-        for i, (attrs, _) in enumerate(groups):
-            each[i] = self.row(attrs)
-        out = np.full(max(top + 1, len(self.rows)), None, dtype=object)
-        sizes = np.fromiter((len(s) for _, s in groups), dtype=np.int64, count=len(groups))
-        out[np.concatenate([s for _, s in groups])] = each[np.repeat(np.arange(len(groups)), sizes)]
-        self.rows = out.tolist()
+        self._grow(max(max(s) for _, s in groups) + 1)
+        rows = self.rows
+        for row, slots in groups:
+            for s in slots:
+                rows[s] = row
 
 
 class RowCheck:
