@@ -113,8 +113,15 @@ class GatewayProcess:
         inst = Instance(id=INSTANCE, model=PRIMARY, deployment=d.model_copy(update={"endpoint": self.models.endpoint(INSTANCE)}))
         with with_token(grpc.insecure_channel(f"127.0.0.1:{self.api}"), OPERATOR) as ch:
             grpc.channel_ready_future(ch).result(timeout=timeout)
-            pb_grpc.DecisionsStub(ch).RegisterInstance(convert.register_request(inst, onnx_model=self._model_bytes),
-                                                       timeout=10)
+            try:
+                pb_grpc.DecisionsStub(ch).RegisterInstance(convert.register_request(inst, onnx_model=self._model_bytes),
+                                                           timeout=10)
+            except grpc.RpcError:
+                # a port picked free and bound later can be taken meanwhile: then the gateway has said so and exited
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise AssertionError(f"the gateway exited {self.proc.returncode}: "
+                                         f"{self.proc.stderr.read()[-2000:]}") from None  # type: ignore[union-attr]
+                raise
 
     def serving(self, since: float, timeout: float = 60.0) -> float:
         """Seconds from `since` until a request through Envoy is answered by the registered
@@ -159,7 +166,7 @@ class GatewayProcess:
             self.models.stop()
 
 
-def survivors(kids: dict[int, str], timeout: float = 5.0) -> dict[int, str]:
+def survivors(kids: dict[int, str], timeout: float = 15.0) -> dict[int, str]:
     """Those of `kids` still running `timeout` seconds after their parent died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
