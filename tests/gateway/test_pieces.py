@@ -241,7 +241,7 @@ def test_what_the_access_log_says_becomes_a_break_or_not(bundle) -> None:  # typ
     kinds, b = reading([timed_out, answered], 2)
     assert kinds == ["cancel_stream", "redirect", "report_anomaly"]
     assert b.at_budget and b.served == "127.0.0.1:8003" and b.answered_by == "lite@h/g2" and b.attempt == 2  # type: ignore[attr-defined]
-    assert 0.0 <= b.lag_s < 1.0  # type: ignore[attr-defined]
+    assert 0.0 <= b.lag_s < 5.0  # type: ignore[attr-defined]  # from the break to its reading: ~20 ms, more under load
     kinds, b = reading([timed_out], 2)  # the log kept for the picker alone: the answering attempt is not in it
     assert kinds == ["cancel_stream", "redirect", "report_anomaly"] and b.served == "127.0.0.1:8003" and b.at_budget  # type: ignore[attr-defined]
     reset = Attempt("127.0.0.1:8001", None, 400, 0, 0.003, None, 0, None, None, "upstream_remote_reset")
