@@ -138,8 +138,8 @@ class Picker:
             if facts.ttft_s is not None:
                 # a candidate with this gateway's requests in flight is judged with their seconds too (a
                 # tight SLO is not promised a busy server: when every candidate is busy, the load decides)
-                expected = PREDICTED.expected(ttft + added, PREDICTED.measured(readings, gpus))
-                late = expected > facts.ttft_s
+                expected = ttft + added
+                late = PREDICTED.late(expected, facts.ttft_s)
                 n_late = int(late.sum())
                 tier = PREDICTED.tier(prefill, expected, facts.ttft_s)
                 if tier is not None:  # the slowest class meeting the SLO with room: faster ones kept for tighter SLOs
