@@ -7,7 +7,10 @@ the embedded fleet store, its operator token): one `RegisterInstances` call agai
 
 Instances: every (contract, GPU) pair the topology's facts and the bundle admit, on hosts
 that claim no TPM (a `tpm` claim is attested one by one in either path), repeated with
-new ids until N. Both runs must register all N.
+new ids until N. Both runs must register all N. Reported: the wall time of the calls, and
+the server process's CPU per instance (during the calls; and 2 s later, with the replica's
+watch applying its own writes again), its idle rate subtracted: on a loaded machine the
+wall time is mostly waiting for a core.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def _items(stub: pb_grpc.DecisionsStub, bundle: Bundle, n: int) -> list[pb.Regis
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _count(stub: pb_grpc.DecisionsStub) -> int:
     return len(stub.ListInstances(pb.ListInstancesRequest(), timeout=120).instances)
 
@@ -96,6 +105,10 @@ def main() -> None:
                 with operator_channel(server, opts) as ch:
                     stub = pb_grpc.DecisionsStub(ch)
                     items = _items(stub, bundle, args.n)
+                    c0, t0 = _cpu_s(proc.pid), time.perf_counter()
+                    time.sleep(1.0)  # the server's idle rate (its refresher, the store's sweep), subtracted below
+                    idle = (_cpu_s(proc.pid) - c0) / (time.perf_counter() - t0)
+                    c0 = _cpu_s(proc.pid)
                     t = time.perf_counter()
                     if how == "batch":
                         got = stub.RegisterInstances(pb.RegisterInstancesRequest(instances=items), timeout=600)
@@ -106,9 +119,13 @@ def main() -> None:
                         for item in items:
                             stub.RegisterInstance(item, timeout=60)
                     wall = time.perf_counter() - t
+                    cpu = _cpu_s(proc.pid) - c0 - idle * wall
+                    time.sleep(2.0)  # the replica applies its own writes again from the store's watch
+                    settled = _cpu_s(proc.pid) - c0 - idle * (time.perf_counter() - t)
                     n = _count(stub)
                     print(f"{how:>10}: {args.n:,} instances in {wall:.2f} s ({wall / args.n * 1e6:.0f} µs each); "
-                          f"the service lists {n:,}")
+                          f"server CPU {cpu / args.n * 1e6:.0f} µs each during the calls, {settled / args.n * 1e6:.0f} µs "
+                          f"with the watch's echo 2 s after (idle {idle * 1e3:.0f} ms/s subtracted); the service lists {n:,}")
                     if n != args.n:
                         raise SystemExit(f"{how}: the service lists {n:,} of {args.n:,}")
             finally:
