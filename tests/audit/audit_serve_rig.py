@@ -121,6 +121,7 @@ class Refusal:
     at: float  # time.monotonic() of the answer
     code: grpc.StatusCode
     details: str
+    sent: float = 0.0  # time.monotonic() just before the call was made
 
 
 class Client:
@@ -128,6 +129,7 @@ class Client:
 
     def __init__(self, port: int, threads: int = 6) -> None:
         self.acked: dict[str, float] = {}
+        self.acked_sent: dict[str, float] = {}  # decision id -> when its call was made (monotonic)
         self.refusals: list[Refusal] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -140,11 +142,12 @@ class Client:
     def _work(self, w: int) -> None:
         n = 0
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 d = self.stub.Decide(REQUESTS[(w + n) % len(REQUESTS)], timeout=5)
             except grpc.RpcError as e:
                 with self._lock:
-                    self.refusals.append(Refusal(time.monotonic(), e.code(), e.details() or ""))
+                    self.refusals.append(Refusal(time.monotonic(), e.code(), e.details() or "", sent))
                 if e.code() is grpc.StatusCode.UNAVAILABLE and "audit log" not in (e.details() or ""):
                     return  # the server is gone
                 time.sleep(0.002)
@@ -152,6 +155,7 @@ class Client:
                 now = time.monotonic()
                 with self._lock:
                     self.acked[d.decision_id] = now
+                    self.acked_sent[d.decision_id] = sent
             n += 1
 
     def wait_for(self, acks: int, timeout: float = 30) -> None:

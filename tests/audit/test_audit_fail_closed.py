@@ -97,9 +97,11 @@ def test_kill_9_of_the_writer_makes_decide_refuse_within_one_window(bundle: Bund
             refusal = client.first_refusal_after(killed)
             took = refusal.at - killed
             assert refusal.code is grpc.StatusCode.UNAVAILABLE and str(log) in refusal.details and "audit writer" in refusal.details
-            # typically a few ms (the acknowledgement pipe's end is seen at once); the bound is the documented
-            # window, which holds on a loaded shared machine too (188 ms seen at load 9.5 on 2 vCPUs)
-            assert took <= WINDOW, f"first refusal {took * 1000:.1f} ms after the writer died"
+            # typically a few ms (the acknowledgement pipe's end is seen at once; 188 ms seen at load 9.5 on 2 vCPUs).
+            # What the window guarantees, whatever the load: no call made more than a window after the death is
+            # acknowledged (checked below, once the gate has closed). The first refusal as this client's threads
+            # see it also waits for them to be scheduled: a window, or a second more on a loaded machine.
+            assert took <= WINDOW + 1.0, f"first refusal {took * 1000:.1f} ms after the writer died"
             deadline = time.monotonic() + 2
             while health.Check(health_pb2.HealthCheckRequest(service="")).status != health_pb2.HealthCheckResponse.NOT_SERVING:
                 assert time.monotonic() < deadline, "health stayed SERVING after the audit writer died"
@@ -107,6 +109,8 @@ def test_kill_9_of_the_writer_makes_decide_refuse_within_one_window(bundle: Bund
             after = len(client.acked)
             time.sleep(0.2)
             assert len(client.acked) == after, "decisions were acknowledged after the audit writer died"
+            late = sorted(s - killed for s in client.acked_sent.values() if s > killed + WINDOW)
+            assert not late, f"calls made {late[:3]} s after the writer died were acknowledged (window {WINDOW} s)"
         text = serve.metrics()
         assert "policyc_audit_healthy 0.0" in text
         client.close()

@@ -142,19 +142,20 @@ def test_a_stall_holds_only_its_own_stream(pool: ModelPool) -> None:
         c.infer("fraud-scorer", token_ids(4))  # connect first
         assert _connections_to(port) == 1
         t = time.monotonic()
-        stalled = c.infer_future("fraud-scorer", token_ids(16, seed=9), metadata=[(wire.STALL_MS, "5000")], timeout=1.5)
+        # its deadline (3 s) is the room the siblings have on a loaded machine to show they were not held behind it
+        stalled = c.infer_future("fraud-scorer", token_ids(16, seed=9), metadata=[(wire.STALL_MS, "10000")], timeout=3.0)
         siblings = [c.infer_future("fraud-scorer", token_ids(16, seed=k), timeout=5) for k in range(3)]
         answers = [answer_of(f) for f in siblings]
         siblings_done = time.monotonic() - t
         assert all(a.instance == PRIMARY and a.stalled_ms == 0 for a in answers)
-        assert siblings_done < 1.5 and not stalled.done()
+        assert siblings_done < 3.0 and not stalled.done(), siblings_done
         with pytest.raises(grpc.RpcError) as e:
             answer_of(stalled)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert 1.45 < time.monotonic() - t < 4.5
+        assert 2.95 < time.monotonic() - t < 9.0
         after = c.infer("fraud-scorer", token_ids(4))
         assert after.instance == PRIMARY and _connections_to(port) == 1
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 15
     while _metric(inst.http_endpoint, "policyc_modelserver_cancelled_total", PRIMARY) < cancelled + 1:
         assert time.monotonic() < deadline, "the server did not see the stalled stream reset"
         time.sleep(0.05)
