@@ -51,9 +51,13 @@ def test_grpc_stream_timings_and_reconnect_to_backup(
             timed = sorted((e for e in streams if e.b == p_ep and not e.reset), key=lambda e: e.value2)
         assert len(timed) == 4, f"kernel timed {len(timed)} streams to {p_ep} (warm-up + 3)"
         timed = timed[1:]
-        for ev, (start_ns, dur_ns, _reply) in zip(timed, first["calls"]):
-            assert abs(ev.value - dur_ns) < 4e6, f"kernel {ev.value / 1e6:.2f} ms vs client {dur_ns / 1e6:.2f} ms"
-            assert abs(ev.value2 - start_ns) < 4e6  # both CLOCK_MONOTONIC
+        # Both clocks are CLOCK_MONOTONIC: the kernel's stream lies inside the client's call (the client reads its
+        # clock before it sends and after it has read the answer) and spans the server's delay. (Within 4 ms of
+        # the client's figures on a quiet machine; at load 20 the client's own scheduling added 5 ms and more.)
+        for ev, (start_ns, dur_ns, _reply), delay_ms in zip(timed, first["calls"], (20, 60, 40)):
+            said = f"kernel {ev.value2}+{ev.value / 1e6:.2f} ms vs client {start_ns}+{dur_ns / 1e6:.2f} ms"
+            assert start_ns <= ev.value2 and ev.value2 + ev.value <= start_ns + dur_ns, said
+            assert ev.value >= delay_ms * 1e6, said
 
         before = len(kernel_audit.records)
         kernel_plane.quarantine(p_ep, b_ep, 9, monotonic_deadline_ns(30))
