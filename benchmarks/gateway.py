@@ -405,17 +405,17 @@ def main() -> int:
                 stub.RegisterInstance(convert.register_request(reg, onnx_model=lite.full.read_bytes()), timeout=10)
         # as `policyc gateway` runs it (gateway/runner.py): Envoy reaches the picker on its Unix socket
         # and sends policyc its access log, from which the picker learns breaks and request ends
-        picker = PickerServer(server, PickerConfig(unix_socket=str(work / "picker.sock")))
-        picker_port = thread.call(picker.start())
+        # (following that log, it is told so before it starts: its method is then unary-unary, `headers_only`)
+        picker = PickerServer(server, PickerConfig(unix_socket=str(work / "picker.sock"),
+                                                   headers_only=args.breaks == "access-log"))
         als: AccessLogServer | None = None
         if args.breaks == "access-log":
             assert server.audit is not None
             als = AccessLogServer(AccessLogReceiver(server.audit.accounting if args.accounting else None,  # as `policyc gateway`
                                                     every_attempt=False))
-            als_at: str | None = thread.call(als.start())
             picker.picker.follow_access_log(als.receiver)
-        else:
-            als_at = None
+        picker_port = thread.call(picker.start())
+        als_at: str | None = thread.call(als.start()) if als is not None else None
         endpoints = tuple(i.endpoint for i in models.instances)
         noop, _ = thread.call(_start_noop(endpoints, str(work / "noop.sock")))
         modes = [("policyc", True, f"unix:{work / 'picker.sock'}"), ("no-op ext_proc", True, f"unix:{work / 'noop.sock'}"),
@@ -427,11 +427,11 @@ def main() -> int:
             sink = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "otlp_sink.py")], stdout=subprocess.PIPE, text=True)
             assert sink.stdout is not None
             otlp_at = f"127.0.0.1:{sink.stdout.readline().split()[1]}"
-            traced = PickerServer(server, PickerConfig(unix_socket=str(work / "picker-traced.sock")))
-            thread.call(traced.start())
+            traced = PickerServer(server, PickerConfig(unix_socket=str(work / "picker-traced.sock"), headers_only=als is not None))
             traced.picker.tracer = PickerTracer(otlp_at)
             if als is not None:
                 traced.picker.follow_access_log(als.receiver)
+            thread.call(traced.start())
             modes.insert(1, ("policyc traced", True, f"unix:{work / 'picker-traced.sock'}"))
         targets = {}
         pickers = {"policyc": picker, **({"policyc traced": traced} if args.otlp else {})}
