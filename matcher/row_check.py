@@ -61,8 +61,8 @@ class RowFacts:
 
     def _grow(self, size: int) -> None:
         rows = self.rows
-        if size > len(rows):
-            rows.extend([None] * (max(size, 2 * len(rows)) - len(rows)))
+        if size > len(rows):  # by an eighth at least: amortised, without doubling a million-slot list at one add
+            rows.extend([None] * (max(size, len(rows) + len(rows) // 8 + 64) - len(rows)))
 
     def put(self, slot: int, attrs: Attrs) -> None:
         self._grow(slot + 1)
