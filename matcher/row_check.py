@@ -3,11 +3,12 @@
 A check by id must cost less than anything built for the request: a dict lookup for the
 slot, then a few reads of the slot's row. Each live slot keeps one `Row`, a plain tuple in
 a plain Python list: (its attributes, a bitmask of the bundle's static requirements, those
-that read no request value, it meets, then the value of every attribute the rules read in
-a fixed order; None where it has none). A numpy read costs ~100 ns a scalar, a roaring
-bitmap probe ~100 ns and a dict lookup by name ~40 ns; a list's or a tuple's read by
-position ~10 ns. The instances of one row group (a bulk registration's rows that agree on
-every attribute the rules read) share one tuple, so the list costs 8 bytes a slot.
+that read no request value, it meets, then the value of each attribute a requirement
+compares with a request variable, in a fixed order; None where it has none). A numpy read
+costs ~100 ns a scalar, a roaring bitmap probe ~100 ns and a dict lookup by name ~40 ns; a
+list's or a tuple's read by position ~10 ns. The instances of one index group (a bulk
+load's instances that agree on every attribute the rules read) share one tuple, so the
+list costs 8 bytes a slot.
 
 A rule shape (the rules that apply to requests like this one) is compiled once into a
 `RowCheck`: Python source made for the shape, with the static requirements as one mask
@@ -15,8 +16,10 @@ test and, per plain atom (an attribute compared with a request variable), one re
 position and one comparison written inline; anything else is the closure `compile_row`
 makes, called on the attributes. Names enter the source only as `repr` literals. The
 meaning is `semantics.require_holds` of every applying rule's requirement on the row,
-exactly (`tests/matcher/test_fleet_scale.py` holds it to the naive scan on every
-instance, `tests/matcher/test_row_check.py` every comparator and a missing attribute).
+exactly: `tests/matcher/test_differential.py` holds `admits` of every instance to the
+naive scan on rules of every shape (`!=`, `not in`, `or`, `not`, labels present or absent)
+through adds, removals and updates, `tests/matcher/test_fleet_scale.py` on generated
+fleets.
 """
 
 from __future__ import annotations
