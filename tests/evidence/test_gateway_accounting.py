@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
+import grpc
 from evidence_support import EvidenceRig, signal_events
 from gateway_rig import PRIMARY
 
@@ -21,6 +23,21 @@ IDS = token_ids(64)
 BASE = (("x-model", PRIMARY), ("x-data-region", "us-west"), ("x-tenant", "acme-bank"))
 STALL = ("x-policyc-stall-ms", "5000")
 FRAMING = 2048  # bytes of HTTP/2 frames, HPACK headers and the gRPC prefix a call may add on the wire
+
+
+def answered(client: OipClient, metadata: tuple[tuple[str, str], ...] = BASE, timeout_s: float = 30.0) -> Any:
+    """One call, answered. An earlier test's breaks (a loaded machine's calls over their 3x-predicted budget) report
+    anomalies that lower the rig's one GPU's health for a moment (0.02 back a tick): a refusal naming that is
+    waited out, as a client would retry; any other refusal is the test's failure."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.infer(PRIMARY, IDS, metadata=metadata, timeout=10)
+        except grpc.RpcError as e:
+            if e.code() is not grpc.StatusCode.UNAVAILABLE or "health ruled out" not in (e.details() or "") \
+                    or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.25)
 
 
 def accounting_of(rig: EvidenceRig, decision_id: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
@@ -41,7 +58,7 @@ def test_every_call_gets_one_measured_record_agreeing_with_what_was_sent(rig: Ev
     counts = rig.gateway.access_log.receiver.counts  # type: ignore[union-attr]
     before = counts.entries
     with OipClient(rig.listen) as client:
-        answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(5)]
+        answers = [answered(client) for _ in range(5)]
     for a in answers:
         got = accounting_of(rig, a.decision_id)
         rec, detail = got["record"], got["detail"]
@@ -73,7 +90,7 @@ def test_a_broken_and_retried_call_shows_both_attempts(rig: EvidenceRig) -> None
     counts = rig.gateway.access_log.receiver.counts  # type: ignore[union-attr]
     before = counts.entries
     with OipClient(rig.listen) as client:
-        a = client.infer(PRIMARY, IDS, metadata=BASE + (STALL,), timeout=10)
+        a = answered(client, BASE + (STALL,))
     assert a.variant == "simplified"  # answered by the backup after the per-try timeout
     detail = accounting_of(rig, a.decision_id)["detail"]
     assert counts.entries - before == 2  # the call's entry and the broken attempt's
@@ -92,7 +109,7 @@ def test_a_broken_and_retried_call_shows_both_attempts(rig: EvidenceRig) -> None
 
 def test_the_report_shows_measured_network_and_compute_for_the_calls(rig: EvidenceRig) -> None:
     with OipClient(rig.listen) as client:
-        a = client.infer(PRIMARY, IDS, metadata=BASE, timeout=10)
+        a = answered(client)
     accounting_of(rig, a.decision_id)
     with AuditReader.open(rig.workdir / "audit.db") as reader:
         report = reader.report(by="model")
@@ -107,7 +124,7 @@ def test_upstream_connect_time_is_measured_and_reaches_the_signal_windows_once_p
     assert windows is not None
     with signal_events(windows) as seen:
         with OipClient(rig.listen) as client:
-            answers = [client.infer(PRIMARY, IDS, metadata=BASE, timeout=10) for _ in range(4)]
+            answers = [answered(client) for _ in range(4)]
         details = [accounting_of(rig, a.decision_id)["detail"]["downstream"] for a in answers]
         time.sleep(0.3)  # the listener runs as each record settles; nothing further to wait for
     for d in details:
