@@ -183,6 +183,7 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         req = self.picks.recent.get(did)
         if req is None:  # not an LLM request the picker read: nothing to hold or measure
             await context.write(_SKIP)
+            await self._pass(context)
             return
         attempt = int(h.get(ATTEMPT_COUNT, "1")) if h.get(ATTEMPT_COUNT, "1").isdigit() else 1
         ev = Evidence(did, attempt, req.model, req.stream, time.perf_counter())
@@ -204,6 +205,30 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 ev.reset = True
                 self._record(req, ev)
             raise
+
+    @staticmethod
+    async def _pass(context: grpc.aio.ServicerContext) -> None:
+        """Whatever Envoy still sends after the skip, passed back unchanged until the answer ends: the
+        stream closed at once after it left Envoy passing the answer's headers without its body now and
+        then (an empty 200 to GET /v1/models, 2 in 10)."""
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("request")
+            if kind == "response_headers":
+                await context.write(_CONTINUE_RESPONSE)
+                if msg.response_headers.end_of_stream:
+                    return
+            elif kind == "response_body":
+                await context.write(_body(msg.response_body.body, msg.response_body.end_of_stream))
+                if msg.response_body.end_of_stream:
+                    return
+            elif kind == "response_trailers":
+                await context.write(_CONTINUE_TRAILERS)
+                return
+            else:
+                await context.write(empty_for(kind or ""))
 
     async def _answer(self, context: grpc.aio.ServicerContext, req: LlmRequest, ev: Evidence) -> None:
         headers_pending = False

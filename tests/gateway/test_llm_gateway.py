@@ -126,6 +126,7 @@ def test_models_route(llm_gateway: LlmGateway) -> None:
     body = r.read()
     c.close()
     assert r.status == 200, (r.status, r.getheaders(), body[:300])
+    assert body, (r.status, dict(r.getheaders()))
     assert json.loads(body)["data"][0]["id"] == LLM
 
 
