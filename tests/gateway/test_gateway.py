@@ -84,7 +84,7 @@ def test_new_request_shapes_through_the_gateway_run_no_z3_on_the_serving_loop(ga
      ["`compliance.healthcare-eu`", "`routing.pinned-model`"]),
     # the fleet has instances that may serve a healthcare request, none of them with an endpoint
     ((("x-tenant", "st-marys"),), grpc.StatusCode.UNAVAILABLE,
-     ["satisfy the applicable rules, but none has an endpoint", "`compliance.healthcare-eu` (policies/routing.contract"]),
+     ["satisfy the applicable rules, but none has an endpoint", "`compliance.healthcare-eu` (", "policies/routing.contract:"]),
     ((("x-model", "support-chatbot"),), grpc.StatusCode.UNAVAILABLE, ["none has an endpoint", "`routing.pinned-model`"]),
     ((("x-model", PRIMARY), ("x-slo-latency", "150ms")), grpc.StatusCode.PERMISSION_DENIED, ["`routing.latency-target`"]),
 ])
