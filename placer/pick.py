@@ -31,7 +31,7 @@ from policyc.compiler.bundle import Contract, GpuClass
 from .evaluate import Evaluation
 from .evaluated import Evaluated
 from .plan import SessionMove
-from .readings import NO_READINGS, Readings
+from .readings import NO_READINGS, Reading, Readings
 from .request_facts import CURRENT, RequestFacts
 from .signals import REGISTRY
 from .signals.gateway_in_flight import GatewayInFlight, InFlightCounts
@@ -71,6 +71,8 @@ class Picker:
         self._sessions: dict[str, int] = {}  # session -> topology GPU
         self.in_flight = InFlightCounts()  # this gateway's requests in flight per GPU (`begin`/`end` by the gateway)
         self.prefixes = PrefixIndex()  # which GPUs served which prompt prefixes (`signals/prefix_affinity.py`)
+        self._rows_of: Topology | None = None  # the topology `_rows` maps the GPU keys of
+        self._rows: dict[str, int] = {}
 
     def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
                key: str, readings: Readings = NO_READINGS,
@@ -107,33 +109,47 @@ class Picker:
         """The best feasible row once each candidate's rank has the request-stage signals'
         seconds added (in flight; this prompt's predicted TTFT less its prefix credit; past
         the request's TTFT SLO: `LATE`), the feasible rows' ranks so adjusted, and the
-        plan's line when they moved the choice off the model's best."""
+        plan's line when they moved the choice off the model's best.
+
+        Vectorised over the feasible candidates by their GPU's topology row (ints, not key
+        strings): the in-flight counts are arrays by row (`InFlightCounts.gather_rows`), the
+        per-token prefill an array by GPU class (`PredictedTtft.per_token_by_model`), the
+        readings and the prefix index visited once for the few GPUs they name. A key string is
+        made only for the plan's lines. `tests/placer/test_pick_adjusted.py` holds it equal to
+        the same rules stated GPU key by GPU key."""
         feas = ev.feasible
-        keys = t.gpu_keys
-        gpus = [keys[int(ev.gpus[r])] for r in feas]
-        rank = np.array([float(ev.rank[r]) for r in feas])
+        n = len(feas)
+        at = np.array(feas, dtype=np.intp)
+        rows = np.asarray(ev.gpus, dtype=np.int64)[at]  # each feasible candidate's topology GPU row
+        rank = np.asarray(ev.rank, dtype=np.float64)[at]
         adj = rank.copy()
-        counts = secs = added = np.zeros(len(feas))
+        counts = secs = added = np.zeros(n)
         lines: list[str] = []
+        index = self._index(t)
         if self.in_flight.busy():
-            counts, secs = self.in_flight.gather(gpus)
+            counts, secs = self.in_flight.gather_rows(t, index, len(t.gpus), rows)
             added = IN_FLIGHT.added(counts, secs, rank)
             adj += added
+        keys = t.gpu_keys
         ttft: np.ndarray | None = None
         n_late = 0
         if facts is not None:
-            per = PREDICTED.per_token(contract, catalog)
             names, model_idx = t.gpu_models
-            prefill = facts.prompt_tokens * np.array([per.get(names[model_idx[int(ev.gpus[r])]], 0.0) for r in feas])
-            ttft = PREDICTED.added(prefill, PREDICTED.waiting(readings, gpus))
+            prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[model_idx[rows]]
+            fresh = _readings_at(readings, keys, index, rows)
+            ttft = PREDICTED.added(prefill, PREDICTED.waiting_at(fresh, n))
             if facts.prefix:
-                matched = self.prefixes.matched(facts.prefix, gpus)
+                matched = np.zeros(n)
+                for g, depth in self.prefixes.held(facts.prefix).items():
+                    row = index.get(g)
+                    if row is not None:
+                        matched[rows == row] = depth
                 if matched.any():
-                    credit = PREFIX.credit(matched, len(facts.prefix), prefill, PREFIX.saturated(readings, gpus, counts))
+                    credit = PREFIX.credit(matched, len(facts.prefix), prefill, PREFIX.saturated_at(fresh, counts))
                     ttft = ttft - credit
                     k = int(np.argmax(credit))
                     if credit[k] > 0:
-                        lines.append(PREFIX.note(gpus[k], float(matched[k]), len(facts.prefix), float(credit[k])))
+                        lines.append(PREFIX.note(keys[rows[k]], float(matched[k]), len(facts.prefix), float(credit[k])))
             adj += ttft
             if facts.ttft_s is not None:
                 # a candidate with this gateway's requests in flight is judged with their seconds too (a
@@ -145,22 +161,29 @@ class Picker:
                 if tier is not None:  # the slowest class meeting the SLO with room: faster ones kept for tighter SLOs
                     adj = np.where(tier, adj, adj + LATE)
                     lines.append(PREDICTED.tier_note(int(tier.sum()), facts.ttft_s))
-                elif 0 < n_late < len(feas):  # some candidate is predicted within the SLO: one of those
+                elif 0 < n_late < n:  # some candidate is predicted within the SLO: one of those
                     adj = np.where(late, adj + LATE, adj)
         i = int(np.argmin(adj))
         new = feas[i]
         by_row = dict(zip(feas, adj.tolist()))
         if ttft is not None and facts is not None:
-            lines.append(PREDICTED.note(gpus[i], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < len(feas) else 0,
-                                        n_late < len(feas)))
+            lines.append(PREDICTED.note(keys[rows[i]], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < n else 0,
+                                        n_late < n))
         if new != best:
             j = feas.index(best)
+            gi, gj = keys[rows[i]], keys[rows[j]]
             if counts[j] or counts[i]:
-                lines.append(IN_FLIGHT.note(gpus[j], float(counts[j]), float(secs[j]), float(added[j])) +
-                             f"; chose {gpus[i]} ({float(counts[i]):g} in flight)")
+                lines.append(IN_FLIGHT.note(gj, float(counts[j]), float(secs[j]), float(added[j])) +
+                             f"; chose {gi} ({float(counts[i]):g} in flight)")
             else:
-                lines.append(f"chose {gpus[i]} over the model's best {gpus[j]}")
+                lines.append(f"chose {gi} over the model's best {gj}")
         return new, by_row, "; ".join(lines) or None
+
+    def _index(self, t: Topology) -> dict[str, int]:
+        """Each GPU key's row in `t` (made once per topology: readings and the counters name GPUs by key)."""
+        if self._rows_of is not t:
+            self._rows, self._rows_of = {k: i for i, k in enumerate(t.gpu_keys)}, t
+        return self._rows
 
     def release_host(self, t: Topology, host: int) -> tuple[tuple[str, ...], int]:
         """Forget every session and sticky choice on host `host` (so each is placed afresh):
@@ -212,6 +235,24 @@ class Picker:
         self._sessions[session] = int(ev.gpus[choice])
         return choice, None, f"session `{session}` starts on {t.gpu_key(int(ev.gpus[choice]))}" + (
             f" (next to its {state} state store)" if state and state != "remote" else "")
+
+
+def _readings_at(readings: Readings, keys: Sequence[str], index: Mapping[str, int],
+                 rows: np.ndarray) -> list[tuple[int, Reading]]:
+    """(candidate position, its GPU's reading) for the candidates of topology GPU `rows`
+    whose GPU has a reading: by the readings when they are fewer than the candidates (a few
+    model servers), else by the candidates' keys."""
+    if not readings:
+        return []
+    if len(readings) < len(rows):
+        out: list[tuple[int, Reading]] = []
+        for k, r in readings.items():
+            row = index.get(k)
+            if row is not None:
+                out.extend((int(i), r) for i in np.flatnonzero(rows == row))
+        return out
+    get = readings.get
+    return [(i, r) for i, g in enumerate(rows.tolist()) if (r := get(keys[g])) is not None]
 
 
 __all__ = ["Kept", "Picker"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -55,6 +55,12 @@ class InFlightCounts:
         self._seconds: dict[str, float] = {}
         self._every: float | None = None  # the same mean over every GPU (a GPU's own stands in for it once measured)
         self.forgotten = 0  # requests whose end never came (expired or pushed out)
+        # the same counts and means as arrays by the GPU row of one topology (`gather_rows`: the pick reads
+        # them by fancy index, not key by key), kept in step with the dicts and rebuilt when the topology changes
+        self._owner: object | None = None
+        self._row: Mapping[str, int] = {}
+        self._count_at = np.zeros(0)
+        self._seconds_at = np.full(0, np.nan)  # NaN: none ended there (a measured duration is never NaN)
 
     def begin(self, decision_id: str, gpu: str) -> None:
         """A pick forwarded to `gpu` (`host/gpuN`)."""
@@ -65,6 +71,9 @@ class InFlightCounts:
             self._expire(now)
             self._open[decision_id] = (gpu, now)
             self._count[gpu] = self._count.get(gpu, 0) + 1
+            i = self._row.get(gpu)
+            if i is not None:
+                self._count_at[i] += 1
 
     def end(self, decision_id: str) -> float | None:
         """The request ended: its GPU's count falls and its duration enters the GPU's mean.
@@ -78,7 +87,10 @@ class InFlightCounts:
             self._drop(gpu)
             took = max(now - began, 0.0)
             prev = self._seconds.get(gpu)
-            self._seconds[gpu] = took if prev is None else prev + ALPHA * (took - prev)
+            self._seconds[gpu] = mean = took if prev is None else prev + ALPHA * (took - prev)
+            i = self._row.get(gpu)
+            if i is not None:
+                self._seconds_at[i] = mean
             every = self._every
             self._every = took if every is None else every + ALPHA * (took - every)
             return took
@@ -110,12 +122,39 @@ class InFlightCounts:
             secs = np.array([s.get(g, every) for g in gpus], dtype=np.float64)
         return counts, secs
 
+    def gather_rows(self, owner: object, rows: Mapping[str, int], n: int, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`gather` by GPU row: `at`, rows of the topology `owner` whose GPU keys `rows` maps to
+        their rows (`n` of them). The arrays follow one topology; another rebuilds them (once)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            if owner is not self._owner or len(self._count_at) != n:
+                self._bind(owner, rows, n)
+            counts = self._count_at[at]
+            s = self._seconds_at[at]
+            secs = s if self._every is None else np.where(np.isnan(s), self._every, s)
+        return counts, secs
+
+    def _bind(self, owner: object, rows: Mapping[str, int], n: int) -> None:
+        """The arrays rebuilt for `owner`'s rows from the dicts (under the lock)."""
+        count_at, seconds_at = np.zeros(n), np.full(n, np.nan)
+        for g, k in self._count.items():
+            if (i := rows.get(g)) is not None:
+                count_at[i] = k
+        for g, v in self._seconds.items():
+            if (i := rows.get(g)) is not None:
+                seconds_at[i] = v
+        self._owner, self._row, self._count_at, self._seconds_at = owner, rows, count_at, seconds_at
+
     def _drop(self, gpu: str) -> None:
         n = self._count.get(gpu, 0) - 1
         if n > 0:
             self._count[gpu] = n
         else:
             self._count.pop(gpu, None)
+        i = self._row.get(gpu)
+        if i is not None:
+            self._count_at[i] = max(n, 0)
 
     def _expire(self, now: float) -> None:
         """Forget the oldest requests past `max_age_s`, or beyond `max_open` (under the lock)."""

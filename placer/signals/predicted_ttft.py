@@ -46,7 +46,7 @@ from policyc.compiler.meaning import compute_rate
 
 from ..framework import Column, RequestInputs, Signal, Stage, Words
 from ..plan import Constraint
-from ..readings import Readings
+from ..readings import Reading, Readings
 
 WAITING = "queue_depth"
 
@@ -63,6 +63,7 @@ class PredictedTtft(Signal[RequestInputs]):
         self.max_age_s, self.headroom = max_age_s, headroom
         self._lock = threading.Lock()
         self._per_token: dict[tuple[int, int], tuple[Contract, Mapping[str, GpuClass], dict[str, float]]] = {}
+        self._by_model: dict[tuple[int, int, int], tuple[Contract, Mapping[str, GpuClass], tuple[str, ...], np.ndarray]] = {}
 
     def reference(self, x: RequestInputs) -> Column:
         """It never refuses: the prediction orders the feasible candidates at the pick."""
@@ -87,6 +88,33 @@ class PredictedTtft(Signal[RequestInputs]):
             if len(self._per_token) > 256:
                 self._per_token.clear()
             self._per_token[key] = (contract, catalog, out)
+        return out
+
+    def per_token_by_model(self, contract: Contract, catalog: Mapping[str, GpuClass], names: tuple[str, ...]) -> np.ndarray:
+        """`per_token` as an array aligned with the class names `names` (a topology's
+        `gpu_models`; 0 where the class has none). Kept per (contract, catalog, names) object."""
+        key = (id(contract), id(catalog), id(names))
+        hit = self._by_model.get(key)
+        if hit is not None and hit[0] is contract and hit[1] is catalog and hit[2] is names:
+            return hit[3]
+        per = self.per_token(contract, catalog)
+        out = np.array([per.get(n, 0.0) for n in names], dtype=np.float64)
+        out.flags.writeable = False
+        with self._lock:
+            if len(self._by_model) > 256:
+                self._by_model.clear()
+            self._by_model[key] = (contract, catalog, names, out)
+        return out
+
+    def waiting_at(self, fresh: Sequence[tuple[int, Reading]], n: int) -> np.ndarray:
+        """`waiting` with the readings already found: `fresh`, (candidate position, its
+        reading) for the `n` candidates' that have one (the pick finds them once for both uses)."""
+        out = np.zeros(n, dtype=np.float64)
+        for i, r in fresh:
+            if r.age_s <= self.max_age_s:
+                w = r.values.get(WAITING)
+                if w is not None and 0 <= w < float("inf"):
+                    out[i] = w
         return out
 
     def waiting(self, readings: Readings, gpus: Sequence[str]) -> np.ndarray:

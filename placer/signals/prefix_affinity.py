@@ -36,7 +36,7 @@ import numpy as np
 from ..framework import Column, RequestInputs, Signal, Words
 from ..framework import Stage
 from ..plan import Constraint
-from ..readings import Readings
+from ..readings import Reading, Readings
 
 KEY = "prefix_affinity"
 WAITING, KV = "queue_depth", "kv_cache_usage"
@@ -68,9 +68,18 @@ class PrefixIndex:
     def matched(self, blocks: Sequence[int], gpus: Sequence[str]) -> np.ndarray:
         """Per GPU key of `gpus`: how many of `blocks`, consecutively from the first, it served."""
         out = np.zeros(len(gpus), dtype=np.float64)
-        if not blocks:
-            return out
+        held = self.held(blocks)
+        if held:
+            for i, g in enumerate(gpus):
+                out[i] = held.get(g, 0)
+        return out
+
+    def held(self, blocks: Sequence[int]) -> dict[str, int]:
+        """Per GPU key that served `blocks[0]`: how many of `blocks`, consecutively from the
+        first, it served (at most `per_block` keys; the pick spreads them over its rows)."""
         held: dict[str, int] = {}
+        if not blocks:
+            return held
         with self._lock:
             d = self._gpus
             alive = set(d.get(blocks[0], ()))
@@ -82,9 +91,7 @@ class PrefixIndex:
                 if depth == len(blocks):
                     break
                 alive &= set(d.get(blocks[depth], ()))
-        for i, g in enumerate(gpus):
-            out[i] = held.get(g, 0)
-        return out
+        return held
 
 
 class PrefixAffinity(Signal[RequestInputs]):
@@ -110,6 +117,18 @@ class PrefixAffinity(Signal[RequestInputs]):
         for i, g in enumerate(gpus):
             r = readings.get(g)
             if r is None or not (r.age_s <= self.max_age_s):
+                continue
+            w, kv = r.values.get(WAITING), r.values.get(KV)
+            if (w is not None and w >= self.max_waiting) or (kv is not None and kv >= self.max_kv):
+                out[i] = True
+        return out
+
+    def saturated_at(self, fresh: Sequence[tuple[int, Reading]], in_flight: np.ndarray) -> np.ndarray:
+        """`saturated` with the readings already found: `fresh`, (candidate position, its
+        reading) for the candidates that have one (the pick finds them once for both uses)."""
+        out = in_flight >= self.max_in_flight
+        for i, r in fresh:
+            if not (r.age_s <= self.max_age_s):
                 continue
             w, kv = r.values.get(WAITING), r.values.get(KV)
             if (w is not None and w >= self.max_waiting) or (kv is not None and kv >= self.max_kv):
