@@ -12,7 +12,8 @@ state, plus noise), and the contract-aware placer without and with the bundle's 
 budget breakers (`policies/breakers.contract`: `slo-budget` at several fractions of the SLO,
 and `slow-placement`, at three times the latency the placement predicted); the baselines have no
 breaker. `--against REV` also times `Placer.place` against the placer at
-a git revision, in paired rounds.
+a git revision, in paired rounds; `--pick-against REV` times only `Picker.choose` (the
+request-stage signals on, 32 and 64 candidates) against the picker at REV.
 """
 
 from __future__ import annotations
@@ -321,6 +322,82 @@ def bench_against(rev: str, hosts: int, n: int, rounds: int) -> dict[int, dict[s
     return out
 
 
+def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int], dict[str, float]]:
+    """`Picker.choose` alone today against the picker at `rev`, paired rounds in the same run
+    (thread CPU µs per pick), on 32 and 64 feasible candidates, with the request-stage
+    signals on: this gateway's requests in flight on some candidates ("in flight": the
+    gateway's gRPC path), and also an LLM request's facts ("llm": prefix held on two
+    candidates, a TTFT SLO, four model servers' readings, an `llm` contract)."""
+    import importlib
+
+    from policyc.compiler.bundle import Llm
+
+    old_mod = placer_at(rev)
+    import policyc.placer as new_mod
+
+    base = contract()
+    llm_c = base.model_copy(update={"llm": Llm(prefill_flops=50e-6 * base.compute.efficiency * 989e12,
+                                                decode_flops=1e6, context=8192)})
+    catalog = {g.name: g for g in DEFAULT_CATALOG}
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for case in ("in flight", "llm"):
+        for k in (32, 64):
+            envs = {}
+            for name, mod in (("before", old_mod), ("after", new_mod)):
+                sub = {m: importlib.import_module(f"{mod.__name__}.{m}") for m in ("pick", "evaluated", "request_facts", "readings")}
+                t = mod.SimulatedCluster(seed=3, hosts=hosts, gpus_per_host=8).topology()
+                rng = np.random.default_rng(k)
+                rows = rng.choice(len(t.gpus), k, replace=False)
+
+                class Cands(sub["evaluated"].Evaluated):  # the lists the choice reads; nothing else is
+                    __slots__ = ()
+
+                    def row(self, r: int, snap: Any, sites: Any) -> Any:
+                        raise AssertionError
+
+                    def evaluation(self) -> Any:
+                        raise AssertionError
+
+                ev = Cands(rows, [-1] * k, (0.02 + 0.01 * rng.random(k)).tolist())
+                picker = sub["pick"].Picker()
+                for i, g in enumerate(rows[:8]):  # eight requests in flight, three of them ended
+                    picker.in_flight.begin(f"d{i}", t.gpu_keys[int(g)])
+                for i in range(3):
+                    picker.in_flight.end(f"d{i}")
+                facts = None
+                readings: dict[str, Any] = {}
+                if case == "llm":
+                    prompt = tuple(range(1, 21))
+                    for g in rows[10:12]:
+                        picker.prefixes.record(prompt, t.gpu_keys[int(g)])
+                    readings = {t.gpu_keys[int(g)]: sub["readings"].Reading({"queue_depth": 1.0, "kv_cache_usage": 0.3}, 0.05)
+                                for g in rows[8:12]}
+                    facts = sub["request_facts"].RequestFacts(prompt, 1000.0, 0.2)
+                envs[name] = (picker, t, ev, readings, facts, sub["request_facts"].CURRENT)
+
+            def loop(name: str, count: int) -> float:
+                picker, t, ev, readings, facts, current = envs[name]
+                c = llm_c if facts is not None else base
+                token = current.set(facts)
+                try:
+                    c0 = time.thread_time()
+                    for i in range(count):
+                        picker.choose(t, ev, c, None, f"key{i % 4}", readings, catalog)
+                    return (time.thread_time() - c0) / count * 1e6
+                finally:
+                    current.reset(token)
+
+            for name in envs:
+                loop(name, 200)
+            got: dict[str, list[float]] = {"before": [], "after": []}
+            for _ in range(rounds):
+                for name in got:
+                    got[name].append(loop(name, n))
+            out[(case, k)] = {"before": min(got["before"]), "after": min(got["after"]),
+                              "paired": statistics.median(a / b for a, b in zip(got["before"], got["after"]))}
+    return out
+
+
 # ----------------------------------------------------------------------------- tail simulation
 
 
@@ -601,7 +678,15 @@ def main() -> None:
     ap.add_argument("--plot", default="", help="write the tail-latency plot to this PNG")
     ap.add_argument("--against", default="", metavar="REV",
                     help="also time Placer.place against the placer at this git revision (paired rounds)")
+    ap.add_argument("--pick-against", default="", metavar="REV",
+                    help="only time Picker.choose (32/64 candidates, request-stage signals on) against the picker at REV")
     a = ap.parse_args()
+    if a.pick_against:
+        for (case, kk), v in bench_pick(a.pick_against, 1000, 2000 if a.quick else 5000, 5 if a.quick else 7).items():
+            print(f"Picker.choose, {kk} candidates, {case}, against {a.pick_against} (thread CPU, best of paired rounds): "
+                  f"before {v['before']:.1f} us, after {v['after']:.1f} us -> ratio {v['before'] / v['after']:.2f}x "
+                  f"(median of paired rounds {v['paired']:.2f}x)")
+        return
     hosts = 1000
     ticks, per_tick, n_place = (30, 25, 500) if a.quick else (100, 40, 2000)
     k = 64

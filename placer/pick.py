@@ -61,6 +61,22 @@ class Kept:
                 f"{self._abs * 1e3:g} ms of the best, {t.gpu_key(self._best)})")
 
 
+class Adjusted:
+    """The feasible rows' adjusted ranks, read by row (`adjusted[r]`); made for every adjusted
+    pick, read only when a sticky choice is weighed, so nothing is copied until then."""
+
+    __slots__ = ("rows", "ranks")
+
+    def __init__(self, rows: list[int], ranks: np.ndarray) -> None:
+        self.rows, self.ranks = rows, ranks
+
+    def __getitem__(self, r: int) -> float:
+        return float(self.ranks[self.rows.index(r)])
+
+    def as_dict(self) -> dict[int, float]:
+        return dict(zip(self.rows, self.ranks.tolist()))
+
+
 class Picker:
     """`choose(...)` the candidate for one request; `release_host(...)` for a rebalance."""
 
@@ -85,7 +101,7 @@ class Picker:
         if session is not None:
             return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
                                         contract)
-        rank: Sequence[float] | dict[int, float] = ev.rank
+        rank: Sequence[float] | Adjusted = ev.rank
         note: Kept | str | None = None
         facts = CURRENT.get()
         if facts is not None and (contract.llm is None or not catalog):
@@ -105,7 +121,7 @@ class Picker:
         return choice, None, note
 
     def _adjusted(self, t: Topology, ev: Evaluated, best: int, contract: Contract, facts: RequestFacts | None,
-                  readings: Readings, catalog: Mapping[str, GpuClass]) -> tuple[int, dict[int, float], str | None]:
+                  readings: Readings, catalog: Mapping[str, GpuClass]) -> tuple[int, Adjusted, str | None]:
         """The best feasible row once each candidate's rank has the request-stage signals'
         seconds added (in flight; this prompt's predicted TTFT less its prefix credit; past
         the request's TTFT SLO: `LATE`), the feasible rows' ranks so adjusted, and the
@@ -165,7 +181,7 @@ class Picker:
                     adj = np.where(late, adj + LATE, adj)
         i = int(np.argmin(adj))
         new = feas[i]
-        by_row = dict(zip(feas, adj.tolist()))
+        by_row = Adjusted(feas, adj)
         if ttft is not None and facts is not None:
             lines.append(PREDICTED.note(keys[rows[i]], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < n else 0,
                                         n_late < n))
@@ -245,14 +261,10 @@ def _readings_at(readings: Readings, keys: Sequence[str], index: Mapping[str, in
     if not readings:
         return []
     if len(readings) < len(rows):
-        out: list[tuple[int, Reading]] = []
-        for k, r in readings.items():
-            row = index.get(k)
-            if row is not None:
-                out.extend((int(i), r) for i in np.flatnonzero(rows == row))
-        return out
+        by_row = {row: r for k, r in readings.items() if (row := index.get(k)) is not None}
+        return [(i, by_row[g]) for i, g in enumerate(rows.tolist()) if g in by_row]
     get = readings.get
     return [(i, r) for i, g in enumerate(rows.tolist()) if (r := get(keys[g])) is not None]
 
 
-__all__ = ["Kept", "Picker"]
+__all__ = ["Adjusted", "Kept", "Picker"]

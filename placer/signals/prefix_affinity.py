@@ -60,6 +60,10 @@ class PrefixIndex:
         with self._lock:
             d = self._gpus
             for h in blocks:
+                had = d.get(h)
+                if had is not None and had[0] == gpu:  # already its most recent: only the block's recency moves
+                    d.move_to_end(h)
+                    continue
                 had = d.pop(h, ())
                 d[h] = (gpu, *(g for g in had if g != gpu))[:self.per_block]
             while len(d) > self.max_blocks:
@@ -80,17 +84,14 @@ class PrefixIndex:
         held: dict[str, int] = {}
         if not blocks:
             return held
+        n = len(blocks)
         with self._lock:
-            d = self._gpus
-            alive = set(d.get(blocks[0], ()))
-            depth = 0
-            while alive:
-                depth += 1
-                for g in alive:
-                    held[g] = depth
-                if depth == len(blocks):
-                    break
-                alive &= set(d.get(blocks[depth], ()))
+            get = self._gpus.get
+            for g in get(blocks[0], ()):  # a GPU that served the first block: how far its run goes
+                depth = 1
+                while depth < n and g in get(blocks[depth], ()):
+                    depth += 1
+                held[g] = depth
         return held
 
 

@@ -23,6 +23,7 @@ from policyc.placer.pick import IN_FLIGHT, LATE, PREDICTED, PREFIX, Picker
 from policyc.placer.readings import Reading, Readings
 from policyc.placer.request_facts import RequestFacts
 from policyc.placer.signals.gateway_in_flight import InFlightCounts
+from policyc.placer.signals.prefix_affinity import PrefixIndex
 from policyc.placer.sites import Sites
 from policyc.placer.snapshot import Snapshot
 from policyc.placer.topology import Topology
@@ -159,8 +160,9 @@ def test_the_vectorised_adjustment_equals_its_key_by_key_reference(
     try:
         for _ in range(2):  # twice: the second reads the arrays bound on the first
             want = reference(p, T, ev, ev.best, CONTRACT, rf, measured, CATALOG)
-            got = p._adjusted(T, ev, ev.best, CONTRACT, rf, measured, CATALOG)
-            assert got == want
+            new, ranks, note = p._adjusted(T, ev, ev.best, CONTRACT, rf, measured, CATALOG)
+            assert (new, ranks.as_dict(), note) == want
+            assert all(ranks[r] == want[1][r] for r in ev.feasible)
             p.in_flight.begin("later", key(0))  # a pick forwarded between the two: the arrays follow
     finally:
         PREDICTED.headroom = was
@@ -195,3 +197,40 @@ def test_the_per_token_array_follows_the_class_names() -> None:
     arr = PREDICTED.per_token_by_model(CONTRACT, CATALOG, names)
     assert arr.tolist() == [per.get(n, 0.0) for n in names] and arr is PREDICTED.per_token_by_model(CONTRACT, CATALOG, names)
     assert PREDICTED.per_token_by_model(contract(), CATALOG, names).tolist() == [0.0] * len(names)  # no `llm` block
+
+
+class _NaiveIndex:
+    """The prefix index's rules stated plainly: every record re-inserts each block, most recent GPU first."""
+
+    def __init__(self, max_blocks: int, per_block: int) -> None:
+        self.max_blocks, self.per_block = max_blocks, per_block
+        self.d: dict[int, tuple[str, ...]] = {}
+
+    def record(self, blocks: tuple[int, ...], gpu: str) -> None:
+        for h in blocks:
+            had = self.d.pop(h, ())
+            self.d[h] = (gpu, *(g for g in had if g != gpu))[:self.per_block]
+        while len(self.d) > self.max_blocks:
+            del self.d[next(iter(self.d))]
+
+    def matched(self, blocks: tuple[int, ...], gpus: list[str]) -> list[float]:
+        def depth(g: str) -> int:
+            n = 0
+            while n < len(blocks) and g in self.d.get(blocks[n], ()):
+                n += 1
+            return n
+        return [float(depth(g)) for g in gpus]
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.tuples(st.sampled_from(PROMPTS), st.integers(0, 5)), max_size=30),
+       asked=st.sampled_from(PROMPTS + ((), (1, 2, 3, 7))), max_blocks=st.integers(1, 12), per_block=st.integers(1, 3))
+def test_the_prefix_index_equals_its_plain_statement(records: list[tuple[tuple[int, ...], int]], asked: tuple[int, ...],
+                                                     max_blocks: int, per_block: int) -> None:
+    ix, naive = PrefixIndex(max_blocks=max_blocks, per_block=per_block), _NaiveIndex(max_blocks, per_block)
+    gpus = [f"h/gpu{i}" for i in range(6)]
+    for blocks, g in records:
+        ix.record(blocks, gpus[g])
+        naive.record(blocks, gpus[g])
+        assert ix.matched(asked, gpus).tolist() == naive.matched(asked, gpus)
+    assert len(ix) == len(naive.d)
