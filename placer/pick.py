@@ -43,6 +43,8 @@ from .topology import Topology
 IN_FLIGHT = cast(GatewayInFlight, REGISTRY["gateway_in_flight"])
 PREFIX = cast(PrefixAffinity, REGISTRY["prefix_affinity"])
 PREDICTED = cast(PredictedTtft, REGISTRY["predicted_ttft"])
+SCALAR_MAX = 16  # feasible candidates up to which a pick without request facts is adjusted in plain Python
+INF = float("inf")
 LATE = 1e3  # seconds added to a candidate predicted past the request's TTFT SLO (one within it wins)
 
 
@@ -67,14 +69,15 @@ class Adjusted:
 
     __slots__ = ("rows", "ranks")
 
-    def __init__(self, rows: list[int], ranks: np.ndarray) -> None:
+    def __init__(self, rows: list[int], ranks: np.ndarray | list[float]) -> None:
         self.rows, self.ranks = rows, ranks
 
     def __getitem__(self, r: int) -> float:
         return float(self.ranks[self.rows.index(r)])
 
     def as_dict(self) -> dict[int, float]:
-        return dict(zip(self.rows, self.ranks.tolist()))
+        ranks = self.ranks
+        return dict(zip(self.rows, ranks.tolist() if isinstance(ranks, np.ndarray) else ranks))
 
 
 class Picker:
@@ -132,9 +135,13 @@ class Picker:
         per-token prefill an array by GPU class (`PredictedTtft.per_token_by_model`), the
         readings and the prefix index visited once for the few GPUs they name. A key string is
         made only for the plan's lines. `tests/placer/test_pick_adjusted.py` holds it equal to
-        the same rules stated GPU key by GPU key."""
+        the same rules stated GPU key by GPU key. A handful of candidates with no request
+        facts (the gateway's gRPC path) takes the same steps in plain Python (`_in_flight_only`):
+        there numpy's cost per call outweighs its work."""
         feas = ev.feasible
         n = len(feas)
+        if facts is None and n <= SCALAR_MAX:
+            return self._in_flight_only(t, ev, best)
         at = np.array(feas, dtype=np.intp)
         rows = np.asarray(ev.gpus, dtype=np.int64)[at]  # each feasible candidate's topology GPU row
         rank = np.asarray(ev.rank, dtype=np.float64)[at]
@@ -194,6 +201,41 @@ class Picker:
             else:
                 lines.append(f"chose {gi} over the model's best {gj}")
         return new, by_row, "; ".join(lines) or None
+
+    def _in_flight_only(self, t: Topology, ev: Evaluated, best: int) -> tuple[int, Adjusted, str | None]:
+        """`_adjusted` with no request facts, row by row: the same sums in the same order
+        (IEEE doubles either way), `np.argmin`'s choice (the first least; the first NaN)."""
+        feas, gpus, ranks, keys = ev.feasible, ev.gpus, ev.rank, t.gpu_keys
+        rank = [float(ranks[r]) for r in feas]
+        n = len(feas)
+        counts: list[float] = [0.0] * n
+        secs: list[float] = counts
+        added: list[float] = counts
+        adj = rank
+        if self.in_flight.busy():
+            counts, secs = self.in_flight.gather_list([keys[gpus[r]] for r in feas])
+            added = [c * (s if s == s and abs(s) != INF else x) for c, s, x in zip(counts, secs, rank)]
+            adj = [x + a for x, a in zip(rank, added)]
+        i, low = 0, adj[0]
+        if low == low:
+            for k in range(1, n):
+                x = adj[k]
+                if x != x:
+                    i = k
+                    break
+                if x < low:
+                    i, low = k, x
+        new = feas[i]
+        note = None
+        if new != best:
+            j = feas.index(best)
+            gi, gj = keys[gpus[new]], keys[gpus[best]]
+            if counts[j] or counts[i]:
+                note = (IN_FLIGHT.note(gj, counts[j], secs[j], added[j]) +
+                        f"; chose {gi} ({counts[i]:g} in flight)")
+            else:
+                note = f"chose {gi} over the model's best {gj}"
+        return new, Adjusted(feas, adj), note
 
     def _index(self, t: Topology) -> dict[str, int]:
         """Each GPU key's row in `t` (made once per topology: readings and the counters name GPUs by key)."""

@@ -122,6 +122,15 @@ class InFlightCounts:
             secs = np.array([s.get(g, every) for g in gpus], dtype=np.float64)
         return counts, secs
 
+    def gather_list(self, gpus: Sequence[str]) -> tuple[list[float], list[float]]:
+        """`gather` as lists (a handful of GPUs: the pick's plain-Python path)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            c, s = self._count, self._seconds
+            every = np.nan if self._every is None else self._every
+            return [float(c.get(g, 0)) for g in gpus], [float(s.get(g, every)) for g in gpus]
+
     def gather_rows(self, owner: object, rows: Mapping[str, int], n: int, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`gather` by GPU row: `at`, rows of the topology `owner` whose GPU keys `rows` maps to
         their rows (`n` of them). The arrays follow one topology; another rebuilds them (once)."""
