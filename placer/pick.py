@@ -206,16 +206,20 @@ class Picker:
         """`_adjusted` with no request facts, row by row: the same sums in the same order
         (IEEE doubles either way), `np.argmin`'s choice (the first least; the first NaN)."""
         feas, gpus, ranks, keys = ev.feasible, ev.gpus, ev.rank, t.gpu_keys
-        rank = [float(ranks[r]) for r in feas]
         n = len(feas)
         counts: list[float] = [0.0] * n
         secs: list[float] = counts
         added: list[float] = counts
-        adj = rank
         if self.in_flight.busy():
             counts, secs = self.in_flight.gather_list([keys[gpus[r]] for r in feas])
-            added = [c * (s if s == s and abs(s) != INF else x) for c, s, x in zip(counts, secs, rank)]
-            adj = [x + a for x, a in zip(rank, added)]
+            added, adj = [], []
+            for r, c, s in zip(feas, counts, secs):  # one loop (a comprehension is a call of its own in 3.11)
+                x = float(ranks[r])
+                a = c * (s if s == s and abs(s) != INF else x)
+                added.append(a)
+                adj.append(x + a)
+        else:
+            adj = [float(ranks[r]) for r in feas]
         i, low = 0, adj[0]
         if low == low:
             for k in range(1, n):

@@ -129,7 +129,11 @@ class InFlightCounts:
             self._expire(now)
             c, s = self._count, self._seconds
             every = np.nan if self._every is None else self._every
-            return [float(c.get(g, 0)) for g in gpus], [float(s.get(g, every)) for g in gpus]
+            counts, secs = [], []
+            for g in gpus:
+                counts.append(float(c.get(g, 0)))
+                secs.append(float(s.get(g, every)))
+            return counts, secs
 
     def gather_rows(self, owner: object, rows: Mapping[str, int], n: int, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`gather` by GPU row: `at`, rows of the topology `owner` whose GPU keys `rows` maps to
