@@ -13,7 +13,7 @@ budget breakers (`policies/breakers.contract`: `slo-budget` at several fractions
 and `slow-placement`, at three times the latency the placement predicted); the baselines have no
 breaker. `--against REV` also times `Placer.place` against the placer at
 a git revision, in paired rounds; `--pick-against REV` times only `Picker.choose` (the
-request-stage signals on, 8, 32 and 64 candidates) against the picker at REV.
+request-stage signals on, 2 to 64 candidates) against the picker at REV.
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def bench_against(rev: str, hosts: int, n: int, rounds: int) -> dict[int, dict[s
 
 def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int], dict[str, float]]:
     """`Picker.choose` alone today against the picker at `rev`, paired rounds in the same run
-    (thread CPU µs per pick), on 8, 32 and 64 feasible candidates, with the request-stage
+    (thread CPU µs per pick), on 2, 8, 32 and 64 feasible candidates, with the request-stage
     signals on: this gateway's requests in flight on some candidates ("in flight": the
     gateway's gRPC path), and also an LLM request's facts ("llm": prefix held on two
     candidates, a TTFT SLO, four model servers' readings, an `llm` contract)."""
@@ -341,7 +341,7 @@ def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int
     catalog = {g.name: g for g in DEFAULT_CATALOG}
     out: dict[tuple[str, int], dict[str, float]] = {}
     for case in ("in flight", "llm"):
-        for k in ((8, 32, 64) if case == "in flight" else (32, 64)):
+        for k in ((2, 8, 32, 64) if case == "in flight" else (32, 64)):
             envs = {}
             for name, mod in (("before", old_mod), ("after", new_mod)):
                 sub = {m: importlib.import_module(f"{mod.__name__}.{m}") for m in ("pick", "evaluated", "request_facts", "readings")}
@@ -360,8 +360,8 @@ def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int
 
                 ev = Cands(rows, [-1] * k, (0.02 + 0.01 * rng.random(k)).tolist())
                 picker = sub["pick"].Picker()
-                for i, g in enumerate(rows[:8]):  # eight requests in flight, three of them ended
-                    picker.in_flight.begin(f"d{i}", t.gpu_keys[int(g)])
+                for i in range(8):  # eight requests in flight (on the first eight candidates), three of them ended
+                    picker.in_flight.begin(f"d{i}", t.gpu_keys[int(rows[i % k])])
                 for i in range(3):
                     picker.in_flight.end(f"d{i}")
                 facts = None
@@ -679,7 +679,7 @@ def main() -> None:
     ap.add_argument("--against", default="", metavar="REV",
                     help="also time Placer.place against the placer at this git revision (paired rounds)")
     ap.add_argument("--pick-against", default="", metavar="REV",
-                    help="only time Picker.choose (8/32/64 candidates, request-stage signals on) against the picker at REV")
+                    help="only time Picker.choose (2/8/32/64 candidates, request-stage signals on) against the picker at REV")
     a = ap.parse_args()
     if a.pick_against:
         for (case, kk), v in bench_pick(a.pick_against, 1000, 2000 if a.quick else 5000, 5 if a.quick else 7).items():
