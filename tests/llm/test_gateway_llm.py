@@ -97,23 +97,24 @@ def test_chat_and_completions_routed_to_vllm_with_tokens_as_vllm_counts(gw: LlmG
 
 
 def test_a_stream_passes_through_token_by_token(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
-    """The first tokens reach the client while vLLM has not yet made the rest. vLLM makes 300
-    tokens in ~0.1 s, and a loaded machine can hand them to the client in one read, so a count
-    of chunks or their spread in time proves nothing there. Instead the engines are held and
-    stepped until the client has its first token; then vLLM's own count shows the rest was not
-    yet made: the gateway passed the stream on, it did not buffer the answer."""
+    """The first tokens reach the client while vLLM has not yet made the rest. vLLM makes
+    hundreds of tokens in ~0.1 s, and a loaded machine can hand them to the client in one
+    read, so a count of chunks or their spread in time proves nothing there. Instead the
+    engines are held, stepped until vLLM has made its first tokens, and kept held: the client
+    must get tokens while vLLM's own count stands below the 900 asked for. A gateway that
+    buffered the answer would hand the client nothing until the engines ran again."""
     def total() -> float:
         return sum(generated(e) for e in vllm_servers.endpoints)
 
     host, port = gw.listen.split(":")
-    body = {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 300,
+    body = {"model": vllm_servers.model, "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 900,
             "ignore_eos": True, "stream": True}
     got: dict[str, Any] = {"events": [], "status": None}
 
     def client() -> None:
-        c = http.client.HTTPConnection(host, int(port), timeout=120)
+        c = http.client.HTTPConnection(host, int(port), timeout=180)
         c.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
-                  {"content-type": "application/json", "x-slo-tpot-ms": "60000", "x-slo-ttft-ms": "60000"})
+                  {"content-type": "application/json", "x-slo-tpot-ms": "120000", "x-slo-ttft-ms": "120000"})
         r = c.getresponse()
         got["status"], got["type"], got["did"] = r.status, r.getheader("content-type", ""), r.getheader("x-policyc-decision-id")
         while True:
@@ -131,16 +132,18 @@ def test_a_stream_passes_through_token_by_token(gw: LlmGateway, vllm_servers: Vl
     reader = threading.Thread(target=client, daemon=True)
     with held_engines(vllm_servers) as hold:
         reader.start()
-        hold.step_until(tokens_reached_client)
-        made_when_first_seen = total() - before
+        hold.step_until(lambda: total() > before)  # vLLM made its first tokens; held from here on
+        made = total() - before
+        assert _until(tokens_reached_client, 60), f"no token reached the client while vLLM was held ({made:.0f} made)"
+        assert total() - before == made  # nothing was made meanwhile: the client's tokens came from the stream
     reader.join(120)
     events = got["events"]
     assert got["status"] == 200 and got["type"].startswith("text/event-stream")
-    assert 0 < made_when_first_seen < 300, made_when_first_seen  # the client had tokens before vLLM had made them all
+    assert 0 < made < 900, made
     assert events[-1] == "[DONE]"
     assert sum(1 for e in events[:-1] if json.loads(e).get("choices")) >= 2  # more than one chunk: streamed
     usage = next(json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage"))
-    assert accounting(gw, got["did"] or "")["completion_tokens"]["value"] == usage["completion_tokens"] == 300
+    assert accounting(gw, got["did"] or "")["completion_tokens"]["value"] == usage["completion_tokens"] == 900
 
 
 def test_an_http2_client_to_an_http1_vllm(gw: LlmGateway, vllm_servers: VllmFleet) -> None:
