@@ -207,6 +207,11 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
                       telemetry=Telemetry(args.telemetry), settle_heap=True, refresh_interval=args.refresh,
                       metrics_scrape_interval=scrape_interval(args), candidates=args.candidates,
                       token_dir=token_dir(args, fleet, args.port), fleet=fleet, **security)
+    # before anything serves: Envoy answers clients before `gw.start()` has seen it ready, and a
+    # SIGTERM in that window killed the process outright (exit -15, seen in CI) instead of stopping it
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         thread = ServerThread(DecisionServer(bundle, cfg))
         api_port = thread.start()
@@ -243,9 +248,6 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
           f"decision API (RegisterInstance with deployment.endpoint) on 127.0.0.1:{api_port}; files in {gw.workdir}; "
           f"{fleet_access(thread.server)}",
           file=sys.stderr, flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     audit = thread.server.audit
     said = False
     while not stop.wait(0.5):
