@@ -120,6 +120,7 @@ def burst_envoy(gateway: Gateway) -> Iterator[EnvoyProcess]:
 
 def test_a_burst_of_2000_streams_on_one_connection_is_shed_with_429_and_a_reason(gateway: Gateway,
                                                                                   burst_envoy: EnvoyProcess) -> None:
+    picker_shed = gateway.picker.picker.counts.get("shed", 0)
     out = subprocess.run([sys.executable, str(HERE / "burst_client.py"), _listen(burst_envoy), "2000", PRIMARY,
                           *(f"{k}={v}" for k, v in BASE)], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -130,9 +131,13 @@ def test_a_burst_of_2000_streams_on_one_connection_is_shed_with_429_and_a_reason
     # shed by Envoy before any wait for the picker: RESOURCE_EXHAUSTED (HTTP 429), as the picker's own shedding
     assert counts.get("RESOURCE_EXHAUSTED shed reason", 0) > 0, counts
     assert counts.get("OK", 0) > 0, counts  # the picker kept deciding through the burst
-    assert burst_envoy.stats("cluster.policyc_picker.upstream_rq_pending_overflow")[
-        "cluster.policyc_picker.upstream_rq_pending_overflow"] + burst_envoy.stats(
-        "cluster.policyc_picker.upstream_rq_overflow").get("cluster.policyc_picker.upstream_rq_overflow", 0) > 0
+    # which layer shed depends on how fast the picker answers: Envoy's breaker on the picker
+    # cluster when picks wait, the picker's own in-flight bound when they do not (a quiet CI
+    # run shed every refusal in the picker); each is counted, and one of them did the shedding
+    envoy_shed = burst_envoy.stats("cluster.policyc_picker.upstream_rq_pending_overflow").get(
+        "cluster.policyc_picker.upstream_rq_pending_overflow", 0) + burst_envoy.stats(
+        "cluster.policyc_picker.upstream_rq_overflow").get("cluster.policyc_picker.upstream_rq_overflow", 0)
+    assert envoy_shed + gateway.picker.picker.counts.get("shed", 0) - picker_shed > 0, (envoy_shed, counts)
 
 
 def test_the_same_burst_at_the_default_bounds_gets_no_bare_503(gateway: Gateway) -> None:
