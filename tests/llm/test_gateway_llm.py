@@ -128,15 +128,20 @@ def test_a_stream_passes_through_token_by_token(gw: LlmGateway, vllm_servers: Vl
     def tokens_reached_client() -> bool:
         return any(e != "[DONE]" and json.loads(e).get("choices") for e in list(got["events"]))
 
-    before = total()
-    reader = threading.Thread(target=client, daemon=True)
-    with held_engines(vllm_servers) as hold:
-        reader.start()
-        hold.step_until(lambda: total() > before)  # vLLM made its first tokens; held from here on
-        made = total() - before
-        assert _until(tokens_reached_client, 60), f"no token reached the client while vLLM was held ({made:.0f} made)"
-        assert total() - before == made  # nothing was made meanwhile: the client's tokens came from the stream
-    reader.join(120)
+    for _ in range(3):  # an attempt whose first engine step already made all 900 tokens proves nothing: another one
+        got.update(events=[], status=None)
+        before = total()
+        reader = threading.Thread(target=client, daemon=True)
+        with held_engines(vllm_servers) as hold:
+            reader.start()
+            hold.step_until(lambda b=before: total() > b)  # vLLM made its first tokens; held from here on
+            made = total() - before
+            if made < 900:
+                assert _until(tokens_reached_client, 60), f"no token reached the client while vLLM was held ({made:.0f} made)"
+                assert total() - before == made  # nothing was made meanwhile: the client's tokens came from the stream
+        reader.join(120)
+        if made < 900:
+            break
     events = got["events"]
     assert got["status"] == 200 and got["type"].startswith("text/event-stream")
     assert 0 < made < 900, made
