@@ -157,6 +157,16 @@ def _data_link(fleet: NetnsFleet, host: str) -> str:
     return peer
 
 
+def _register_per_host(stub, rec, fleet) -> None:  # type: ignore[no-untyped-def]
+    """One recommender instance per namespace host, its endpoint on that host's own address."""
+    for h in HOSTS:
+        inst = rec[h]
+        dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
+        dep["endpoint"] = f"{fleet.hosts[h].address}:8000"
+        stub.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)),
+                              timeout=60)
+
+
 def _heal_rounds(bundle, fleet: NetnsFleet, etcd: LocalEtcd, rounds: int) -> None:  # type: ignore[no-untyped-def]
     """From the 10th anomaly to a healed link and a rebalanced placement (see the module's docstring)."""
     from policyc.enforcer.executor import HealTarget
@@ -185,12 +195,7 @@ def _heal_rounds(bundle, fleet: NetnsFleet, etcd: LocalEtcd, rounds: int) -> Non
                 rec = {i.deployment.host: i for i in admissible_fleet(bundle, slots, models=["recommender"])}
                 with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
                     stub = pb_grpc.DecisionsStub(ch)
-                    for h in HOSTS:
-                        inst = rec[h]
-                        dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
-                        dep["endpoint"] = f"{fleet.hosts[h].address}:8000"
-                        stub.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)),
-                                              timeout=60)
+                    _register_per_host(stub, rec, fleet)
                     req = pb.DecideRequest(headers={"X-Model": "recommender"})
                     b = stub.Decide(req, timeout=30).placement.host
                     gpu = rec[b].deployment.gpu
@@ -297,12 +302,7 @@ def main() -> None:
             rec = {i.deployment.host: i for i in admissible_fleet(bundle, slots, models=["recommender"])}
             with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch:
                 stub = pb_grpc.DecisionsStub(ch)
-                for h in HOSTS:
-                    inst = rec[h]
-                    dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
-                    dep["endpoint"] = f"{fleet.hosts[h].address}:8000"
-                    stub.RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep)),
-                                          timeout=60)
+                _register_per_host(stub, rec, fleet)
                 req = pb.DecideRequest(headers={"X-Model": "recommender"})
                 moves = []
 
