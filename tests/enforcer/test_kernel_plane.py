@@ -60,7 +60,7 @@ def _server(name: str, log: list[str]) -> tuple[socket.socket, Endpoint]:
     return srv, Endpoint.of("127.0.0.1", srv.getsockname()[1])
 
 
-def _wait_for(pred, timeout: float = 2.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait_for(pred, timeout: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
@@ -86,8 +86,8 @@ def test_per_flow_counters_equal_bytes_sent(kernel_plane: KernelPlane, netns: st
     conn.sendall(b"ok" * 500)
     assert cli.recv(4096)
     src, dst = Endpoint.of(*cli.getsockname()), Endpoint.of(*cli.getpeername())
-    assert _wait_for(lambda: kernel_plane.flow(src, dst, "ingress").payload == sent)
-    assert kernel_plane.flow(src, dst, "egress").payload == sent
+    assert _wait_for(lambda: kernel_plane.flow(src, dst, "ingress").payload == sent), kernel_plane.flow(src, dst, "ingress")
+    assert kernel_plane.flow(src, dst, "egress").payload == sent, kernel_plane.flow(src, dst, "egress")
     assert kernel_plane.backend_counters(7, "egress", toward=True).payload == sent
     assert _wait_for(lambda: kernel_plane.backend_counters(7, "ingress", toward=False).payload >= 1)
     for s in (cli, conn, srv):
