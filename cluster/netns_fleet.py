@@ -5,6 +5,7 @@ agents out; needs root and iproute2.
     fleet = NetnsFleet.create(["host-0002", "host-0005"])
     fleet.hosts["host-0002"].address          # e.g. 10.213.7.10, on its eth0
     proc = fleet.popen("host-0002", ["policyc", "agent", "run", …])   # runs inside that host
+    fleet.shape_uplink("host-0002", spare_dports=[2379])   # a congested port (tc), its queue the agent's backlog
     fleet.destroy()
 
 The root namespace has the bridge's address (`fleet.gateway`), so processes there (etcd,
@@ -91,6 +92,28 @@ class NetnsFleet:
 
     def run(self, host: str, argv: Sequence[str], **kw: Any) -> "subprocess.CompletedProcess[Any]":
         return subprocess.run(["ip", "netns", "exec", self.hosts[host].netns, *argv], **kw)
+
+    def shape_uplink(self, host: str, *, rate: str = "1mbit", queue_bytes: int = 100_000,
+                     spare_dports: Sequence[int] = ()) -> None:
+        """A congested port: `host`'s eth0 egress shaped to `rate` (HTB) behind a byte fifo of
+        `queue_bytes`, so traffic beyond the rate queues there (the backlog its agent measures).
+        Traffic to `spare_dports` (the control plane: the agent's etcd) gets its own
+        unshaped class, so the host stays reachable for what reports the congestion."""
+        steps = [["qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20", "r2q", "1000"],
+                 ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "100mbit"],
+                 ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", rate, "ceil", rate],
+                 ["qdisc", "add", "dev", "eth0", "parent", "1:20", "handle", "20:", "bfifo", "limit", str(queue_bytes)]]
+        steps += [["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dport",
+                   str(p), "0xffff", "flowid", "1:10"] for p in spare_dports]
+        for argv in steps:
+            out = self.run(host, ["tc", *argv], capture_output=True, text=True, timeout=20)
+            if out.returncode != 0:
+                self.unshape_uplink(host)
+                raise NetnsError(f"{host}: tc {' '.join(argv)}: {out.stderr.strip() or out.returncode}")
+
+    def unshape_uplink(self, host: str) -> None:
+        """Back to the default qdisc on `host`'s eth0 (nothing to undo is not an error)."""
+        self.run(host, ["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True, timeout=20)
 
     def destroy(self) -> None:
         for h in self.hosts.values():
