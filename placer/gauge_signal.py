@@ -3,7 +3,8 @@
 (`readings.Reading`, from the metrics scraper), its age, and what the signal makes of a
 fresh value: a refusal over a bound and seconds added to the predicted queueing.
 
-A reading older than `max_age_s`, or whose value is not a usable figure (NaN, negative, or
+A reading older than `max_age_s` (or than `readings.STALE_TICKS` of its source's tick, when
+that is longer: a scraper's fleet budget), or whose value is not a usable figure (NaN, negative, or
 out of the gauge's range), is stale and never used: `OnStale.FALL_BACK` leaves the term out
 and the plan says so; `OnStale.EXCLUDE` refuses the GPU naming the reading's age. A GPU
 with no reading is left to the model. A subclass (one file under `signals/`) declares its
@@ -19,7 +20,7 @@ from typing import ClassVar, Mapping
 import numpy as np
 
 from .framework import NOTHING, Column, OnStale, Signal, Stage, TickInputs, Words
-from .readings import Reading, Readings, gpu_columns
+from .readings import Reading, Readings, age_limit, gpu_columns
 from .snapshot import Snapshot
 from .topology import Topology
 
@@ -56,10 +57,10 @@ class GaugeSignal(Signal[TickInputs]):
     def show(self, value: float) -> str:
         return f"{value:g}"
 
-    def _columns(self, value: np.ndarray, age: np.ndarray, present: np.ndarray) -> Column:
+    def _columns(self, value: np.ndarray, age: np.ndarray, present: np.ndarray, limit: np.ndarray) -> Column:
         with np.errstate(invalid="ignore"):
             usable = (value >= 0) & (value <= self.top) & np.isfinite(value)
-            stale = present & (~(age <= self.max_age_s) | ~usable)
+            stale = present & (~(age <= limit) | ~usable)
         fresh = present & ~stale
         fail = fresh & (value > self.bound)
         if self.on_stale is OnStale.EXCLUDE:
@@ -75,11 +76,12 @@ class GaugeSignal(Signal[TickInputs]):
         t = x.snap.topology
         gpus = np.arange(len(t.gpus))[x.gpus].tolist()
         value, age, present = np.full(len(gpus), np.nan), np.full(len(gpus), np.nan), np.zeros(len(gpus), dtype=bool)
+        limit = np.full(len(gpus), np.nan)
         for i, g in enumerate(gpus):
             got = self._get(measured.get(t.gpu_key(g)))
             if got is not None:
-                (value[i], age[i]), present[i] = got, True
-        return self._columns(value, age, present)
+                (value[i], age[i], limit[i]), present[i] = got, True
+        return self._columns(value, age, present, limit)
 
     def column(self, x: TickInputs) -> Column:
         """Every GPU at once: the readings scattered onto the topology's rows, once per
@@ -93,7 +95,9 @@ class GaugeSignal(Signal[TickInputs]):
         else:
             t = x.snap.topology
             value, age, present = gpu_columns(measured, t, lambda r: self.value(r.values))
-            col = self._columns(value, age, present)
+            limit, _, _ = gpu_columns(measured, t, lambda r: None if self.value(r.values) is None
+                                      else age_limit(self.max_age_s, r.tick_s))
+            col = self._columns(value, age, present, limit)
             self._last = (measured, t, settings, col)  # one assignment: a racing build makes the same column
         return col if isinstance(x.gpus, slice) else col.at(x.gpus)
 
@@ -102,9 +106,9 @@ class GaugeSignal(Signal[TickInputs]):
         got = self._get(w.snap.frame.measured.get(w.snap.topology.gpu_key(g)))
         if got is None:
             return f"no {self.what} reading"
-        value, age = got
-        if self._stale(value, age):
-            return (f"{self.what} reading {self.show(value)}, {age:.2f} s old: older than {self.max_age_s:g} s or "
+        value, age, limit = got
+        if self._stale(value, age, limit):
+            return (f"{self.what} reading {self.show(value)}, {age:.2f} s old: older than {limit:g} s or "
                     f"unusable, excluded as stale")
         return f"{self.what} {self.show(value)} > {self.show(self.bound)}"
 
@@ -112,22 +116,23 @@ class GaugeSignal(Signal[TickInputs]):
         got = self._get(snap.frame.measured.get(snap.topology.gpu_key(gpu)))
         if got is None:
             return None
-        value, age = got
+        value, age, limit = got
         where = snap.topology.gpu_key(gpu)
-        if self._stale(value, age):
-            return (f"{self.what} of {where} is stale ({self.show(value)}, {age:.2f} s old, bound {self.max_age_s:g} s): "
+        if self._stale(value, age, limit):
+            return (f"{self.what} of {where} is stale ({self.show(value)}, {age:.2f} s old, bound {limit:g} s): "
                     f"left out of the prediction")
         extra = float(self.terms(np.array([value]))[0])
         return f"{self.what} of {where}: {self.show(value)}, measured {age * 1e3:.0f} ms ago (+{extra * 1e3:.2f} ms queueing)"
 
-    def _get(self, reading: Reading | None) -> tuple[float, float] | None:
+    def _get(self, reading: Reading | None) -> tuple[float, float, float] | None:
+        """(value, age, age limit at its source's tick) of a reading that gives the gauge, else None."""
         if reading is None:
             return None
         v = self.value(reading.values)
-        return None if v is None else (float(v), float(reading.age_s))
+        return None if v is None else (float(v), float(reading.age_s), age_limit(self.max_age_s, reading.tick_s))
 
-    def _stale(self, value: float, age: float) -> bool:
-        return not (age <= self.max_age_s) or not (0 <= value <= self.top and math.isfinite(value))
+    def _stale(self, value: float, age: float, limit: float) -> bool:
+        return not (age <= limit) or not (0 <= value <= self.top and math.isfinite(value))
 
 
 __all__ = ["GaugeSignal"]

@@ -72,7 +72,7 @@ def by_endpoint(snapshot: Callable[[str], Measured | None], gpus: Callable[[], M
         for endpoint, gpu in gpus().items():
             got = snapshot(endpoint)
             if got is not None:
-                out[gpu] = Reading(got.values, got.age_s)
+                out[gpu] = Reading(got.values, got.age_s, getattr(got, "tick_s", 0.0))  # the tick in use travels with the age
         return out
 
     return readings

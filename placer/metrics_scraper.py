@@ -17,8 +17,22 @@ sees `stale` once the age passes `max_age_s` and `error` says why — never an o
 passed off as fresh. `snapshot` reads an immutable record the loop replaces, so it takes no
 lock and may be called from any thread (the placer's refresher, the gateway).
 
-`stats()` reports scrapes, failures and the loop thread's CPU seconds: the cost of scraping,
-measured (`benchmarks/metrics_scrape.py` divides it by endpoints).
+**The fleet-wide budget.** A 50 ms tick is cheap for a few endpoints and not for a fleet:
+every scrape costs the scraper's CPU and the model server's (vLLM renders a ~50 KB page per
+answer, about a millisecond of its API server's Python). So the tick each endpoint is
+actually scraped on, `tick_s`, is the configured `interval_s` stretched to keep the whole
+fleet within two bounds: `max_scrapes_per_s` (scrapes a second over all endpoints, default
+200: the servers' side, which the scraper cannot measure) and `cpu_budget` (cores of the
+scraper's own thread, default 0.25: measured, the thread's CPU time over the scrapes of the
+last window, so a dearer page or a slower machine stretches the tick by itself). A small
+fleet keeps `interval_s` (200 scrapes/s is 10 endpoints at 50 ms); 32 endpoints are read
+every 160 ms, 100 every 500 ms; never slower than `MAX_TICK_S`. The tick in use travels with
+every reading (`EndpointReading.tick_s`, `Reading.tick_s`) and staleness follows it: a
+reading is stale after `readings.STALE_TICKS` of the ticks actually used (at least
+`max_age_s`), so nothing is flagged stale by the budget itself.
+
+`stats()` reports scrapes, failures, the loop thread's CPU seconds, the tick in use and the
+measured CPU a scrape: the cost of scraping, measured (`benchmarks/metrics_scrape.py`).
 """
 
 from __future__ import annotations
@@ -32,13 +46,18 @@ from types import MappingProxyType
 from typing import Iterable, Mapping, NamedTuple
 
 from .metrics_text import MAX_BODY_BYTES, CompiledMap, compile_map, read_figures
-from .readings import Reading
+from .readings import STALE_TICKS, Reading
 from .server_metric_names import MetricMap, protocol
 
 DEFAULT_INTERVAL_S = 0.05
 DEFAULT_TIMEOUT_S = 1.0
 MAX_HEADER_BYTES = 64 * 1024
 METRICS_LABEL = "metrics"  # an instance label naming its server kind (`vllm`, `sglang`, ...): `follow` scrapes it
+DEFAULT_MAX_SCRAPES_PER_S = 200.0  # over the whole fleet: 10 endpoints at 50 ms, 32 at 160 ms, 100 at 500 ms
+DEFAULT_CPU_BUDGET = 0.25  # cores of the scraper's own thread (measured; 100 endpoints at 50 ms cost ~0.23 here)
+MAX_TICK_S = 5.0  # the budget never stretches an endpoint's tick past this (or past interval_s, if larger)
+BUDGET_WINDOW_S = 1.0  # how often the CPU a scrape costs is re-measured and the tick re-set
+RETICK_CHANGE = 0.1  # a new tick is taken when it differs from the one in use by more than this share
 
 
 class EndpointReading(NamedTuple):
@@ -47,9 +66,10 @@ class EndpointReading(NamedTuple):
     values: Mapping[str, float]
     age_s: float  # since the scrape that read them (inf: no scrape has succeeded yet)
     source: str  # "vllm http://127.0.0.1:8000/metrics"
-    stale: bool  # age_s > the scraper's max_age_s
+    stale: bool  # age_s > the stale bound at the tick in use (`MetricsScraper.stale_after_s`)
     scraped_at: float  # wall-clock time of that scrape (0: none yet)
     error: str | None  # why the latest attempt failed, when it did
+    tick_s: float  # the tick this endpoint is scraped on now (interval_s, stretched by the fleet budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +87,9 @@ class ScrapeStats:
     failures: int
     cpu_s: float  # CPU seconds of the scraper's thread since start
     wall_s: float  # seconds since start
+    tick_s: float = 0.0  # the per-endpoint tick in use (interval_s stretched by the fleet budget)
+    cpu_per_scrape_s: float = float("nan")  # measured over the last window (NaN: not measured yet)
+    budget: str = ""  # what sets the tick: "interval", "scrapes/s" or "cpu"
 
 
 class _Target:
@@ -93,12 +116,23 @@ class MetricsScraper:
     """Scrape every added endpoint's `/metrics` each `interval_s`; `snapshot` reads the result."""
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_age_s: float | None = None) -> None:
+                 max_age_s: float | None = None, max_scrapes_per_s: float = DEFAULT_MAX_SCRAPES_PER_S,
+                 cpu_budget: float = DEFAULT_CPU_BUDGET) -> None:
+        """`max_scrapes_per_s` and `cpu_budget` bound the whole fleet (see the module); `math.inf`
+        turns either off, so every endpoint is scraped each `interval_s` whatever it costs."""
         if not interval_s > 0 or not timeout_s > 0:
             raise ValueError(f"interval_s {interval_s!r} and timeout_s {timeout_s!r} must be positive")
+        if not (max_scrapes_per_s > 0 and cpu_budget > 0):
+            raise ValueError(f"max_scrapes_per_s {max_scrapes_per_s!r} and cpu_budget {cpu_budget!r} must be positive")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self.max_age_s = max_age_s if max_age_s is not None else max(5 * interval_s, 0.25)
+        self.max_age_s = max_age_s if max_age_s is not None else max(STALE_TICKS * interval_s, 0.25)
+        self.max_scrapes_per_s = max_scrapes_per_s
+        self.cpu_budget = cpu_budget
+        self._tick_s = interval_s  # the tick in use (set by `_retick`)
+        self._budget = "interval"
+        self._cpu_per_scrape = float("nan")  # measured by `_measure` each BUDGET_WINDOW_S
+        self._budget_task: asyncio.Task[None] | None = None
         self._states: dict[str, _State] = {}
         self._targets: dict[str, _Target] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,6 +152,7 @@ class MetricsScraper:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self._loop = loop
+            self._budget_task = loop.create_task(self._measure())
             ready.set()
             loop.run_forever()
             for t in self._targets.values():
@@ -137,6 +172,8 @@ class MetricsScraper:
 
         async def cancel_all() -> None:
             tasks = [t.task for t in self._targets.values() if t.task is not None]
+            if self._budget_task is not None:
+                tasks.append(self._budget_task)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -182,6 +219,51 @@ class MetricsScraper:
     def endpoints(self) -> list[str]:
         return sorted(self._targets)
 
+    @property
+    def tick_s(self) -> float:
+        """The per-endpoint tick in use: `interval_s`, stretched by the fleet budget."""
+        return self._tick_s
+
+    def stale_after_s(self) -> float:
+        """The age past which a reading is stale at the tick in use (never below `max_age_s`)."""
+        return max(self.max_age_s, STALE_TICKS * self._tick_s)
+
+    def tick_for(self, endpoints: int, cpu_per_scrape_s: float) -> tuple[float, str]:
+        """The tick `endpoints` endpoints are scraped on under the budget, and which bound set
+        it ("interval", "scrapes/s", "cpu"); `cpu_per_scrape_s` NaN: not measured yet."""
+        tick, why = self.interval_s, "interval"
+        by_rate = endpoints / self.max_scrapes_per_s
+        if by_rate > tick:
+            tick, why = by_rate, "scrapes/s"
+        if cpu_per_scrape_s > 0:  # NaN compares False: not measured yet
+            by_cpu = endpoints * cpu_per_scrape_s / self.cpu_budget
+            if by_cpu > tick:
+                tick, why = by_cpu, "cpu"
+        cap = max(self.interval_s, MAX_TICK_S)
+        return (cap, why) if tick > cap else (tick, why)
+
+    def _retick(self, *, measured: bool = False) -> None:
+        """Re-set the tick in use from the fleet's size and the measured CPU a scrape (on the
+        loop); after a new measurement (`measured`) only a change over RETICK_CHANGE is taken,
+        so the tick does not jitter with the measurement's noise."""
+        tick, why = self.tick_for(len(self._targets), self._cpu_per_scrape)
+        if not measured or abs(tick - self._tick_s) > RETICK_CHANGE * self._tick_s or why != self._budget:
+            self._tick_s, self._budget = tick, why
+
+    async def _measure(self) -> None:
+        """Each BUDGET_WINDOW_S: the loop thread's CPU over the scrapes attempted in the window
+        (a scrape's own work and its share of the loop's), smoothed, then `_retick`."""
+        cpu0, n0 = time.thread_time(), self._scrapes + self._failures
+        while True:
+            await asyncio.sleep(BUDGET_WINDOW_S)
+            cpu1, n1 = time.thread_time(), self._scrapes + self._failures
+            if n1 - n0 >= 10:  # enough scrapes to price one
+                each = (cpu1 - cpu0) / (n1 - n0)
+                old = self._cpu_per_scrape
+                self._cpu_per_scrape = each if old != old else 0.5 * old + 0.5 * each  # NaN: the first window
+                cpu0, n0 = cpu1, n1
+            self._retick(measured=True)
+
     def _call(self, fn, arg) -> None:  # type: ignore[no-untyped-def]
         loop = self._loop
         if loop is None:
@@ -201,6 +283,7 @@ class MetricsScraper:
         self._remove(target.endpoint)
         self._targets[target.endpoint] = target
         self._states.setdefault(target.endpoint, _State(MappingProxyType({}), float("-inf"), 0.0, None))
+        self._retick()
         target.task = asyncio.get_running_loop().create_task(self._run(target))
 
     def _remove(self, endpoint: str) -> None:
@@ -209,6 +292,7 @@ class MetricsScraper:
             if t.task is not None:
                 t.task.cancel()
             t.close()
+            self._retick()
         self._states.pop(endpoint, None)
 
     # ------------------------------------------------------------------ reading
@@ -219,13 +303,13 @@ class MetricsScraper:
         if s is None or t is None:
             return None
         age = time.monotonic() - s.at
-        return EndpointReading(s.values, age, t.source, not age <= self.max_age_s, s.wall, s.error)
+        return EndpointReading(s.values, age, t.source, not age <= self.stale_after_s(), s.wall, s.error, self._tick_s)
 
     def reading(self, endpoint: str) -> Reading | None:
-        """The placer's shape (`readings.Reading`) for `measured.by_endpoint`; None before a
-        first good scrape (no figures yet is not a reading)."""
+        """The placer's shape (`readings.Reading`, with the tick in use) for
+        `measured.by_endpoint`; None before a first good scrape (no figures yet is not a reading)."""
         r = self.snapshot(endpoint)
-        return None if r is None or not r.values else Reading(r.values, r.age_s)
+        return None if r is None or not r.values else Reading(r.values, r.age_s, r.tick_s)
 
     def stats(self) -> ScrapeStats:
         """Scrapes, failures and the scraper thread's CPU time since start (read on its loop)."""
@@ -237,11 +321,12 @@ class MetricsScraper:
             return time.thread_time()
 
         cpu_s = asyncio.run_coroutine_threadsafe(cpu(), loop).result(10)
-        return ScrapeStats(len(self._targets), self._scrapes, self._failures, cpu_s, time.monotonic() - self._started)
+        return ScrapeStats(len(self._targets), self._scrapes, self._failures, cpu_s, time.monotonic() - self._started,
+                           self._tick_s, self._cpu_per_scrape, self._budget)
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, t: _Target) -> None:
-        await asyncio.sleep(random.uniform(0, self.interval_s))  # spread endpoints over the tick
+        await asyncio.sleep(random.uniform(0, self._tick_s))  # spread endpoints over the tick
         next_at = time.monotonic()
         while True:
             try:
@@ -261,9 +346,10 @@ class MetricsScraper:
                 self._states[t.endpoint] = _State(MappingProxyType(values), time.monotonic(), time.time(),
                                                   f"{t.source}: {'; '.join(problems)[:300]}" if problems else None)
             now = time.monotonic()
-            next_at += self.interval_s
+            tick = self._tick_s  # the fleet budget's, read each round: a change applies from the next scrape
+            next_at += tick
             if next_at < now:  # a slow scrape overran: skip the missed ticks
-                next_at = now + self.interval_s - (now - next_at) % self.interval_s
+                next_at = now + tick - (now - next_at) % tick
             await asyncio.sleep(next_at - now)
 
     async def _scrape(self, t: _Target) -> tuple[dict[str, float], list[str]]:
@@ -310,4 +396,5 @@ class MetricsScraper:
             await reader.readexactly(2)
 
 
-__all__ = ["EndpointReading", "METRICS_LABEL", "MetricsScraper", "ScrapeStats"]
+__all__ = ["DEFAULT_CPU_BUDGET", "DEFAULT_MAX_SCRAPES_PER_S", "EndpointReading", "METRICS_LABEL", "MetricsScraper",
+           "ScrapeStats"]

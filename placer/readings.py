@@ -21,6 +21,22 @@ class Reading(NamedTuple):
 
     values: Mapping[str, float]
     age_s: float
+    tick_s: float = 0.0  # the tick its source reads it on (the scraper's, stretched by its fleet budget); 0: none
+
+
+STALE_TICKS = 5  # a periodic reading is stale after this many of its source's ticks (and never before a signal's own bound)
+
+
+def age_limit(max_age_s: float, tick_s: float) -> float:
+    """The age past which a reading is stale for a signal whose own bound is `max_age_s`: that
+    bound, or STALE_TICKS of the tick the source actually reads it on when that is longer (a
+    scraper's fleet budget stretches its tick; the budget alone never makes a reading stale)."""
+    return max(max_age_s, STALE_TICKS * tick_s)
+
+
+def fresh(reading: Reading, max_age_s: float) -> bool:
+    """Whether `reading` is within its age limit (`age_limit`) for a signal bound of `max_age_s`."""
+    return reading.age_s <= age_limit(max_age_s, reading.tick_s)
 
 
 Readings = Mapping[str, Reading]  # per GPU key (`host/gpuN`: the GPU the endpoint's server runs on)
@@ -53,4 +69,4 @@ def gpu_columns(readings: Readings, topology: Topology,
     return value, age, present
 
 
-__all__ = ["NO_READINGS", "Reading", "Readings", "gpu_columns"]
+__all__ = ["NO_READINGS", "Reading", "Readings", "STALE_TICKS", "age_limit", "fresh", "gpu_columns"]

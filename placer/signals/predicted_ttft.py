@@ -47,6 +47,7 @@ from policyc.compiler.meaning import compute_rate
 from ..framework import Column, RequestInputs, Signal, Stage, Words
 from ..plan import Constraint
 from ..readings import Reading, Readings
+from ..readings import fresh as is_fresh
 
 WAITING = "queue_depth"
 
@@ -111,7 +112,7 @@ class PredictedTtft(Signal[RequestInputs]):
         reading) for the `n` candidates' that have one (the pick finds them once for both uses)."""
         out = np.zeros(n, dtype=np.float64)
         for i, r in fresh:
-            if r.age_s <= self.max_age_s:
+            if is_fresh(r, self.max_age_s):  # the bound follows the scraper's tick in use
                 w = r.values.get(WAITING)
                 if w is not None and 0 <= w < float("inf"):
                     out[i] = w
@@ -122,7 +123,7 @@ class PredictedTtft(Signal[RequestInputs]):
         out = np.zeros(len(gpus), dtype=np.float64)
         for i, g in enumerate(gpus):
             r = readings.get(g)
-            if r is not None and r.age_s <= self.max_age_s:
+            if r is not None and is_fresh(r, self.max_age_s):
                 w = r.values.get(WAITING)
                 if w is not None and 0 <= w < float("inf"):
                     out[i] = w

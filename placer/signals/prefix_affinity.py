@@ -37,6 +37,7 @@ from ..framework import Column, RequestInputs, Signal, Words
 from ..framework import Stage
 from ..plan import Constraint
 from ..readings import Reading, Readings
+from ..readings import fresh as is_fresh
 
 KEY = "prefix_affinity"
 WAITING, KV = "queue_depth", "kv_cache_usage"
@@ -117,7 +118,7 @@ class PrefixAffinity(Signal[RequestInputs]):
         out = in_flight >= self.max_in_flight
         for i, g in enumerate(gpus):
             r = readings.get(g)
-            if r is None or not (r.age_s <= self.max_age_s):
+            if r is None or not is_fresh(r, self.max_age_s):  # the bound follows the scraper's tick in use
                 continue
             w, kv = r.values.get(WAITING), r.values.get(KV)
             if (w is not None and w >= self.max_waiting) or (kv is not None and kv >= self.max_kv):
@@ -129,7 +130,7 @@ class PrefixAffinity(Signal[RequestInputs]):
         reading) for the candidates that have one (the pick finds them once for both uses)."""
         out = in_flight >= self.max_in_flight
         for i, r in fresh:
-            if not (r.age_s <= self.max_age_s):
+            if not is_fresh(r, self.max_age_s):
                 continue
             w, kv = r.values.get(WAITING), r.values.get(KV)
             if (w is not None and w >= self.max_waiting) or (kv is not None and kv >= self.max_kv):

@@ -6,7 +6,8 @@ Each waiting request ahead of this one adds `seconds_per_request` to the predict
 (by default the placer's GPU quantum: the latency model's wait is the mean number queued
 times that quantum, `latency.gpu_queue`, and here the number queued is measured instead of
 modelled); a GPU whose queue is deeper than `max_depth` is refused (no bound by default:
-the queue only scores). A reading older than `max_age_s` is stale and never used: with
+the queue only scores). A reading older than `max_age_s` (or, when its source's tick is
+longer, `readings.STALE_TICKS` of that tick: a scraper's fleet budget) is stale and never used: with
 `OnStale.FALL_BACK` (the default) its term is left out and the plan says so; with
 `OnStale.EXCLUDE` the GPU is refused, naming the reading's age. A GPU with no reading (no
 server measured there, or no metrics source configured) is left to the model, as before
@@ -25,7 +26,7 @@ import numpy as np
 from ..framework import NOTHING, Column, OnStale, Reading, Readings, Signal, Stage, TickInputs, Words
 from ..latency import GPU_QUANTUM
 from ..plan import Constraint
-from ..readings import gpu_columns
+from ..readings import age_limit, gpu_columns
 from ..snapshot import Snapshot
 from ..topology import Topology
 
@@ -49,9 +50,9 @@ class QueueDepth(Signal[TickInputs]):
         self.on_stale = OnStale(on_stale)
         self._last: tuple[Readings, Topology, tuple, Column] | None = None  # the latest readings' column
 
-    def _columns(self, depth: np.ndarray, age: np.ndarray, measured: np.ndarray) -> Column:
-        """From each GPU's depth and age where `measured`: the refusals, the seconds, the stale."""
-        stale = measured & (~(age <= self.max_age_s) | ~(depth >= 0) | ~np.isfinite(depth))
+    def _columns(self, depth: np.ndarray, age: np.ndarray, measured: np.ndarray, limit: np.ndarray) -> Column:
+        """From each GPU's depth, age and age limit where `measured`: the refusals, the seconds, the stale."""
+        stale = measured & (~(age <= limit) | ~(depth >= 0) | ~np.isfinite(depth))
         fresh = measured & ~stale
         fail = fresh & (depth > self.max_depth)
         if self.on_stale is OnStale.EXCLUDE:
@@ -67,11 +68,12 @@ class QueueDepth(Signal[TickInputs]):
         t = x.snap.topology
         gpus = np.arange(len(t.gpus))[x.gpus].tolist()
         depth, age, present = np.full(len(gpus), np.nan), np.full(len(gpus), np.nan), np.zeros(len(gpus), dtype=bool)
+        limit = np.full(len(gpus), np.nan)
         for i, g in enumerate(gpus):
-            got = _depth(measured.get(t.gpu_key(g)))
+            got = _depth(measured.get(t.gpu_key(g)), self.max_age_s)
             if got is not None:
-                (depth[i], age[i]), present[i] = got, True
-        return self._columns(depth, age, present)
+                (depth[i], age[i], limit[i]), present[i] = got, True
+        return self._columns(depth, age, present, limit)
 
     def column(self, x: TickInputs) -> Column:
         """Every GPU at once: the readings scattered onto the topology's rows (one pass over
@@ -86,41 +88,43 @@ class QueueDepth(Signal[TickInputs]):
             return col if isinstance(x.gpus, slice) else col.at(x.gpus)
         t = x.snap.topology
         depth, age, present = gpu_columns(measured, t, lambda r: r.values.get(KEY))
-        col = self._columns(depth, age, present)
+        limit, _, _ = gpu_columns(measured, t, lambda r: age_limit(self.max_age_s, r.tick_s) if KEY in r.values else None)
+        col = self._columns(depth, age, present, limit)
         self._last = (measured, t, settings, col)  # one assignment: a racing build makes the same column
         return col if isinstance(x.gpus, slice) else col.at(x.gpus)
 
     def detail(self, w: Words, r: int) -> str:
         g = int(w.ev.gpus[r])
-        got = _depth(w.snap.frame.measured.get(w.snap.topology.gpu_key(g)))
+        got = _depth(w.snap.frame.measured.get(w.snap.topology.gpu_key(g)), self.max_age_s)
         if got is None:
             return "no queue depth reading"
-        depth, age = got
-        if self._stale(depth, age):
-            return f"queue depth reading {_what(depth, age)}: older than {self.max_age_s:g} s or unusable, excluded as stale"
+        depth, age, limit = got
+        if _stale(depth, age, limit):
+            return f"queue depth reading {_what(depth, age)}: older than {limit:g} s or unusable, excluded as stale"
         return f"queue depth {depth:g} > {self.max_depth:g} waiting requests"
 
     def plan_note(self, snap: Snapshot, gpu: int) -> str | None:
-        got = _depth(snap.frame.measured.get(snap.topology.gpu_key(gpu)))
+        got = _depth(snap.frame.measured.get(snap.topology.gpu_key(gpu)), self.max_age_s)
         if got is None:
             return None
-        if not self._stale(*got):  # the measured queue the prediction used, named
-            depth, age = got
+        depth, age, limit = got
+        if not _stale(depth, age, limit):  # the measured queue the prediction used, named
             return (f"queue depth of {snap.topology.gpu_key(gpu)}: {depth:g} waiting, measured {age * 1e3:.0f} ms ago "
                     f"(+{depth * self.seconds_per_request * 1e3:.1f} ms queueing)")
-        return (f"queue depth of {snap.topology.gpu_key(gpu)} is stale ({_what(*got)}, bound {self.max_age_s:g} s): "
+        return (f"queue depth of {snap.topology.gpu_key(gpu)} is stale ({_what(depth, age)}, bound {limit:g} s): "
                 f"left out of the prediction, the modelled queue stands")
 
-    def _stale(self, depth: float, age: float) -> bool:
-        return not (age <= self.max_age_s) or not (0 <= depth < math.inf)
+
+def _stale(depth: float, age: float, limit: float) -> bool:
+    return not (age <= limit) or not (0 <= depth < math.inf)
 
 
-def _depth(reading: Reading | None) -> tuple[float, float] | None:
-    """(depth, age) of a reading that has a queue depth, else None."""
+def _depth(reading: Reading | None, max_age_s: float) -> tuple[float, float, float] | None:
+    """(depth, age, age limit at its source's tick) of a reading that has a queue depth, else None."""
     if reading is None:
         return None
     v = reading.values.get(KEY)
-    return None if v is None else (float(v), float(reading.age_s))
+    return None if v is None else (float(v), float(reading.age_s), age_limit(max_age_s, reading.tick_s))
 
 
 def _what(depth: float, age: float) -> str:
