@@ -78,12 +78,17 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                    help="the agent's lease (its facts and signals go this long after it stops answering; default 5)")
     r.add_argument("--uplinks", metavar="IF,…", help="this host's uplinks (default: its default routes' interfaces, else "
                                                     "those with a routable address)")
+    _site_flags(r)
+    r.add_argument("--no-hardware-facts", action="store_true",
+                   help="report interfaces and addresses only (no GPUs, CUDA, NUMA, RDMA, NVMe, TPM/SEV-SNP/TDX, site)")
     _tpm_flags(r, required=False)
     _store_flags(r)
     r.set_defaults(func=_run)
-    f = add_command(asub, "facts", help="print what the agent discovers of this host (interfaces, addresses) as JSON",
-                    codes=CODES, examples=["policyc agent facts --host host-3"])
+    f = add_command(asub, "facts", help="print what the agent discovers of this host (interfaces, addresses, GPUs, "
+                    "CUDA, NUMA, RDMA, NVMe, TPM/SEV-SNP/TDX, site), each with its source, as JSON",
+                    codes=CODES, examples=["policyc agent facts --host host-3 --region us-west --zone us-west-2a"])
     f.add_argument("--host", required=True, help="this host's name in the fleet")
+    _site_flags(f)
     f.set_defaults(func=_facts)
     a = add_command(asub, "attest", help="challenge a host's agent now and print what was verified", codes=CODES,
                     examples=["policyc agent attest --host host-3 --etcd http://127.0.0.1:2379"])
@@ -96,6 +101,21 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
         p.print_help()
         return int(Exit.USAGE)
     p.set_defaults(func=usage)
+
+
+def _site_flags(p: argparse.ArgumentParser) -> None:
+    """The operator's site facts (in the config file: `region = "us-west"` in `[agent]`)."""
+    p.add_argument("--region", help="this host's region (an operator fact; registrations on this host must claim it)")
+    p.add_argument("--zone", help="this host's zone (an operator fact, reported)")
+    p.add_argument("--hardware-firewall", choices=("true", "false"),
+                   help="whether a hardware firewall guards this host (an operator fact; registrations must claim it)")
+
+
+def _site(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from policyc.cluster.host_hardware import Site
+
+    fw = None if args.hardware_firewall is None else args.hardware_firewall == "true"
+    return Site(args.region or None, args.zone or None, fw)
 
 
 def _tpm_flags(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -215,7 +235,7 @@ def _facts(args: argparse.Namespace) -> int:
     from policyc.cluster.host_facts import discover
 
     try:
-        facts = discover(check_host(args.host))
+        facts = discover(check_host(args.host), _site(args), hardware=True)
     except (ValueError, OSError) as e:
         return _fail(str(e))
     print(json.dumps(facts.to_json(), indent=2))
@@ -238,7 +258,12 @@ def _run(args: argparse.Namespace) -> int:
         check_host(args.host)
         cpus = parse_cpus(args.cpus) if args.cpus else None
         servers = _servers(args.model_server)
-        supervised = load_specs(args.servers) if args.servers else []
+        supervised = []
+        if args.servers:  # an instance's facts left out are this host's (and one it contradicts is refused)
+            from policyc.cluster.host_facts import discover
+
+            here = None if args.no_hardware_facts else discover(args.host, _site(args), hardware=True)
+            supervised = load_specs(args.servers, facts=here)
         stores = [SessionStore.parse(t) for t in args.session_store]
         if stores and not 0.05 <= args.session_interval <= 600:
             raise ValueError(f"--session-interval {args.session_interval:g}: between 0.05 and 600 s")
@@ -261,7 +286,8 @@ def _run(args: argparse.Namespace) -> int:
     async def body(store, keys):  # type: ignore[no-untyped-def]
         agent = HostAgent(store, keys, args.host, tpm, ttl=args.lease_ttl, signal_period=args.signal_period or None, sched_fifo=args.sched_fifo,
                           cpus=cpus, processes=servers, servers=supervised, server_log_dir=args.server_logs,
-                          session_stores=stores, session_interval=args.session_interval, uplinks=ups)
+                          session_stores=stores, session_interval=args.session_interval, uplinks=ups, site=_site(args),
+                          hardware_facts=not args.no_hardware_facts)
         await agent.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -27,7 +27,9 @@ from .agent import InstanceAgent
 from .host_acts import ActTaker
 from .host_signals import Collector
 from .attestation import check_host, encode_answer, qualifying_data
+from .host_claims import fill
 from .host_facts import HostFacts, discover, uplinks
+from .host_hardware import Site
 from .keys import Keys
 from .lease_keeper import LeaseKeeper
 from pathlib import Path
@@ -49,10 +51,12 @@ class HostAgent:
                  sched_fifo: int | None = None, cpus: tuple[int, ...] | None = None,
                  processes: dict[str, int] | None = None, servers: Sequence[ServerSpec] = (),
                  server_log_dir: Path | None = None, session_stores: Sequence[SessionStore] = (),
-                 session_interval: float = 1.0, uplinks: Sequence[str] | None = None) -> None:
+                 session_interval: float = 1.0, uplinks: Sequence[str] | None = None, site: Site | None = None,
+                 hardware_facts: bool = True, sys_root: str = "/sys") -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
         self.discover_facts, self.facts_interval = discover_facts, facts_interval
+        self.site, self.hardware_facts, self._sys_root = site or Site(), hardware_facts, sys_root
         self.facts: HostFacts | None = None
         self._rediscover: asyncio.Task[None] | None = None
         self.answered = 0  # challenges answered (for status and tests)
@@ -83,7 +87,7 @@ class HostAgent:
             ak = await asyncio.to_thread(self.tpm.attestation_key)
             self.ak_name = AttestationKey.parse(ak).name.hex()
         if self.discover_facts:
-            self.facts = await asyncio.to_thread(discover, self.host)
+            self.facts = await asyncio.to_thread(self._discover_all)
         if self.ticker is not None:  # which interfaces are its uplinks: the operator's, else the routes' (`host_facts.uplinks`)
             if self._uplinks is not None:
                 self.ticker.collector.uplinks = frozenset(self._uplinks)
@@ -91,10 +95,12 @@ class HostAgent:
                 self.ticker.collector.uplinks = await asyncio.to_thread(uplinks, self.facts)
         if self.sessions is not None:  # ValueError: a store directory that is not there
             self.sessions.start()
-        for spec in self._specs.values():  # an instance of another host: refused before anything starts
+        for spec in self._specs.values():  # an instance of another host, or one its facts contradict: refused first
             if spec.instance is not None and spec.instance.deployment.host != self.host:
                 raise ValueError(f"model server {spec.name}: instance `{spec.instance.id}` claims host "
                                  f"`{spec.instance.deployment.host}`; this agent is `{self.host}`'s")
+            if spec.instance is not None:
+                self._with_host_facts(spec.instance, f"model server {spec.name}")
         self._loop = asyncio.get_running_loop()
         try:
             if self.supervisor is not None:  # PinError: a plan this host cannot honour, before anything is announced
@@ -136,6 +142,31 @@ class HostAgent:
         self._served.clear()
         await self._keeper.stop(revoke=True)
 
+    def _discover_all(self) -> HostFacts:
+        """Interfaces, and (unless off) the hardware and site facts; a TPM the agent was given
+        (`--tcti`) is a TPM of this host whether or not it shows under /dev."""
+        facts = discover(self.host, self.site, hardware=self.hardware_facts, sys_root=self._sys_root)
+        hw = facts.hardware
+        if hw is not None and self.tpm is not None and "tpm" not in hw.security:
+            import dataclasses
+
+            hw = dataclasses.replace(hw, security=tuple(sorted((*hw.security, "tpm"))),
+                                     sources={**hw.sources, "security.tpm": f"the agent's TPM (--tcti {self.tpm.tcti})"})
+            facts = dataclasses.replace(facts, hardware=hw)
+        return facts
+
+    def _with_host_facts(self, instance: Instance, where: str) -> Instance:
+        """`instance` with the facts its deployment leaves out taken from this host's (only
+        fields it did not set: `host_claims.fill`); ValueError for a claim the host contradicts."""
+        if self.facts is None or self.facts.hardware is None:
+            return instance
+        d = instance.deployment
+        given = {k: getattr(d, k) for k in d.model_fields_set}
+        filled = fill(given, self.facts, where)
+        if filled == given:
+            return instance
+        return instance.model_copy(update={"deployment": d.model_copy(update={k: v for k, v in filled.items() if k not in given})})
+
     async def _announce(self, lease: int) -> None:
         await self.store.put(self.keys.agent(self.host), json.dumps(
             {"host": self.host, "ak_name": self.ak_name, "tpm": self.tpm is not None, "pid": os.getpid(),
@@ -147,6 +178,8 @@ class HostAgent:
             await asyncio.sleep(self.facts_interval)
             try:
                 now = await asyncio.to_thread(discover, self.host)
+                if self.facts is not None:  # the hardware does not change under a running agent: the network does
+                    now = self.facts.with_interfaces(now)
                 if now != self.facts:
                     self.facts = now
                     if self._keeper.lease:
@@ -180,7 +213,7 @@ class HostAgent:
         if old is not None:
             await old.stop()
         try:
-            a = InstanceAgent(self.store, spec.instance, keys=self.keys)
+            a = InstanceAgent(self.store, self._with_host_facts(spec.instance, f"model server {name}"), keys=self.keys)
             await a.start()
         except StoreError as e:
             log.warning("agent %s: registering model server %s: %s", self.host, name, e)
@@ -283,6 +316,7 @@ class HostAgent:
         instance that claims another host (an agent speaks for its own host only)."""
         if instance.deployment.host != self.host:
             raise ValueError(f"instance `{instance.id}` claims host `{instance.deployment.host}`; this agent is `{self.host}`'s")
+        instance = self._with_host_facts(instance, f"instance `{instance.id}`")  # facts it leaves out: this host's
         a = InstanceAgent(self.store, instance, score=score, ttl=ttl, keys=self.keys)
         await a.start()
         self._instances.append(a)

@@ -1,9 +1,12 @@
-"""What a host agent discovers about its own host's network: each interface (name, MAC,
-MTU, state, link speed where the driver says) and the addresses on it, read from the
-kernel (rtnetlink through pyroute2, and `/sys/class/net/<if>/speed`) in the network
-namespace the agent runs in. These are the addresses the host's model servers may answer
-on: a replica takes them as the host's own (`Replica` declares them to the endpoint rules),
-so an instance claiming this host with an endpoint on another host's address is refused.
+"""What a host agent discovers about its own host: each interface (name, MAC, MTU, state,
+link speed where the driver says) and the addresses on it, read from the kernel (rtnetlink
+through pyroute2, and `/sys/class/net/<if>/speed`) in the network namespace the agent runs
+in; and its hardware and site facts (GPUs, CUDA, NUMA, RDMA, NVMe, TPM / SEV-SNP / TDX,
+region, zone, hardware firewall: `host_hardware.py`), each with its source. The addresses
+are those the host's model servers may answer on: a replica takes them as the host's own
+(`Replica` declares them to the endpoint rules), so an instance claiming this host with an
+endpoint on another host's address is refused; and an instance whose claims contradict the
+hardware facts is refused (`host_claims.py`).
 
     facts = discover("host-3")
     facts.routable()          # {"10.0.3.7", "fd00::7"}: no loopback, no link-local
@@ -12,9 +15,12 @@ so an instance claiming this host with an endpoint on another host's address is 
 from __future__ import annotations
 
 import ipaddress
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from .host_hardware import Hardware, Site, discover_hardware
 
 SOURCE = "rtnetlink (pyroute2) in the agent's network namespace; link speed from /sys/class/net"
 
@@ -34,6 +40,7 @@ class HostFacts:
     host: str
     interfaces: tuple[Interface, ...]
     source: str = SOURCE
+    hardware: Hardware | None = None  # None: an agent that did not read them (facts of interfaces only)
 
     def routable(self) -> set[str]:
         """The host's addresses another host can reach: not loopback, not link-local."""
@@ -46,9 +53,18 @@ class HostFacts:
         return out
 
     def to_json(self) -> dict[str, object]:
-        return {"host": self.host, "source": self.source,
-                "interfaces": [{"name": i.name, "mac": i.mac, "mtu": i.mtu, "state": i.state, "speed_mbps": i.speed_mbps,
-                                "addresses": list(i.addresses)} for i in self.interfaces]}
+        out: dict[str, object] = {
+            "host": self.host, "source": self.source,
+            "interfaces": [{"name": i.name, "mac": i.mac, "mtu": i.mtu, "state": i.state, "speed_mbps": i.speed_mbps,
+                            "addresses": list(i.addresses)} for i in self.interfaces]}
+        if self.hardware is not None:
+            out["hardware"] = self.hardware.to_json()
+        return out
+
+    def with_interfaces(self, now: "HostFacts") -> "HostFacts":
+        """These facts with `now`'s interfaces (rediscovery reads the network only: the
+        hardware does not change under a running agent)."""
+        return dataclasses.replace(self, interfaces=now.interfaces)
 
     @classmethod
     def from_json(cls, body: dict[str, object]) -> "HostFacts":
@@ -63,7 +79,8 @@ class HostFacts:
                 speed = i.get("speed_mbps")
                 ifs.append(Interface(str(i["name"]), str(i["mac"]), int(i["mtu"]), str(i["state"]),
                                      None if speed is None else int(speed), addrs))
-            return cls(str(body["host"]), tuple(ifs), str(body.get("source") or SOURCE))
+            hw = Hardware.from_json(body["hardware"]) if body.get("hardware") is not None else None
+            return cls(str(body["host"]), tuple(ifs), str(body.get("source") or SOURCE), hw)
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a host facts record ({e})") from None
 
@@ -76,8 +93,9 @@ def _speed(name: str) -> int | None:
     return v if v > 0 else None
 
 
-def discover(host: str) -> HostFacts:
-    """The interfaces and addresses of the network namespace this process runs in."""
+def discover(host: str, site: Site | None = None, *, hardware: bool = False, sys_root: str = "/sys") -> HostFacts:
+    """The interfaces and addresses of the network namespace this process runs in; with
+    `hardware`, also the host's hardware and the operator's `site` facts."""
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
@@ -94,7 +112,8 @@ def discover(host: str) -> HostFacts:
         out.append(Interface(name, str(link.get_attr("IFLA_ADDRESS") or ""), int(link.get_attr("IFLA_MTU") or 0),
                              str(link.get_attr("IFLA_OPERSTATE") or "UNKNOWN"), _speed(name),
                              tuple(sorted(by_index.get(int(link["index"]), [])))))
-    return HostFacts(host, tuple(out))
+    hw = discover_hardware(site or Site(), sys_root=sys_root) if hardware else None
+    return HostFacts(host, tuple(out), hardware=hw)
 
 
 def uplinks(facts: HostFacts) -> frozenset[str]:
@@ -125,7 +144,7 @@ def main() -> None:
     """`python -m policyc.cluster.host_facts HOST`: the facts as JSON (what `policyc agent facts` prints)."""
     import sys
 
-    print(json.dumps(discover(sys.argv[1] if len(sys.argv) > 1 else "this-host").to_json(), indent=2))
+    print(json.dumps(discover(sys.argv[1] if len(sys.argv) > 1 else "this-host", hardware=True).to_json(), indent=2))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ class KnownInstances(MutableMapping[str, Entry]):
         if self._objects.pop(iid, None) is None:
             del self._rows[iid]
 
+    def of_host(self, host: str) -> list[str]:
+        """The ids of the instances on `host` (from the batch's host column: no object made
+        for the rows of other hosts)."""
+        hosts = self._batch.strs["host"]
+        out = [iid for iid, row in self._rows.items() if hosts[row] == host]
+        return out + [iid for iid, (inst, _) in self._objects.items() if inst.deployment.host == host]
+
     def __contains__(self, iid: object) -> bool:
         return iid in self._objects or iid in self._rows
 

@@ -45,6 +45,7 @@ from . import anchors, bundle_rollout, instance_codec
 from .known_instances import KnownInstances
 from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_acts import ActSender
+from .host_claims import claims_problem
 from .host_facts import HostFacts
 from .measured_hosts import HostSignalBook
 from .config import FleetConfig
@@ -128,6 +129,7 @@ class Replica:
         self.local_agent: Any = None  # the embedded default's agent for this host (`local_agent.py`), when it runs one
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
         self.dropped_at_load: tuple[bulk_registration.Refusal, ...] = ()  # store instances not served at start, and why
+        self._said_refused: dict[str, str] = {}  # instance id -> why it is not served (logged once per reason)
 
     # ================================================================ life cycle
     @property
@@ -256,12 +258,23 @@ class Replica:
                 return e.message
             return None
         reg = self.server.state.registry
+        # the rows on a host whose agent reports its facts, judged against them (`host_claims.py`)
+        hosts, contradicted = batch.strs["host"], []
+        for row in ([i for i, h in enumerate(hosts) if self.reports_facts(h)] if self.host_facts else []):
+            inst = batch.instance(row)
+            refused_claim = self.host_problem(inst)
+            if refused_claim is not None:
+                contradicted.append(bulk_registration.Refusal(row, self.keys.instance(inst.id), inst.id,
+                                                              refused_claim.field or "deployment", refused_claim.message))
+        if contradicted:
+            bad_rows = {r.index for r in contradicted}
+            batch = bulk_registration.subset(batch, [i for i in range(len(batch)) if i not in bad_rows])
         taken = [iid for iid in batch.ids if iid in reg]
         keep, _, refused = bulk_registration.screen(
             batch, self.server.state.bundle, endpoint=endpoint, host_check=self.attestation.tpm_problem, taken=taken,
             wheres=[self.keys.instance(iid) for iid in batch.ids])
         taken_ids = set(taken)
-        self.dropped_at_load = tuple(r for r in refused if r.instance_id not in taken_ids)
+        self.dropped_at_load = tuple(contradicted) + tuple(r for r in refused if r.instance_id not in taken_ids)
         for r in self.dropped_at_load:
             log.warning("replica %s does not serve instance %s (in the store at %s): %s", self.name, r.instance_id,
                         r.where, r.reason)
@@ -401,10 +414,44 @@ class Replica:
             log.warning("replica %s does not serve instance %s: %s", self.name, inst.id, problem)
         return problem
 
+    def store_problem(self, inst: Instance) -> str:
+        """Why this replica does not serve an instance the store holds ("" when it does):
+        the endpoint rules RegisterInstance applies (`server/endpoint_rules.py`, with the
+        addresses the hosts' agents report) and its host's own facts (`host_claims.py`).
+        The same rules as RegisterInstance, applied to what arrives by snapshot, watch or
+        reload: a record written straight into the store gets no further."""
+        d = inst.deployment
+        rules = getattr(self.server.service, "endpoints", None)
+        if rules is not None and d.host and d.endpoint:
+            try:
+                rules.check(inst.id, d.endpoint, d.host, self.server.service.topology())
+            except ServiceError as e:
+                return e.message
+        refused = self.host_problem(inst)
+        return refused.message if refused is not None else ""
+
+    def host_problem(self, inst: Instance) -> ServiceError | None:
+        """The refusal of a claim of `inst` its host's own agent contradicts (E733), or None."""
+        return claims_problem(inst, self.host_facts.get(inst.deployment.host))
+
+    def reports_facts(self, host: str) -> bool:
+        """Whether `host`'s agent reports hardware and site facts to judge claims by."""
+        f = self.host_facts.get(host)
+        return f is not None and f.hardware is not None
+
     def _apply_put(self, inst: Instance, score: float | None) -> None:
         if self._unattested(inst):  # kept aside (in `_known`) until its host is attested
             self.engine.apply_deregister(inst.id)
             return
+        problem = self.store_problem(inst)
+        if problem:  # kept aside (in `_known`): its host's next report may admit it
+            if inst.id in self.server.state.registry or self._said_refused.get(inst.id) != problem:
+                log.warning("replica %s does not serve instance %s (in the store at %s): %s", self.name, inst.id,
+                            self.keys.instance(inst.id), problem)
+            self._said_refused[inst.id] = problem
+            self.engine.apply_deregister(inst.id)
+            return
+        self._said_refused.pop(inst.id, None)
         try:
             self.engine.apply_register(inst, score)
         except ServiceError as e:
@@ -595,10 +642,24 @@ class Replica:
             return
         if facts is None or facts.host != host:
             return
+        before = self.host_facts.get(host)
         self.host_facts[host] = facts
         self._declare_addresses(host)
+        if self._joined and facts != before:  # the host's instances judged again against what it reports now
+            self._on_serving(lambda: self._reapply_host(host))
         if host in self.attestation.enrolled and self.attestation.attested(host) is None and self.election.token:
             asyncio.get_running_loop().create_task(self._attest_quietly(host))
+
+    def _reapply_host(self, host: str) -> None:
+        """On the serving loop: the store's instances on `host` applied again (after its
+        agent's report changed: an address or a fact it now has or no longer has)."""
+        busy = set(self._writing) | {w.instance_id for w in self.unsettled.values()}
+        of_host = getattr(self._known, "of_host", None)
+        ids = of_host(host) if of_host is not None else [i for i, (inst, _) in self._known.items() if inst.deployment.host == host]
+        for iid in ids:
+            if iid not in busy and iid in self._known:
+                inst, score = self._known[iid]
+                self._apply_put(inst, score)
 
     def _declare_addresses(self, host: str) -> None:
         """The addresses the endpoint rules take as `host`'s: the operator's, plus the

@@ -32,11 +32,16 @@ from .server_supervisor import ServerSpec
 if TYPE_CHECKING:
     from policyc.placer.topology import Topology
 
+    from .host_facts import HostFacts
+
 MAX_SERVERS = 256
 MAX_BYTES = 1 << 20
 
 
-def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
+def load_specs(path: Path, sys_root: str = "/sys", facts: "HostFacts | None" = None) -> list[ServerSpec]:
+    """The servers of `path`; with this host's `facts`, an instance's deployment may leave
+    out what the host knows (GPU class, the GPU's NUMA node, CUDA, region, hardware
+    firewall: filled from it, `host_claims.fill`), and one that contradicts it is refused."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -77,7 +82,12 @@ def load_specs(path: Path, sys_root: str = "/sys") -> list[ServerSpec]:
                 assert isinstance(node, int)  # checked above when no `gpu` is given
                 n = node
                 pin = Pin(n, parse_cpu_list(str(cpus))) if cpus is not None else Pin.of_node(n, sys_root)
-            inst = Instance.model_validate(item["instance"]) if item.get("instance") is not None else None
+            raw_inst = item.get("instance")
+            if facts is not None and isinstance(raw_inst, dict) and isinstance(raw_inst.get("deployment"), dict):
+                from .host_claims import fill
+
+                raw_inst = {**raw_inst, "deployment": fill(raw_inst["deployment"], facts, "instance")}
+            inst = Instance.model_validate(raw_inst) if raw_inst is not None else None
             out.append(ServerSpec(str(item.get("name") or ""), tuple(argv), pin, dict(env), inst))
         except ValidationError as e:
             first = e.errors()[0]

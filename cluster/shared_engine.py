@@ -35,6 +35,10 @@ class RegistryWriter(Protocol):
 
     def tpm_problem(self, inst: Instance) -> str: ...
 
+    def host_problem(self, inst: Instance) -> ServiceError | None: ...
+
+    def reports_facts(self, host: str) -> bool: ...
+
     def attest_later(self, host: str) -> "Future[AttestedFact]": ...
 
     def attested_name(self, inst: Instance) -> str: ...
@@ -71,6 +75,8 @@ class SharedRegistryEngine(DecisionEngine):
         if self.writer is not None and (problem := self.writer.tpm_problem(instance)):
             raise ServiceError(Status.FAILED_PRECONDITION, f"instance `{instance.id}`: {problem}", ("deployment.tpm",),
                                field="deployment.tpm", code="E732")
+        if self.writer is not None and (refused := self.writer.host_problem(instance)) is not None:
+            raise refused  # a claim its host's own agent contradicts (`host_claims.py`)
         size = super().register(instance, score)  # admission first: the store only gets admissible instances
         if self.writer is not None:
             w = _registration(instance, score, "", self.writer.attested_name(instance))
@@ -116,6 +122,8 @@ class SharedRegistryEngine(DecisionEngine):
         not the decisions). A retry of an applied request returns its settled result. A `tpm`
         claim is trusted only as attested (`attestation.py`): a host due one is challenged now."""
         if self.writer is not None:
+            if (refused := self.writer.host_problem(instance)) is not None:
+                raise refused  # a claim its host's own agent contradicts (`host_claims.py`)
             await self._check_attested(instance)
         w = _registration(instance, score, request_id, self.writer.attested_name(instance) if self.writer else "")
         try:
@@ -132,6 +140,11 @@ class SharedRegistryEngine(DecisionEngine):
             self._undo_register(instance.id, e)
             raise self._refusal(w, e) from None
         return len(self.state.registry)
+
+    def host_reports(self, host: str) -> bool:
+        """Whether `host`'s agent reports facts an instance's claims are judged against (a
+        batch registration sends such an instance through `register_shared`)."""
+        return self.writer is not None and self.writer.reports_facts(host)
 
     async def register_batch_shared(self, batch: InstanceBatch, items: list[tuple[Instance, float | None]]) -> int:
         """`RegisterInstances` on a replica, for rows that claim no `tpm` (those go one by

@@ -128,6 +128,7 @@ CODES: dict[str, str] = {
     "E730": "a registry write the fleet store did not confirm: its outcome is unknown until the store answers",
     "E731": "a request id reused for a different request",
     "E732": "a host fact claimed without a verified attestation",
+    "E733": "a host fact claimed that the host's own agent reports otherwise",
     # policy test files
     "E801": "a test file that is not valid TOML",
     "E802": "a test file's field is missing, unknown or of the wrong type",

@@ -59,10 +59,12 @@ async def register_instances(service: "DecisionService", request: "pb.RegisterIn
         results[i] = _refused(items[i].id, e)
     shared = getattr(service.engine, "register_shared", None)
     rows: list[int] = list(range(len(got.batch)))
-    if shared is not None:  # a replica: a `tpm` claim is attested one by one, through the ledger
-        rid = request_id_of(context.invocation_metadata())
-        tpm = got.batch.flags["tpm"]
-        for r in (r for r in rows if tpm[r]):
+    if shared is not None:  # a replica: a `tpm` claim is attested one by one, through the ledger, and so is an
+        rid = request_id_of(context.invocation_metadata())  # instance whose host's agent reports facts to judge it by
+        tpm, hosts = got.batch.flags["tpm"], got.batch.strs["host"]
+        reported = getattr(service.engine, "host_reports", None)
+        single = {r for r in rows if tpm[r] or (reported is not None and reported(hosts[r]))}
+        for r in sorted(single):
             i, inst = got.items[r], got.batch.instance(r)
             try:
                 await shared(inst, got.batch.scores[r] if got.batch.scores else None, f"{rid}.{i}" if rid else "")
@@ -71,7 +73,7 @@ async def register_instances(service: "DecisionService", request: "pb.RegisterIn
             else:
                 results[i] = pb.RegisterInstanceResult(instance_id=inst.id, registered=True,
                                                        unverified_facts=got.unverified[r])
-        rows = [r for r in rows if not tpm[r]]
+        rows = [r for r in rows if r not in single]
     batched = subset(got.batch, rows)
     where = [got.items[r] for r in rows]  # item index of each batched row
     unverified = [got.unverified[r] for r in rows]

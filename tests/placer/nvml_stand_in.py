@@ -65,12 +65,15 @@ class Gpu:
 
 
 def write_table(path: Path, gpus: list[Gpu], init_error: int = 0,
-                procs: tuple[tuple[int, int, int, int], ...] = ()) -> None:
+                procs: tuple[tuple[int, int, int, int], ...] = (), cuda: int = 0) -> None:
     """Replace the device table at once (a rename), so the driver never reads half of one.
-    `procs`: (GPU index, pid, SM util %, memory util %) of the processes using the GPUs."""
+    `procs`: (GPU index, pid, SM util %, memory util %) of the processes using the GPUs;
+    `cuda`: the driver's CUDA version as NVML gives it (12040: 12.4; 0: it does not say)."""
     lines = ["# stand-in NVML device table (tests/placer/nvml_stand_in.py)"]
     if init_error:
         lines.append(f"init={init_error}")
+    if cuda:
+        lines.append(f"cuda={cuda}")
     lines += [g.line() for g in gpus]
     lines += [f"proc={gpu}|{pid}|{sm}|{mem}" for gpu, pid, sm, mem in procs]
     tmp = path.with_suffix(".tmp")

@@ -13,7 +13,9 @@
  *   failing calls ("-", or "nvmlDeviceGetName:15,nvmlDeviceGetPcieThroughput:3": call:error)
  *
  * and `proc=GPU index|pid|SM util %|memory util %` is one process using a GPU: what
- * nvmlDeviceGetProcessUtilization reports for it, one sample stamped at the call's time.
+ * nvmlDeviceGetProcessUtilization reports for it, one sample stamped at the call's time;
+ * `cuda=N` is the CUDA version the driver supports, as nvmlSystemGetCudaDriverVersion gives
+ * it (12040: 12.4; without the line the call answers Not Supported).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +54,7 @@ typedef struct {
 
 static gpu_t gpus[MAX_GPUS];
 static proc_t procs[MAX_PROCS];
-static int n_gpus, n_procs, init_error, initialised;
+static int n_gpus, n_procs, init_error, initialised, cuda_version;
 
 static void load(void) {
     const char *path = getenv("POLICYC_STAND_IN_NVML");
@@ -61,11 +63,13 @@ static void load(void) {
     n_gpus = 0;
     n_procs = 0;
     init_error = 0;
+    cuda_version = 0;
     if (!f) return;
     while (fgets(line, sizeof line, f) && n_gpus < MAX_GPUS) {
         line[strcspn(line, "\r\n")] = 0;
         if (line[0] == '#' || line[0] == 0) continue;
         if (strncmp(line, "init=", 5) == 0) { init_error = atoi(line + 5); continue; }
+        if (strncmp(line, "cuda=", 5) == 0) { cuda_version = atoi(line + 5); continue; }
         if (strncmp(line, "proc=", 5) == 0) {
             proc_t *q = &procs[n_procs];
             if (n_procs < MAX_PROCS && sscanf(line + 5, "%u|%u|%u|%u", &q->gpu, &q->pid, &q->sm_util, &q->mem_util) == 4)
@@ -139,6 +143,15 @@ const char *nvmlErrorString(int result) {
     default: return "Unknown Error";
     }
 }
+
+int nvmlSystemGetCudaDriverVersion(int *version) {
+    if (!initialised) return UNINITIALIZED;
+    load();
+    if (!cuda_version) return NOT_SUPPORTED;
+    *version = cuda_version;
+    return 0;
+}
+int nvmlSystemGetCudaDriverVersion_v2(int *version) { return nvmlSystemGetCudaDriverVersion(version); }
 
 int nvmlDeviceGetCount_v2(unsigned *count) {
     if (!initialised) return UNINITIALIZED;
