@@ -197,7 +197,7 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         security = security_config(args, check_private_key)
     except ValueError as e:
         return _fail(str(e))
-    from policyc.cli.scrape_flags import scrape_interval
+    from policyc.cli.scrape_flags import scrape_budget, scrape_interval
 
     if not 0.01 <= args.refresh <= 3600:
         return _fail(f"--refresh {args.refresh:g}: expected seconds in [0.01, 3600]")
@@ -205,7 +205,7 @@ def run(args) -> int:  # type: ignore[no-untyped-def]
         return _fail(f"--candidates {args.candidates}: expected 1 to 4096")
     cfg = ServeConfig(port=args.port, enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal), bundle_key=key,
                       telemetry=Telemetry(args.telemetry), settle_heap=True, refresh_interval=args.refresh,
-                      metrics_scrape_interval=scrape_interval(args), candidates=args.candidates,
+                      metrics_scrape_interval=scrape_interval(args), metrics_scrape_budget=scrape_budget(args), candidates=args.candidates,
                       token_dir=token_dir(args, fleet, args.port), fleet=fleet, **security)
     # before anything serves: Envoy answers clients before `gw.start()` has seen it ready, and a
     # SIGTERM in that window killed the process outright (exit -15, seen in CI) instead of stopping it

@@ -188,12 +188,12 @@ def run(args) -> int:
             return _fail(f"--metrics-address `{args.metrics_address}`: expected HOST:PORT")
         metrics_host, metrics_port = host.strip("[]"), int(port_text)
     tls = security["tls"]
-    from policyc.cli.scrape_flags import scrape_interval
+    from policyc.cli.scrape_flags import scrape_budget, scrape_interval
 
     cfg = ServeConfig(
         host=args.host, port=args.port, telemetry=Telemetry(args.telemetry),
         cluster=ClusterSpec(seed=args.sim_seed, hosts=args.sim_hosts, gpus_per_host=args.sim_gpus_per_host),
-        refresh_interval=args.refresh, metrics_scrape_interval=scrape_interval(args), enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal),
+        refresh_interval=args.refresh, metrics_scrape_interval=scrape_interval(args), metrics_scrape_budget=scrape_budget(args), enforcer=EnforcerMode(args.enforcer), self_heal=SelfHeal(args.self_heal),
         metrics_port=metrics_port, metrics_host=metrics_host, ready_min_instances=args.ready_min_instances, settle_heap=True, bundle_key=key,
     )
     from policyc.cluster.serve_flags import fleet_config, token_dir

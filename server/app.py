@@ -67,7 +67,8 @@ class DecisionServer:
             source = LocalHostSource(nvml=NvmlSource())
         self.scraped: ScrapedFleet | None = None  # the model servers' own metrics, started with the service
         if config.metrics_scrape_interval is not None:
-            self.scraped = ScrapedFleet(MetricsScraper(config.metrics_scrape_interval), lambda: self.engine.state.registry)
+            scraper = MetricsScraper(config.metrics_scrape_interval, max_scrapes_per_s=config.metrics_scrape_budget)
+            self.scraped = ScrapedFleet(scraper, lambda: self.engine.state.registry)
             source = WithReadings(source, self.scraped.readings)
         self.refresher = Refresher(source, config.refresh_interval)
         self.refresher.tick()

@@ -121,3 +121,6 @@ class ServeConfig:
     # measured signals (queue depth, ...) with their ages (placer/measured.py ScrapedFleet);
     # None: no scraping, the placer's model alone
     metrics_scrape_interval: float | None = 0.05
+    # the fleet-wide scrape budget, scrapes a second over every endpoint: a large fleet's
+    # per-endpoint tick is stretched from the interval to stay within it (placer/metrics_scraper.py)
+    metrics_scrape_budget: float = 200.0

@@ -119,3 +119,20 @@ def test_a_large_fleet_is_scraped_on_the_stretched_tick_and_never_stale_for_it(p
     assert flagged <= 0.05 * len(ages), (flagged, len(ages), sorted(ages)[-5:])
     # measured: the scraper priced its own scrapes (CPU seconds of its thread a scrape)
     assert 0 < b.cpu_per_scrape_s < 0.05, b
+
+
+def test_the_budget_is_a_flag_of_serve_and_gateway_with_the_scrapers_default() -> None:
+    import argparse
+
+    from policyc.cli.scrape_flags import DEFAULT_BUDGET, add_scrape_flags, scrape_budget
+    from policyc.placer.metrics_scraper import DEFAULT_MAX_SCRAPES_PER_S
+    from policyc.server.config import ServeConfig
+
+    assert DEFAULT_BUDGET == DEFAULT_MAX_SCRAPES_PER_S == ServeConfig().metrics_scrape_budget
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_scrape_flags(p)
+    assert scrape_budget(p.parse_args([])) == DEFAULT_BUDGET
+    assert scrape_budget(p.parse_args(["--scrape-budget", "640"])) == 640.0
+    for bad in ("0", "nan", "lots"):
+        with pytest.raises(argparse.ArgumentError, match="scrapes"):
+            p.parse_args(["--scrape-budget", bad])
