@@ -84,6 +84,28 @@ ALL_ROUTERS = ("policyc", "envoy-round-robin", "envoy-least-request", "vllm-rout
                "vllm-router:power_of_two", "vllm-router:cache_aware", "sglang-router:cache_aware")
 TENANTS = (("gold", 300, 0.2), ("silver", 1000, 0.5), ("bronze", 4000, 0.3))
 CLASSES = (("H100", 0.5), ("A100-80G", 0.25), ("L4", 0.25))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A trace's tenants (name, TTFT SLO ms, share), each tenant's share of long prompts, and
+    the pool's default class shares."""
+
+    tenants: tuple[tuple[str, int, float], ...]
+    long_share: dict[str, float]
+    classes: tuple[tuple[str, float], ...]
+
+
+SCENARIOS = {
+    # the trace of every earlier run: three tenants, 30 % long prompts each; half H100
+    "mixed": Scenario(TENANTS, {"gold": 0.3, "silver": 0.3, "bronze": 0.3}, CLASSES),
+    # a heterogeneous pool that decides the SLO: a quarter H100, three quarters L4 (8.2x slower
+    # at prefill and decode by the catalog's bf16 peaks, as every run slows them); a gold tenant
+    # with a 250 ms TTFT SLO whose prompts are mostly long documents (RAG-like, 60 %), which an
+    # H100-class emulator prefills within it and an L4-class one cannot; silver and bronze as above
+    "hetero": Scenario((("gold", 250, 0.3), ("silver", 1000, 0.4), ("bronze", 4000, 0.3)),
+                       {"gold": 0.6, "silver": 0.3, "bronze": 0.3}, (("H100", 0.25), ("L4", 0.75))),
+}
 WORDS = ("the of and to in is that for it as with on be by this are from at or an account invoice customer "
          "contract renewal payment usage report tenant region latency error").split()
 
@@ -117,8 +139,9 @@ def _text(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
-def make_trace(seed: int, rate: float, duration: float) -> list[Entry]:
+def make_trace(seed: int, rate: float, duration: float, scenario: Scenario = SCENARIOS["mixed"]) -> list[Entry]:
     rng = random.Random(seed)
+    tenants = scenario.tenants
     systems = [f"You are the support assistant of company {g}. " + _text(random.Random(seed * 100 + g), 600) for g in range(8)]
     out, t = [], 0.0
     while True:
@@ -126,9 +149,9 @@ def make_trace(seed: int, rate: float, duration: float) -> list[Entry]:
         if t >= duration:
             return out
         r = rng.random()
-        tenant, slo, _ = next(x for x, c in zip(TENANTS, _cumulative([w for _, _, w in TENANTS])) if r < c)
+        tenant, slo, _ = next(x for x, c in zip(tenants, _cumulative([w for _, _, w in tenants])) if r < c)
         group = rng.randrange(8) if rng.random() < 0.7 else -1
-        long = rng.random() < 0.3
+        long = rng.random() < scenario.long_share[tenant]
         prompt = _text(rng, rng.randint(1200, 2000) if long else rng.randint(60, 240))
         out.append(Entry(round(t, 4), tenant, slo, group, long, prompt, systems[group] if group >= 0 else "",
                          rng.randint(16, 64)))
@@ -285,7 +308,7 @@ class Router:
 
 class PolicycRouter(Router):
     def __init__(self, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int,
-                 scrape_interval: float | None = None) -> None:
+                 scrape_interval: float | None = None, scrape_budget: float | None = None) -> None:
         from policyc.client import operator_channel
         from policyc.compiler import bundle_io
         from policyc.gateway.llm_routes import HTTP1, PROTOCOL_LABEL
@@ -306,7 +329,8 @@ class PolicycRouter(Router):
              "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()),
              "--state-dir", "none", "--workdir", str(workdir / "gw"), "--max-in-flight", "4096", "--max-pending-picks", "4096",
              "--candidates", str(candidates),
-             *(["--scrape-interval", f"{scrape_interval:g}"] if scrape_interval is not None else [])],
+             *(["--scrape-interval", f"{scrape_interval:g}"] if scrape_interval is not None else []),
+             *(["--scrape-budget", f"{scrape_budget:g}"] if scrape_budget is not None else [])],
             stdout=log, stderr=log, start_new_session=True)]
         with grpc.insecure_channel(f"127.0.0.1:{api}") as probe:
             grpc.channel_ready_future(probe).result(timeout=60)
@@ -382,9 +406,9 @@ def router_available(name: str) -> str | None:
 
 
 def start_router(name: str, workdir: Path, bundle: Any, slots: list[Slot], endpoints: list[str], candidates: int,
-                 scrape_interval: float | None = None) -> Router:
+                 scrape_interval: float | None = None, scrape_budget: float | None = None) -> Router:
     if name == "policyc":
-        return PolicycRouter(workdir, bundle, slots, endpoints, candidates, scrape_interval)
+        return PolicycRouter(workdir, bundle, slots, endpoints, candidates, scrape_interval, scrape_budget)
     if name.startswith("envoy-"):
         return EnvoyRouter(workdir, endpoints, {"envoy-round-robin": "ROUND_ROBIN", "envoy-least-request": "LEAST_REQUEST"}[name])
     kind, policy = name.split(":")
@@ -474,11 +498,11 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def summarise(name: str, outs: list[Outcome], wall: float) -> dict[str, Any]:
+def summarise(name: str, outs: list[Outcome], wall: float, tenants: tuple[tuple[str, int, float], ...] = TENANTS) -> dict[str, Any]:
     met = [o for o in outs if o.status == 200 and o.ttft_s is not None and o.ttft_s * 1e3 <= o.slo_ms]
     ttfts = [o.ttft_s for o in outs if o.status == 200 and o.ttft_s is not None]
     by_tenant = {t: round(100 * sum(1 for o in met if o.tenant == t) / max(1, sum(1 for o in outs if o.tenant == t)), 1)
-                 for t, _, _ in TENANTS}
+                 for t, _, _ in tenants}
     refused = Counter(f"{o.status} {o.reason}" for o in outs if o.status != 200)
     return {"router": name, "requests": len(outs), "attainment_pct": round(100 * len(met) / max(1, len(outs)), 1),
             "by_tenant_pct": by_tenant, "goodput_rps": round(len(met) / wall, 2),
@@ -492,8 +516,11 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=32)
     ap.add_argument("--rate", type=float, default=12.0, help="requests per second (Poisson)")
     ap.add_argument("--rates", default=None, help="several load levels, comma-separated (each its own trace)")
-    ap.add_argument("--classes", default=",".join(f"{c}:{w:g}" for c, w in CLASSES),
-                    help="the pool's GPU class shares, CLASS:SHARE,... (default %(default)s)")
+    ap.add_argument("--scenario", choices=tuple(SCENARIOS), default="mixed",
+                    help="the trace's tenants and long-prompt shares, and the pool's default classes (see SCENARIOS)")
+    ap.add_argument("--classes", default=None,
+                    help="the pool's GPU class shares, CLASS:SHARE,... (default: the scenario's; mixed: "
+                         + ",".join(f"{c}:{w:g}" for c, w in CLASSES) + ")")
     ap.add_argument("--contract-prefill", choices=("emulator", "model"), default="emulator",
                     help="the contract's llm.prefill: the emulated model's cost (default) or the tiny model's own")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of trace per router")
@@ -503,6 +530,8 @@ def main() -> int:
     ap.add_argument("--candidates", type=int, default=8, help="policyc gateway --candidates (its default 8)")
     ap.add_argument("--policyc-scrape-interval", type=float, default=None, metavar="SECONDS",
                     help="policyc gateway --scrape-interval (default: the gateway's own, 50 ms); a diagnosis setting")
+    ap.add_argument("--policyc-scrape-budget", type=float, default=None, metavar="SCRAPES_PER_S",
+                    help="policyc gateway --scrape-budget (default: the gateway's own, 200 scrapes/s over the fleet)")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -524,23 +553,25 @@ def main() -> int:
     except ValueError:
         print(f"slo_attainment: --rates {args.rates!r}: numbers, comma-separated", file=sys.stderr)
         return 2
-    slots, bundle = pool_slots(args.instances, args.base_slowdown, parse_classes(args.classes), args.contract_prefill)
+    scenario = SCENARIOS[args.scenario]
+    classes = parse_classes(args.classes) if args.classes else scenario.classes
+    slots, bundle = pool_slots(args.instances, args.base_slowdown, classes, args.contract_prefill)
     shapes, results = [], []
     for rate in rates:
         if args.trace:
             trace = [Entry(**json.loads(line)) for line in args.trace.read_text().splitlines() if line.strip()]
         else:
-            trace = make_trace(args.seed, rate, args.duration)
+            trace = make_trace(args.seed, rate, args.duration, scenario)
         (workdir / f"trace-{rate:g}.jsonl").write_text("".join(json.dumps(asdict(e)) + "\n" for e in trace))
         shape = {"requests": len(trace), "rate_rps": rate, "duration_s": args.duration,
-                 "tenants": {t: f"{s} ms, {w:.0%}" for t, s, w in TENANTS},
+                 "scenario": args.scenario, "tenants": {t: f"{s} ms, {w:.0%}" for t, s, w in scenario.tenants},
                  "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
                  "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
                  "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
                  "max_num_seqs": args.max_seqs, "contract_prefill": args.contract_prefill}
         shapes.append(shape)
         print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
-        results += run_routers(routers, workdir, bundle, slots, trace, args, rate)
+        results += run_routers(routers, workdir, bundle, slots, trace, args, rate, scenario.tenants)
     out = args.out or workdir / "results.json"
     out.write_text(json.dumps({"traces": shapes, "results": results}, indent=1))
     print(f"results: {out}")
@@ -548,7 +579,8 @@ def main() -> int:
 
 
 def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot], trace: list[Entry],
-                args: argparse.Namespace, rate: float) -> list[dict[str, Any]]:
+                args: argparse.Namespace, rate: float,
+                tenants: tuple[tuple[str, int, float], ...] = TENANTS) -> list[dict[str, Any]]:
     """One load level: each router in turn on a fresh pool, the same trace."""
     results: list[dict[str, Any]] = []
     for name in routers:
@@ -560,10 +592,11 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
         pool = Pool(slots, args.max_seqs)
         router: Router | None = None
         try:
-            router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates, args.policyc_scrape_interval)
+            router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates, args.policyc_scrape_interval,
+                                  args.policyc_scrape_budget)
             asyncio.run(warm(router.url))
             outs, wall = asyncio.run(drive(router.url, trace))
-            results.append({"rate_rps": rate, **summarise(name, outs, wall)})
+            results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants)})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
             served = pool.served()
             by_class: Counter[str] = Counter()
