@@ -19,6 +19,10 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
                     description=__doc__, codes=(Exit.OK, Exit.FAILED),
                     examples=["policyc demo", "policyc demo --workdir out/   # keep the bundle and the audit log"])
     p.add_argument("--workdir", help="keep the bundle and audit log here (default: a temporary directory)")
+    p.add_argument("--fleet", choices=("auto", "hosts", "simulated"), default="auto",
+                   help="hosts: network-namespace hosts, each with its TPM, agent and model servers (root); simulated: the "
+                        "model servers on loopback beside the simulated cluster; auto (default): hosts where root and "
+                        "network namespaces are available, else simulated (said in one line)")
     p.set_defaults(func=run)
 
 
@@ -39,7 +43,7 @@ def run(args) -> int:
             print(f"policyc demo: error: --workdir {args.workdir}: {e.strerror or e}", file=sys.stderr)
             return 1
     try:
-        return run_demo(sys.stdout, workdir)
+        return run_demo(sys.stdout, workdir, args.fleet)
     except DemoError as e:
         print(f"policyc demo: error: {e}", file=sys.stderr)
         return 1

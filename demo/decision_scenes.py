@@ -49,12 +49,15 @@ def decide_mix(say: Narrator, stub: pb_grpc.DecisionsStub) -> None:
            {"region": "mars-1"})
 
 
-def self_heal(say: Narrator, stub: pb_grpc.DecisionsStub, server: DecisionServer) -> None:
+RETAIL = {"X-Tenant": "shopwave", "X-Model": "fraud-scorer-lite", "X-Data-Region": "us-east"}
+
+
+def self_heal(say: Narrator, stub: pb_grpc.DecisionsStub, server: DecisionServer, headers: dict[str, str] = RETAIL,
+              title: str = "a retail scoring request") -> None:
     assert server.cluster is not None and server.actions is not None
-    headers = {"X-Tenant": "shopwave", "X-Model": "fraud-scorer-lite", "X-Data-Region": "us-east"}
-    d = decide(say, stub, "a retail scoring request", headers)
+    d = decide(say, stub, title, headers)
     if d is None or d.outcome != pb.ADMITTED:
-        raise DemoError("the scoring request was not admitted")
+        raise DemoError(f"{title}: not admitted")
     gpu = f"{d.placement.host}/{d.placement.gpu}"
     started = time.time()
     server.cluster.sm_collapse(gpu, 0.15)

@@ -56,7 +56,7 @@ def _finance(s: GpuSlot) -> bool:
     return s.tpm and s.memory_encryption and s.hardware_firewall
 
 
-def _pick(bundle: Bundle, slots: Iterable[GpuSlot], model: str, *, region: str | None = None,
+def pick_slot(bundle: Bundle, slots: Iterable[GpuSlot], model: str, *, region: str | None = None,
           finance: bool = False, avoid_hosts: set[str]) -> GpuSlot:
     for s in slots:
         if s.host in avoid_hosts or (region is not None and s.region != region) or (finance and not _finance(s)):
@@ -77,7 +77,7 @@ def plan(bundle: Bundle, slots: Iterable[GpuSlot], rank: Callable[[GpuSlot], flo
     out: list[RealInstance] = []
 
     def add(model: str, role: str, process: int, **where: object) -> None:
-        s = _pick(bundle, slots, model, avoid_hosts=used, **where)  # type: ignore[arg-type]
+        s = pick_slot(bundle, slots, model, avoid_hosts=used, **where)  # type: ignore[arg-type]
         used.add(s.host)
         out.append(RealInstance(instance_id(model, s.host, s.gpu), model, s, role, process))
 

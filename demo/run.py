@@ -15,16 +15,22 @@ reported.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import TextIO
+from types import FrameType
+from typing import Iterator, TextIO
 
 
 import policyc
 from policyc.client import operator_channel
+from policyc.cluster.netns_agents import unavailable
+from policyc.placer import Refresher, SimulatedCluster
 from policyc.compiler import bundle_io
 from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
@@ -35,10 +41,11 @@ from policyc.server.app import DecisionServer, ServerThread
 from policyc.server.config import ClusterSpec, ServeConfig
 from policyc.server.proto import pb_grpc
 
-from . import decision_scenes, fleet_scene
+from . import decision_scenes, fleet_scene, host_fleet
 from policyc.gateway.runner import Gateway
 
 from .gateway_up import start_gateway
+from .host_fleet import HostFleet, HostPool
 from .llm_scene import LlmScene
 from .model_pool import RealInstance, plan, start_pool
 from .narration import DemoError, Narrator
@@ -47,11 +54,16 @@ from .traffic import HTTP_OF, Outcome, Traffic
 POLICIES = Path(policyc.__file__).resolve().parent / "policies"
 POOL_STATS = f"cluster.{POOL_CLUSTER}."
 
-__all__ = ["DemoError", "run_demo"]
+FLEETS = ("auto", "hosts", "simulated")
+
+__all__ = ["DemoError", "FLEETS", "run_demo"]
 
 
 class Demo:
-    def __init__(self, out: TextIO, workdir: Path) -> None:
+    def __init__(self, out: TextIO, workdir: Path, fleet: str = "auto") -> None:
+        if fleet not in FLEETS:
+            raise ValueError(f"fleet `{fleet}`: one of {', '.join(FLEETS)}")
+        self.fleet = fleet
         self.say = Narrator(out)
         self.dir = workdir.absolute()  # Envoy takes only absolute paths (the picker's Unix socket under it)
         self.started = time.monotonic()
@@ -69,9 +81,24 @@ class Demo:
         return 0
 
     def _scenes(self) -> None:
+        why = "asked for (--fleet simulated)" if self.fleet == "simulated" else unavailable()
+        if why and self.fleet == "hosts":
+            raise DemoError(f"--fleet hosts: no namespace fleet on this machine: {why}")
+        if why:
+            self.say.say(f"fleet: falling back to the simulated cluster, no namespace fleet here: {why}")
+        else:
+            self.say.say("fleet: hosts as network namespaces on this machine, each with its own TPM, agent and model servers")
         bundle = self._compile()
-        self.say.head("serve the decision service on the simulated cluster")
         audit_path = self.dir / "audit.db"
+        if why:
+            self._on_simulated(bundle, audit_path)
+        else:
+            self._on_hosts(bundle, audit_path)
+        self._audit(audit_path)
+
+    def _on_simulated(self, bundle: Bundle, audit_path: Path) -> None:
+        """The real model servers on loopback, on slots of the simulated cluster."""
+        self.say.head("serve the decision service on the simulated cluster")
         server = DecisionServer(bundle, ServeConfig(cluster=ClusterSpec(), audit_log=audit_path, settle_heap=True))
         thread = ServerThread(server)
         port = thread.start()
@@ -100,19 +127,80 @@ class Demo:
                     self._budget_break(traffic, gateway, pool, real, server)
                 finally:
                     traffic.close()
-                self.say.head("the decision API alone: what `policyc serve` answers without a gateway")
-                decision_scenes.decide_mix(self.say, stub)
-                self.say.head("SM utilisation collapses on one GPU: self-heal in dry run")
-                decision_scenes.self_heal(self.say, stub, server)
-                self.say.head("Explain: why a healthcare request went where it went")
-                decision_scenes.explain(self.say, stub)
+                self._decision_api(stub, server)
         finally:
             if gateway is not None:
                 gateway.stop()
             if pool is not None:
                 pool.stop()
             thread.stop()
-        self._audit(audit_path)
+
+    def _on_hosts(self, bundle: Bundle, audit_path: Path) -> None:
+        """The real model servers on namespace hosts, started and registered by each host's
+        agent; the rest of the topology simulated (see `host_fleet.py`)."""
+        spec = ClusterSpec()
+        cluster = SimulatedCluster(spec.seed, spec.hosts, spec.gpus_per_host, hosts_per_rack=spec.hosts_per_rack)
+        slots = cluster.gpu_slots()
+        first = Refresher(cluster, 0.2)  # the first tick, as the decision service will see it (same seed)
+        snap = first.current()
+        real = host_fleet.plan(bundle, slots, lambda s: float(snap.gpu_free[snap.topology.gpu_index[(s.host, s.gpu)]]))
+        hosts = HostFleet(self.say, self.dir, bundle, real)
+        self.say.head(f"bring up {len(hosts.names)} hosts: {', '.join(hosts.names)} (names of the topology's hosts)")
+        thread: ServerThread | None = None
+        gateway: Gateway | None = None
+        try:
+            cfg = hosts.start()
+            self.say.head("serve the decision service: a replica on the hosts' etcd")
+            server = DecisionServer(bundle, ServeConfig(cluster=spec, audit_log=audit_path, settle_heap=True, fleet=cfg))
+            thread = ServerThread(server)
+            port = thread.start()
+            self.say.say(f"listening on 127.0.0.1:{port}; the topology: {len(slots)} GPUs on {spec.hosts} hosts, "
+                         f"{len(hosts.names)} of them the namespace hosts, the rest simulated; audit log {audit_path.name}")
+            self.say.head("enroll each host's TPM key, start each host's agent with its model servers")
+            hosts.enroll()
+            pool = hosts.run_agents(server)
+            assert pool.startup_s is not None
+            self.say.say(f"{len(pool.instances)} KServe model servers (ONNX with onnxruntime) serving on their hosts' "
+                         f"addresses and registered by their agents {pool.startup_s:.1f} s after the agents started; "
+                         "where each fact comes from:")
+            hosts.facts(server, pool)
+            with operator_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.DecisionsStub(channel)
+                self.say.head("register the simulated rest of the fleet over gRPC")
+                simulated, left_out = host_fleet.simulated_slots(slots, set(hosts.names))
+                fleet_scene.register_simulated(self.say, stub, bundle, simulated, real)
+                self.say.say(f"  (the {left_out} GPUs of simulated hosts with a TPM take none: no TPM there to quote, and this "
+                             "fleet trusts a TPM fact only as attested)")
+                fleet_scene.refuse_broken_onnx(self.say, stub, bundle, real[0])
+                gateway = self._gateway(thread, pool)
+                traffic = Traffic(self.say, gateway.options.listen)
+                try:
+                    self._mix(traffic)
+                    self._congestion_on_hosts(traffic, stub, server, hosts, real)
+                    self._budget_break(traffic, gateway, pool, real, server)
+                finally:
+                    traffic.close()
+                self._decision_api(stub, server, on_hosts=True)
+        finally:
+            if gateway is not None:
+                gateway.stop()
+            hosts.stop_agents()
+            if thread is not None:
+                thread.stop()
+            hosts.stop()
+        self.say.say(f"\nhosts torn down: agents and their model servers, TPMs, etcd, namespaces {', '.join(hosts.names)}")
+
+    def _decision_api(self, stub: pb_grpc.DecisionsStub, server: DecisionServer, *, on_hosts: bool = False) -> None:
+        self.say.head("the decision API alone: what `policyc serve` answers without a gateway")
+        decision_scenes.decide_mix(self.say, stub)
+        self.say.head("SM utilisation collapses on one GPU: self-heal in dry run")
+        if on_hosts:  # on a simulated GPU: the simulator is what makes its SM utilisation collapse
+            decision_scenes.self_heal(self.say, stub, server, {"X-Model": "recommender", "X-Data-Region": "eu-west"},
+                                      "a recommender request in eu-west (a simulated host)")
+        else:
+            decision_scenes.self_heal(self.say, stub, server)
+        self.say.head("Explain: why a healthcare request went where it went")
+        decision_scenes.explain(self.say, stub)
 
     # ------------------------------------------------------------------ set-up scenes
     def _compile(self) -> Bundle:
@@ -136,7 +224,7 @@ class Demo:
                      "checked on every instance's port)")
         return pool
 
-    def _gateway(self, thread: ServerThread, pool: ModelPool) -> Gateway:
+    def _gateway(self, thread: ServerThread, pool: ModelPool | HostPool) -> Gateway:
         self.say.head("start the gateway: Envoy, with policyc as its endpoint picker (ext_proc)")
         t = time.monotonic()
         gw = start_gateway(thread, self.dir)
@@ -204,7 +292,33 @@ class Demo:
             server.cluster.clear(port)
         server.refresher.tick()
 
-    def _budget_break(self, t: Traffic, gw: Gateway, pool: ModelPool, real: list[RealInstance],
+    def _congestion_on_hosts(self, t: Traffic, stub: pb_grpc.DecisionsStub, server: DecisionServer, hosts: HostFleet,
+                             real: list[RealInstance]) -> None:
+        self.say.head("congestion: the uplink of the host serving finance traffic fills up (real tc, measured by its agent)")
+        headers = {"X-Tenant": "first-federal", "X-Model": "fraud-scorer", "X-Data-Region": "us-west"}
+        before = t.send("before", headers).answer
+        if before is None:
+            raise DemoError("the congestion scene needs an answered request")
+        host = next(r.slot.host for r in real if r.id == before.instance)
+        moved: list[str] = []
+
+        def while_shaped(seconds: float, fill: float, why: list[str]) -> None:
+            self.say.say(f"  {host}'s agent measured its eth0 queue {fill:.0%} full (root qdisc backlog over its limit, "
+                         f"published every tick); decisions moved off {host} {seconds * 1e3:.0f} ms after the tc command "
+                         f"(collector tick {server.refresher.current().version})")
+            for line in why:
+                self.say.say(f"  Explain: {line}")
+            after = t.send("after", headers).answer
+            if after is None or after.instance == before.instance:
+                raise DemoError(f"traffic did not move off the congested host ({after.instance if after else 'no answer'})")
+            moved.append(after.instance)
+        hosts.congestion(stub, server, host, headers, while_shaped)
+        other = next(r.slot.host for r in real if r.id == moved[0])
+        self.say.say(f"  traffic moved: `{before.instance}` → `{moved[0]}` ({other}, another host, another uplink)")
+        self.say.say(f"  shaping removed and the flood stopped: {host}'s agent reports its queue empty again after "
+                     f"{hosts.drained(server, host):.1f} s")
+
+    def _budget_break(self, t: Traffic, gw: Gateway, pool: ModelPool | HostPool, real: list[RealInstance],
                       server: DecisionServer) -> None:
         self.say.head("a request stalls on its model server: broken at its budget, answered by the backup")
         primaries = [r.id for r in real if r.role == "primary"]
@@ -292,9 +406,29 @@ def _metric(http_endpoint: str, name: str, instance: str) -> float:
     return 0.0
 
 
-def run_demo(out: TextIO, workdir: Path | None = None) -> int:
-    """Run the demo in `workdir` (a fresh temporary directory when None); 0 on success."""
-    if workdir is not None:
-        return Demo(out, workdir).run()
-    with tempfile.TemporaryDirectory(prefix="policyc-demo-") as tmp:
-        return Demo(out, Path(tmp)).run()
+def run_demo(out: TextIO, workdir: Path | None = None, fleet: str = "auto") -> int:
+    """Run the demo in `workdir` (a fresh temporary directory when None); 0 on success.
+    `fleet`: "hosts" (namespace hosts with agents; an error where this machine has none),
+    "simulated", or "auto" (hosts where root and network namespaces are available)."""
+    with _terminated_as_interrupt():
+        if workdir is not None:
+            return Demo(out, workdir, fleet).run()
+        with tempfile.TemporaryDirectory(prefix="policyc-demo-") as tmp:
+            return Demo(out, Path(tmp), fleet).run()
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so every `finally` tears down what the demo started
+    (namespaces, agents, model servers, Envoy) instead of the process vanishing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(sig: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {sig}")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

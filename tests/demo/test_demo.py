@@ -1,5 +1,8 @@
 """The README's main job: `policyc demo` runs end to end on the real data plane (Envoy,
-KServe model servers, policyc as the endpoint picker) and stops cleanly.
+KServe model servers, policyc as the endpoint picker) and stops cleanly. As root with
+network namespaces (CI), on the namespace fleet: three hosts, each with its TPM enrolled and
+attested and its agent starting and registering its model servers, the congestion a real
+`tc` shaping of one host's uplink; elsewhere on the simulated cluster, said in one line.
 
 One run serves every test here (the demo takes a minute or more: it starts its own vLLM),
 run as a user would: the command in a subprocess, with `--workdir out/`, the relative
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from policyc.cluster.netns_agents import unavailable
 from policyc.demo.llm_scene import SCENE_CONTRACT
 
 RULE_LINE = 1 + SCENE_CONTRACT.read_text().splitlines().index("  rule prompt-budget {")
@@ -52,10 +56,23 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
     text = demo.stdout
     assert "Traceback" not in text + demo.stderr, (text + demo.stderr)[-3000:]
     assert demo.code == 0, (text + demo.stderr)[-3000:]
-    for expected in (
+    on_hosts = not unavailable()  # root, iproute2, etcd, swtpm, namespaces: CI has them all
+    fleet_line = ("fleet: hosts as network namespaces on this machine" if on_hosts
+                  else "fleet: falling back to the simulated cluster, no namespace fleet here: ")
+    assert fleet_line in text.splitlines()[1] + text.splitlines()[0], text[:600]  # said once, at the start
+    for expected in ((
+        # three namespace hosts: each TPM key enrolled and the quote verified, each agent starting and registering its
+        # model servers on its host's address; the congestion a real tc shaping of one uplink, measured by its agent
+        "operator: `policyc agent enroll --host host-", "TPM attested — quote over PCRs 0,1,2,7 verified by replica",
+        "(backup) → 10.", "registered by host-", "(simulated topology: a namespace has no GPU)",
+        "uplink eth0 shaped with tc", "'s agent measured its eth0 queue", "Explain: not host-",
+        "reports its queue empty again after", "hosts torn down: agents and their model servers, TPMs, etcd, namespaces",
+    ) if on_hosts else (
+        "(backup) → 127.0.0.1:", "pinned at 89 % watermark",
+    )) + (
         # the fleet: simulated, a refused ONNX model, the real servers with their endpoints
         "ONNX model missing a contract section → INVALID_ARGUMENT", "(placement only, no endpoint)",
-        "(backup) → 127.0.0.1:", "full/simplified variants, also answers fraud-scorer",
+        "full/simplified variants, also answers fraud-scorer",
         # real answers and refusals through Envoy
         "OK  fraud-scorer answered by `fraud-scorer@", "OK  clinical-notes answered by `clinical-notes@",
         "PERMISSION_DENIED (HTTP 403, rule)  rejected by `routing.data-region`, `compliance.healthcare-eu`",
@@ -63,7 +80,7 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
         "UNAVAILABLE (HTTP 503, no-instance)  no instance can serve this request", "none has an endpoint",
         "did you mean `X-Data-Region`?", "did you mean `acme-bank`?", "HTTP 400  header `x-data-regoin`",
         # congestion moves the traffic, the stalled request is broken at its budget and retried
-        "pinned at 89 % watermark", "traffic moved: `fraud-scorer@",
+        "traffic moved: `fraud-scorer@",
         "(simplified variant,", "retry 1)", "1 stream reset by Envoy while held", "upstream_rq_per_try_timeout +1",
         "upstream_cx_destroy +0", "the backup saw x-retry-count: 1",
         "action: cancel_stream", "action: redirect", "action: report_anomaly", "(the reported anomaly lowered its health)",
@@ -93,8 +110,15 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
     assert re.search(r"`llm-demo\.prompt-budget` at \S*demo/llm-scene\.contract:" + str(RULE_LINE) + r"\)", text), text[-3000:]
     long_prompt = re.search(r"a prompt of (\d+) tokens", text)
     assert long_prompt and int(long_prompt[1]) > 800
-    # every model server and Envoy it started is gone
-    pids = [int(p) for p in re.findall(r"(?:Envoy|vLLM) \(pid (\d+)\)", text)]
+    # every model server, agent and Envoy it started is gone, and the hosts' namespaces and bridge with them
+    pids = [int(p) for p in re.findall(r"(?:Envoy|vLLM|`policyc agent run`) \(pid (\d+)\)", text)]
+    if on_hosts:
+        bridge = re.search(r"on bridge (\S+) ", text)
+        namespaces = re.findall(r"in namespace (\S+),", text)
+        assert bridge and len(namespaces) == 3, text[:3000]
+        assert not subprocess.run(["ip", "link", "show", bridge[1]], capture_output=True).stdout
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert not set(namespaces) & set(left), left
     pids += [json.loads(f.read_text())["pid"] for f in (demo.out / "servers").glob("server-*/ready.json")]
     assert pids and not any(os.path.exists(f"/proc/{p}") for p in pids)
 
