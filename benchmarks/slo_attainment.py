@@ -99,12 +99,13 @@ class Scenario:
 SCENARIOS = {
     # the trace of every earlier run: three tenants, 30 % long prompts each; half H100
     "mixed": Scenario(TENANTS, {"gold": 0.3, "silver": 0.3, "bronze": 0.3}, CLASSES),
-    # a heterogeneous pool that decides the SLO: a quarter H100, three quarters L4 (8.2x slower
-    # at prefill and decode by the catalog's bf16 peaks, as every run slows them); a gold tenant
-    # with a 250 ms TTFT SLO whose prompts are mostly long documents (RAG-like, 60 %), which an
-    # H100-class emulator prefills within it and an L4-class one cannot; silver and bronze as above
-    "hetero": Scenario((("gold", 250, 0.3), ("silver", 1000, 0.4), ("bronze", 4000, 0.3)),
-                       {"gold": 0.6, "silver": 0.3, "bronze": 0.3}, (("H100", 0.25), ("L4", 0.75))),
+    # a heterogeneous pool where the class decides the SLO: a quarter H100, half A100-80G (3.2x
+    # slower by the catalog's bf16 peaks, as every run slows them), a quarter L4 (8.2x); an
+    # interactive gold tenant (40 %) with a 150 ms TTFT SLO whose prompts are mostly long
+    # documents (RAG-like, 60 %: ~600 tokens, ~60 ms on an idle H100-class emulator, ~175 ms on
+    # an A100-class one, ~450 ms on an L4); silver and bronze as in `mixed`
+    "hetero": Scenario((("gold", 150, 0.4), ("silver", 1000, 0.3), ("bronze", 4000, 0.3)),
+                       {"gold": 0.6, "silver": 0.3, "bronze": 0.3}, (("H100", 0.25), ("A100-80G", 0.5), ("L4", 0.25))),
 }
 WORDS = ("the of and to in is that for it as with on be by this are from at or an account invoice customer "
          "contract renewal payment usage report tenant region latency error").split()
@@ -287,6 +288,54 @@ class Pool:
             except ProcessLookupError:
                 pass
             p.wait(10)
+
+
+class RealPool:
+    """`n` real vLLM servers (`.venv-vllm`, the project's tiny model served under MODEL), one
+    per core, started once for the whole run (about 70-150 s here) and shared by every router
+    in turn: before each router their prefix caches are emptied (vLLM's dev-mode
+    `POST /reset_prefix_cache`, so no router inherits another's cache) and `served` counts
+    from that moment (`vllm:request_success_total` is cumulative)."""
+
+    def __init__(self, n: int, workdir: Path) -> None:
+        from policyc.modelserver.llm_model import cached_llm_model
+        from policyc.modelserver.vllm_engine import VllmServer, VllmSpec
+
+        os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's /reset_prefix_cache route (its env copies ours)
+        model = cached_llm_model()
+        cores = sorted(os.sched_getaffinity(0))
+        self.servers = [VllmServer(VllmSpec(model.dir, MODEL, cpu_bind=str(cores[i % len(cores)])), workdir / f"vllm-{i}")
+                        for i in range(n)]
+        try:
+            for srv in self.servers:
+                srv.spawn()
+            for srv in self.servers:
+                srv.wait_ready()
+        except Exception:
+            self.close()
+            raise
+        self.endpoints = [srv.endpoint for srv in self.servers]
+        self._base = [0.0] * n
+
+    def fresh(self) -> "RealPool":
+        """Empty every server's prefix cache and count served requests from now."""
+        import urllib.request
+
+        for e in self.endpoints:
+            with urllib.request.urlopen(urllib.request.Request(f"http://{e}/reset_prefix_cache", method="POST"), timeout=30) as r:
+                r.read()
+        self._base = Pool.served(self)  # type: ignore[arg-type]
+        return self
+
+    def served(self) -> list[float]:
+        return [a - b for a, b in zip(Pool.served(self), self._base)]  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        """Nothing: the servers stay up for the next router (`close` stops them)."""
+
+    def close(self) -> None:
+        for srv in self.servers:
+            srv.stop()
 
 
 # ---------------------------------------------------------------------- the routers
@@ -532,6 +581,9 @@ def main() -> int:
                     help="policyc gateway --scrape-interval (default: the gateway's own, 50 ms); a diagnosis setting")
     ap.add_argument("--policyc-scrape-budget", type=float, default=None, metavar="SCRAPES_PER_S",
                     help="policyc gateway --scrape-budget (default: the gateway's own, 200 scrapes/s over the fleet)")
+    ap.add_argument("--real-vllm", type=int, default=0, metavar="N",
+                    help="N real vLLM servers (1-2, one per core; .venv-vllm) instead of the emulators, declared as "
+                         "--classes (default all H100: they are the same CPU), the contract's prefill the model's own")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -555,7 +607,27 @@ def main() -> int:
         return 2
     scenario = SCENARIOS[args.scenario]
     classes = parse_classes(args.classes) if args.classes else scenario.classes
+    real: RealPool | None = None
+    if args.real_vllm:
+        if not 1 <= args.real_vllm <= 2:
+            print(f"slo_attainment: --real-vllm {args.real_vllm}: 1 or 2 (each takes a core and ~3 GB)", file=sys.stderr)
+            return 2
+        args.instances, args.contract_prefill, args.base_slowdown = args.real_vllm, "model", 1.0
+        classes = parse_classes(args.classes) if args.classes else (("H100", 1.0),)
     slots, bundle = pool_slots(args.instances, args.base_slowdown, classes, args.contract_prefill)
+    if args.real_vllm:
+        t = time.monotonic()
+        real = RealPool(args.real_vllm, workdir)
+        print(json.dumps({"real_vllm": real.endpoints, "ready_s": round(time.monotonic() - t, 1)}), flush=True)
+    try:
+        return _run_all(args, routers, rates, scenario, slots, bundle, workdir, real)
+    finally:
+        if real is not None:
+            real.close()
+
+
+def _run_all(args: argparse.Namespace, routers: list[str], rates: list[float], scenario: Scenario, slots: list[Slot],
+             bundle: Any, workdir: Path, real: RealPool | None) -> int:
     shapes, results = [], []
     for rate in rates:
         if args.trace:
@@ -568,10 +640,11 @@ def main() -> int:
                  "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
                  "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
                  "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
-                 "max_num_seqs": args.max_seqs, "contract_prefill": args.contract_prefill}
+                 "max_num_seqs": "vLLM's own" if real else args.max_seqs, "contract_prefill": args.contract_prefill,
+                 "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators"}
         shapes.append(shape)
         print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
-        results += run_routers(routers, workdir, bundle, slots, trace, args, rate, scenario.tenants)
+        results += run_routers(routers, workdir, bundle, slots, trace, args, rate, scenario.tenants, real)
     out = args.out or workdir / "results.json"
     out.write_text(json.dumps({"traces": shapes, "results": results}, indent=1))
     print(f"results: {out}")
@@ -579,8 +652,8 @@ def main() -> int:
 
 
 def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot], trace: list[Entry],
-                args: argparse.Namespace, rate: float,
-                tenants: tuple[tuple[str, int, float], ...] = TENANTS) -> list[dict[str, Any]]:
+                args: argparse.Namespace, rate: float, tenants: tuple[tuple[str, int, float], ...] = TENANTS,
+                real: RealPool | None = None) -> list[dict[str, Any]]:
     """One load level: each router in turn on a fresh pool, the same trace."""
     results: list[dict[str, Any]] = []
     for name in routers:
@@ -589,7 +662,7 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             results.append({"rate_rps": rate, "router": name, "not_run": why})
             print(json.dumps(results[-1]), flush=True)
             continue
-        pool = Pool(slots, args.max_seqs)
+        pool: Pool | RealPool = real.fresh() if real is not None else Pool(slots, args.max_seqs)
         router: Router | None = None
         try:
             router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates, args.policyc_scrape_interval,
