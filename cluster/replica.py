@@ -47,6 +47,7 @@ from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_acts import ActSender
 from .host_claims import claims_problem
 from .host_facts import HostFacts
+from .link_heal import LinkDownHealer
 from .measured_hosts import HostSignalBook
 from .config import FleetConfig
 from .keys import Keys
@@ -126,6 +127,7 @@ class Replica:
         self.host_facts: dict[str, HostFacts] = {}  # what each host's agent discovered (`agents/<host>`)
         self.acts = ActSender(self)  # self-heal steps sent to the host's agent (the executor's `remote`)
         self.host_signals = HostSignalBook()  # what each host's agent measured last (`signals/<host>`), for the placer
+        self.link_heal = LinkDownHealer(self)  # the leader heals a link a host's agent reports down (`link_heal.py`)
         self.local_agent: Any = None  # the embedded default's agent for this host (`local_agent.py`), when it runs one
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
         self.dropped_at_load: tuple[bulk_registration.Refusal, ...] = ()  # store instances not served at start, and why
@@ -460,10 +462,15 @@ class Replica:
     async def _dispatch(self, ch: Change) -> None:
         k = self.keys
         if ch.key.startswith(k.signals):  # the hottest key: every host, every tick
+            host = k.id_of(ch.key, k.signals)
             if ch.kind is ChangeKind.PUT:
-                self.host_signals.on_report(k.id_of(ch.key, k.signals), ch.value)
+                taken = self.host_signals.received
+                self.host_signals.on_report(host, ch.value)
+                if self.host_signals.received != taken:  # a report, not a refused one: a link it says went down is healed
+                    self.link_heal.on_report(host, self.host_signals.reports[host])
             else:
-                self.host_signals.forget(k.id_of(ch.key, k.signals))
+                self.host_signals.forget(host)
+                self.link_heal.forget(host)
         elif ch.key.startswith(k.act_results):
             if ch.kind is ChangeKind.PUT:
                 self.acts.on_result(ch.key, ch.value)

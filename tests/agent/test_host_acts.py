@@ -2,11 +2,13 @@
 `policyc agent run`; etcd and the leader replica in the root namespace):
 
 - a link failure on host B (its data veth taken down in B's namespace) is healed by B's
-  agent: the leader's self-heal step is sent through etcd with its fencing token, B's agent
-  takes the link down and up there (the link is up again in B's namespace; the decision
-  service's namespace has no such device), and the audit shows the sent step and B's result,
-  each with the host and the fencing token;
-- dry run stays the default: the agent answers with what it would do and the link stays down;
+  agent, started by B's agent's own report: B's agent measures the link down, the fenced
+  leader plans the heal for B (`cluster/link_heal.py`) and sends the step through etcd with
+  its fencing token, B's agent takes the link down and up there (the link is up again in B's
+  namespace; the decision service's namespace has no such device), and the audit shows the
+  report, the sent step and B's result, each with the host and the fencing token;
+- dry run stays the default: the agent answers with what it would do, the link stays down,
+  and the heal is planned once per failure (not again every tick);
 - an order under a deposed leader's fencing token is refused by the agent."""
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from agent_rig import eventually, new_prefix, replica
 from policyc.cluster.host_acts import Order
 from policyc.cluster.local_etcd import LocalEtcd
 from policyc.cluster.netns_fleet import NetnsFleet
-from policyc.enforcer.executor import HealTarget
-from policyc.enforcer.records import Outcome
+from policyc.cluster.link_heal import RULE
+from policyc.enforcer.records import ActionKind, Outcome
 
 HOSTS = ("host-0002", "host-0005", "host-0006")
 B = "host-0005"
@@ -93,34 +95,39 @@ def test_a_link_failure_on_host_b_is_healed_by_bs_agent_under_the_fencing_token(
         book = rep.host_signals
         assert subprocess.run(["ip", "link", "show", "data0"], capture_output=True, timeout=20).returncode != 0  # not here
 
-        # the link fails on B; B's agent measures it down
+        # the link fails on B; B's agent measures it down and reports it; the leader plans the heal for B
         _ip("-n", fleet.hosts[B].netns, "link", "set", "data0", "down")
-        eventually(lambda: B in book.reports and book.reports[B].interfaces.get("data0", {}).get("up") == 0.0, 20, step=0.05)
-        target = HealTarget(f"{B}/gpu0", B, rdma_link="data0")
+        eventually(lambda: any(r.rule == RULE and r.target == f"{B}/data0" for r in records), 30, step=0.05)
+        planned = next(r for r in records if r.rule == RULE)
+        assert planned.kind is ActionKind.REPORT_ANOMALY and planned.source == "replica r0" and planned.dry_run
+        assert f"host {B}'s agent measured data0 down (operstate)" in planned.detail
+        assert f"on {B}'s agent under fencing token {token} (dry run)" in planned.detail
+        assert book.reports[B].interfaces["data0"]["up"] == 0.0
 
         # dry run (the default): sent, answered with what would be done, the link stays down
         assert executor.allow_real is False
-        sent = executor.run(["rdma_link_refresh"], target, "link-flap")
-        assert sent[0].outcome is Outcome.OBSERVED and f"sent to {B}'s agent" in sent[0].detail, sent
-        assert f"fencing token {token}" in sent[0].detail
         eventually(lambda: any(r.source == f"agent {B}" and r.outcome is Outcome.DRY_RUN for r in records), 20, step=0.05)
+        sent = next(r for r in records if r.source == "executor" and r.rule == RULE)
+        assert sent.outcome is Outcome.OBSERVED and f"sent to {B}'s agent" in sent.detail and f"fencing token {token}" in sent.detail
+        assert sent.target == f"rdma_link_refresh {B}/data0"
         dry = next(r for r in records if r.source == f"agent {B}")
         assert dry.dry_run and "would take data0 down and up" in dry.detail and f"fencing token {token}" in dry.detail
-        time.sleep(0.5)
-        assert _state(fleet, B) == "DOWN"
+        time.sleep(1.0)  # five more reports of the link down: planned once for this failure
+        assert _state(fleet, B) == "DOWN" and rep.link_heal.planned == [(B, "data0", token)]
 
-        # executed (the operator's --self-heal execute): B's agent brings the link up in B's namespace
+        # executed (the operator's --self-heal execute): the next plan for the link still down is carried out by B's agent
         executor.allow_real = True
-        sent = executor.run(["rdma_link_refresh"], target, "link-flap")
-        assert sent[0].outcome is Outcome.OBSERVED, sent
+        rep.link_heal.retry_s = 0.0
         eventually(lambda: any(r.source == f"agent {B}" and r.outcome is Outcome.DONE for r in records), 30, step=0.05)
+        rep.link_heal.retry_s = 60.0
         done = next(r for r in records if r.source == f"agent {B}" and r.outcome is Outcome.DONE)
         assert done.target == f"link_refresh {B}/data0" and f"on host {B} by its agent under fencing token {token}" in done.detail
         assert "data0 down" in done.detail and "carrier after" in done.detail
         assert _state(fleet, B) == "UP"  # observed in B's namespace
         eventually(lambda: book.reports[B].interfaces.get("data0", {}).get("up") == 1.0, 20, step=0.05)  # and measured so
-        steps = [r for r in records if r.target.startswith(("rdma_link_refresh", "link_refresh"))]
-        assert all(f"fencing token {token}" in r.detail for r in steps) and len(steps) == 4  # two sent, two answered
+        steps = [r for r in records if r.rule == RULE]
+        assert steps and all(f"fencing token {token}" in r.detail and B in r.detail + r.target for r in steps)
+        executor.allow_real = False
 
         # a deposed leader's order: refused by the agent, the link untouched
         _ip("-n", fleet.hosts[B].netns, "link", "set", "data0", "down")
