@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO.parent))
 from policyc.cluster.config import FleetConfig  # noqa: E402
 from policyc.cluster.host_signals import backlog_fraction  # noqa: E402
 from policyc.cluster.local_etcd import LocalEtcd  # noqa: E402
-from policyc.cluster.netns_fleet import NetnsFleet  # noqa: E402
+from policyc.cluster.netns_fleet import NetnsError, NetnsFleet  # noqa: E402
 from policyc.compiler.pipeline import compile_paths  # noqa: E402
 from policyc.server.app import DecisionServer, ServerThread  # noqa: E402
 from policyc.server.config import ClusterSpec, EnforcerMode, ServeConfig  # noqa: E402
@@ -128,19 +128,15 @@ def _period_run(fleet: NetnsFleet, url: str, prefix: str, period: float, seconds
 
 
 def _shape(fleet: NetnsFleet, host: str, control_port: int) -> None:
-    for argv in (["qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20", "r2q", "1000"],
-                 ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "100mbit"],
-                 ["class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", "1mbit", "ceil", "1mbit"],
-                 ["qdisc", "add", "dev", "eth0", "parent", "1:20", "handle", "20:", "bfifo", "limit", "100000"],
-                 ["filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip", "dport",
-                  str(control_port), "0xffff", "flowid", "1:10"]):
-        out = fleet.run(host, ["tc", *argv], capture_output=True, text=True, timeout=20)
-        if out.returncode != 0:
-            raise SystemExit(f"tc {' '.join(argv)}: {out.stderr}")
+    """HTB 1 Mbit/s with a 100 kB fifo on the host's eth0, the agent's etcd traffic classed apart."""
+    try:
+        fleet.shape_uplink(host, rate="1mbit", queue_bytes=100_000, spare_dports=[control_port])
+    except NetnsError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _unshape(fleet: NetnsFleet, host: str) -> None:
-    fleet.run(host, ["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True, timeout=20)
+    fleet.unshape_uplink(host)
 
 
 def _data_link(fleet: NetnsFleet, host: str) -> str:

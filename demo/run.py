@@ -36,6 +36,7 @@ from policyc.compiler.bundle import Bundle
 from policyc.compiler.pipeline import compile_paths
 from policyc.gateway.bootstrap import POOL_CLUSTER
 from policyc.modelserver import wire
+from policyc.modelserver.client import Answer
 from policyc.modelserver.launcher import ModelPool
 from policyc.server.app import DecisionServer, ServerThread
 from policyc.server.config import ClusterSpec, ServeConfig
@@ -55,6 +56,7 @@ POLICIES = Path(policyc.__file__).resolve().parent / "policies"
 POOL_STATS = f"cluster.{POOL_CLUSTER}."
 
 FLEETS = ("auto", "hosts", "simulated")
+CONGESTED = {"X-Tenant": "first-federal", "X-Model": "fraud-scorer", "X-Data-Region": "us-west"}  # the congestion scene's request
 
 __all__ = ["DemoError", "FLEETS", "run_demo"]
 
@@ -267,12 +269,15 @@ class Demo:
         if status != 400:
             raise DemoError(f"the gateway answered the misspelt header with HTTP {status}, not 400")
 
-    def _congestion(self, t: Traffic, server: DecisionServer, real: list[RealInstance]) -> None:
-        self.say.head("congestion: the RDMA ports in front of a serving GPU climb to 89 % watermark")
-        headers = {"X-Tenant": "first-federal", "X-Model": "fraud-scorer", "X-Data-Region": "us-west"}
-        before = t.send("before", headers).answer
+    def _before(self, t: Traffic) -> Answer:
+        before = t.send("before", CONGESTED).answer
         if before is None:
             raise DemoError("the congestion scene needs an answered request")
+        return before
+
+    def _congestion(self, t: Traffic, server: DecisionServer, real: list[RealInstance]) -> None:
+        self.say.head("congestion: the RDMA ports in front of a serving GPU climb to 89 % watermark")
+        before = self._before(t)
         assert server.cluster is not None
         topo = server.cluster.topology()
         gpu = next(r.slot for r in real if r.id == before.instance)
@@ -284,7 +289,7 @@ class Demo:
         server.refresher.tick()
         self.say.say(f"\n  event: {', '.join(ports)} (the RDMA ports in front of {gpu.host}/{gpu.gpu}) pinned at 89 % "
                      f"watermark (collector tick {server.refresher.current().version})")
-        after = t.send("after", headers).answer
+        after = t.send("after", CONGESTED).answer
         if after is None or after.instance == before.instance:
             raise DemoError(f"traffic did not move off the congested ports ({after.instance if after else 'no answer'})")
         self.say.say(f"  traffic moved: `{before.instance}` → `{after.instance}` (another host, other RDMA ports)")
@@ -295,10 +300,7 @@ class Demo:
     def _congestion_on_hosts(self, t: Traffic, stub: pb_grpc.DecisionsStub, server: DecisionServer, hosts: HostFleet,
                              real: list[RealInstance]) -> None:
         self.say.head("congestion: the uplink of the host serving finance traffic fills up (real tc, measured by its agent)")
-        headers = {"X-Tenant": "first-federal", "X-Model": "fraud-scorer", "X-Data-Region": "us-west"}
-        before = t.send("before", headers).answer
-        if before is None:
-            raise DemoError("the congestion scene needs an answered request")
+        before = self._before(t)
         host = next(r.slot.host for r in real if r.id == before.instance)
         moved: list[str] = []
 
@@ -308,11 +310,11 @@ class Demo:
                          f"(collector tick {server.refresher.current().version})")
             for line in why:
                 self.say.say(f"  Explain: {line}")
-            after = t.send("after", headers).answer
+            after = t.send("after", CONGESTED).answer
             if after is None or after.instance == before.instance:
                 raise DemoError(f"traffic did not move off the congested host ({after.instance if after else 'no answer'})")
             moved.append(after.instance)
-        hosts.congestion(stub, server, host, headers, while_shaped)
+        hosts.congestion(stub, server, host, CONGESTED, while_shaped)
         other = next(r.slot.host for r in real if r.id == moved[0])
         self.say.say(f"  traffic moved: `{before.instance}` → `{moved[0]}` ({other}, another host, another uplink)")
         self.say.say(f"  shaping removed and the flood stopped: {host}'s agent reports its queue empty again after "
