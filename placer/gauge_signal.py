@@ -20,7 +20,7 @@ from typing import ClassVar, Mapping
 import numpy as np
 
 from .framework import NOTHING, Column, OnStale, Signal, Stage, TickInputs, Words
-from .readings import Reading, Readings, age_limit, gpu_columns
+from .readings import Reading, Readings, age_limit, gpu_columns, on_tick
 from .snapshot import Snapshot
 from .topology import Topology
 
@@ -122,7 +122,8 @@ class GaugeSignal(Signal[TickInputs]):
             return (f"{self.what} of {where} is stale ({self.show(value)}, {age:.2f} s old, bound {limit:g} s): "
                     f"left out of the prediction")
         extra = float(self.terms(np.array([value]))[0])
-        return f"{self.what} of {where}: {self.show(value)}, measured {age * 1e3:.0f} ms ago (+{extra * 1e3:.2f} ms queueing)"
+        tick = on_tick(snap.frame.measured.get(where))
+        return f"{self.what} of {where}: {self.show(value)}, measured {age * 1e3:.0f} ms ago{tick} (+{extra * 1e3:.2f} ms queueing)"
 
     def _get(self, reading: Reading | None) -> tuple[float, float, float] | None:
         """(value, age, age limit at its source's tick) of a reading that gives the gauge, else None."""

@@ -34,6 +34,11 @@ def age_limit(max_age_s: float, tick_s: float) -> float:
     return max(max_age_s, STALE_TICKS * tick_s)
 
 
+def on_tick(reading: Reading | None) -> str:
+    """" on a 160 ms tick": the tick a periodic reading was read on, for a plan's line ("": none)."""
+    return f" on a {reading.tick_s * 1e3:.0f} ms tick" if reading is not None and reading.tick_s > 0 else ""
+
+
 def fresh(reading: Reading, max_age_s: float) -> bool:
     """Whether `reading` is within its age limit (`age_limit`) for a signal bound of `max_age_s`."""
     return reading.age_s <= age_limit(max_age_s, reading.tick_s)
@@ -69,4 +74,4 @@ def gpu_columns(readings: Readings, topology: Topology,
     return value, age, present
 
 
-__all__ = ["NO_READINGS", "Reading", "Readings", "STALE_TICKS", "age_limit", "fresh", "gpu_columns"]
+__all__ = ["NO_READINGS", "Reading", "Readings", "STALE_TICKS", "age_limit", "fresh", "gpu_columns", "on_tick"]

@@ -26,7 +26,7 @@ import numpy as np
 from ..framework import NOTHING, Column, OnStale, Reading, Readings, Signal, Stage, TickInputs, Words
 from ..latency import GPU_QUANTUM
 from ..plan import Constraint
-from ..readings import age_limit, gpu_columns
+from ..readings import age_limit, gpu_columns, on_tick
 from ..snapshot import Snapshot
 from ..topology import Topology
 
@@ -109,7 +109,8 @@ class QueueDepth(Signal[TickInputs]):
             return None
         depth, age, limit = got
         if not _stale(depth, age, limit):  # the measured queue the prediction used, named
-            return (f"queue depth of {snap.topology.gpu_key(gpu)}: {depth:g} waiting, measured {age * 1e3:.0f} ms ago "
+            tick = on_tick(snap.frame.measured.get(snap.topology.gpu_key(gpu)))
+            return (f"queue depth of {snap.topology.gpu_key(gpu)}: {depth:g} waiting, measured {age * 1e3:.0f} ms ago{tick} "
                     f"(+{depth * self.seconds_per_request * 1e3:.1f} ms queueing)")
         return (f"queue depth of {snap.topology.gpu_key(gpu)} is stale ({_what(depth, age)}, bound {limit:g} s): "
                 f"left out of the prediction, the modelled queue stands")

@@ -83,7 +83,7 @@ def test_staleness_bounds_follow_the_tick_in_use() -> None:
         assert isinstance(plan, PlacementPlan), plan
         notes = [x for x in plan.reasons if "queue depth" in x]
         assert notes and ("stale" in notes[0]) is stale, plan.reasons
-        assert ("3 waiting, measured 600 ms ago" in notes[0]) is not stale, plan.reasons
+        assert ("3 waiting, measured 600 ms ago on a 160 ms tick" in notes[0]) is not stale, plan.reasons
 
 
 def test_a_large_fleet_is_scraped_on_the_stretched_tick_and_never_stale_for_it(pages) -> None:  # type: ignore[no-untyped-def]
