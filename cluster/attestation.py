@@ -106,11 +106,19 @@ class AttestedFact:
     verified_by: str = ""
     why: str = ""  # when refused
     addresses: tuple[str, ...] = ()  # the host's routable addresses its agent reported, signed with the quote
+    hardware: dict[str, object] | None = None  # its hardware and site facts (`host_hardware.Hardware`), signed with the quote
+    report_key: str = ""  # the key its agent signs its signal reports with (`signed_reports.py`), signed with the quote
 
     def encode(self) -> bytes:
-        return json.dumps({"host": self.host, "attested": self.attested, "time": self.time, "ak_name": self.ak_name,
-                           "pcrs": {str(i): v for i, v in sorted(self.pcrs.items())}, "verified_by": self.verified_by,
-                           "why": self.why, "addresses": list(self.addresses)}, sort_keys=True).encode()
+        body: dict[str, object] = {
+            "host": self.host, "attested": self.attested, "time": self.time, "ak_name": self.ak_name,
+            "pcrs": {str(i): v for i, v in sorted(self.pcrs.items())}, "verified_by": self.verified_by,
+            "why": self.why, "addresses": list(self.addresses)}
+        if self.hardware is not None:
+            body["hardware"] = self.hardware
+        if self.report_key:
+            body["report_key"] = self.report_key
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, key: str, raw: bytes) -> "AttestedFact":
@@ -119,7 +127,9 @@ class AttestedFact:
             return cls(str(b["host"]), bool(b["attested"]), float(b["time"]), str(b.get("ak_name") or ""),  # type: ignore[arg-type]
                        {int(i): str(v) for i, v in dict(b.get("pcrs") or {}).items()},  # type: ignore[call-overload]
                        str(b.get("verified_by") or ""), str(b.get("why") or ""),
-                       tuple(str(ipaddress.ip_address(str(a))) for a in list(b.get("addresses") or [])[:256]))  # type: ignore[call-overload]
+                       tuple(str(ipaddress.ip_address(str(a))) for a in list(b.get("addresses") or [])[:256]),  # type: ignore[call-overload]
+                       b["hardware"] if isinstance(b.get("hardware"), dict) else None,  # type: ignore[arg-type]
+                       str(b.get("report_key") or "")[:128])
         except (KeyError, TypeError, ValueError) as err:
             raise AttestationError(f"{key}: not an attestation record ({err})") from None
 
@@ -210,7 +220,10 @@ class Attestor:
                 await self.store.revoke(lease)  # the challenge goes with it: its nonce is spent
             except StoreError:
                 pass
-        fact = AttestedFact(host, True, time.time(), enrolled.key.name.hex(), facts.pcrs, self.by, addresses=addresses)
+        signed_hw = (answer.facts or {}).get("hardware")
+        fact = AttestedFact(host, True, time.time(), enrolled.key.name.hex(), facts.pcrs, self.by, addresses=addresses,
+                            hardware=signed_hw if isinstance(signed_hw, dict) else None,
+                            report_key=str((answer.facts or {}).get("report_key") or "")[:128])
         await self._record(fact)
         return fact
 

@@ -35,6 +35,7 @@ from .lease_keeper import LeaseKeeper
 from pathlib import Path
 from typing import Sequence
 from .server_supervisor import ServerSpec, ServerSupervisor
+from .signed_reports import ReportKey
 from .session_probe import SessionProbe, SessionStore
 from .signal_ticker import Ticker
 from .store import ChangeKind, Compacted, FleetStore, StoreError, StoreUnavailable
@@ -55,6 +56,7 @@ class HostAgent:
                  hardware_facts: bool = True, sys_root: str = "/sys") -> None:
         self.store, self.keys, self.host, self.tpm = store, keys, check_host(host), tpm
         self.ak_name = ""
+        self.report_key = ReportKey() if tpm is not None else None  # signs its signal reports (bound by its quotes)
         self.discover_facts, self.facts_interval = discover_facts, facts_interval
         self.site, self.hardware_facts, self._sys_root = site or Site(), hardware_facts, sys_root
         self.facts: HostFacts | None = None
@@ -146,6 +148,10 @@ class HostAgent:
         """Interfaces, and (unless off) the hardware and site facts; a TPM the agent was given
         (`--tcti`) is a TPM of this host whether or not it shows under /dev."""
         facts = discover(self.host, self.site, hardware=self.hardware_facts, sys_root=self._sys_root)
+        if self.report_key is not None:
+            import dataclasses
+
+            facts = dataclasses.replace(facts, report_key=self.report_key.public_hex)
         hw = facts.hardware
         if hw is not None and self.tpm is not None and "tpm" not in hw.security:
             import dataclasses
@@ -241,8 +247,10 @@ class HostAgent:
                 continue
             body["host"] = self.host
             try:
-                await self.store.put(self.keys.signal(self.host), json.dumps(body, separators=(",", ":")).encode(),
-                                     self._keeper.lease)
+                data = json.dumps(body, separators=(",", ":")).encode()
+                if self.report_key is not None:  # an enrolled host's reports are merged only signed (`signed_reports.py`)
+                    data = self.report_key.sign(data)
+                await self.store.put(self.keys.signal(self.host), data, self._keeper.lease)
                 self.published += 1
             except StoreError as e:
                 log.info("agent %s: publishing its signals: %s", self.host, e)

@@ -41,6 +41,7 @@ class HostFacts:
     interfaces: tuple[Interface, ...]
     source: str = SOURCE
     hardware: Hardware | None = None  # None: an agent that did not read them (facts of interfaces only)
+    report_key: str = ""  # the Ed25519 key its signal reports are signed with (hex; `signed_reports.py`), "" when unsigned
 
     def routable(self) -> set[str]:
         """The host's addresses another host can reach: not loopback, not link-local."""
@@ -59,6 +60,8 @@ class HostFacts:
                             "addresses": list(i.addresses)} for i in self.interfaces]}
         if self.hardware is not None:
             out["hardware"] = self.hardware.to_json()
+        if self.report_key:
+            out["report_key"] = self.report_key
         return out
 
     def with_interfaces(self, now: "HostFacts") -> "HostFacts":
@@ -80,7 +83,7 @@ class HostFacts:
                 ifs.append(Interface(str(i["name"]), str(i["mac"]), int(i["mtu"]), str(i["state"]),
                                      None if speed is None else int(speed), addrs))
             hw = Hardware.from_json(body["hardware"]) if body.get("hardware") is not None else None
-            return cls(str(body["host"]), tuple(ifs), str(body.get("source") or SOURCE), hw)
+            return cls(str(body["host"]), tuple(ifs), str(body.get("source") or SOURCE), hw, str(body.get("report_key") or "")[:128])
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a host facts record ({e})") from None
 

@@ -113,15 +113,29 @@ class HostSignalBook:
         self.reports: dict[str, HostReport] = {}
         self.refused: dict[str, str] = {}  # host -> why its last report was not taken
         self.received = 0
+        self.rejected: dict[str, int] = {}  # host -> reports not taken, ever (for status and tests)
+        self.last_refusal: dict[str, str] = {}  # host -> why the last one not taken was not (kept after a good one)
+        self.verified: dict[str, int] = {}  # host -> signed reports taken
 
-    def on_report(self, host: str, raw: bytes) -> None:
+    def on_report(self, host: str, raw: bytes, verify: Callable[[bytes], str] | None = None) -> None:
+        """Take `host`'s report; with `verify` (an enrolled host: `signed_reports.py`) only a
+        report whose signature verifies and that is later than the last one taken."""
         try:
+            if verify is not None and (why := verify(raw)):
+                raise ValueError(f"signals of {host}: {why}")
             rep = HostReport.parse(host, raw)
+            last = self.reports.get(host)
+            if verify is not None and last is not None and rep.time <= last.time:
+                raise ValueError(f"signals of {host}: taken at {rep.time:.3f}, not after the last report taken "
+                                 f"({last.time:.3f}): a replayed report")
         except ValueError as e:
             if self.refused.get(host) != str(e):
                 log.warning("%s", e)
-            self.refused[host] = str(e)
+            self.refused[host] = self.last_refusal[host] = str(e)
+            self.rejected[host] = self.rejected.get(host, 0) + 1
             return
+        if verify is not None:
+            self.verified[host] = self.verified.get(host, 0) + 1
         self.refused.pop(host, None)
         self.reports[host] = rep
         self.received += 1

@@ -41,12 +41,13 @@ from policyc.matcher.columns import InstanceBatch
 from policyc.server import bulk_registration
 from policyc.server.errors import ServiceError
 
-from . import anchors, bundle_rollout, instance_codec
+from . import anchors, bundle_rollout, instance_codec, signed_reports
 from .known_instances import KnownInstances
 from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_acts import ActSender
 from .host_claims import claims_problem
 from .host_facts import HostFacts
+from .host_hardware import Hardware
 from .link_heal import LinkDownHealer
 from .measured_hosts import HostSignalBook
 from .config import FleetConfig
@@ -132,6 +133,7 @@ class Replica:
         self._operator_addresses: dict[str, Any] | None = None  # the endpoint rules' own declarations, kept
         self.dropped_at_load: tuple[bulk_registration.Refusal, ...] = ()  # store instances not served at start, and why
         self._said_refused: dict[str, str] = {}  # instance id -> why it is not served (logged once per reason)
+        self._report_keys: dict[str, Any] = {}  # report key (hex) -> its parsed Ed25519 key
 
     # ================================================================ life cycle
     @property
@@ -179,7 +181,8 @@ class Replica:
         for e in by["agents"]:
             self._agent_report(e.key, e.value)
         for e in by["signals"]:
-            self.host_signals.on_report(self.keys.id_of(e.key, self.keys.signals), e.value)
+            host = self.keys.id_of(e.key, self.keys.signals)
+            self.host_signals.on_report(host, e.value, self._report_verifier(host))
         leader = next((e for e in by["leader"]), None)
         if leader is not None:
             self.election.leader, self.election.leader_token = leader.value.decode(), leader.create_revision
@@ -262,7 +265,8 @@ class Replica:
         reg = self.server.state.registry
         # the rows on a host whose agent reports its facts, judged against them (`host_claims.py`)
         hosts, contradicted = batch.strs["host"], []
-        for row in ([i for i, h in enumerate(hosts) if self.reports_facts(h)] if self.host_facts else []):
+        judged = {h for h in (set(self.host_facts) | set(self.attestation.enrolled)) if self.reports_facts(h)}
+        for row in ([i for i, h in enumerate(hosts) if h in judged] if judged else []):
             inst = batch.instance(row)
             refused_claim = self.host_problem(inst)
             if refused_claim is not None:
@@ -383,7 +387,8 @@ class Replica:
             self._agent_report(report.key, report.value)
         self.host_signals.reports.clear()
         for report in by["signals"]:
-            self.host_signals.on_report(self.keys.id_of(report.key, self.keys.signals), report.value)
+            host = self.keys.id_of(report.key, self.keys.signals)
+            self.host_signals.on_report(host, report.value, self._report_verifier(host))
         self._on_serving(self._converge)
         self.reloads += 1
         pointer = next((e for e in by["bundle"]), None)
@@ -434,12 +439,46 @@ class Replica:
 
     def host_problem(self, inst: Instance) -> ServiceError | None:
         """The refusal of a claim of `inst` its host's own agent contradicts (E733), or None."""
-        return claims_problem(inst, self.host_facts.get(inst.deployment.host))
+        return claims_problem(inst, self._judging_facts(inst.deployment.host))
 
     def reports_facts(self, host: str) -> bool:
         """Whether `host`'s agent reports hardware and site facts to judge claims by."""
-        f = self.host_facts.get(host)
+        f = self._judging_facts(host)
         return f is not None and f.hardware is not None
+
+    def _report_verifier(self, host: str) -> Callable[[bytes], str] | None:
+        """For an enrolled host, what its signal reports must pass (`signed_reports.py`):
+        signed with the report key of its last verified quote; None for any other host."""
+        if host not in self.attestation.enrolled:
+            return None
+        fact = self.attestation.attested(host)
+        if fact is None or not fact.report_key:
+            why = (f"host {host} is enrolled but has no verified quote with a report key (attested: "
+                   f"{'yes' if fact is not None else 'no'}): its reports are not merged")
+            return lambda raw: why
+        key = self._report_keys.get(fact.report_key)
+        if key is None:
+            try:
+                key = signed_reports.public_key(fact.report_key)
+            except ValueError as e:
+                bad = f"host {host}: the report key of its verified quote: {e}"
+                return lambda raw: bad
+            self._report_keys = {fact.report_key: key, **dict(list(self._report_keys.items())[:255])}
+        return lambda raw: signed_reports.verify(raw, key)
+
+    def _judging_facts(self, host: str) -> HostFacts | None:
+        """The facts claims on `host` are judged by: its agent's report, or for an enrolled
+        host only what its last verified quote signed (as for its addresses)."""
+        if host not in self.attestation.enrolled:
+            return self.host_facts.get(host)
+        fact = self.attestation.attested(host)
+        if fact is None or fact.hardware is None:
+            return None
+        try:
+            return HostFacts(host, (), hardware=Hardware.from_json(fact.hardware))
+        except ValueError as e:
+            log.warning("replica %s: host %s: the attested hardware facts: %s", self.name, host, e)
+            return None
 
     def _apply_put(self, inst: Instance, score: float | None) -> None:
         if self._unattested(inst):  # kept aside (in `_known`) until its host is attested
@@ -465,7 +504,7 @@ class Replica:
             host = k.id_of(ch.key, k.signals)
             if ch.kind is ChangeKind.PUT:
                 taken = self.host_signals.received
-                self.host_signals.on_report(host, ch.value)
+                self.host_signals.on_report(host, ch.value, self._report_verifier(host))
                 if self.host_signals.received != taken:  # a report, not a refused one: a link it says went down is healed
                     self.link_heal.on_report(host, self.host_signals.reports[host])
             else:
@@ -654,7 +693,12 @@ class Replica:
         self._declare_addresses(host)
         if self._joined and facts != before:  # the host's instances judged again against what it reports now
             self._on_serving(lambda: self._reapply_host(host))
-        if host in self.attestation.enrolled and self.attestation.attested(host) is None and self.election.token:
+        signed = self.attestation.attested(host)
+        if host in self.attestation.enrolled and self.election.token and host not in self._attesting_now and (
+                signed is None or signed.report_key != facts.report_key
+                or signed.hardware != (facts.hardware.to_json() if facts.hardware is not None else None)):
+            # not attested yet, or its agent now reports other facts than its last quote signed (a restarted
+            # agent has a new report key): attested again now, not at the next round
             asyncio.get_running_loop().create_task(self._attest_quietly(host))
 
     def _reapply_host(self, host: str) -> None:

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,6 +30,8 @@ from grpc_status import rpc_status
 
 from policyc.cluster import instance_codec
 from policyc.cluster.etcd_store import EtcdStore
+from policyc.cluster.host_hardware import Hardware, Site, discover_hardware
+from policyc.cluster.signed_reports import ReportKey
 from policyc.cluster.keys import Keys
 from policyc.cluster.local_etcd import LocalEtcd
 from policyc.cluster.local_tpm import SoftwareTpm
@@ -104,6 +107,11 @@ def _real(fleet: NetnsFleet, host: str) -> dict[str, tuple[str, set[str]]]:
             for i in json.loads(out.stdout)}
 
 
+def _this_machine(host: str) -> Hardware:
+    """What an agent on this machine reads of its hardware (no site facts given)."""
+    return discover_hardware(Site())
+
+
 def _register(th, inst, endpoint: str):  # type: ignore[no-untyped-def]
     dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
     dep["endpoint"] = endpoint
@@ -131,6 +139,8 @@ def test_agents_report_their_namespaces_and_an_endpoint_on_another_hosts_address
             eth0 = next(i for i in facts.interfaces if i.name == "eth0")
             assert eth0.state == "UP" and ipaddress.ip_interface(f"{nsfleet.hosts[h].address}/24") in \
                 {ipaddress.ip_interface(a) for a in eth0.addresses}
+            # its hardware as the kernel lists it (the hosts share this machine's /sys), each fact with its source
+            assert facts.hardware is not None and facts.hardware == _this_machine(h)
 
         slots = r0.server.cluster.gpu_slots()
         finance = [i for i in admissible_fleet(bundle, slots, models=["fraud-scorer"]) if i.deployment.host == "host-0002"]
@@ -203,6 +213,30 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         # signed are then the host's for the endpoint rules
         eventually(lambda: r0.server.replica.attestation.attested("host-0002") is not None, 20)
         assert r0.server.replica.attestation.attested("host-0002").addresses == (addr["host-0002"],)
+        # its hardware facts as its quote signed them (and, TPM given by --tcti, a TPM among them): claims on host-0002
+        # are judged by these, not by the unsigned report
+        signed = Hardware.from_json(r0.server.replica.attestation.attested("host-0002").hardware)
+        assert "tpm" in signed.security and "--tcti" in signed.sources["security.tpm"]
+        assert signed.numa == _this_machine("host-0002").numa and r0.server.replica.reports_facts("host-0002")
+
+        # its signal reports are signed with the report key its quote signed, and merged only so: an unsigned one, one
+        # signed with another key and a replayed old one are refused; host-0006 (its quote refused) has none merged;
+        # host-0005 (not enrolled) is merged on its agent's word
+        book = r0.server.replica.host_signals
+        assert r0.server.replica.attestation.attested("host-0002").report_key == r0.server.replica.host_facts["host-0002"].report_key
+        eventually(lambda: book.verified.get("host-0002", 0) >= 3 and "host-0005" in book.reports, 20)
+        old_report = run(store.get(keys.signal("host-0002"))).value
+        genuine = json.loads(old_report[:old_report.rfind(b',"sig":"')] + b"}")
+        for raw, why in ((json.dumps(genuine).encode(), "unsigned"),
+                         (ReportKey().sign(json.dumps({**genuine, "time": time.time() + 5}, separators=(",", ":")).encode()),
+                          "does not verify with the report key of the host's last verified quote"),
+                         (old_report, "a replayed report")):
+            before = book.rejected.get("host-0002", 0)
+            eventually(lambda: book.verified.get("host-0002", 0) >= 1 and book.reports["host-0002"].time > genuine["time"], 10)
+            run(store.put(keys.signal("host-0002"), raw))
+            eventually(lambda before=before: book.rejected.get("host-0002", 0) > before, 10)  # type: ignore[misc]
+            assert why in book.last_refusal["host-0002"], book.last_refusal
+        assert "host-0006" not in book.reports and "no verified quote" in book.last_refusal["host-0006"]
         # attested host, own address: accepted, the record names the key that attested it
         _register(r0, finance, f"{addr['host-0002']}:8000")
         record = run(store.get(keys.instance(finance.id)))
