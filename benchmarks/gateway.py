@@ -9,9 +9,12 @@ in the same run, the modes alternating round by round so all see the same machin
     .venv/bin/python benchmarks/gateway.py --quick --otlp   # + a traced policyc gateway (`--otlp-endpoint`)
 
 `--otlp` adds a fourth gateway: policyc as `policyc gateway --otlp-endpoint` runs it (Envoy's
-OpenTelemetry tracer on every request, the picker's spans through the SDK's batch
-processor, both exported to an OTLP/gRPC receiver in a process of its own,
-`benchmarks/otlp_sink.py`), compared round by round with the untraced policyc gateway.
+OpenTelemetry tracer on every request, the picker's spans written as OTLP bytes on a thread
+of their own, `gateway/tracing.py`, both exported to an OTLP/gRPC receiver in a process of
+its own, `benchmarks/otlp_sink.py`), compared round by round with the untraced policyc
+gateway; and a fifth, the same traced Envoy in front of the no-op ext_proc server, so
+Envoy's tracer is measured without policyc's spans (`benchmarks/envoy_tracer.py` measures it
+without an ext_proc call or a model server at all).
 
 A third gateway, the same Envoy configuration with a no-op ext_proc server in place of
 policyc (same Python grpc.aio, same event loop, same Unix socket transport, a fixed
@@ -433,6 +436,8 @@ def main() -> int:
                 traced.picker.follow_access_log(als.receiver)
             thread.call(traced.start())
             modes.insert(1, ("policyc traced", True, f"unix:{work / 'picker-traced.sock'}"))
+            # Envoy's tracer alone: the same traced Envoy in front of the no-op ext_proc server (no picker spans)
+            modes.insert(3, ("no-op traced", True, f"unix:{work / 'noop.sock'}"))
         targets = {}
         pickers = {"policyc": picker, **({"policyc traced": traced} if args.otlp else {})}
         for mode, use, picker_at in modes:
@@ -443,7 +448,8 @@ def main() -> int:
                                breaks_from_access_log=policyc and als_at is not None,
                                log_every_call=not (policyc and als_at is not None) or args.accounting,
                                log_every_attempt=not (policyc and als_at is not None),
-                               otlp_endpoint=otlp_at if mode == "policyc traced" else None, otlp_sampling=args.otlp_sampling)
+                               otlp_endpoint=otlp_at if mode in ("policyc traced", "no-op traced") else None,
+                               otlp_sampling=args.otlp_sampling)
             envoys.append(EnvoyProcess(build_bootstrap(spec), work / mode.replace(" ", "-")).start())
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
@@ -482,10 +488,12 @@ def main() -> int:
             refused = dict.fromkeys(targets, 0)
             commits = dict.fromkeys(targets, 0)  # the audit writer's commits (each an fsync) and records
             records = dict.fromkeys(targets, 0)
+            sink_cpu = dict.fromkeys(targets, 0.0)  # `--otlp`: the OTLP receiver's (a collector elsewhere: not counted above)
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, w0, e0, t0 = _cpu_sum(pols), _cpu_sum(others), _cpu_s(envoy.pid or 0), time.perf_counter()
                     q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(pickers.get(mode), mode)
+                    s0 = _cpu_sum([sink.pid]) if sink is not None else 0.0
                     k0, a0 = audit_log.commits, audit_log.acked
                     if prof is not None and mode == "policyc":
                         thread.call(_profiling(prof, True))
@@ -507,6 +515,7 @@ def main() -> int:
                     refused[mode] += _refusals(pickers.get(mode), mode) - r0
                     commits[mode] += audit_log.commits - k0
                     records[mode] += audit_log.acked - a0
+                    sink_cpu[mode] += (_cpu_sum([sink.pid]) if sink is not None else 0.0) - s0
             summary = {}
             for mode, rounds in res.items():
                 lat = [x for r in rounds for x in r[0]]
@@ -543,7 +552,13 @@ def main() -> int:
                 on, off = per_call("policyc traced"), per_call("policyc")
                 print(f"  concurrency {conc:>2}: tracing's CPU a request: policyc processes {on[0] - off[0]:+.0f} us, Envoy "
                       f"{on[1] - off[1]:+.0f} us, client {on[2] - off[2]:+.0f} us, model servers {on[3] - off[3]:+.0f} us; "
-                      f"untraced / traced CPU a request (all four) {sum(off) / sum(on):.3f}")
+                      f"untraced / traced CPU a request (all four) {sum(off) / sum(on):.3f}; the OTLP receiver (not counted) "
+                      f"{sink_cpu['policyc traced'] / max(served['policyc traced'], 1) * 1e6:.1f} us a request")
+                ys = sorted((len(a[0]) / a[2]) / (len(b[0]) / b[2]) for a, b in zip(res["no-op traced"], res["no-op ext_proc"]))
+                non, noff = per_call("no-op traced"), per_call("no-op ext_proc")
+                print(f"  concurrency {conc:>2}: Envoy's tracer alone (the no-op ext_proc, traced / not): {statistics.median(ys):.2f} x "
+                      f"(rounds {ys[0]:.2f}-{ys[-1]:.2f}); Envoy {non[1] - noff[1]:+.0f} us a request, the ext_proc process "
+                      f"{non[0] - noff[0]:+.0f} us; untraced / traced CPU a request (all four) {sum(noff) / sum(non):.3f}")
         if prof is not None:
             import pstats
 
@@ -558,7 +573,9 @@ def main() -> int:
         if args.otlp:
             assert traced.picker.tracer is not None
             traced.picker.tracer.shutdown()  # the last spans out
-            print(f"traced picker: {traced.picker.counts}, {traced.picker.tracer.spans} picks traced")
+            tracer = traced.picker.tracer
+            print(f"traced picker: {traced.picker.counts}, {tracer.spans} picks traced; the exporter's thread (writing and "
+                  f"sending the spans) {tracer.cpu_s / max(tracer.spans, 1) * 1e6:.1f} us CPU a pick, {tracer.cpu_s:.2f} s in all")
             thread.call(traced.stop())
             assert sink is not None
             sink.terminate()

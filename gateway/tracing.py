@@ -147,6 +147,7 @@ class PickerTracer:
         self.dropped = 0  # picks left out: the queue was full
         self.invalid = 0  # sampled-looking traceparents that did not parse
         self.failed = 0  # Export calls that failed
+        self.cpu_s = 0.0  # CPU seconds spent writing and sending spans (the exporter's thread, and `shutdown`'s last flush)
         self._thread = threading.Thread(target=self._run, name="policyc-otlp-export", daemon=True)
         self._thread.start()
 
@@ -169,7 +170,15 @@ class PickerTracer:
             self.flush()
 
     def flush(self) -> None:
-        """Write and send what is queued (the exporter's thread; `shutdown` calls it last)."""
+        """Write and send what is queued (the exporter's thread; `shutdown` calls it last),
+        its CPU time added to `cpu_s` (what tracing costs the picker off the serving loop)."""
+        t0 = time.thread_time()
+        try:
+            self._flush()
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def _flush(self) -> None:
         with self._lock:  # one flush at a time (the thread's and shutdown's)
             queue = self._queue
             while queue:

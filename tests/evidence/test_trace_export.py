@@ -71,6 +71,7 @@ def test_a_picks_spans_decode_in_their_parentage() -> None:
     m = by_name["match"]
     assert abs((m.end_time_unix_nano - m.start_time_unix_nano) - 17_000) <= 2
     assert tracer.exported == 1 and tracer.spans == 1
+    assert tracer.cpu_s > 0  # the CPU its writing and sending took, measured on the thread that did it
 
 
 def test_a_refusal_before_any_decision_is_one_span_with_its_parse() -> None:
