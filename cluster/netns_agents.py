@@ -139,15 +139,18 @@ class AgentFleet:
         asyncio.run(go())
         return {h.name: h.ak_name for h in self.hosts.values()}
 
-    def run_agents(self, servers: dict[str, Path], *, signal_period: float = 0.2) -> None:
-        """`policyc agent run` inside each host (with its TPM, and `servers[host]` as its
-        `--servers` file where given); returns once every agent said it is ready.
+    def run_agents(self, servers: dict[str, Path], *, flags: dict[str, list[str]] | None = None,
+                   signal_period: float = 0.2) -> None:
+        """`policyc agent run` inside each host (with its TPM, `servers[host]` as its
+        `--servers` file and `flags[host]` added, where given, e.g. the operator's site facts
+        `--region`); returns once every agent said it is ready.
         RuntimeError with the agent's log when one exits or stays silent."""
         for h in self.hosts.values():
             h.log = self.workdir / "agents" / f"{h.name}.log"
             argv = [sys.executable, "-m", "policyc.cli.main", "agent", "run", "--host", h.name, "--etcd", self.etcd_url,
                     "--etcd-prefix", self.prefix, "--tcti", h.tpm.tcti, "--state-dir", str(h.state_dir),
                     "--signal-period", str(signal_period)]
+            argv += (flags or {}).get(h.name, [])
             if h.name in servers:
                 argv += ["--servers", str(servers[h.name]), "--server-logs", str(self.workdir / "agents" / f"{h.name}-servers")]
             with open(h.log, "ab") as log:

@@ -211,8 +211,12 @@ class HostFleet:
         for host, entries in specs.items():
             paths[host] = self.dir / "hosts" / f"{host}-servers.json"
             paths[host].write_text(json.dumps(entries, indent=1))
+        site = {r.slot.host: ["--region", r.slot.region, "--hardware-firewall", str(r.slot.hardware_firewall).lower()]
+                for r in self.real}  # the operator's site facts, as a host's agent config gives them
+        if Path("/dev/nvidiactl").exists():  # this machine's GPUs are no namespace host's own: the topology's stand
+            site = {h: [*f, "--no-hardware-facts"] for h, f in site.items()}
         try:
-            self.hosts.run_agents(paths)
+            self.hosts.run_agents(paths, flags=site)
         except RuntimeError as e:
             raise DemoError(str(e)) from None
         for host, h in self.hosts.hosts.items():
@@ -241,6 +245,12 @@ class HostFleet:
             att = replica.attestation.attested(host)
             ifs = ", ".join(f"{i.name} {'/'.join(a for a in i.addresses if ':' not in a)}" for i in found.interfaces
                             if i.name != "lo") if found is not None else "none reported"
+            hw = found.hardware if found is not None else None
+            if hw is not None:
+                gpus = (f"GPUs {', '.join(g.id for g in hw.gpus)} ({hw.sources.get('gpus', 'NVML')})" if hw.gpus is not None
+                        else "no GPU facts (no NVML here)")
+                self.say.say(f"  {host}: region {hw.site.region}, hardware firewall {str(hw.site.hardware_firewall).lower()} "
+                             f"({hw.sources.get('site.region', 'the agent configuration')}); {gpus}")
             self.say.say(f"  {host}: interfaces {ifs} (its agent: {found.source if found else '-'}); TPM "
                          + (f"attested — quote over PCRs {','.join(map(str, sorted(att.pcrs)))} verified by "
                             f"replica `{att.verified_by}` (the leader) against the enrolled key {att.ak_name[:16]}…"
@@ -251,9 +261,9 @@ class HostFleet:
             d = inst.deployment
             extra = f", {'/'.join(served.variants)} variants, also answers {', '.join(served.aliases)}" if served.aliases else ""
             self.say.say(f"  `{r.id}` ({r.role}) → {served.endpoint}{extra}, registered by {r.slot.host}'s agent: endpoint on "
-                         f"the host's discovered address; tpm {d.tpm} (attested); {d.gpu_model} {d.gpu}, NUMA {d.numa_node}, "
-                         f"{d.region}, memory encryption {d.memory_encryption}, firewall {d.hardware_firewall} (simulated "
-                         "topology: a namespace has no GPU)")
+                         f"the host's discovered address; tpm {d.tpm} (attested); region {d.region} and firewall "
+                         f"{d.hardware_firewall} (checked against the operator's site facts); {d.gpu_model} {d.gpu}, NUMA "
+                         f"{d.numa_node}, memory encryption {d.memory_encryption} (simulated topology: a namespace has no GPU)")
 
     # ------------------------------------------------------------------ the congestion scene
     def congestion(self, stub: pb_grpc.DecisionsStub, server: DecisionServer, host: str, headers: dict[str, str],

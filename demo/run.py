@@ -86,7 +86,9 @@ class Demo:
         why = "asked for (--fleet simulated)" if self.fleet == "simulated" else unavailable()
         if why and self.fleet == "hosts":
             raise DemoError(f"--fleet hosts: no namespace fleet on this machine: {why}")
-        if why:
+        if self.fleet == "simulated":
+            self.say.say("fleet: the simulated cluster, as asked (--fleet simulated)")
+        elif why:
             self.say.say(f"fleet: falling back to the simulated cluster, no namespace fleet here: {why}")
         else:
             self.say.say("fleet: hosts as network namespaces on this machine, each with its own TPM, agent and model servers")

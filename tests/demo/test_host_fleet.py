@@ -40,10 +40,10 @@ def _first_scene(fleet: str, why: str, monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def test_without_namespaces_the_demo_says_it_falls_back_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     text = _first_scene("auto", "not root (network namespaces need root)", monkeypatch, tmp_path)
-    assert text.splitlines() == ["fleet: falling back to the simulated cluster, no namespace fleet here: not root "
-                                 "(network namespaces need root)"]
+    assert text.splitlines() == [("fleet: falling back to the simulated cluster, no namespace fleet here: not root "
+                                  "(network namespaces need root)")]
     assert _first_scene("simulated", "", monkeypatch, tmp_path).splitlines() == [
-        "fleet: falling back to the simulated cluster, no namespace fleet here: asked for (--fleet simulated)"]
+        "fleet: the simulated cluster, as asked (--fleet simulated)"]
 
 
 def test_fleet_hosts_where_there_are_none_is_one_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
