@@ -75,8 +75,9 @@ class LocalHostSource:
         gpus = tuple(GpuInfo(0, node_ids.index(r.numa_node) if r.numa_node in node_ids else 0, f"gpu{r.index}", r.gpu_class)
                      for r in self._gpus)
         tee = os.path.exists("/dev/sev-guest") or os.path.exists("/dev/tdx_guest")
+        cuda = nvml.cuda_version() if nvml is not None and nvml.available else None  # NVML's, as the host's agent reads it
         hosts = (HostInfo(host, region, tpm=bool(glob.glob(os.path.join(sys_root, "class/tpm/tpm*"))),
-                          memory_encryption=tee, hardware_firewall=False, tee=tee,
+                          memory_encryption=tee, hardware_firewall=False, tee=tee, **({"cuda": cuda} if cuda else {}),
                           addresses=self._addresses(sys_root)),)
         self._topology = Topology(1, hosts, numa_infos, gpus, ports, nodes, kinds, links, (), {region: 0})
         self._tick = 0

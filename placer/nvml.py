@@ -80,6 +80,17 @@ class NvmlSource:
                 out.append(GpuReading(i, f"error: {type(e).__name__}", "unknown", "", 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0))
         return tuple(out)
 
+    def cuda_version(self) -> str | None:
+        """The CUDA version the driver supports ("12.8"), None where NVML does not say (the
+        host's `cuda` fact, as its agent reads it too: `cluster/host_hardware.py`)."""
+        if self._nvml is None:
+            return None
+        try:
+            v = int(self._nvml.nvmlSystemGetCudaDriverVersion())
+        except Exception:  # an old driver, or one that does not say
+            return None
+        return f"{v // 1000}.{v % 1000 // 10}"
+
     def close(self) -> None:
         if self._nvml is not None:
             try:

@@ -104,8 +104,10 @@ def test_rdma_nvme_and_confidential_computing_read_from_a_kernel_shaped_tree(tmp
 CHILD = r"""
 import json, sys
 from policyc.cluster.host_hardware import discover_hardware, Site
+from policyc.placer import LocalHostSource, NvmlSource
 hw = discover_hardware(Site(region="eu-west"), sys_root=sys.argv[1])
-print(json.dumps(hw.to_json()))
+local = LocalHostSource(sys.argv[1], nvml=NvmlSource()).topology()  # the embedded default's topology of this host
+print(json.dumps({**hw.to_json(), "local": {"cuda": local.hosts[0].cuda, "gpus": [g.model for g in local.gpus]}}))
 """
 
 
@@ -126,18 +128,21 @@ def test_gpus_and_cuda_from_nvml_through_the_stand_in(driver: Path, tmp_path: Pa
                   "devices/system/node/node0/cpulist": "0-7", "devices/system/node/node1/cpulist": "8-15"})
     table = tmp_path / "gpus.table"
     write_table(table, [Gpu(), Gpu(name="NVIDIA A100-SXM4-80GB", bus_id="00000000:86:00.0", mem_total=81920 * 2**20)], cuda=12080)
-    hw = Hardware.from_json(stand_in.run_python(driver, table, CHILD, str(sysfs)))
+    got = stand_in.run_python(driver, table, CHILD, str(sysfs))
+    hw = Hardware.from_json({k: v for k, v in got.items() if k != "local"})
+    # the embedded default's own topology of this host agrees with its agent (no claim could satisfy both otherwise)
+    assert got["local"] == {"cuda": "12.8", "gpus": ["H100", "A100-80G"]}
     assert hw.gpus is not None and [(g.id, g.gpu_class, g.memory_bytes, g.pci_bus_id, g.numa_node) for g in hw.gpus] == [
         ("gpu0", "H100", 80 * 2**30, "00000000:3B:00.0", 1), ("gpu1", "A100-80G", 81920 * 2**20, "00000000:86:00.0", None)]
     assert hw.cuda == "12.8" and "nvmlSystemGetCudaDriverVersion" in hw.sources["cuda"] and "NVML" in hw.sources["gpus"]
     # a driver that does not give its CUDA version: the GPUs, no CUDA fact, and a note why
     write_table(table, [Gpu()])
-    hw = Hardware.from_json(stand_in.run_python(driver, table, CHILD, str(sysfs)))
+    hw = Hardware.from_json({k: v for k, v in stand_in.run_python(driver, table, CHILD, str(sysfs)).items() if k != "local"})
     assert hw.gpus is not None and len(hw.gpus) == 1 and hw.cuda is None and "cuda" not in hw.sources
     assert any("CUDA driver version" in n for n in hw.notes)
     # NVML that fails to start: no GPU facts at all (not "no GPU")
     write_table(table, [Gpu()], init_error=9)
-    hw = Hardware.from_json(stand_in.run_python(driver, table, CHILD, str(sysfs)))
+    hw = Hardware.from_json({k: v for k, v in stand_in.run_python(driver, table, CHILD, str(sysfs)).items() if k != "local"})
     assert hw.gpus is None and hw.cuda is None and any("no NVML here" in n for n in hw.notes)
 
 
