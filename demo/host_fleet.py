@@ -49,6 +49,7 @@ from .narration import DemoError, Narrator
 HTTP_PORT, GRPC_PORT = 8000, 9000  # per host: each host is its own network stack, so fixed ports never clash
 READY_TIMEOUT_S = 120.0  # five KServe processes importing on a loaded 2-core machine
 MOVE_TIMEOUT_S = 30.0
+SHAPED_RATE = "256kbit"
 FULL = 0.8  # the placer's port watermark limit (`Thresholds.max_port_watermark`): a fuller queue refuses its GPUs
 # a host's flood: UDP to the bridge's address (nothing listens; the packets queue on the shaped uplink first)
 FLOOD = ("import socket,sys,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\nwhile True:\n"
@@ -278,9 +279,10 @@ class HostFleet:
         flood = fleet.popen(host, [sys.executable, "-c", FLOOD, fleet.gateway], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
         try:
-            fleet.shape_uplink(host, spare_dports=[self.hosts.etcd.members[0].client_port])
+            # 256 kbit/s: a flood that gets little CPU on a loaded machine still fills the queue
+            fleet.shape_uplink(host, rate=SHAPED_RATE, spare_dports=[self.hosts.etcd.members[0].client_port])
             t0 = time.monotonic()
-            self.say.say(f"\n  event: {host}'s uplink eth0 shaped with tc (HTB 1 Mbit/s, a 100 kB fifo; its etcd traffic "
+            self.say.say(f"\n  event: {host}'s uplink eth0 shaped with tc (HTB {SHAPED_RATE}, a 100 kB fifo; its etcd traffic "
                          "in a class of its own) and flooded from inside the host")
             req = pb.DecideRequest(headers=headers)
             while time.monotonic() - t0 < MOVE_TIMEOUT_S:
