@@ -26,7 +26,8 @@ large log.
    segments as it goes (`AuditLog.rotate`, as `policyc audit rotate` does), then times
    `verify` walking every segment (floor 10 s for 1,000,000), twice in the same run: split
    across one process per usable CPU (a segment of >= 50,000 entries is walked in chunks,
-   `audit/verify_parallel.py`), then in one process; wall, CPU (walkers included) and load.
+   `audit/verify_parallel.py`), then in one process; wall, CPU (walkers included) and load;
+   then where a record's CPU goes (SQLite's row, sha256, the index columns), each part alone.
 5. Export (`--only export`, or after verify): `policyc audit export`'s writer over the
    first E records of that log in each format (jsonl, csv, parquet), records per second,
    with the read-back checked (count and every hash).
@@ -326,6 +327,64 @@ def verify_bench(tmp: Path, n: int, segments: int = 4) -> tuple[Path, float]:
     return path, base
 
 
+def verify_parts(path: Path, n: int = 100_000) -> None:
+    """Where a verified record's CPU goes, on the first `n` entries of the oldest closed
+    segment, each part timed alone (this thread's CPU, best of 3): SQLite's rows with the
+    chain's four columns and with the 15 index columns too; sha256 of each entry's chained
+    bytes; the index columns re-derived from the body (msgspec, `index_columns.index_row`);
+    then `verify_chain.walk` itself without and with the index check. What the parts
+    cost is C (SQLite's row and Python's objects for its values, OpenSSL, msgspec): the
+    floor of this walk in one process, whatever the loop around them."""
+    import hashlib
+    import struct
+
+    from policyc.audit.index_columns import index_row
+    from policyc.audit.segments import closed_segments
+    from policyc.audit.store import CHAIN_SELECT, INDEXED_CHAIN_SELECT, connect_reader
+    from policyc.audit.verify_chain import walk
+
+    segs = closed_segments(path)
+    conn = connect_reader(segs[0][1] if segs else path)
+    first = conn.execute("SELECT min(seq) FROM entries").fetchone()[0]
+    start = conn.execute("SELECT prev_hash FROM entries WHERE seq = ?", (first,)).fetchone()[0]
+    where = f" WHERE seq < {first + n} ORDER BY seq"
+    rows = conn.execute(CHAIN_SELECT + where).fetchall()
+    pack, sha = struct.Struct(">Q").pack, hashlib.sha256
+
+    def best(fn: Callable[[], object]) -> float:
+        out = []
+        for _ in range(3):
+            t = time.thread_time()
+            fn()
+            out.append(time.thread_time() - t)
+        return min(out) / len(rows) * 1e6
+
+    def read(select: str) -> None:
+        for _ in conn.execute(select + where):
+            pass
+
+    def hashes() -> None:  # each result dropped at once, as the walk does (a list of them would time the collector)
+        for q, b, p, _ in rows:
+            sha(p + pack(q) + b).digest()
+
+    def columns() -> None:
+        for _, b, _, _ in rows:
+            index_row(b)
+
+    parts = {
+        "rows, chain columns": best(lambda: read(CHAIN_SELECT)),
+        "rows, + 15 index columns": best(lambda: read(INDEXED_CHAIN_SELECT)),
+        "sha256 of the chained bytes": best(hashes),
+        "index columns from the body": best(columns),
+        "walk, chain only": best(lambda: walk(conn.execute(CHAIN_SELECT + where), start, first)),
+        "walk, chain + index columns (verify's)": best(lambda: walk(conn.execute(INDEXED_CHAIN_SELECT + where), start, first, indexed=True)),
+    }
+    conn.close()
+    size = sum(len(r[1]) for r in rows) / len(rows)
+    print(f"  where a record's CPU goes ({len(rows):,} records of {size:,.0f} bytes, one process, best of 3, load "
+          f"{os.getloadavg()[0]:.1f}): " + "; ".join(f"{k} {v:.2f} us" for k, v in parts.items()))
+
+
 def export_bench(path: Path, base: float, n: int) -> None:
     """`policyc audit export` of the first `n` records of `path` in each format: records/s,
     and the file read back (count and hashes equal to the log's)."""
@@ -494,6 +553,8 @@ def main() -> None:
         if args.only in (None, "verify", "export"):
             n = 100_000 if args.quick else 1_000_000
             path, base = verify_bench(tmp, n if args.only != "export" else max(args.export_records or 100_000, 20_000), args.segments)
+            if args.only != "export":
+                verify_parts(path, min(100_000, n // max(args.segments, 1)))
             if args.only in (None, "export"):
                 export_bench(path, base, args.export_records or (20_000 if args.quick else 100_000))
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
