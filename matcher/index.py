@@ -671,13 +671,16 @@ class FleetIndex:
 
     def row_admits(self, slot: int, vars: Vars) -> bool:
         """Whether the live instance at `slot` meets every rule that applies to `vars`, read
-        off its own row by the shape's compiled check (`row_check.py`): the static
-        requirements by one mask test, the others on its attributes. The rules come from
-        the memo of rule shapes, as a base's do; no plan, no candidate set."""
+        off its own row (`row_check.py`); `Registry.admits` reads the row by id and calls
+        `check_for` itself."""
         rows = self.rows.rows
         row = rows[slot] if slot < len(rows) else None
-        if row is None:
-            return False
+        return row is not None and self.check_for(vars)(row, vars)
+
+    def check_for(self, vars: Vars) -> RowFn:
+        """The compiled check of one row (`row_check.py`) for requests like `vars`: the
+        static requirements by one mask test, the others on the row's attributes. The rules
+        come from the memo of rule shapes, as a base's do; no plan, no candidate set."""
         # the shape: the variables' names (a tuple of interned strings, hashed once each),
         # then the values of the guard-tested ones among them (one C-speed itemgetter);
         # another order of the same names is another entry, never another answer
@@ -697,7 +700,7 @@ class FleetIndex:
                 if len(checks) >= RULE_SHAPES:
                     checks.clear()
                 checks[key] = check
-        return check(row, vars)
+        return check
 
     def _row_names(self, names: tuple[str, ...]) -> tuple[Callable[[Vars], Any] | None, dict[Any, RowFn]]:
         """The memo entry of requests carrying these variables: what reads their

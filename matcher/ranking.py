@@ -45,6 +45,7 @@ import heapq
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
+from operator import ne
 from typing import Hashable
 
 import numpy as np
@@ -110,12 +111,12 @@ class Tier:
     __slots__ = ("bm", "groups", "keys", "negs", "rank")
 
     def __init__(self, groups: list[Group], keys: list[GroupKey] | None = None, negs: array | None = None,
-                 rank: float = 0.0) -> None:
+                 rank: float = 0.0, members: list[int] | None = None) -> None:
         self.rank = rank
         self.groups = groups
         self.keys = [g.key for g in groups] if keys is None else keys
         self.negs = array("d", [k[0] for k in self.keys]) if negs is None else negs
-        self.bm = BitMap([s for g in groups for s in g.slots])
+        self.bm = BitMap([s for g in groups for s in g.slots] if members is None else members)
         for g in groups:
             g.tier = self
 
@@ -154,10 +155,11 @@ class Tier:
 
 
 class ScoreTiers:
-    """Groups in tiers by (-score, name); each instance slot found through `group_of` and
-    `id_of`. The registry calls it under its locks: nothing here is thread-safe."""
+    """Groups in tiers by (-score, name); each instance slot found through `group_of`, its
+    id the last item of its `key_of` entry. The registry calls it under its locks: nothing
+    here is thread-safe."""
 
-    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "id_of", "key_of", "rank_of", "neg_of", "num_of",
+    __slots__ = ("bounds", "lows", "tiers", "groups", "group_of", "key_of", "rank_of", "neg_of", "num_of",
                  "numbered", "free_nums", "scratch", "neg_by_num", "members", "digests", "tier_at", "rank_version",
                  "version")
 
@@ -167,7 +169,6 @@ class ScoreTiers:
         self.tiers: list[Tier] = [Tier([])]
         self.groups: dict[Hashable, Group] = {}
         self.group_of: dict[int, Group] = {}  # slot -> its group
-        self.id_of: dict[int, str] = {}  # slot -> instance id
         self.key_of: dict[int, tuple] = {}  # slot -> (-score, group name, instance id), its place in the order
         self.rank_of = np.zeros(1024)  # slot -> its tier's rank (free slots: stale, never read)
         self.neg_of = np.zeros(1024)  # slot -> its group's -score, the order's first half (free slots: stale)
@@ -230,7 +231,6 @@ class ScoreTiers:
         (moving the group if it had another score)."""
         self.version += 1
         self.members += 1
-        self.id_of[slot] = iid
         g = self.groups.get(name)
         if g is None:
             g = self.groups[name] = self._new_group(name, neg, iid, slot)
@@ -260,8 +260,7 @@ class ScoreTiers:
         self.version += 1
         self.members += 1
         g = self.group_of.pop(slot)
-        del self.key_of[slot]
-        g.leave(slot, self.id_of.pop(slot))
+        g.leave(slot, self.key_of.pop(slot)[2])
         assert g.tier is not None
         g.tier.bm.discard(slot)
         if not g.slots:
@@ -355,48 +354,70 @@ class ScoreTiers:
         """Replace the contents at once (index build) from (-score, group name, instance id,
         slot) entries; the members of a group must share its -score."""
         entries = sorted(entries)
+        self.bulk_sorted(np.array([e[0] for e in entries], dtype=np.float64), [e[1] for e in entries],
+                         [e[2] for e in entries], np.array([e[3] for e in entries], dtype=np.int64))
+
+    def bulk_sorted(self, negs: np.ndarray, names: list[Hashable], ids: list[str], slots: np.ndarray) -> None:
+        """`bulk` from columns already in the order (-score, group name, instance id): the
+        registry's build sorts a million entries with numpy on the names' parts (a Python
+        sort of the tuples alone took ~1 s there). What is per instance is made by whole
+        columns (the dicts by `zip`, the slot arrays by fancy indexing); only the groups
+        are made one by one. A group's members must be adjacent and share its -score
+        (ValueError otherwise, naming the group)."""
+        n = len(names)
+        if not (len(negs) == len(ids) == len(slots) == n):
+            raise ValueError("bulk_sorted: columns of different lengths")
+        neg_list = negs.tolist()
+        slot_list = slots.tolist()
+        if n:
+            starts_mask = np.ones(n, dtype=bool)
+            starts_mask[1:] = np.fromiter(map(ne, names[1:], names[:-1]), dtype=bool, count=n - 1)
+            inner = np.flatnonzero(~starts_mask)
+            bad = inner[negs[inner] != negs[inner - 1]]
+            if len(bad):
+                i = int(bad[0])
+                raise ValueError(f"group {names[i]!r}: members with different scores ({-neg_list[i - 1]} and {-neg_list[i]})")
+        else:
+            starts_mask = np.zeros(0, dtype=bool)
+        starts = np.flatnonzero(starts_mask).tolist()
+        nums = np.cumsum(starts_mask) - 1  # each entry's group number: groups numbered in key order
         groups: dict[Hashable, Group] = {}
-        group_of: dict[int, Group] = {}
-        several: list[Group] = []
-        for neg, name, iid, slot in entries:
-            g = groups.get(name)
-            if g is None:
-                g = groups[name] = Group(name, neg, [iid], [slot], len(groups))
-            elif g.key[0] != neg:
-                raise ValueError(f"group {name!r}: members with different scores ({-g.key[0]} and {-neg})")
-            else:  # sorted entries: ids ascend within a group
-                if len(g.ids) == 1:
-                    several.append(g)
-                g.ids.append(iid)
-                g.slots.append(slot)
-            group_of[slot] = g
-        for g in several:
-            g.bm = BitMap(g.slots)
-        order = list(groups.values())  # in key order: dicts keep insertion order
-        self.groups, self.group_of = groups, group_of
-        self.id_of = {slot: iid for _, _, iid, slot in entries}
-        self.key_of = {slot: (neg, name, iid) for neg, name, iid, slot in entries}
-        self.tiers = [Tier(order[i:i + TARGET], rank=(i // TARGET) * RANK_GAP) for i in range(0, max(len(order), 1), TARGET)]
+        numbered: list[Group] = []
+        for num, (a, b) in enumerate(zip(starts, starts[1:] + [n])):
+            name = names[a]
+            was = groups.get(name)
+            if was is not None:  # sorted by -score first: a group's members with two scores fall apart
+                if was.key[0] != neg_list[a]:
+                    raise ValueError(f"group {name!r}: members with different scores ({-was.key[0]} and {-neg_list[a]})")
+                raise ValueError(f"group {name!r}: members not adjacent (entries out of order)")
+            g = groups[name] = Group(name, neg_list[a], ids[a:b], slot_list[a:b], num)
+            numbered.append(g)
+        self.groups = groups
+        self.group_of = dict(zip(slot_list, map(numbered.__getitem__, nums.tolist())))
+        self.key_of = dict(zip(slot_list, zip(neg_list, names, ids)))
+        count = len(numbered)
+        bounds_at = starts + [n]
+        tiers = []
+        for t, i in enumerate(range(0, max(count, 1), TARGET)):
+            members = slot_list[bounds_at[i]:bounds_at[min(i + TARGET, count)]] if count else []
+            tiers.append(Tier(numbered[i:i + TARGET], rank=t * RANK_GAP, members=members))
+        self.tiers = tiers
         self.bounds = [(-float("inf"), "")] + [tier.keys[0] for tier in self.tiers[1:]]
         self.lows = np.array([b[0] for b in self.bounds])
-        ro = np.zeros(max(1024, 2 * (max(group_of) + 1) if group_of else 0))
-        for tier in self.tiers:
-            slots = [s for g in tier.groups for s in g.slots]
-            if slots:
-                ro[slots] = tier.rank
+        size = max(1024, 2 * (int(slots.max()) + 1) if n else 0)
+        ro = np.zeros(size)
+        ro[slots] = (nums // TARGET) * RANK_GAP
         self.rank_of = ro
-        no = np.zeros(len(ro))
-        if entries:
-            no[[slot for _, _, _, slot in entries]] = [neg for neg, _, _, _ in entries]
+        no = np.zeros(size)
+        no[slots] = negs
         self.neg_of = no
-        nums = np.zeros(len(ro), dtype=np.int64)
-        if entries:
-            nums[[slot for _, _, _, slot in entries]] = [group_of[slot].num for _, _, _, slot in entries]
-        self.num_of = nums
-        self.numbered = list(groups.values())  # numbered in insertion order
+        num_of = np.zeros(size, dtype=np.int64)
+        num_of[slots] = nums
+        self.num_of = num_of
+        self.numbered = list(numbered)
         self.free_nums = []
-        by_num = np.zeros(max(1024, 2 * len(order)))
-        by_num[:len(order)] = [g.key[0] for g in order]
+        by_num = np.zeros(max(1024, 2 * count))
+        by_num[:count] = negs[np.flatnonzero(starts_mask)]
         self.neg_by_num = by_num
         self.members += 1
         self.tier_at = {tier.rank: tier for tier in self.tiers}

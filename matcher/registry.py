@@ -60,6 +60,7 @@ from .instance import Instance
 from .parse import RequestParser
 from .ranking import ScoreTiers
 from .request import Request
+from .row_check import Row
 from .result import FORMS, AllMatches, Explanation, Form, MatchResult, Scored
 from .slots import SlotAllocator
 
@@ -112,6 +113,35 @@ def _row_groups(ix: FleetIndex, adm: AdmissionCache, codes: Sequence[int], hosts
     return samples, first, inverse.reshape(-1)
 
 
+def _ranks(column: Sequence[str]) -> np.ndarray:
+    """Each value's place among the column's distinct values (Python's order of strings)."""
+    at = {v: i for i, v in enumerate(sorted(set(column)))}
+    return np.fromiter(map(at.__getitem__, column), dtype=np.int64, count=len(column))
+
+
+def _score_order(negs: np.ndarray, parts: tuple[Sequence[str], ...], ids: Sequence[str]) -> np.ndarray:
+    """The positions in the order (-score, group name, instance id) of `ScoreTiers`, the
+    name being the tuple of `parts`: one numpy lexsort on the parts' ranks (each column's
+    distinct values sorted in Python, a few thousand), then the ids sorted only within a
+    group of several (a Python sort of a million tuples of strings took ~1 s)."""
+    n = len(ids)
+    ranked = [_ranks(p) for p in parts]
+    order = np.lexsort([*ranked[::-1], negs])
+    if n < 2:
+        return order
+    keys = [negs[order], *(r[order] for r in ranked)]
+    same = np.ones(n - 1, dtype=bool)
+    for k in keys:
+        same &= k[1:] == k[:-1]
+    if same.any():  # groups of several members: their ids in order
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], same, [False])).astype(np.int8)))
+        for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            run = order[a:b + 1].tolist()
+            run.sort(key=ids.__getitem__)
+            order[a:b + 1] = run
+    return order
+
+
 def _gpu_group(instance: Instance) -> tuple[str, str, str]:
     """What a placer chooses between, and what carries a score: a model on a GPU."""
     d = instance.deployment
@@ -131,6 +161,10 @@ class Registry:
         self._slots = SlotAllocator(self._index.shard_size)
         self._tiers = ScoreTiers()
         self._slot_of: dict[str, int] = {}
+        # id -> its row in the current index (`row_check.py`): a check by id is one dict
+        # read and the row's compiled check, without the slot between (at a million
+        # instances each extra read is a cache miss: ~0.5 us of the check)
+        self._row_of: dict[str, Row | None] = {}  # (None never stored: the rows' list type)
         # every instance's facts and id as slot-indexed columns (`columns.py`); objects only
         # for instances registered as objects or asked for (`_instance_at`)
         self._cols = InstanceColumns()
@@ -362,14 +396,15 @@ class Registry:
     def admits(self, request: Request, instance_id: str) -> bool:
         """Whether this one instance may serve the request, read off its own row: the
         rules that apply (memoised by request shape), a kept requirement by one bitmap
-        probe, the others on the row's attributes (`FleetIndex.row_admits`). No plan and no
+        probe, the others on the row's attributes (`FleetIndex.check_for`). No plan and no
         candidate set is made for one instance. `UnknownInstanceError` for an id not
         registered."""
         with self._read:
-            slot = self._slot_of.get(instance_id)
-            if slot is None:
+            row = self._row_of.get(instance_id)
+            if row is None:
                 raise UnknownInstanceError(instance_id)
-            return self._index.row_admits(slot, request.vars)
+            vars = request.vars
+            return self._index.check_for(vars)(row, vars)
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
@@ -396,6 +431,7 @@ class Registry:
         slot = self._slots.take(self._index.shard_group(attrs))
         self._cols.put(slot, instance, code)
         self._index.insert(slot, attrs)
+        self._row_of[instance.id] = self._index.rows.rows[slot]
         name = _gpu_group(instance)
         if score is None:
             score = self._tiers.score_of(name)
@@ -416,6 +452,7 @@ class Registry:
     def _forget(self, instance_id: str) -> float:
         """Everything but the index (a bundle swap builds a new one without the instance)."""
         slot = self._slot_of.pop(instance_id)
+        self._row_of.pop(instance_id, None)  # (a bundle swap's evicted: not in the new rows)
         score = self._group_score(slot)
         self._tiers.remove(slot)
         self._slots.give(slot)
@@ -509,7 +546,12 @@ class Registry:
             elif name not in gscore:
                 gscore[name] = DEFAULT_SCORE
         ix.bulk_rows(list(zip(samples, parts)), self._row_view())
-        self._tiers.bulk([(-gscore[name], name, iid, slot) for name, iid, slot in zip(names, batch.ids, slot_list)])
+        self._row_of = dict(zip(batch.ids, map(ix.rows.rows.__getitem__, slot_list)))
+        negs = -np.fromiter(map(gscore.__getitem__, names), dtype=np.float64, count=n)
+        order = _score_order(negs, (batch.models, hosts, batch.strs["gpu"]), batch.ids)
+        pick = order.tolist()
+        self._tiers.bulk_sorted(negs[order], list(map(names.__getitem__, pick)), list(map(batch.ids.__getitem__, pick)),
+                                slots[order])
 
     def remove(self, instance_id: str) -> None:
         with self._write, self._read:
@@ -610,8 +652,11 @@ class Registry:
             parts = np.split(kept[by_row], np.cumsum(np.bincount(inverse, minlength=len(samples)))[:-1])
             new_index.bulk_rows(list(zip(samples, parts)), self._row_view())  # every row rebuilt from the columns
             parser = RequestParser(bundle)
+            rows = new_index.rows.rows
+            row_of = {iid: rows[s] for iid, s, k in zip(ids, slots.tolist(), keep.tolist()) if k}
             with self._read:
                 self._index, self._parser, self._bundle = new_index, parser, bundle
+                self._row_of = row_of
                 self._answers.clear()  # answers of the old index, whose versions the new one restarts
                 self._seen = (-1, -1)
                 self._models = _models(bundle)

@@ -53,12 +53,12 @@ def tiers_consistent(tiers: ScoreTiers) -> None:
         for g in tier.groups:
             assert g.tier is tier and tiers.groups[g.name] is g and g.key[1] == g.name and g.slots
             assert g.ids == sorted(g.ids) and (g.bm is None if len(g.slots) == 1 else list(g.bm) == sorted(g.slots))
-            assert all(tiers.group_of[s] is g and tiers.id_of[s] == i for s, i in zip(g.slots, g.ids))
+            assert all(tiers.group_of[s] is g and tiers.key_of[s][2] == i for s, i in zip(g.slots, g.ids))
         assert all(tiers.bounds[t] <= k for k in tier.keys)
         if t + 1 < len(tiers.tiers):
             assert all(k < tiers.bounds[t + 1] for k in tier.keys)
     assert sum(len(t.groups) for t in tiers.tiers) == len(tiers.groups)
-    assert sum(len(g.slots) for g in tiers.groups.values()) == len(tiers.group_of) == len(tiers.id_of)
+    assert sum(len(g.slots) for g in tiers.groups.values()) == len(tiers.group_of) == len(tiers.key_of)
 
 
 @SETTINGS
