@@ -33,17 +33,16 @@ import grpc
 
 from policyc.cluster.config import FleetConfig
 from policyc.cluster.host_signals import backlog_fraction
-from policyc.cluster.netns_agents import PCRS, AgentFleet
+from policyc.cluster.netns_agents import PCRS, AgentFleet, NetnsError
+from policyc.cluster.store import StoreError
 from policyc.compiler.bundle import Bundle
-from policyc.modelserver.model_files import ModelFiles, write_model_files
 from policyc.modelserver.oip import InferenceStub, pb as oip
 from policyc.modelserver.specs import InstanceSpec, ServerSpec, ServingInstance
 from policyc.placer.topology import GpuSlot
 from policyc.server.app import DecisionServer
 from policyc.server.proto import pb, pb_grpc
-from policyc.server.render import explanation_text
 
-from .model_pool import PoolPlanError, RealInstance, pick_slot, retried_here
+from .model_pool import RealInstance, model_files, pick_slot, retried_here
 from .narration import DemoError, Narrator
 
 HTTP_PORT, GRPC_PORT = 8000, 9000  # per host: each host is its own network stack, so fixed ports never clash
@@ -164,7 +163,10 @@ class HostFleet:
     def start(self) -> FleetConfig:
         """Namespaces, etcd, the TPMs with their keys; the decision service's fleet config."""
         t = time.monotonic()
-        self.hosts = AgentFleet.start(self.names, self.dir / "hosts")
+        try:
+            self.hosts = AgentFleet.start(self.names, self.dir / "hosts")
+        except (RuntimeError, OSError, ValueError) as e:  # NetnsError, TpmError, etcd or swtpm that did not start
+            raise DemoError(f"bringing up the hosts: {e}") from None
         f = self.hosts.fleet
         self.say.say(f"{len(self.names)} hosts as network namespaces on bridge {f.bridge} ({f.network}; the root namespace "
                      f"is {f.gateway}), etcd on {self.hosts.etcd_url}, a software TPM (swtpm) inside each host with its "
@@ -174,7 +176,11 @@ class HostFleet:
 
     def enroll(self) -> None:
         assert self.hosts is not None
-        for host, name in self.hosts.enroll().items():
+        try:
+            enrolled = self.hosts.enroll()
+        except (StoreError, OSError, ValueError) as e:  # ValueError: AttestationError, a key that is not one
+            raise DemoError(f"enrolling the hosts' TPM keys: {e}") from None
+        for host, name in enrolled.items():
             self.say.say(f"  operator: `policyc agent enroll --host {host}` — key {name[:16]}…, quotes must cover PCRs "
                          f"{','.join(map(str, PCRS))}")
 
@@ -182,13 +188,7 @@ class HostFleet:
         """Each host's agent, with its model servers; returns once all serve and are registered."""
         assert self.hosts is not None
         t = time.monotonic()
-        files: dict[str, ModelFiles] = {}
-        for r in self.real:
-            if r.model not in files:
-                contract = self.bundle.contract(r.model)
-                if contract is None:
-                    raise PoolPlanError(f"the bundle has no contract `{r.model}`")
-                files[r.model] = write_model_files(contract, self.dir / "models", simplified=r.role == "backup")
+        files = model_files(self.bundle, self.real, self.dir)
         specs: dict[str, list[dict[str, object]]] = {}
         ready: dict[str, Path] = {}
         for r in self.real:
@@ -280,19 +280,21 @@ class HostFleet:
                             stderr=subprocess.DEVNULL)
         try:
             # 256 kbit/s: a flood that gets little CPU on a loaded machine still fills the queue
-            fleet.shape_uplink(host, rate=SHAPED_RATE, spare_dports=[self.hosts.etcd.members[0].client_port])
+            try:
+                fleet.shape_uplink(host, rate=SHAPED_RATE, spare_dports=[self.hosts.etcd.members[0].client_port])
+            except NetnsError as e:
+                raise DemoError(f"shaping {host}'s uplink: {e}") from None
             t0 = time.monotonic()
             self.say.say(f"\n  event: {host}'s uplink eth0 shaped with tc (HTB {SHAPED_RATE}, a 100 kB fifo; its etcd traffic "
                          "in a class of its own) and flooded from inside the host")
             req = pb.DecideRequest(headers=headers)
             while time.monotonic() - t0 < MOVE_TIMEOUT_S:
                 fill = self.fill(server, host)
-                if fill >= FULL:
-                    d = stub.Decide(req, timeout=30)
-                    if d.outcome == pb.ADMITTED and d.placement.host != host:
-                        seconds = time.monotonic() - t0
-                        told = explanation_text(stub.Explain(req, timeout=30)).splitlines()
-                        while_shaped(seconds, fill, [ln.strip() for ln in told if f"not {host}/" in ln])
+                if fill >= FULL:  # asked with Explain: the placement it would make, no GPU share reserved by asking
+                    told = [ln.strip() for ln in stub.Explain(req, timeout=30).narrative]
+                    chosen = next((ln.rsplit(" on ", 1)[1] for ln in told if ln.startswith("admitted: ")), "")
+                    if chosen and not chosen.startswith(f"{host}/"):
+                        while_shaped(time.monotonic() - t0, fill, [ln for ln in told if ln.startswith(f"not {host}/")])
                         return
                 time.sleep(0.1)
             raise DemoError(f"placements did not move off {host} within {MOVE_TIMEOUT_S:g} s of shaping its uplink "

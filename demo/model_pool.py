@@ -100,8 +100,8 @@ def retried_here(bundle: Bundle, backup: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def start_pool(bundle: Bundle, real: list[RealInstance], workdir: Path, *, timeout: float = 60.0) -> ModelPool:
-    """Write each model's ONNX files (contract embedded) and start the processes in parallel."""
+def model_files(bundle: Bundle, real: list[RealInstance], workdir: Path) -> dict[str, ModelFiles]:
+    """Each model's ONNX files (its contract embedded; a backup's simplified variant too) under `workdir/models`."""
     files: dict[str, ModelFiles] = {}
     for r in real:
         if r.model not in files:
@@ -109,6 +109,12 @@ def start_pool(bundle: Bundle, real: list[RealInstance], workdir: Path, *, timeo
             if contract is None:
                 raise PoolPlanError(f"the bundle has no contract `{r.model}`")
             files[r.model] = write_model_files(contract, workdir / "models", simplified=r.role == "backup")
+    return files
+
+
+def start_pool(bundle: Bundle, real: list[RealInstance], workdir: Path, *, timeout: float = 60.0) -> ModelPool:
+    """Write each model's ONNX files (contract embedded) and start the processes in parallel."""
+    files = model_files(bundle, real, workdir)
     by_process: dict[int, list[InstanceSpec]] = {}
     stall: dict[int, bool] = {}
     for r in real:

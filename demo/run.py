@@ -308,8 +308,7 @@ class Demo:
 
         def while_shaped(seconds: float, fill: float, why: list[str]) -> None:
             self.say.say(f"  {host}'s agent measured its eth0 queue {fill:.0%} full (root qdisc backlog over its limit, "
-                         f"published every tick); decisions moved off {host} {seconds * 1e3:.0f} ms after the tc command "
-                         f"(collector tick {server.refresher.current().version})")
+                         f"published every tick); placements moved off {host} {seconds * 1e3:.0f} ms after the tc command")
             for line in why:
                 self.say.say(f"  Explain: {line}")
             after = t.send("after", CONGESTED).answer
