@@ -45,7 +45,7 @@ from . import anchors, bundle_rollout, instance_codec, signed_reports
 from .known_instances import KnownInstances
 from .attestation import AttestationBook, AttestedFact, Attestor
 from .host_acts import ActSender
-from .host_claims import claims_problem
+from .host_claims import claims_problem, host_values
 from .host_facts import HostFacts
 from .host_hardware import Hardware
 from .link_heal import LinkDownHealer
@@ -778,6 +778,22 @@ class Replica:
 
     def tpm_problem(self, inst: Instance) -> str:
         return self.attestation.tpm_problem(inst.deployment.host, inst.deployment.tpm)
+
+    def attested_facts(self, inst: Instance) -> dict[str, str]:
+        """The instance's facts an attestation vouched for, each with the key name: `tpm`
+        (claimed and attested), and the hardware and site facts its host's verified quote
+        signed and its claims equal (judged by `host_problem` before this is asked)."""
+        out: dict[str, str] = {}
+        name = self.attested_name(inst)
+        if name:
+            out["tpm"] = name
+        f = self.attestation.attested(inst.deployment.host)
+        judged = self._judging_facts(inst.deployment.host) if f is not None else None
+        if f is not None and judged is not None and judged.hardware is not None:
+            for fact, (truth, _) in host_values(judged.hardware, inst.deployment.gpu).items():
+                if getattr(inst.deployment, fact) == truth:
+                    out[fact] = f.ak_name
+        return out
 
     def attested_name(self, inst: Instance) -> str:
         """The attestation key name behind the instance's `tpm` fact ("" when it claims none)."""

@@ -41,7 +41,7 @@ class RegistryWriter(Protocol):
 
     def attest_later(self, host: str) -> "Future[AttestedFact]": ...
 
-    def attested_name(self, inst: Instance) -> str: ...
+    def attested_facts(self, inst: Instance) -> dict[str, str]: ...
 
     def can_attest(self, host: str) -> bool: ...
 
@@ -62,8 +62,10 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _registration(instance: Instance, score: float | None, request_id: str, ak_name: str = "") -> RegistryWrite:
-    value = instance_codec.encode(instance, score, {"tpm": ak_name} if ak_name else None)
+def _registration(instance: Instance, score: float | None, request_id: str,
+                  attested: dict[str, str] | None = None) -> RegistryWrite:
+    """`attested`: fact -> the attestation key name that vouched for it (the record says so)."""
+    value = instance_codec.encode(instance, score, attested or None)
     return RegistryWrite(Op.REGISTER, instance.id, request_id or new_request_id(), value)
 
 
@@ -79,7 +81,7 @@ class SharedRegistryEngine(DecisionEngine):
             raise refused  # a claim its host's own agent contradicts (`host_claims.py`)
         size = super().register(instance, score)  # admission first: the store only gets admissible instances
         if self.writer is not None:
-            w = _registration(instance, score, "", self.writer.attested_name(instance))
+            w = _registration(instance, score, "", self.writer.attested_facts(instance))
             try:
                 self.writer.write(w)
             except Exception as e:
@@ -125,7 +127,7 @@ class SharedRegistryEngine(DecisionEngine):
             if (refused := self.writer.host_problem(instance)) is not None:
                 raise refused  # a claim its host's own agent contradicts (`host_claims.py`)
             await self._check_attested(instance)
-        w = _registration(instance, score, request_id, self.writer.attested_name(instance) if self.writer else "")
+        w = _registration(instance, score, request_id, self.writer.attested_facts(instance) if self.writer else None)
         try:
             size = DecisionEngine.register(self, instance, score)
         except ServiceError as e:

@@ -75,10 +75,10 @@ def ns_tpms(nsfleet: NetnsFleet, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def _agents(fleet: NetnsFleet, etcd_url: str, prefix: str, tpms: dict[str, SoftwareTpm] | None = None,
-            state: Path | None = None) -> dict[str, "subprocess.Popen[str]"]:
+            state: Path | None = None, site: dict[str, list[str]] | None = None) -> dict[str, "subprocess.Popen[str]"]:
     out = {}
     for h in HOSTS:
-        argv = [*POLICYC, "agent", "run", "--host", h, "--etcd", etcd_url, "--etcd-prefix", prefix]
+        argv = [*POLICYC, "agent", "run", "--host", h, "--etcd", etcd_url, "--etcd-prefix", prefix, *(site or {}).get(h, [])]
         if tpms is not None and state is not None:
             argv += ["--tcti", tpms[h].tcti, "--state-dir", str(state / h)]
         out[h] = fleet.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -193,7 +193,9 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
                               *store_flags], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
     r0 = replica(bundle, bridged_etcd, "r0", prefix)
-    agents = _agents(nsfleet, etcd_url, prefix, ns_tpms, tmp_path)
+    # host-0002's operator gives its site facts (as the simulated host-0002 has them)
+    agents = _agents(nsfleet, etcd_url, prefix, ns_tpms, tmp_path,
+                     site={"host-0002": ["--region", "us-west", "--hardware-firewall", "true"]})
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -218,6 +220,7 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         signed = Hardware.from_json(r0.server.replica.attestation.attested("host-0002").hardware)
         assert "tpm" in signed.security and "--tcti" in signed.sources["security.tpm"]
         assert signed.numa == _this_machine("host-0002").numa and r0.server.replica.reports_facts("host-0002")
+        assert signed.site == Site("us-west", None, True)
 
         # its signal reports are signed with the report key its quote signed, and merged only so: an unsigned one, one
         # signed with another key and a replayed old one are refused; host-0006 (its quote refused) has none merged;
@@ -240,7 +243,8 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
         # attested host, own address: accepted, the record names the key that attested it
         _register(r0, finance, f"{addr['host-0002']}:8000")
         record = run(store.get(keys.instance(finance.id)))
-        assert instance_codec.attested(record.value) == {"tpm": AttestationKey.parse(ak["host-0002"].read_bytes()).name.hex()}
+        name = AttestationKey.parse(ak["host-0002"].read_bytes()).name.hex()  # and the site facts its quote signed
+        assert instance_codec.attested(record.value) == {"tpm": name, "region": name, "hardware_firewall": name}
         # a TPM claim on a host without an enrolled key
         why, info = _refusal(r0, rec["host-0005"], f"{addr['host-0005']}:8000")
         assert info.reason == "E732" and "no enrolled attestation key" in why
@@ -253,13 +257,18 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
 
         # replay: an answer host-0002 gave once, replayed after its agent is gone
         answers: list[bytes] = []
+        watching = threading.Event()  # each spy below watches before the challenge it must see can be issued
 
         async def eavesdrop() -> None:
             p = keys.prefix + "attest/quotes/host-0002/"
-            async for ch in store.watch(p, (await store.read_prefix(p)).revision + 1):
+            snap = await store.read_prefix(p)
+            answers.extend(e.value for e in snap.entries if e.value)
+            watching.set()
+            async for ch in store.watch(p, snap.revision + 1):
                 if ch.value:
                     answers.append(ch.value)
         spy = asyncio.run_coroutine_threadsafe(eavesdrop(), loop)
+        assert watching.wait(30)
         r0.server.replica.attest_later("host-0002").result(30)
         eventually(lambda: bool(answers), 10)
         spy.cancel()
@@ -268,12 +277,21 @@ def test_tpm_facts_on_the_namespace_fleet_attested_forged_replayed_and_unenrolle
 
         async def replay() -> None:
             p = keys.challenges("host-0002")
-            async for ch in store.watch(p, (await store.read_prefix(p)).revision + 1):
+
+            async def answer(key: str, value: bytes) -> None:
+                forged = json.loads(answers[0])
+                forged["nonce"] = json.loads(value)["nonce"]
+                await store.put(keys.quote_answer("host-0002", key[len(p):]), json.dumps(forged).encode())
+            snap = await store.read_prefix(p)  # a challenge already open (an attestation in flight) is answered too
+            watching.set()
+            for e in snap.entries:
+                await answer(e.key, e.value)
+            async for ch in store.watch(p, snap.revision + 1):
                 if ch.value:
-                    forged = json.loads(answers[0])
-                    forged["nonce"] = json.loads(ch.value)["nonce"]
-                    await store.put(keys.quote_answer("host-0002", ch.key[len(p):]), json.dumps(forged).encode())
+                    await answer(ch.key, ch.value)
+        watching.clear()
         replayer = asyncio.run_coroutine_threadsafe(replay(), loop)
+        assert watching.wait(30)
         try:
             with pytest.raises(AttestationError, match="nonce is not the one issued"):
                 r0.server.replica.attest_later("host-0002").result(30)
