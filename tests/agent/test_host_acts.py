@@ -118,8 +118,10 @@ def test_a_link_failure_on_host_b_is_healed_by_bs_agent_under_the_fencing_token(
         # executed (the operator's --self-heal execute): the next plan for the link still down is carried out by B's agent
         executor.allow_real = True
         rep.link_heal.retry_s = 0.0
-        eventually(lambda: any(r.source == f"agent {B}" and r.outcome is Outcome.DONE for r in records), 30, step=0.05)
+        eventually(lambda: len(rep.link_heal.planned) >= 2, 30, step=0.02)
         rep.link_heal.retry_s = 60.0
+        eventually(lambda: any(r.source == f"agent {B}" and r.outcome is Outcome.DONE for r in records), 30, step=0.05)
+        eventually(lambda: set(rep.acts.sent) <= set(rep.acts.results), 30, step=0.05)  # no order still under way
         done = next(r for r in records if r.source == f"agent {B}" and r.outcome is Outcome.DONE)
         assert done.target == f"link_refresh {B}/data0" and f"on host {B} by its agent under fencing token {token}" in done.detail
         assert "data0 down" in done.detail and "carrier after" in done.detail
