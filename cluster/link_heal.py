@@ -1,7 +1,7 @@
 """Self-heal started by a host agent's own report: when a host's agent measures one of its
 links down (the interface's operstate, in its signal report every tick), the fenced leader
 plans the heal for that host and sends it to that host's agent through the existing path
-(`ActionExecutor.run` → `host_acts.ActSender`: an order under the leader's fencing token,
+(`host_acts.ActSender`, the executor's remote: an order under the leader's fencing token,
 carried out or, in dry run, answered with what would be done; the answer is audited with
 the host and the token).
 
@@ -77,6 +77,8 @@ class LinkDownHealer:
                 continue
             if not self.replica.election.token or self.replica.server.guardian is None:
                 continue  # the leader plans; a replica without an enforcer has no executor
+            if host not in self.replica.host_facts:
+                continue  # no agent announced there to send it to (never run on this machine: the link is the host's)
             link.planned_at = now
             due.append(name)
         if due:
@@ -90,7 +92,7 @@ class LinkDownHealer:
             del self._links[key]
 
     def _plan(self, host: str, iface: str, measured_at: float, age: float) -> None:
-        from policyc.enforcer.executor import HealTarget
+        from policyc.enforcer.executor import HealTarget, StepResult
 
         g = self.replica.server.guardian
         if g is None:
@@ -109,10 +111,20 @@ class LinkDownHealer:
                                     source=f"replica {self.replica.name}"))
         with self._lock:
             self.planned.append((host, iface, token))
-        try:
-            executor.run(list(STEPS), HealTarget(f"{host}/{iface}", host, rdma_link=iface), RULE)
-        except Exception as e:  # noqa: BLE001 - a failed send is audited by the executor; never kill the worker
-            log.error("replica %s: healing %s/%s: %s: %s", self.replica.name, host, iface, type(e).__name__, e)
+        target = HealTarget(f"{host}/{iface}", host, rdma_link=iface)
+        for step in STEPS:  # sent to the host's agent only (`ActSender`): never run on this machine, whose links are not the host's
+            try:
+                sent = self.replica.acts(step, target, RULE, not executor.allow_real)
+            except Exception as e:  # noqa: BLE001 - a failed send is audited; never kill the worker
+                sent = StepResult(step, Outcome.FAILED, f"sending it to {host}'s agent: {type(e).__name__}: {e}")
+            if sent is None:
+                sent = StepResult(step, Outcome.REFUSED, f"host {host} has no agent announced to carry it out; not run here")
+            executor.audit(ActionRecord(time=time.time(), kind=ActionKind.SELF_HEAL_STEP, target=f"{step} {target.gpu_key}",
+                                        rule=RULE, outcome=sent.outcome, dry_run=not executor.allow_real, detail=sent.detail,
+                                        source="executor"))
+            if sent.outcome in (Outcome.FAILED, Outcome.REFUSED):
+                log.warning("replica %s: healing %s/%s: %s", self.replica.name, host, iface, sent.detail)
+                break
 
 
 __all__ = ["LinkDownHealer", "RULE"]

@@ -517,6 +517,7 @@ class Replica:
             iid = k.id_of(ch.key, k.instances)
             if ch.kind is ChangeKind.DELETE:
                 self._known.pop(iid, None)
+                self._said_refused.pop(iid, None)
                 self._on_serving(lambda: self.engine.apply_deregister(iid))
             else:
                 try:
