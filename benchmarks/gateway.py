@@ -252,6 +252,14 @@ def _policyc_pids(exclude: set[int]) -> list[int]:
     return out
 
 
+def _thread_cpu_s(tid: int | None) -> float:
+    """CPU seconds one of this process's threads has run so far (by its OS id; the scheduler's
+    nanosecond count, /proc/self/task/TID/schedstat, finer than the 10 ms ticks of `stat`)."""
+    if tid is None:
+        return 0.0
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+
+
 def _cpu_sum(pids: list[int]) -> float:
     """`_cpu_s` summed over `pids` (a process gone meanwhile counts nothing)."""
     total = 0.0
@@ -489,11 +497,13 @@ def main() -> int:
             commits = dict.fromkeys(targets, 0)  # the audit writer's commits (each an fsync) and records
             records = dict.fromkeys(targets, 0)
             sink_cpu = dict.fromkeys(targets, 0.0)  # `--otlp`: the OTLP receiver's (a collector elsewhere: not counted above)
+            loop_cpu = dict.fromkeys(targets, 0.0)  # the serving loop's thread (the pickers' and the no-op's coroutines)
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, w0, e0, t0 = _cpu_sum(pols), _cpu_sum(others), _cpu_s(envoy.pid or 0), time.perf_counter()
                     q0, m0, r0 = _requests(envoy), sum(_cpu_s(p) for p in model_pids), _refusals(pickers.get(mode), mode)
                     s0 = _cpu_sum([sink.pid]) if sink is not None else 0.0
+                    l0 = _thread_cpu_s(thread.native_id)
                     k0, a0 = audit_log.commits, audit_log.acked
                     if prof is not None and mode == "policyc":
                         thread.call(_profiling(prof, True))
@@ -516,6 +526,7 @@ def main() -> int:
                     commits[mode] += audit_log.commits - k0
                     records[mode] += audit_log.acked - a0
                     sink_cpu[mode] += (_cpu_sum([sink.pid]) if sink is not None else 0.0) - s0
+                    loop_cpu[mode] += _thread_cpu_s(thread.native_id) - l0
             summary = {}
             for mode, rounds in res.items():
                 lat = [x for r in rounds for x in r[0]]
@@ -554,6 +565,11 @@ def main() -> int:
                       f"{on[1] - off[1]:+.0f} us, client {on[2] - off[2]:+.0f} us, model servers {on[3] - off[3]:+.0f} us; "
                       f"untraced / traced CPU a request (all four) {sum(off) / sum(on):.3f}; the OTLP receiver (not counted) "
                       f"{sink_cpu['policyc traced'] / max(served['policyc traced'], 1) * 1e6:.1f} us a request")
+                lp = {m: loop_cpu[m] / max(served[m], 1) * 1e6 for m in ("policyc", "policyc traced", "no-op ext_proc", "no-op traced")}
+                print(f"  concurrency {conc:>2}: the serving loop's thread a request (its refresher steps included): policyc "
+                      f"{lp['policyc']:.0f} us, traced {lp['policyc traced']:.0f} us ({lp['policyc traced'] - lp['policyc']:+.0f}); "
+                      f"the no-op {lp['no-op ext_proc']:.0f} us, behind a traced Envoy {lp['no-op traced']:.0f} us "
+                      f"({lp['no-op traced'] - lp['no-op ext_proc']:+.0f})")
                 ys = sorted((len(a[0]) / a[2]) / (len(b[0]) / b[2]) for a, b in zip(res["no-op traced"], res["no-op ext_proc"]))
                 non, noff = per_call("no-op traced"), per_call("no-op ext_proc")
                 print(f"  concurrency {conc:>2}: Envoy's tracer alone (the no-op ext_proc, traced / not): {statistics.median(ys):.2f} x "
