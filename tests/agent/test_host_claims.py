@@ -6,7 +6,7 @@ the project's stand-in driver):
   site facts, each with its source, and the replica keeps them as the host's;
 - the instance of a server the agent supervises leaves its GPU class, CUDA, region and
   hardware firewall out: the agent fills them from its host, and the fleet serves it so;
-- RegisterInstance of an instance whose claims its host's agent contradicts is refused
+- RegisterInstance (and RegisterInstances, item by item) of an instance whose claims its host's agent contradicts is refused
   (FAILED_PRECONDITION, E733, naming the field, both values and the source);
 - a record written straight into etcd gets no further: one whose claims the host
   contradicts, and one whose endpoint is another host's address, are not served, by the
@@ -83,11 +83,14 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     lp.close()
 
 
-def _rpc_refusal(th: Any, inst: Instance) -> tuple[grpc.StatusCode, str, error_details_pb2.ErrorInfo]:
+def _request(inst: Instance) -> pb.RegisterInstanceRequest:
     dep = {k: v for k, v in inst.deployment.model_dump().items() if k in pb.Deployment.DESCRIPTOR.fields_by_name}
+    return pb.RegisterInstanceRequest(id=inst.id, model=inst.model, deployment=pb.Deployment(**dep))
+
+
+def _rpc_refusal(th: Any, inst: Instance) -> tuple[grpc.StatusCode, str, error_details_pb2.ErrorInfo]:
     with grpc.insecure_channel(f"127.0.0.1:{th.server.port}") as ch, pytest.raises(grpc.RpcError) as err:
-        pb_grpc.DecisionsStub(ch).RegisterInstance(pb.RegisterInstanceRequest(id=inst.id, model=inst.model,
-                                                                              deployment=pb.Deployment(**dep)), timeout=60)
+        pb_grpc.DecisionsStub(ch).RegisterInstance(_request(inst), timeout=60)
     st = rpc_status.from_call(err.value)  # type: ignore[arg-type]
     assert st is not None
     info = error_details_pb2.ErrorInfo()
@@ -145,6 +148,13 @@ def test_the_hosts_own_facts_fill_its_servers_and_refuse_claims_by_rpc_watch_and
         assert code == grpc.StatusCode.FAILED_PRECONDITION and info.reason == "E733", why
         assert f"`deployment.gpu_model` is `H100` but host `{HOST}`'s agent reports {HOST}/gpu1 as `A100-80G` (NVML" in why
         assert sim.id not in r0.server.state.registry
+        # RegisterInstances: the same refusal for that item, the others registered
+        items = [_request(sim), _request(next(i for i in admissible_fleet(bundle, r0.server.cluster.gpu_slots(), models=["recommender"])
+                                              if i.deployment.host == "host-0001"))]
+        with grpc.insecure_channel(f"127.0.0.1:{r0.server.port}") as ch:
+            got = list(pb_grpc.DecisionsStub(ch).RegisterInstances(pb.RegisterInstancesRequest(instances=items), timeout=60).results)
+        assert [(r.registered, r.code, r.field) for r in got] == [(False, "E733", "deployment.gpu_model"), (True, "", "")], got
+        assert "A100-80G" in got[0].message and sim.id not in r0.server.state.registry
 
         # straight into etcd: a claim its host contradicts, an endpoint on another host's address, and one that agrees
         good = Instance.model_validate({"id": f"recommender@{HOST}/gpu1", "model": "recommender", "deployment": {
