@@ -309,8 +309,12 @@ class Replica:
             if self.local_agent is not None:
                 await self.local_agent.stop()
                 self.local_agent = None
-            for t in self._tasks + ([self._settler] if self._settler is not None else []):
+            attesting = list(self._attesting_now.values())
+            for t in self._tasks + ([self._settler] if self._settler is not None else []) + attesting:
                 t.cancel()
+            # a challenge in flight is withdrawn (its lease revoked) while the store is still open, not
+            # left pending for the loop's close to destroy (a traceback when stopped mid-attestation)
+            await asyncio.gather(*attesting, return_exceptions=True)
             await self.keeper.stop(revoke=revoke)
             await self.store.close()
         try:
