@@ -180,6 +180,9 @@ def _heal_rounds(bundle, fleet: NetnsFleet, etcd: LocalEtcd, rounds: int) -> Non
                                                                  enforcer=EnforcerMode.USERSPACE, watch_gpus=False, fleet=cfg,
                                                                  open_fleet=True, self_heal=SelfHeal.EXECUTE)))
             th.start()
+            # this times the anomaly rule's heal: the heal the agent's own link-down report starts (on by default)
+            # would mend the link first; benchmarks/agent_link_down.py times that one
+            th.server.replica.link_heal.enabled = False
             agents = _agents(fleet, url, prefix, 0.2, [])
             try:
                 rep = th.server.replica

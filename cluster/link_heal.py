@@ -47,6 +47,7 @@ class LinkDownHealer:
     """Per replica: `on_report(host, report)` from its watch, for each signal report."""
 
     replica: "Replica"
+    enabled: bool = True  # off: a down link is only measured (a benchmark timing another trigger's heal)
     consecutive: int = 2
     retry_s: float = 60.0
     clock: Callable[[], float] = time.monotonic
@@ -57,6 +58,8 @@ class LinkDownHealer:
     def on_report(self, host: str, rep: "HostReport") -> None:
         """On the serving loop: cheap for every report (a comparison per interface); a heal
         to plan goes to a worker thread (its fenced send is a blocking store transaction)."""
+        if not self.enabled:
+            return
         due: list[str] = []
         now = self.clock()
         for name, v in rep.interfaces.items():
