@@ -1,5 +1,7 @@
 """`policyc demo`: the end-to-end demo on the real data plane — Envoy, KServe model servers,
-policyc as the endpoint picker — beside the simulated cluster (see `demo/run.py`).
+policyc as the endpoint picker — on three network-namespace hosts, each with its own TPM
+and agent, where root and namespaces are available, else beside the simulated cluster
+(said in one line; see `demo/run.py`).
 
 Exit codes: 0 the scenario ran as described; 1 a step did not (the step says which).
 """

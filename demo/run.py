@@ -1,10 +1,13 @@
 """The end-to-end demo (`policyc demo`) on the real data plane.
 
 It compiles `policies/` (the demo is the one place outside the compiler's own commands
-that reads contract source: the runtime it starts reads the bundle only), serves the
-decision service on the simulated cluster, starts a small pool of real KServe model
-servers on loopback and registers them with their ONNX models and endpoints beside the
-simulated fleet, puts a real Envoy in front of them with policyc as its endpoint picker,
+that reads contract source: the runtime it starts reads the bundle only). Where root and
+network namespaces are available it runs on a fleet of namespace hosts, each with its TPM
+and its agent starting and registering the real model servers (`host_fleet.py`);
+elsewhere it says so in one line and serves the decision service on the simulated
+cluster, starts a small pool of real KServe model servers on loopback and registers them
+with their ONNX models and endpoints beside the simulated fleet. Either way it puts a real
+Envoy in front of them with policyc as its endpoint picker,
 and then plays the scenes as real HTTP/2 traffic through Envoy: real inference answers,
 refusals with their reasons, a congestion event that moves traffic, a request stalled on
 its model server broken at its budget and answered by the backup's simplified variant;
