@@ -308,4 +308,6 @@ def discover_hardware(site: Site = Site(), *, sys_root: str = "/sys", dev_root: 
     for k, v in (("region", site.region), ("zone", site.zone), ("hardware_firewall", site.hardware_firewall)):
         if v is not None:
             sources[f"site.{k}"] = "the operator: the agent's configuration ([agent] table or --" + k.replace("_", "-") + ")"
-    return Hardware(gpus, cuda, numa, rdma, nvme, security, site, sources, tuple(notes))
+    # bounded as a reader bounds them (`from_json`), so what is published reads back equal
+    return Hardware(gpus, cuda, numa, rdma, nvme, security, site, {k: v[:256] for k, v in sources.items()},
+                    tuple(n[:256] for n in notes[:16]))
