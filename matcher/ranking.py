@@ -355,20 +355,21 @@ class ScoreTiers:
         slot) entries; the members of a group must share its -score."""
         entries = sorted(entries)
         self.bulk_sorted(np.array([e[0] for e in entries], dtype=np.float64), [e[1] for e in entries],
-                         [e[2] for e in entries], np.array([e[3] for e in entries], dtype=np.int64))
+                         [e[2] for e in entries], [e[3] for e in entries])
 
-    def bulk_sorted(self, negs: np.ndarray, names: list[Hashable], ids: list[str], slots: np.ndarray) -> None:
+    def bulk_sorted(self, negs: np.ndarray, names: list[Hashable], ids: list[str], slot_list: list[int]) -> None:
         """`bulk` from columns already in the order (-score, group name, instance id): the
         registry's build sorts a million entries with numpy on the names' parts (a Python
         sort of the tuples alone took ~1 s there). What is per instance is made by whole
         columns (the dicts by `zip`, the slot arrays by fancy indexing); only the groups
         are made one by one. A group's members must be adjacent and share its -score
-        (ValueError otherwise, naming the group)."""
+        (ValueError otherwise, naming the group). `slot_list`: Python ints, kept as they
+        are (the registry's own: a million more int objects would be 32 MB)."""
         n = len(names)
-        if not (len(negs) == len(ids) == len(slots) == n):
+        if not (len(negs) == len(ids) == len(slot_list) == n):
             raise ValueError("bulk_sorted: columns of different lengths")
         neg_list = negs.tolist()
-        slot_list = slots.tolist()
+        slots = np.array(slot_list, dtype=np.int64)
         if n:
             starts_mask = np.ones(n, dtype=bool)
             starts_mask[1:] = np.fromiter(map(ne, names[1:], names[:-1]), dtype=bool, count=n - 1)

@@ -142,6 +142,12 @@ def _score_order(negs: np.ndarray, parts: tuple[Sequence[str], ...], ids: Sequen
     return order
 
 
+def _gather(items: Sequence, order: np.ndarray) -> list:
+    """`[items[i] for i in order]` by numpy (no Python int per position: a million of them
+    would outlive the build in the allocator's arenas)."""
+    return np.fromiter(items, dtype=object, count=len(items))[order].tolist()  # type: ignore[no-any-return]
+
+
 def _gpu_group(instance: Instance) -> tuple[str, str, str]:
     """What a placer chooses between, and what carries a score: a model on a GPU."""
     d = instance.deployment
@@ -549,9 +555,7 @@ class Registry:
         self._row_of = dict(zip(batch.ids, map(ix.rows.rows.__getitem__, slot_list)))
         negs = -np.fromiter(map(gscore.__getitem__, names), dtype=np.float64, count=n)
         order = _score_order(negs, (batch.models, hosts, batch.strs["gpu"]), batch.ids)
-        pick = order.tolist()
-        self._tiers.bulk_sorted(negs[order], list(map(names.__getitem__, pick)), list(map(batch.ids.__getitem__, pick)),
-                                slots[order])
+        self._tiers.bulk_sorted(negs[order], _gather(names, order), _gather(batch.ids, order), _gather(slot_list, order))
 
     def remove(self, instance_id: str) -> None:
         with self._write, self._read:
