@@ -139,20 +139,6 @@ def _unshape(fleet: NetnsFleet, host: str) -> None:
     fleet.unshape_uplink(host)
 
 
-def _data_link(fleet: NetnsFleet, host: str) -> str:
-    """A second cable for `host`: `data0` in its namespace, its peer on the bridge (the agent's
-    etcd traffic stays on eth0); returns the peer's name in the root namespace."""
-    ns = fleet.hosts[host].netns
-    peer = f"pd{ns[-6:].replace('-', '')}"
-    for argv in (["link", "add", peer, "type", "veth", "peer", "name", f"{peer}n"], ["link", "set", f"{peer}n", "netns", ns],
-                 ["-n", ns, "link", "set", f"{peer}n", "name", "data0"], ["-n", ns, "link", "set", "data0", "up"],
-                 ["link", "set", peer, "master", fleet.bridge], ["link", "set", peer, "up"]):
-        out = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=20)
-        if out.returncode != 0:
-            raise SystemExit(f"ip {' '.join(argv)}: {out.stderr}")
-    return peer
-
-
 def _register_per_host(stub, rec, fleet) -> None:  # type: ignore[no-untyped-def]
     """One recommender instance per namespace host, its endpoint on that host's own address."""
     for h in HOSTS:
@@ -170,7 +156,12 @@ def _heal_rounds(bundle, fleet: NetnsFleet, etcd: LocalEtcd, rounds: int) -> Non
     from policyc.server.config import SelfHeal
 
     url = f"http://{fleet.gateway}:{etcd.members[0].client_port}"
-    peers = [_data_link(fleet, h) for h in HOSTS]
+    peers = []
+    for h in HOSTS:  # a second cable per host, `data0` (its etcd traffic stays on eth0)
+        try:
+            peers.append(fleet.add_link(h))
+        except NetnsError as e:
+            raise SystemExit(str(e)) from None
     heals: list[tuple[float, float]] = []
     try:
         for n in range(rounds):

@@ -93,6 +93,22 @@ class NetnsFleet:
     def run(self, host: str, argv: Sequence[str], **kw: Any) -> "subprocess.CompletedProcess[Any]":
         return subprocess.run(["ip", "netns", "exec", self.hosts[host].netns, *argv], **kw)
 
+    def add_link(self, host: str, name: str = "data0") -> str:
+        """A second cable for `host`: `name` in its namespace (up, no address), its peer a port
+        of the bridge, so the host's etcd traffic stays on eth0 as management traffic on its
+        own network; returns the peer's name in the root namespace (it goes with the fleet)."""
+        ns = self.hosts[host].netns
+        peer = f"pd{ns[-6:].replace('-', '')}"
+        for argv in (["link", "add", peer, "type", "veth", "peer", "name", f"{peer}n"], ["link", "set", f"{peer}n", "netns", ns],
+                     ["-n", ns, "link", "set", f"{peer}n", "name", name], ["-n", ns, "link", "set", name, "up"],
+                     ["link", "set", peer, "master", self.bridge], ["link", "set", peer, "up"]):
+            _ip(*argv)
+        return peer
+
+    def set_link(self, host: str, name: str, *, up: bool) -> None:
+        """Take `host`'s interface `name` down (a failed link) or up, inside its namespace."""
+        _ip("-n", self.hosts[host].netns, "link", "set", name, "up" if up else "down")
+
     def shape_uplink(self, host: str, *, rate: str = "1mbit", queue_bytes: int = 100_000,
                      spare_dports: Sequence[int] = ()) -> None:
         """A congested port: `host`'s eth0 egress shaped to `rate` (HTB) behind a byte fifo of

@@ -55,20 +55,6 @@ def _ip(*args: str) -> str:
     return out.stdout
 
 
-def _data_link(fleet: NetnsFleet, host: str) -> str:
-    """A second cable for `host`: `data0` in its namespace, its peer on the bridge (the agent's
-    etcd traffic stays on eth0, as management traffic on its own network)."""
-    ns = fleet.hosts[host].netns
-    peer = f"pd{ns[-6:].replace('-', '')}"
-    _ip("link", "add", peer, "type", "veth", "peer", "name", f"{peer}n")
-    _ip("link", "set", f"{peer}n", "netns", ns)
-    _ip("-n", ns, "link", "set", f"{peer}n", "name", "data0")
-    _ip("-n", ns, "link", "set", "data0", "up")
-    _ip("link", "set", peer, "master", fleet.bridge)
-    _ip("link", "set", peer, "up")
-    return peer
-
-
 def _state(fleet: NetnsFleet, host: str) -> str:
     got = json.loads(_ip("-n", fleet.hosts[host].netns, "-j", "link", "show", "data0"))[0]
     return "UP" if "UP" in got["flags"] else "DOWN"
@@ -78,7 +64,7 @@ def test_a_link_failure_on_host_b_is_healed_by_bs_agent_under_the_fencing_token(
     prefix = new_prefix()
     r0 = replica(bundle, fleet_etcd, "r0", prefix)
     url = f"http://{fleet.gateway}:{fleet_etcd.members[0].client_port}"
-    peer = _data_link(fleet, B)
+    peer = fleet.add_link(B)
     agents = {h: fleet.popen(h, [*POLICYC, "agent", "run", "--host", h, "--etcd", url, "--etcd-prefix", prefix],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in HOSTS}
     try:
