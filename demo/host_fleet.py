@@ -34,7 +34,9 @@ import grpc
 from policyc.cluster.config import FleetConfig
 from policyc.cluster.host_signals import backlog_fraction
 from policyc.cluster.netns_agents import PCRS, AgentFleet, NetnsError
+from policyc.cluster.link_heal import RULE as LINK_RULE
 from policyc.cluster.store import StoreError
+from policyc.enforcer.records import ActionRecord, Outcome
 from policyc.compiler.bundle import Bundle
 from policyc.modelserver.oip import InferenceStub, pb as oip
 from policyc.modelserver.specs import InstanceSpec, ServerSpec, ServingInstance
@@ -48,6 +50,8 @@ from .narration import DemoError, Narrator
 HTTP_PORT, GRPC_PORT = 8000, 9000  # per host: each host is its own network stack, so fixed ports never clash
 READY_TIMEOUT_S = 120.0  # five KServe processes importing on a loaded 2-core machine
 MOVE_TIMEOUT_S = 30.0
+DATA_LINK = "data0"
+LINK_TIMEOUT_S = 30.0
 SHAPED_RATE = "256kbit"
 FULL = 0.8  # the placer's port watermark limit (`Thresholds.max_port_watermark`): a fuller queue refuses its GPUs
 # a host's flood: UDP to the bridge's address (nothing listens; the packets queue on the shaped uplink first)
@@ -168,9 +172,14 @@ class HostFleet:
         except (RuntimeError, OSError, ValueError) as e:  # NetnsError, TpmError, etcd or swtpm that did not start
             raise DemoError(f"bringing up the hosts: {e}") from None
         f = self.hosts.fleet
+        try:  # the link-failure scene's cable, up before the host's agent first reports (it heals links it saw up)
+            f.add_link(self.names[-1], DATA_LINK)
+        except NetnsError as e:
+            raise DemoError(f"bringing up the hosts: {e}") from None
         self.say.say(f"{len(self.names)} hosts as network namespaces on bridge {f.bridge} ({f.network}; the root namespace "
                      f"is {f.gateway}), etcd on {self.hosts.etcd_url}, a software TPM (swtpm) inside each host with its "
-                     f"attestation key made there — {time.monotonic() - t:.1f} s")
+                     f"attestation key made there, a second link {DATA_LINK} on {self.names[-1]} — "
+                     f"{time.monotonic() - t:.1f} s")
         return FleetConfig(etcd=tuple(self.hosts.etcd.endpoints), name="demo", prefix=self.hosts.prefix, lease_ttl=5,
                            report_interval=0.5)
 
@@ -303,6 +312,40 @@ class HostFleet:
             flood.terminate()
             flood.wait(10)
             fleet.unshape_uplink(host)
+
+    # ------------------------------------------------------------------ the link-failure scene
+    def link_failure(self, server: DecisionServer) -> str:
+        """Take the second link of the last host down inside its namespace; its agent measures
+        it down, the fenced leader plans the heal and sends it to that host's agent, which
+        answers (dry run, the default: what it would do). Then the cable is put back. Returns
+        the host."""
+        assert self.hosts is not None and server.actions is not None
+        host, records = self.names[-1], server.actions.memory.records
+        seen = len(records)
+        self.hosts.fleet.set_link(host, DATA_LINK, up=False)
+        t0 = time.monotonic()
+        self.say.say(f"\n  event: {host}'s link {DATA_LINK} taken down inside its namespace (its eth0, the management "
+                     "network, stays up)")
+
+        def answered() -> list[ActionRecord]:
+            return [r for r in list(records)[seen:] if r.source == f"agent {host}"]
+        try:
+            while not answered():
+                if time.monotonic() - t0 > LINK_TIMEOUT_S:
+                    raise DemoError(f"no heal of {host}/{DATA_LINK} reached its agent within {LINK_TIMEOUT_S:g} s")
+                time.sleep(0.05)
+            new = list(records)[seen:]
+            here = [r for r in new if r.source == "executor" and r.rule == LINK_RULE and r.outcome is not Outcome.OBSERVED]
+            if here:  # run (or dry-run) by the decision service's executor itself, not sent to the host
+                raise DemoError(f"the heal of {host}/{DATA_LINK} ran on the decision service's machine: {here[0].detail}")
+            for r in new:
+                if r.rule == LINK_RULE or r.source == f"agent {host}":
+                    self.say.say(f"  action: {r.kind.value:<15} {r.target:<24} {r.outcome.value:<8} {r.detail} (source: {r.source})")
+            self.say.say(f"  {host}'s agent answered {time.monotonic() - t0:.2f} s after the link went down; the decision "
+                         "service's own machine ran nothing")
+        finally:
+            self.hosts.fleet.set_link(host, DATA_LINK, up=True)  # dry run left it down: the operator puts the cable back
+        return host
 
     @staticmethod
     def fill(server: DecisionServer, host: str) -> float:

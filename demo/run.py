@@ -187,6 +187,9 @@ class Demo:
                     self._budget_break(traffic, gateway, pool, real, server)
                 finally:
                     traffic.close()
+                self.say.head(f"a link fails on {hosts.names[-1]}: the heal goes to that host's own agent, under the "
+                              "leader's fencing token (dry run)")
+                hosts.link_failure(server)
                 self._decision_api(stub, server, on_hosts=True)
         finally:
             if gateway is not None:

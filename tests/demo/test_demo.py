@@ -67,6 +67,9 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
         "(backup) → 10.", "registered by host-", "(simulated topology: a namespace has no GPU)",
         "uplink eth0 shaped with tc", "'s agent measured its eth0 queue", "Explain: not host-",
         "reports its queue empty again after", "hosts torn down: agents and their model servers, TPMs, etcd, namespaces",
+        # a link fails on a host: the fenced leader sends the heal to that host's agent, which answers (dry run)
+        "'s agent measured data0 down (operstate)", "sent to host-", "would take data0 down and up in host",
+        "(source: agent host-", "the decision service's own machine ran nothing",
     ) if on_hosts else (
         "(backup) → 127.0.0.1:", "pinned at 89 % watermark",
     )) + (
