@@ -15,7 +15,9 @@ from typing import Mapping, Sequence, cast
 from policyc.compiler.bundle import Bundle, Scalar
 
 from .errors import AdmissionError
-from .instance import Instance, admission_problems, deployment_attributes
+from policyc.compiler.meaning import contract_attributes
+
+from .instance import Instance, admission_problems, deployment_facts
 
 # the deployment facts admission and attributes read, besides the model (host and NUMA node
 # apart: admission reads neither, and the attributes take them as they are)
@@ -50,13 +52,17 @@ class AdmissionCache:
     Each signature gets a small code (`code`), so a registry can keep one int per instance
     and rebuild its attributes from it (`row`) instead of keeping a dict per instance."""
 
-    __slots__ = ("bundle", "_code", "_verdicts", "_label_names")
+    __slots__ = ("bundle", "_code", "_verdicts", "_label_names", "_contract_parts")
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
         self._code: dict[Signature, int] = {}
         self._verdicts: list[tuple[tuple[str, ...], dict[str, Scalar] | None]] = []
         self._label_names: dict[str, str] = {}  # label key -> attribute name, built once
+        # model -> its contract's attributes as `instance_attributes` places them: (model and
+        # version, first; the rest, after the deployment's facts), made once per model (a
+        # million-instance fleet has ~10 signatures a model)
+        self._contract_parts: dict[str, tuple[dict[str, Scalar], dict[str, Scalar]]] = {}
 
     def attributes(self, inst: Instance) -> dict[str, Scalar]:
         """The instance's attribute view (a fresh dict), or `AdmissionError` naming it."""
@@ -129,6 +135,16 @@ class AdmissionCache:
         problems = admission_problems(inst, self.bundle)
         if problems:
             return tuple(problems), None
-        contract = self.bundle.contract(inst.model)
-        assert contract is not None  # admission refuses unknown models
-        return (), deployment_attributes(inst.deployment, contract, self.bundle)
+        parts = self._contract_parts.get(inst.model)
+        if parts is None:
+            contract = self.bundle.contract(inst.model)
+            assert contract is not None  # admission refuses unknown models
+            rest = contract_attributes(contract)
+            head = {"model": rest.pop("model"), "version": rest.pop("version")}
+            parts = self._contract_parts[inst.model] = (head, rest)
+        head, rest = parts
+        # `instance_attributes(contract, facts)`: model and version, the facts, the rest
+        attrs = head.copy()
+        attrs.update(deployment_facts(inst.deployment, self.bundle))
+        attrs.update(rest)
+        return (), attrs

@@ -121,8 +121,13 @@ def attributes(instance: Instance, contract: Contract, bundle: Bundle) -> dict[s
 def deployment_attributes(d: Deployment, contract: Contract, bundle: Bundle,
                           labels: dict[str, str] | None = None) -> dict[str, Scalar]:
     """`attributes` of an instance with this deployment and these labels."""
+    return instance_attributes(contract, deployment_facts(d, bundle), labels)
+
+
+def deployment_facts(d: Deployment, bundle: Bundle) -> dict[str, Scalar]:
+    """The deployment's own attributes (`attributes` adds the contract's and the labels)."""
     gpu = bundle.gpu(d.gpu_model)
-    facts: dict[str, Scalar] = {
+    return {
         "region": d.region,
         "gpu_model": d.gpu_model,
         "gpu_arch": gpu.arch if gpu else "unknown",
@@ -134,4 +139,3 @@ def deployment_attributes(d: Deployment, contract: Contract, bundle: Bundle,
         "numa_node": float(d.numa_node),
         "session_state": d.session_state,
     }
-    return instance_attributes(contract, facts, labels)
