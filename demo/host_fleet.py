@@ -303,7 +303,10 @@ class HostFleet:
                     told = [ln.strip() for ln in stub.Explain(req, timeout=30).narrative]
                     chosen = next((ln.rsplit(" on ", 1)[1] for ln in told if ln.startswith("admitted: ")), "")
                     if chosen and not chosen.startswith(f"{host}/"):
-                        while_shaped(time.monotonic() - t0, fill, [ln for ln in told if ln.startswith(f"not {host}/")])
+                        # the placer's choice, and what it says of the shaped host's GPUs (refused by the measured
+                        # backlog; or not among the candidates at all, their score already lowered by it)
+                        while_shaped(time.monotonic() - t0, fill,
+                                     [ln for ln in told if ln.startswith("placer: chose") or f"{host}/" in ln])
                         return
                 time.sleep(0.1)
             raise DemoError(f"placements did not move off {host} within {MOVE_TIMEOUT_S:g} s of shaping its uplink "

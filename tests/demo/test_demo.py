@@ -65,7 +65,7 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
         # model servers on its host's address; the congestion a real tc shaping of one uplink, measured by its agent
         "operator: `policyc agent enroll --host host-", "TPM attested — quote over PCRs 0,1,2,7 verified by replica",
         "(backup) → 10.", "registered by host-", "(simulated topology: a namespace has no GPU)",
-        "uplink eth0 shaped with tc", "'s agent measured its eth0 queue", "Explain: not host-",
+        "uplink eth0 shaped with tc", "'s agent measured its eth0 queue", "Explain: placer: chose host-",
         "reports its queue empty again after", "hosts torn down: agents and their model servers, TPMs, etcd, namespaces",
         # a link fails on a host: the fenced leader sends the heal to that host's agent, which answers (dry run)
         "'s agent measured data0 down (operstate)", "sent to host-", "would take data0 down and up in host",
@@ -104,6 +104,9 @@ def test_demo_runs_end_to_end(demo: DemoRun) -> None:
         "audit, the streamed chat: prompt", "audit, the retried stream: prompt", "LLM scene:", "vLLM stopped",
     ):
         assert expected in text, expected
+    if on_hosts:  # the placement left the shaped host once its agent measured the queue over the placer's 80 % limit
+        queue = re.search(r"'s agent measured its eth0 queue (\d+)% full", text)
+        assert queue and int(queue[1]) >= 80, text[-3000:]
     stream = re.search(r"(\d+) events streamed, the first after (\d+) ms, \[DONE\] after (\d+) ms; usage (\d+) prompt \+ "
                        r"(\d+) completion tokens", text)
     assert stream and int(stream[5]) == 48 and int(stream[2]) <= int(stream[3]), text[-3000:]
