@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO.parent))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from agent import HOSTS, _agents, _data_link, _stop  # noqa: E402
+from agent import HOSTS, _agents, _stop  # noqa: E402
 
 from policyc.cluster.config import FleetConfig  # noqa: E402
 from policyc.cluster.link_heal import RULE  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
     fleet = NetnsFleet.create(HOSTS)
     etcd = LocalEtcd.start(1, also_listen=fleet.gateway)
     url = f"http://{fleet.gateway}:{etcd.members[0].client_port}"
-    peers = [_data_link(fleet, h) for h in HOSTS]
+    peers = [fleet.add_link(h) for h in HOSTS]  # a second cable per host, `data0`
     totals: list[float] = []
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
     try:
@@ -79,7 +79,7 @@ def main() -> None:
                 records = th.server.actions.memory.records
                 b = HOSTS[n % len(HOSTS)]
                 ns = fleet.hosts[b].netns
-                subprocess.run(["ip", "-n", ns, "link", "set", "data0", "down"], check=True, timeout=20)
+                fleet.set_link(b, "data0", up=False)
                 t0 = time.monotonic()
                 seen = planned = done = up = None
                 token = 0
