@@ -51,17 +51,28 @@ def config(url: str, args: argparse.Namespace, out: Path) -> str:
         "server": {"type": "vllm", "model_name": slo.MODEL, "base_url": url, "ignore_eos": True},
         "tokenizer": {"pretrained_model_name_or_path": str(TOKENIZER)},
         "report": {"request_lifecycle": {"summary": True, "per_stage": False, "per_request": False,
-                                         "percentiles": [50, 90, 99]}},
+                                         "percentiles": [50, 90, 99]},
+                   # its SLO attainment ("goodput_percentage"): the share of requests whose TTFT met the SLO
+                   "goodput": {"constraints": {"ttft": args.slo_ms / 1000}}},
         "storage": {"local_storage": {"path": str(out)}},
     })
 
 
 def summary(out: Path) -> dict[str, Any]:
-    """The figures of inference-perf's summary report that this benchmark compares."""
+    """The figures of inference-perf's summary report that this benchmark compares (its whole
+    report stays under `out`)."""
     found = sorted(out.rglob("summary_lifecycle_metrics.json"))
     if not found:
         raise RuntimeError(f"inference-perf wrote no summary_lifecycle_metrics.json under {out}")
-    return json.loads(found[-1].read_text())
+    s = json.loads(found[-1].read_text())
+    ok = s.get("successes") or {}
+    ttft = (ok.get("latency") or {}).get("time_to_first_token") or {}
+    good = ok.get("goodput_metrics") or {}
+    return {"requests": (s.get("load_summary") or {}).get("count"), "succeeded": ok.get("count"),
+            "failed": (s.get("failures") or {}).get("count"),
+            "slo_attainment_pct": good.get("goodput_percentage"), "goodput_rps": good.get("request_goodput"),
+            "ttft_ms": {q: round(1e3 * ttft[k], 1) for q, k in (("p50", "median"), ("p90", "p90"), ("p99", "p99")) if k in ttft},
+            "output_tok_s": (ok.get("throughput") or {}).get("output_tokens_per_sec"), "report": str(found[-1])}
 
 
 def main() -> int:
