@@ -313,8 +313,10 @@ class Demo:
         moved: list[str] = []
 
         def while_shaped(seconds: float, fill: float, why: list[str]) -> None:
-            self.say.say(f"  {host}'s agent measured its eth0 queue {fill:.0%} full (root qdisc backlog over its limit, "
-                         f"published every tick); placements moved off {host} {seconds * 1e3:.0f} ms after the tc command")
+            self.say.say(f"  placements moved off {host} {seconds * 1e3:.0f} ms after the tc command; {host}'s agent measured "
+                         f"its eth0 queue {fill:.0%} full in its latest report (root qdisc backlog over its limit, published "
+                         "every tick; the placer's last tick may have read an earlier, emptier one: a partly full queue "
+                         "adds its buffer delay to the prediction, over 80 % refuses the host)")
             for line in why:
                 self.say.say(f"  Explain: {line}")
             after = t.send("after", CONGESTED).answer
