@@ -316,6 +316,25 @@ class RealPool:
             raise
         self.endpoints = [srv.endpoint for srv in self.servers]
         self._base = [0.0] * n
+        asyncio.run(self._warm())
+
+    async def _warm(self, each: int = 24) -> None:
+        """Requests of the trace's shapes straight to every server before any router: a fresh
+        vLLM's first requests are slow (its first forward passes of each shape), and the
+        router that came first would pay for it (and its lifetime TTFT histogram keep it)."""
+        import aiohttp
+
+        rng = random.Random(7)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+            async def one(endpoint: str, body: dict[str, Any]) -> None:
+                async with session.post(f"http://{endpoint}/v1/chat/completions", json=body) as r:
+                    await r.read()
+
+            for e in self.endpoints:
+                for _ in range(0, each, 4):
+                    await asyncio.gather(*(one(e, {"model": MODEL, "max_tokens": 16, "messages": [
+                        {"role": "user", "content": _text(rng, rng.choice((100, 600, 1500, 2000)))}]}) for _ in range(4)))
 
     def fresh(self) -> "RealPool":
         """Empty every server's prefix cache and count served requests from now."""
