@@ -402,15 +402,18 @@ class Registry:
     def admits(self, request: Request, instance_id: str) -> bool:
         """Whether this one instance may serve the request, read off its own row: the
         rules that apply (memoised by request shape), a kept requirement by one bitmap
-        probe, the others on the row's attributes (`FleetIndex.check_for`). No plan and no
+        probe, the others on the row's attributes (`FleetIndex.admits_row`). No plan and no
         candidate set is made for one instance. `UnknownInstanceError` for an id not
         registered."""
-        with self._read:
+        lock = self._read  # acquire / release by name: `with` makes two bound methods a call
+        lock.acquire()
+        try:
             row = self._row_of.get(instance_id)
             if row is None:
                 raise UnknownInstanceError(instance_id)
-            vars = request.vars
-            return self._index.check_for(vars)(row, vars)
+            return self._index.admits_row(row, request.vars)
+        finally:
+            lock.release()
 
     def explain(self, request: Request) -> Explanation:
         """Per rule and per predicate, how much of the fleet each eliminated."""
