@@ -197,6 +197,17 @@ async def _start_noop(endpoints: tuple[str, ...], unix_socket: str):  # type: ig
     return server, port
 
 
+def _pick_parts(picker: object, placer: object, audit: object):  # type: ignore[no-untyped-def]
+    """`pick_parts.PickParts` on the live picker (loaded by path: this folder is off sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pick_parts", Path(__file__).resolve().parent / "pick_parts.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.PickParts(picker, placer, audit)
+
+
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -362,6 +373,10 @@ def main() -> int:
                          "of tracing switched on for requests that are not traced)")
     ap.add_argument("--otlp-sampling", type=float, default=100.0, metavar="PERCENT",
                     help="with --otlp: the share of requests Envoy samples (`policyc gateway --otlp-sampling`; default 100)")
+    ap.add_argument("--parts", action="store_true",
+                    help="also where the picker's CPU goes, as thread CPU on the serving loop inside the real path: the "
+                         "pick, the placer's place and the audit record within it, against the loop and the process "
+                         "(benchmarks/pick_parts.py)")
     ap.add_argument("--lag", type=int, default=0, metavar="N",
                     help="instead: N requests stalled on their primary (broken at the budget, answered by the backup), "
                          "one a second, through the test rig's gateway; prints how long after the break the acts were "
@@ -462,6 +477,7 @@ def main() -> int:
             targets[mode] = listen
         phases = [int(c) for c in args.concurrency.split(",")]
         prof = cProfile.Profile(time.thread_time) if args.profile else None
+        parts = _pick_parts(picker.picker, getattr(server.engine, "placer", None), server.audit) if args.parts else None
         client = args.client
         if client == "h2load" and shutil.which("h2load") is None:
             raise SystemExit("benchmarks/gateway.py: `h2load` is not installed (Debian: apt-get install nghttp2-client, "
@@ -498,6 +514,7 @@ def main() -> int:
             records = dict.fromkeys(targets, 0)
             sink_cpu = dict.fromkeys(targets, 0.0)  # `--otlp`: the OTLP receiver's (a collector elsewhere: not counted above)
             loop_cpu = dict.fromkeys(targets, 0.0)  # the serving loop's thread (the pickers' and the no-op's coroutines)
+            parts_at = parts.snapshot() if parts is not None else None
             for _ in range(args.rounds):
                 for (mode, target), envoy in zip(targets.items(), envoys):
                     c0, w0, e0, t0 = _cpu_sum(pols), _cpu_sum(others), _cpu_s(envoy.pid or 0), time.perf_counter()
@@ -550,6 +567,10 @@ def main() -> int:
                 return f"{statistics.median(xs):.2f} x (rounds {xs[0]:.2f}-{xs[-1]:.2f})"
 
             print(f"  concurrency {conc:>2}: round by round, policyc {paired('policyc')}, no-op {paired('no-op ext_proc')}")
+            if parts is not None and parts_at is not None:
+                print(f"  concurrency {conc:>2}: " + parts.line(
+                    parts_at, parts.snapshot(), served["policyc"], loop_cpu["policyc"], cpu["policyc"][0], cpu["policyc"][4],
+                    loop_cpu["no-op ext_proc"], cpu["no-op ext_proc"][0], served["no-op ext_proc"]))
             if args.otlp:  # the traced gateway against the untraced one, round by round
                 xs = sorted((len(a[0]) / a[2]) / (len(b[0]) / b[2]) for a, b in zip(res["policyc traced"], res["policyc"]))
                 print(f"  concurrency {conc:>2}: tracing on: {statistics.median(xs):.2f} x the untraced policyc gateway's "

@@ -1,0 +1,86 @@
+"""Where the picker's CPU goes, measured on the serving loop's own thread in the real path.
+
+`benchmarks/gateway.py --parts` wraps three calls of the live picker (on their instances, so
+grpc, Envoy and the decision service run unchanged): the whole pick
+(`EndpointPicker._request_headers`), the placer's `Placer.place` inside it, and the audit
+record's encode and hand-off (`AuditBridge.record`). Each wrapper adds the calling thread's
+CPU time (`time.thread_time`) spent inside the call to its total. Unlike cProfile's shares
+(whose per-call overhead inflates many-small-call code about twice), these are the thread's
+own CPU seconds; the wrappers' own cost (two clock reads each, ~0.3 us) is inside the outer
+figures. With the serving loop's thread and the picker process, the rest is the ext_proc
+hop (grpc's per-stream work) and the process's other threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+
+class Part:
+    """One wrapped call: CPU seconds on the calling thread inside it, and how many calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cpu_s = 0.0
+        self.calls = 0
+
+    def wrap_sync(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*a: Any, **k: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.cpu_s += time.thread_time() - c0
+                self.calls += 1
+        return timed
+
+    def wrap_async(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A coroutine function whose hot path never awaits (the pick: it awaits only for a new
+        shape's feasibility or a sync-mode audit record: a pick that awaits also counts what
+        other coroutines ran meanwhile, a few picks of a run, its first of each shape)."""
+        @functools.wraps(fn)
+        async def timed(*a: Any, **k: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return await fn(*a, **k)
+            finally:
+                self.cpu_s += time.thread_time() - c0
+                self.calls += 1
+        return timed
+
+
+class PickParts:
+    """The three parts of one picker, installed on its instances."""
+
+    def __init__(self, picker: Any, placer: Any | None, audit: Any | None) -> None:
+        self.pick, self.place, self.audit = Part("pick"), Part("place"), Part("audit record")
+        picker._request_headers = self.pick.wrap_async(picker._request_headers)
+        if placer is not None:
+            placer.place = self.place.wrap_sync(placer.place)
+        if audit is not None:
+            audit.record = self.audit.wrap_sync(audit.record)
+
+    def snapshot(self) -> tuple[float, float, float, int]:
+        """(pick, place, audit record) CPU seconds and the picks so far."""
+        return self.pick.cpu_s, self.place.cpu_s, self.audit.cpu_s, self.pick.calls
+
+    @staticmethod
+    def line(before: tuple[float, float, float, int], after: tuple[float, float, float, int], requests: int,
+             loop_s: float, process_s: float, writer_s: float, noop_loop_s: float, noop_process_s: float,
+             noop_requests: int) -> str:
+        """The parts per request between two snapshots, against the no-op ext_proc server's
+        loop and process in the same rounds."""
+        n = max(after[3] - before[3], 1)
+        pick, place, audit = ((after[i] - before[i]) / n * 1e6 for i in range(3))
+        r, nr = max(requests, 1), max(noop_requests, 1)
+        loop, proc, writer = loop_s / r * 1e6, process_s / r * 1e6, writer_s / r * 1e6
+        noop_loop, noop_proc = noop_loop_s / nr * 1e6, noop_process_s / nr * 1e6
+        return (f"thread CPU per pick (serving loop, {n} picks): the pick {pick:.0f} us, of which the placer's place "
+                f"{place:.0f} us and the audit record's encode and hand-off {audit:.0f} us, the rest of the pick "
+                f"{pick - place - audit:.0f} us; the serving loop's thread {loop:.0f} us a request (no-op {noop_loop:.0f}), "
+                f"so outside the pick {loop - pick:.0f} us (the ext_proc hop, refresher steps); the picker process but the "
+                f"writer {proc - writer:.0f} us (no-op {noop_proc:.0f}), its other threads {proc - writer - loop:.0f} us; "
+                f"the audit writer {writer:.0f} us")
