@@ -67,6 +67,11 @@ class Collections:
         self._started: dict[int, float] = {}
         gc.callbacks.append(self._hook)
 
+    def close(self) -> None:
+        """Stop counting (the hook out of `gc.callbacks`)."""
+        if self._hook in gc.callbacks:
+            gc.callbacks.remove(self._hook)
+
     def _hook(self, phase: str, info: dict[str, int]) -> None:
         me = threading.get_ident()
         if phase == "start":
