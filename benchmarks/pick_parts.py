@@ -8,8 +8,11 @@ record's encode and hand-off (`AuditBridge.record`); the pick less the decision 
 the gateway's own request path (header view, shape key, plan, answer bytes, in-flight count). Each wrapper adds the calling thread's
 CPU time (`time.thread_time`) spent inside the call to its total. Unlike cProfile's shares
 (whose per-call overhead inflates many-small-call code about twice), these are the thread's
-own CPU seconds; the wrappers' own cost (two clock reads each, ~0.3 us) is inside the outer
-figures. With the serving loop's thread and the picker process, the rest is the ext_proc
+own CPU seconds. The wrappers cost something: `time.thread_time` is a system call here
+(~0.45 us in a hot loop) and a wrapped call reads ~1.5-3 us more in the real path (a call of
+0.09 us in a hot loop read 3.2 us wrapped), so an outer figure holds its inner wrappers' cost
+(the pick ~6-10 us of them) and the process's CPU per request the same: compare `--parts`
+runs with `--parts` runs. With the serving loop's thread and the picker process, the rest is the ext_proc
 hop (grpc's per-stream work) and the process's other threads.
 """
 
