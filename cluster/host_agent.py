@@ -125,7 +125,11 @@ class HostAgent:
         if self.ticker is not None:
             self._wake, self._loop = asyncio.Event(), loop
             self._publisher = loop.create_task(self._publishing())
-            await asyncio.to_thread(self.ticker.start)  # IsolationError: the flags could not be applied
+            try:
+                await asyncio.to_thread(self.ticker.start)  # IsolationError: the flags could not be applied
+            except BaseException:  # what started above stops, and the host's lease is revoked: no half agent left
+                await self.stop()
+                raise
 
     async def stop(self) -> None:
         if self.ticker is not None:

@@ -72,7 +72,8 @@ class Ticker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="policyc-agent-signals", daemon=True)
         self._thread.start()
-        self._ready.wait(10)
+        if not self._ready.wait(60):  # a loaded machine's thread start; never an agent that runs unisolated unsaid
+            raise IsolationError("the signal collector's thread did not start within 60 s")
         if self._failed is not None:
             raise self._failed
 

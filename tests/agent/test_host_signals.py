@@ -277,13 +277,13 @@ def test_agent_flags_are_checked(tmp_path) -> None:  # type: ignore[no-untyped-d
     base = [*POLICYC, "agent", "run", "--host", "host-0002", "--etcd", "http://127.0.0.1:9"]
     for extra, words in ((["--cpus", "x-y"], "is not a CPU number"), (["--sched-fifo", "120"], "1..99"),
                          (["--model-server", "vllm"], "NAME=PID"), (["--signal-period", "0.001"], "between 0.01 and 60 s")):
-        out = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=240)
         assert out.returncode == 2 and words in out.stderr, out.stderr
     # a CPU that is not there: the agent does not run unisolated
     etcd = LocalEtcd.start(1)
     try:
         out = subprocess.run([*POLICYC, "agent", "run", "--host", "host-0002", "--etcd", etcd.endpoints[0],
-                              "--cpus", str((os.cpu_count() or 1) + 64)], capture_output=True, text=True, timeout=60)
+                              "--cpus", str((os.cpu_count() or 1) + 64)], capture_output=True, text=True, timeout=240)
         assert out.returncode == 2 and "could not apply --cpus" in out.stderr, out.stderr
         # isolated: every thread of the agent SCHED_FIFO on CPU 0, and it reports its own period and jitter
         store_prefix = new_prefix()
