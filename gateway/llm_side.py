@@ -70,7 +70,7 @@ class LlmSide:
             return None
 
     def start(self) -> LlmRoutes:
-        port = self.thread.call(self.server.start())
+        port = self.server.start_thread()  # its own loop: chunks do not queue ahead of picks
         self.routes = LlmRoutes(max_body_bytes=self.options.max_body_bytes, body_timeout_ms=self.options.body_timeout_ms,
                                 eds_path_http1=str(self.eds_path), supervisor=f"127.0.0.1:{port}")
         return self.routes
@@ -81,7 +81,7 @@ class LlmSide:
         os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
 
     def stop(self) -> None:
-        self.thread.call(self.server.stop())
+        self.server.stop_thread()
 
 
 def parse_tokenizer_option(text: str) -> tuple[str, Path]:
