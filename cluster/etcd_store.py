@@ -130,14 +130,17 @@ class EtcdStore:
             self._sync.close()
             self._sync = None
 
-    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]], read: bool = False) -> T:
+        """`call` again while etcd's failure is transient, until `op_timeout`. A read is
+        also tried again after a call deadline (a loaded or just-resumed cluster); a write
+        is not: its deadline leaves the outcome unknown, which the caller must settle."""
         deadline = time.monotonic() + self.op_timeout
         pause = 0.02
         while True:
             try:
                 return await call()
             except (aetcd.ClientError, rpc.AioRpcError) as e:
-                if not _transient(e):
+                if not (_transient(e) or read and "deadline" in _say(e).lower()):
                     kind = StoreRefused if _refusal(e) else StoreError
                     raise kind(f"{self.description}: {what}: {_say(e)}") from None
                 if time.monotonic() + pause > deadline:
@@ -146,7 +149,7 @@ class EtcdStore:
             pause = min(pause * 2, 0.25)
 
     async def get(self, key: str) -> Entry | None:
-        got = await self._retry(f"get {key}", lambda: self._client.get(key.encode()))
+        got = await self._retry(f"get {key}", lambda: self._client.get(key.encode()), read=True)
         return None if got is None else _entry(got)
 
     async def read_prefix(self, prefix: str) -> Snapshot:
@@ -174,7 +177,7 @@ class EtcdStore:
                 if not resp.more or not resp.kvs:
                     return Snapshot(tuple(_entry(kv) for kv in kvs), revision)
                 key = resp.kvs[-1].key + b"\0"
-        return await self._retry(f"read {prefix}", call)
+        return await self._retry(f"read {prefix}", call, read=True)
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         r = await self._retry(f"put {key}", lambda: self._client.put(key.encode(), value, lease=lease or None))
