@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Callable
 
 DEFAULT_S = 0.05
 BOUNDS_S = (0.005, 60.0)
@@ -16,26 +17,23 @@ DEFAULT_BUDGET = 200.0  # placer/metrics_scraper.py DEFAULT_MAX_SCRAPES_PER_S (a
 BUDGET_BOUNDS = (1.0, 1e6)
 
 
-def _interval(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"`{text}` is not a number of seconds") from None
-    lo, hi = BOUNDS_S
-    if not (math.isfinite(v) and lo <= v <= hi):
-        raise argparse.ArgumentTypeError(f"{text} s: expected seconds in [{lo:g}, {hi:g}]")
-    return v
+def _bounded(noun: str, unit: str, bounds: tuple[float, float]) -> Callable[[str], float]:
+    """An argparse type: a finite number within `bounds`, or an error naming the value."""
+    lo, hi = bounds
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"`{text}` is not a number of {noun}") from None
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise argparse.ArgumentTypeError(f"{text} {unit}: expected a number in [{lo:g}, {hi:g}]")
+        return v
+    return parse
 
 
-def _budget(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"`{text}` is not a number of scrapes a second") from None
-    lo, hi = BUDGET_BOUNDS
-    if not (math.isfinite(v) and lo <= v <= hi):
-        raise argparse.ArgumentTypeError(f"{text} scrapes/s: expected a number in [{lo:g}, {hi:g}]")
-    return v
+_interval = _bounded("seconds", "s", BOUNDS_S)
+_budget = _bounded("scrapes a second", "scrapes/s", BUDGET_BOUNDS)
 
 
 def add_scrape_flags(p: argparse.ArgumentParser) -> None:
