@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from policyc.server.app import ServerThread
+
 from .llm_pick import LlmPicks
 from .llm_routes import POOL_HTTP1_CLUSTER, LlmRoutes
 from .llm_stream import StreamSupervisor, SupervisorServer
 from .tokens import Tokenizers
 
 if TYPE_CHECKING:
-    from policyc.server.app import ServerThread
+    from policyc.server.app import DecisionServer
 
     from .server import PickerServer
 
@@ -42,7 +44,7 @@ def eds_document_http1(endpoints: tuple[str, ...] | list[str], version: str) -> 
 
 
 class LlmSide:
-    def __init__(self, thread: "ServerThread", picker: "PickerServer", workdir: Path, options: LlmOptions) -> None:
+    def __init__(self, thread: ServerThread[DecisionServer], picker: "PickerServer", workdir: Path, options: LlmOptions) -> None:
         self.thread = thread
         self.options = options
         self.eds_path = workdir / "pool-http1.json"
@@ -58,6 +60,7 @@ class LlmSide:
                                            self._gpu_model_of)
         self._picker, self._thread = picker, thread
         self.server = SupervisorServer(self.supervisor)
+        self.supervisor_thread = ServerThread(self.server, name="policyc-llm-supervisor")
         self.routes: LlmRoutes | None = None
 
     def _gpu_model_of(self, decision_id: str) -> str | None:
@@ -70,7 +73,7 @@ class LlmSide:
             return None
 
     def start(self) -> LlmRoutes:
-        port = self.server.start_thread()  # its own loop: chunks do not queue ahead of picks
+        port = self.supervisor_thread.start()  # its own loop: chunks do not queue ahead of picks
         self.routes = LlmRoutes(max_body_bytes=self.options.max_body_bytes, body_timeout_ms=self.options.body_timeout_ms,
                                 eds_path_http1=str(self.eds_path), supervisor=f"127.0.0.1:{port}")
         return self.routes
@@ -81,7 +84,7 @@ class LlmSide:
         os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
 
     def stop(self) -> None:
-        self.server.stop_thread()
+        self.supervisor_thread.stop()
 
 
 def parse_tokenizer_option(text: str) -> tuple[str, Path]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -420,45 +419,16 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
 class SupervisorServer:
     """The supervisor's own gRPC server (Envoy's upstream ext_proc filter calls it).
 
-    `start_thread` runs it on an event loop of its own, in its own thread (what the gateway
-    does): every body chunk of every supervised answer is a message here, and on the decision
-    server's loop the picks of new requests queued behind them. Measured on 2 real vLLM at
-    8 req/s (benchmarks/RESULTS.md): vLLM's own TTFT was the same under every router, and
-    policyc's extra TTFT was on this path. `start` / `stop` run it on the caller's loop."""
+    The gateway runs it on an event loop of its own thread (`server.app.ServerThread`, see
+    `llm_side.py`): every body chunk of every supervised answer is a message here, and on the
+    decision server's loop the picks of new requests queued behind them. Measured on 2 real
+    vLLM at 8 req/s (benchmarks/RESULTS.md): vLLM's own TTFT was the same under every router,
+    and policyc's extra TTFT was on this path."""
 
     def __init__(self, supervisor: StreamSupervisor, host: str = "127.0.0.1") -> None:
         self.supervisor = supervisor
         self.host = host
         self._server: grpc.aio.Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def start_thread(self, timeout: float = 30.0) -> int:
-        """Start the server on its own loop in a daemon thread; its port."""
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="policyc-llm-supervisor", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        try:
-            return asyncio.run_coroutine_threadsafe(self.start(), loop).result(timeout)
-        except BaseException:
-            self.stop_thread()
-            raise
-
-    def stop_thread(self, grace: float = 1.0, timeout: float = 30.0) -> None:
-        """Stop the server started by `start_thread`, then its loop and thread."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            if loop.is_running():
-                asyncio.run_coroutine_threadsafe(self.stop(grace), loop).result(timeout)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
-            if not thread.is_alive():
-                loop.close()
-            self._loop = self._thread = None
 
     async def start(self) -> int:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -14,6 +14,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -295,14 +296,26 @@ class DecisionServer:
             self.operator.remove()  # a throw-away service's token file (a kept one stays)
 
 
-class ServerThread:
-    """A DecisionServer on its own event loop in a daemon thread: `start()` → port; `stop()`;
-    `call(coro)` runs a coroutine on the server's loop (e.g. a reload)."""
+class Serving(Protocol):
+    """A server an event loop runs: `start()` → its port, `stop()`."""
 
-    def __init__(self, server: DecisionServer) -> None:
+    async def start(self) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Serving)
+
+
+class ServerThread(Generic[S]):
+    """A server (a DecisionServer, the gateway's stream supervisor) on its own event loop in a
+    daemon thread: `start()` → port; `stop()`; `call(coro)` runs a coroutine on the server's
+    loop (e.g. a reload)."""
+
+    def __init__(self, server: S, name: str = "policyc-server") -> None:
         self.server = server
         self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="policyc-server", daemon=True)
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
 
     def start(self, timeout: float = 30.0) -> int:
         self._thread.start()
@@ -326,7 +339,7 @@ class ServerThread:
         self._thread.join(timeout)
         self.loop.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> "ServerThread[S]":
         self.start()
         return self
 

@@ -1,5 +1,5 @@
-"""The stream supervisor serves on an event loop of its own thread (`SupervisorServer.start_thread`,
-what `policyc gateway` uses): every body chunk of every supervised answer is a message there, and on
+"""The stream supervisor serves on an event loop of its own thread (`ServerThread`, as
+`policyc gateway` runs it): every body chunk of every supervised answer is a message there, and on
 the decision server's loop the picker's picks queued behind them (benchmarks/RESULTS.md, real vLLM).
 Here: it answers Envoy's ext_proc stream from that thread, and stopping it ends the thread."""
 
@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from policyc.gateway.llm_stream import StreamSupervisor, SupervisorServer
+from policyc.server.app import ServerThread
 
 
 def _threads(name: str) -> list[threading.Thread]:
@@ -23,9 +24,9 @@ def _threads(name: str) -> list[threading.Thread]:
 
 def test_supervisor_answers_from_its_own_thread_and_stops() -> None:
     sup = StreamSupervisor(SimpleNamespace(recent={}), lambda: SimpleNamespace(contract=lambda _: None))  # type: ignore[arg-type]
-    server = SupervisorServer(sup)
+    server = ServerThread(SupervisorServer(sup), name="policyc-llm-supervisor")
     before = len(_threads("policyc-llm-supervisor"))
-    port = server.start_thread()
+    port = server.start()
     try:
         mine = _threads("policyc-llm-supervisor")
         assert len(mine) == before + 1 and all(t is not threading.current_thread() for t in mine)
@@ -38,5 +39,5 @@ def test_supervisor_answers_from_its_own_thread_and_stops() -> None:
         assert len(answers) == 1 and answers[0].HasField("request_headers")
         assert answers[0].mode_override.response_body_mode == ProcessingMode.NONE
     finally:
-        server.stop_thread()
+        server.stop()
     assert len(_threads("policyc-llm-supervisor")) == before
