@@ -30,7 +30,6 @@ from .host_facts import HostFacts
 from .host_hardware import Hardware
 
 CODE = "E733"
-FILLED = ("gpu_model", "numa_node", "region", "cuda", "hardware_firewall")
 
 
 def host_values(hw: Hardware, gpu: str) -> dict[str, tuple[object, str]]:
@@ -99,4 +98,4 @@ def fill(deployment: dict[str, Any], facts: HostFacts, where: str) -> dict[str, 
     return out
 
 
-__all__ = ["CODE", "FILLED", "claims_problem", "fill", "host_values"]
+__all__ = ["CODE", "claims_problem", "fill", "host_values"]
