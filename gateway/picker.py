@@ -154,6 +154,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         # the last picks by decision id (bounded): what `policyc gateway`, the demo and tests show
         self.recent: collections.OrderedDict[str, Pick] = collections.OrderedDict()
         self.from_access_log = False  # True once `follow_access_log`: breaks and request ends from Envoy's log
+        # following that log: whether Envoy logs every call (an accounting receiver) or only those a pick
+        # marks (`watch`: the breakable ones); a pick whose call is not logged never learns its end
+        self._logs_every_call = False
         self._view = PolicyView(config.forwarded_headers)
         self.llm: llm_pick.LlmPicker | None = None  # `enable_llm`: LLM requests are picked on their body
         self.tracer: PickerTracer | None = None  # `--otlp-endpoint`: each pick's spans (gateway/tracing.py)
@@ -175,6 +178,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         comes counts as in flight for `OPEN_MAX_S`)."""
         receiver.listeners.append(self._logged)
         self.from_access_log = True
+        self._logs_every_call = receiver.records  # as the bootstrap's `log_every_call` is set (gateway/runner.py)
 
     async def Process(self, first: ep.ProcessingRequest,  # type: ignore[override]
                       context: grpc.aio.ServicerContext) -> None:
@@ -358,10 +362,13 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 self._count("no-instance")
                 return messages.immediate(refusal.no_endpoint(d, published is not None and bool(d.endpoint))), None
             pick = plan_pick(d, self.tables.current(), self.pool, time.perf_counter() - t0, subset)
-            if self.in_flight_gpus is not None and d.plan is not None:
-                self.in_flight_gpus.begin(pick.decision_id, f"{d.plan.host}/{d.plan.gpu}")
             breakable = pick.per_try_timeout_ms is not None
             from_log = self.from_access_log
+            # counted in flight only when its end will be seen: its access-log entry (Envoy logs the calls a pick
+            # marks, the breakable ones, or every call) or, not following the log, its ext_proc stream's end; a
+            # count that never ends would stand on its GPU until `InFlightCounts.max_age_s` (60 s of traffic)
+            if self.in_flight_gpus is not None and (breakable or not from_log or self._logs_every_call):
+                self.in_flight_gpus.begin(pick.decision_id, pick.gpu_key)
             if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
                 open_[pick.decision_id] = (pick, t0)
             self._count("forwarded")
