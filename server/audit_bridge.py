@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -119,6 +119,9 @@ def draft_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float
 # object can have its id while it is here): hashing it hashed each rule's pydantic origin,
 # ~3 us a decision on the serving loop (profiled on the gateway benchmark).
 _rules: dict[int, tuple[tuple[AppliedRule, ...], list[RuleWire]]] = {}
+# The same for a decision's variables: the shape's own mapping (`Prepared.request.vars`, shared by every
+# decision of the shape), rendered once per mapping (kept with it, so its id stays its own while here)
+_variables: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
 _resources: dict[tuple[str, str, str, float], ResourcesWire] = {}
 _NO_RESOURCES = ResourcesWire()
 
@@ -152,12 +155,20 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
         rules = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
                                                      end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in applied]
         _rules[id(applied)] = (applied, rules)
+    vs = d.variables
+    seen = _variables.get(id(vs))
+    if seen is not None and seen[0] is vs:
+        variables = seen[1]
+    else:
+        if len(_variables) >= _FIGURES_MAX:
+            _variables.clear()
+        variables = {k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in vs.items()}
+        _variables[id(vs)] = (vs, variables)
     t = d.timing
     refusing = rejected_by(d, bundle)
     return DecisionWire(
         schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,  # type: ignore[arg-type]
-        tenant=d.tenant or "unknown", model=d.model, request=dict(headers),
-        variables={k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in d.variables.items()},
+        tenant=d.tenant or "unknown", model=d.model, request=dict(headers), variables=variables,
         bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome],  # type: ignore[arg-type]
         reason=None if d.rejection is None else d.rejection.reason[:500], matched_rules=rules,
         rejected_by=None if refusing is None else [

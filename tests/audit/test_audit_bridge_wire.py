@@ -63,3 +63,23 @@ def test_bridge_batches_reach_the_log(decided: tuple[list[tuple[Decision, dict[s
         assert bridge.failures == 0
     report = verify(tmp_path / "bridge.db")
     assert report.ok and report.entries == len(decisions) * 10
+
+
+def test_wire_of_renders_a_shapes_variables_once_and_stores_the_same_bytes(
+        decided: tuple[list[tuple[Decision, dict[str, str]]], object]) -> None:
+    """Decisions of one request shape share its variables mapping: `wire_of` renders it once
+    (a memo by the mapping's identity, kept with it) and every record still stores what
+    `draft_of` gives; a mapping that is another object, even an equal one, is rendered afresh."""
+    import dataclasses
+
+    decisions, bundle = decided
+    d, h = next((d, h) for d, h in decisions if d.variables)
+    twin = dataclasses.replace(d, decision_id="f" * 32)  # the same shape's next decision: the same mapping
+    a, b = wire_of(d, h, bundle, now=1.7e9), wire_of(twin, h, bundle, now=1.7e9)  # type: ignore[arg-type]
+    assert a.variables is b.variables
+    copy = dataclasses.replace(d, variables=dict(d.variables))
+    c = wire_of(copy, h, bundle, now=1.7e9)  # type: ignore[arg-type]
+    assert c.variables is not a.variables and c.variables == a.variables
+    for dec, struct in ((d, a), (twin, b), (copy, c)):
+        fast = encode_draft(wire_draft(struct))
+        assert fast is not None and fast == encode_draft(wire_draft(draft_of(dec, h, bundle, now=1.7e9)))  # type: ignore[arg-type]
