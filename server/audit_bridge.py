@@ -168,7 +168,9 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
     refusing = rejected_by(d, bundle)
     return DecisionWire(
         schema_version=DECISION_SCHEMA, time=time.time() if now is None else now, decision_id=d.decision_id,  # type: ignore[arg-type]
-        tenant=d.tenant or "unknown", model=d.model, request=dict(headers), variables=variables,
+        # the request's headers: the shape's own dict as it is (never mutated, as the other shared parts)
+        tenant=d.tenant or "unknown", model=d.model, request=headers if type(headers) is dict else dict(headers),
+        variables=variables,
         bundle_hash=d.bundle_hash, outcome=_OUTCOME_TEXT[d.outcome],  # type: ignore[arg-type]
         reason=None if d.rejection is None else d.rejection.reason[:500], matched_rules=rules,
         rejected_by=None if refusing is None else [
