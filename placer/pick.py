@@ -48,7 +48,32 @@ INF = float("inf")
 LATE = 1e3  # seconds added to a candidate predicted past the request's TTFT SLO (one within it wins)
 
 
-class Kept:
+class Note:
+    """A plan's line about the pick, written when the plan's reasons are read (most never
+    are: `Explanation` is lazy): `str()` gives the sentence."""
+
+    __slots__ = ()
+
+
+class Moved(Note):
+    """The line of a pick the in-flight counts moved off the model's best candidate (the
+    gateway's gRPC path, `Picker._in_flight_only`), formatted only when read."""
+
+    __slots__ = ("_chose", "_best", "_count_best", "_secs_best", "_added_best", "_count_chose")
+
+    def __init__(self, chose: str, best: str, count_best: float, secs_best: float, added_best: float,
+                 count_chose: float) -> None:
+        self._chose, self._best = chose, best
+        self._count_best, self._secs_best, self._added_best, self._count_chose = count_best, secs_best, added_best, count_chose
+
+    def __str__(self) -> str:
+        if self._count_best or self._count_chose:
+            return (IN_FLIGHT.note(self._best, self._count_best, self._secs_best, self._added_best) +
+                    f"; chose {self._chose} ({self._count_chose:g} in flight)")
+        return f"chose {self._chose} over the model's best {self._best}"
+
+
+class Kept(Note):
     """The hysteresis note of a plan (`kept host/gpuN ...`), written when the plan's reasons
     are read (most never are): `str()` gives the sentence."""
 
@@ -95,7 +120,7 @@ class Picker:
 
     def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
                key: str, readings: Readings = NO_READINGS,
-               catalog: Mapping[str, GpuClass] | None = None) -> tuple[int, SessionMove | None, str | Kept | None]:
+               catalog: Mapping[str, GpuClass] | None = None) -> tuple[int, SessionMove | None, str | Note | None]:
         """The chosen candidate (a row of `ev`, which has a feasible one: `ev.best >= 0`),
         a session's move, and the note the plan gives for the choice (None: the best).
         `readings`: the snapshot's measured state; `catalog`: the GPU classes (for the
@@ -105,7 +130,7 @@ class Picker:
             return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
                                         contract)
         rank: Sequence[float] | Adjusted = ev.rank
-        note: Kept | str | None = None
+        note: Note | str | None = None
         facts = CURRENT.get()
         if facts is not None and (contract.llm is None or not catalog):
             facts = None  # no per-token prefill cost to price this prompt with
@@ -124,7 +149,7 @@ class Picker:
         return choice, None, note
 
     def _adjusted(self, t: Topology, ev: Evaluated, best: int, contract: Contract, facts: RequestFacts | None,
-                  readings: Readings, catalog: Mapping[str, GpuClass]) -> tuple[int, Adjusted, str | None]:
+                  readings: Readings, catalog: Mapping[str, GpuClass]) -> tuple[int, Adjusted, str | Note | None]:
         """The best feasible row once each candidate's rank has the request-stage signals'
         seconds added (in flight; this prompt's predicted TTFT less its prefix credit; past
         the request's TTFT SLO: `LATE`), the feasible rows' ranks so adjusted, and the
@@ -202,9 +227,10 @@ class Picker:
                 lines.append(f"chose {gi} over the model's best {gj}")
         return new, by_row, "; ".join(lines) or None
 
-    def _in_flight_only(self, t: Topology, ev: Evaluated, best: int) -> tuple[int, Adjusted, str | None]:
+    def _in_flight_only(self, t: Topology, ev: Evaluated, best: int) -> tuple[int, Adjusted, Moved | None]:
         """`_adjusted` with no request facts, row by row: the same sums in the same order
-        (IEEE doubles either way), `np.argmin`'s choice (the first least; the first NaN)."""
+        (IEEE doubles either way), `np.argmin`'s choice (the first least; the first NaN); its
+        line is `Moved`, written only if the plan's reasons are read."""
         feas, gpus, ranks, keys = ev.feasible, ev.gpus, ev.rank, t.gpu_keys
         n = len(feas)
         counts: list[float] = [0.0] * n
@@ -233,12 +259,7 @@ class Picker:
         note = None
         if new != best:
             j = feas.index(best)
-            gi, gj = keys[gpus[new]], keys[gpus[best]]
-            if counts[j] or counts[i]:
-                note = (IN_FLIGHT.note(gj, counts[j], secs[j], added[j]) +
-                        f"; chose {gi} ({counts[i]:g} in flight)")
-            else:
-                note = f"chose {gi} over the model's best {gj}"
+            note = Moved(keys[gpus[new]], keys[gpus[best]], counts[j], secs[j], added[j], counts[i])
         return new, Adjusted(feas, adj), note
 
     def _index(self, t: Topology) -> dict[str, int]:
@@ -313,4 +334,4 @@ def _readings_at(readings: Readings, keys: Sequence[str], index: Mapping[str, in
     return [(i, r) for i, g in enumerate(rows.tolist()) if (r := get(keys[g])) is not None]
 
 
-__all__ = ["Adjusted", "Kept", "Picker"]
+__all__ = ["Adjusted", "Kept", "Moved", "Note", "Picker"]

@@ -29,7 +29,7 @@ from .evaluated import Evaluated, RowFixed
 from .framework import Stage, Words
 from .llm_price import RequestPrice, priced_bounds, priced_flops
 from .lookup import lookup, scalar_rows
-from .pick import Kept, Picker
+from .pick import Note, Picker
 from .plan import (
     Constraint, Explanation, LatencyBreakdown, NoPlacement, PlacementPlan, RebalanceReport, Rejection, SessionMove,
     ShareSource,
@@ -49,7 +49,7 @@ _INF = float("inf")
 _NOTED = of_stage(Stage.TICK)  # the signals whose plan notes a plan reads (measured, possibly stale, readings)
 
 
-def _refused(snap: Snapshot, stale: bool, reasons: list[str | Kept], c: Constraint, msg: str,
+def _refused(snap: Snapshot, stale: bool, reasons: list[str | Note], c: Constraint, msg: str,
              rej: Sequence[Rejection] = ()) -> NoPlacement:
     """A refusal before any candidate was evaluated (bad input, nothing to place on)."""
     return NoPlacement(c, msg, stale, snap.version, tuple(map(str, reasons)), tuple(rej))
@@ -174,7 +174,7 @@ class Placer:
         now = self._clock()
         stale = snap.is_stale(now)
         th = snap.thresholds.conservative() if stale else snap.thresholds
-        reasons: list[str | Kept] = []
+        reasons: list[str | Note] = []
         if stale:
             reasons.append(f"snapshot {snap.version} is stale ({snap.age(now) * 1e3:.0f} ms old, limit "
                            f"{2 * snap.interval * 1e3:.0f} ms): conservative limits (port watermark ≤ {th.max_port_watermark:.0%}, "
@@ -269,7 +269,7 @@ class Placer:
 
     def _plan(
         self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFixed,
-        queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | Kept], unknown: list[Rejection], budget: float,
+        queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | Note], unknown: list[Rejection], budget: float,
     ) -> PlacementPlan:
         t = snap.topology
         g, share = row.gpu, row.min_share
@@ -325,7 +325,7 @@ class Placer:
         with self._lock:
             return float(self._reserved[g]) if self._reserved_version == snap.version else 0.0
 
-    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str | Kept], unknown: list[Rejection],
+    def _refusal(self, snap: Snapshot, th: Thresholds, stale: bool, reasons: list[str | Note], unknown: list[Rejection],
                  ev: Evaluation, bounds, budget: float) -> NoPlacement:
         """No candidate is feasible: explain each constraint's first victims, the binding one first."""
         rejected, counts = self._rejections(snap, th, ev, unknown, bounds, budget, MAX_REJECTIONS, True)

@@ -162,7 +162,8 @@ def test_the_vectorised_adjustment_equals_its_key_by_key_reference(
             with np.errstate(invalid="ignore"):  # none in flight times an infinite rank: NaN, in both
                 want = reference(p, T, ev, ev.best, CONTRACT, rf, measured, CATALOG)
                 new, ranks, note = p._adjusted(T, ev, ev.best, CONTRACT, rf, measured, CATALOG)
-            assert (new, note) == (want[0], want[2])
+            # the gateway's path writes its line when read (`Moved`): the same words as the rules'
+            assert (new, None if note is None else str(note)) == (want[0], want[2])
             assert list(ranks.as_dict()) == list(want[1]) == ev.feasible
             np.testing.assert_array_equal([ranks[r] for r in ev.feasible], list(want[1].values()))  # NaN equals NaN here
             p.in_flight.begin("later", key(0))  # a pick forwarded between the two: the arrays follow
