@@ -366,8 +366,12 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             from_log = self.from_access_log
             # counted in flight only when its end will be seen: its access-log entry (Envoy logs the calls a pick
             # marks, the breakable ones, or every call) or, not following the log, its ext_proc stream's end; a
-            # count that never ends would stand on its GPU until `InFlightCounts.max_age_s` (60 s of traffic)
-            if self.in_flight_gpus is not None and (breakable or not from_log or self._logs_every_call):
+            # count that never ends would stand on its GPU until `InFlightCounts.max_age_s` (60 s of traffic).
+            # An LLM pick (`attributes`: its body's) is still counted as before, whatever the log carries: the
+            # LLM placement's figures are measured so (benchmarks/slo_attainment.py); unlogged, it too ends only
+            # at `max_age_s` until the LLM path reports its end
+            if self.in_flight_gpus is not None and (breakable or not from_log or self._logs_every_call
+                                                    or attributes is not None):
                 self.in_flight_gpus.begin(pick.decision_id, pick.gpu_key)
             if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
                 open_[pick.decision_id] = (pick, t0)

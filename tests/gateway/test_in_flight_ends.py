@@ -4,7 +4,8 @@ pick marked it, as it marks the breakable ones, or the log carries every call: a
 accounting receiver); not following it, the ext_proc stream's end. A pick with no budget
 under a log of marked calls only gets no entry, so a count begun for it would stand on its
 GPU for `InFlightCounts.max_age_s` (60 s of traffic), never measured, skewing every later
-pick. No Envoy here: the picker's pick is called as its gRPC handler calls it."""
+pick. An LLM pick is still counted as before (the LLM placement's figures are measured so).
+No Envoy here: the picker's pick is called as its gRPC handler calls it."""
 
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ def _headers(model: str) -> ep.ProcessingRequest:
     return req
 
 
-def _pick(thread: ServerThread, picker: EndpointPicker, model: str) -> tuple[str, bool]:
-    """One pick of `model` on the serving loop: its decision id, and whether it has a budget."""
+def _pick(thread: ServerThread, picker: EndpointPicker, model: str, llm: bool = False) -> tuple[str, bool]:
+    """One pick of `model` on the serving loop: its decision id, and whether it has a budget.
+    `llm`: as the LLM picker asks it (with its body's typed attributes, here none)."""
 
     async def pick() -> tuple[str, bool]:
-        _, p = await picker._request_headers(_headers(model))
+        _, p = await picker._request_headers(_headers(model), {} if llm else None)
         assert p is not None, f"{model} was not forwarded"
         return p.decision_id, p.per_try_timeout_ms is not None
 
@@ -71,6 +73,9 @@ def test_a_pick_counts_in_flight_only_when_its_access_log_entry_will_come(decisi
     # counted only when Envoy logs every call; under a log of marked calls only, never begun
     assert (counts.end(plain) is not None) is every_call
     assert not counts.busy()
+    # an LLM pick is counted as before, whatever the log carries
+    llm, _ = _pick(decisions, picker, BACKUP, llm=True)
+    assert counts.end(llm) is not None
 
 
 def test_not_following_the_access_log_every_pick_counts_until_its_stream_ends(decisions: ServerThread) -> None:
