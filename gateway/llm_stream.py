@@ -148,7 +148,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, picks: LlmPicks, bundle: Callable[[], Any], action_log: ActionLog | None = None,
                  anomalies: AnomalySink | None = None, gpu_of: Callable[[str], str | None] = lambda _: None,
                  retry_headers_of: Callable[[str], tuple[tuple[str, str], ...]] = lambda _: (),
-                 gpu_model_of: Callable[[str], str | None] = lambda _: None) -> None:
+                 gpu_model_of: Callable[[str], str | None] = lambda _: None,
+                 ended: Callable[[str], object] = lambda _: None) -> None:
         self.picks = picks
         self.bundle = bundle  # the current bundle
         self.log = action_log
@@ -158,6 +159,10 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         # after the first: this filter sees each attempt's own headers, whatever the filters before it removed
         self.retry_headers_of = retry_headers_of
         self.gpu_model_of = gpu_model_of  # decision id -> the GPU class of the instance picked (the estimate's rate)
+        # called with the decision id when an attempt's answer ends (done, cut or reset): the picker's count of
+        # its requests in flight on the picked GPU ends there (placer/signals/gateway_in_flight.py). An LLM call
+        # has no budget of the picker's, so no access-log entry ends it: this is where its end is seen
+        self.ended = ended
         self.evidence: dict[str, list[Evidence]] = {}  # decision id -> its answered attempts (bounded)
         self.records: list[ActionRecord] = []
         self.counts: dict[str, int] = {}
@@ -205,6 +210,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 ev.reset = True
                 self._record(req, ev)
             raise
+        finally:
+            self.ended(did)
 
     @staticmethod
     async def _pass(context: grpc.aio.ServicerContext) -> None:

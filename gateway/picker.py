@@ -171,6 +171,14 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
     def in_flight(self) -> int:
         return len(self._open)
 
+    def end_in_flight(self, decision_id: str) -> None:
+        """A request's answer ended where the picker does not see it (an LLM answer's last
+        attempt, seen by the stream supervisor, `llm_stream.py`): its in-flight count ends, and
+        its time joins the GPU's measured seconds per request. Safe from any thread (the
+        counts take their own lock); a second end of the same decision is nothing."""
+        if self.in_flight_gpus is not None:
+            self.in_flight_gpus.end(decision_id)
+
     def follow_access_log(self, receiver: AccessLogReceiver) -> None:
         """Learn breaks and request ends from the access log `receiver` gets from Envoy (the
         bootstrap's `breaks_from_access_log`): the pick becomes each stream's only message.
@@ -367,9 +375,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             # counted in flight only when its end will be seen: its access-log entry (Envoy logs the calls a pick
             # marks, the breakable ones, or every call) or, not following the log, its ext_proc stream's end; a
             # count that never ends would stand on its GPU until `InFlightCounts.max_age_s` (60 s of traffic).
-            # An LLM pick (`attributes`: its body's) is still counted as before, whatever the log carries: the
-            # LLM placement's figures are measured so (benchmarks/slo_attainment.py); unlogged, it too ends only
-            # at `max_age_s` until the LLM path reports its end
+            # An LLM pick (`attributes`: its body's) is counted whatever the log carries: the stream supervisor
+            # sees its answer end (`end_in_flight`, from `llm_stream.py`)
             if self.in_flight_gpus is not None and (breakable or not from_log or self._logs_every_call
                                                     or attributes is not None):
                 self.in_flight_gpus.begin(pick.decision_id, pick.gpu_key)

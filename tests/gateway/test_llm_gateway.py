@@ -108,6 +108,24 @@ def test_stream_passes_through_as_the_server_writes(llm_gateway: LlmGateway) -> 
     assert streamed and all(b["stream_options"] == {"include_usage": True} for b in streamed)
 
 
+def test_an_answer_s_end_ends_its_in_flight_count(llm_gateway: LlmGateway) -> None:
+    """An LLM call has no budget of the picker's, so no access-log entry ends it: the stream
+    supervisor sees its answer end and ends the pick's in-flight count on its GPU, whose
+    measured seconds per request then include it (placer/signals/gateway_in_flight.py)."""
+    in_flight = llm_gateway.picker.picker.in_flight_gpus
+    assert in_flight is not None
+    for stream in (True, False):
+        status, h, _ = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=3, stream=stream),
+                            {"x-slo-tpot-ms": "5000"})
+        assert status == 200
+        gpu = llm_gateway.picker.picker.recent[h["x-policyc-decision-id"]].gpu_key
+        deadline = time.monotonic() + 30
+        while in_flight.count(gpu) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_flight.count(gpu) == 0, f"{gpu}: {in_flight.count(gpu)} still in flight after the answers ended"
+        assert in_flight.seconds(gpu) is not None  # the ended call was measured there
+
+
 def test_http2_client_streams(llm_gateway: LlmGateway) -> None:
     out = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-N", "-D", "-", "-H", "content-type: application/json",
                           "--data", json.dumps(chat(max_tokens=3, stream=True)),
