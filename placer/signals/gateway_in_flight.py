@@ -5,10 +5,11 @@ Why it is not a per-tick column: every other measured signal is read once per ti
 the picks of one tick see the same scores and go to the same best GPU (herding; with a 50 ms
 tick and a burst of requests, one server takes them all). The peers avoid it with a count
 updated on every pick (Envoy's least-request, vllm-router's power-of-two). This signal is
-that count: `InFlightCounts` is incremented when the picker forwards a pick (`begin`, with
-the pick's decision id and GPU) and decremented when the gateway learns the request ended
-(`end`: Envoy's access-log entry for the call, or the end of the ext_proc stream when the
-access log is not followed), so the next pick, not the next tick, sees it.
+that count: `InFlightCounts` is incremented when the picker forwards a pick whose end it
+will learn (`begin`, with the pick's decision id and GPU) and decremented when the gateway
+learns the request ended (`end`: Envoy's access-log entry for the call, the end of the
+ext_proc stream when the access log is not followed, or, for an LLM answer, the stream
+supervisor's view of its attempt ending), so the next pick, not the next tick, sees it.
 
 What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its count times
 the seconds one request holds that GPU, `seconds` — the mean duration of this gateway's own
