@@ -53,8 +53,12 @@ open. This client replays exactly the trace file's prompts, groups and headers.
 
 Per router: SLO attainment (the share of all requests answered 200 with TTFT within their
 SLO; refused and failed requests count as missed), goodput (requests per second that met
-their SLO), TTFT p50/p90/p99 of the answered, output tokens per second, and the refusals
-with their reasons (policyc's `x-policyc-reason`).
+their SLO), TTFT p50/p90/p99 of the answered, output tokens per second, the refusals
+with their reasons (policyc's `x-policyc-reason`), and the router's own processes' CPU
+during the trace: seconds on a core (`router_cpu_s`) and seconds its threads were runnable
+but queued for one (`router_cpu_wait_s`, the kernel's schedstat), which on this 2-core
+machine with real vLLM engines holding both cores is where a router with more process hops
+per request loses time.
 """
 
 from __future__ import annotations
@@ -559,6 +563,44 @@ async def warm(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"did not answer 200 within {timeout:.0f} s ({last})")
 
 
+def _tree(roots: list[int]) -> list[int]:
+    """The processes `roots` started, with their descendants (the gateway's Envoy and audit writer)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out: list[int] = []
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def sched_of(roots: list[int]) -> tuple[float, float]:
+    """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
+    the router's processes (the kernel's /proc/PID/task/TID/schedstat): how much CPU the
+    router used, and how long its threads queued for a core the model servers held."""
+    run = wait = 0
+    for pid in _tree(roots):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                r, w, _ = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+            except (OSError, ValueError):
+                continue
+            run, wait = run + int(r), wait + int(w)
+    return run / 1e9, wait / 1e9
+
+
 def _pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -687,8 +729,12 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             router = start_router(name, workdir, bundle, slots, pool.endpoints, args.candidates, args.policyc_scrape_interval,
                                   args.policyc_scrape_budget)
             asyncio.run(warm(router.url))
+            roots = [p.pid for p in router.procs]
+            run0, wait0 = sched_of(roots)
             outs, wall = asyncio.run(drive(router.url, trace))
-            results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants)})
+            run1, wait1 = sched_of(roots)
+            results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
+                            "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2)})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
             served = pool.served()
             by_class: Counter[str] = Counter()
