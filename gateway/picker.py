@@ -172,9 +172,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         return len(self._open)
 
     def end_in_flight(self, decision_id: str) -> None:
-        """A request's answer ended where the picker does not see it (an LLM answer's last
-        attempt, seen by the stream supervisor, `llm_stream.py`): its in-flight count ends, and
-        its time joins the GPU's measured seconds per request. Safe from any thread (the
+        """A request's answer ended where the picker does not see it (an LLM answer's attempt
+        on the picked GPU, seen by the stream supervisor, `llm_stream.py`): its in-flight count
+        ends, and its time joins the GPU's measured seconds per request. Safe from any thread (the
         counts take their own lock); a second end of the same decision is nothing."""
         if self.in_flight_gpus is not None:
             self.in_flight_gpus.end(decision_id)
