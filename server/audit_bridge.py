@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import msgspec
 
@@ -124,6 +124,32 @@ _rules: dict[int, tuple[tuple[AppliedRule, ...], list[RuleWire]]] = {}
 _variables: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
 _resources: dict[tuple[str, str, str, float], ResourcesWire] = {}
 _NO_RESOURCES = ResourcesWire()
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _by_identity(memo: dict[int, tuple[K, V]], key: K, make: Callable[[K], V]) -> V:
+    """`make(key)`, kept per object: every decision of a request shape shares its rules' tuple and
+    its variables' mapping, so their wire forms are built once per shape. Keyed by `id` and
+    checked by `is` (the object is kept alive with its entry, so its id is never reused while
+    there); cleared whole at `_FIGURES_MAX` entries."""
+    got = memo.get(id(key))
+    if got is not None and got[0] is key:
+        return got[1]
+    if len(memo) >= _FIGURES_MAX:
+        memo.clear()
+    value = make(key)
+    memo[id(key)] = (key, value)
+    return value
+
+
+def _rule_wires(applied: tuple[AppliedRule, ...]) -> list[RuleWire]:
+    return [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
+                                                end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in applied]
+
+
+def _rendered(vs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in vs.items()}
 
 
 def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float | None = None) -> DecisionWire:
@@ -145,25 +171,8 @@ def wire_of(d: Decision, headers: Mapping[str, str], bundle: Bundle, now: float 
                 _resources.clear()
             got = _resources[key] = msgspec.convert(figures or {}, ResourcesWire)
         resources = got
-    applied = d.rules
-    memo = _rules.get(id(applied))
-    if memo is not None and memo[0] is applied:
-        rules = memo[1]
-    else:
-        if len(_rules) >= _FIGURES_MAX:
-            _rules.clear()
-        rules = [RuleWire(id=r.id, origin=OriginWire(file=r.origin.file, line=r.origin.line, col=r.origin.col,
-                                                     end_line=r.origin.end_line, end_col=r.origin.end_col)) for r in applied]
-        _rules[id(applied)] = (applied, rules)
-    vs = d.variables
-    seen = _variables.get(id(vs))
-    if seen is not None and seen[0] is vs:
-        variables = seen[1]
-    else:
-        if len(_variables) >= _FIGURES_MAX:
-            _variables.clear()
-        variables = {k: (v if isinstance(v, (bool, float, str)) else render_var(v)) for k, v in vs.items()}
-        _variables[id(vs)] = (vs, variables)
+    rules = _by_identity(_rules, d.rules, _rule_wires)
+    variables = _by_identity(_variables, d.variables, _rendered)
     t = d.timing
     refusing = rejected_by(d, bundle)
     return DecisionWire(
