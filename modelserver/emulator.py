@@ -17,7 +17,7 @@ with a timing model instead of a model (`emulator_engine.py`), so a fleet of 32-
 - Tokens: counted with the model folder's own `tokenizer.json` (the `tokenizers` library)
   when it has one, so prompt tokens and prefix-cache blocks match the real server's; else
   one token per 4 bytes. Chat messages are rendered with ChatML, the tiny model's template.
-- `/metrics` with vLLM's names, types and labels (`engine`, `model_name`), through
+- `/metrics` (and `/metrics/`, narrowed by `name[]` as vLLM's is) with vLLM's names, types and labels (`engine`, `model_name`), through
   prometheus_client as vLLM does: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`,
   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_preemptions_total`,
@@ -179,6 +179,7 @@ class _Instance:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/metrics/", self.metrics)  # as vLLM: prometheus_client's app, `name[]` narrows the page
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
@@ -198,7 +199,9 @@ class _Instance:
             if now > self._counted[name]:
                 self.c[name].inc(now - self._counted[name])
                 self._counted[name] = now
-        return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+        names = request.query.getall("name[]", []) if request.path == "/metrics/" else []  # vLLM's `/metrics` ignores it
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")  # type: ignore[arg-type]
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{

@@ -17,6 +17,15 @@ protocol, so its readings never carry it (never a zero passed off as a measureme
 | ttft_sum_s / ttft_count (histogram) | `vllm:time_to_first_token_seconds` | `sglang:time_to_first_token_seconds` | | |
 | block_size (tokens) | `vllm:cache_config_info` label `block_size` | `sglang:cache_config_info` label `page_size` | `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}` | `trtllm_kv_cache_tokens_per_block` |
 
+**The narrowed page.** vLLM and SGLang render `/metrics` with prometheus_client, whose ASGI
+app (mounted at `/metrics/`) renders only the series named in `name[]` query parameters: the
+scraper asks for just the series of its map (`narrowed_path`). On vLLM 0.32 that page is
+2.4 KB and costs its API server 0.65 ms of CPU, against 49 KB and 4.6 ms for the whole page
+(measured here, 300 scrapes each), the server's cost of being measured, 20 times a second.
+vLLM's plain `/metrics` route (prometheus-fastapi-instrumentator's) ignores the query: hence
+the slash. A server that answers the narrowed page with anything but the series is scraped
+whole from then on (`metrics_scraper`).
+
 Several series of one name (vLLM's `engine` label, one per data-parallel engine) are summed
 for counts and counters and the largest taken for a fraction (`Agg`). The policyc emulator
 (`modelserver/emulator.py`) speaks `vllm`. An endpoint may name its own protocol: a mapping
@@ -29,6 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Mapping
+from urllib.parse import quote
 
 
 class Agg(Enum):
@@ -111,6 +121,16 @@ PROTOCOLS: Mapping[str, MetricMap] = MappingProxyType({
 })
 
 
+NARROWS = frozenset({"vllm", "sglang"})  # kinds whose `/metrics/` is prometheus_client's ASGI app (`name[]`)
+
+
+def narrowed_path(kind: str, m: MetricMap) -> str | None:
+    """The path of a page carrying only `m`'s series, for a kind that serves one; else None."""
+    if kind not in NARROWS:
+        return None
+    return "/metrics/?" + "&".join(f"name[]={quote(n, safe='')}" for n in sorted({s.name for s in m.values()}))
+
+
 def protocol(kind: str) -> MetricMap:
     """The table's protocol for a server kind; ValueError naming the kinds it knows."""
     try:
@@ -124,5 +144,5 @@ def custom_protocol(table: Mapping[str, Series]) -> MetricMap:
     return _p(dict(table))
 
 
-__all__ = ["Agg", "KEYS", "PROTOCOLS", "MetricMap", "Series", "custom_protocol", "protocol", "BLOCK_SIZE", "KV_CACHE_USAGE",
+__all__ = ["Agg", "KEYS", "NARROWS", "PROTOCOLS", "narrowed_path", "MetricMap", "Series", "custom_protocol", "protocol", "BLOCK_SIZE", "KV_CACHE_USAGE",
            "PREFIX_CACHE_HITS", "PREFIX_CACHE_QUERIES", "QUEUE_DEPTH", "RUNNING", "TTFT_COUNT", "TTFT_SUM_S"]

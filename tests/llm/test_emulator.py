@@ -22,7 +22,7 @@ from policyc.modelserver.emulator_engine import TimingModel
 from policyc.modelserver.llm_model import cached_llm_model
 from policyc.placer.metrics_scraper import MetricsScraper
 from policyc.placer.metrics_text import compile_map, read_figures
-from policyc.placer.server_metric_names import protocol
+from policyc.placer.server_metric_names import narrowed_path, protocol
 
 PAGE = Path(__file__).resolve().parent.parent / "fixtures" / "llm" / "vllm-0.32-metrics.txt"
 VLLM_FAMILIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -87,6 +87,29 @@ def test_metrics_parse_with_the_same_code_as_vllms(model_dir):
         assert f"\n{family}{{" in text, family
     assert values["ttft_count"] == 1 and values["prefix_cache_queries"] > 0
     assert values["block_size"] == 128
+
+
+def test_the_narrowed_page_has_the_same_figures_as_the_whole_one(model_dir):
+    """As vLLM's: `/metrics/?name[]=...` renders only the named series (prometheus_client's
+    app), `/metrics` the whole page whatever the query; the scraper asks for the narrowed one."""
+    m = protocol("vllm")
+    with EmulatorServer([EmulatorSpec("tiny-llama", model_dir)]) as srv:
+        ep = srv.endpoints[0]
+        assert request(ep, "POST", "/v1/completions", {"model": "tiny-llama", "prompt": "import os\n" * 50, "max_tokens": 5})[0] == 200
+        path = narrowed_path("vllm", m)
+        assert path is not None
+        _, narrow = request(ep, "GET", path)
+        _, whole = request(ep, "GET", "/metrics")
+        _, ignored = request(ep, "GET", "/metrics?" + path.split("?", 1)[1])
+        with MetricsScraper(interval_s=0.05) as scraper:
+            scraper.add(ep, "vllm")
+            deadline = time.monotonic() + 10
+            while (r := scraper.snapshot(ep)) is None or not r.values:
+                assert time.monotonic() < deadline, r
+                time.sleep(0.02)
+    assert read_figures(narrow, compile_map(m)) == read_figures(whole, compile_map(m))
+    assert len(narrow) * 4 < len(whole) and len(ignored) == len(whole)
+    assert r.source == f"vllm http://{ep}/metrics/ (its 8 series: name[])" and r.values == read_figures(narrow, compile_map(m))[0]
 
 
 def test_answers_have_vllms_shape_and_token_counts(vllm_servers, model_dir):

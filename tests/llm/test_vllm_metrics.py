@@ -18,16 +18,16 @@ import pytest
 from metrics_reference import reference_figures
 from policyc.placer.metrics_scraper import MetricsScraper
 from policyc.placer.metrics_text import compile_map, read_figures
-from policyc.placer.server_metric_names import PROTOCOLS, Series, custom_protocol, protocol
+from policyc.placer.server_metric_names import PROTOCOLS, Series, custom_protocol, narrowed_path, protocol
 
 PAGE = Path(__file__).resolve().parent.parent / "fixtures" / "llm" / "vllm-0.32-metrics.txt"
 
 
-def fetch_metrics(endpoint: str) -> bytes:
+def fetch_metrics(endpoint: str, path: str = "/metrics") -> bytes:
     host, port = endpoint.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", path)
         return conn.getresponse().read()
     finally:
         conn.close()
@@ -82,6 +82,27 @@ def test_reader_equals_prometheus_client_on_a_live_vllm_page(vllm_servers):
     values, problems = read_figures(body, compile_map(m))
     assert values == reference_figures(body, m) and not problems
     assert values["ttft_count"] >= 1 and values["prefix_cache_queries"] > 0
+
+
+def test_a_live_vllm_narrows_its_page_to_the_scrapers_series(vllm_servers):
+    """The page the scraper asks for (`narrowed_path`): the same figures as the whole page,
+    a twentieth of its bytes (what vLLM renders for each scrape, 20 times a second)."""
+    endpoint = vllm_servers.instances[0].endpoint
+    m = protocol("vllm")
+    path = narrowed_path("vllm", m)
+    assert path is not None
+    for _ in range(5):  # an idle server's figures do not move between the two reads; another test's request may
+        narrow, whole = fetch_metrics(endpoint, path), fetch_metrics(endpoint)
+        if read_figures(narrow, compile_map(m)) == read_figures(whole, compile_map(m)):
+            break
+        time.sleep(1)
+    assert read_figures(narrow, compile_map(m)) == read_figures(whole, compile_map(m))
+    assert set(read_figures(narrow, compile_map(m))[0]) == set(m) and len(narrow) * 10 < len(whole), (len(narrow), len(whole))
+    with MetricsScraper(interval_s=0.05) as scraper:
+        scraper.add(endpoint, "vllm")
+        assert watch(scraper, endpoint, lambda v: True, 30) is not None
+        r = scraper.snapshot(endpoint)
+        assert r is not None and r.source.startswith(f"vllm http://{endpoint}/metrics/ (its") and r.error is None
 
 
 # ---------------------------------------------------------------------------- live vLLM

@@ -113,3 +113,39 @@ def test_scraped_queues_steer_placement_and_a_silent_server_falls_back(servers) 
         assert isinstance(plan, PlacementPlan)
         notes = [x for x in plan.reasons if "queue depth" in x]
         assert notes and "stale" in notes[0] and "the modelled queue stands" in notes[0], plan.reasons
+
+
+def test_a_server_without_the_narrowed_page_is_scraped_whole() -> None:
+    """A `vllm` endpoint whose `/metrics/` is a 404 (another server, an older build): the scraper
+    asks for the narrowed page once, then for the whole one, and says which it reads."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server name
+            asked.append(self.path)
+            body = PAGE.format(waiting=2.0).encode() if self.path == "/metrics" else b"not found"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    endpoint = f"127.0.0.1:{http.server_address[1]}"
+    try:
+        with MetricsScraper(interval_s=0.05) as scraper:
+            scraper.add(endpoint, "vllm")
+            _until(lambda: (r := scraper.snapshot(endpoint)) is not None and r.values.get("queue_depth") == 2.0, "a reading")
+            _until(lambda: len(asked) >= 4, "more scrapes")
+            r = scraper.snapshot(endpoint)
+            assert r is not None and r.source == f"vllm http://{endpoint}/metrics" and r.error is None
+            assert asked[0].startswith("/metrics/?name[]=vllm%3Acache_config_info&") and "name[]=vllm%3Anum_requests_waiting&" in asked[0] and set(asked[1:]) == {"/metrics"}
+            assert scraper.stats().failures == 0
+    finally:
+        http.shutdown()
+        http.server_close()
