@@ -202,12 +202,12 @@ class LlmPicker:
                 except TokenizerError as e:
                     log.warning("picker: %s's tokenizer from instance %s: %s", model, inst.id, e)
 
-    def read(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest, kind: str) -> LlmRequest:
+    def read(self, headers: ep.ProcessingRequest, body: bytes, kind: str) -> LlmRequest:
         bundle = self.picker.service.engine.state.bundle
-        model = _model_hint(body.request_body.body) or _header(headers, "x-model")
+        model = _model_hint(body) or _header(headers, "x-model")
         if model is not None and bundle.contract(model) is not None:
             self._discover_tokenizer(model)
-        r = parse_llm_body(body.request_body.body, kind, self.picks.tokenizers, _header(headers, "x-model"),
+        r = parse_llm_body(body, kind, self.picks.tokenizers, _header(headers, "x-model"),
                            lambda m: bundle.contract(m) is not None, self._context_of)
         ttft, tpot = (_slo_ms(headers, name) for name in SLO_HEADERS)
         return replace(r, ttft_s=ttft, tpot_s=tpot) if ttft is not None or tpot is not None else r
@@ -228,14 +228,14 @@ class LlmPicker:
             values["max_tokens"] = float(r.max_tokens)
         return {k: v for k, v in values.items() if has(k)}
 
-    async def pick(self, headers: ep.ProcessingRequest, body: ep.ProcessingRequest,
-                   kind: str) -> tuple[ep.ProcessingResponse, "Pick | None"]:
-        """The answer to the body message (a forward with the pick, or a refusal) and the pick."""
-        size = len(body.request_body.body)
+    async def pick(self, headers: ep.ProcessingRequest, body: bytes,
+                   kind: str) -> tuple[list[ep.ProcessingResponse], "Pick | None"]:
+        """The answers to the request's headers and body (the forward with the pick: the headers'
+        answer, then the body given back), or the one refusal; and the pick."""
+        size = len(body)
         if size > self.picks.max_body_bytes:
             self.picker._count("bad-body")
-            return error_response(413, f"the request body is {size} bytes, over the gateway's limit of "
-                                       f"{self.picks.max_body_bytes} bytes", "bad-body", "request_too_large"), None
+            return [too_large(size, self.picks.max_body_bytes)], None
         try:
             if size > INLINE_BODY_BYTES:  # tokenized in a worker: the loop serves others
                 r = await asyncio.to_thread(self.read, headers, body, kind)
@@ -243,7 +243,7 @@ class LlmPicker:
                 r = self.read(headers, body, kind)
         except BodyError as e:
             self.picker._count("bad-body")
-            return error_response(e.status, e.message, "bad-body", e.code, e.param), None
+            return [error_response(e.status, e.message, "bad-body", e.code, e.param)], None
         # the prompt's leading blocks and TTFT SLO, for the pick's prefix-affinity and predicted-TTFT signals
         # (placer/request_facts.py: per request, beside the shape's shared decision)
         ttft_ms = self.ttft_budget_ms(r)  # the request's x-slo-ttft-ms, else its contract's llm.ttft
@@ -257,9 +257,9 @@ class LlmPicker:
             CURRENT_FACTS.reset(token)
         if pick is None:
             msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
-            return (as_openai_error(msg, self._rule_source) if msg.HasField("immediate_response") else msg), None
+            return [as_openai_error(msg, self._rule_source) if msg.HasField("immediate_response") else msg], None
         self.picks.remember(pick.decision_id, r)
-        return self.forward(pick, resp, r, _header(headers, UPSTREAM_HEADER) is not None), pick
+        return self.forward(pick, resp, r, body, _header(headers, UPSTREAM_HEADER) is not None), pick
 
     def _protocol(self, pick: "Pick") -> str:
         try:
@@ -276,10 +276,15 @@ class LlmPicker:
             return resp
         return (resp if isinstance(resp, bytes) else resp.SerializeToString()) + HTTP1_HEADERS
 
-    def forward(self, pick: "Pick", resp: ep.ProcessingResponse | bytes, r: LlmRequest, forged: bool = False) -> ep.ProcessingResponse:
+    def forward(self, pick: "Pick", resp: ep.ProcessingResponse | bytes, r: LlmRequest, body: bytes,
+                forged: bool = False) -> list[ep.ProcessingResponse]:
+        """The pick's answer to the request's headers (its endpoint, route and budget), then the
+        body given back in one piece (full duplex: Envoy keeps none of it; without it the
+        server would get an empty body). Envoy drops `content-length` itself in this mode and
+        sends the body chunked, so a body the gateway rewrote needs no new length."""
         headers_answer = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
         out = ep.ProcessingResponse()
-        common = out.request_body.response
+        common = out.request_headers.response
         common.CopyFrom(headers_answer.request_headers.response)
         if headers_answer.HasField("dynamic_metadata"):
             out.dynamic_metadata.CopyFrom(headers_answer.dynamic_metadata)
@@ -297,7 +302,18 @@ class LlmPicker:
             m.remove_headers.extend(kept)
             _set(m, PER_TRY_TIMEOUT, str(ttft_ms))
         new_body = upstream_body(r)
-        if new_body is not None:  # its length changed: say so (Envoy sends the header as it was)
-            common.body_mutation.body = new_body
-            _set(common.header_mutation, "content-length", str(len(new_body)))
-        return out
+        return [out, body_answer(new_body if new_body is not None else body)]
+
+
+def body_answer(body: bytes) -> ep.ProcessingResponse:
+    """The whole request body given back to Envoy, ending the stream (full duplex)."""
+    out = ep.ProcessingResponse()
+    sr = out.request_body.response.body_mutation.streamed_response
+    sr.body = body
+    sr.end_of_stream = True
+    return out
+
+
+def too_large(size: int, limit: int) -> ep.ProcessingResponse:
+    return error_response(413, f"the request body is {size} bytes, over the gateway's limit of {limit} bytes", "bad-body",
+                          "request_too_large")

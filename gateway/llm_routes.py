@@ -5,9 +5,11 @@ OpenAI-style and Open Inference Protocol REST traffic besides the gRPC it always
   prompt are in it), so these routes have an ext_proc filter of their own (`LLM_PICKER_FILTER`,
   the same picker; the general one is off there, and this one off elsewhere) that sends it,
   with its own message timeout (`picker_timeout_ms`: counting a 220 KB prompt's tokens takes
-  longer than a gRPC call's pick may), BUFFERED: Envoy holds
-  the whole body and sends it in one message (the picker refuses one over `max_body_bytes` with 413; beyond the
-  listener's per-connection buffer Envoy refuses it with 413 itself); a body that takes longer than `body_timeout_ms` to arrive gets 408
+  longer than a gRPC call's pick may), FULL_DUPLEX_STREAMED: Envoy sends the headers and
+  the body's chunks as they arrive without waiting for the headers' answer; the picker reads
+  the body to its end (refusing it with 413 once over `max_body_bytes`), then answers the
+  headers with the pick and gives the body back (one exchange with the picker where
+  BUFFERED took two: the headers answered, then the body sent); a body that takes longer than `body_timeout_ms` to arrive gets 408
   (the connection manager's request timeout). Both answers carry the reason in
   `x-policyc-reason` and an OpenAI-style error object (local-reply mappers).
 - `/v1/models`, the OIP REST paths (`/v2/...`) and everything else: headers only, as before.
@@ -55,8 +57,8 @@ class LlmRoutes:
 
 def _processing_mode(response_headers: bool) -> dict[str, Any]:
     return {"request_header_mode": "SEND", "response_header_mode": "SEND" if response_headers else "SKIP",
-            "request_body_mode": "BUFFERED", "response_body_mode": "NONE",
-            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"}
+            "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "NONE",
+            "request_trailer_mode": "SEND", "response_trailer_mode": "SKIP"}
 
 
 def _twice(route: dict[str, Any]) -> list[dict[str, Any]]:

@@ -270,22 +270,41 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             self._trace(stamps)
 
     async def _llm_body(self, context: grpc.aio.ServicerContext, headers: ep.ProcessingRequest, kind: str) -> str | None:
-        """An LLM request (`llm_pick.py`): its headers let through, its body read, the pick
-        answered on the body message. Returns the decision id when it was forwarded."""
+        """An LLM request (`llm_pick.py`): its body read to its end, then the pick answered on
+        its headers and its body given back. The body-reading routes' filter is full duplex
+        (`llm_routes.py`): Envoy sends the body without waiting for the headers' answer, so
+        the pick costs one exchange with this process, not two (each is a wake-up of it that
+        queues for a core on a loaded machine). Returns the decision id when it was forwarded."""
         assert self.llm is not None
         if headers.request_headers.end_of_stream:  # no body will come: nothing to pick on
             await context.write(llm_pick.error_response(400, f"a {kind} request needs a JSON body", "bad-body",
                                                         "invalid_request_body"))
             return None
-        await context.write(llm_pick.CONTINUE_REQUEST_HEADERS)
-        body = await context.read()
-        if body is grpc.aio.EOF:
-            return None
-        if not body.HasField("request_body"):
-            await context.write(messages.empty_for(body.WhichOneof("request") or ""))
-            return None
-        resp, pick = await self.llm.pick(headers, body, kind)
-        await context.write(resp)
+        chunks: list[bytes] = []
+        size, trailers = 0, False
+        limit = self.llm.picks.max_body_bytes
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return None
+            if msg.HasField("request_body"):
+                size += len(msg.request_body.body)
+                if size > limit:  # refused as it arrives: never held past the limit
+                    await context.write(llm_pick.too_large(size, limit))
+                    return None
+                chunks.append(msg.request_body.body)
+                if msg.request_body.end_of_stream:
+                    break
+            elif msg.HasField("request_trailers"):  # the body ended with trailers (answered after the body)
+                trailers = True
+                break
+            else:  # nothing else comes before the body's end; answered as it is, never left waiting
+                await context.write(messages.empty_for(msg.WhichOneof("request") or ""))
+        answers, pick = await self.llm.pick(headers, b"".join(chunks), kind)
+        for answer in answers:
+            await context.write(answer)
+        if trailers and pick is not None:
+            await context.write(messages.empty_for("request_trailers"))
         return pick.decision_id if pick is not None else None
 
     def enable_llm(self, picks: "llm_pick.LlmPicks") -> None:
