@@ -2,6 +2,13 @@
 100) on the 50 ms tick, and the reader against prometheus_client's parser on the same page.
 
     .venv/bin/python benchmarks/metrics_scrape.py [--endpoints 100] [--seconds 10] [--interval 0.05]
+    .venv/bin/python benchmarks/metrics_scrape.py --real-vllm      # the server's side, whole page vs narrowed
+
+The pages served here are whole whatever the path, so the first figure is the scraper's cost of
+a whole page. `--real-vllm` measures the other party: a real vLLM API server's CPU per scrape
+(its process's CPU time over `--scrapes` scrapes on one kept-alive connection, idle server) of
+the whole `/metrics` page against the narrowed one the scraper asks for
+(`server_metric_names.narrowed_path`), in alternating rounds; the ratio is narrowed ÷ whole.
 
 The pages are a real vLLM 0.32 `/metrics` page (tests/fixtures/llm, ~50 KB, ~600 lines),
 served by a separate process (asyncio, one port per endpoint, kept-alive HTTP/1.1) so that
@@ -44,8 +51,56 @@ def serve(n: int, conn) -> None:  # type: ignore[no-untyped-def]  # runs in the 
     asyncio.run(main())
 
 
+def real_vllm(scrapes: int, rounds: int) -> dict[str, object]:
+    """A real vLLM's API server CPU per scrape: the whole page against the narrowed one."""
+    import http.client
+    import os
+    import statistics
+    import tempfile
+
+    from policyc.modelserver.llm_model import cached_llm_model
+    from policyc.modelserver.vllm_engine import VllmServer, VllmSpec
+    from policyc.placer.server_metric_names import narrowed_path, protocol
+
+    srv = VllmServer(VllmSpec(cached_llm_model().dir, "tiny-llm"), Path(tempfile.mkdtemp(prefix="scrape-")))
+    srv.spawn()
+    try:
+        srv.wait_ready()
+        pid = srv.pid
+        narrowed = narrowed_path("vllm", protocol("vllm"))
+        assert narrowed is not None
+
+        def cpu_s() -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        host, port = srv.endpoint.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        per: dict[str, list[float]] = {"whole": [], "narrowed": []}
+        size: dict[str, int] = {}
+        for _ in range(rounds):
+            for name, path in (("whole", "/metrics"), ("narrowed", narrowed)):
+                c0 = cpu_s()
+                for _ in range(scrapes):
+                    conn.request("GET", path)
+                    size[name] = len(conn.getresponse().read())
+                per[name].append((cpu_s() - c0) / scrapes * 1e3)
+        conn.close()
+    finally:
+        srv.stop()
+    whole, narrow = statistics.median(per["whole"]), statistics.median(per["narrowed"])
+    return {"server": "vLLM API server (real, idle)", "scrapes_per_round": scrapes, "rounds": rounds,
+            "whole_page_bytes": size["whole"], "narrowed_page_bytes": size["narrowed"],
+            "server_cpu_ms_per_scrape_whole": round(whole, 3), "server_cpu_ms_per_scrape_narrowed": round(narrow, 3),
+            "rounds_ms_whole": [round(x, 3) for x in per["whole"]], "rounds_ms_narrowed": [round(x, 3) for x in per["narrowed"]],
+            "ratio_narrowed_over_whole": round(narrow / whole, 3),
+            "server_cores_at_20_scrapes_per_s_whole_narrowed": [round(whole * 0.02, 3), round(narrow * 0.02, 3)]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real-vllm", action="store_true", help="the server's CPU per scrape on a real vLLM, whole vs narrowed")
+    ap.add_argument("--scrapes", type=int, default=300, help="per round, with --real-vllm")
     ap.add_argument("--endpoints", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--interval", type=float, default=0.05)
@@ -53,6 +108,9 @@ def main() -> int:
                     help="the scraper's default fleet budget on (200 scrapes/s, 0.25 core): the tick it stretches to; "
                          "off by default, so the figure is the cost of every endpoint at --interval")
     args = ap.parse_args()
+    if args.real_vllm:
+        print(json.dumps(real_vllm(args.scrapes, 3), indent=1))
+        return 0
 
     from prometheus_client.parser import text_string_to_metric_families
 

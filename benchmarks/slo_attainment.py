@@ -59,6 +59,13 @@ during the trace: seconds on a core (`router_cpu_s`) and seconds its threads wer
 but queued for one (`router_cpu_wait_s`, the kernel's schedstat), which on this 2-core
 machine with real vLLM engines holding both cores is where a router with more process hops
 per request loses time.
+
+`--router-nice N` (root): every router's processes, as a group per session, get the weight of
+nice N against the model servers (`prioritise`: the autogroup nice; a plain nice does nothing
+between sessions). Real vLLM on the CPU holds every core of this machine with its engines, a
+condition no GPU deployment has (there the engines run on the accelerators and the router has
+cores of its own); with it each router, peers and policyc alike, gets a core when it wakes.
+The figures with and without it are both in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -582,6 +589,26 @@ def _tree(roots: list[int]) -> list[int]:
     return out
 
 
+def prioritise(roots: list[int], nice: int) -> list[str]:
+    """Every session of the router's processes (`_tree`: the gateway's Envoy runs in a session
+    of its own) given the scheduler weight of `nice` as a group: the autogroup nice
+    (`/proc/PID/autogroup`, `sched(7)`). Per-process nice does nothing here: with autogroups on,
+    it weighs a thread only against threads of its own session, and every router and model
+    server is a session of its own. Applied the same way to every router (`--router-nice`).
+    Returns the groups set, as the kernel reads them back."""
+    done: dict[int, str] = {}
+    for pid in _tree(roots):
+        try:
+            sid = os.getsid(pid)
+            if sid not in done:
+                Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+                done[sid] = Path(f"/proc/{pid}/autogroup").read_text().strip()
+        except OSError as e:
+            raise SystemExit(f"slo_attainment: --router-nice {nice}: process {pid}: {e} (autogroups need root and "
+                             "/proc/sys/kernel/sched_autogroup_enabled = 1)") from e
+    return sorted(done.values())
+
+
 def sched_of(roots: list[int]) -> tuple[float, float]:
     """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
     the router's processes (the kernel's /proc/PID/task/TID/schedstat): how much CPU the
@@ -645,6 +672,10 @@ def main() -> int:
     ap.add_argument("--real-vllm", type=int, default=0, metavar="N",
                     help="N real vLLM servers (1-2, one per core; .venv-vllm) instead of the emulators, declared as "
                          "--classes (default all H100: they are the same CPU), the contract's prefill the model's own")
+    ap.add_argument("--router-nice", type=int, default=0, metavar="N",
+                    help="every router's processes get the scheduler weight of nice N as a group (autogroup, e.g. -10), "
+                         "the same for each router: on a machine whose cores the model servers' engines hold (real vLLM on "
+                         "the CPU), the router gets a core when it needs one, as where the engines run on GPUs; 0: off")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -730,11 +761,13 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
                                   args.policyc_scrape_budget)
             asyncio.run(warm(router.url))
             roots = [p.pid for p in router.procs]
+            groups = prioritise(roots, args.router_nice) if args.router_nice else []
             run0, wait0 = sched_of(roots)
             outs, wall = asyncio.run(drive(router.url, trace))
             run1, wait1 = sched_of(roots)
             results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
-                            "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2)})
+                            "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2),
+                            **({"router_groups": groups} if groups else {})})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
             served = pool.served()
             by_class: Counter[str] = Counter()
