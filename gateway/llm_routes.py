@@ -52,7 +52,7 @@ class LlmRoutes:
     # times measured. None: answers pass unsupervised (no TTFT break on streams, no TPOT end, no evidence)
     supervisor: str | None = None
     supervisor_timeout_ms: int = 5000  # per message to the supervisor (it answers at once; a loaded machine's stall)
-    picker_timeout_ms: int = 5000  # per message to the picker on the body-reading routes (tokenizing a long prompt)
+    picker_timeout_ms: int = 5000  # the picker's time on a body-reading route's request, after its body is in
 
 
 def _processing_mode(response_headers: bool) -> dict[str, Any]:
@@ -91,11 +91,13 @@ def llm_routes(limits: LlmRoutes, base: dict[str, Any], response_headers: bool) 
 
 def llm_picker_filter(general: dict[str, Any], limits: LlmRoutes, response_headers: bool) -> dict[str, Any]:
     """The picker's filter for the body-reading routes: the general one's, with the body
-    buffered and its own message timeout."""
+    sent full duplex and its own message timeout."""
     f = copy.deepcopy(general)
     f["name"] = LLM_PICKER_FILTER
     cfg = f["typed_config"]
-    t = f"{limits.picker_timeout_ms / 1000:g}s"
+    # full duplex: the headers' answer (the pick) comes once the whole body is in, so its bound is
+    # the body's own (`body_timeout_ms`, then 408) plus the picker's time on it
+    t = f"{(limits.body_timeout_ms + limits.picker_timeout_ms) / 1000:g}s"
     cfg["message_timeout"] = t
     cfg["grpc_service"]["timeout"] = t
     cfg["processing_mode"] = _processing_mode(response_headers)

@@ -12,11 +12,20 @@ ext_proc stream when the access log is not followed, or, for an LLM answer, the 
 supervisor's view of its attempt ending), so the next pick, not the next tick, sees it.
 
 What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its count times
-the seconds one request holds that GPU, `seconds` — the mean duration of this gateway's own
-completed requests there (an exponentially weighted mean, `ALPHA`, measured from `begin` to
-`end` on the gateway's monotonic clock: where the GPU class's real speed shows); before any
+the seconds one request holds a GPU of its class, `seconds` — the mean duration of this
+gateway's own completed requests on that GPU (an exponentially weighted mean, `ALPHA`,
+measured from `begin` to `end` on the gateway's monotonic clock: where the GPU class's real
+speed shows), averaged over the candidates of the same GPU class (`pooled`); before any
 request there has completed, the same mean over every GPU of this gateway, and before any
 has completed anywhere, the candidate's own predicted rank (the latency model's).
+
+Why pooled by class: an LLM request's duration is mostly its output length (16 or 64 tokens
+is a 4x spread), so one GPU's mean follows the last few requests it served, not its speed.
+Per GPU, two equal vLLM servers read 1,489 and 200 ms a request in one run
+(benchmarks/RESULTS.md): one request in flight on the first outweighed four on the second,
+80 % of the requests went to one server, and its queue missed the gold SLOs. GPUs of one
+class are declared equally fast, so their samples estimate one figure: within a class the
+count decides (least request), across classes their measured speeds still do.
 A request's whole duration is counted per request ahead, as if the server served them one
 at a time: an upper bound for a batching server, the same bound on every GPU. It never
 refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
@@ -197,6 +206,34 @@ class GatewayInFlight(Signal[RequestInputs]):
         request there, or × the candidate's own predicted rank before any has ended."""
         return counts * np.where(np.isfinite(seconds), seconds, rank)
 
+    def pooled(self, seconds: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """Each candidate's seconds per request pooled over the candidates of its GPU class
+        (`classes`: a class index per candidate): the mean of their finite seconds, NaN for a
+        class where none has one (vectorised; summed in candidate order, as `pooled_reference`)."""
+        ok = np.isfinite(seconds)
+        if not ok.any():
+            return seconds
+        _, group = np.unique(classes, return_inverse=True)
+        sums = np.bincount(group, weights=np.where(ok, seconds, 0.0))
+        ns = np.bincount(group, weights=ok.astype(np.float64))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (sums / ns)[group]
+
+    def pooled_reference(self, seconds: Sequence[float], classes: Sequence[object]) -> list[float]:
+        """`pooled`, stated candidate by candidate (the test holds the two equal)."""
+        by: dict[object, list[float]] = {}
+        for s, c in zip(seconds, classes):
+            if s == s and abs(s) != float("inf"):
+                by.setdefault(c, []).append(s)
+        out = []
+        for c in classes:
+            xs = by.get(c)
+            total = 0.0
+            for x in xs or ():
+                total += x
+            out.append(total / len(xs) if xs else float("nan"))
+        return out
+
     def added_reference(self, counts: Sequence[float], seconds: Sequence[float], rank: Sequence[float]) -> list[float]:
         """`added`, stated candidate by candidate (the test holds the two equal)."""
         return [n * (s if s == s and abs(s) != float("inf") else r) for n, s, r in zip(counts, seconds, rank)]
@@ -206,7 +243,7 @@ class GatewayInFlight(Signal[RequestInputs]):
 
     def note(self, gpu: str, count: float, seconds: float, added: float) -> str:
         """The plan's line when the count moved the choice off the model's best."""
-        per = f"{seconds * 1e3:.0f} ms measured per request" if seconds == seconds else "the predicted rank per request"
+        per = f"{seconds * 1e3:.0f} ms measured per request on its class" if seconds == seconds else "the predicted rank per request"
         return f"in flight from this gateway on {gpu}: {count:g} ({per}, +{added * 1e3:.1f} ms)"
 
 

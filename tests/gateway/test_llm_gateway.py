@@ -212,6 +212,26 @@ def test_a_body_too_slow_is_408(llm_gateway: LlmGateway) -> None:
     assert took >= BODY_TIMEOUT_MS / 1e3 * 0.9
 
 
+def test_a_body_that_arrives_in_pieces_is_read_whole_and_served(llm_gateway: LlmGateway) -> None:
+    """Full duplex: Envoy passes the body's pieces as they arrive; the picker reads them to the
+    end, picks on the whole body and gives it back, and the server gets all of it."""
+    host, port = llm_gateway.listen.split(":")
+    body = json.dumps(chat("count " * 200, max_tokens=3)).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:40])
+        time.sleep(0.3)
+        s.sendall(body[40:400])
+        time.sleep(0.3)
+        s.sendall(body[400:])
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, answer = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), data[:400]
+    assert b"x-policyc-instance:" in head.lower() and b'"choices"' in answer, data[:600]
+
+
 def test_a_rule_on_prompt_tokens_refuses_with_its_source(llm_gateway: LlmGateway) -> None:
     from tokenizers import Tokenizer
     assert llm_gateway.tokenizer is not None

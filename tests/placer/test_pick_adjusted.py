@@ -66,6 +66,8 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
     lines: list[str] = []
     if p.in_flight.busy():
         counts, secs = p.in_flight.gather(gpus)
+        names, model_idx = t.gpu_models
+        secs = np.array(IN_FLIGHT.pooled_reference(list(secs), [names[model_idx[int(ev.gpus[r])]] for r in feas]))
         added = IN_FLIGHT.added(counts, secs, rank)
         adj += added
     ttft = None
