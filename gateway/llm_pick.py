@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("policyc.gateway")
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-CONTINUE_REQUEST_HEADERS = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 INLINE_BODY_BYTES = 16 * 1024  # bodies larger than this are read and tokenized off the event loop
 LLM_VARS = ("model", "prompt_tokens", "max_tokens", "stream")
 _http1 = ep.ProcessingResponse()
@@ -315,5 +314,6 @@ def body_answer(body: bytes) -> ep.ProcessingResponse:
 
 
 def too_large(size: int, limit: int) -> ep.ProcessingResponse:
-    return error_response(413, f"the request body is {size} bytes, over the gateway's limit of {limit} bytes", "bad-body",
-                          "request_too_large")
+    """413 for a body of at least `size` bytes (refused as its pieces arrive, so maybe not all of it)."""
+    return error_response(413, f"the request body reached {size} bytes, over the gateway's limit of {limit} bytes",
+                          "bad-body", "request_too_large")
