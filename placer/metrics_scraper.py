@@ -15,9 +15,10 @@ never queued, and endpoints' ticks are spread over the interval so 100 endpoints
 scrape in one burst. A failed scrape keeps the last values, whose age then grows: a reader
 sees `stale` once the age passes `max_age_s` and `error` says why — never an old number
 passed off as fresh. A server that can render only the wanted series (vLLM, SGLang:
-`server_metric_names.narrowed_path`) is asked for those alone, a fifth of a millisecond of
-its CPU instead of several; one that does not answer that page is scraped whole. `snapshot` reads an immutable record the loop replaces, so it takes no
-lock and may be called from any thread (the placer's refresher, the gateway).
+`server_metric_names.narrowed_path`) is asked for those alone (vLLM: 0.6 ms of its CPU a
+scrape instead of 3.7); one that does not answer that page is scraped whole. `snapshot`
+reads an immutable record the loop replaces, so it takes no lock and may be called from any
+thread (the placer's refresher, the gateway).
 
 **The fleet-wide budget.** A 50 ms tick is cheap for a few endpoints and not for a fleet:
 every scrape costs the scraper's CPU and the model server's (vLLM renders a ~50 KB page per

@@ -17,14 +17,15 @@ protocol, so its readings never carry it (never a zero passed off as a measureme
 | ttft_sum_s / ttft_count (histogram) | `vllm:time_to_first_token_seconds` | `sglang:time_to_first_token_seconds` | | |
 | block_size (tokens) | `vllm:cache_config_info` label `block_size` | `sglang:cache_config_info` label `page_size` | `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}` | `trtllm_kv_cache_tokens_per_block` |
 
-**The narrowed page.** vLLM and SGLang render `/metrics` with prometheus_client, whose ASGI
-app (mounted at `/metrics/`) renders only the series named in `name[]` query parameters: the
-scraper asks for just the series of its map (`narrowed_path`). On vLLM 0.32 that page is
-2.4 KB and costs its API server 0.65 ms of CPU, against 49 KB and 4.6 ms for the whole page
-(measured here, 300 scrapes each), the server's cost of being measured, 20 times a second.
-vLLM's plain `/metrics` route (prometheus-fastapi-instrumentator's) ignores the query: hence
-the slash. A server that answers the narrowed page with anything but the series is scraped
-whole from then on (`metrics_scraper`).
+**The narrowed page.** vLLM mounts prometheus_client's ASGI app at `/metrics/`, which renders
+only the series named in `name[]` query parameters: the scraper asks for just the series of
+its map (`narrowed_path`). On vLLM 0.32 that page is 2.4 KB and costs its API server 0.60 ms
+of CPU, against 49 KB and 3.7 ms for the whole page (`benchmarks/metrics_scrape.py
+--real-vllm`): the server's cost of being measured, 20 times a second. vLLM's plain
+`/metrics` route (prometheus-fastapi-instrumentator's) ignores the query: hence the slash.
+SGLang mounts the same app the same way (its `add_prometheus_middleware`; not run here). A
+server that answers the narrowed page with anything but the series is scraped whole from
+then on (`metrics_scraper`), so a kind wrongly listed in `NARROWS` costs one scrape.
 
 Several series of one name (vLLM's `engine` label, one per data-parallel engine) are summed
 for counts and counters and the largest taken for a fraction (`Agg`). The policyc emulator
