@@ -113,7 +113,7 @@ def _supervisor_filter(limits: LlmRoutes) -> dict[str, Any]:
     answer's headers (held until the first body chunk) and body, full duplex (the
     supervisor may end a stalled stream with a body of its own)."""
     t = f"{limits.supervisor_timeout_ms / 1000:g}s"
-    # its own name: the LLM routes' per-route ext_proc override (body BUFFERED) is the picker's alone
+    # its own name: the LLM routes' per-route ext_proc override (body full duplex) is the picker's alone
     return {"name": SUPERVISOR_FILTER, "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": SUPERVISOR_CLUSTER}, "timeout": t},
