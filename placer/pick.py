@@ -176,7 +176,8 @@ class Picker:
         index = self._index(t)
         if self.in_flight.busy():
             counts, secs = self.in_flight.gather_rows(t, index, len(t.gpus), rows)
-            secs = IN_FLIGHT.pooled(secs, t.gpu_models[1][rows])
+            if facts is not None:  # an LLM request: the seconds per request in flight pooled by GPU class
+                secs = IN_FLIGHT.pooled(secs, t.gpu_models[1][rows])
             added = IN_FLIGHT.added(counts, secs, rank)
             adj += added
         keys = t.gpu_keys
@@ -239,7 +240,6 @@ class Picker:
         added: list[float] = counts
         if self.in_flight.busy():
             counts, secs = self.in_flight.gather_list([keys[gpus[r]] for r in feas])
-            secs = IN_FLIGHT.pooled_reference(secs, [t.gpu_models[1][gpus[r]] for r in feas])
             added, adj = [], []
             for r, c, s in zip(feas, counts, secs):  # one loop (a comprehension is a call of its own in 3.11)
                 x = float(ranks[r])

@@ -15,9 +15,13 @@ What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its 
 the seconds one request holds a GPU of its class, `seconds` — the mean duration of this
 gateway's own completed requests on that GPU (an exponentially weighted mean, `ALPHA`,
 measured from `begin` to `end` on the gateway's monotonic clock: where the GPU class's real
-speed shows), averaged over the candidates of the same GPU class (`pooled`); before any
+speed shows) — for an LLM request, averaged over the candidates of the same GPU class
+(`pooled`; why, below); before any
 request there has completed, the same mean over every GPU of this gateway, and before any
 has completed anywhere, the candidate's own predicted rank (the latency model's).
+A request's whole duration is counted per request ahead, as if the server served them one
+at a time: an upper bound for a batching server, the same bound on every GPU. It never
+refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
 
 Why pooled by class: an LLM request's duration is mostly its output length (16 or 64 tokens
 is a 4x spread), so one GPU's mean follows the last few requests it served, not its speed.
@@ -25,10 +29,9 @@ Per GPU, two equal vLLM servers read 1,489 and 200 ms a request in one run
 (benchmarks/RESULTS.md): one request in flight on the first outweighed four on the second,
 80 % of the requests went to one server, and its queue missed the gold SLOs. GPUs of one
 class are declared equally fast, so their samples estimate one figure: within a class the
-count decides (least request), across classes their measured speeds still do.
-A request's whole duration is counted per request ahead, as if the server served them one
-at a time: an upper bound for a batching server, the same bound on every GPU. It never
-refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
+count decides (least request), across classes their measured speeds still do. A unary call's
+duration does not spread so (its answer is one message), and its pick (`_in_flight_only`, a
+handful of candidates in plain Python) stays per GPU, without the pooling's cost.
 
 Bounded: at most `max_open` requests are tracked (the oldest is forgotten first) and one
 whose end never comes is forgotten after `max_age_s`, so a lost access-log entry cannot
@@ -47,6 +50,7 @@ from ..framework import Column, RequestInputs, Signal, Stage, Words
 from ..plan import Constraint
 
 KEY = "gateway_in_flight"
+INF = float("inf")
 ALPHA = 0.2  # the weight of the latest duration in a GPU's mean
 
 
@@ -208,31 +212,28 @@ class GatewayInFlight(Signal[RequestInputs]):
 
     def pooled(self, seconds: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """Each candidate's seconds per request pooled over the candidates of its GPU class
-        (`classes`: a class index per candidate): the mean of their finite seconds, NaN for a
-        class where none has one (vectorised; summed in candidate order, as `pooled_reference`)."""
+        (`classes`: a small non-negative class index per candidate, `Topology.gpu_models`): the
+        mean of their finite seconds, NaN for a class where none has one (vectorised; summed in
+        candidate order, as `pooled_reference`)."""
         ok = np.isfinite(seconds)
-        if not ok.any():
-            return seconds
-        _, group = np.unique(classes, return_inverse=True)
-        sums = np.bincount(group, weights=np.where(ok, seconds, 0.0))
-        ns = np.bincount(group, weights=ok.astype(np.float64))
+        sums = np.bincount(classes, weights=np.where(ok, seconds, 0.0))
+        ns = np.bincount(classes, weights=ok)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (sums / ns)[group]
+            return (sums / ns)[classes]
 
-    def pooled_reference(self, seconds: Sequence[float], classes: Sequence[object]) -> list[float]:
+    def pooled_reference(self, seconds: Sequence[float], classes: Sequence[int]) -> list[float]:
         """`pooled`, stated candidate by candidate (the test holds the two equal)."""
-        by: dict[object, list[float]] = {}
+        by: dict[int, list[float]] = {}
         for s, c in zip(seconds, classes):
-            if s == s and abs(s) != float("inf"):
-                by.setdefault(c, []).append(s)
-        out = []
-        for c in classes:
-            xs = by.get(c)
-            total = 0.0
-            for x in xs or ():
-                total += x
-            out.append(total / len(xs) if xs else float("nan"))
-        return out
+            if s == s and s != INF and s != -INF:
+                t = by.get(c)
+                if t is None:
+                    by[c] = [s, 1.0]
+                else:
+                    t[0] += s
+                    t[1] += 1.0
+        nan = float("nan")
+        return [t[0] / t[1] if (t := by.get(c)) is not None else nan for c in classes]
 
     def added_reference(self, counts: Sequence[float], seconds: Sequence[float], rank: Sequence[float]) -> list[float]:
         """`added`, stated candidate by candidate (the test holds the two equal)."""

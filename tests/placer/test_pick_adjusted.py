@@ -66,8 +66,9 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
     lines: list[str] = []
     if p.in_flight.busy():
         counts, secs = p.in_flight.gather(gpus)
-        names, model_idx = t.gpu_models
-        secs = np.array(IN_FLIGHT.pooled_reference(list(secs), [names[model_idx[int(ev.gpus[r])]] for r in feas]))
+        if facts is not None:  # an LLM request's: pooled by GPU class
+            _, model_idx = t.gpu_models
+            secs = np.array(IN_FLIGHT.pooled_reference(list(secs), [int(model_idx[int(ev.gpus[r])]) for r in feas]))
         added = IN_FLIGHT.added(counts, secs, rank)
         adj += added
     ttft = None
@@ -239,3 +240,19 @@ def test_the_prefix_index_equals_its_plain_statement(records: list[tuple[tuple[i
         naive.record(blocks, gpus[g])
         assert ix.matched(asked, gpus).tolist() == naive.matched(asked, gpus)
     assert len(ix) == len(naive.d)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.05, 0.4, 2.0, 1e-9, float("nan")]) | st.floats(0.0, 10.0),
+                          st.integers(0, 3)), min_size=1, max_size=40))
+def test_pooled_seconds_equal_their_plain_statement(pairs: list[tuple[float, int]]) -> None:
+    """Each candidate's seconds pooled over its GPU class: the vectorised form (`_adjusted`) and
+    the plain one (`_in_flight_only`) agree to the bit, NaN where its class has no figure."""
+    secs, classes = [s for s, _ in pairs], [c for _, c in pairs]
+    fast = IN_FLIGHT.pooled(np.array(secs), np.array(classes, dtype=np.int64)).tolist()
+    plain = IN_FLIGHT.pooled_reference(secs, classes)
+    assert [x if x == x else "nan" for x in fast] == [x if x == x else "nan" for x in plain]
+    for c in set(classes):
+        own = [s for s, k in pairs if k == c and s == s]
+        got = {p for p, k in zip(plain, classes) if k == c}
+        assert len(got) == 1 and (next(iter(got)) == sum(own) / len(own) if own else next(iter(got)) != next(iter(got)))
