@@ -12,13 +12,13 @@ ext_proc stream when the access log is not followed, or, for an LLM answer, the 
 supervisor's view of its attempt ending), so the next pick, not the next tick, sees it.
 
 What it adds to a feasible candidate's rank, at the pick (`Picker.choose`): its count times
-the seconds one request holds a GPU of its class, `seconds` — the mean duration of this
-gateway's own completed requests on that GPU (an exponentially weighted mean, `ALPHA`,
-measured from `begin` to `end` on the gateway's monotonic clock: where the GPU class's real
-speed shows) — for an LLM request, averaged over the candidates of the same GPU class
-(`pooled`; why, below); before any
+the seconds one request holds that GPU, `seconds` — the mean duration of this gateway's own
+completed requests there (an exponentially weighted mean, `ALPHA`, measured from `begin` to
+`end` on the gateway's monotonic clock: where the GPU class's real speed shows); before any
 request there has completed, the same mean over every GPU of this gateway, and before any
-has completed anywhere, the candidate's own predicted rank (the latency model's).
+has completed anywhere, the candidate's own predicted rank (the latency model's). For an LLM
+request the seconds are averaged over the candidates of the same GPU class (`pooled`; why,
+below).
 A request's whole duration is counted per request ahead, as if the server served them one
 at a time: an upper bound for a batching server, the same bound on every GPU. It never
 refuses a GPU (`reference`: no refusal; the budget and share signals decide feasibility).
@@ -244,7 +244,7 @@ class GatewayInFlight(Signal[RequestInputs]):
 
     def note(self, gpu: str, count: float, seconds: float, added: float) -> str:
         """The plan's line when the count moved the choice off the model's best."""
-        per = f"{seconds * 1e3:.0f} ms measured per request on its class" if seconds == seconds else "the predicted rank per request"
+        per = f"{seconds * 1e3:.0f} ms measured per request" if seconds == seconds else "the predicted rank per request"
         return f"in flight from this gateway on {gpu}: {count:g} ({per}, +{added * 1e3:.1f} ms)"
 
 
