@@ -246,8 +246,8 @@ def test_the_prefix_index_equals_its_plain_statement(records: list[tuple[tuple[i
 @given(st.lists(st.tuples(st.sampled_from([0.05, 0.4, 2.0, 1e-9, float("nan")]) | st.floats(0.0, 10.0),
                           st.integers(0, 3)), min_size=1, max_size=40))
 def test_pooled_seconds_equal_their_plain_statement(pairs: list[tuple[float, int]]) -> None:
-    """Each candidate's seconds pooled over its GPU class: the vectorised form (`_adjusted`) and
-    the plain one (`_in_flight_only`) agree to the bit, NaN where its class has no figure."""
+    """Each candidate's seconds pooled over its GPU class: the vectorised form (`_adjusted`'s) and
+    the plain statement (the reference's) agree to the bit, NaN where its class has no figure."""
     secs, classes = [s for s, _ in pairs], [c for _, c in pairs]
     fast = IN_FLIGHT.pooled(np.array(secs), np.array(classes, dtype=np.int64)).tolist()
     plain = IN_FLIGHT.pooled_reference(secs, classes)
