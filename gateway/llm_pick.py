@@ -256,7 +256,7 @@ class LlmPicker:
             CURRENT_FACTS.reset(token)
         if pick is None:
             msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
-            return [as_openai_error(msg, self._rule_source) if msg.HasField("immediate_response") else msg], None
+            return [as_openai_error(msg, self._rule_source)], None  # no pick is always a refusal (`_request_headers`)
         self.picks.remember(pick.decision_id, r)
         return self.forward(pick, resp, r, body, _header(headers, UPSTREAM_HEADER) is not None), pick
 
