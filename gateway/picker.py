@@ -289,10 +289,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 return None
             if msg.HasField("request_body"):
                 size += len(msg.request_body.body)
-                if size > limit:  # refused as it arrives: never held past the limit
-                    await context.write(llm_pick.too_large(size, limit))
-                    return None
-                chunks.append(msg.request_body.body)
+                if size <= limit:  # past the limit nothing more is kept; refused once the client has sent it all
+                    chunks.append(msg.request_body.body)  # (a refusal mid-upload resets an HTTP/2 client's stream)
                 if msg.request_body.end_of_stream:
                     break
             elif msg.HasField("request_trailers"):  # the body ended with trailers (answered after the body)
@@ -300,6 +298,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                 break
             else:  # nothing else comes before the body's end; answered as it is, never left waiting
                 await context.write(messages.empty_for(msg.WhichOneof("request") or ""))
+        if size > limit:
+            await context.write(llm_pick.too_large(size, limit))
+            return None
         answers, pick = await self.llm.pick(headers, b"".join(chunks), kind)
         for answer in answers:
             await context.write(answer)
