@@ -281,7 +281,7 @@ def test_the_command_serves_registers_and_deregisters(model_dir, tmp_path):
         ready = tmp_path / "ready.json"
         proc = subprocess.Popen([sys.executable, "-m", "policyc.cli.main", "modelserver", "--engine", "emulator",
                                  "--model", str(model_dir), "--instance", "tiny-llama@emu-0", "--register",
-                                 "--server", f"127.0.0.1:{port}", "--token", server.operator_token or "",
+                                 "--server", f"127.0.0.1:{port}", f"--token={server.operator_token or ''}",  # `=`: a token may begin with "-"
                                  *[a for k, v in d.model_dump().items() if k != "endpoint" for a in ("--deploy", f"{k}={v}")],
                                  "--ready-file", str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
