@@ -57,7 +57,8 @@ class LlmSide:
         self.supervisor = StreamSupervisor(self.picks, lambda: server.engine.state.bundle, acts.log, acts.anomalies,
                                            lambda did: recent[did].gpu_key if did in recent else None,
                                            lambda did: recent[did].retry_headers if did in recent else (),
-                                           self._gpu_model_of, picker.picker.end_in_flight)
+                                           self._gpu_model_of, picker.picker.end_in_flight,
+                                           picker.picker.first_token)
         self._picker, self._thread = picker, thread
         self.server = SupervisorServer(self.supervisor)
         self.supervisor_thread = ServerThread(self.server, name="policyc-llm-supervisor")

@@ -149,7 +149,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                  anomalies: AnomalySink | None = None, gpu_of: Callable[[str], str | None] = lambda _: None,
                  retry_headers_of: Callable[[str], tuple[tuple[str, str], ...]] = lambda _: (),
                  gpu_model_of: Callable[[str], str | None] = lambda _: None,
-                 ended: Callable[[str], object] = lambda _: None) -> None:
+                 ended: Callable[[str], object] = lambda _: None,
+                 first_token: Callable[[str, float], object] = lambda _, __: None) -> None:
         self.picks = picks
         self.bundle = bundle  # the current bundle
         self.log = action_log
@@ -163,6 +164,9 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         # its requests in flight on the picked GPU ends there (placer/signals/gateway_in_flight.py). An LLM call
         # has no budget of the picker's, so no access-log entry ends it: this is where its end is seen
         self.ended = ended
+        # called with the decision id and the seconds to its first chunk, on a request's first attempt: the picker
+        # learns what the contract's TTFT prediction leaves out on the picked GPU (placer/signals/predicted_ttft.py)
+        self.first_token = first_token
         self.evidence: dict[str, list[Evidence]] = {}  # decision id -> its answered attempts (bounded)
         self.records: list[ActionRecord] = []
         self.counts: dict[str, int] = {}
@@ -278,6 +282,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 if chunk:
                     if ev.first is None:
                         ev.first = now
+                        if ev.attempt == 1:
+                            self.first_token(ev.decision_id, now - ev.started)
                     elif ev.last is not None:
                         ev.gaps.append(now - ev.last)
                     ev.last = now

@@ -179,6 +179,13 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         if self.in_flight_gpus is not None:
             self.in_flight_gpus.end(decision_id)
 
+    def first_token(self, decision_id: str, seconds: float) -> None:
+        """An LLM answer's first token, `seconds` after its first attempt was sent (the stream
+        supervisor's measurement): the placer learns what the contract's TTFT prediction left
+        out on that GPU (`InFlightCounts.first_token`). Safe from any thread."""
+        if self.in_flight_gpus is not None:
+            self.in_flight_gpus.first_token(decision_id, seconds)
+
     def follow_access_log(self, receiver: AccessLogReceiver) -> None:
         """Learn breaks and request ends from the access log `receiver` gets from Envoy (the
         bootstrap's `breaks_from_access_log`): the pick becomes each stream's only message.
@@ -399,7 +406,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             # sees its answer end (`end_in_flight`, from `llm_stream.py`)
             if self.in_flight_gpus is not None and (breakable or not from_log or self._logs_every_call
                                                     or attributes is not None):
-                self.in_flight_gpus.begin(pick.decision_id, pick.gpu_key)
+                self.in_flight_gpus.begin(pick.decision_id, pick.gpu_key, d.plan.contract_ttft_s if d.plan else None)
             if breakable or not from_log:  # following the log: only a breakable request gets an entry that ends it
                 open_[pick.decision_id] = (pick, t0)
             self._count("forwarded")

@@ -92,13 +92,17 @@ class Adjusted:
     """The feasible rows' adjusted ranks, read by row (`adjusted[r]`); made for every adjusted
     pick, read only when a sticky choice is weighed, so nothing is copied until then."""
 
-    __slots__ = ("rows", "ranks")
+    __slots__ = ("rows", "ranks", "ttft")
 
-    def __init__(self, rows: list[int], ranks: np.ndarray | list[float]) -> None:
+    def __init__(self, rows: list[int], ranks: np.ndarray | list[float], ttft: np.ndarray | None = None) -> None:
         self.rows, self.ranks = rows, ranks
+        self.ttft = ttft  # an LLM request's: each row's TTFT as the contract predicts it (no measured overhead)
 
     def __getitem__(self, r: int) -> float:
         return float(self.ranks[self.rows.index(r)])
+
+    def ttft_of(self, r: int) -> float | None:
+        return None if self.ttft is None else float(self.ttft[self.rows.index(r)])
 
     def as_dict(self) -> dict[int, float]:
         ranks = self.ranks
@@ -117,6 +121,9 @@ class Picker:
         self.prefixes = PrefixIndex()  # which GPUs served which prompt prefixes (`signals/prefix_affinity.py`)
         self._rows_of: Topology | None = None  # the topology `_rows` maps the GPU keys of
         self._rows: dict[str, int] = {}
+        # the last choice's TTFT as the contract predicts it (an LLM request's; None otherwise), read with the
+        # choice under the placer's lock: the plan carries it, and the gateway compares its first token with it
+        self.predicted: float | None = None
 
     def choose(self, t: Topology, ev: Evaluated, contract: Contract, session: str | None,
                key: str, readings: Readings = NO_READINGS,
@@ -126,6 +133,7 @@ class Picker:
         `readings`: the snapshot's measured state; `catalog`: the GPU classes (for the
         predicted TTFT of an LLM request picked on its body)."""
         best = ev.best
+        self.predicted = None
         if session is not None:
             return self._session_choice(t, session, ev.evaluation(), np.array(ev.feasible, dtype=np.int64), best,
                                         contract)
@@ -144,6 +152,7 @@ class Picker:
                 choice = r
                 note = Kept(t, prev, ev.gpus[best], self.hysteresis, self.hysteresis_abs)
         self._sticky[key] = ev.gpus[choice]
+        self.predicted = rank.ttft_of(choice) if isinstance(rank, Adjusted) else None
         if facts is not None and facts.prefix:
             self.prefixes.record(facts.prefix, t.gpu_keys[int(ev.gpus[choice])])
         return choice, None, note
@@ -183,9 +192,11 @@ class Picker:
         keys = t.gpu_keys
         ttft: np.ndarray | None = None
         n_late = 0
+        base: np.ndarray | None = None
         if facts is not None:
             names, model_idx = t.gpu_models
-            prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[model_idx[rows]]
+            classes = model_idx[rows]
+            prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[classes]
             fresh = _readings_at(readings, keys, index, rows)
             ttft = PREDICTED.added(prefill, PREDICTED.waiting_at(fresh, n))
             if facts.prefix:
@@ -200,6 +211,9 @@ class Picker:
                     k = int(np.argmax(credit))
                     if credit[k] > 0:
                         lines.append(PREFIX.note(keys[rows[k]], float(matched[k]), len(facts.prefix), float(credit[k])))
+            base = ttft  # the contract's prediction: what the gateway's measured first token is compared with
+            ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(self.in_flight.overheads_at(t, index, len(t.gpus), rows),
+                                                              classes))
             adj += ttft
             if facts.ttft_s is not None:
                 # a candidate with this gateway's requests in flight is judged with their seconds too (a
@@ -215,7 +229,7 @@ class Picker:
                     adj = np.where(late, adj + LATE, adj)
         i = int(np.argmin(adj))
         new = feas[i]
-        by_row = Adjusted(feas, adj)
+        by_row = Adjusted(feas, adj, base)
         if ttft is not None and facts is not None:
             lines.append(PREDICTED.note(keys[rows[i]], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < n else 0,
                                         n_late < n))

@@ -237,6 +237,7 @@ class Placer:
         key = affinity_key or self._affinity(contract.name, ingress)
         with self._lock:
             choice, move, note = self._picker.choose(t, ev, contract, session, key, snap.frame.measured, self._catalog)
+            predicted_ttft = self._picker.predicted
             if note is not None:
                 reasons.append(note)
             row, queueing, compute = ev.row(choice, snap, self._sites)
@@ -244,7 +245,7 @@ class Placer:
             if self._reserved_version == snap.version:
                 self._reserved[row.gpu] += share
         return self._plan(snap, th, stale, cs.known[choice], ev, choice, row, queueing, compute, bounds, move, reasons,
-                          unknown, budget)
+                          unknown, budget, predicted_ttft)
 
     def _rejections(
         self, snap: Snapshot, th: Thresholds, ev: Evaluation, unknown: list[Rejection], bounds, budget: float,
@@ -270,6 +271,7 @@ class Placer:
     def _plan(
         self, snap: Snapshot, th: Thresholds, stale: bool, inst: Instance, ev: Evaluated, r: int, row: RowFixed,
         queueing: float, compute: float, bounds, move: SessionMove | None, notes: list[str | Note], unknown: list[Rejection], budget: float,
+        predicted_ttft: float | None = None,
     ) -> PlacementPlan:
         t = snap.topology
         g, share = row.gpu, row.min_share
@@ -309,7 +311,7 @@ class Placer:
             instance_id=inst.id, host=where.host, gpu=where.gpu, gpu_model=where.model, numa_node=where.numa_node,
             cpus=where.cpus, rdma_port=where.rdma_port, queue_depth=where.queue_depth, probes=probes,
             latency=lat, share=share, share_source=b.source, dependencies=bindings, session_move=move,
-            stale=stale, snapshot_version=snap.version, explanation=Explanation(write),
+            stale=stale, snapshot_version=snap.version, explanation=Explanation(write), contract_ttft_s=predicted_ttft,
         )
 
     def _detail(self, snap: Snapshot, th: Thresholds, ev: Evaluation, r: int, bounds, budget: float) -> str:

@@ -163,6 +163,9 @@ class PlacementPlan:
     snapshot_version: int
     explanation: Explanation = field(default_factory=Explanation.of, repr=False, compare=False)
     feasible: bool = True
+    # an LLM request's TTFT on this GPU as the contract predicts it (prefill at its queue, less the prefix credit;
+    # `signals/predicted_ttft.py`), before the measured overhead: the gateway learns that overhead from it
+    contract_ttft_s: float | None = None
 
     @property
     def gpu_key(self) -> str:

@@ -35,7 +35,15 @@ handful of candidates in plain Python) stays per GPU, without the pooling's cost
 
 Bounded: at most `max_open` requests are tracked (the oldest is forgotten first) and one
 whose end never comes is forgotten after `max_age_s`, so a lost access-log entry cannot
-leave a GPU counted busy for ever. One counter per placer (the picker's), thread-safe."""
+leave a GPU counted busy for ever. One counter per placer (the picker's), thread-safe.
+
+The same counters learn, for an LLM request, what the contract's prediction of its first
+token leaves out (`first_token`): the gateway's measured time to its first token less the
+contract's predicted TTFT (`signals/predicted_ttft.py`), on a server where this gateway had
+nothing in flight when it was picked (so the difference is not a queue, which the count
+prices): the engine's fixed cost per step, the HTTP and tokenizer path, a class that runs
+below its catalog peak. An exponentially weighted mean per GPU (`overheads_at`), which the
+pick pools over each GPU class as it pools the seconds in flight."""
 
 from __future__ import annotations
 
@@ -52,6 +60,7 @@ from ..plan import Constraint
 KEY = "gateway_in_flight"
 INF = float("inf")
 ALPHA = 0.2  # the weight of the latest duration in a GPU's mean
+MAX_TTFT_S = 600.0  # a first-token time beyond this is not a measurement the overhead learns from
 
 
 class InFlightCounts:
@@ -64,10 +73,12 @@ class InFlightCounts:
             raise ValueError(f"gateway in-flight counts: max_open {max_open!r} and max_age_s {max_age_s!r} must be positive")
         self.max_open, self.max_age_s, self._clock = max_open, max_age_s, clock
         self._lock = threading.Lock()
-        self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()  # decision id -> (GPU key, began), oldest first
+        # decision id -> (GPU key, began, the contract's predicted TTFT when it was picked onto an idle GPU), oldest first
+        self._open: OrderedDict[str, tuple[str, float, float | None]] = OrderedDict()
         self._count: dict[str, int] = {}
         self._seconds: dict[str, float] = {}
         self._every: float | None = None  # the same mean over every GPU (a GPU's own stands in for it once measured)
+        self._overhead: dict[str, float] = {}  # per GPU: measured first-token seconds less the contract's prediction
         self.forgotten = 0  # requests whose end never came (expired or pushed out)
         # the same counts and means as arrays by the GPU row of one topology (`gather_rows`: the pick reads
         # them by fancy index, not key by key), kept in step with the dicts and rebuilt when the topology changes
@@ -75,15 +86,20 @@ class InFlightCounts:
         self._row: Mapping[str, int] = {}
         self._count_at = np.zeros(0)
         self._seconds_at = np.full(0, np.nan)  # NaN: none ended there (a measured duration is never NaN)
+        self._overhead_at = np.full(0, np.nan)  # NaN: no first token measured there yet
 
-    def begin(self, decision_id: str, gpu: str) -> None:
-        """A pick forwarded to `gpu` (`host/gpuN`)."""
+    def begin(self, decision_id: str, gpu: str, predicted_ttft: float | None = None) -> None:
+        """A pick forwarded to `gpu` (`host/gpuN`); `predicted_ttft`: an LLM request's TTFT as
+        the contract predicts it there (kept only when nothing of this gateway's is in flight
+        on `gpu`: see `first_token`)."""
         now = self._clock()
         with self._lock:
             if decision_id in self._open:
                 return
             self._expire(now)
-            self._open[decision_id] = (gpu, now)
+            idle = gpu not in self._count
+            ok = predicted_ttft is not None and idle and 0 <= predicted_ttft < MAX_TTFT_S
+            self._open[decision_id] = (gpu, now, predicted_ttft if ok else None)
             self._count[gpu] = self._count.get(gpu, 0) + 1
             i = self._row.get(gpu)
             if i is not None:
@@ -97,7 +113,7 @@ class InFlightCounts:
             got = self._open.pop(decision_id, None)
             if got is None:
                 return None
-            gpu, began = got
+            gpu, began, _ = got
             self._drop(gpu)
             took = max(now - began, 0.0)
             prev = self._seconds.get(gpu)
@@ -108,6 +124,38 @@ class InFlightCounts:
             every = self._every
             self._every = took if every is None else every + ALPHA * (took - every)
             return took
+
+    def first_token(self, decision_id: str, seconds: float) -> float | None:
+        """The first token of a request begun here came `seconds` after its first attempt was
+        sent (the stream supervisor's measurement): if it was picked onto an idle GPU with a
+        prediction, the difference enters that GPU's overhead (once per request). Returns the
+        difference learned (None: nothing learned)."""
+        with self._lock:
+            got = self._open.get(decision_id)
+            if got is None or not (0 <= seconds < MAX_TTFT_S):
+                return None
+            gpu, began, predicted = got
+            if predicted is None:
+                return None
+            self._open[decision_id] = (gpu, began, None)  # learned once (its order in the dict kept)
+            sample = seconds - predicted
+            prev = self._overhead.get(gpu)
+            self._overhead[gpu] = mean = sample if prev is None else prev + ALPHA * (sample - prev)
+            i = self._row.get(gpu)
+            if i is not None:
+                self._overhead_at[i] = mean
+            return sample
+
+    def overhead(self, gpu: str) -> float | None:
+        """`gpu`'s mean measured first-token seconds over the contract's prediction (None: none yet)."""
+        return self._overhead.get(gpu)
+
+    def overheads_at(self, owner: object, rows: Mapping[str, int], n: int, at: np.ndarray) -> np.ndarray:
+        """`overhead` by GPU row (as `gather_rows`; NaN: none measured there)."""
+        with self._lock:
+            if owner is not self._owner or len(self._count_at) != n:
+                self._bind(owner, rows, n)
+            return self._overhead_at[at]
 
     def busy(self) -> bool:
         """Whether anything is in flight (the picker's fast path skips the gather when not)."""
@@ -164,14 +212,16 @@ class InFlightCounts:
 
     def _bind(self, owner: object, rows: Mapping[str, int], n: int) -> None:
         """The arrays rebuilt for `owner`'s rows from the dicts (under the lock)."""
-        count_at, seconds_at = np.zeros(n), np.full(n, np.nan)
+        count_at, seconds_at, overhead_at = np.zeros(n), np.full(n, np.nan), np.full(n, np.nan)
         for g, k in self._count.items():
             if (i := rows.get(g)) is not None:
                 count_at[i] = k
-        for g, v in self._seconds.items():
-            if (i := rows.get(g)) is not None:
-                seconds_at[i] = v
+        for values, out in ((self._seconds, seconds_at), (self._overhead, overhead_at)):
+            for g, v in values.items():
+                if (i := rows.get(g)) is not None:
+                    out[i] = v
         self._owner, self._row, self._count_at, self._seconds_at = owner, rows, count_at, seconds_at
+        self._overhead_at = overhead_at
 
     def _drop(self, gpu: str) -> None:
         n = self._count.get(gpu, 0) - 1
@@ -187,7 +237,7 @@ class InFlightCounts:
         """Forget the oldest requests past `max_age_s`, or beyond `max_open` (under the lock)."""
         op = self._open
         while op:
-            did, (gpu, began) = next(iter(op.items()))
+            did, (gpu, began, _) = next(iter(op.items()))
             if now - began < self.max_age_s and len(op) < self.max_open:
                 return
             del op[did]

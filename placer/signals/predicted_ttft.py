@@ -3,13 +3,17 @@ contract's per-token prefill cost on each candidate's GPU class (the catalog's p
 contract's precision and efficiency), at the server's measured queue.
 
     prefill(c)   = prompt_tokens × llm.prefill / rate(class of c)          (seconds)
-    predicted(c) = prefill(c) × (1 + waiting(c)) − prefix credit(c)
+    predicted(c) = prefill(c) × (1 + waiting(c)) − prefix credit(c) + overhead(class of c)
 
 `waiting(c)`: the requests the server reports waiting (`queue_depth`, fresh readings only;
 none or stale: 0, and the gateway's in-flight count still prices the load), each counted as
 one prefill of this prompt's size on that class (the placer knows no other request's
 prompt); the prefix credit is `prefix_affinity`'s (the share of the prompt the server is
-likely to hold cached). This is the part the anchors' latency predictors lack: theirs are
+likely to hold cached); the overhead is what the contract's FLOPs leave out, measured by the
+gateway (`gateway_in_flight.InFlightCounts.first_token`: its first-token time less the rest of
+this formula, on a server where it had nothing in flight, averaged over the candidates of the
+class; 0 until measured): an engine's fixed cost per step is no prompt's FLOPs, and a class
+whose fixed cost is most of a short SLO is not promised it. This is the part the anchors' latency predictors lack: theirs are
 trained on one accelerator class, while the contract's FLOPs and the catalog's peaks price
 the same prompt on an H100, an A100 and an L4 differently (llm-d-router#1868 asks for
 heterogeneous pools).
@@ -155,6 +159,13 @@ class PredictedTtft(Signal[RequestInputs]):
     def added_reference(self, prefill: Sequence[float], waiting: Sequence[float]) -> list[float]:
         """`added`, candidate by candidate (the test holds the two equal)."""
         return [p * (1.0 + w) for p, w in zip(prefill, waiting)]
+
+    def overhead(self, measured: np.ndarray) -> np.ndarray:
+        """Seconds added to each candidate's prediction (vectorised): its class's measured
+        first-token seconds over the contract's (`InFlightCounts.first_token`, pooled by class),
+        none where unmeasured, never below zero (a prefix cache credited too little does not
+        make a class faster than its FLOPs)."""
+        return np.where(np.isfinite(measured) & (measured > 0), measured, 0.0)
 
     def detail(self, w: Words, r: int) -> str:
         return "predicted TTFT never refuses a GPU"

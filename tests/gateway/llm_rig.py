@@ -132,7 +132,8 @@ class LlmGateway:
                                            self.picker.acts.anomalies,
                                            lambda did: recent[did].gpu_key if did in recent else None,
                                            lambda did: recent[did].retry_headers if did in recent else (),
-                                           self._gpu_model_of, self.picker.picker.end_in_flight)
+                                           self._gpu_model_of, self.picker.picker.end_in_flight,
+                                           self.picker.picker.first_token)
         self.supervisor_server = SupervisorServer(self.supervisor)
         supervisor_port = self.thread.call(self.supervisor_server.start())
         self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))

@@ -17,6 +17,8 @@ import pytest
 from llm_rig import LITE, LLM, LlmGateway, start_llm_gateway
 from llm_support import make_tokenizer
 
+from policyc.placer.signals.gateway_in_flight import ALPHA
+
 MAX_BODY = 256 * 1024
 BODY_TIMEOUT_MS = 1500
 
@@ -124,6 +126,30 @@ def test_an_answer_s_end_ends_its_in_flight_count(llm_gateway: LlmGateway) -> No
             time.sleep(0.05)
         assert in_flight.count(gpu) == 0, f"{gpu}: {in_flight.count(gpu)} still in flight after the answers ended"
         assert in_flight.seconds(gpu) is not None  # the ended call was measured there
+
+
+def test_the_first_token_teaches_the_placer_what_the_contract_s_prediction_left_out(llm_gateway: LlmGateway) -> None:
+    """The stream supervisor measures each request's first token and hands it to the placer with
+    the decision id; the placer learns, on a GPU where it had nothing in flight, the measured
+    time less the contract's predicted TTFT (placer/signals/predicted_ttft.py's overhead)."""
+    in_flight = llm_gateway.picker.picker.in_flight_gpus
+    assert in_flight is not None
+    deadline = time.monotonic() + 30
+    while in_flight.busy() and time.monotonic() < deadline:  # the earlier tests' answers ended
+        time.sleep(0.05)
+    recent = llm_gateway.picker.picker.recent
+    before = {p.gpu_key: in_flight.overhead(p.gpu_key) for p in list(recent.values())}  # the earlier tests' picks
+    status, h, _ = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=3, stream=True), {"x-slo-tpot-ms": "5000"})
+    assert status == 200
+    did = h["x-policyc-decision-id"]
+    gpu = recent[did].gpu_key
+    ev = llm_gateway.supervisor.evidence[did][0]
+    assert ev.attempt == 1 and ev.ttft_s is not None
+    learned, was = in_flight.overhead(gpu), before.get(gpu)
+    assert learned is not None and learned != was, f"{gpu}: no overhead learned from decision {did}"
+    # the sample is the measured first token less a prediction of zero or more; the GPU's mean moves toward it
+    assert learned <= (ev.ttft_s if was is None else was + ALPHA * (ev.ttft_s - was)) + 1e-12
+    assert in_flight.first_token(did, 1.0) is None  # once per request: the supervisor's call was the one
 
 
 def test_http2_client_streams(llm_gateway: LlmGateway) -> None:

@@ -86,6 +86,10 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
                 k = int(np.argmax(credit))
                 if credit[k] > 0:
                     lines.append(PREFIX.note(gpus[k], float(matched[k]), len(facts.prefix), float(credit[k])))
+        over = [p.in_flight.overhead(g) for g in gpus]
+        classes = [int(model_idx[int(ev.gpus[r])]) for r in feas]
+        pooled = IN_FLIGHT.pooled_reference([float("nan") if o is None else o for o in over], classes)
+        ttft = ttft + np.array([o if o == o and o > 0 else 0.0 for o in pooled])
         adj += ttft
         if facts.ttft_s is not None:
             expected = ttft + added
@@ -117,7 +121,9 @@ _rank = st.sampled_from([0.01, 0.02, 0.05, float("inf"), float("nan")]) | st.flo
 _candidate = st.tuples(st.integers(0, N - 1), st.booleans(), _rank)  # GPU row, refused, rank
 # GPUs below are named by candidate (an index, taken modulo the candidates; -1: a key not in the topology)
 _gpu = st.integers(-1, 40)
-_begun = st.tuples(_gpu, st.sampled_from([None, None, 0.05, 0.4, 2.0]))  # duration, or still open
+# duration, or still open; the contract's TTFT at the pick and the measured first token (or none)
+_begun = st.tuples(_gpu, st.sampled_from([None, None, 0.05, 0.4, 2.0]),
+                   st.none() | st.tuples(st.sampled_from([0.0, 0.01, 0.2]), st.sampled_from([0.005, 0.06, 0.5])))
 _reading = st.tuples(_gpu, st.sampled_from([0.0, 1.0, 3.0, float("inf"), -1.0]),
                      st.sampled_from([None, 0.1, 0.9]), st.sampled_from([0.05, 0.05, 5.0]))  # waiting, KV, age
 PROMPTS = ((1, 2, 3), (1, 2, 4, 5), (6, 7), (1,), (1, 2, 3, 8, 9, 10))  # blocks: some share leading ones
@@ -131,7 +137,8 @@ PROMPTS = ((1, 2, 3), (1, 2, 4, 5), (6, 7), (1,), (1, 2, 3, 8, 9, 10))  # blocks
            st.none() | st.sampled_from([0.02, 0.1, 0.3, 2.0])),
        headroom=st.sampled_from([0.0, 0.0, 0.8]))
 def test_the_vectorised_adjustment_equals_its_key_by_key_reference(
-        cands: list[tuple[int, bool, float]], as_array: bool, begun: list[tuple[int, float | None]],
+        cands: list[tuple[int, bool, float]], as_array: bool,
+        begun: list[tuple[int, float | None, tuple[float, float] | None]],
         served: list[tuple[tuple[int, ...], int]], readings: list[tuple[int, float, float | None, float]],
         facts: tuple[tuple[int, ...], float, float | None] | None, headroom: float) -> None:
     if all(refused for _, refused, _ in cands):
@@ -146,8 +153,10 @@ def test_the_vectorised_adjustment_equals_its_key_by_key_reference(
     p = Picker()
     now = [0.0]
     p.in_flight = InFlightCounts(clock=lambda: now[0])
-    for i, (g, took) in enumerate(begun):
-        p.in_flight.begin(f"d{i}", key(g))
+    for i, (g, took, first) in enumerate(begun):
+        p.in_flight.begin(f"d{i}", key(g), None if first is None else first[0])
+        if first is not None:
+            p.in_flight.first_token(f"d{i}", first[1])
         if took is not None:
             now[0] += took
             p.in_flight.end(f"d{i}")

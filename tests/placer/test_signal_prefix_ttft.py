@@ -7,6 +7,7 @@ Their vectorised terms equal their references; the index and the blocks stay bou
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from placer_support import contract, instances
@@ -158,6 +159,39 @@ def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class
                for r in gold.reasons), gold.reasons
     # no facts (a pick that did not read a body): the request-stage prediction adds nothing
     assert not any("predicted TTFT" in r for r in _place(p, cands, c, None).reasons)
+
+
+def test_a_measured_first_token_over_the_prediction_is_learned_per_class_and_moves_a_tight_slo() -> None:
+    """What the contract's FLOPs leave out (an engine's fixed cost per step), measured by the
+    gateway on idle servers, is added to the prediction of every GPU of that class: a class
+    whose FLOPs fit a tight SLO but whose measured first tokens do not is passed over."""
+    p, cands = _placer()
+    c = _llm_contract(100e-6)  # 1,000 tokens: 100 ms on an H100, ~317 ms on an A100
+    slo = RequestFacts((), 1000.0, 0.35)
+    plan = _place(p, cands, c, slo)
+    assert plan.gpu_model == "H100" and plan.contract_ttft_s is not None
+    assert abs(plan.contract_ttft_s - 0.1) < 1e-3, plan.contract_ttft_s  # the plan carries the contract's figure
+    counts = p._picker.in_flight
+    # its first token came 400 ms after it was sent, 300 ms over the prediction, on an idle GPU
+    counts.begin("a", plan.gpu_key, plan.contract_ttft_s)
+    assert counts.first_token("a", 0.4) == pytest.approx(0.3)
+    assert counts.first_token("a", 0.9) is None  # learned once per request
+    counts.end("a")
+    assert counts.overhead(plan.gpu_key) == pytest.approx(0.3)
+    # every H100 now predicted 400 ms (the overhead pooled over the class), past the 350 ms SLO:
+    # the request goes to a class predicted within it
+    after = _place(p, cands, c, slo)
+    assert after.gpu_model != "H100", after.reasons
+    assert any("within the request's 350 ms" in r for r in after.reasons), after.reasons
+    assert after.contract_ttft_s is not None and 0.15 < after.contract_ttft_s < 0.35  # its class's own prefill
+    # a request begun on a GPU where this gateway had one in flight is a queue, not an overhead: not learned
+    h100 = [f"{x.deployment.host}/{x.deployment.gpu}" for x in cands if x.deployment.gpu_model == "H100"]
+    counts.begin("busy", h100[1])
+    counts.begin("queued", h100[1], 0.1)
+    assert counts.first_token("queued", 5.0) is None and counts.overhead(h100[1]) is None
+    # a measurement that is none (negative, past the bound) is not learned either
+    counts.begin("odd", h100[2], 0.1)
+    assert counts.first_token("odd", -1.0) is None and counts.first_token("odd", float("inf")) is None
 
 
 def test_tiering_sends_a_loose_slo_to_the_slowest_class_within_headroom() -> None:
