@@ -283,7 +283,11 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                     if ev.first is None:
                         ev.first = now
                         if ev.attempt == 1:
-                            self.first_token(ev.decision_id, now - ev.started)
+                            try:
+                                self.first_token(ev.decision_id, now - ev.started)
+                            except Exception:  # noqa: BLE001 - a measurement's bug never fails the answer
+                                self._count("first-token-lost")
+                                log.exception("the first token of decision %s not learned from", ev.decision_id)
                     elif ev.last is not None:
                         ev.gaps.append(now - ev.last)
                     ev.last = now

@@ -198,7 +198,8 @@ class Picker:
             classes = model_idx[rows]
             prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[classes]
             fresh = _readings_at(readings, keys, index, rows)
-            ttft = PREDICTED.added(prefill, PREDICTED.waiting_at(fresh, n))
+            waiting = PREDICTED.waiting_at(fresh, n)
+            ttft = PREDICTED.added(prefill, waiting)
             if facts.prefix:
                 matched = np.zeros(n)
                 for g, depth in self.prefixes.held(facts.prefix).items():
@@ -212,13 +213,13 @@ class Picker:
                     if credit[k] > 0:
                         lines.append(PREFIX.note(keys[rows[k]], float(matched[k]), len(facts.prefix), float(credit[k])))
             base = ttft  # the contract's prediction: what the gateway's measured first token is compared with
-            ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(self.in_flight.overheads_at(t, index, len(t.gpus), rows),
-                                                              classes))
+            over, prefilling = self.in_flight.first_token_rows(t, index, len(t.gpus), rows)
+            ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(over, classes))
             adj += ttft
             if facts.ttft_s is not None:
-                # a candidate with this gateway's requests in flight is judged with their seconds too (a
-                # tight SLO is not promised a busy server: when every candidate is busy, the load decides)
-                expected = ttft + added
+                # judged with the prefills ahead of this one: this gateway's requests there still without a
+                # first token when they outnumber the server's measured queue (PREDICTED.ahead)
+                expected = ttft + PREDICTED.ahead(prefill, waiting, prefilling)
                 late = PREDICTED.late(expected, facts.ttft_s)
                 n_late = int(late.sum())
                 tier = PREDICTED.tier(prefill, expected, facts.ttft_s)

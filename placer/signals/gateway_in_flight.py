@@ -63,6 +63,17 @@ ALPHA = 0.2  # the weight of the latest duration in a GPU's mean
 MAX_TTFT_S = 600.0  # a first-token time beyond this is not a measurement the overhead learns from
 
 
+class _Open:
+    """One request in flight: its GPU, when it began, the contract's predicted TTFT to learn
+    the overhead from (an LLM request picked onto an idle GPU, until its first token), and
+    whether it still waits for its first token (an LLM request: `prefilling`)."""
+
+    __slots__ = ("gpu", "began", "predicted", "prefilling")
+
+    def __init__(self, gpu: str, began: float, predicted: float | None, prefilling: bool) -> None:
+        self.gpu, self.began, self.predicted, self.prefilling = gpu, began, predicted, prefilling
+
+
 class InFlightCounts:
     """The live counters: per GPU key, the requests in flight from this gateway and the mean
     measured duration of those that ended (see the module's docstring)."""
@@ -73,9 +84,9 @@ class InFlightCounts:
             raise ValueError(f"gateway in-flight counts: max_open {max_open!r} and max_age_s {max_age_s!r} must be positive")
         self.max_open, self.max_age_s, self._clock = max_open, max_age_s, clock
         self._lock = threading.Lock()
-        # decision id -> (GPU key, began, the contract's predicted TTFT when it was picked onto an idle GPU), oldest first
-        self._open: OrderedDict[str, tuple[str, float, float | None]] = OrderedDict()
+        self._open: OrderedDict[str, _Open] = OrderedDict()  # decision id -> its request, oldest first
         self._count: dict[str, int] = {}
+        self._prefilling: dict[str, int] = {}  # per GPU: the LLM requests in flight without their first token
         self._seconds: dict[str, float] = {}
         self._every: float | None = None  # the same mean over every GPU (a GPU's own stands in for it once measured)
         self._overhead: dict[str, float] = {}  # per GPU: measured first-token seconds less the contract's prediction
@@ -85,25 +96,32 @@ class InFlightCounts:
         self._owner: object | None = None
         self._row: Mapping[str, int] = {}
         self._count_at = np.zeros(0)
+        self._prefilling_at = np.zeros(0)
         self._seconds_at = np.full(0, np.nan)  # NaN: none ended there (a measured duration is never NaN)
         self._overhead_at = np.full(0, np.nan)  # NaN: no first token measured there yet
 
     def begin(self, decision_id: str, gpu: str, predicted_ttft: float | None = None) -> None:
         """A pick forwarded to `gpu` (`host/gpuN`); `predicted_ttft`: an LLM request's TTFT as
-        the contract predicts it there (kept only when nothing of this gateway's is in flight
-        on `gpu`: see `first_token`)."""
+        the contract predicts it there (the request counts as prefilling until its first token;
+        the prediction is learned from only when nothing of this gateway's is in flight on
+        `gpu`: see `first_token`)."""
         now = self._clock()
         with self._lock:
             if decision_id in self._open:
                 return
             self._expire(now)
             idle = gpu not in self._count
+            llm = predicted_ttft is not None
             ok = predicted_ttft is not None and idle and 0 <= predicted_ttft < MAX_TTFT_S
-            self._open[decision_id] = (gpu, now, predicted_ttft if ok else None)
+            self._open[decision_id] = _Open(gpu, now, predicted_ttft if ok else None, llm)
             self._count[gpu] = self._count.get(gpu, 0) + 1
             i = self._row.get(gpu)
             if i is not None:
                 self._count_at[i] += 1
+            if llm:
+                self._prefilling[gpu] = self._prefilling.get(gpu, 0) + 1
+                if i is not None:
+                    self._prefilling_at[i] += 1
 
     def end(self, decision_id: str) -> float | None:
         """The request ended: its GPU's count falls and its duration enters the GPU's mean.
@@ -113,8 +131,8 @@ class InFlightCounts:
             got = self._open.pop(decision_id, None)
             if got is None:
                 return None
-            gpu, began, _ = got
-            self._drop(gpu)
+            gpu, began = got.gpu, got.began
+            self._drop(got)
             took = max(now - began, 0.0)
             prev = self._seconds.get(gpu)
             self._seconds[gpu] = mean = took if prev is None else prev + ALPHA * (took - prev)
@@ -127,17 +145,18 @@ class InFlightCounts:
 
     def first_token(self, decision_id: str, seconds: float) -> float | None:
         """The first token of a request begun here came `seconds` after its first attempt was
-        sent (the stream supervisor's measurement): if it was picked onto an idle GPU with a
-        prediction, the difference enters that GPU's overhead (once per request). Returns the
-        difference learned (None: nothing learned)."""
+        sent (the stream supervisor's measurement): it no longer counts as prefilling; if it
+        was picked onto an idle GPU with a prediction, the difference enters that GPU's
+        overhead (once per request). Returns the difference learned (None: nothing learned)."""
         with self._lock:
             got = self._open.get(decision_id)
-            if got is None or not (0 <= seconds < MAX_TTFT_S):
+            if got is None:
                 return None
-            gpu, began, predicted = got
-            if predicted is None:
+            self._prefilled(got)
+            predicted, got.predicted = got.predicted, None  # learned once
+            if predicted is None or not (0 <= seconds < MAX_TTFT_S):
                 return None
-            self._open[decision_id] = (gpu, began, None)  # learned once (its order in the dict kept)
+            gpu = got.gpu
             sample = seconds - predicted
             prev = self._overhead.get(gpu)
             self._overhead[gpu] = mean = sample if prev is None else prev + ALPHA * (sample - prev)
@@ -150,12 +169,19 @@ class InFlightCounts:
         """`gpu`'s mean measured first-token seconds over the contract's prediction (None: none yet)."""
         return self._overhead.get(gpu)
 
-    def overheads_at(self, owner: object, rows: Mapping[str, int], n: int, at: np.ndarray) -> np.ndarray:
-        """`overhead` by GPU row (as `gather_rows`; NaN: none measured there)."""
+    def prefilling(self, gpu: str) -> int:
+        """`gpu`'s LLM requests from this gateway still waiting for their first token."""
+        return self._prefilling.get(gpu, 0)
+
+    def first_token_rows(self, owner: object, rows: Mapping[str, int], n: int,
+                         at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """By GPU row (as `gather_rows`): the overhead (NaN: none measured there) and the
+        requests prefilling."""
         with self._lock:
+            self._expire(self._clock())
             if owner is not self._owner or len(self._count_at) != n:
                 self._bind(owner, rows, n)
-            return self._overhead_at[at]
+            return self._overhead_at[at], self._prefilling_at[at]
 
     def busy(self) -> bool:
         """Whether anything is in flight (the picker's fast path skips the gather when not)."""
@@ -212,18 +238,23 @@ class InFlightCounts:
 
     def _bind(self, owner: object, rows: Mapping[str, int], n: int) -> None:
         """The arrays rebuilt for `owner`'s rows from the dicts (under the lock)."""
-        count_at, seconds_at, overhead_at = np.zeros(n), np.full(n, np.nan), np.full(n, np.nan)
-        for g, k in self._count.items():
-            if (i := rows.get(g)) is not None:
-                count_at[i] = k
+        count_at, prefilling_at = np.zeros(n), np.zeros(n)
+        seconds_at, overhead_at = np.full(n, np.nan), np.full(n, np.nan)
+        for counts, out in ((self._count, count_at), (self._prefilling, prefilling_at)):
+            for g, k in counts.items():
+                if (i := rows.get(g)) is not None:
+                    out[i] = k
         for values, out in ((self._seconds, seconds_at), (self._overhead, overhead_at)):
             for g, v in values.items():
                 if (i := rows.get(g)) is not None:
                     out[i] = v
         self._owner, self._row, self._count_at, self._seconds_at = owner, rows, count_at, seconds_at
-        self._overhead_at = overhead_at
+        self._overhead_at, self._prefilling_at = overhead_at, prefilling_at
 
-    def _drop(self, gpu: str) -> None:
+    def _drop(self, got: _Open) -> None:
+        """`got` is no longer in flight (under the lock)."""
+        self._prefilled(got)
+        gpu = got.gpu
         n = self._count.get(gpu, 0) - 1
         if n > 0:
             self._count[gpu] = n
@@ -233,15 +264,30 @@ class InFlightCounts:
         if i is not None:
             self._count_at[i] = max(n, 0)
 
+    def _prefilled(self, got: _Open) -> None:
+        """`got` no longer waits for its first token (under the lock; once)."""
+        if not got.prefilling:
+            return
+        got.prefilling = False
+        gpu = got.gpu
+        n = self._prefilling.get(gpu, 0) - 1
+        if n > 0:
+            self._prefilling[gpu] = n
+        else:
+            self._prefilling.pop(gpu, None)
+        i = self._row.get(gpu)
+        if i is not None:
+            self._prefilling_at[i] = max(n, 0)
+
     def _expire(self, now: float) -> None:
         """Forget the oldest requests past `max_age_s`, or beyond `max_open` (under the lock)."""
         op = self._open
         while op:
-            did, (gpu, began, _) = next(iter(op.items()))
-            if now - began < self.max_age_s and len(op) < self.max_open:
+            did, got = next(iter(op.items()))
+            if now - got.began < self.max_age_s and len(op) < self.max_open:
                 return
             del op[did]
-            self._drop(gpu)
+            self._drop(got)
             self.forgotten += 1
 
 

@@ -28,9 +28,13 @@ for this prompt: a bronze request's loose SLO is met by an idle L4, and the H100
 for the gold requests only they can serve in time), the load deciding within the class —
 SLO-aware tiering, as llm-d's SLO-aware router selects by headroom. It is off by default
 because its one benchmark run here (benchmarks/RESULTS.md) did not show a gain on this
-loaded machine. For both tests a candidate is held to the contract's figure plus the seconds
-of this gateway's requests in flight there (`gateway_in_flight`: a busy server is not
-promised to a tight SLO). The server's measured mean first-token time is not used here: it is
+loaded machine. For both tests a candidate is held to the prediction with the prefills
+ahead of this prompt counted as the larger of the server's measured queue and this gateway's
+requests there still without a first token (`ahead`). Not the seconds of every request in
+flight there (`gateway_in_flight`'s rank term, whole answers): a continuous-batching server
+starts a new prompt beside the answers it is decoding, and counting whole answers kept a
+gold request off a busy H100 onto an idle A100 whose fixed cost alone missed 150 ms
+(benchmarks/RESULTS.md, the heterogeneous pool). The server's measured mean first-token time is not used here: it is
 a lifetime mean (a histogram's sum over its count), and as a hard filter it kept every server
 with a slow past out of the gold requests' reach, which then herded onto the few with a good
 one (benchmarks/RESULTS.md: 51-62 % SLO attainment at 24 req/s with it, 90-91 % without, one
@@ -159,6 +163,14 @@ class PredictedTtft(Signal[RequestInputs]):
     def added_reference(self, prefill: Sequence[float], waiting: Sequence[float]) -> list[float]:
         """`added`, candidate by candidate (the test holds the two equal)."""
         return [p * (1.0 + w) for p, w in zip(prefill, waiting)]
+
+    def ahead(self, prefill: np.ndarray, waiting: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
+        """Seconds added to each candidate's prediction for the SLO test (vectorised): the
+        prefills of this gateway's requests there still without a first token
+        (`InFlightCounts.prefilling`) beyond the server's measured queue, each one prefill of
+        this prompt's size (a fresher count than the scraped queue, which others' traffic
+        fills too: the larger of the two is taken)."""
+        return prefill * np.maximum(prefilling - waiting, 0.0)
 
     def overhead(self, measured: np.ndarray) -> np.ndarray:
         """Seconds added to each candidate's prediction (vectorised): its class's measured

@@ -77,7 +77,8 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
         per = PREDICTED.per_token(c, catalog)
         names, model_idx = t.gpu_models
         prefill = facts.prompt_tokens * np.array([per.get(names[model_idx[int(ev.gpus[r])]], 0.0) for r in feas])
-        ttft = PREDICTED.added(prefill, PREDICTED.waiting(readings, gpus))
+        waiting = PREDICTED.waiting(readings, gpus)
+        ttft = PREDICTED.added(prefill, waiting)
         if facts.prefix:
             matched = p.prefixes.matched(facts.prefix, gpus)
             if matched.any():
@@ -92,7 +93,8 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
         ttft = ttft + np.array([o if o == o and o > 0 else 0.0 for o in pooled])
         adj += ttft
         if facts.ttft_s is not None:
-            expected = ttft + added
+            prefilling = np.array([float(p.in_flight.prefilling(g)) for g in gpus])
+            expected = ttft + prefill * np.maximum(prefilling - waiting, 0.0)
             late = PREDICTED.late(expected, facts.ttft_s)
             n_late = int(late.sum())
             tier = PREDICTED.tier(prefill, expected, facts.ttft_s)
@@ -204,6 +206,36 @@ def test_the_in_flight_arrays_follow_the_counts_and_a_new_topology() -> None:
     c.begin("d", other.gpu_keys[3])
     counts, _ = c.gather_rows(other, {k: i for i, k in enumerate(other.gpu_keys)}, len(other.gpus), np.arange(len(other.gpus)))
     assert counts.tolist() == c.gather(other.gpu_keys)[0].tolist() and counts[3] >= 1
+
+
+def test_a_request_prefills_until_its_first_token_its_end_or_its_expiry() -> None:
+    """The prefilling count (an LLM request without its first token yet) falls once, whichever
+    comes first: the first token, the end, the request forgotten; by key and by row alike."""
+    now = [0.0]
+    c = InFlightCounts(clock=lambda: now[0], max_age_s=10.0)
+    index = {k: i for i, k in enumerate(T.gpu_keys)}
+    g = T.gpu_keys[3]
+    at = np.array([3])
+
+    def rows() -> tuple[float, float]:
+        over, prefilling = c.first_token_rows(T, index, N, at)
+        return float(over[0]), float(prefilling[0])
+
+    c.begin("unary", g)  # no prediction: not an LLM request, never prefilling
+    c.begin("a", g, 0.05)  # not idle (the unary call is there): prefilling, not learned from
+    c.begin("b", g, 0.05)
+    c.begin("c", g, 0.05)
+    assert c.prefilling(g) == 3 and np.isnan(rows()[0]) and rows()[1] == 3
+    assert c.first_token("a", 0.2) is None and c.prefilling(g) == 2  # its first token: decoding now
+    c.first_token("a", 0.2)
+    c.end("a")
+    assert c.prefilling(g) == 2 and rows()[1] == 2  # once
+    c.end("b")  # ended without a first token (cut, reset)
+    assert c.prefilling(g) == 1 and rows()[1] == 1
+    now[0] = 20.0  # "c" forgotten
+    assert rows()[1] == 0 and c.prefilling(g) == 0 and c.count(g) == 0
+    c.begin("d", g, 0.05)  # idle now: learned from at its first token
+    assert c.first_token("d", 0.3) == 0.25 and rows() == (0.25, 0.0)
 
 
 def test_the_per_token_array_follows_the_class_names() -> None:

@@ -144,10 +144,10 @@ def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class
         counts.begin(f"done{i}", key)
         now[0] += 2.0
         counts.end(f"done{i}")
-        counts.begin(f"busy{i}", key)
+        counts.begin(f"busy{i}", key, 0.1)  # an LLM request, prefilling until its first token
     assert _place(p, cands, c, prompt).gpu_model != "H100"
-    # a tight SLO (150 ms) that no candidate is predicted to meet (the H100s busy, the others
-    # slower than 150 ms for this prompt): the plan says so and the load decides
+    # a tight SLO (150 ms) that no candidate is predicted to meet (each H100 has a prefill ahead of
+    # this one, the others are slower than 150 ms for this prompt): the plan says so and the load decides
     tight = _place(p, cands, c, RequestFacts((), 1000.0, 0.15))
     assert tight.gpu_model != "H100" and any("no feasible candidate is predicted within the request's 150 ms" in r
                                              for r in tight.reasons), tight.reasons
@@ -157,6 +157,14 @@ def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class
     assert gold.gpu_key == h100[0], gold.reasons
     assert any(f"within the request's 150 ms ({len(cands) - 1} feasible candidate(s) predicted later" in r
                for r in gold.reasons), gold.reasons
+    # every H100 busy again, but each answer past its first token (decoding: a continuous-batching
+    # server starts a new prompt beside it): the tight SLO is promised an H100, not an idle slower class
+    counts.begin("busy0", h100[0], 0.1)
+    for i in range(len(h100)):
+        counts.first_token(f"busy{i}", 0.1)
+    assert all(counts.count(k) == 1 and counts.prefilling(k) == 0 for k in h100)
+    decoding = _place(p, cands, c, RequestFacts((), 1000.0, 0.15))
+    assert decoding.gpu_model == "H100", decoding.reasons
     # no facts (a pick that did not read a body): the request-stage prediction adds nothing
     assert not any("predicted TTFT" in r for r in _place(p, cands, c, None).reasons)
 
