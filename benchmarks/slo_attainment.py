@@ -45,11 +45,15 @@ router's runs pay; benchmarks/RESULTS.md). The TTFT SLOs are the tenants' header
 each streamed attempt to (a first token later than its SLO is cut and retried once on the
 backup model, `tiny-llm-lite`, which this pool does not serve: a miss either way).
 
-The load: a small asyncio client (aiohttp) here, driven by the trace file: one request per
-trace line at its arrival offset, the first streamed token's arrival its TTFT. The issue
-asks for inference-perf or guidellm; neither was installed or tried in the session that
-wrote this (time), so whether either can replay this trace with a per-request SLO header is
-open. This client replays exactly the trace file's prompts, groups and headers.
+The load: inference-perf (`--client inference-perf`, the default; the Inference Extension's
+load generator, in `.venv-perf`, made by `scripts/bench_setup.sh`) replays the trace file:
+each request at its arrival offset (its `trace_replay` load), with the trace's own messages,
+`max_tokens` and `x-slo-ttft-ms` header (a data source of ours through its `DataGenerator`
+interface, `benchmarks/inference_perf_replay.py`: its own file sources send one header set
+per run), its TTFT the first content token as it measures it; the outcomes are read from its
+per-request lifecycle records. `--client builtin` replays the same trace with a small
+asyncio client here (aiohttp; the first streamed content token's arrival its TTFT), which
+needs no Python 3.12 venv.
 
 Per router: SLO attainment (the share of all requests answered 200 with TTFT within their
 SLO; refused and failed requests count as missed), goodput (requests per second that met
@@ -549,6 +553,80 @@ async def drive(url: str, trace: list[Entry]) -> tuple[list[Outcome], float]:
         return list(got), time.monotonic() - t0
 
 
+PERF_VENV = REPO / ".venv-perf"  # inference-perf (Python >= 3.12), made by scripts/bench_setup.sh
+TOKENIZER = REPO / ".venv-vllm" / "models" / "tiny-llama"  # the client's token counts (no Hub access here)
+
+
+def drive_inference_perf(url: str, trace: list[Entry], workdir: Path) -> tuple[list[Outcome], float]:
+    """The trace replayed by inference-perf (`benchmarks/inference_perf_replay.py`): the same
+    requests, bodies, SLO headers and arrival times as `drive`, each request's TTFT its first
+    content token as inference-perf measures it; the outcomes read back from its per-request
+    lifecycle records (joined on the request's label), in trace order."""
+    run = Path(tempfile.mkdtemp(prefix="perf-", dir=workdir))
+    first = trace[0].at if trace else 0.0
+    base = 1_700_000_000.0  # the trace CSV's clock: inference-perf replays the offsets from its first row
+    with open(run / "trace.csv", "w") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        for e in trace:
+            sec, us = divmod(int(round((e.at - first) * 1e6)), 1_000_000)
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(base + sec))}.{us:06d},1,{e.max_tokens}\n")
+    with open(run / "requests.jsonl", "w") as f:
+        for i, e in enumerate(trace):
+            msgs = ([{"role": "system", "content": e.system}] if e.system else []) + [{"role": "user", "content": e.prompt}]
+            f.write(json.dumps({"id": i, "tenant": e.tenant, "messages": msgs, "max_tokens": e.max_tokens,
+                                "headers": {"x-slo-ttft-ms": str(e.slo_ms)}}) + "\n")
+    config = {
+        "api": {"type": "chat", "streaming": True, "slo_unit": "ms"},
+        "server": {"type": "vllm", "model_name": MODEL, "base_url": url, "ignore_eos": False},
+        "tokenizer": {"pretrained_model_name_or_path": str(TOKENIZER)},
+        "data": {"type": "mock", "path": str(run / "requests.jsonl")},  # the replay's source (see its docstring)
+        "load": {"type": "trace_replay", "trace": {"file": str(run / "trace.csv"), "format": "AzurePublicDataset"},
+                 "stages": [{"rate": len(trace), "duration": 1}], "num_workers": 1,
+                 "worker_max_concurrency": max(100, len(trace)), "request_timeout": 120},
+        "report": {"request_lifecycle": {"summary": True, "per_stage": False, "per_request": True,
+                                         "per_request_fields": {"computed_metrics": True, "response_chunks": False}}},
+        "storage": {"local_storage": {"path": str(run / "out")}},
+    }
+    (run / "config.json").write_text(json.dumps(config))  # YAML is a superset of JSON
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    cmd = [str(PERF_VENV / "bin" / "python"), str(REPO / "benchmarks" / "inference_perf_replay.py"), "-c",
+           str(run / "config.json")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(600.0, 10 * (trace[-1].at if trace else 0)))
+    records = list((run / "out").rglob("per_request_lifecycle_metrics.json"))
+    if done.returncode != 0 or not records:
+        raise RuntimeError(f"inference-perf exited {done.returncode}: {(done.stderr or done.stdout)[-400:]}")
+    rows = json.loads(records[0].read_text())
+    outs: list[Outcome | None] = [None] * len(trace)
+    starts, ends = [], []
+    for r in rows:
+        labels = (r.get("info") or {}).get("labels") or {}
+        i = int(labels.get("id", -1))
+        if not 0 <= i < len(trace) or outs[i] is not None:
+            continue
+        e = trace[i]
+        starts.append(r["start_time"])
+        ends.append(r["end_time"])
+        err = r.get("error")
+        metrics = r.get("computed_metrics") or {}
+        usage = ((r.get("info") or {}).get("response_metrics") or {}).get("server_usage") or {}
+        tokens = int(usage.get("completion_tokens") or 0)
+        if err:
+            kind = str(err.get("error_type", ""))
+            status = int(kind.rsplit(" ", 1)[-1]) if kind.startswith("HTTP Error ") and kind[11:].isdigit() else 0
+            reason = str(err.get("error_msg", "")).strip().replace("\n", " ")[:120] if status else f"{kind}: {err.get('error_msg')}"[:100]
+            outs[i] = Outcome(status, None, 0, reason, e.slo_ms, e.tenant)
+        elif '"error":' in (r.get("response") or ""):  # the gateway ended the stream (its TTFT or TPOT bound)
+            outs[i] = Outcome(0, metrics.get("time_to_first_token"), tokens, "stream ended by the gateway", e.slo_ms, e.tenant)
+        else:
+            outs[i] = Outcome(200, metrics.get("time_to_first_token"), tokens, "", e.slo_ms, e.tenant)
+    missing = sum(o is None for o in outs)
+    final = [o if o is not None else Outcome(0, None, 0, "no record from inference-perf", e.slo_ms, e.tenant)
+             for o, e in zip(outs, trace)]
+    if missing:
+        print(f"inference-perf: {missing} of {len(trace)} requests without a record (counted as missed)", file=sys.stderr)
+    return final, (max(ends) - min(starts)) if starts else 0.0
+
+
 async def warm(url: str, timeout: float = 30.0) -> None:
     """Until the router answers a small chat 200 (a gateway's pool file, a router's health checks)."""
     import aiohttp
@@ -676,6 +754,9 @@ def main() -> int:
                     help="every router's processes get the scheduler weight of nice N as a group (autogroup, e.g. -10), "
                          "the same for each router: on a machine whose cores the model servers' engines hold (real vLLM on "
                          "the CPU), the router gets a core when it needs one, as where the engines run on GPUs; 0: off")
+    ap.add_argument("--client", choices=("inference-perf", "builtin"), default="inference-perf",
+                    help="the load generator: inference-perf in .venv-perf (scripts/bench_setup.sh), or this file's "
+                         "own aiohttp replay of the same trace")
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
@@ -733,7 +814,7 @@ def _run_all(args: argparse.Namespace, routers: list[str], rates: list[float], s
                  "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
                  "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
                  "max_num_seqs": "vLLM's own" if real else args.max_seqs, "contract_prefill": args.contract_prefill,
-                 "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators"}
+                 "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators", "client": args.client}
         shapes.append(shape)
         print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
         results += run_routers(routers, workdir, bundle, slots, trace, args, rate, scenario.tenants, real)
@@ -763,7 +844,10 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             roots = [p.pid for p in router.procs]
             groups = prioritise(roots, args.router_nice) if args.router_nice else []
             run0, wait0 = sched_of(roots)
-            outs, wall = asyncio.run(drive(router.url, trace))
+            if args.client == "inference-perf":
+                outs, wall = drive_inference_perf(router.url, trace, workdir)
+            else:
+                outs, wall = asyncio.run(drive(router.url, trace))
             run1, wait1 = sched_of(roots)
             results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
                             "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2),
