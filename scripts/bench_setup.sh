@@ -19,10 +19,14 @@ echo "peer routers ready in $VENV"
 # (beside 3.11 under pyenv here), in .venv-perf (gitignored; ~790 MB, no torch)
 PERF=.venv-perf
 if [ ! -x "$PERF/bin/inference-perf" ]; then
-    PY312=$(command -v python3.12 || true)
-    if [ -z "$PY312" ] && command -v pyenv > /dev/null; then
-        PY312=$(ls -d "$(pyenv root)"/versions/3.1[2-9]*/bin/python3 2> /dev/null | head -1)
-    fi
+    PY312=""
+    for py in python3.12 python3.13 $(ls -d "$(pyenv root 2> /dev/null)"/versions/3.1[2-9]*/bin/python3 2> /dev/null); do
+        # the first that runs and is >= 3.12 (a pyenv shim for a version not selected is found but fails)
+        if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2> /dev/null; then
+            PY312=$py
+            break
+        fi
+    done
     if [ -z "$PY312" ]; then
         echo "bench_setup: inference-perf needs Python >= 3.12 and none was found (python3.12, pyenv)" >&2
         exit 1
