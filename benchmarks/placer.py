@@ -360,8 +360,14 @@ def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int
 
                 ev = Cands(rows, [-1] * k, (0.02 + 0.01 * rng.random(k)).tolist())
                 picker = sub["pick"].Picker()
+                # an LLM request's in flight with its prediction, where the tree has the first token's terms
+                learns = case == "llm" and hasattr(picker.in_flight, "first_token")
                 for i in range(8):  # eight requests in flight (on the first eight candidates), three of them ended
-                    picker.in_flight.begin(f"d{i}", t.gpu_keys[int(rows[i % k])])
+                    key = t.gpu_keys[int(rows[i % k])]
+                    picker.in_flight.begin(f"d{i}", key, 0.05) if learns else picker.in_flight.begin(f"d{i}", key)
+                if learns:  # five first tokens measured (an overhead learned on each GPU), three still prefilling
+                    for i in range(5):
+                        picker.in_flight.first_token(f"d{i}", 0.08)
                 for i in range(3):
                     picker.in_flight.end(f"d{i}")
                 facts = None

@@ -214,12 +214,13 @@ class Picker:
                         lines.append(PREFIX.note(keys[rows[k]], float(matched[k]), len(facts.prefix), float(credit[k])))
             base = ttft  # the contract's prediction: what the gateway's measured first token is compared with
             over, prefilling = self.in_flight.first_token_rows(t, index, len(t.gpus), rows)
-            ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(over, classes))
+            if over is not None:
+                ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(over, classes))
             adj += ttft
             if facts.ttft_s is not None:
                 # judged with the prefills ahead of this one: this gateway's requests there still without a
                 # first token when they outnumber the server's measured queue (PREDICTED.ahead)
-                expected = ttft + PREDICTED.ahead(prefill, waiting, prefilling)
+                expected = ttft if prefilling is None else ttft + PREDICTED.ahead(prefill, waiting, prefilling)
                 late = PREDICTED.late(expected, facts.ttft_s)
                 n_late = int(late.sum())
                 tier = PREDICTED.tier(prefill, expected, facts.ttft_s)

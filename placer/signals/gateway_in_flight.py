@@ -174,14 +174,15 @@ class InFlightCounts:
         return self._prefilling.get(gpu, 0)
 
     def first_token_rows(self, owner: object, rows: Mapping[str, int], n: int,
-                         at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                         at: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         """By GPU row (as `gather_rows`): the overhead (NaN: none measured there) and the
-        requests prefilling."""
+        requests prefilling; None for either when no GPU has one (the pick skips its terms)."""
         with self._lock:
             self._expire(self._clock())
             if owner is not self._owner or len(self._count_at) != n:
                 self._bind(owner, rows, n)
-            return self._overhead_at[at], self._prefilling_at[at]
+            return (self._overhead_at[at] if self._overhead else None,
+                    self._prefilling_at[at] if self._prefilling else None)
 
     def busy(self) -> bool:
         """Whether anything is in flight (the picker's fast path skips the gather when not)."""

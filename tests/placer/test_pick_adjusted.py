@@ -218,8 +218,8 @@ def test_a_request_prefills_until_its_first_token_its_end_or_its_expiry() -> Non
     at = np.array([3])
 
     def rows() -> tuple[float, float]:
-        over, prefilling = c.first_token_rows(T, index, N, at)
-        return float(over[0]), float(prefilling[0])
+        over, prefilling = c.first_token_rows(T, index, N, at)  # None: none anywhere
+        return (float("nan") if over is None else float(over[0])), (0.0 if prefilling is None else float(prefilling[0]))
 
     c.begin("unary", g)  # no prediction: not an LLM request, never prefilling
     c.begin("a", g, 0.05)  # not idle (the unary call is there): prefilling, not learned from
