@@ -42,7 +42,7 @@ token leaves out (`first_token`): the gateway's measured time to its first token
 contract's predicted TTFT (`signals/predicted_ttft.py`), on a server where this gateway had
 nothing in flight when it was picked (so the difference is not a queue, which the count
 prices): the engine's fixed cost per step, the HTTP and tokenizer path, a class that runs
-below its catalog peak. An exponentially weighted mean per GPU (`overheads_at`), which the
+below its catalog peak. An exponentially weighted mean per GPU (`first_token_rows`), which the
 pick pools over each GPU class as it pools the seconds in flight."""
 
 from __future__ import annotations
