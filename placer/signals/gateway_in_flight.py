@@ -255,30 +255,24 @@ class InFlightCounts:
     def _drop(self, got: _Open) -> None:
         """`got` is no longer in flight (under the lock)."""
         self._prefilled(got)
-        gpu = got.gpu
-        n = self._count.get(gpu, 0) - 1
-        if n > 0:
-            self._count[gpu] = n
-        else:
-            self._count.pop(gpu, None)
-        i = self._row.get(gpu)
-        if i is not None:
-            self._count_at[i] = max(n, 0)
+        self._fall(self._count, self._count_at, got.gpu)
 
     def _prefilled(self, got: _Open) -> None:
         """`got` no longer waits for its first token (under the lock; once)."""
-        if not got.prefilling:
-            return
-        got.prefilling = False
-        gpu = got.gpu
-        n = self._prefilling.get(gpu, 0) - 1
+        if got.prefilling:
+            got.prefilling = False
+            self._fall(self._prefilling, self._prefilling_at, got.gpu)
+
+    def _fall(self, counts: dict[str, int], at: np.ndarray, gpu: str) -> None:
+        """One fewer for `gpu` in `counts` and in its row of `at` (under the lock)."""
+        n = counts.get(gpu, 0) - 1
         if n > 0:
-            self._prefilling[gpu] = n
+            counts[gpu] = n
         else:
-            self._prefilling.pop(gpu, None)
+            counts.pop(gpu, None)
         i = self._row.get(gpu)
         if i is not None:
-            self._prefilling_at[i] = max(n, 0)
+            at[i] = max(n, 0)
 
     def _expire(self, now: float) -> None:
         """Forget the oldest requests past `max_age_s`, or beyond `max_open` (under the lock)."""
