@@ -760,13 +760,17 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, help="a trace file (JSON lines) to replay instead of making one")
     ap.add_argument("--routers", default=",".join(ALL_ROUTERS), help="comma-separated, of: " + ", ".join(ALL_ROUTERS))
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default: a temp dir, printed)")
-    ap.add_argument("--setup", action="store_true", help="install the peer routers first (scripts/bench_setup.sh)")
+    ap.add_argument("--setup", action="store_true", help="install the peer routers and inference-perf first (scripts/bench_setup.sh)")
     ap.add_argument("--quick", action="store_true", help="8 instances, 8 s a router")
     args = ap.parse_args()
     if args.quick:
         args.instances, args.duration = 8, 8.0
     if args.setup:
         subprocess.run(["bash", str(REPO / "scripts" / "bench_setup.sh")], check=True)
+    if args.client == "inference-perf" and not (PERF_VENV / "bin" / "python").exists():
+        print(f"slo_attainment: {PERF_VENV} has no inference-perf: run scripts/bench_setup.sh (or --setup), "
+              "or pass --client builtin", file=sys.stderr)
+        return 2
     routers = [r for r in args.routers.split(",") if r]
     bad = [r for r in routers if r not in ALL_ROUTERS]
     if bad:
