@@ -13,13 +13,13 @@ likely to hold cached); the overhead is what the contract's FLOPs leave out, mea
 gateway (`gateway_in_flight.InFlightCounts.first_token`: its first-token time less the rest of
 this formula, on a server where it had nothing in flight, averaged over the candidates of the
 class; 0 until measured): an engine's fixed cost per step is no prompt's FLOPs, and a class
-whose fixed cost is most of a short SLO is not promised it. This is the part the anchors' latency predictors lack: theirs are
-trained on one accelerator class, while the contract's FLOPs and the catalog's peaks price
+whose fixed cost is most of a short SLO is not promised it. This is the part the anchors'
+latency predictors lack: theirs are trained on one accelerator class, while the contract's FLOPs and the catalog's peaks price
 the same prompt on an H100, an A100 and an L4 differently (llm-d-router#1868 asks for
 heterogeneous pools).
 
-At the pick (`Picker.choose`, request stage: the prompt is this request's), `prefill(c) ×
-(1 + waiting(c))` is added to each feasible candidate's rank; and when the request carries
+At the pick (`Picker.choose`, request stage: the prompt is this request's), `predicted(c)`
+is added to each feasible candidate's rank; and when the request carries
 its own TTFT SLO (`x-slo-ttft-ms`, `request_facts.RequestFacts.ttft_s`), a candidate whose
 predicted TTFT is over it is chosen only when no feasible candidate's is within it. With
 `headroom` set (off by default: 0), when some candidates are expected within that fraction
@@ -34,8 +34,8 @@ requests there still without a first token (`ahead`). Not the seconds of every r
 flight there (`gateway_in_flight`'s rank term, whole answers): a continuous-batching server
 starts a new prompt beside the answers it is decoding, and counting whole answers kept a
 gold request off a busy H100 onto an idle A100 whose fixed cost alone missed 150 ms
-(benchmarks/RESULTS.md, the heterogeneous pool). The server's measured mean first-token time is not used here: it is
-a lifetime mean (a histogram's sum over its count), and as a hard filter it kept every server
+(benchmarks/RESULTS.md, the heterogeneous pool). The server's measured mean first-token time
+is not used here: it is a lifetime mean (a histogram's sum over its count), and as a hard filter it kept every server
 with a slow past out of the gold requests' reach, which then herded onto the few with a good
 one (benchmarks/RESULTS.md: 51-62 % SLO attainment at 24 req/s with it, 90-91 % without, one
 run each); it still ranks through `measured_ttft`. It never refuses a GPU (the SLO is the
