@@ -363,8 +363,7 @@ def bench_pick(rev: str, hosts: int, n: int, rounds: int) -> dict[tuple[str, int
                 # an LLM request's in flight with its prediction, where the tree has the first token's terms
                 learns = case == "llm" and hasattr(picker.in_flight, "first_token")
                 for i in range(8):  # eight requests in flight (on the first eight candidates), three of them ended
-                    key = t.gpu_keys[int(rows[i % k])]
-                    picker.in_flight.begin(f"d{i}", key, 0.05) if learns else picker.in_flight.begin(f"d{i}", key)
+                    picker.in_flight.begin(f"d{i}", t.gpu_keys[int(rows[i % k])], *((0.05,) if learns else ()))
                 if learns:  # five first tokens measured (an overhead learned on each GPU), three still prefilling
                     for i in range(5):
                         picker.in_flight.first_token(f"d{i}", 0.08)

@@ -509,9 +509,12 @@ class Outcome:
     tenant: str
 
 
+def _messages(e: Entry) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": e.system}] if e.system else []) + [{"role": "user", "content": e.prompt}]
+
+
 def _body(e: Entry) -> bytes:
-    msgs = ([{"role": "system", "content": e.system}] if e.system else []) + [{"role": "user", "content": e.prompt}]
-    return json.dumps({"model": MODEL, "messages": msgs, "max_tokens": e.max_tokens, "stream": True,
+    return json.dumps({"model": MODEL, "messages": _messages(e), "max_tokens": e.max_tokens, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
 
 
@@ -572,8 +575,7 @@ def drive_inference_perf(url: str, trace: list[Entry], workdir: Path) -> tuple[l
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(base + sec))}.{us:06d},1,{e.max_tokens}\n")
     with open(run / "requests.jsonl", "w") as f:
         for i, e in enumerate(trace):
-            msgs = ([{"role": "system", "content": e.system}] if e.system else []) + [{"role": "user", "content": e.prompt}]
-            f.write(json.dumps({"id": i, "tenant": e.tenant, "messages": msgs, "max_tokens": e.max_tokens,
+            f.write(json.dumps({"id": i, "tenant": e.tenant, "messages": _messages(e), "max_tokens": e.max_tokens,
                                 "headers": {"x-slo-ttft-ms": str(e.slo_ms)}}) + "\n")
     config = {
         "api": {"type": "chat", "streaming": True, "slo_unit": "ms"},

@@ -183,10 +183,12 @@ class Picker:
         counts = secs = added = np.zeros(n)
         lines: list[str] = []
         index = self._index(t)
+        names, model_idx = t.gpu_models
+        classes = model_idx[rows]  # each candidate's GPU class
         if self.in_flight.busy():
             counts, secs = self.in_flight.gather_rows(t, index, len(t.gpus), rows)
             if facts is not None:  # an LLM request: the seconds per request in flight pooled by GPU class
-                secs = IN_FLIGHT.pooled(secs, t.gpu_models[1][rows])
+                secs = IN_FLIGHT.pooled(secs, classes)
             added = IN_FLIGHT.added(counts, secs, rank)
             adj += added
         keys = t.gpu_keys
@@ -194,8 +196,6 @@ class Picker:
         n_late = 0
         base: np.ndarray | None = None
         if facts is not None:
-            names, model_idx = t.gpu_models
-            classes = model_idx[rows]
             prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[classes]
             fresh = _readings_at(readings, keys, index, rows)
             waiting = PREDICTED.waiting_at(fresh, n)
