@@ -89,9 +89,9 @@ def register(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("--candidates", type=int, default=8, metavar="N",
                    help="instances the matcher hands the placer at a time, best ranked first (default 8); the placer's "
                         "measured signals choose among them")
-    p.add_argument("--refresh", type=float, default=0.05, metavar="SECONDS",
-                   help="the placer's refresh interval: a scraped queue reaches placement within a scrape and a "
-                        "refresh (default 0.05)")
+    p.add_argument("--refresh", type=float, default=0.2, metavar="SECONDS",
+                   help="the placer's telemetry refresh interval (default 0.2); the scraped readings are taken again "
+                        "every scrape interval in between, so a server's queue reaches placement within two scrape ticks")
     add_limit_flags(p)  # what one client may hold: timeouts, connections, streams, headers, picks waiting
     p.set_defaults(func=run)
 

@@ -180,13 +180,32 @@ class HostMeasured:
         self.name = f"{source.name}+hosts"
         self._source, self.book, self._clock = source, book, clock
         self._stale_said: set[str] = set()
+        self._host_keys: tuple[str, ...] = ()  # the readings the last sample merged in
 
     def topology(self) -> Topology:
         return self._source.topology()
 
+    @property
+    def remeasure(self) -> Callable[[TelemetryFrame], TelemetryFrame] | None:
+        """The wrapped source's way to take its readings again (`measured.WithReadings`, the
+        model servers'), with the hosts' kept as the last sample merged them: they also set
+        the frame's port telemetry, which changes only with a sample (`refresher.Refresher`).
+        None where the wrapped source has none (the refresher then samples every tick)."""
+        inner = getattr(self._source, "remeasure", None)
+        if inner is None:
+            return None
+
+        def remeasure(frame: TelemetryFrame) -> TelemetryFrame:
+            hosts = {k: frame.measured[k] for k in self._host_keys if k in frame.measured}
+            fresh = inner(frame)
+            return dataclasses.replace(fresh, measured=MappingProxyType({**fresh.measured, **hosts}))
+
+        return remeasure
+
     def sample(self) -> TelemetryFrame:
         frame = self._source.sample()
         reports = dict(self.book.reports)
+        self._host_keys = ()
         if not reports:
             return frame
         t = self._source.topology()
@@ -246,6 +265,7 @@ class HostMeasured:
             for k, x in rep.agent.items():
                 flat[f"agent.{k}"] = x
             readings[host] = Reading(MappingProxyType(flat), age)
+        self._host_keys = tuple(readings)
         measured = MappingProxyType({**frame.measured, **readings})
         return dataclasses.replace(frame, port_watermark=wm, port_util=util, port_up=np.asarray(up, dtype=bool),
                                    measured=measured, notes=frame.notes + tuple(notes))

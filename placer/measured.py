@@ -53,7 +53,12 @@ class WithReadings:
         return self._source.topology()
 
     def sample(self) -> TelemetryFrame:
-        frame = self._source.sample()
+        return self.remeasure(self._source.sample())
+
+    def remeasure(self, frame: TelemetryFrame) -> TelemetryFrame:
+        """`frame` with the readings as they are now: the refresher's measured tick between
+        two samples of the source (the model servers' readings change on the scrape's clock,
+        the fabric's telemetry on its own; `refresher.Refresher`, `measured_interval`)."""
         return dataclasses.replace(frame, measured=MappingProxyType(dict(self._readings())))
 
 

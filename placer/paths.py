@@ -146,7 +146,7 @@ def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generat
     seconds into `wait`."""
     t = snap.topology
     n = len(t.gpus)
-    x = TickInputs(snap, th, EVERY, ingress_rows(snap, ingress))
+    x = TickInputs(snap, th, EVERY, ingress_rows(snap, ingress), snap.port_paths.get((th, ingress)))
     code = np.full(n, NO_FAILURE, dtype=np.int64)
     wait = np.zeros(n)
     signals = of_stage(Stage.TICK)
@@ -163,7 +163,7 @@ def _build_steps(snap: Snapshot, th: Thresholds, ingress: int | None) -> Generat
         if not s.reads_paths:
             run(s)
     yield "path table: marks"
-    paths = x.paths
+    paths = snap.port_paths[(th, ingress)] = x.paths  # kept for the snapshots that take the readings again
     yield "path table: best ports"
     for s in signals:
         if s.reads_paths:

@@ -8,6 +8,16 @@ requests of a tick do not pay for them. It measures itself: each refresh's laten
 report, not a hope. `tick()` does one refresh synchronously, which tests and benchmarks
 use to step the world deterministically.
 
+Two clocks: the telemetry source is sampled every `interval` (the fabric's and GPUs'
+telemetry, and what the snapshot derives from it: a fabric search, scores, listeners), and,
+given `measured_interval` and a source whose frames carry the model servers' own readings
+(`measured.WithReadings`), those readings are taken again in between, every
+`measured_interval`, onto the last snapshot (`Snapshot.remeasured`: its per-tick tables
+rebuilt, nothing else). A gateway's scraped queues then reach placement within a scrape and
+a measured tick, and the search over a fabric that changes on its own clock is not run at
+the scrape's: on a gateway at 128 simulated GPUs a full refresh is ~3.7 ms of CPU, a
+measured one ~0.7 ms (`benchmarks/RESULTS.md`, SLO attainment).
+
 A refresh is a sequence of steps (sample and build, each path table, each contract table,
 publish, each listener), and it runs in one of two places:
 - its own thread (`start()`): the placer on its own, optionally SCHED_FIFO and pinned;
@@ -31,13 +41,14 @@ from .anomalies import AnomalyBoard
 from .realtime import RealtimeOutcome, apply_realtime
 from .paths import warm_steps
 from .snapshot import Snapshot, build_steps
-from .telemetry import TelemetrySource
+from .telemetry import TelemetryFrame, TelemetrySource
 from .tick_table import warm_contract_steps
 from .thresholds import Thresholds
 
 STEPS_KEPT = 48  # step records kept per refresh of history (a refresh at 20,000 instances is ~40 steps)
 LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
 SPREAD = 0.4  # ... and, at the last refresh's work, are spread over this part of the interval
+SLICE = 0.3e-3  # seconds of steps run back to back in one loop callback
 
 # a refresh listener: `fn(new, previous)`, returning its own steps (any iterable) or None
 Listener = Callable[[Snapshot, Snapshot | None], Iterable[object] | None]
@@ -55,27 +66,32 @@ class StepRecord(NamedTuple):
 
 class _Refresh:
     """One refresh in progress: its steps, the seconds they took so far, and its snapshot
-    once done."""
+    once done. `full`: the source sampled (False: the measured readings only)."""
 
-    def __init__(self, steps: Generator[str, None, Snapshot]) -> None:
+    def __init__(self, steps: Generator[str, None, Snapshot], full: bool) -> None:
         self.steps = steps
+        self.full = full
         self.work = 0.0
         self.snapshot: Snapshot | None = None
 
 
 class Refresher:
-    """`Refresher(source, interval=0.2)`; `start()` (a thread) or `start(loop)` / `stop()`;
-    `current()`; `latencies()`."""
+    """`Refresher(source, interval=0.2, measured_interval=None)`; `start()` (a thread) or
+    `start(loop)` / `stop()`; `current()`; `latencies()`."""
 
     def __init__(
-        self, source: TelemetrySource, interval: float = 0.2, *, thresholds: Thresholds = Thresholds(),
-        realtime_priority: int | None = None, cpus: tuple[int, ...] | None = None, history: int = 1000,
-        clock: Callable[[], float] = time.monotonic,
+        self, source: TelemetrySource, interval: float = 0.2, *, measured_interval: float | None = None,
+        thresholds: Thresholds = Thresholds(), realtime_priority: int | None = None, cpus: tuple[int, ...] | None = None,
+        history: int = 1000, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"refresh interval must be positive seconds, got {interval!r}")
+        if measured_interval is not None and not measured_interval > 0:
+            raise ValueError(f"measured refresh interval must be positive seconds, got {measured_interval!r}")
         self.source = source
         self.interval = float(interval)
+        self.measured_interval = measured_interval
+        self._last_work = {True: 0.0, False: 0.0}  # the last full and measured refresh's seconds of work
         self.thresholds = thresholds
         self.anomalies = AnomalyBoard()
         self._clock = clock
@@ -95,6 +111,20 @@ class Refresher:
         self.overruns = 0
         self.errors: deque[str] = deque(maxlen=20)
         self._listeners: list[Listener] = []
+
+    @property
+    def _remeasure(self) -> Callable[[TelemetryFrame], TelemetryFrame] | None:
+        """The source's way to take its readings again, where it has one and their clock is
+        the faster (read each time: a replica wraps the source after it is made)."""
+        m = self.measured_interval
+        fn = getattr(self.source, "remeasure", None)
+        return fn if m is not None and m < self.interval and callable(fn) else None
+
+    @property
+    def cadence(self) -> float:
+        """Seconds between two refreshes: the readings' clock where they have one of their
+        own, else the telemetry's."""
+        return self.measured_interval if self._remeasure is not None else self.interval  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ reading
 
@@ -150,9 +180,11 @@ class Refresher:
 
     # ------------------------------------------------------------------ refreshing
 
-    def tick(self) -> Snapshot:
-        """One refresh, now, on the calling thread."""
-        r = _Refresh(self._refresh())
+    def tick(self, full: bool | None = True) -> Snapshot:
+        """One refresh, now, on the calling thread: full (the source sampled), or, with
+        `full=None`, the one the running refresher would do at this moment (measured only,
+        unless the telemetry is due)."""
+        r = self._begin(full)
         while self._step(r) is not None:
             pass
         assert r.snapshot is not None
@@ -173,14 +205,50 @@ class Refresher:
         if r.snapshot is None:
             return t1 - t0
         self._lat.append(r.work)
+        self._last_work[r.full] = r.work
         return None
 
-    def share(self) -> float:
+    def share(self, full: bool = True) -> float:
         """The share of an event loop's time a refresh's steps take: what spreads the last
-        refresh's work over `SPREAD` of the interval, at most `LOOP_SHARE` (and that until a
-        refresh has been measured)."""
-        last = self._lat[-1] if self._lat else 0.0
-        return min(LOOP_SHARE, last / (SPREAD * self.interval)) if last > 0 else LOOP_SHARE
+        refresh of the kind's work over `SPREAD` of the cadence, at most `LOOP_SHARE` (and
+        that until one has been measured)."""
+        last = self._last_work[full]
+        return min(LOOP_SHARE, last / (SPREAD * self.cadence)) if last > 0 else LOOP_SHARE
+
+    def _begin(self, full: bool | None = None) -> _Refresh:
+        """A refresh: full when asked, or (None) when the snapshot's telemetry is due for a
+        sample (an interval old, less half a cadence), none exists, or the source has no
+        readings to take on their own."""
+        prev = self._snap
+        if full is None:
+            full = (self._remeasure is None or prev is None
+                    or self._clock() - prev.taken_at >= self.interval - self.cadence / 2)
+        return _Refresh(self._refresh() if full else self._refresh_measured(), full)
+
+    def _refresh_measured(self) -> Generator[str, None, Snapshot]:
+        """The readings taken again onto the current snapshot, and its per-tick tables
+        rebuilt; no listener runs (nothing they read changed). Falls back to a full refresh
+        where there is nothing to build on (no snapshot, the topology changed, or the source
+        no longer has readings of its own)."""
+        with self._lock:
+            prev, remeasure = self._snap, self._remeasure
+            same = remeasure is not None and prev is not None and prev.topology is self.source.topology()
+            if same:
+                frame = remeasure(prev.frame)  # type: ignore[misc,union-attr]
+                self._version += 1
+                version = self._version
+        if prev is None or not same:
+            return (yield from self._refresh())
+        yield "sample: measured"
+        snap = prev.remeasured(version, frame)
+        yield from warm_steps(snap, prev)
+        yield from warm_contract_steps(snap, prev)
+        with self._lock:
+            current = self._snap
+            if current is None or current.version < version:
+                self._prev, self._snap = prev, snap
+        yield "publish"
+        return snap
 
     def _refresh(self) -> Generator[str, None, Snapshot]:
         """One refresh as steps (yields between two the kind of the step just done). Sampling
@@ -253,10 +321,10 @@ class Refresher:
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.tick()
+                self.tick(None)
             except Exception as e:  # a failing source must not kill the collector; the snapshot goes stale and says so
                 self.errors.append(f"{type(e).__name__}: {e}")
-            next_at += self.interval
+            next_at += self.cadence
             delay = next_at - time.monotonic()
             if delay < 0:
                 self.overruns += 1
@@ -266,27 +334,32 @@ class Refresher:
 
     def _loop_tick(self, loop: asyncio.AbstractEventLoop, run: int, due: float) -> None:
         if run == self._run:
-            self._loop_step(loop, run, due, _Refresh(self._refresh()))
+            self._loop_step(loop, run, due, self._begin())
 
     def _loop_step(self, loop: asyncio.AbstractEventLoop, run: int, due: float, r: _Refresh) -> None:
-        """Run one step, then let the loop serve before the next: steps back to back, even
-        with the loop polling between them, would take half its time for the length of a
-        refresh and queue the requests behind. The steps take `share()` of the loop's time,
-        so a refresh is spread over `SPREAD` of the interval: a few milliseconds of work at
-        a quarter of the loop each tick was a burst that a loop serving at 70 % queued
-        behind (`benchmarks/serve.py`, paced)."""
+        """Run a slice of steps, then let the loop serve before the next: steps back to
+        back, even with the loop polling between them, would take half its time for the
+        length of a refresh and queue the requests behind. The steps take `share()` of the
+        loop's time, so a refresh is spread over `SPREAD` of the cadence: a few
+        milliseconds of work at a quarter of the loop each tick was a burst that a loop
+        serving at 70 % queued behind (`benchmarks/serve.py`, paced). A slice is the steps
+        that fit in `SLICE` (at least one): a measured tick's few short steps in one
+        callback, not one wake-up of the loop each."""
         if run != self._run:
             r.steps.close()
             return
+        took: float | None = 0.0
         try:
-            took = self._step(r)
+            while took is not None and took < SLICE:  # steps back to back up to a slice: each callback is a wake-up of the loop
+                step = self._step(r)
+                took = None if step is None else took + step
         except Exception as e:  # as on the thread: the snapshot goes stale and says so
             self.errors.append(f"{type(e).__name__}: {e}")
             took = None
         if took is not None:
-            loop.call_later(took * (1 / self.share() - 1), self._loop_step, loop, run, due, r)
+            loop.call_later(took * (1 / self.share(r.full) - 1), self._loop_step, loop, run, due, r)
             return
-        due += self.interval
+        due += self.cadence
         now = loop.time()
         if due < now:
             self.overruns += 1

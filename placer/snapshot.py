@@ -10,7 +10,7 @@ monotonic clock at which the snapshot was taken.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Generator, Iterator
 
@@ -85,6 +85,9 @@ class Snapshot:
     tables: dict = field(default_factory=dict, repr=False, compare=False)
     # the keys of `tables` requests read (not merely warmed): what the next tick warms
     used: set = field(default_factory=set, repr=False, compare=False)
+    # each GPU's best port onto the fabric per (thresholds, ingress) (`port_paths.py`): the
+    # telemetry's alone, so shared with the snapshots that only take the readings again
+    port_paths: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ time
 
@@ -94,6 +97,14 @@ class Snapshot:
     def is_stale(self, now: float | None = None) -> bool:
         """Older than twice the refresh interval: what it shows may no longer hold."""
         return self.age(now) > 2.0 * self.interval
+
+    def remeasured(self, version: int, frame: TelemetryFrame) -> "Snapshot":
+        """This snapshot with `frame`'s measured readings (the model servers' own, newer
+        than the rest of the frame): everything derived from the telemetry is shared, the
+        per-tick tables, which read the readings, start empty (each GPU's best port, which
+        does not, is kept). `taken_at` stays the telemetry's: staleness is the fabric's age,
+        each reading carries its own."""
+        return replace(self, version=version, frame=frame, build_seconds=0.0, tables={}, used=set())
 
     # ------------------------------------------------------------------ scores
 

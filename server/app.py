@@ -71,7 +71,8 @@ class DecisionServer:
             scraper = MetricsScraper(config.metrics_scrape_interval, max_scrapes_per_s=config.metrics_scrape_budget)
             self.scraped = ScrapedFleet(scraper, lambda: self.engine.state.registry)
             source = WithReadings(source, self.scraped.readings)
-        self.refresher = Refresher(source, config.refresh_interval)
+        # the scraped readings on the scrape's clock, the rest of the telemetry on the refresh's
+        self.refresher = Refresher(source, config.refresh_interval, measured_interval=config.metrics_scrape_interval)
         self.refresher.tick()
         self.placer = Placer(self.refresher, catalog_for(bundle.gpu_catalog))  # replaced on every reload (engine.reload)
         state = build_state(bundle)

@@ -120,3 +120,38 @@ def test_a_fresh_measurement_replaces_the_nominal_figure_and_an_old_one_does_not
     assert all(lat[g] == table.latency[g] for g in others)  # every other store keeps its own
     book.on_report(HOST, report(now - 30))  # measured 30 s ago, probed every second: stale
     assert list(measured_latency(table, "nvme", source.sample().measured)) == list(table.latency)
+
+
+def test_a_measured_tick_keeps_the_hosts_readings_and_takes_the_servers_again() -> None:
+    """A replica wraps the service's source (the model servers' readings, `WithReadings`)
+    in the hosts' (`HostMeasured`): between two samples the refresher takes the servers'
+    readings again and keeps the hosts' as sampled; without server readings it samples
+    every tick."""
+    import json
+
+    from policyc.cluster.measured_hosts import HostMeasured, HostSignalBook
+    from policyc.placer import Refresher, SimulatedCluster
+    from policyc.placer.measured import WithReadings
+    from policyc.placer.readings import Reading
+
+    sim = SimulatedCluster(SMALL.seed, SMALL.hosts, SMALL.gpus_per_host, hosts_per_rack=SMALL.hosts_per_rack)
+    gpu = sim.topology().gpu_key(0)
+    servers = {gpu: Reading({"queue_depth": 1.0}, 0.01)}
+    book = HostSignalBook()
+    book.on_report(HOST, json.dumps({"time": time.time(), "agent": {"period_s": 0.2}, "sessions": {
+        "numa0/nvme": {"read_s": 0.0123, "write_s": 0.02, "time": time.time(), "interval_s": 1.0}}}).encode())
+    now = [50.0]
+    r = Refresher(WithReadings(sim, lambda: servers), 0.2, measured_interval=0.05, clock=lambda: now[0])
+    r.source = HostMeasured(r.source, book)  # as `cluster.serving.replica_parts` does, after the refresher is made
+    sampled = r.tick()
+    hosts = {k: v for k, v in sampled.frame.measured.items() if k != gpu}
+    assert f"{HOST}/numa0/nvme" in hosts and r.cadence == 0.05
+    now[0] += 0.05
+    servers[gpu] = Reading({"queue_depth": 7.0}, 0.01)
+    measured = r.tick(None)
+    assert measured.taken_at == sampled.taken_at  # not sampled
+    assert measured.frame.measured[gpu].values["queue_depth"] == 7.0
+    assert {k: v for k, v in measured.frame.measured.items() if k != gpu} == hosts
+    assert measured.frame.port_watermark is sampled.frame.port_watermark  # the hosts' port figures as sampled
+    bare = Refresher(HostMeasured(sim, book), 0.2, measured_interval=0.05)  # no server readings of its own
+    assert bare.cadence == 0.2

@@ -3,7 +3,7 @@ picker, Envoy) with emulated vLLM servers (vLLM's routes and `vllm:*` metrics) r
 over `RegisterInstance` with a `metrics: vllm` label. The service scrapes their `/metrics`
 itself (`--scrape-interval`, server/app.py wiring placer/measured.py `ScrapedFleet`), and:
 
-- a server's queue gauge reaches the placer within a scrape tick and a refresh (50 + 50 ms,
+- a server's queue gauge reaches the placer within a scrape tick and a measured tick (50 + 50 ms,
   asserted with slack for a loaded machine: median of five rises, from the moment the emulator's own queue, read in-process, reached 3 to the
   first Explain whose plan names that measured queue);
 - with two servers, the one with the deep measured queue is avoided, by Explain and by a
@@ -72,7 +72,7 @@ class _Gateway:
         self.proc = subprocess.Popen(
             POLICYC + ["gateway", "--bundle", str(path), "--port", str(self.api), "--listen", f"127.0.0.1:{self.listen}",
                        "--admin", f"127.0.0.1:{free_port()}", "--picker-port", str(free_port()), "--state-dir", "none",
-                       "--workdir", str(workdir / "gw"), "--scrape-interval", "0.05", "--refresh", "0.05"],
+                       "--workdir", str(workdir / "gw"), "--scrape-interval", "0.05"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         with grpc.insecure_channel(f"127.0.0.1:{self.api}") as probe:
             grpc.channel_ready_future(probe).result(timeout=60)
@@ -185,7 +185,7 @@ def test_a_server_queue_reaches_the_placer_within_100_ms_and_steers_placement(ga
                 for t in threads:
                     t.join(60)
                 _until(lambda: _waiting_in(gateway.plan(), a_key) == 0, "A's queue drained in the plan")
-            # By design within one scrape tick and one refresh (50 + 50 ms): 150 ms on a quiet machine
+            # By design within one scrape tick and one measured tick (50 + 50 ms): 150 ms on a quiet machine
             # (medians 55-110 ms measured at load 6-9). A loaded 2-core machine also makes the server's
             # page and the test's Explain slow, and the delay holds one of each: the bound is 150 ms or the
             # tick and refresh plus twice their slow (p90) round trips measured in this run, the larger.

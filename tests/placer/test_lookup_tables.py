@@ -113,7 +113,7 @@ def test_both_ways_agree_on_every_gpu_including_nan_and_edge_shares(name: str, m
     free[1::11] = 1.5
     free[2::13] = -0.2
     free[3::17] = 0.0
-    snap = dataclasses.replace(snap, gpu_free=free, tables={})
+    snap = dataclasses.replace(snap, gpu_free=free, tables={}, port_paths={})
     c = CONTRACTS[name]
     table = contract_table(c, t, CATALOG)
     rng = np.random.default_rng(3)

@@ -79,7 +79,7 @@ def _world():  # type: ignore[no-untyped-def]
     wm = snap.frame.port_watermark.copy()
     wm[: len(wm) // 4] = 0.97  # both ports of the first hosts over the watermark
     frame = dataclasses.replace(snap.frame, measured=measured, gpu_pcie_util=pcie, port_watermark=wm)
-    return dataclasses.replace(snap, frame=frame, tables={})
+    return dataclasses.replace(snap, frame=frame, tables={}, port_paths={})  # new telemetry: nothing derived kept
 
 
 def _same(fast: Column, ref: Column, what: str) -> None:
