@@ -249,8 +249,12 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         while True:
             timeout = tpot if (ev.first is not None and req.stream and tpot is not None) else None
             try:
-                msg = await asyncio.wait_for(context.read(), timeout) if timeout is not None else await context.read()
-            except asyncio.TimeoutError:  # a gap over the TPOT budget after tokens were sent: end the stream
+                if timeout is None:
+                    msg = await context.read()
+                else:  # a deadline on this read (not `wait_for`, which wraps every chunk's read in a task of its own)
+                    async with asyncio.timeout(timeout):
+                        msg = await context.read()
+            except TimeoutError:  # a gap over the TPOT budget after tokens were sent: end the stream
                 assert tpot is not None  # (a read waits with a timeout only then)
                 ev.ended_by_tpot = True
                 gap = time.perf_counter() - (ev.last or ev.started)
