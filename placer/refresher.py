@@ -227,7 +227,9 @@ class Refresher:
 
     def _refresh_measured(self) -> Generator[str, None, Snapshot]:
         """The readings taken again onto the current snapshot, and its per-tick tables
-        rebuilt; no listener runs (nothing they read changed). Falls back to a full refresh
+        rebuilt; no listener runs (nothing they read changed). No new snapshot while there are
+        no readings at all (a service whose instances have no metrics endpoint pays for the
+        tick's tables once per sample, as without this clock). Falls back to a full refresh
         where there is nothing to build on (no snapshot, the topology changed, or the source
         no longer has readings of its own)."""
         with self._lock:
@@ -240,6 +242,8 @@ class Refresher:
         if prev is None or not same:
             return (yield from self._refresh())
         yield "sample: measured"
+        if not frame.measured and not prev.frame.measured:  # no server has readings (none scraped): nothing to redo
+            return prev
         snap = prev.remeasured(version, frame)
         yield from warm_steps(snap, prev)
         yield from warm_contract_steps(snap, prev)

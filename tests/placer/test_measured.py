@@ -103,3 +103,12 @@ def test_without_a_measured_interval_every_tick_samples() -> None:
     assert slower.cadence == 0.2
     bare = Refresher(_Counted(sim), 0.2, measured_interval=0.05)  # no readings to take on their own
     assert bare.cadence == 0.2
+
+
+def test_with_no_readings_at_all_a_measured_tick_makes_no_snapshot() -> None:
+    sim = SimulatedCluster(seed=7, hosts=2, gpus_per_host=2, hosts_per_rack=2)
+    now = [10.0]
+    r = Refresher(WithReadings(sim, dict), 0.2, measured_interval=0.05, clock=lambda: now[0])
+    first = r.tick()
+    now[0] += 0.05
+    assert r.tick(None) is first and r.current() is first  # nothing measured: the tables stand
