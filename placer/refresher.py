@@ -15,8 +15,9 @@ given `measured_interval` and a source whose frames carry the model servers' own
 `measured_interval`, onto the last snapshot (`Snapshot.remeasured`: its per-tick tables
 rebuilt, nothing else). A gateway's scraped queues then reach placement within a scrape and
 a measured tick, and the search over a fabric that changes on its own clock is not run at
-the scrape's: on a gateway at 128 simulated GPUs a full refresh is ~3.7 ms of CPU, a
-measured one ~0.7 ms (`benchmarks/RESULTS.md`, SLO attainment).
+the scrape's: at 128 simulated GPUs a full refresh is ~1.5 ms of CPU in-process (about 3.7 ms
+on a gateway's loop, with its listeners), a measured one ~0.17 ms (`benchmarks/RESULTS.md`,
+"the readings on their own clock").
 
 A refresh is a sequence of steps (sample and build, each path table, each contract table,
 publish, each listener), and it runs in one of two places:
@@ -237,12 +238,14 @@ class Refresher:
             same = remeasure is not None and prev is not None and prev.topology is self.source.topology()
             if same:
                 frame = remeasure(prev.frame)  # type: ignore[misc,union-attr]
-                self._version += 1
-                version = self._version
+                unchanged = not frame.measured and not prev.frame.measured  # type: ignore[union-attr]
+                if not unchanged:
+                    self._version += 1
+                    version = self._version
         if prev is None or not same:
             return (yield from self._refresh())
         yield "sample: measured"
-        if not frame.measured and not prev.frame.measured:  # no server has readings (none scraped): nothing to redo
+        if unchanged:  # no server has readings (none scraped): nothing to redo
             return prev
         snap = prev.remeasured(version, frame)
         yield from warm_steps(snap, prev)
