@@ -248,14 +248,21 @@ class Refresher:
         if unchanged:  # no server has readings (none scraped): nothing to redo
             return prev
         snap = prev.remeasured(version, frame)
+        yield from self._warm_and_publish(snap, prev)
+        yield "publish"
+        return snap
+
+    def _warm_and_publish(self, snap: Snapshot, prev: Snapshot | None) -> Generator[str, None, bool]:
+        """The per-tick path tables requests will read, before they can ask, and the
+        per-(tick, contract) tables on them; then `snap` published unless a newer one was
+        meanwhile (a refresh by hand): whether it was."""
         yield from warm_steps(snap, prev)
         yield from warm_contract_steps(snap, prev)
         with self._lock:
             current = self._snap
-            if current is None or current.version < version:
+            if current is None or current.version < snap.version:
                 self._prev, self._snap = prev, snap
-        yield "publish"
-        return snap
+            return self._snap is snap
 
     def _refresh(self) -> Generator[str, None, Snapshot]:
         """One refresh as steps (yields between two the kind of the step just done). Sampling
@@ -273,15 +280,7 @@ class Refresher:
         snap = yield from build_steps(version, topo, frame, prev, self.anomalies.fold(len(topo.gpus)),
                                       self.thresholds, self.interval, taken)
         yield "snapshot: scores"
-        # the per-tick path tables requests will read, before they can ask, and the
-        # per-(tick, contract) tables on them
-        yield from warm_steps(snap, prev)
-        yield from warm_contract_steps(snap, prev)
-        with self._lock:
-            current = self._snap
-            if current is None or current.version < version:
-                self._prev, self._snap = prev, snap
-            published = self._snap is snap
+        published = yield from self._warm_and_publish(snap, prev)
         done = "publish"
         for fn in self._listeners if published else ():
             yield done
