@@ -48,7 +48,7 @@ from .thresholds import Thresholds
 
 STEPS_KEPT = 48  # step records kept per refresh of history (a refresh at 20,000 instances is ~40 steps)
 LOOP_SHARE = 0.25  # on an event loop, a refresh's steps take at most this share of the loop's time
-SPREAD = 0.4  # ... and, at the last refresh's work, are spread over this part of the interval
+SPREAD = 0.4  # ... and, at the last refresh's work, are spread over this part of the cadence
 SLICE = 0.3e-3  # seconds of steps run back to back in one loop callback
 
 # a refresh listener: `fn(new, previous)`, returning its own steps (any iterable) or None
@@ -291,8 +291,8 @@ class Refresher:
         return snap
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Refresh every interval: on this refresher's own thread, or, given `loop`, on that
-        event loop, one step per callback (restarts a refresher already running)."""
+        """Refresh every cadence: on this refresher's own thread, or, given `loop`, on that
+        event loop, a slice of steps per callback (restarts a refresher already running)."""
         if loop is None and self._thread is not None and self._thread.is_alive():
             return
         self.stop()
