@@ -195,6 +195,7 @@ class Picker:
         ttft: np.ndarray | None = None
         n_late = 0
         base: np.ndarray | None = None
+        overhead: np.ndarray | None = None  # the gateway's measured part of each candidate's prediction
         if facts is not None:
             prefill = facts.prompt_tokens * PREDICTED.per_token_by_model(contract, catalog, names)[classes]
             fresh = _readings_at(readings, keys, index, rows)
@@ -215,7 +216,8 @@ class Picker:
             base = ttft  # the contract's prediction: what the gateway's measured first token is compared with
             over, prefilling = self.in_flight.first_token_rows(t, index, len(t.gpus), rows)
             if over is not None:
-                ttft = ttft + PREDICTED.overhead(IN_FLIGHT.pooled(over, classes))
+                overhead = PREDICTED.overhead(IN_FLIGHT.pooled(over, classes))
+                ttft = ttft + overhead
             adj += ttft
             if facts.ttft_s is not None:
                 # judged with the prefills ahead of this one: this gateway's requests there still without a
@@ -234,7 +236,7 @@ class Picker:
         by_row = Adjusted(feas, adj, base)
         if ttft is not None and facts is not None:
             lines.append(PREDICTED.note(keys[rows[i]], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < n else 0,
-                                        n_late < n))
+                                        n_late < n, float(overhead[i]) if overhead is not None else 0.0))
         if new != best:
             j = feas.index(best)
             gi, gj = keys[rows[i]], keys[rows[j]]

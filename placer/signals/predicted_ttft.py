@@ -182,15 +182,21 @@ class PredictedTtft(Signal[RequestInputs]):
     def detail(self, w: Words, r: int) -> str:
         return "predicted TTFT never refuses a GPU"
 
-    def note(self, gpu: str, predicted: float, slo: float | None, late: int, within: bool = True) -> str:
+    def note(self, gpu: str, predicted: float, slo: float | None, late: int, within: bool = True,
+             measured: float = 0.0) -> str:
         """The plan's line: the chosen GPU's predicted TTFT, against the request's SLO (`late`:
-        the candidates passed over as predicted past it; `within`: the chosen one is not)."""
+        the candidates passed over as predicted past it; `within`: the chosen one is not), and
+        where it comes from: the contract's prefill at the server's queue, and `measured`, the
+        part the gateway measured on the class (`overhead`)."""
+        source = ("the contract's prefill on its class at its queue"
+                  + (f", {measured * 1e3:.1f} ms of it the gateway's measured first-token overhead on the class"
+                     if measured > 0 else ""))
         if slo is None:
-            return f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms (the contract's prefill on its class, at its queue)"
+            return f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms ({source})"
         if not within:
-            return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms; no feasible candidate is predicted within the "
-                    f"request's {slo * 1e3:g} ms (with this gateway's requests in flight), the load decides")
-        return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms within the request's {slo * 1e3:g} ms"
+            return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms ({source}); no feasible candidate is predicted "
+                    f"within the request's {slo * 1e3:g} ms (with the prefills ahead of it), the load decides")
+        return (f"predicted TTFT on {gpu}: {predicted * 1e3:.1f} ms ({source}) within the request's {slo * 1e3:g} ms"
                 + (f" ({late} feasible candidate(s) predicted later, passed over)" if late else ""))
 
 

@@ -90,7 +90,8 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
         over = [p.in_flight.overhead(g) for g in gpus]
         classes = [int(model_idx[int(ev.gpus[r])]) for r in feas]
         pooled = IN_FLIGHT.pooled_reference([float("nan") if o is None else o for o in over], classes)
-        ttft = ttft + np.array([o if o == o and o > 0 else 0.0 for o in pooled])
+        overhead = np.array([o if o == o and o > 0 else 0.0 for o in pooled])
+        ttft = ttft + overhead
         adj += ttft
         if facts.ttft_s is not None:
             prefilling = np.array([float(p.in_flight.prefilling(g)) for g in gpus])
@@ -108,7 +109,7 @@ def reference(p: Picker, t: Topology, ev: Evaluated, best: int, c: Contract, fac
     by_row = dict(zip(feas, adj.tolist()))
     if ttft is not None and facts is not None:
         lines.append(PREDICTED.note(gpus[i], float(ttft[i]), facts.ttft_s, n_late if 0 < n_late < len(feas) else 0,
-                                    n_late < len(feas)))
+                                    n_late < len(feas), float(overhead[i])))
     if new != best:
         j = feas.index(best)
         if counts[j] or counts[i]:

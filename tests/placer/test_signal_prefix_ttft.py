@@ -169,6 +169,24 @@ def test_the_contract_prices_the_prompt_per_class_and_the_ttft_slo_picks_a_class
     assert not any("predicted TTFT" in r for r in _place(p, cands, c, None).reasons)
 
 
+def test_the_plan_says_which_part_of_the_prediction_the_gateway_measured() -> None:
+    """The plan's predicted TTFT names its sources: the contract's prefill, and the overhead
+    the gateway measured on the class (an estimate and a measurement, told apart)."""
+    p, cands = _placer()
+    c = _llm_contract(100e-6)  # 1,000 tokens: 100 ms on an H100
+    slo = RequestFacts((), 1000.0, 0.35)
+    plan = _place(p, cands, c, slo)
+    assert not any("measured first-token overhead" in r for r in plan.reasons), plan.reasons  # nothing measured yet
+    counts = p._picker.in_flight
+    counts.begin("a", plan.gpu_key, plan.contract_ttft_s)
+    counts.first_token("a", 0.15)  # 50 ms over the contract's 100 ms
+    counts.end("a")
+    again = _place(p, cands, c, slo)
+    assert again.gpu_model == "H100", again.reasons
+    assert any("predicted TTFT on " + again.gpu_key in r and "50.0 ms of it the gateway's measured first-token overhead"
+               in r for r in again.reasons), again.reasons
+
+
 def test_a_measured_first_token_over_the_prediction_is_learned_per_class_and_moves_a_tight_slo() -> None:
     """What the contract's FLOPs leave out (an engine's fixed cost per step), measured by the
     gateway on idle servers, is added to the prediction of every GPU of that class: a class
