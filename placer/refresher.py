@@ -228,9 +228,10 @@ class Refresher:
 
     def _refresh_measured(self) -> Generator[str, None, Snapshot]:
         """The readings taken again onto the current snapshot, and its per-tick tables
-        rebuilt; no listener runs (nothing they read changed). No new snapshot while there are
-        no readings at all (a service whose instances have no metrics endpoint pays for the
-        tick's tables once per sample, as without this clock). Falls back to a full refresh
+        rebuilt; no listener runs (nothing they read changed). No new snapshot when the readings
+        are the ones it has (none scraped, or only a replica's host readings, which change with a
+        sample): such a service pays for the tick's tables once per sample, as without this
+        clock, and its snapshot versions count samples. Falls back to a full refresh
         where there is nothing to build on (no snapshot, the topology changed, or the source
         no longer has readings of its own)."""
         with self._lock:
@@ -238,14 +239,14 @@ class Refresher:
             same = remeasure is not None and prev is not None and prev.topology is self.source.topology()
             if same:
                 frame = remeasure(prev.frame)  # type: ignore[misc,union-attr]
-                unchanged = not frame.measured and not prev.frame.measured  # type: ignore[union-attr]
+                unchanged = frame.measured == prev.frame.measured  # type: ignore[union-attr]
                 if not unchanged:
                     self._version += 1
                     version = self._version
         if prev is None or not same:
             return (yield from self._refresh())
         yield "sample: measured"
-        if unchanged:  # no server has readings (none scraped): nothing to redo
+        if unchanged:  # no reading taken again differs (none scraped; only a replica's hosts'): nothing to redo
             return prev
         snap = prev.remeasured(version, frame)
         yield from self._warm_and_publish(snap, prev)

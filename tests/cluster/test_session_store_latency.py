@@ -153,5 +153,7 @@ def test_a_measured_tick_keeps_the_hosts_readings_and_takes_the_servers_again() 
     assert measured.frame.measured[gpu].values["queue_depth"] == 7.0
     assert {k: v for k, v in measured.frame.measured.items() if k != gpu} == hosts
     assert measured.frame.port_watermark is sampled.frame.port_watermark  # the hosts' port figures as sampled
+    now[0] += 0.05  # nothing taken again differs: no new snapshot (the versions go on counting changes)
+    assert r.tick(None) is measured
     bare = Refresher(HostMeasured(sim, book), 0.2, measured_interval=0.05)  # no server readings of its own
     assert bare.cadence == 0.2
