@@ -62,7 +62,10 @@ with their reasons (policyc's `x-policyc-reason`), and the router's own processe
 during the trace: seconds on a core (`router_cpu_s`) and seconds its threads were runnable
 but queued for one (`router_cpu_wait_s`, the kernel's schedstat), which on this 2-core
 machine with real vLLM engines holding both cores is where a router with more process hops
-per request loses time.
+per request loses time. `answers_whole`: how many streamed answers reached the client whole,
+more than half of their chunks within 5 ms of the first (`arrived_whole`): their first token
+held back with the rest, at the model server or on the way (benchmarks/RESULTS.md, "what a
+message per chunk costs").
 
 `--router-nice N` (root): every router's processes, as a group per session, get the weight of
 nice N against the model servers (`prioritise`: the autogroup nice; a plain nice does nothing
@@ -507,6 +510,20 @@ class Outcome:
     reason: str
     slo_ms: int
     tenant: str
+    whole: bool = False  # the answer's chunks arrived together (`arrived_whole`)
+
+
+WHOLE_WITHIN_S = 0.005
+WHOLE_MIN_CHUNKS = 8
+
+
+def arrived_whole(times: list[float]) -> bool:
+    """Whether a streamed answer reached the client whole: at least `WHOLE_MIN_CHUNKS` chunks,
+    more than half of them within `WHOLE_WITHIN_S` of the first. A model server writes a token a
+    step (milliseconds apart here), so such an answer's first token was held back with the rest."""
+    if len(times) < WHOLE_MIN_CHUNKS:
+        return False
+    return sum(1 for t in times if t - times[0] < WHOLE_WITHIN_S) * 2 > len(times)
 
 
 def _messages(e: Entry) -> list[dict[str, str]]:
@@ -522,6 +539,7 @@ async def _one(session: Any, url: str, e: Entry, t0: float) -> Outcome:
     await asyncio.sleep(max(0.0, t0 + e.at - time.monotonic()))
     sent = time.monotonic()
     ttft, tokens = None, 0
+    times: list[float] = []  # each content chunk's arrival
     try:
         async with session.post(f"{url}/v1/chat/completions", data=_body(e),
                                 headers={"content-type": "application/json", "x-slo-ttft-ms": str(e.slo_ms)}) as r:
@@ -537,11 +555,13 @@ async def _one(session: Any, url: str, e: Entry, t0: float) -> Outcome:
                 if "error" in chunk:  # the gateway ended the stream (its TTFT or TPOT bound): its code
                     err = chunk["error"]
                     return Outcome(0, ttft, tokens, f"stream ended: {err.get('code')}", e.slo_ms, e.tenant)
-                if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                    ttft = time.monotonic() - sent  # the first token (a role-only chunk may come before it)
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                    times.append(time.monotonic())
+                    if ttft is None:
+                        ttft = times[-1] - sent  # the first token (a role-only chunk may come before it)
                 if chunk.get("usage"):
                     tokens = int(chunk["usage"].get("completion_tokens") or 0)
-            return Outcome(200, ttft, tokens, "", e.slo_ms, e.tenant)
+            return Outcome(200, ttft, tokens, "", e.slo_ms, e.tenant, arrived_whole(times))
     except Exception as ex:  # noqa: BLE001 - a failed request is an outcome (missed), named
         return Outcome(0, ttft, tokens, f"{type(ex).__name__}: {ex}"[:100], e.slo_ms, e.tenant)
 
@@ -610,7 +630,9 @@ def drive_inference_perf(url: str, trace: list[Entry], workdir: Path) -> tuple[l
         ends.append(r["end_time"])
         err = r.get("error")
         metrics = r.get("computed_metrics") or {}
-        usage = ((r.get("info") or {}).get("response_metrics") or {}).get("server_usage") or {}
+        response = (r.get("info") or {}).get("response_metrics") or {}
+        usage = response.get("server_usage") or {}
+        chunk_times = [float(t) for t in response.get("chunk_times") or ()]
         tokens = int(usage.get("completion_tokens") or 0)
         if err:
             kind = str(err.get("error_type", ""))
@@ -620,7 +642,8 @@ def drive_inference_perf(url: str, trace: list[Entry], workdir: Path) -> tuple[l
         elif '"error":' in (r.get("response") or ""):  # the gateway ended the stream (its TTFT or TPOT bound)
             outs[i] = Outcome(0, metrics.get("time_to_first_token"), tokens, "stream ended by the gateway", e.slo_ms, e.tenant)
         else:
-            outs[i] = Outcome(200, metrics.get("time_to_first_token"), tokens, "", e.slo_ms, e.tenant)
+            outs[i] = Outcome(200, metrics.get("time_to_first_token"), tokens, "", e.slo_ms, e.tenant,
+                              arrived_whole(chunk_times))
     missing = sum(o is None for o in outs)
     final = [o if o is not None else Outcome(0, None, 0, "no record from inference-perf", e.slo_ms, e.tenant)
              for o, e in zip(outs, trace)]
@@ -725,6 +748,7 @@ def summarise(name: str, outs: list[Outcome], wall: float, tenants: tuple[tuple[
             "by_tenant_pct": by_tenant, "goodput_rps": round(len(met) / wall, 2),
             "ttft_ms": {q: round(_pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
             "output_tok_s": round(sum(o.tokens for o in outs) / wall, 1), "refused": dict(refused.most_common(6)),
+            "answers_whole": sum(o.whole for o in outs),
             "wall_s": round(wall, 1)}
 
 
