@@ -41,7 +41,7 @@ from policyc.matcher.instance import canonical_endpoint
 from . import limits as bounds
 from .limits import Limits
 
-from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_picker_filter, llm_routes
+from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_picker_filter, llm_routes, llm_usage_filter
 
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
@@ -95,7 +95,7 @@ function envoy_on_request(handle)
   local wanted = headers:get("x-policyc-retry-headers")
   if wanted == nil then return end
   headers:remove("x-policyc-retry-headers")
-  local attempt = tonumber(headers:get("x-envoy-attempt-count"))
+  local attempt = tonumber(headers:get("x-envoy-attempt-count") or "1")  -- (tonumber(nil) is an error)
   if attempt == nil or attempt < 2 then return end
   for pair in string.gmatch(wanted, "[^&]+") do
     local k, v = string.match(pair, "^([^=]+)=(.*)$")
@@ -388,6 +388,7 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
                           **({"upstream_log": _access_log(spec, "policyc_upstream")} if spec.access_log_cluster else {})}}]
     if spec.llm is not None and spec.use_picker:  # the body-reading routes' own filter, after the general one
         http_filters.insert(1, llm_picker_filter(http_filters[0], spec.llm, not spec.breaks_from_access_log))
+        http_filters.insert(2, llm_usage_filter())  # after the pick: it reads the pool the picker chose
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": LISTENER,
