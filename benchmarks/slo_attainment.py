@@ -67,8 +67,8 @@ but queued for one (`router_cpu_wait_s`, the kernel's schedstat), which on this 
 machine with real vLLM engines holding both cores is where a router with more process hops
 per request loses time. `answers_whole`: how many streamed answers reached the client whole,
 more than half of their chunks within 5 ms of the first (`arrived_whole`): their first token
-held back with the rest, at the model server or on the way (benchmarks/RESULTS.md, "what a
-message per chunk costs").
+held back with the rest, at the model server or on the way (benchmarks/RESULTS.md, "where
+the first tokens go on 2 real vLLM").
 
 `--router-nice N` (root): every router's processes, as a group per session, get the weight of
 nice N against the model servers (`prioritise`: the autogroup nice; a plain nice does nothing

@@ -36,8 +36,8 @@ the model server stops (its own abort on disconnect).
 **A stream with no TPOT budget** (the picker sent it to `llm_routes.POOL_HTTP1_FIRST_CLUSTER`,
 `LlmPicks.first_token_only`): its first token is held to its TTFT budget as above, then the
 supervisor answers that chunk and closes its stream, and Envoy sends the rest on with no
-message per chunk (a message per chunk, Envoy waiting on each, held whole answers back at the
-model servers: benchmarks/RESULTS.md, "what a message per chunk costs"). Its evidence is kept
+message per chunk (the gateway's work on the answer no longer grows with its length:
+benchmarks/RESULTS.md, "where the first tokens go on 2 real vLLM"). Its evidence is kept
 pending (`pending`) until the call's access-log entry (`logged`): the answer's end (its in-flight
 count ends there, in the picker), its last byte's time, and what Envoy read as it passed
 (`llm_routes.USAGE_LUA`: the usage's tokens, the events, the bytes), labelled as Envoy's.
