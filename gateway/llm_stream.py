@@ -191,8 +191,10 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         # learns what the contract's TTFT prediction leaves out on the picked GPU (placer/signals/predicted_ttft.py)
         self.first_token = first_token
         self.evidence: dict[str, list[Evidence]] = {}  # decision id -> its answered attempts (bounded)
-        # decision id -> a stream left at its first token, until its access-log entry (`logged`); oldest first
+        # decision id -> a stream left at its first token, until its access-log entry (`logged`); oldest first.
+        # Read and written on the supervisor's own loop only (`_loop`): the entries come on the picker's
         self.pending: dict[str, tuple[LlmRequest, Evidence]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.records: list[ActionRecord] = []
         self.counts: dict[str, int] = {}
 
@@ -219,6 +221,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         attempt = int(h.get(ATTEMPT_COUNT, "1")) if h.get(ATTEMPT_COUNT, "1").isdigit() else 1
         ev = Evidence(did, attempt, req.model, req.stream, time.perf_counter())
         first_only = did in self.picks.first_token_only
+        if first_only:
+            self._loop = asyncio.get_running_loop()
         retry = self.retry_headers_of(did) if attempt >= 2 else ()
         if retry:
             answer = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
@@ -336,9 +340,19 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         self.pending[ev.decision_id] = (req, ev)
 
     def logged(self, call: Call) -> None:
-        """The access-log entry of a call (the picker's `_logged`, on its loop): a stream left at
-        its first token is recorded now, with what Envoy read of it as it passed. Its in-flight
-        count is ended by the picker's own handling of the entry."""
+        """The access-log entry of a call (a listener of the receiver, on the picker's loop): a
+        stream left at its first token is recorded, on the supervisor's own loop, with what Envoy
+        read of it as it passed. Its in-flight count is ended by the picker's own handling of the
+        entry."""
+        loop = self._loop
+        if loop is None:  # no stream was ever left here: nothing waits for an entry
+            return
+        try:
+            loop.call_soon_threadsafe(self._logged, call)
+        except RuntimeError:  # the supervisor stopped: what it left pending is not recorded
+            self._count("entry-after-stop")
+
+    def _logged(self, call: Call) -> None:
         held = self.pending.pop(call.decision_id, None)
         if held is None:
             return
