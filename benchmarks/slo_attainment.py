@@ -26,12 +26,9 @@ one of 8 shared system prompts (prefix groups, like the anchors' "b2b-saas" work
 down); 70 % short questions, 30 % long documents; 16 to 64 output tokens; streamed chat.
 
 policyc's bundle is `policies` with the model's contract from `policies/llm`, its TPOT bound
-(50 ms, set for real vLLM on this CPU) removed: the peers hold a stream to nothing after its
-first token, and a stream with no TPOT bound is one policyc's gateway follows to its first
-token only (the TTFT held, then no message per chunk; its tokens read by Envoy,
-gateway/llm_stream.py). `--contract-tpot MS` keeps a bound instead, which the gateway then
-holds every stream to, chunk by chunk (a duty no peer has; the runs before 2026-12-07 10:00
-UTC had 2 s: the slowed emulators' steps are longer than 50 ms). Its per-token prefill cost (`llm.prefill`) is the emulated model's
+raised from 50 ms (set for real vLLM on this CPU) to 2 s: the slowed emulators' steps are
+longer than 50 ms, and policyc's gateway ends a stream that breaks its contract's TPOT,
+which no peer does. Its per-token prefill cost (`llm.prefill`) is the emulated model's
 (`--contract-prefill emulator`, the default): the emulator's prefill seconds per token on an
 H100-class emulator (its timing model's `prefill_s_per_token` x `--base-slowdown`) times the
 H100's bf16 rate at the contract's efficiency, so that the contract declares the cost of the
@@ -99,7 +96,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny-llm"
 ROUTERS_VENV = REPO / ".venv-routers"
-TPOT_LINE = "tpot: <= 50 ms"  # the contract's, for real vLLM on CPU: removed, or `--contract-tpot` (see the docstring)
+TPOT_LINE = "tpot: <= 50 ms"  # the contract's, for real vLLM on CPU; the slowed pool's is 2 s (see the docstring)
 PREFILL_LINE = "prefill: 1.9e6 FLOP"  # the tiny model's; the emulated model's is declared instead (see the docstring)
 ALL_ROUTERS = ("policyc", "envoy-round-robin", "envoy-least-request", "vllm-router:round_robin",
                "vllm-router:power_of_two", "vllm-router:cache_aware", "sglang-router:cache_aware")
@@ -234,7 +231,7 @@ def parse_classes(text: str) -> tuple[tuple[str, float], ...]:
 
 
 def pool_slots(n: int, base_slowdown: float, classes: tuple[tuple[str, float], ...] = CLASSES,
-               contract_prefill: str = "emulator", contract_tpot_ms: float | None = None) -> tuple[list[Slot], Any]:
+               contract_prefill: str = "emulator") -> tuple[list[Slot], Any]:
     """`n` GPUs of the simulated cluster that admit the model, by class share, each with
     its emulator's slowdown (the class's bf16 peak against the H100's)."""
     sys.path.insert(0, str(REPO / "tests" / "gateway"))
@@ -250,7 +247,7 @@ def pool_slots(n: int, base_slowdown: float, classes: tuple[tuple[str, float], .
     text = (REPO / "policies" / "llm" / "tiny-llm.contract").read_text()
     if TPOT_LINE not in text:
         raise SystemExit(f"slo_attainment: policies/llm/tiny-llm.contract no longer declares `{TPOT_LINE}`")
-    text = text.replace(TPOT_LINE, f"tpot: <= {contract_tpot_ms:g} ms" if contract_tpot_ms is not None else "")
+    text = text.replace(TPOT_LINE, "tpot: <= 2 s")
     if contract_prefill == "emulator":
         if PREFILL_LINE not in text:
             raise SystemExit(f"slo_attainment: policies/llm/tiny-llm.contract no longer declares `{PREFILL_LINE}`")
@@ -772,9 +769,6 @@ def main() -> int:
     ap.add_argument("--max-seqs", type=int, default=4, help="each emulator's max_num_seqs")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--candidates", type=int, default=8, help="policyc gateway --candidates (its default 8)")
-    ap.add_argument("--contract-tpot", type=float, default=None, metavar="MS",
-                    help="keep a TPOT bound in policyc's contract (default none, as the peers hold none): every "
-                         "stream then followed chunk by chunk")
     ap.add_argument("--policyc-scrape-interval", type=float, default=None, metavar="SECONDS",
                     help="policyc gateway --scrape-interval (default: the gateway's own, 50 ms); a diagnosis setting")
     ap.add_argument("--policyc-scrape-budget", type=float, default=None, metavar="SCRAPES_PER_S",
@@ -823,7 +817,7 @@ def main() -> int:
             return 2
         args.instances, args.contract_prefill, args.base_slowdown = args.real_vllm, "model", 1.0
         classes = parse_classes(args.classes) if args.classes else (("H100", 1.0),)
-    slots, bundle = pool_slots(args.instances, args.base_slowdown, classes, args.contract_prefill, args.contract_tpot)
+    slots, bundle = pool_slots(args.instances, args.base_slowdown, classes, args.contract_prefill)
     if args.real_vllm:
         t = time.monotonic()
         real = RealPool(args.real_vllm, workdir)
@@ -849,7 +843,7 @@ def _run_all(args: argparse.Namespace, routers: list[str], rates: list[float], s
                  "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
                  "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
                  "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
-                 "max_num_seqs": "vLLM's own" if real else args.max_seqs, "contract_prefill": args.contract_prefill, "contract_tpot_ms": args.contract_tpot,
+                 "max_num_seqs": "vLLM's own" if real else args.max_seqs, "contract_prefill": args.contract_prefill,
                  "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators", "client": args.client}
         shapes.append(shape)
         print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)

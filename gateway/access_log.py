@@ -41,7 +41,6 @@ from policyc.audit.cgroup_cpu import CgroupCpuMeter
 from policyc.audit.records import ActionRecord, Figure, Source
 
 from .bootstrap import DECISION_HEADER, TLS_HANDSHAKE_HEADER, TRACEPARENT, UPSTREAM_CONNECT_HEADER, UPSTREAM_CONNECTION_HEADER
-from .llm_routes import USAGE_NAMESPACE
 
 log = logging.getLogger("policyc.gateway.access_log")
 
@@ -125,13 +124,6 @@ class Call(msgspec.Struct, gc=False):
     compute_seconds: float | None = None  # the answer's `x-policyc-compute-us`
     flags: str = ""  # the call's response flags
     trace_id: str | None = None  # a traced call's W3C trace id (its `traceparent`, logged with --otlp-endpoint)
-    upstream_last_byte: float | None = None  # seconds from the call's start to the model server's last byte
-    # a stream the supervisor left at its first token, as Envoy read it passing (`llm_routes.USAGE_LUA`):
-    # the SSE events that carried choices, the body's bytes, the last `usage` object's tokens (None: not read)
-    llm_events: int | None = None
-    llm_bytes: int | None = None
-    llm_prompt_tokens: int | None = None
-    llm_completion_tokens: int | None = None
 
 
 def _flags(common: al.AccessLogCommon) -> str:
@@ -188,8 +180,6 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
         compute_s = int(compute) / 1e6 if compute else None
     except ValueError:
         compute_s = None
-    fm = c.metadata.filter_metadata
-    usage = fm[USAGE_NAMESPACE].fields if USAGE_NAMESPACE in fm else None
     return Call(decision_id=str(did), start=start.seconds + start.nanos / 1e9,
                 received=int(c.downstream_wire_bytes_received or (req.request_headers_bytes + req.request_body_bytes)),
                 sent=int(c.downstream_wire_bytes_sent or (resp.response_headers_bytes + resp.response_body_bytes)),
@@ -208,20 +198,7 @@ def call_of(entry: al.HTTPAccessLogEntry) -> Call | None:
                 upstream_duration=last_rx - tx if tx is not None and last_rx is not None else None,
                 upstream_rx_after_tx=first_rx - tx if tx is not None and first_rx is not None else None,
                 status=int(resp.response_code.value), compute_seconds=compute_s,
-                flags=_flags(c) if has("response_flags") else "", trace_id=_trace_id(rq.get(TRACEPARENT)),
-                upstream_last_byte=last_rx,
-                **(_usage(usage) if usage is not None else {}))
-
-
-def _usage(fields: Any) -> dict[str, int | None]:
-    """The usage filter's figures (`llm_routes.USAGE_LUA`), each a whole number or None."""
-    def num(key: str) -> int | None:
-        v = fields.get(key)
-        if v is None or v.WhichOneof("kind") != "number_value" or not 0 <= v.number_value < 1 << 53:
-            return None
-        return int(v.number_value)
-    return {"llm_events": num("events"), "llm_bytes": num("bytes"), "llm_prompt_tokens": num("prompt_tokens"),
-            "llm_completion_tokens": num("completion_tokens")}
+                flags=_flags(c) if has("response_flags") else "", trace_id=_trace_id(rq.get(TRACEPARENT)))
 
 
 def _trace_id(traceparent: str | None) -> str | None:

@@ -41,7 +41,7 @@ from policyc.matcher.instance import canonical_endpoint
 from . import limits as bounds
 from .limits import Limits
 
-from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_picker_filter, llm_routes, llm_usage_filter
+from .llm_routes import LlmRoutes, llm_clusters, llm_listener_limits, llm_picker_filter, llm_routes
 
 PICKER_CLUSTER = "policyc_picker"
 POOL_CLUSTER = "policyc_pool"
@@ -388,7 +388,6 @@ def build_bootstrap(spec: GatewaySpec) -> dict[str, Any]:
                           **({"upstream_log": _access_log(spec, "policyc_upstream")} if spec.access_log_cluster else {})}}]
     if spec.llm is not None and spec.use_picker:  # the body-reading routes' own filter, after the general one
         http_filters.insert(1, llm_picker_filter(http_filters[0], spec.llm, not spec.breaks_from_access_log))
-        http_filters.insert(2, llm_usage_filter())  # after the pick: it reads the pool the picker chose
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": LISTENER,

@@ -34,8 +34,8 @@ from policyc.compiler.bundle import Scalar
 from policyc.placer.request_facts import CURRENT as CURRENT_FACTS, RequestFacts, prefix_blocks, prompt_text
 
 from .llm_body import BodyError, LlmRequest, parse_llm_body, path_kind, upstream_body
-from .bootstrap import PER_TRY_TIMEOUT, WATCH_KEY, WATCH_NAMESPACE
-from .llm_routes import HTTP1, HTTP1_FIRST, PROTOCOL_LABEL, UPSTREAM_HEADER
+from .bootstrap import PER_TRY_TIMEOUT
+from .llm_routes import HTTP1, PROTOCOL_LABEL, UPSTREAM_HEADER
 from .messages import CAUSE_HEADER, REASON_HEADER, RULE_HEADER
 from .refusal import ascii_line
 from .tokens import TokenizerError, Tokenizers
@@ -68,26 +68,11 @@ class LlmPicks:
     tried: dict[str, int] = field(default_factory=dict)
     # the last requests read, by decision id (bounded): what tests, the audit and the demo show
     recent: dict[str, LlmRequest] = field(default_factory=dict)
-    # of those, the streams the supervisor follows to their first token only (`HTTP1_FIRST`: no TPOT
-    # budget asks it to stay): their end and tokens come from the call's access-log entry
-    first_token_only: set[str] = field(default_factory=set)
 
-    def remember(self, decision_id: str, req: LlmRequest, first_token_only: bool = False) -> None:
+    def remember(self, decision_id: str, req: LlmRequest) -> None:
         if len(self.recent) >= 4096:
-            oldest = next(iter(self.recent))
-            del self.recent[oldest]
-            self.first_token_only.discard(oldest)
+            self.recent.pop(next(iter(self.recent)))
         self.recent[decision_id] = req
-        if first_token_only:
-            self.first_token_only.add(decision_id)
-
-
-def tpot_budget_s(req: LlmRequest, bundle: Any) -> float | None:
-    """A stream's time-per-output-token budget: its `x-slo-tpot-ms`, else its contract's `llm.tpot`."""
-    if req.tpot_s is not None:
-        return req.tpot_s
-    c = bundle.contract(req.model)
-    return c.llm.tpot if c is not None and c.llm is not None else None
 
 
 def body_kind(req: ep.ProcessingRequest) -> str | None:
@@ -272,9 +257,8 @@ class LlmPicker:
         if pick is None:
             msg = resp if isinstance(resp, ep.ProcessingResponse) else ep.ProcessingResponse.FromString(resp)
             return [as_openai_error(msg, self._rule_source)], None  # no pick is always a refusal (`_request_headers`)
-        first_only = self.first_token_only(r, pick)
-        self.picks.remember(pick.decision_id, r, first_only)
-        return self.forward(pick, resp, r, body, _header(headers, UPSTREAM_HEADER) is not None, first_only), pick
+        self.picks.remember(pick.decision_id, r)
+        return self.forward(pick, resp, r, body, _header(headers, UPSTREAM_HEADER) is not None), pick
 
     def _protocol(self, pick: "Pick") -> str:
         try:
@@ -282,13 +266,6 @@ class LlmPicker:
         except Exception:  # noqa: BLE001 - removed since the pick: its protocol as registered is unknown, h2
             return "h2"
         return inst.labels.get(PROTOCOL_LABEL, "h2")
-
-    def first_token_only(self, r: LlmRequest, pick: "Pick") -> bool:
-        """Whether the supervisor follows this answer to its first token only (`HTTP1_FIRST`): a
-        stream to an HTTP/1.1 endpoint with no TPOT budget to hold, on a gateway that follows
-        Envoy's access log (where the answer's end and tokens then come from)."""
-        return (r.stream and self.picker.from_access_log and self._protocol(pick) == HTTP1
-                and tpot_budget_s(r, self.picker.service.engine.state.bundle) is None)
 
     def headers_answer(self, resp: ep.ProcessingResponse | bytes, pick: "Pick") -> ep.ProcessingResponse | bytes:
         """A headers pick (every path but the body-reading ones: `/v1/models`, OIP REST, gRPC)
@@ -299,7 +276,7 @@ class LlmPicker:
         return (resp if isinstance(resp, bytes) else resp.SerializeToString()) + HTTP1_HEADERS
 
     def forward(self, pick: "Pick", resp: ep.ProcessingResponse | bytes, r: LlmRequest, body: bytes,
-                forged: bool = False, first_token_only: bool = False) -> list[ep.ProcessingResponse]:
+                forged: bool = False) -> list[ep.ProcessingResponse]:
         """The pick's answer to the request's headers (its endpoint, route and budget), then the
         body given back in one piece (full duplex: Envoy keeps none of it; without it the
         server would get an empty body). Envoy drops `content-length` itself in this mode and
@@ -311,10 +288,8 @@ class LlmPicker:
         if headers_answer.HasField("dynamic_metadata"):
             out.dynamic_metadata.CopyFrom(headers_answer.dynamic_metadata)
         if self._protocol(pick) == HTTP1:
-            _set(common.header_mutation, UPSTREAM_HEADER, HTTP1_FIRST if first_token_only else HTTP1)
+            _set(common.header_mutation, UPSTREAM_HEADER, HTTP1)
             common.clear_route_cache = True
-            if first_token_only:  # its access-log entry is where its end and tokens come from: logged
-                out.dynamic_metadata.fields[WATCH_NAMESPACE].struct_value.fields[WATCH_KEY].bool_value = True
         elif forged:  # the client's own header chose the route: remove it and route again
             common.header_mutation.remove_headers.append(UPSTREAM_HEADER)
             common.clear_route_cache = True

@@ -13,12 +13,9 @@ OpenAI-style and Open Inference Protocol REST traffic besides the gRPC it always
   (the connection manager's request timeout). Both answers carry the reason in
   `x-policyc-reason` and an OpenAI-style error object (local-reply mappers).
 - `/v1/models`, the OIP REST paths (`/v2/...`) and everything else: headers only, as before.
-- Every route exists three times: to the HTTP/1.1 pool (`POOL_HTTP1_CLUSTER`) when the picker set
+- Every route exists twice: to the HTTP/1.1 pool (`POOL_HTTP1_CLUSTER`) when the picker set
   `x-policyc-upstream: http1` (the picked endpoint was registered as speaking HTTP/1.1, as
-  vLLM's OpenAI server does) and cleared the route cache; to the same endpoints as
-  `POOL_HTTP1_FIRST_CLUSTER` when it set `http1-first` (a stream no TPOT budget asks the
-  supervisor to follow: it holds the first token and then leaves the stream, see
-  `_supervisor_filter`); else to the HTTP/2 pool as before.
+  vLLM's OpenAI server does) and cleared the route cache, else to the HTTP/2 pool as before.
   A client's own `x-policyc-upstream` is removed by the picker; both pools hold every
   endpoint, so a client that forges it can only fail its own request. The header never
   reaches the model server.
@@ -35,11 +32,9 @@ from typing import Any
 
 UPSTREAM_HEADER = "x-policyc-upstream"
 HTTP1, H2 = "http1", "h2"
-HTTP1_FIRST = "http1-first"  # the HTTP/1.1 endpoints, the supervisor following the answer to its first token only
 PROTOCOLS = (H2, HTTP1)
 PROTOCOL_LABEL = "endpoint_protocol"  # an instance's label: how its endpoint speaks (`h2` when absent)
 POOL_HTTP1_CLUSTER = "policyc_pool_http1"
-POOL_HTTP1_FIRST_CLUSTER = "policyc_pool_http1_first"
 BODY_PREFIXES = ("/v1/chat/completions", "/v1/completions")
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 LLM_PICKER_FILTER = "policyc.llm_picker"  # the picker's filter on the body-reading routes
@@ -52,7 +47,6 @@ class LlmRoutes:
     max_body_bytes: int = 4 << 20  # a 220 KB prompt fits many times; beyond: 413
     body_timeout_ms: int = 10_000  # the whole request received within this; beyond: 408
     eds_path_http1: str | None = None  # the HTTP/1.1 pool's EDS file (None: the inline endpoints)
-    eds_path_http1_first: str | None = None  # the same endpoints' file for `POOL_HTTP1_FIRST_CLUSTER`
     # `ip:port` of the stream supervisor (gateway/llm_stream.py), an upstream ext_proc filter on the
     # HTTP/1.1 pool: first tokens held to their TTFT budget, streams to their TPOT budget, tokens and
     # times measured. None: answers pass unsupervised (no TTFT break on streams, no TPOT end, no evidence)
@@ -68,15 +62,12 @@ def _processing_mode(response_headers: bool) -> dict[str, Any]:
 
 
 def _twice(route: dict[str, Any]) -> list[dict[str, Any]]:
-    """`route` to an HTTP/1.1 pool when the picker says which, then as it is (the HTTP/2 pool)."""
-    pools = []
-    for label, cluster in ((HTTP1_FIRST, POOL_HTTP1_FIRST_CLUSTER), (HTTP1, POOL_HTTP1_CLUSTER)):
-        h1 = copy.deepcopy(route)
-        h1["match"] = {**h1["match"], "headers": [{"name": UPSTREAM_HEADER, "string_match": {"exact": label}}]}
-        h1["route"]["cluster"] = cluster
-        pools.append(h1)
+    """`route` to the HTTP/1.1 pool when the picker says so, then as it is (the HTTP/2 pool)."""
+    h1 = copy.deepcopy(route)
+    h1["match"] = {**h1["match"], "headers": [{"name": UPSTREAM_HEADER, "string_match": {"exact": HTTP1}}]}
+    h1["route"]["cluster"] = POOL_HTTP1_CLUSTER
     out = []
-    for r in (*pools, copy.deepcopy(route)):
+    for r in (h1, copy.deepcopy(route)):
         r["request_headers_to_remove"] = [*r.get("request_headers_to_remove", []), UPSTREAM_HEADER]
         out.append(r)
     return out
@@ -94,8 +85,7 @@ def llm_routes(limits: LlmRoutes, base: dict[str, Any], response_headers: bool) 
         routes += _twice(r)
     rest = copy.deepcopy(base)
     rest["typed_per_filter_config"] = {**rest.get("typed_per_filter_config", {}),
-                                       LLM_PICKER_FILTER: {"@type": _PER_ROUTE, "disabled": True},
-                                       USAGE_FILTER: {"@type": _LUA_PER_ROUTE, "disabled": True}}
+                                       LLM_PICKER_FILTER: {"@type": _PER_ROUTE, "disabled": True}}
     return routes + _twice(rest)
 
 
@@ -118,20 +108,11 @@ SUPERVISOR_CLUSTER = "policyc_llm_supervisor"
 SUPERVISOR_FILTER = "policyc.llm_supervisor"
 
 
-def _supervisor_filter(limits: LlmRoutes, first_token: bool = False) -> dict[str, Any]:
+def _supervisor_filter(limits: LlmRoutes) -> dict[str, Any]:
     """The upstream ext_proc filter: each attempt's request headers (the decision id), its
     answer's headers (held until the first body chunk) and body, full duplex (the
-    supervisor may end a stalled stream with a body of its own).
-
-    `first_token` (`POOL_HTTP1_FIRST_CLUSTER`): the body STREAMED, sent without waiting for the
-    held headers' answer; the supervisor answers the first chunk and closes its stream, and
-    Envoy sends the rest of the answer on (the chunks it had queued for the supervisor
-    included) with no message per chunk: the gateway's work on an answer no longer grows with
-    its length (on 2 real vLLM at 2 req/s, 4.9-5.4 s of gateway CPU a minute against 6.1 with
-    a message per chunk: benchmarks/RESULTS.md). Such an answer's end and tokens come from
-    the access log instead (`llm_stream.StreamSupervisor.logged`)."""
+    supervisor may end a stalled stream with a body of its own)."""
     t = f"{limits.supervisor_timeout_ms / 1000:g}s"
-    body_mode = "STREAMED" if first_token else "FULL_DUPLEX_STREAMED"
     # its own name: the LLM routes' per-route ext_proc override (body full duplex) is the picker's alone
     return {"name": SUPERVISOR_FILTER, "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -139,15 +120,14 @@ def _supervisor_filter(limits: LlmRoutes, first_token: bool = False) -> dict[str
         "failure_mode_allow": False,
         "message_timeout": t,
         "allow_mode_override": True,
-        **({"send_body_without_waiting_for_header_response": True} if first_token else {}),
         "processing_mode": {"request_header_mode": "SEND", "response_header_mode": "SEND",
-                            "request_body_mode": "NONE", "response_body_mode": body_mode,
+                            "request_body_mode": "NONE", "response_body_mode": "FULL_DUPLEX_STREAMED",
                             "request_trailer_mode": "SKIP", "response_trailer_mode": "SEND"}}}
 
 
 def llm_clusters(h2_pool: dict[str, Any], limits: LlmRoutes) -> list[dict[str, Any]]:
-    """The HTTP/1.1 pools and, with a supervisor, its cluster."""
-    out = [http1_pool_cluster(h2_pool, limits), http1_pool_cluster(h2_pool, limits, first_token=True)]
+    """The HTTP/1.1 pool and, with a supervisor, its cluster."""
+    out = [http1_pool_cluster(h2_pool, limits)]
     if limits.supervisor is not None:
         host, _, port = limits.supervisor.rpartition(":")
         out.append({"name": SUPERVISOR_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
@@ -160,25 +140,21 @@ def llm_clusters(h2_pool: dict[str, Any], limits: LlmRoutes) -> list[dict[str, A
     return out
 
 
-def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes, first_token: bool = False) -> dict[str, Any]:
+def http1_pool_cluster(h2_pool: dict[str, Any], limits: LlmRoutes) -> dict[str, Any]:
     """The HTTP/2 pool's cluster made HTTP/1.1: the same balancer (the picker's override host),
-    the same per-attempt filters, the same endpoints (its own EDS file, same content).
-    `first_token`: `POOL_HTTP1_FIRST_CLUSTER`, its supervisor leaving answers at their first token."""
-    name = POOL_HTTP1_FIRST_CLUSTER if first_token else POOL_HTTP1_CLUSTER
-    eds_path = limits.eds_path_http1_first if first_token else limits.eds_path_http1
+    the same per-attempt filters, the same endpoints (its own EDS file, same content)."""
     c = copy.deepcopy(h2_pool)
-    c["name"] = name
+    c["name"] = POOL_HTTP1_CLUSTER
     opts = c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     opts["explicit_http_config"] = {"http_protocol_options": {}}
     if limits.supervisor is not None and "http_filters" in opts:  # before the codec, after the retry headers
-        opts["http_filters"].insert(len(opts["http_filters"]) - 1, _supervisor_filter(limits, first_token))
+        opts["http_filters"].insert(len(opts["http_filters"]) - 1, _supervisor_filter(limits))
     if "load_assignment" in c:
-        c["load_assignment"]["cluster_name"] = name
+        c["load_assignment"]["cluster_name"] = POOL_HTTP1_CLUSTER
     if "eds_cluster_config" in c:
-        if eds_path is None:
-            raise ValueError(f"an EDS pool with LLM routes needs `eds_path_http1{'_first' if first_token else ''}` "
-                             f"for its HTTP/1.1 pool {name}")
-        c["eds_cluster_config"] = {"eds_config": {"path_config_source": {"path": eds_path},
+        if limits.eds_path_http1 is None:
+            raise ValueError("an EDS pool with LLM routes needs `eds_path_http1` for its HTTP/1.1 pool")
+        c["eds_cluster_config"] = {"eds_config": {"path_config_source": {"path": limits.eds_path_http1},
                                                   "resource_api_version": "V3"}}
     return c
 
@@ -212,55 +188,3 @@ def llm_listener_limits(limits: LlmRoutes) -> dict[str, Any]:
                                    "(its listener's per-connection buffer)", "request_too_large", body=False),
                 _error_mapper(408, f"the request was not received within the gateway's {limits.body_timeout_ms} ms",
                               "request_timeout", body=True)]}}
-
-
-USAGE_FILTER = "policyc.llm_usage"
-USAGE_NAMESPACE = "policyc.llm"  # the dynamic metadata the usage filter writes, in the call's access-log entry
-_LUA_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute"
-# What the supervisor no longer sees of a stream it left at its first token, read in Envoy as the
-# answer passes (no copy kept, no chunk held: `bodyChunks` yields each as it goes by): the SSE
-# events that carry choices (the tokens sent), and the prompt and completion tokens of the last
-# `usage` object (the stream's last event; the picker asks for it). Written as dynamic metadata
-# at the answer's end, so the call's access-log entry carries them to the gateway. The tail of the
-# previous chunk is kept (256 bytes) so a `usage` object split between two reads is still found.
-USAGE_LUA = f"""
-function envoy_on_request(h)
-  if h:headers():get("{UPSTREAM_HEADER}") == "{HTTP1_FIRST}" then
-    h:streamInfo():dynamicMetadata():set("{USAGE_NAMESPACE}", "watched", "yes")
-  end
-end
-
-function envoy_on_response(h)
-  local mine = h:streamInfo():dynamicMetadata():get("{USAGE_NAMESPACE}")
-  if mine == nil or mine["watched"] ~= "yes" then return end
-  local events, bytes, usage, tail = 0, 0, nil, ""
-  for chunk in h:bodyChunks() do
-    local n = chunk:length()
-    local s = chunk:getBytes(0, n)
-    bytes = bytes + n
-    local _, k = string.gsub(s, '"choices":%s*%[{{', "")
-    events = events + k
-    local joined = tail .. s
-    local u = string.match(joined, '"usage":%s*(%b{{}})')
-    if u ~= nil then usage = u end
-    tail = string.sub(joined, -256)
-  end
-  local md = h:streamInfo():dynamicMetadata()
-  md:set("{USAGE_NAMESPACE}", "events", events)
-  md:set("{USAGE_NAMESPACE}", "bytes", bytes)
-  if usage ~= nil then
-    local p = string.match(usage, '"prompt_tokens":%s*(%d+)')
-    local c = string.match(usage, '"completion_tokens":%s*(%d+)')
-    if p ~= nil then md:set("{USAGE_NAMESPACE}", "prompt_tokens", tonumber(p)) end
-    if c ~= nil then md:set("{USAGE_NAMESPACE}", "completion_tokens", tonumber(c)) end
-  end
-end
-"""
-
-
-def llm_usage_filter() -> dict[str, Any]:
-    """The connection manager's Lua filter reading a stream's usage as it passes (`USAGE_LUA`),
-    on the body-reading routes only (off on the others, `llm_routes`)."""
-    return {"name": USAGE_FILTER, "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-        "default_source_code": {"inline_string": USAGE_LUA}}}

@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 from policyc.server.app import ServerThread
 
 from .llm_pick import LlmPicks
-from .llm_routes import POOL_HTTP1_CLUSTER, POOL_HTTP1_FIRST_CLUSTER, LlmRoutes
+from .llm_routes import POOL_HTTP1_CLUSTER, LlmRoutes
 from .llm_stream import StreamSupervisor, SupervisorServer
 from .tokens import Tokenizers
 
 if TYPE_CHECKING:
     from policyc.server.app import DecisionServer
-
-    from .access_log import Call
 
     from .server import PickerServer
 
@@ -36,13 +34,12 @@ class LlmOptions:
     body_timeout_ms: int = 10_000
 
 
-def eds_document_http1(endpoints: tuple[str, ...] | list[str], version: str,
-                       cluster: str = POOL_HTTP1_CLUSTER) -> dict[str, Any]:
-    """An HTTP/1.1 pool's EDS document (the HTTP/2 pool's endpoints under its own name)."""
+def eds_document_http1(endpoints: tuple[str, ...] | list[str], version: str) -> dict[str, Any]:
+    """The HTTP/1.1 pool's EDS document (the HTTP/2 pool's endpoints under its own name)."""
     from .bootstrap import load_assignment
 
     cla = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-           **load_assignment(cluster, endpoints)}
+           **load_assignment(POOL_HTTP1_CLUSTER, endpoints)}
     return {"version_info": version, "resources": [cla]}
 
 
@@ -51,7 +48,6 @@ class LlmSide:
         self.thread = thread
         self.options = options
         self.eds_path = workdir / "pool-http1.json"
-        self.eds_path_first = workdir / "pool-http1-first.json"
         tokenizers = Tokenizers()
         for model, path in options.tokenizers:
             tokenizers.register(model, path)  # loaded now: a bad file is refused at start, not on a request
@@ -68,11 +64,6 @@ class LlmSide:
         self.supervisor_thread = ServerThread(self.server, name="policyc-llm-supervisor")
         self.routes: LlmRoutes | None = None
 
-    def logged(self, call: "Call", attempts: object) -> None:
-        """The access log's entry of a call (a listener of the receiver): the supervisor records a
-        stream it left at its first token (`StreamSupervisor.logged`)."""
-        self.supervisor.logged(call)
-
     def _gpu_model_of(self, decision_id: str) -> str | None:
         pick = self._picker.picker.recent.get(decision_id)
         if pick is None:
@@ -85,15 +76,13 @@ class LlmSide:
     def start(self) -> LlmRoutes:
         port = self.supervisor_thread.start()  # its own loop: chunks do not queue ahead of picks
         self.routes = LlmRoutes(max_body_bytes=self.options.max_body_bytes, body_timeout_ms=self.options.body_timeout_ms,
-                                eds_path_http1=str(self.eds_path), eds_path_http1_first=str(self.eds_path_first),
-                                supervisor=f"127.0.0.1:{port}")
+                                eds_path_http1=str(self.eds_path), supervisor=f"127.0.0.1:{port}")
         return self.routes
 
     def write_pool(self, endpoints: tuple[str, ...], version: str) -> None:
-        for path, cluster in ((self.eds_path, POOL_HTTP1_CLUSTER), (self.eds_path_first, POOL_HTTP1_FIRST_CLUSTER)):
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(eds_document_http1(endpoints, version, cluster)))
-            os.replace(tmp, path)  # atomic: Envoy watches for the move
+        tmp = self.eds_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(eds_document_http1(endpoints, version)))
+        os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
 
     def stop(self) -> None:
         self.supervisor_thread.stop()

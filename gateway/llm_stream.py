@@ -32,15 +32,6 @@ filter sees one attempt, and it sees the answer before the router does:
 
 A client that disconnects resets the downstream stream; Envoy resets the upstream one and
 the model server stops (its own abort on disconnect).
-
-**A stream with no TPOT budget** (the picker sent it to `llm_routes.POOL_HTTP1_FIRST_CLUSTER`,
-`LlmPicks.first_token_only`): its first token is held to its TTFT budget as above, then the
-supervisor answers that chunk and closes its stream, and Envoy sends the rest on with no
-message per chunk (the gateway's work on the answer no longer grows with its length:
-benchmarks/RESULTS.md, "where the first tokens go on 2 real vLLM"). Its evidence is kept
-pending (`pending`) until the call's access-log entry (`logged`): the answer's end (its in-flight
-count ends there, in the picker), its last byte's time, and what Envoy read as it passed
-(`llm_routes.USAGE_LUA`: the usage's tokens, the events, the bytes), labelled as Envoy's.
 """
 
 from __future__ import annotations
@@ -62,22 +53,16 @@ from policyc.audit.records import ActionRecord, Figure, LlmFigures, Resources, S
 from policyc.compiler import meaning
 from policyc.enforcer.rule_table import ELAPSED
 
-from .access_log import Call
 from .acts import ActionLog, AnomalySink
 from .bootstrap import ATTEMPT_COUNT, DECISION_HEADER
 from .llm_body import LlmRequest
-from .llm_pick import LlmPicks, tpot_budget_s
+from .llm_pick import LlmPicks
 from .messages import empty_for
 
 log = logging.getLogger("policyc.gateway")
 SUPERVISOR_CLUSTER = "policyc_llm_supervisor"
 MAX_USAGE_BYTES = 1 << 20  # of a non-streamed answer kept to read its usage
 KEEP = 4096
-# Envoy's response flags (access log) that say an answer was cut after its first token: reset by the
-# client, the model server or Envoy, or a connection ended under it
-CUT_FLAGS = ("local_reset", "upstream_remote_reset", "upstream_connection_termination",
-             "downstream_connection_termination", "downstream_remote_reset")
-PENDING_MAX_S = 40.0  # a stream left at its first token waits this long for its access-log entry (the route's 30 s, margin)
 
 
 @dataclass
@@ -95,11 +80,6 @@ class Evidence:
     events: int = 0  # SSE events carrying choices (a stream's tokens, as sent)
     bytes: int = 0
     usage: dict[str, Any] | None = None
-    # a stream left at its first token: its first chunk's wall-clock time, and the seconds from there to
-    # its last byte (Envoy's access log) over which its events after the first came
-    first_wall: float | None = None
-    span_s: float | None = None
-    read_by: str = "gateway"  # who read the tokens, bytes and events: the supervisor, or Envoy (`USAGE_LUA`)
     ended_by_tpot: bool = False
     reset: bool = False  # its stream was reset (Envoy, the client) after its first chunk: the answer was cut
     recorded: bool = False  # its accounting record submitted (once)
@@ -111,9 +91,7 @@ class Evidence:
 
     @property
     def tpot_s(self) -> float | None:
-        if self.gaps:
-            return sum(self.gaps) / len(self.gaps)
-        return self.span_s / (self.events - 1) if self.span_s is not None and self.events > 1 else None
+        return sum(self.gaps) / len(self.gaps) if self.gaps else None
 
     def tokens(self) -> tuple[int | None, int | None, str]:
         """(prompt, completion, how): from `usage` when the answer had one, else the stream's events."""
@@ -161,7 +139,6 @@ _SKIP.mode_override.response_trailer_mode = ProcessingMode.SKIP
 _CONTINUE_REQUEST = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
 _CONTINUE_RESPONSE = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
 _CONTINUE_TRAILERS = ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
-_PASS_CHUNK = ep.ProcessingResponse(response_body=ep.BodyResponse())  # STREAMED: the chunk goes on as it is
 _RESET = ep.ProcessingResponse()
 _RESET.immediate_response.status.code = 504  # type: ignore[assignment]  # the answer has begun: Envoy resets the stream
 _RESET.immediate_response.details = "policyc_tpot_exceeded"
@@ -191,10 +168,6 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         # learns what the contract's TTFT prediction leaves out on the picked GPU (placer/signals/predicted_ttft.py)
         self.first_token = first_token
         self.evidence: dict[str, list[Evidence]] = {}  # decision id -> its answered attempts (bounded)
-        # decision id -> a stream left at its first token, until its access-log entry (`logged`); oldest first.
-        # Read and written on the supervisor's own loop only (`_loop`): the entries come on the picker's
-        self.pending: dict[str, tuple[LlmRequest, Evidence]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.records: list[ActionRecord] = []
         self.counts: dict[str, int] = {}
 
@@ -202,7 +175,10 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         self.counts[what] = self.counts.get(what, 0) + 1
 
     def tpot_budget(self, req: LlmRequest) -> float | None:
-        return tpot_budget_s(req, self.bundle())
+        if req.tpot_s is not None:
+            return req.tpot_s
+        c = self.bundle().contract(req.model)
+        return c.llm.tpot if c is not None and c.llm is not None else None
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # type: ignore[override]
                       context: grpc.aio.ServicerContext) -> None:
@@ -220,9 +196,6 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             return
         attempt = int(h.get(ATTEMPT_COUNT, "1")) if h.get(ATTEMPT_COUNT, "1").isdigit() else 1
         ev = Evidence(did, attempt, req.model, req.stream, time.perf_counter())
-        first_only = did in self.picks.first_token_only
-        if first_only:
-            self._loop = asyncio.get_running_loop()
         retry = self.retry_headers_of(did) if attempt >= 2 else ()
         if retry:
             answer = ep.ProcessingResponse(request_headers=ep.HeadersResponse())
@@ -233,12 +206,8 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             await context.write(answer)
         else:
             await context.write(_CONTINUE_REQUEST)
-        left = False
         try:
-            if first_only:
-                left = await self._first_token(context, req, ev)
-            else:
-                await self._answer(context, req, ev)
+            await self._answer(context, req, ev)
         except asyncio.CancelledError:  # Envoy reset this attempt (its per-try timeout, the client left)
             self._count("reset")
             if ev.first is not None and not ev.recorded:  # it had begun to answer: what it sent is evidence
@@ -246,8 +215,7 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 self._record(req, ev)
             raise
         finally:
-            if not left:  # a stream left at its first token ends with its access-log entry (`logged`)
-                self.ended(did)
+            self.ended(did)
 
     @staticmethod
     async def _pass(context: grpc.aio.ServicerContext) -> None:
@@ -272,109 +240,6 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 return
             else:
                 await context.write(empty_for(kind or ""))
-
-    async def _first_token(self, context: grpc.aio.ServicerContext, req: LlmRequest, ev: Evidence) -> bool:
-        """A stream with no TPOT budget (`POOL_HTTP1_FIRST_CLUSTER`: the body STREAMED, sent
-        while its headers wait): its headers held until the first chunk, that chunk passed on,
-        then this stream closed, Envoy sending the rest on its own. True when it was left so
-        (its evidence pending until `logged`); False when the answer ended here."""
-        headers_pending = False
-        while True:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
-                return False
-            kind = msg.WhichOneof("request")
-            if kind == "response_headers":
-                if msg.response_headers.end_of_stream:
-                    await context.write(_CONTINUE_RESPONSE)
-                    return False
-                headers_pending = True  # held until the first chunk: until then the per-try timeout applies
-                continue
-            if kind == "response_body":
-                now = time.perf_counter()
-                chunk, end = msg.response_body.body, msg.response_body.end_of_stream
-                if chunk and ev.first is None:
-                    ev.first, ev.first_wall = now, time.time()
-                    self._learn_first_token(ev, now)
-                if chunk:
-                    ev.last = now
-                    ev.chunks += 1
-                    ev.bytes += len(chunk)
-                    events, _ = _sse_events(chunk)
-                    for data in events:
-                        self._event(data, ev)
-                if headers_pending:
-                    await context.write(_CONTINUE_RESPONSE)
-                    headers_pending = False
-                if end or ev.first is not None:
-                    left = not end
-                    if left:  # before the write: once Envoy has it, a reset may cancel this handler
-                        self._leave(req, ev)
-                    else:
-                        self._record(req, ev)
-                    await context.write(_PASS_CHUNK)
-                    return left
-                await context.write(_PASS_CHUNK)
-                continue
-            if kind == "response_trailers":
-                self._record(req, ev)
-                if headers_pending:
-                    await context.write(_CONTINUE_RESPONSE)
-                await context.write(_CONTINUE_TRAILERS)
-                return False
-            await context.write(empty_for(kind or ""))
-
-    def _leave(self, req: LlmRequest, ev: Evidence) -> None:
-        """`ev` pending until its call's access-log entry; entries past `PENDING_MAX_S` (their entry
-        never came: no log, a flush lost) recorded with what was seen, and their counts ended."""
-        self._count("left-at-first-token")
-        now = time.time()
-        while self.pending:
-            did, (old_req, old) = next(iter(self.pending.items()))
-            if old.first_wall is not None and now - old.first_wall < PENDING_MAX_S and len(self.pending) < KEEP:
-                break
-            del self.pending[did]
-            self._count("no-access-log-entry")
-            self._record(old_req, old)
-            self.ended(did)
-        self.pending[ev.decision_id] = (req, ev)
-
-    def logged(self, call: Call) -> None:
-        """The access-log entry of a call (a listener of the receiver, on the picker's loop): a
-        stream left at its first token is recorded, on the supervisor's own loop, with what Envoy
-        read of it as it passed. Its in-flight count is ended by the picker's own handling of the
-        entry."""
-        loop = self._loop
-        if loop is None:  # no stream was ever left here: nothing waits for an entry
-            return
-        try:
-            loop.call_soon_threadsafe(self._logged, call)
-        except RuntimeError:  # the supervisor stopped: what it left pending is not recorded
-            self._count("entry-after-stop")
-
-    def _logged(self, call: Call) -> None:
-        held = self.pending.pop(call.decision_id, None)
-        if held is None:
-            return
-        req, ev = held
-        if call.llm_events is not None:
-            ev.events, ev.read_by = call.llm_events, "envoy"
-            ev.bytes = call.llm_bytes if call.llm_bytes is not None else ev.bytes
-            if call.llm_completion_tokens is not None or call.llm_prompt_tokens is not None:
-                ev.usage = {"prompt_tokens": call.llm_prompt_tokens, "completion_tokens": call.llm_completion_tokens}
-        if call.upstream_last_byte is not None and ev.first_wall is not None:
-            ev.span_s = max(0.0, call.start + call.upstream_last_byte - ev.first_wall)
-        ev.reset = call.status != 200 or any(f in call.flags for f in CUT_FLAGS)
-        self._record(req, ev)
-
-    def _learn_first_token(self, ev: Evidence, now: float) -> None:
-        if ev.attempt != 1:
-            return
-        try:
-            self.first_token(ev.decision_id, now - ev.started)
-        except Exception:  # noqa: BLE001 - a measurement's bug never fails the answer
-            self._count("first-token-lost")
-            log.exception("the first token of decision %s not learned from", ev.decision_id)
 
     async def _answer(self, context: grpc.aio.ServicerContext, req: LlmRequest, ev: Evidence) -> None:
         headers_pending = False
@@ -421,7 +286,12 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
                 if chunk:
                     if ev.first is None:
                         ev.first = now
-                        self._learn_first_token(ev, now)
+                        if ev.attempt == 1:
+                            try:
+                                self.first_token(ev.decision_id, now - ev.started)
+                            except Exception:  # noqa: BLE001 - a measurement's bug never fails the answer
+                                self._count("first-token-lost")
+                                log.exception("the first token of decision %s not learned from", ev.decision_id)
                     elif ev.last is not None:
                         ev.gaps.append(now - ev.last)
                     ev.last = now
@@ -514,18 +384,16 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
         """The measured figures of `ev`, the contract's estimate beside them."""
         prompt, completion, how = ev.tokens()
         m = Source.MEASURED
-        by = "gateway" if ev.read_by == "gateway" else "envoy, as the answer passed (gateway/llm_routes.py USAGE_LUA)"
-        tpot_how = ("gateway: mean gap between body chunks after the first" if ev.gaps else
-                    "gateway's first chunk to the answer's last byte (envoy access log), over the events after the first")
         out: dict[str, Figure | None] = {
-            "prompt_tokens": Figure(value=prompt, source=m, method=f"{by}: the answer's {how}") if prompt is not None
+            "prompt_tokens": Figure(value=prompt, source=m, method=f"gateway: the answer's {how}") if prompt is not None
             else Figure(value=req.prompt.tokens, source=Source.MEASURED if req.prompt.counted else Source.ESTIMATED,
                         method=f"gateway: {req.prompt.how}"),
-            "completion_tokens": Figure(value=completion, source=m, method=f"{by}: the answer's {how}")
+            "completion_tokens": Figure(value=completion, source=m, method=f"gateway: the answer's {how}")
             if completion is not None else None,
             "ttft_seconds": Figure(value=ev.ttft_s, source=m, method="gateway: attempt start to first body chunk")
             if ev.ttft_s is not None else None,
-            "tpot_seconds": Figure(value=ev.tpot_s, source=m, method=tpot_how) if ev.tpot_s is not None else None,
+            "tpot_seconds": Figure(value=ev.tpot_s, source=m, method="gateway: mean gap between body chunks after the first")
+            if ev.tpot_s is not None else None,
         }
         c = self.bundle().contract(req.model)
         if c is not None and c.llm is not None:
@@ -562,12 +430,11 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
             return
         self._count("answered")
         self._act("accounting", f"LLM call {ev.decision_id} attempt {ev.attempt}",
-                  f"{req.model}: {ev.bytes} bytes in "
-                  f"{f'{ev.chunks} chunks' if ev.read_by == 'gateway' else 'a stream followed to its first token, read on by envoy'}"
+                  f"{req.model}: {ev.bytes} bytes in {ev.chunks} chunks"
                   f"{', ended at its TPOT budget' if ev.ended_by_tpot else ''}"
                   f"{', cut: its stream was reset before the answer ended' if ev.reset else ''}", ev.decision_id,
                   resources=Resources(network_bytes=Figure(value=ev.bytes, source=Source.MEASURED,
-                                                           method=f"{ev.read_by}: answer body bytes")), llm=figures)
+                                                           method="gateway: answer body bytes")), llm=figures)
 
 
 class SupervisorServer:

@@ -127,8 +127,6 @@ class Gateway:
             self.access_log = AccessLogServer(AccessLogReceiver(None, every_attempt=False, body_sink=sink), options.picker_host
                                               if options.picker_host not in ("0.0.0.0", "::") else "127.0.0.1")
             self.picker.picker.follow_access_log(self.access_log.receiver)
-            if self.llm is not None:  # streams left at their first token are recorded from their entries
-                self.access_log.receiver.listeners.append(self.llm.logged)
             if sink is not None:  # each call's CPU from its serving process's cgroup (audit/cgroup_cpu.py)
                 meter = CgroupCpuMeter(gpu=open_nvml())  # GPU-seconds per process where NVML is
                 if meter.available:

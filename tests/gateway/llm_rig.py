@@ -139,7 +139,6 @@ class LlmGateway:
         self.als = AccessLogServer(AccessLogReceiver(None, every_attempt=False))
         als = self.thread.call(self.als.start())
         self.picker.picker.follow_access_log(self.als.receiver)
-        self.als.receiver.listeners.append(lambda call, _attempts: self.supervisor.logged(call))  # as `LlmSide.logged`
         self.listen = f"127.0.0.1:{free_port()}"
         spec = GatewaySpec(picker=f"127.0.0.1:{picker_port}", listen=self.listen, admin=f"127.0.0.1:{free_port()}",
                            endpoints=tuple(self.instances), access_log_cluster=als, breaks_from_access_log=True,

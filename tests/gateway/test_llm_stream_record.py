@@ -65,7 +65,7 @@ def test_the_record_is_kept_when_the_reset_lands_on_the_last_write(stream: bool)
     req = LlmRequest("completions", "m", TokenCount(5, True, "test"), 2, stream, None, True, {})
     submitted: list[Any] = []
     sink = SimpleNamespace(submit_action=submitted.append)
-    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}, first_token_only=set()), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
+    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
                            sink)  # type: ignore[arg-type]
     ctx = ResetOnLastWrite(_messages(stream))
 
@@ -86,7 +86,7 @@ def test_an_attempt_reset_mid_answer_is_recorded_as_cut() -> None:
     """The client left after the first token: the attempt answered part, and its record says so."""
     req = LlmRequest("completions", "m", TokenCount(5, True, "test"), 2, True, None, True, {})
     submitted: list[Any] = []
-    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}, first_token_only=set()), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
+    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
                            SimpleNamespace(submit_action=submitted.append))  # type: ignore[arg-type]
     messages = _messages(True)[:3]  # headers, then one token; then the reset
 
@@ -108,7 +108,7 @@ def test_an_attempt_reset_before_its_first_token_has_no_record() -> None:
     """The TTFT break: Envoy resets the attempt while its headers are held; nothing was answered."""
     req = LlmRequest("completions", "m", TokenCount(5, True, "test"), 2, True, None, True, {})
     submitted: list[Any] = []
-    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}, first_token_only=set()), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
+    sup = StreamSupervisor(SimpleNamespace(recent={DID: req}), lambda: SimpleNamespace(contract=lambda _: None),  # type: ignore[arg-type]
                            SimpleNamespace(submit_action=submitted.append))  # type: ignore[arg-type]
 
     class Ctx(ResetOnLastWrite):
