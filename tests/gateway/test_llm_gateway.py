@@ -446,3 +446,16 @@ def test_oip_rest_is_routed_to_an_http1_endpoint(tmp_path: Path) -> None:
         if gw is not None:
             gw.stop()
         models.stop()
+
+
+def test_envoy_logs_no_lua_error_for_a_pick_with_retry_headers(llm_gateway: LlmGateway) -> None:
+    """A stream with a TTFT budget carries its retry headers to every attempt; the per-attempt
+    Lua filter reads the attempt count, which Envoy may not have set yet: `tonumber(nil)` there
+    was a script error in Envoy's log on every such request (the request went on, the log filled)."""
+    log = llm_gateway.workdir / "envoy" / "envoy.log"
+    before = log.read_text(errors="replace").count("script log")
+    status, _, _ = post(llm_gateway, "/v1/chat/completions", chat(max_tokens=2, stream=True), {"x-slo-ttft-ms": "2000"})
+    assert status == 200
+    time.sleep(0.2)  # Envoy's log is written by its own thread
+    text = log.read_text(errors="replace")
+    assert text.count("script log") == before, text[-2000:]
