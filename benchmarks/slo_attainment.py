@@ -65,7 +65,9 @@ machine with real vLLM engines holding both cores is where a router with more pr
 per request loses time. `answers_whole`: how many streamed answers reached the client whole,
 more than half of their chunks within 5 ms of the first (`arrived_whole`): their first token
 held back with the rest, at the model server or on the way (benchmarks/RESULTS.md, "where
-the first tokens go on 2 real vLLM").
+the first tokens go on 2 real vLLM"). With real vLLM, `servers_cpu_and_wait_s`: the same two
+figures for the model servers' processes by name (the API servers, `VLLM::EngineCore`) during
+the router's trace, to say whose cost the servers' waits for a core are.
 
 `--router-nice N` (root): every router's processes, as a group per session, get the weight of
 nice N against the model servers (`prioritise`: the autogroup nice; a plain nice does nothing
@@ -73,6 +75,13 @@ between sessions). Real vLLM on the CPU holds every core of this machine with it
 condition no GPU deployment has (there the engines run on the accelerators and the router has
 cores of its own); with it each router, peers and policyc alike, gets a core when it wakes.
 The figures with and without it are both in benchmarks/RESULTS.md.
+
+`--router-core C` (real vLLM): the routers and the load generator run on core C alone and the
+model servers on the others, the layout of a GPU host, where the engines never take the
+router's core. On this 2-core machine the two servers then share one core. With real vLLM each
+load level's trace is first replayed once through Envoy round robin, not measured
+(`warm_servers`), and each router's result carries the servers' own mean TTFT from their
+histograms (`server_ttft_mean_ms`): the client's TTFT less it is the router's part.
 """
 
 from __future__ import annotations
@@ -287,17 +296,27 @@ class Pool:
                 raise SystemExit("slo_attainment: the emulators did not start")
             self.endpoints += json.loads(line)
 
-    def served(self) -> list[float]:
-        """Requests each server finished (its own `vllm:request_success_total`), in pool order."""
+    def totals(self) -> list[tuple[float, float, float]]:
+        """Per server, in pool order, from its own metrics: the requests it finished
+        (`vllm:request_success_total`) and its TTFT histogram's sum and count
+        (`vllm:time_to_first_token_seconds`: the first token as the server saw it)."""
         import urllib.request
 
         out = []
         for e in self.endpoints:
             with urllib.request.urlopen(f"http://{e}/metrics", timeout=10) as r:
                 text = r.read().decode()
-            out.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                           if line.startswith("vllm:request_success_total{")))
-        return out
+            out.append(tuple(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+                             for name in SERVER_SERIES))
+        return out  # type: ignore[return-value]
+
+    def served(self) -> list[float]:
+        """Requests each server finished, in pool order."""
+        return [t[0] for t in self.totals()]
+
+    def server_ttft_ms(self) -> float | None:
+        """The servers' own mean TTFT over the requests they finished (None: no histogram)."""
+        return _mean_ttft_ms(self.totals())
 
     def stop(self) -> None:
         for p in self.procs:
@@ -306,6 +325,15 @@ class Pool:
             except ProcessLookupError:
                 pass
             p.wait(10)
+
+
+SERVER_SERIES = ("vllm:request_success_total{", "vllm:time_to_first_token_seconds_sum{",
+                 "vllm:time_to_first_token_seconds_count{")
+
+
+def _mean_ttft_ms(totals: list[tuple[float, float, float]]) -> float | None:
+    count = sum(t[2] for t in totals)
+    return round(1e3 * sum(t[1] for t in totals) / count, 1) if count > 0 else None
 
 
 class RealPool:
@@ -333,7 +361,7 @@ class RealPool:
             self.close()
             raise
         self.endpoints = [srv.endpoint for srv in self.servers]
-        self._base = [0.0] * n
+        self._base: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
         asyncio.run(self._warm())
 
     async def _warm(self, each: int = 24) -> None:
@@ -361,11 +389,22 @@ class RealPool:
         for e in self.endpoints:
             with urllib.request.urlopen(urllib.request.Request(f"http://{e}/reset_prefix_cache", method="POST"), timeout=30) as r:
                 r.read()
-        self._base = Pool.served(self)  # type: ignore[arg-type]
+        self._base = Pool.totals(self)  # type: ignore[arg-type]
         return self
 
+    def _since(self) -> list[tuple[float, float, float]]:
+        return [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for a, b in zip(Pool.totals(self), self._base)]  # type: ignore[arg-type]
+
     def served(self) -> list[float]:
-        return [a - b for a, b in zip(Pool.served(self), self._base)]  # type: ignore[arg-type]
+        return [t[0] for t in self._since()]
+
+    def server_ttft_ms(self) -> float | None:
+        """The servers' own mean TTFT over the requests finished since `fresh`."""
+        return _mean_ttft_ms(self._since())
+
+    @property
+    def pids(self) -> list[int]:
+        return [srv.pid for srv in self.servers if srv.pid is not None]
 
     def stop(self) -> None:
         """Nothing: the servers stay up for the next router (`close` stops them)."""
@@ -716,8 +755,22 @@ def sched_of(roots: list[int]) -> tuple[float, float]:
     """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
     the router's processes (the kernel's /proc/PID/task/TID/schedstat): how much CPU the
     router used, and how long its threads queued for a core the model servers held."""
-    run = wait = 0
+    run = wait = 0.0
+    for r, w in sched_by_name(roots).values():
+        run, wait = run + r, wait + w
+    return run, wait
+
+
+def sched_by_name(roots: list[int]) -> dict[str, tuple[float, float]]:
+    """`sched_of` per process name (`/proc/PID/comm`: a vLLM server's API server and its
+    `VLLM::EngineCore`), so a run can say whose threads waited for a core."""
+    out: dict[str, tuple[float, float]] = {}
     for pid in _tree(roots):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        run = wait = 0
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -728,7 +781,9 @@ def sched_of(roots: list[int]) -> tuple[float, float]:
             except (OSError, ValueError):
                 continue
             run, wait = run + int(r), wait + int(w)
-    return run / 1e9, wait / 1e9
+        r0, w0 = out.get(name, (0.0, 0.0))
+        out[name] = (r0 + run / 1e9, w0 + wait / 1e9)
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -746,7 +801,8 @@ def summarise(name: str, outs: list[Outcome], wall: float, tenants: tuple[tuple[
     refused = Counter(f"{o.status} {o.reason}" for o in outs if o.status != 200)
     return {"router": name, "requests": len(outs), "attainment_pct": round(100 * len(met) / max(1, len(outs)), 1),
             "by_tenant_pct": by_tenant, "goodput_rps": round(len(met) / wall, 2),
-            "ttft_ms": {q: round(_pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+            "ttft_ms": {**{q: round(_pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+                        "mean": round(1e3 * sum(ttfts) / len(ttfts), 1) if ttfts else float("nan")},
             "output_tok_s": round(sum(o.tokens for o in outs) / wall, 1), "refused": dict(refused.most_common(6)),
             "answers_whole": sum(o.whole for o in outs),
             "wall_s": round(wall, 1)}
@@ -780,6 +836,10 @@ def main() -> int:
                     help="every router's processes get the scheduler weight of nice N as a group (autogroup, e.g. -10), "
                          "the same for each router: on a machine whose cores the model servers' engines hold (real vLLM on "
                          "the CPU), the router gets a core when it needs one, as where the engines run on GPUs; 0: off")
+    ap.add_argument("--router-core", type=int, default=None, metavar="C",
+                    help="with --real-vllm: every router and the load generator run on core C alone, the model servers "
+                         "(their engines, API servers and threads) on the other cores, as on a GPU host where the router "
+                         "never competes with the engines for a core; default: every process on every core")
     ap.add_argument("--client", choices=("inference-perf", "builtin"), default="inference-perf",
                     help="the load generator: inference-perf in .venv-perf (scripts/bench_setup.sh), or this file's "
                          "own aiohttp replay of the same trace")
@@ -820,7 +880,16 @@ def main() -> int:
     slots, bundle = pool_slots(args.instances, args.base_slowdown, classes, args.contract_prefill)
     if args.real_vllm:
         t = time.monotonic()
+        cores = os.sched_getaffinity(0)
+        if args.router_core is not None:
+            if args.router_core not in cores or len(cores) < 2:
+                print(f"slo_attainment: --router-core {args.router_core}: one of this process's cores {sorted(cores)}, "
+                      "leaving at least one to the model servers", file=sys.stderr)
+                return 2
+            os.sched_setaffinity(0, cores - {args.router_core})  # the servers' processes inherit it, threads and all
         real = RealPool(args.real_vllm, workdir)
+        if args.router_core is not None:
+            os.sched_setaffinity(0, {args.router_core})  # and every router and client started from here, this one
         print(json.dumps({"real_vllm": real.endpoints, "ready_s": round(time.monotonic() - t, 1)}), flush=True)
     try:
         return _run_all(args, routers, rates, scenario, slots, bundle, workdir, real)
@@ -847,11 +916,28 @@ def _run_all(args: argparse.Namespace, routers: list[str], rates: list[float], s
                  "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators", "client": args.client}
         shapes.append(shape)
         print(json.dumps({"trace": shape, "workdir": str(workdir)}), flush=True)
+        if real is not None:  # each load level: its own concurrency
+            warm_servers(real, trace, workdir)
         results += run_routers(routers, workdir, bundle, slots, trace, args, rate, scenario.tenants, real)
     out = args.out or workdir / "results.json"
     out.write_text(json.dumps({"traces": shapes, "results": results}, indent=1))
     print(f"results: {out}")
     return 0
+
+
+def warm_servers(real: RealPool, trace: list[Entry], workdir: Path) -> None:
+    """The trace replayed once through Envoy round robin, not measured, before a load level's
+    first router: the servers' first run at a trace's concurrency is slower (measured at 8 req/s:
+    the first router's TTFT p50 15-40 ms above its own later runs, whichever router came
+    first), and the router listed first would pay for it."""
+    router = EnvoyRouter(workdir, real.fresh().endpoints, "ROUND_ROBIN")
+    try:
+        asyncio.run(warm(router.url))
+        outs, wall = asyncio.run(drive(router.url, trace))
+        print(json.dumps({"servers_warmed": summarise("envoy-round-robin (warm-up, not a result)", outs, wall)["ttft_ms"]}),
+              flush=True)
+    finally:
+        router.stop()
 
 
 def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot], trace: list[Entry],
@@ -874,13 +960,17 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             roots = [p.pid for p in router.procs]
             groups = prioritise(roots, args.router_nice) if args.router_nice else []
             run0, wait0 = sched_of(roots)
+            servers0 = sched_by_name(real.pids) if real is not None else {}
             if args.client == "inference-perf":
                 outs, wall = drive_inference_perf(router.url, trace, workdir)
             else:
                 outs, wall = asyncio.run(drive(router.url, trace))
             run1, wait1 = sched_of(roots)
+            servers = {k: [round(r - servers0.get(k, (0, 0))[0], 2), round(w - servers0.get(k, (0, 0))[1], 2)]
+                       for k, (r, w) in (sched_by_name(real.pids) if real is not None else {}).items()}
             results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
                             "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2),
+                            **({"servers_cpu_and_wait_s": servers} if servers else {}),
                             **({"router_groups": groups} if groups else {})})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
             served = pool.served()
@@ -889,6 +979,7 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
                 by_class[s.gpu_model] += int(n)
             results[-1]["served_by_class"] = dict(by_class)
             results[-1]["busiest_server_share_pct"] = round(100 * max(served) / max(1.0, sum(served)), 1)
+            results[-1]["server_ttft_mean_ms"] = pool.server_ttft_ms()
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             results.append({"rate_rps": rate, "router": name, "not_run": f"{type(e).__name__}: {e}"[:300]})
         finally:
