@@ -59,7 +59,8 @@ Per router: SLO attainment (the share of all requests answered 200 with TTFT wit
 SLO; refused and failed requests count as missed), goodput (requests per second that met
 their SLO), TTFT p50/p90/p99 of the answered, output tokens per second, the refusals
 with their reasons (policyc's `x-policyc-reason`), and the router's own processes' CPU
-during the trace: seconds on a core (`router_cpu_s`) and seconds its threads were runnable
+during the trace: seconds on a core (`router_cpu_s`, and by process name in
+`router_cpu_by_process_s`) and seconds its threads were runnable
 but queued for one (`router_cpu_wait_s`, the kernel's schedstat), which on this 2-core
 machine with real vLLM engines holding both cores is where a router with more process hops
 per request loses time. `answers_whole`: how many streamed answers reached the client whole,
@@ -960,16 +961,19 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             roots = [p.pid for p in router.procs]
             groups = prioritise(roots, args.router_nice) if args.router_nice else []
             run0, wait0 = sched_of(roots)
+            by_process0 = sched_by_name(roots)
             servers0 = sched_by_name(real.pids) if real is not None else {}
             if args.client == "inference-perf":
                 outs, wall = drive_inference_perf(router.url, trace, workdir)
             else:
                 outs, wall = asyncio.run(drive(router.url, trace))
             run1, wait1 = sched_of(roots)
+            by_process = {k: round(r - by_process0.get(k, (0, 0))[0], 2) for k, (r, _) in sched_by_name(roots).items()}
             servers = {k: [round(r - servers0.get(k, (0, 0))[0], 2), round(w - servers0.get(k, (0, 0))[1], 2)]
                        for k, (r, w) in (sched_by_name(real.pids) if real is not None else {}).items()}
             results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
                             "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2),
+                            "router_cpu_by_process_s": by_process,
                             **({"servers_cpu_and_wait_s": servers} if servers else {}),
                             **({"router_groups": groups} if groups else {})})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
