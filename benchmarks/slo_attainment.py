@@ -303,13 +303,14 @@ class Pool:
         (`vllm:time_to_first_token_seconds`: the first token as the server saw it)."""
         import urllib.request
 
-        out = []
+        out: list[tuple[float, float, float]] = []
         for e in self.endpoints:
             with urllib.request.urlopen(f"http://{e}/metrics", timeout=10) as r:
                 text = r.read().decode()
-            out.append(tuple(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-                             for name in SERVER_SERIES))
-        return out  # type: ignore[return-value]
+            done, ttft_sum, ttft_count = (sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                                  if line.startswith(name)) for name in SERVER_SERIES)
+            out.append((done, ttft_sum, ttft_count))
+        return out
 
     def served(self) -> list[float]:
         """Requests each server finished, in pool order."""
@@ -752,19 +753,11 @@ def prioritise(roots: list[int], nice: int) -> list[str]:
     return sorted(done.values())
 
 
-def sched_of(roots: list[int]) -> tuple[float, float]:
-    """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
-    the router's processes (the kernel's /proc/PID/task/TID/schedstat): how much CPU the
-    router used, and how long its threads queued for a core the model servers held."""
-    run = wait = 0.0
-    for r, w in sched_by_name(roots).values():
-        run, wait = run + r, wait + w
-    return run, wait
-
-
 def sched_by_name(roots: list[int]) -> dict[str, tuple[float, float]]:
-    """`sched_of` per process name (`/proc/PID/comm`: a vLLM server's API server and its
-    `VLLM::EngineCore`), so a run can say whose threads waited for a core."""
+    """Seconds on a CPU and seconds runnable but waiting for one, summed over every thread of
+    the processes `roots` started (the kernel's /proc/PID/task/TID/schedstat), per process name
+    (`/proc/PID/comm`: Envoy and the gateway's Python; a vLLM server's API server and its
+    `VLLM::EngineCore`): how much CPU each used, and how long its threads queued for a core."""
     out: dict[str, tuple[float, float]] = {}
     for pid in _tree(roots):
         try:
@@ -785,6 +778,12 @@ def sched_by_name(roots: list[int]) -> dict[str, tuple[float, float]]:
         r0, w0 = out.get(name, (0.0, 0.0))
         out[name] = (r0 + run / 1e9, w0 + wait / 1e9)
     return out
+
+
+def sched_since(before: dict[str, tuple[float, float]], roots: list[int]) -> dict[str, list[float]]:
+    """`sched_by_name(roots)` now, less `before`: [CPU s, wait s] per process name over a trace."""
+    return {k: [round(r - before.get(k, (0.0, 0.0))[0], 2), round(w - before.get(k, (0.0, 0.0))[1], 2)]
+            for k, (r, w) in sched_by_name(roots).items()}
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -960,20 +959,18 @@ def run_routers(routers: list[str], workdir: Path, bundle: Any, slots: list[Slot
             asyncio.run(warm(router.url))
             roots = [p.pid for p in router.procs]
             groups = prioritise(roots, args.router_nice) if args.router_nice else []
-            run0, wait0 = sched_of(roots)
-            by_process0 = sched_by_name(roots)
+            router0 = sched_by_name(roots)
             servers0 = sched_by_name(real.pids) if real is not None else {}
             if args.client == "inference-perf":
                 outs, wall = drive_inference_perf(router.url, trace, workdir)
             else:
                 outs, wall = asyncio.run(drive(router.url, trace))
-            run1, wait1 = sched_of(roots)
-            by_process = {k: round(r - by_process0.get(k, (0, 0))[0], 2) for k, (r, _) in sched_by_name(roots).items()}
-            servers = {k: [round(r - servers0.get(k, (0, 0))[0], 2), round(w - servers0.get(k, (0, 0))[1], 2)]
-                       for k, (r, w) in (sched_by_name(real.pids) if real is not None else {}).items()}
+            cpu = sched_since(router0, roots)
+            servers = sched_since(servers0, real.pids) if real is not None else {}
             results.append({"rate_rps": rate, **summarise(name, outs, wall, tenants),
-                            "router_cpu_s": round(run1 - run0, 2), "router_cpu_wait_s": round(wait1 - wait0, 2),
-                            "router_cpu_by_process_s": by_process,
+                            "router_cpu_s": round(sum(r for r, _ in cpu.values()), 2),
+                            "router_cpu_wait_s": round(sum(w for _, w in cpu.values()), 2),
+                            "router_cpu_by_process_s": {k: r for k, (r, _) in cpu.items()},
                             **({"servers_cpu_and_wait_s": servers} if servers else {}),
                             **({"router_groups": groups} if groups else {})})
             time.sleep(1.0)  # the last streams' ends reach the servers' counters
