@@ -61,7 +61,6 @@ class LlmSide:
                                            picker.picker.first_token)
         self._picker, self._thread = picker, thread
         self.server = SupervisorServer(self.supervisor)
-        self.supervisor_thread = ServerThread(self.server, name="policyc-llm-supervisor")
         self.routes: LlmRoutes | None = None
 
     def _gpu_model_of(self, decision_id: str) -> str | None:
@@ -74,7 +73,9 @@ class LlmSide:
             return None
 
     def start(self) -> LlmRoutes:
-        port = self.supervisor_thread.start()  # its own loop: chunks do not queue ahead of picks
+        # on the decision server's loop, beside the picker: a loop of its own thread measured slower
+        # (SupervisorServer's docstring)
+        port = self._thread.call(self.server.start())
         self.routes = LlmRoutes(max_body_bytes=self.options.max_body_bytes, body_timeout_ms=self.options.body_timeout_ms,
                                 eds_path_http1=str(self.eds_path), supervisor=f"127.0.0.1:{port}")
         return self.routes
@@ -85,7 +86,7 @@ class LlmSide:
         os.replace(tmp, self.eds_path)  # atomic: Envoy watches for the move
 
     def stop(self) -> None:
-        self.supervisor_thread.stop()
+        self._thread.call(self.server.stop())
 
 
 def parse_tokenizer_option(text: str) -> tuple[str, Path]:

@@ -440,11 +440,14 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
 class SupervisorServer:
     """The supervisor's own gRPC server (Envoy's upstream ext_proc filter calls it).
 
-    The gateway runs it on an event loop of its own thread (`server.app.ServerThread`, see
-    `llm_side.py`): every body chunk of every supervised answer is a message here, and on the
-    decision server's loop the picks of new requests queued behind them. Measured on 2 real
-    vLLM at 8 req/s (benchmarks/RESULTS.md): vLLM's own TTFT was the same under every router,
-    and policyc's extra TTFT was on this path."""
+    The gateway runs it on the decision server's event loop, beside the picker (`llm_side.py`).
+    It ran on a loop of its own thread for a while (every chunk of every answer is a message
+    here, and picks were thought to queue behind them): measured again with the picker as it
+    is now, that was slower, the two loops' threads handing the GIL to each other on every
+    message — 2 real vLLM at 8 req/s, the router on a core of its own, TTFT p90 117 / 112 ms
+    on one loop against 128 / 122 on two (the router's threads' wait for a core 5.2 s against
+    6.6–7.2); on shared cores 98.7 / 96.8 % attained against 96.2 / 93.6; with fast emulators,
+    `benchmarks/router_ttft.py`, lower added TTFT in 5 of 6 paired runs (benchmarks/RESULTS.md)."""
 
     def __init__(self, supervisor: StreamSupervisor, host: str = "127.0.0.1") -> None:
         self.supervisor = supervisor

@@ -309,7 +309,7 @@ S = TypeVar("S", bound=Serving)
 
 
 class ServerThread(Generic[S]):
-    """A server (a DecisionServer, the gateway's stream supervisor) on its own event loop in a
+    """A server (a DecisionServer; any `Serving`) on its own event loop in a
     daemon thread: `start()` → port; `stop()`; `call(coro)` runs a coroutine on the server's
     loop (e.g. a reload)."""
 
