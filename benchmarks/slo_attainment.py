@@ -507,12 +507,15 @@ class RustRouter(Router):
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         urls = [f"http://{e}" for e in endpoints]
+        # its Prometheus exporter on a port of its own (the default, 29000, is one per machine: a second
+        # router running beside, as in benchmarks/router_ttft.py, would not start)
+        metrics = ["--prometheus-port", str(free_port())]
         if kind == "vllm-router":
             argv = [str(ROUTERS_VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-                    "--policy", policy]
+                    "--policy", policy, *metrics]
         else:
             argv = [str(ROUTERS_VENV / "bin" / "sglang-router"), "launch", "--host", "127.0.0.1", "--port", str(port),
-                    "--worker-urls", *urls, "--policy", policy]
+                    "--worker-urls", *urls, "--policy", policy, *metrics]
         log = open(workdir / f"{kind}-{policy}.log", "wb")
         self.procs = [subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)]
 
