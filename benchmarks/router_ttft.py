@@ -68,13 +68,13 @@ def ready(url: str) -> bool:
 def round_of(url: str, tag: str, concurrency: int, requests: int, max_tokens: int) -> tuple[list[float], int]:
     """`concurrency` client threads, `requests` each, every prompt distinct: the TTFTs and the failures."""
     got: list[float] = []
-    failed = [0]
+    failed: list[int] = []  # (list appends are atomic across the client threads; a shared `+=` is not)
 
     def client(w: int) -> None:
         for i in range(requests):
             t = one_stream(url, f"{tag} client {w} request {i}: tell me a story about the sea", max_tokens)
             if t is None:
-                failed[0] += 1
+                failed.append(i)
             else:
                 got.append(t)
 
@@ -83,7 +83,7 @@ def round_of(url: str, tag: str, concurrency: int, requests: int, max_tokens: in
         t.start()
     for t in threads:
         t.join()
-    return got, failed[0]
+    return got, len(failed)
 
 
 def main() -> int:
