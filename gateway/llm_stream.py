@@ -441,7 +441,7 @@ class SupervisorServer:
     """The supervisor's own gRPC server (Envoy's upstream ext_proc filter calls it).
 
     The gateway runs it on the decision server's event loop, beside the picker (`llm_side.py`).
-    It ran on a loop of its own thread for a while (every chunk of every answer is a message
+    It used to run on a loop of its own thread (every chunk of every answer is a message
     here, and picks were thought to queue behind them): measured again with the picker as it
     is now, that was slower, the two loops' threads handing the GIL to each other on every
     message — 2 real vLLM at 8 req/s, the router on a core of its own, TTFT p90 117 / 112 ms
