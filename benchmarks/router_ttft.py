@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -115,7 +116,7 @@ def main() -> int:
             for i in range(5):
                 one_stream(started[name].url, f"warm-up {i}", 4)
         print(f"router_ttft: 2 emulators, {args.max_tokens} tokens a stream, {args.rounds} rounds, "
-              f"{args.requests} requests per client a round; load {open('/proc/loadavg').read().split()[0]}")
+              f"{args.requests} requests per client a round; load {os.getloadavg()[0]:.2f}")
         for conc in (int(c) for c in args.concurrency.split(",")):
             ttfts: dict[str, list[float]] = {n: [] for n in routers}
             failed = dict.fromkeys(routers, 0)
@@ -137,7 +138,7 @@ def main() -> int:
                 print(f"  {name:28s} n={len(xs):4d} failed={failed[name]}  TTFT p50 {1e3 * statistics.median(xs):6.2f}  "
                       f"p90 {1e3 * xs[int(0.9 * (len(xs) - 1))]:6.2f}  mean {1e3 * means[name]:6.2f} ms  {added}")
         print(f"the emulators' own mean TTFT: {pool.server_ttft_ms()} ms; "
-              f"load {open('/proc/loadavg').read().split()[0]}")
+              f"load {os.getloadavg()[0]:.2f}")
     finally:
         for r in started.values():
             r.stop()

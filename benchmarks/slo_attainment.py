@@ -785,8 +785,11 @@ def sched_by_name(roots: list[int]) -> dict[str, tuple[float, float]]:
 
 def sched_since(before: dict[str, tuple[float, float]], roots: list[int]) -> dict[str, list[float]]:
     """`sched_by_name(roots)` now, less `before`: [CPU s, wait s] per process name over a trace."""
-    return {k: [round(r - before.get(k, (0.0, 0.0))[0], 2), round(w - before.get(k, (0.0, 0.0))[1], 2)]
-            for k, (r, w) in sched_by_name(roots).items()}
+    out: dict[str, list[float]] = {}
+    for k, (r, w) in sched_by_name(roots).items():
+        r0, w0 = before.get(k, (0.0, 0.0))
+        out[k] = [round(r - r0, 2), round(w - w0, 2)]
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
