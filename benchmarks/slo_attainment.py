@@ -79,7 +79,11 @@ The figures with and without it are both in benchmarks/RESULTS.md.
 
 `--router-core C` (real vLLM): the routers and the load generator run on core C alone and the
 model servers on the others, the layout of a GPU host, where the engines never take the
-router's core. On this 2-core machine the two servers then share one core. With real vLLM each
+router's core. On this 2-core machine the two servers then share one core, and the fleet given
+to policyc says so: servers bound to the same cores are declared copies of the model on one
+GPU (`on_their_devices`), as an operator declares two engines sharing an accelerator (without
+`--router-core` each server is bound to a core of its own and declared a GPU of its own). The
+peers are given the two endpoints; none takes a declaration of where they run. With real vLLM each
 load level's trace is first replayed once through Envoy round robin, not measured
 (`warm_servers`), and each router's result carries the servers' own mean TTFT from their
 histograms (`server_ttft_mean_ms`): the client's TTFT less it is the router's part.
@@ -278,6 +282,20 @@ def pool_slots(n: int, base_slowdown: float, classes: tuple[tuple[str, float], .
     return out, bundle
 
 
+def on_their_devices(slots: list[Slot], devices: list[str]) -> list[Slot]:
+    """`slots` declared where the servers run: a server whose device (`devices[i]`, the cores
+    it is bound to) an earlier server already runs on is a copy of the model on that server's
+    GPU (the same host and GPU, an id of its own); the others keep their own GPU. Two engines on
+    one device share its compute: declared as two GPUs, a placer would spread requests across
+    them as if each had its own (benchmarks/RESULTS.md, "two engines on one core")."""
+    first: dict[str, Slot] = {}
+    out: list[Slot] = []
+    for i, (s, d) in enumerate(zip(slots, devices)):
+        on = first.setdefault(d, s)
+        out.append(s if on is s else Slot(f"{on.instance_id}#{i}", on.gpu_model, on.slowdown, on.deployment))
+    return out
+
+
 class Pool:
     """The emulators, `per_process` to a process (each process is one Python event loop, so
     a few servers each keep their own timing, and /metrics scrapes, from queueing behind the
@@ -352,8 +370,8 @@ class RealPool:
         os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM's /reset_prefix_cache route (its env copies ours)
         model = cached_llm_model()
         cores = sorted(os.sched_getaffinity(0))
-        self.servers = [VllmServer(VllmSpec(model.dir, MODEL, cpu_bind=str(cores[i % len(cores)])), workdir / f"vllm-{i}")
-                        for i in range(n)]
+        self.devices = [str(cores[i % len(cores)]) for i in range(n)]  # the cores each server is bound to: its device
+        self.servers = [VllmServer(VllmSpec(model.dir, MODEL, cpu_bind=d), workdir / f"vllm-{i}") for i, d in enumerate(self.devices)]
         try:
             for srv in self.servers:
                 srv.spawn()
@@ -894,6 +912,7 @@ def main() -> int:
                 return 2
             os.sched_setaffinity(0, cores - {args.router_core})  # the servers' processes inherit it, threads and all
         real = RealPool(args.real_vllm, workdir)
+        slots = on_their_devices(slots, real.devices)
         if args.router_core is not None:
             os.sched_setaffinity(0, {args.router_core})  # and every router and client started from here, this one
         print(json.dumps({"real_vllm": real.endpoints, "ready_s": round(time.monotonic() - t, 1)}), flush=True)
@@ -918,6 +937,7 @@ def _run_all(args: argparse.Namespace, routers: list[str], rates: list[float], s
                  "long_share": round(sum(e.long for e in trace) / max(1, len(trace)), 2),
                  "prefix_share": round(sum(e.group >= 0 for e in trace) / max(1, len(trace)), 2),
                  "pool": dict(Counter(f"{s.gpu_model} (slowdown {s.slowdown:.1f})" for s in slots)),
+                 "gpus_declared": len({(s.deployment["host"], s.deployment["gpu"]) for s in slots}),
                  "max_num_seqs": "vLLM's own" if real else args.max_seqs, "contract_prefill": args.contract_prefill,
                  "servers": f"{len(real.endpoints)} real vLLM" if real else "emulators", "client": args.client}
         shapes.append(shape)

@@ -18,6 +18,7 @@ from policyc.matcher.instance import Instance
 
 from .metrics_scraper import METRICS_LABEL
 from .readings import NO_READINGS, Reading, Readings
+from .server_metric_names import combine
 from .telemetry import TelemetryFrame, TelemetrySource
 from .topology import Topology
 
@@ -70,14 +71,27 @@ def endpoint_gpus(instances: Iterable[Instance]) -> dict[str, str]:
 def by_endpoint(snapshot: Callable[[str], Measured | None], gpus: Callable[[], Mapping[str, str]]) -> Callable[[], Readings]:
     """Readings per GPU key from a source keyed by endpoint: `snapshot(endpoint)` (None: no
     reading yet) for each endpoint of `gpus()` (endpoint -> GPU key, read each tick: the
-    registry changes)."""
+    registry changes).
+
+    Several servers on one GPU (copies of a model there, each its own engine) make one
+    reading: their requests waiting and running summed, the fullest cache taken
+    (`server_metric_names.combine`), as old as the oldest of them: the GPU's signals judge
+    one reading, and any one server's alone (an idle copy's zero) would hide the queue of
+    the copy that serves."""
 
     def readings() -> Readings:
         out: dict[str, Reading] = {}
+        more: dict[str, list[Reading]] = {}
         for endpoint, gpu in gpus().items():
             got = snapshot(endpoint)
-            if got is not None:
-                out[gpu] = Reading(got.values, got.age_s, getattr(got, "tick_s", 0.0))  # the tick in use travels with the age
+            if got is None:
+                continue
+            r = Reading(got.values, got.age_s, getattr(got, "tick_s", 0.0))  # the tick in use travels with the age
+            if gpu in out:
+                more.setdefault(gpu, [out[gpu]]).append(r)
+            out[gpu] = r
+        for gpu, rs in more.items():
+            out[gpu] = Reading(combine([r.values for r in rs]), max(r.age_s for r in rs), max(r.tick_s for r in rs))
         return out
 
     return readings

@@ -122,6 +122,28 @@ PROTOCOLS: Mapping[str, MetricMap] = MappingProxyType({
 })
 
 
+# How a GPU's figure is made from the figures of several servers on it (copies of a model on
+# one GPU, each its own engine: `measured.by_endpoint`): the rule of several engines on one
+# server's page, read from the vLLM row, which names every key. A key no table names is taken
+# as the largest (a figure of the GPU that each of its servers reports is counted once).
+COMBINE: Mapping[str, Agg] = MappingProxyType({k: s.agg for k, s in PROTOCOLS["vllm"].items()})
+assert set(COMBINE) == set(KEYS), "the vLLM protocol names every key"
+
+
+def combine(values: list[Mapping[str, float]]) -> dict[str, float]:
+    """One GPU's values from its servers' (each key over the servers that report it)."""
+    out: dict[str, float] = {}
+    for v in values:
+        for k, x in v.items():
+            if k not in out:
+                out[k] = x
+            elif COMBINE.get(k, Agg.MAX) is Agg.SUM:
+                out[k] += x
+            elif x > out[k]:
+                out[k] = x
+    return out
+
+
 NARROWS = frozenset({"vllm", "sglang"})  # kinds whose `/metrics/` is prometheus_client's ASGI app (`name[]`)
 
 
@@ -145,5 +167,5 @@ def custom_protocol(table: Mapping[str, Series]) -> MetricMap:
     return _p(dict(table))
 
 
-__all__ = ["Agg", "KEYS", "NARROWS", "PROTOCOLS", "narrowed_path", "MetricMap", "Series", "custom_protocol", "protocol", "BLOCK_SIZE", "KV_CACHE_USAGE",
+__all__ = ["Agg", "COMBINE", "KEYS", "combine", "NARROWS", "PROTOCOLS", "narrowed_path", "MetricMap", "Series", "custom_protocol", "protocol", "BLOCK_SIZE", "KV_CACHE_USAGE",
            "PREFIX_CACHE_HITS", "PREFIX_CACHE_QUERIES", "QUEUE_DEPTH", "RUNNING", "TTFT_COUNT", "TTFT_SUM_S"]

@@ -112,3 +112,24 @@ def test_with_no_readings_at_all_a_measured_tick_makes_no_snapshot() -> None:
     first = r.tick()
     now[0] += 0.05
     assert r.tick(None) is first and r.current() is first  # nothing measured: the tables stand
+
+
+def test_servers_sharing_a_gpu_make_one_reading_summed_and_fullest() -> None:
+    """Copies of a model on one GPU, each its own engine: the GPU's reading sums their
+    requests and counters, takes the fullest cache and the oldest age (the rule of several
+    engines on one server's page, `server_metric_names.COMBINE`)."""
+    gpus = {"10.0.0.1:8000": "h0/gpu0", "10.0.0.2:8000": "h0/gpu0", "10.0.0.3:8000": "h0/gpu1"}
+    scraped = {
+        "10.0.0.1:8000": Reading({"queue_depth": 3.0, "running": 2.0, "kv_cache_usage": 0.25, "ttft_count": 10.0,
+                                  "block_size": 16.0}, 0.02, 0.05),
+        "10.0.0.2:8000": Reading({"queue_depth": 0.0, "running": 1.0, "kv_cache_usage": 0.75, "ttft_count": 4.0,
+                                  "block_size": 16.0}, 0.09, 0.05),
+        "10.0.0.3:8000": Reading({"queue_depth": 5.0}, 0.01, 0.05),
+    }
+    got = by_endpoint(lambda e: scraped.get(e), lambda: gpus)()
+    assert got["h0/gpu0"] == Reading({"queue_depth": 3.0, "running": 3.0, "kv_cache_usage": 0.75, "ttft_count": 14.0,
+                                      "block_size": 16.0}, 0.09, 0.05)
+    assert got["h0/gpu1"] == scraped["10.0.0.3:8000"]  # alone on its GPU: its own reading
+    # a copy with no reading yet leaves the other's as the GPU's (a key one server lacks: the others')
+    scraped["10.0.0.2:8000"] = None  # type: ignore[assignment]
+    assert by_endpoint(lambda e: scraped.get(e), lambda: gpus)()["h0/gpu0"] == scraped["10.0.0.1:8000"]
