@@ -176,7 +176,7 @@ def test_a_server_queue_reaches_the_placer_within_100_ms_and_steers_placement(ga
 
             engine = a._instances[0].engine  # the server's own queue, read in-process: when it changed
             for _ in range(5):  # rises: from the server's queue reaching 3 to the plan naming it
-                threads = _fill(a.endpoints[0], 6, 400)
+                threads = _fill(a.endpoints[0], 6, 200)  # the queue stays at 3 or more for ~1.1 s (3 answers of 200 tokens)
                 _until(lambda: len(engine.waiting) >= 3, "A's queue", timeout=30, every=0.0005)
                 changed = time.monotonic()
                 _until(lambda: (_waiting_in(timed_plan(), a_key) or 0) >= 3, "A's queue in the plan")

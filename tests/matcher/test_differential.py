@@ -108,7 +108,7 @@ def test_index_equals_naive_scan(shapes_bundle: Bundle, seed: int, fleet: int, s
         check(reg, shapes_bundle, typed(shapes_bundle, raw))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32), reqs=st.lists(requests, min_size=1, max_size=4))
 def test_index_equals_naive_scan_at_a_few_thousand(shapes_bundle: Bundle, seed: int, reqs: list) -> None:
     """Large enough for many shards, multi-tier best-k walks and the Bloom mask."""
