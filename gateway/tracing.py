@@ -22,9 +22,14 @@ handed to the audit log, and awaited when the log is synchronous). `policyc.deci
 is on each span, so a trace leads to the audit record (`policyc audit explain ID`).
 
 Bounded: at most `MAX_QUEUED` picks wait for the exporter; beyond that a pick's spans are
-dropped and counted (`dropped`), never the request slowed. An unreachable collector costs
-one failed call per flush (counted in `failed`, logged once); what was queued behind it is
-dropped and counted, so a flush, and the gateway's stop, wait for one call's timeout at most.
+dropped and counted (`dropped`), never the request slowed. A failed `Export` (counted in
+`failed`, logged once) costs one call per flush: its batch is tried again on the next flushes,
+`TRIES` calls in all (as OpenTelemetry's exporters retry a retryable failure), then dropped and
+counted, while what is queued behind it waits within the same bound. So a collector slow to
+take its first call (a channel still connecting on a loaded machine) loses no span, one that is
+away costs at most `MAX_QUEUED` picks' memory, and a flush waits for one call's timeout at most;
+the gateway's stop (`shutdown`) waits for the flush under way, tries once more and drops what is
+left.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ FLUSH_S = 0.2  # a trace is complete at the collector within about this long aft
 MAX_QUEUED = 50_000  # picks waiting for the exporter (about 50 s at 1,000 picks/s with the collector away)
 MAX_BATCH = 2_000  # picks per Export call (about 1 MB of spans; gRPC's default limit is 4 MB)
 EXPORT_TIMEOUT_S = 5.0
+TRIES = 3  # Export calls for one batch, one a flush, before its picks are dropped
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +145,8 @@ class PickerTracer:
         self._offset_ns = time.time_ns() - int(time.perf_counter() * 1e9)
         self._queue: deque[Stamps] = deque()  # appended on the loop, drained on the exporter's thread (both atomic)
         self._lock = threading.Lock()
+        self._held: tuple[bytes, int] | None = None  # a batch whose Export failed: its request and picks, tried again
+        self._tries = 0  # of the held batch
         self._wake = threading.Event()
         self._stop = False
         self._random = random.Random()
@@ -164,35 +172,47 @@ class PickerTracer:
         self.spans += 1
 
     def _run(self) -> None:
-        while not self._stop:
+        while True:
             self._wake.wait(FLUSH_S)
             self._wake.clear()
+            if self._stop:  # `shutdown` makes the last flush
+                return
             self.flush()
 
-    def flush(self) -> None:
-        """Write and send what is queued (the exporter's thread; `shutdown` calls it last),
-        its CPU time added to `cpu_s` (what tracing costs the picker off the serving loop)."""
+    def flush(self, last: bool = False) -> None:
+        """Write and send what is queued (the exporter's thread; `shutdown` calls it `last`:
+        what fails then is dropped), its CPU time added to `cpu_s` (what tracing costs the
+        picker off the serving loop)."""
         t0 = time.thread_time()
         try:
-            self._flush()
+            self._flush(last)
         finally:
             self.cpu_s += time.thread_time() - t0
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool) -> None:
         with self._lock:  # one flush at a time (the thread's and shutdown's)
             queue = self._queue
-            while queue:
-                pop = queue.popleft
-                if not self._export([pop() for _ in range(min(len(queue), MAX_BATCH))]):
-                    # the collector is away: one call's timeout per flush at most, the rest dropped and counted
-                    n = len(queue)
-                    for _ in range(n):
-                        pop()
+            while self._held is not None or queue:
+                if self._held is None:
+                    pop = queue.popleft
+                    self._held, self._tries = self._encode([pop() for _ in range(min(len(queue), MAX_BATCH))]), 0
+                    if self._held is None:
+                        continue
+                body, n = self._held
+                if self._sent(body, n):
+                    self._held = None
+                    continue
+                self._tries += 1  # one call's timeout per flush at most: the rest waits for the next
+                if self._tries >= TRIES or last:
+                    self._held = None
                     self.dropped += n
-                    return
+                if last:
+                    self.dropped += len(queue)
+                    queue.clear()
+                return
 
-    def _export(self, batch: list[Stamps]) -> bool:
-        """Write and send one batch; False when the collector did not take it."""
+    def _encode(self, batch: list[Stamps]) -> tuple[bytes, int] | None:
+        """One batch's `ExportTraceServiceRequest` and how many picks it carries (None: none valid)."""
         spans = []
         for stamps in batch:
             encoded = self._spans(stamps)
@@ -200,17 +220,19 @@ class PickerTracer:
                 self.invalid += 1
             else:
                 spans.append(encoded)
-        if not spans:
-            return True
-        body = otlp_bytes.export_request(self._resource, self._scope, spans)
+        return (otlp_bytes.export_request(self._resource, self._scope, spans), len(spans)) if spans else None
+
+    def _sent(self, body: bytes, n: int) -> bool:
+        """Send one request of `n` picks' spans; False when the collector did not take it."""
         try:
             self._send(body)
         except Exception as e:  # noqa: BLE001 - a collector away costs the spans, never a request
             self.failed += 1
             if self.failed == 1:
-                log.warning("tracing: the OTLP collector at %s refused %d picks' spans: %s", self.endpoint, len(spans), e)
+                log.warning("tracing: the OTLP collector at %s refused %d picks' spans: %s (tried again, %d calls in all)",
+                            self.endpoint, n, e, TRIES)
             return False
-        self.exported += len(spans)
+        self.exported += n
         return True
 
     def _spans(self, stamps: Stamps) -> bytes | None:
@@ -243,6 +265,6 @@ class PickerTracer:
         if self._thread.is_alive():  # its export is stuck past its own timeout: do not wait on it again
             log.warning("tracing: the exporter did not finish; %d picks' spans not sent", len(self._queue))
         else:
-            self.flush()
+            self.flush(last=True)
         if self._channel is not None:
             self._channel.close()

@@ -156,7 +156,7 @@ def test_a_collector_away_costs_spans_not_requests() -> None:
     assert tracer.failed >= 1 and tracer.exported == 0
 
 
-def test_a_failed_export_drops_what_is_queued_behind_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_export_is_tried_again_then_dropped_and_the_stop_waits_for_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "MAX_BATCH", 10)
     monkeypatch.setattr(tracing, "FLUSH_S", 60.0)
     calls: list[int] = []
@@ -168,9 +168,35 @@ def test_a_failed_export_drops_what_is_queued_behind_it(monkeypatch: pytest.Monk
     tracer = PickerTracer("127.0.0.1:1", send=away)
     for _ in range(35):
         tracer.record(_stamps())
+    tracer.flush()
+    assert len(calls) == 1 and tracer.failed == 1 and tracer.dropped == 0 and len(tracer._queue) == 25  # held, tried again
+    tracer.flush()
+    tracer.flush()  # the third call for the first batch: its 10 picks dropped, the next batch waits for the next flush
+    assert len(calls) == 3 and tracer.dropped == 10 and len(tracer._queue) == 25
+    tracer.shutdown()  # the stop tries once more and drops what is left
+    assert len(calls) == 4 and tracer.exported == 0 and tracer.dropped == 35 and not tracer._queue
+
+
+def test_a_collector_that_fails_its_first_call_gets_every_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed Export is tried again on the next flush, whatever was queued behind it kept
+    (a collector's first call can fail while its channel connects on a loaded machine)."""
+    monkeypatch.setattr(tracing, "MAX_BATCH", 10)
+    monkeypatch.setattr(tracing, "FLUSH_S", 60.0)
+    sent: list[bytes] = []
+
+    def first_fails(body: bytes) -> None:
+        sent.append(body)
+        if len(sent) == 1:
+            raise grpc.RpcError("deadline exceeded")
+
+    tracer = PickerTracer("127.0.0.1:1", send=first_fails)
+    for _ in range(15):
+        tracer.record(_stamps())
+    tracer.flush()
+    assert tracer.failed == 1 and tracer.exported == 0
+    tracer.flush()
+    assert tracer.exported == 15 and tracer.dropped == 0 and sent[1] == sent[0]  # the same request again, then the rest
     tracer.shutdown()
-    assert len(calls) == 1 and tracer.failed == 1 and tracer.exported == 0
-    assert tracer.dropped == 25 and not tracer._queue  # the first batch of 10 was tried, the 25 behind it dropped
 
 
 def test_a_full_queue_drops_and_counts(monkeypatch: pytest.MonkeyPatch) -> None:
