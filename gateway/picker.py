@@ -211,9 +211,9 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                     if llm_kind is None:
                         stamps = self._stamps(req, context) if self.tracer is not None else None
                         resp, pick = await self._request_headers(req, stamps=stamps)
+                        if stamps is not None:  # queued before the write (`_spans_after`)
+                            self._spans_after(stamps)
                         await context.write(resp if pick is None or self.llm is None else self.llm.headers_answer(resp, pick))
-                        if stamps is not None:
-                            self._trace(stamps)
                     else:  # an LLM request: the pick waits for its body
                         await self._llm_body(context, req, llm_kind)
                     return
@@ -239,8 +239,8 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
                         if self.llm is not None:
                             resp = self.llm.headers_answer(resp, pick)
                     if stamps is not None:
+                        self._spans_after(stamps)
                         await context.write(resp)
-                        self._trace(stamps)
                         req = await context.read()
                         continue
                 elif kind == "response_headers":
@@ -268,9 +268,17 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
             return messages.empty_for(first.WhichOneof("request") or "")
         stamps = self._stamps(first, context) if self.tracer is not None else None
         resp, _ = await self._request_headers(first, stamps=stamps)
-        if stamps is not None:  # the spans once the answer is on its way, never on the pick's path
-            asyncio.get_running_loop().call_soon(self._trace_if_on, stamps)
+        if stamps is not None:
+            self._spans_after(stamps)
         return resp
+
+    def _spans_after(self, stamps: Stamps) -> None:
+        """Queue the pick's spans for the loop's next turn: after the answer's write is under
+        way (never on the pick's path), and whether or not this handler lives to see the write
+        return — Envoy may end the stream as the answer lands, which cancels the handler inside
+        its `await context.write` (a pick traced after the write was then never recorded: its
+        spans missing from a trace now and then on a loaded machine)."""
+        asyncio.get_running_loop().call_soon(self._trace_if_on, stamps)
 
     def _trace_if_on(self, stamps: Stamps) -> None:
         if self.tracer is not None:  # tracing may be turned off between the pick and its spans
@@ -327,7 +335,7 @@ class EndpointPicker(ep_grpc.ExternalProcessorServicer):
         return Stamps(traceparent=parent, tracestate=state)
 
     def _trace(self, stamps: Stamps) -> None:
-        """The pick's spans, once its answer is written (never on the pick's own path)."""
+        """The pick's spans, queued for the exporter (`_spans_after`: never on the pick's own path)."""
         assert self.tracer is not None
         try:
             self.tracer.record(stamps)
