@@ -2,7 +2,7 @@
 its TTFT budget, its stream to its TPOT budget, its tokens and times measured.
 
 Envoy runs an `ext_proc` filter among the pool's *upstream* filters (`supervised_clusters`),
-pointed at this supervisor (its own gRPC server, off the picker's hot path). An upstream
+pointed at this supervisor (its own gRPC server, on the picker's event loop: `SupervisorServer`). An upstream
 filter sees one attempt, and it sees the answer before the router does:
 
 - **Before the first token.** The supervisor holds the answer's headers until the first
@@ -440,11 +440,9 @@ class StreamSupervisor(ep_grpc.ExternalProcessorServicer):
 class SupervisorServer:
     """The supervisor's own gRPC server (Envoy's upstream ext_proc filter calls it).
 
-    The gateway runs it on the decision server's event loop, beside the picker (`llm_side.py`).
-    It used to run on a loop of its own thread (every chunk of every answer is a message
-    here, and picks were thought to queue behind them): measured again with the picker as it
-    is now, that was slower, the two loops' threads handing the GIL to each other on every
-    message — 2 real vLLM at 8 req/s, the router on a core of its own, TTFT p90 117 / 112 ms
+    The gateway runs it on the decision server's event loop, beside the picker (`llm_side.py`),
+    not on a loop of its own thread: two loops' threads hand the GIL to each other on every
+    message, and measured that way it was slower — 2 real vLLM at 8 req/s, the router on a core of its own, TTFT p90 117 / 112 ms
     on one loop against 128 / 122 on two (the router's threads' wait for a core 5.2 s against
     6.6–7.2); on shared cores 98.7 / 96.8 % attained against 96.2 / 93.6; with fast emulators,
     `benchmarks/router_ttft.py`, lower added TTFT in 5 of 6 paired runs (benchmarks/RESULTS.md)."""
