@@ -4,9 +4,9 @@ apportioned (`audit/cgroup_cpu.py`), with the rule in its method.
 
 The known cost: the test runs the very model file in this process with onnxruntime's same
 options (one thread) and takes the thread's CPU time per run (`time.thread_time`, which a
-loaded machine does not inflate the way it does wall time). A call through the real gateway
-(Envoy, the picker, the access log) to the model server must then be recorded within 20 %
-of it; two concurrent calls split what their process used between them.
+loaded machine does not inflate the way it does wall time), beside each call. A call through
+the real gateway (Envoy, the picker, the access log) to the model server must then be recorded
+within 20 % of it (the median of five pairs); two concurrent calls split what their process used between them.
 """
 
 from __future__ import annotations
@@ -122,20 +122,28 @@ def rig() -> Iterator[Rig]:
     r.stop()
 
 
-def known_cpu_seconds(path: Path, runs: int = 5) -> float:
-    """The model's CPU time per run here: the median of `runs` (thread CPU time, one thread)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    sess.run(None, {name: IDS})
-    costs = []
-    for _ in range(runs):
-        t = time.thread_time()
-        sess.run(None, {name: IDS})
-        costs.append(time.thread_time() - t)
-    return float(np.median(costs))
+class KnownCost:
+    """The model's CPU time per run here, measured on demand: the same file, onnxruntime's same
+    options (one thread), the thread's CPU time. Measured beside each call, not once before
+    them: on this box's two vCPUs a run's CPU time moves with what the other vCPU is doing
+    (seen: 0.2007 s measured first, then calls of 0.2063-0.2525 s)."""
+
+    def __init__(self, path: Path) -> None:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        self.sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.name = self.sess.get_inputs()[0].name
+        self.sess.run(None, {self.name: IDS})
+
+    def seconds(self, runs: int = 3) -> float:
+        """The median of `runs` runs' thread CPU time."""
+        costs = []
+        for _ in range(runs):
+            t = time.thread_time()
+            self.sess.run(None, {self.name: IDS})
+            costs.append(time.thread_time() - t)
+        return float(np.median(costs))
 
 
 def accounting_of(rig: Rig, decision_id: str, timeout: float = 10.0):  # type: ignore[no-untyped-def]
@@ -168,12 +176,13 @@ def test_model_server_runs_in_a_cgroup_of_its_own(rig: Rig) -> None:
 
 
 def test_a_calls_cgroup_cpu_is_within_20_percent_of_its_known_cost(rig: Rig) -> None:
-    known = known_cpu_seconds(rig.model_path)
-    assert known > 0.02, known  # a cost well above the request's own handling
+    cost = KnownCost(rig.model_path)
     with OipClient(rig.listen) as client:
         _watched(rig, client)
-        figures = []
-        for _ in range(3):
+        pairs = []
+        for _ in range(5):
+            known = cost.seconds()
+            assert known > 0.02, known  # a cost well above the request's own handling
             a = client.infer(MODEL, IDS, metadata=META, timeout=60)
             rec = accounting_of(rig, a.decision_id)
             cpu = rec.resources.compute_seconds
@@ -181,14 +190,14 @@ def test_a_calls_cgroup_cpu_is_within_20_percent_of_its_known_cost(rig: Rig) -> 
             assert "overlap" in cpu.method  # the rule is stated
             detail = json.loads(rec.detail)
             assert detail["attempts"][0]["compute_seconds"] == a.compute_us / 1e6  # the server's own figure kept
-            figures.append(cpu.value)
-    got = float(np.median(figures))
-    print(f"known CPU per call {known:.4f} s; recorded (cgroup, apportioned) {', '.join(f'{f:.4f}' for f in figures)} s")
-    assert abs(got - known) <= 0.2 * known, (figures, known)
+            pairs.append((known, cpu.value))
+    ratio = float(np.median([got / known for known, got in pairs]))
+    print("known and recorded (cgroup, apportioned) CPU per call, s: " + ", ".join(f"{k:.4f}/{g:.4f}" for k, g in pairs))
+    assert 0.8 <= ratio <= 1.2, (ratio, pairs)
 
 
 def test_concurrent_calls_split_their_process_cpu(rig: Rig) -> None:
-    known = known_cpu_seconds(rig.model_path)
+    known = KnownCost(rig.model_path).seconds(5)
     with OipClient(rig.listen) as client:
         _watched(rig, client)
         cg = rig.models.process_of(rig.instance_id).cgroup
