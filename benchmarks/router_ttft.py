@@ -136,7 +136,7 @@ def main() -> int:
                     continue
                 added = f"{1e3 * (means[name] - best):+.2f} ms against the best peer" if best is not None else ""
                 print(f"  {name:28s} n={len(xs):4d} failed={failed[name]}  TTFT p50 {1e3 * statistics.median(xs):6.2f}  "
-                      f"p90 {1e3 * sa._pct(xs, 0.9):6.2f}  mean {1e3 * means[name]:6.2f} ms  {added}")
+                      f"p90 {1e3 * sa.pct(xs, 0.9):6.2f}  mean {1e3 * means[name]:6.2f} ms  {added}")
         print(f"the emulators' own mean TTFT: {pool.server_ttft_ms()} ms; "
               f"load {os.getloadavg()[0]:.2f}")
     finally:

@@ -810,7 +810,9 @@ def sched_since(before: dict[str, tuple[float, float]], roots: list[int]) -> dic
     return out
 
 
-def _pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], q: float) -> float:
+    """The `q` quantile of `xs` (nearest rank; NaN when empty): the percentile every TTFT figure
+    of the SLO benchmarks is read with (`router_ttft.py` too)."""
     if not xs:
         return float("nan")
     xs = sorted(xs)
@@ -825,7 +827,7 @@ def summarise(name: str, outs: list[Outcome], wall: float, tenants: tuple[tuple[
     refused = Counter(f"{o.status} {o.reason}" for o in outs if o.status != 200)
     return {"router": name, "requests": len(outs), "attainment_pct": round(100 * len(met) / max(1, len(outs)), 1),
             "by_tenant_pct": by_tenant, "goodput_rps": round(len(met) / wall, 2),
-            "ttft_ms": {**{q: round(_pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
+            "ttft_ms": {**{q: round(pct(ttfts, p) * 1e3, 1) for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
                         "mean": round(1e3 * sum(ttfts) / len(ttfts), 1) if ttfts else float("nan")},
             "output_tok_s": round(sum(o.tokens for o in outs) / wall, 1), "refused": dict(refused.most_common(6)),
             "answers_whole": sum(o.whole for o in outs),
